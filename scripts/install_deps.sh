@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Installs what autosp needs to build and test, from Debian packages, if it is missing.
+# Idempotent: a machine that has everything installs nothing.
+set -euo pipefail
+
+packages=(
+  g++ cmake make pkg-config
+  libopenblas-dev
+  libopenmpi-dev openmpi-bin
+  nlohmann-json3-dev libcli11-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  python3-torch python3-numpy
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+echo "install_deps: installing ${missing[*]}"
+sudo_cmd=()
+[ "$(id -u)" -ne 0 ] && sudo_cmd=(sudo)
+export DEBIAN_FRONTEND=noninteractive
+"${sudo_cmd[@]}" apt-get update -qq
+"${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"

@@ -1,0 +1,75 @@
+#include "frontend/tracer.h"
+
+namespace autosp {
+
+Tensor Tracer::op(OpKind kind, std::vector<Tensor> inputs, Attrs attrs) {
+  std::vector<ValueId> ids;
+  for (Tensor t : inputs) {
+    AUTOSP_CHECK(t.id >= 0 && t.id < static_cast<ValueId>(graph_.values().size()),
+                 op_name(kind), ": operand is not a tensor of this trace");
+    ids.push_back(t.id);
+  }
+  return {b_.emit(kind, std::move(ids), std::move(attrs))[0]};
+}
+
+Tensor Tracer::parameter(const std::string& name, const Shape& shape) {
+  return input(Role::parameter, name, DType::f32, shape);
+}
+
+Tensor Tracer::input(Role role, const std::string& name, DType dtype, const Shape& shape) {
+  if (graph_.find_input(name) >= 0) user_error("input '", name, "' is declared twice");
+  for (int64_t d : shape)
+    if (d < 0) user_error("input '", name, "' has a negative dim in ", shape_str(shape));
+  return {graph_.add_input(role, {dtype, shape}, name)};
+}
+
+Tensor Tracer::embedding(Tensor w, Tensor tokens) { return op(OpKind::embedding, {w, tokens}); }
+Tensor Tracer::linear(Tensor x, Tensor w) { return op(OpKind::linear, {x, w}); }
+Tensor Tracer::add(Tensor a, Tensor b) { return op(OpKind::add, {a, b}); }
+Tensor Tracer::mul(Tensor a, Tensor b) { return op(OpKind::mul, {a, b}); }
+Tensor Tracer::scale(Tensor x, double alpha) { return op(OpKind::scale, {x}, {{"alpha", alpha}}); }
+Tensor Tracer::silu(Tensor x) { return op(OpKind::silu, {x}); }
+Tensor Tracer::swiglu(Tensor gate, Tensor up) { return op(OpKind::swiglu, {gate, up}); }
+Tensor Tracer::sum(Tensor x) { return op(OpKind::sum, {x}); }
+
+Tensor Tracer::rms_norm(Tensor x, Tensor w, double eps) {
+  return op(OpKind::rms_norm, {x, w}, {{"eps", eps}});
+}
+
+Tensor Tracer::rope(Tensor x, Tensor positions, const RopeOptions& o) {
+  Attrs attrs{{"theta", o.theta}};
+  if (o.rope_type != "default") {
+    attrs.set("rope_type", o.rope_type);
+    attrs.set("factor", o.factor);
+    attrs.set("low_freq_factor", o.low_freq_factor);
+    attrs.set("high_freq_factor", o.high_freq_factor);
+    attrs.set("original_max_position_embeddings", o.original_max_position_embeddings);
+  }
+  return op(OpKind::rope, {x, positions}, attrs);
+}
+
+Tensor Tracer::attention(Tensor q, Tensor k, Tensor v, bool causal, double scale) {
+  return op(OpKind::attention, {q, k, v}, {{"causal", int64_t{causal}}, {"scale", scale}});
+}
+
+Tensor Tracer::cross_entropy(Tensor logits, Tensor labels, int64_t ignore_index) {
+  Attrs attrs{{"ignore_index", ignore_index}};
+  Tensor loss_sum = op(OpKind::cross_entropy, {logits, labels}, attrs);
+  Tensor count = op(OpKind::count_valid, {labels}, attrs);
+  return op(OpKind::div_scalar, {loss_sum, count});
+}
+
+Tensor Tracer::reshape(Tensor x, const Shape& shape) {
+  return op(OpKind::reshape, {x}, {{"shape", shape}});
+}
+Tensor Tracer::transpose(Tensor x, const std::vector<int64_t>& perm) {
+  return op(OpKind::transpose, {x}, {{"perm", perm}});
+}
+Tensor Tracer::slice(Tensor x, int64_t dim, int64_t start, int64_t end) {
+  return op(OpKind::slice, {x}, {{"dim", dim}, {"start", start}, {"end", end}});
+}
+Tensor Tracer::concat(const std::vector<Tensor>& xs, int64_t dim) {
+  return op(OpKind::concat, xs, {{"dim", dim}});
+}
+
+}  // namespace autosp

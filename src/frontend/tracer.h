@@ -1,0 +1,67 @@
+// The tracing API model code is written in: plain single-device tensor code that records
+// a forward graph. Shapes are checked as each op is recorded; a mismatch is a UserError
+// naming the op and its operand shapes.
+//
+//   Tracer t;
+//   Tensor tokens = t.input(Role::tokens, "tokens", DType::i32, {B, S});
+//   Tensor w = t.parameter("model.embed_tokens.weight", {V, H});
+//   Tensor x = t.embedding(w, tokens);
+//   ...
+//   t.output("loss", t.cross_entropy(logits, labels));
+//   Graph forward = t.finish();
+#pragma once
+#include <string>
+
+#include "ir/graph.h"
+#include "ops/op.h"
+
+namespace autosp {
+
+struct Tensor {
+  ValueId id = -1;
+};
+
+struct RopeOptions {
+  double theta = 10000.0;
+  std::string rope_type = "default";  // or "llama3"
+  double factor = 1.0, low_freq_factor = 1.0, high_freq_factor = 4.0;
+  double original_max_position_embeddings = 8192.0;
+};
+
+class Tracer {
+ public:
+  Tracer() : b_(graph_) {}
+
+  Tensor parameter(const std::string& name, const Shape& shape);
+  Tensor input(Role role, const std::string& name, DType dtype, const Shape& shape);
+  void output(const std::string& name, Tensor t) { graph_.add_output(name, t.id); }
+  Graph finish() { return std::move(graph_); }
+
+  const Shape& shape(Tensor t) const { return graph_.shape(t.id); }
+
+  Tensor embedding(Tensor weight, Tensor tokens);
+  Tensor linear(Tensor x, Tensor weight);  // x W^T
+  Tensor add(Tensor a, Tensor b);
+  Tensor mul(Tensor a, Tensor b);
+  Tensor scale(Tensor x, double alpha);
+  Tensor silu(Tensor x);
+  Tensor swiglu(Tensor gate, Tensor up);  // silu(gate) * up
+  Tensor rms_norm(Tensor x, Tensor weight, double eps);
+  Tensor rope(Tensor x, Tensor positions, const RopeOptions& options);
+  Tensor attention(Tensor q, Tensor k, Tensor v, bool causal, double scale);
+  // Mean over labelled tokens (label != ignore_index) of -log softmax(logits)[label].
+  Tensor cross_entropy(Tensor logits, Tensor labels, int64_t ignore_index = -100);
+  Tensor reshape(Tensor x, const Shape& shape);
+  Tensor transpose(Tensor x, const std::vector<int64_t>& perm);
+  Tensor slice(Tensor x, int64_t dim, int64_t start, int64_t end);
+  Tensor concat(const std::vector<Tensor>& xs, int64_t dim);
+  Tensor sum(Tensor x);
+
+ private:
+  Tensor op(OpKind kind, std::vector<Tensor> inputs, Attrs attrs = {});
+
+  Graph graph_;
+  GraphBuilder b_;
+};
+
+}  // namespace autosp

@@ -1,0 +1,53 @@
+// Training data: a flat file of little-endian uint32 token ids.
+//
+// Sample k is tokens [k*S, k*S + S + 1): inputs are its first S, labels its last S (the
+// same tokens shifted by one). Samples overlap by the one token they share, so a file
+// of T tokens holds (T - 1) / S whole samples; k is taken modulo that, so training can
+// run for any number of steps and wraps around the data.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace autosp::io {
+
+class TokenFile {
+ public:
+  // Opens `path`; a size that is not a multiple of 4 bytes is a UserError.
+  explicit TokenFile(std::string path);
+  ~TokenFile();
+  TokenFile(const TokenFile&) = delete;
+  TokenFile& operator=(const TokenFile&) = delete;
+  TokenFile(TokenFile&& other) noexcept;
+  TokenFile& operator=(TokenFile&& other) noexcept;
+
+  const std::string& path() const { return path_; }
+  int64_t num_tokens() const { return num_tokens_; }
+  // Whole samples of length S in the file, (num_tokens - 1) / S; 0 if shorter than one.
+  int64_t num_samples(int64_t S) const;
+
+  // Writes sample k mod num_samples(S) into inputs[0..S) and labels[0..S). A file shorter
+  // than one sample, or a token id >= vocab_size, is a UserError naming the file (and the
+  // token's byte offset and value). Safe to call from several threads at once.
+  void read_sample(int64_t k, int64_t S, int32_t vocab_size, int32_t* inputs,
+                   int32_t* labels) const;
+
+  // The sample that row `row` of micro-batch `micro` of optimizer step `step` reads on
+  // data-parallel rank `dp_rank`: consecutive steps, micro-batches, ranks and rows read
+  // consecutive samples, so every rank sees different data and none is skipped.
+  // Not reduced modulo the file; read_sample does that.
+  static int64_t sample_index(int64_t step, int64_t micro, int64_t grad_accum, int64_t dp_rank,
+                              int64_t dp_size, int64_t row, int64_t micro_batch) {
+    return ((step * grad_accum + micro) * dp_size + dp_rank) * micro_batch + row;
+  }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+  int64_t num_tokens_ = 0;
+};
+
+// Writes `tokens` as a token file (atomically), for tests and tools.
+void write_tokens(const std::string& path, const std::vector<uint32_t>& tokens);
+
+}  // namespace autosp::io

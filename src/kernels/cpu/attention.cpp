@@ -1,0 +1,537 @@
+// Flash-style attention on the CPU (FlashAttention-2 schedule, fp32).
+//
+// Invariants this file keeps:
+//   - No S x S buffer: scores live only in one Bq x Bk tile per thread.
+//   - No heap allocation inside the kernels: every scratch float comes from `workspace`,
+//     carved into fixed per-thread (and, for GQA, per-slot) regions whose sizes the
+//     *_workspace_floats functions compute with the same formulas (see plan_*).
+//   - Results are bitwise independent of the thread count and of the OpenMP schedule:
+//     every output element is produced by one work item whose arithmetic does not depend
+//     on which thread runs it, and GQA's dk/dv sums over a group's query heads are reduced
+//     in a fixed order from per-head partials.
+//
+// The kernels run on omp_get_max_threads() threads; the workspace must have been sized
+// for at least that many (`threads` argument of the *_workspace_floats functions).
+//
+// Maths (row i of a query head, keys j, s_ij = scale * q_i . k_j, masked j -> -inf):
+//   forward:  m_i = max_j s_ij, l_i = sum_j exp(s_ij - m_i), out_i = sum_j exp(s_ij - m_i) v_j / l_i,
+//             lse_i = m_i + log l_i, computed with a running (m, l) over key tiles.
+//   backward: P_ij = exp(s_ij - lse_i), delta_i = dout_i . out_i,
+//             dv_j = sum_i P_ij dout_i, dP_ij = dout_i . v_j, dS_ij = P_ij (dP_ij - delta_i),
+//             dq_i = scale sum_j dS_ij k_j, dk_j = scale sum_i dS_ij q_i.
+#include "kernels/cpu/attention.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#if defined(__AVX512F__) || defined(__FMA__)
+#include <immintrin.h>
+#endif
+
+namespace autosp::cpu {
+namespace {
+
+// ---- 16-wide float vectors (GCC/Clang vector extension; one zmm register with AVX-512) --
+constexpr int64_t W = 16;
+typedef float vf __attribute__((vector_size(64)));
+typedef int32_t vi __attribute__((vector_size(64)));
+// Same vector, but loads/stores through it may be unaligned.
+typedef float vf_u __attribute__((vector_size(64), aligned(4)));
+
+inline vf load(const float* p) { return *reinterpret_cast<const vf_u*>(p); }
+inline void store(float* p, vf x) { *reinterpret_cast<vf_u*>(p) = x; }
+inline vf splat(float x) { return vf{} + x; }
+inline vf fmadd(vf a, vf b, vf c) {
+#if defined(__AVX512F__)
+  return _mm512_fmadd_ps(a, b, c);
+#else
+  return a * b + c;
+#endif
+}
+inline vf vmax(vf a, vf b) { return a > b ? a : b; }
+inline float hmax(vf x) {
+  float r = x[0];
+  for (int t = 1; t < W; ++t) r = std::max(r, x[t]);
+  return r;
+}
+
+// exp(x) for a vector, ~1 ulp on [-87, 88]; returns exactly 0 below -87.3 (and for -inf).
+// Cephes expf: x = n ln2 + r, |r| <= ln2/2, exp(r) by a degree-6 polynomial, 2^n by bits.
+inline vf vexp(vf x) {
+  const vf lo = splat(-87.3f);
+  const vf hi = splat(88.3f);
+  vf xc = x < lo ? lo : x;
+  xc = xc > hi ? hi : xc;
+  // Round x / ln2 to nearest with the 1.5 * 2^23 trick (|x / ln2| < 2^22 here).
+  const vf magic = splat(12582912.0f);
+  vf n = (xc * splat(1.44269504088896341f) + magic) - magic;
+  vf r = fmadd(n, splat(-0.693359375f), xc);
+  r = fmadd(n, splat(2.12194440e-4f), r);
+  vf p = splat(1.9875691500e-4f);
+  p = fmadd(p, r, splat(1.3981999507e-3f));
+  p = fmadd(p, r, splat(8.3334519073e-3f));
+  p = fmadd(p, r, splat(4.1665795894e-2f));
+  p = fmadd(p, r, splat(1.6666665459e-1f));
+  p = fmadd(p, r, splat(5.0000001201e-1f));
+  p = fmadd(p * r, r, r) + splat(1.0f);
+  vi e = (__builtin_convertvector(n, vi) + 127) << 23;
+  vf y = p * std::bit_cast<vf>(e);
+  return x < lo ? vf{} : y;
+}
+
+// ---- register-blocked C[M x N] (+)= A[M x K] B[K x N] --------------------------------
+// A is read element by element (broadcast) through strides, so A may be a transposed view:
+// a(i, k) = A[i * ars + k * acs]. B and C are row-major with leading dims ldb, ldc; the
+// vector dimension is N. All the tile products of attention are this one shape.
+template <int MR, int NV>
+inline void micro_kernel(int64_t K, const float* __restrict A, int64_t ars, int64_t acs,
+                         const float* __restrict B, int64_t ldb, float* __restrict C,
+                         int64_t ldc, bool accumulate) {
+  vf acc[MR][NV];
+  for (int i = 0; i < MR; ++i)
+    for (int v = 0; v < NV; ++v) acc[i][v] = accumulate ? load(C + i * ldc + v * W) : vf{};
+  for (int64_t k = 0; k < K; ++k) {
+    vf b[NV];
+    for (int v = 0; v < NV; ++v) b[v] = load(B + k * ldb + v * W);
+    const float* a = A + k * acs;
+    for (int i = 0; i < MR; ++i) {
+      const vf ai = splat(a[i * ars]);
+      for (int v = 0; v < NV; ++v) acc[i][v] = fmadd(ai, b[v], acc[i][v]);
+    }
+  }
+  for (int i = 0; i < MR; ++i)
+    for (int v = 0; v < NV; ++v) store(C + i * ldc + v * W, acc[i][v]);
+}
+
+// Rows of one column panel of NV vectors, in blocks of MR with a compile-time tail.
+template <int MR, int NV>
+void panel(int64_t M, int64_t K, const float* A, int64_t ars, int64_t acs, const float* B,
+           int64_t ldb, float* C, int64_t ldc, bool accumulate) {
+  int64_t i = 0;
+  for (; i + MR <= M; i += MR)
+    micro_kernel<MR, NV>(K, A + i * ars, ars, acs, B, ldb, C + i * ldc, ldc, accumulate);
+  if constexpr (MR > 1) {
+    if (i < M)
+      panel<MR - 1, NV>(M - i, K, A + i * ars, ars, acs, B, ldb, C + i * ldc, ldc, accumulate);
+  }
+}
+
+void gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t ars, int64_t acs,
+          const float* B, int64_t ldb, float* C, int64_t ldc, bool accumulate) {
+  int64_t n = 0;
+  for (; n + 4 * W <= N; n += 4 * W)
+    panel<6, 4>(M, K, A, ars, acs, B + n, ldb, C + n, ldc, accumulate);
+  if (n + 2 * W <= N) {
+    panel<8, 2>(M, K, A, ars, acs, B + n, ldb, C + n, ldc, accumulate);
+    n += 2 * W;
+  }
+  if (n + W <= N) {
+    panel<8, 1>(M, K, A, ars, acs, B + n, ldb, C + n, ldc, accumulate);
+    n += W;
+  }
+  if (n < N) {  // D not a multiple of 16: plain scalar columns
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t c = n; c < N; ++c) {
+        float s = accumulate ? C[i * ldc + c] : 0.0f;
+        for (int64_t k = 0; k < K; ++k) s += A[i * ars + k * acs] * B[k * ldb + c];
+        C[i * ldc + c] = s;
+      }
+  }
+}
+
+// ---- tiling and workspace layout -------------------------------------------------------
+constexpr int64_t kBq = 64;  // query rows per tile (a multiple of W)
+constexpr int64_t kBk = 64;  // key rows per tile (a multiple of W)
+static_assert(kBq % W == 0 && kBk % W == 0);
+
+constexpr int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+// Every region starts on a 64-byte boundary relative to the workspace start.
+constexpr int64_t region(int64_t floats) { return round_up(floats, W); }
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+struct ForwardPlan {
+  int64_t qT, st, o, m, l, corr, per_thread;
+};
+ForwardPlan plan_forward(const AttentionDims& d) {
+  ForwardPlan p{};
+  int64_t off = 0;
+  p.qT = off, off += region(d.D * kBq);   // scale * Q_i^T, D x Bq (zero-padded columns)
+  p.st = off, off += region(kBk * kBq);   // S^T then P^T, Bk x Bq
+  p.o = off, off += region(kBq * d.D);    // unnormalised output rows
+  p.m = off, off += region(kBq);
+  p.l = off, off += region(kBq);
+  p.corr = off, off += region(kBq);
+  p.per_thread = off;
+  return p;
+}
+
+struct BackwardPlan {
+  int64_t kT, vT, p, ds, dk, dv, dq, delta, per_thread;
+  int64_t G;         // query heads per kv head
+  int64_t wave;      // kv groups processed at once when G > 1
+  int64_t slot;      // floats of one query head's dk+dv partial (S x D each)
+  int64_t slots;     // number of partial slots (0 when G == 1)
+};
+BackwardPlan plan_backward(const AttentionDims& d, int threads) {
+  BackwardPlan p{};
+  int64_t off = 0;
+  p.kT = off, off += region(d.D * kBk);  // K_j^T, D x Bk (zero-padded columns)
+  p.vT = off, off += region(d.D * kBk);  // V_j^T
+  p.p = off, off += region(kBq * kBk);   // P tile
+  p.ds = off, off += region(kBq * kBk);  // dP then dS tile
+  p.dk = off, off += region(kBk * d.D);  // dK_j accumulator
+  p.dv = off, off += region(kBk * d.D);  // dV_j accumulator
+  p.dq = off, off += region(d.S * d.D);  // dq accumulator of the whole head
+  p.delta = off, off += region(d.S);     // delta_i = dout_i . out_i
+  p.per_thread = off;
+  p.G = d.NH / d.NKV;
+  p.wave = std::max<int64_t>(1, ceil_div(std::max(threads, 1), p.G));
+  p.slot = 2 * region(d.S * d.D);
+  p.slots = p.G > 1 ? p.wave * p.G : 0;
+  return p;
+}
+
+// ---- forward ---------------------------------------------------------------------------
+// One work item: query block [i0, i0 + qb) of head h in batch b.
+void forward_block(const AttentionDims& d, bool causal, float scale, const float* q,
+                   const float* k, const float* v, float* out, float* lse, int64_t b, int64_t h,
+                   int64_t i0, float* ws, const ForwardPlan& plan) {
+  const int64_t S = d.S, D = d.D, NH = d.NH, NKV = d.NKV;
+  const int64_t kvh = h / (NH / NKV);
+  const int64_t qb = std::min(kBq, S - i0);
+  float* __restrict qT = ws + plan.qT;
+  float* __restrict st = ws + plan.st;
+  float* __restrict o = ws + plan.o;
+  float* __restrict m = ws + plan.m;
+  float* __restrict l = ws + plan.l;
+  float* __restrict corr = ws + plan.corr;
+
+  const float* qrow = q + ((b * S + i0) * NH + h) * D;
+  for (int64_t dd = 0; dd < D; ++dd) {
+    for (int64_t r = 0; r < qb; ++r) qT[dd * kBq + r] = scale * qrow[r * NH * D + dd];
+    for (int64_t r = qb; r < kBq; ++r) qT[dd * kBq + r] = 0.0f;
+  }
+  for (int64_t r = 0; r < kBq; ++r) m[r] = -std::numeric_limits<float>::infinity(), l[r] = 0.0f;
+
+  const int64_t j_end = causal ? i0 + qb : S;  // keys at or past j_end are masked for all rows
+  for (int64_t j0 = 0; j0 < j_end; j0 += kBk) {
+    const int64_t kb = std::min(kBk, j_end - j0);
+    const float* krow = k + ((b * S + j0) * NKV + kvh) * D;
+    const float* vrow = v + ((b * S + j0) * NKV + kvh) * D;
+    // S^T = K_j (scale Q_i)^T: rows are keys, the vector dimension is queries, so the
+    // softmax statistics of all Bq queries update with whole-vector operations.
+    gemm(kb, kBq, D, krow, NKV * D, 1, qT, kBq, st, kBq, false);
+    if (causal && j0 + kb - 1 > i0) {  // tile crosses the diagonal
+      for (int64_t c = 0; c < kb; ++c)
+        for (int64_t r = 0; r < std::min(kBq, j0 + c - i0); ++r)
+          st[c * kBq + r] = -std::numeric_limits<float>::infinity();
+    }
+    for (int64_t r = 0; r < kBq; r += W) {
+      vf mx = load(m + r);
+      const vf m_old = mx;
+      for (int64_t c = 0; c < kb; ++c) mx = vmax(mx, load(st + c * kBq + r));
+      vf sum{};
+      for (int64_t c = 0; c < kb; ++c) {
+        const vf pc = vexp(load(st + c * kBq + r) - mx);
+        store(st + c * kBq + r, pc);
+        sum += pc;
+      }
+      // m_old = -inf on the first tile: exp(-inf) = 0 wipes the (zero) running sums.
+      const vf cr = vexp(m_old - mx);
+      store(corr + r, cr);
+      store(l + r, load(l + r) * cr + sum);
+      store(m + r, mx);
+    }
+    if (j0 == 0) {
+      gemm(qb, D, kb, st, 1, kBq, vrow, NKV * D, o, D, false);
+    } else {
+      for (int64_t r = 0; r < qb; ++r) {
+        const float cr = corr[r];
+        for (int64_t dd = 0; dd < D; ++dd) o[r * D + dd] *= cr;
+      }
+      gemm(qb, D, kb, st, 1, kBq, vrow, NKV * D, o, D, true);
+    }
+  }
+
+  for (int64_t r = 0; r < qb; ++r) {
+    const float inv = 1.0f / l[r];
+    float* orow = out + ((b * S + i0 + r) * NH + h) * D;
+    for (int64_t dd = 0; dd < D; ++dd) orow[dd] = o[r * D + dd] * inv;
+    lse[(b * NH + h) * S + i0 + r] = m[r] + std::log(l[r]);
+  }
+}
+
+// ---- backward --------------------------------------------------------------------------
+// One work item: every key block of query head h in batch b. Writes dq for (b, h) and the
+// head's dk, dv contribution (scaled) to dk_dst, dv_dst (rows of stride ld).
+void backward_head(const AttentionDims& d, bool causal, float scale, const float* q,
+                   const float* k, const float* v, const float* out, const float* lse,
+                   const float* dout, float* dq, float* dk_dst, float* dv_dst, int64_t ld,
+                   int64_t b, int64_t h, float* ws, const BackwardPlan& plan) {
+  const int64_t S = d.S, D = d.D, NH = d.NH, NKV = d.NKV;
+  const int64_t kvh = h / plan.G;
+  float* __restrict kT = ws + plan.kT;
+  float* __restrict vT = ws + plan.vT;
+  float* __restrict p = ws + plan.p;
+  float* __restrict ds = ws + plan.ds;
+  float* __restrict dka = ws + plan.dk;
+  float* __restrict dva = ws + plan.dv;
+  float* __restrict dqa = ws + plan.dq;
+  float* __restrict delta = ws + plan.delta;
+  const int64_t qs = NH * D;   // row stride of q, out, dout, dq
+  const int64_t ks = NKV * D;  // row stride of k, v
+  const float* qh = q + (b * S * NH + h) * D;
+  const float* doh = dout + (b * S * NH + h) * D;
+  const float* lh = lse + (b * NH + h) * S;
+
+  for (int64_t i = 0; i < S; ++i) {
+    const float* o_i = out + ((b * S + i) * NH + h) * D;
+    const float* do_i = doh + i * qs;
+    float s = 0.0f;
+    for (int64_t dd = 0; dd < D; ++dd) s += o_i[dd] * do_i[dd];
+    delta[i] = s;
+  }
+  std::memset(dqa, 0, sizeof(float) * S * D);
+
+  for (int64_t j0 = 0; j0 < S; j0 += kBk) {
+    const int64_t kb = std::min(kBk, S - j0);
+    const float* kj = k + ((b * S + j0) * NKV + kvh) * D;
+    const float* vj = v + ((b * S + j0) * NKV + kvh) * D;
+    for (int64_t dd = 0; dd < D; ++dd) {
+      for (int64_t c = 0; c < kb; ++c) {
+        kT[dd * kBk + c] = kj[c * ks + dd];
+        vT[dd * kBk + c] = vj[c * ks + dd];
+      }
+      for (int64_t c = kb; c < kBk; ++c) kT[dd * kBk + c] = vT[dd * kBk + c] = 0.0f;
+    }
+    // Query blocks before the diagonal see none of these keys in causal mode; at least one
+    // block (the one holding query j0) always remains, so dka, dva are always written.
+    const int64_t i_begin = causal ? j0 / kBq * kBq : 0;
+    bool first = true;
+    for (int64_t i0 = i_begin; i0 < S; i0 += kBq) {
+      const int64_t qb = std::min(kBq, S - i0);
+      const float* qi = qh + i0 * qs;
+      const float* doi = doh + i0 * qs;
+      // P = exp(scale Q_i K_j^T - lse_i)
+      gemm(qb, kBk, D, qi, qs, 1, kT, kBk, p, kBk, false);
+      const bool diag = causal && j0 + kb - 1 > i0;
+      for (int64_t r = 0; r < qb; ++r) {
+        const vf lr = splat(lh[i0 + r]);
+        const vf sc = splat(scale);
+        float* pr = p + r * kBk;
+        for (int64_t c = 0; c < kBk; c += W) store(pr + c, vexp(fmadd(load(pr + c), sc, -lr)));
+        // Masked keys (j > i) and padding columns (c >= kb) get probability 0.
+        const int64_t c_end = diag ? std::clamp<int64_t>(i0 + r - j0 + 1, 0, kb) : kb;
+        for (int64_t c = c_end; c < kBk; ++c) pr[c] = 0.0f;
+      }
+      // dV_j += P^T dO_i
+      gemm(kb, D, qb, p, 1, kBk, doi, qs, dva, D, !first);
+      // dP = dO_i V_j^T, then dS = P (dP - delta_i) in place
+      gemm(qb, kBk, D, doi, qs, 1, vT, kBk, ds, kBk, false);
+      for (int64_t r = 0; r < qb; ++r) {
+        const vf dl = splat(delta[i0 + r]);
+        float* dsr = ds + r * kBk;
+        const float* pr = p + r * kBk;
+        for (int64_t c = 0; c < kBk; c += W) store(dsr + c, load(pr + c) * (load(dsr + c) - dl));
+      }
+      // dQ_i += dS K_j (scale applied once at the end)
+      gemm(qb, D, kb, ds, kBk, 1, kj, ks, dqa + i0 * D, D, true);
+      // dK_j += dS^T Q_i
+      gemm(kb, D, qb, ds, 1, kBk, qi, qs, dka, D, !first);
+      first = false;
+    }
+    for (int64_t c = 0; c < kb; ++c) {
+      float* dkr = dk_dst + (j0 + c) * ld;
+      float* dvr = dv_dst + (j0 + c) * ld;
+      for (int64_t dd = 0; dd < D; ++dd) {
+        dkr[dd] = scale * dka[c * D + dd];
+        dvr[dd] = dva[c * D + dd];
+      }
+    }
+  }
+
+  float* dqh = dq + (b * S * NH + h) * D;
+  for (int64_t i = 0; i < S; ++i)
+    for (int64_t dd = 0; dd < D; ++dd) dqh[i * qs + dd] = scale * dqa[i * D + dd];
+}
+
+}  // namespace
+
+int64_t attention_forward_workspace_floats(const AttentionDims& dims, int threads) {
+  return std::max(threads, 1) * plan_forward(dims).per_thread;
+}
+
+int64_t attention_backward_workspace_floats(const AttentionDims& dims, int threads) {
+  const BackwardPlan plan = plan_backward(dims, threads);
+  return std::max(threads, 1) * plan.per_thread + plan.slots * plan.slot;
+}
+
+void attention_forward(const AttentionDims& dims, bool causal, float scale, const float* q,
+                       const float* k, const float* v, float* out, float* lse, float* workspace) {
+  const ForwardPlan plan = plan_forward(dims);
+  const int64_t nq = ceil_div(dims.S, kBq);
+  const int64_t items = dims.B * dims.NH * nq;
+#pragma omp parallel
+  {
+    float* ws = workspace + omp_get_thread_num() * plan.per_thread;
+    // Causal: the last query blocks do the most work, so hand them out first.
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t it = 0; it < items; ++it) {
+      const int64_t qblk = nq - 1 - it % nq;
+      const int64_t bh = it / nq;
+      forward_block(dims, causal, scale, q, k, v, out, lse, bh / dims.NH, bh % dims.NH,
+                    qblk * kBq, ws, plan);
+    }
+  }
+}
+
+void attention_backward(const AttentionDims& dims, bool causal, float scale, const float* q,
+                        const float* k, const float* v, const float* out, const float* lse,
+                        const float* dout, float* dq, float* dk, float* dv, float* workspace) {
+  const int threads = omp_get_max_threads();
+  const BackwardPlan plan = plan_backward(dims, threads);
+  const int64_t S = dims.S, D = dims.D, NKV = dims.NKV, G = plan.G;
+  float* slots = workspace + threads * plan.per_thread;
+  if (G == 1) {
+    // Each query head owns its kv head: write dk, dv directly.
+#pragma omp parallel
+    {
+      float* ws = workspace + omp_get_thread_num() * plan.per_thread;
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t bh = 0; bh < dims.B * dims.NH; ++bh) {
+        const int64_t b = bh / dims.NH, h = bh % dims.NH;
+        float* dk_bh = dk + (b * S * NKV + h) * D;
+        float* dv_bh = dv + (b * S * NKV + h) * D;
+        backward_head(dims, causal, scale, q, k, v, out, lse, dout, dq, dk_bh, dv_bh, NKV * D, b,
+                      h, ws, plan);
+      }
+    }
+    return;
+  }
+  // GQA: in waves of plan.wave kv groups, every query head writes its dk, dv partial into
+  // its own slot; the group's slots are then summed in head order (deterministic).
+  const int64_t groups = dims.B * NKV;
+#pragma omp parallel
+  {
+    float* ws = workspace + omp_get_thread_num() * plan.per_thread;
+    for (int64_t g0 = 0; g0 < groups; g0 += plan.wave) {
+      const int64_t ng = std::min(plan.wave, groups - g0);
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t it = 0; it < ng * G; ++it) {
+        const int64_t grp = g0 + it / G;
+        const int64_t b = grp / NKV, h = grp % NKV * G + it % G;
+        float* dk_part = slots + it * plan.slot;
+        float* dv_part = dk_part + plan.slot / 2;
+        backward_head(dims, causal, scale, q, k, v, out, lse, dout, dq, dk_part, dv_part, D, b, h,
+                      ws, plan);
+      }
+      // (implicit barrier) reduce rows of the wave's groups
+#pragma omp for schedule(static)
+      for (int64_t row = 0; row < ng * S; ++row) {
+        const int64_t gi = row / S, j = row % S;
+        const int64_t grp = g0 + gi;
+        const int64_t b = grp / NKV, kvh = grp % NKV;
+        float* dkr = dk + ((b * S + j) * NKV + kvh) * D;
+        float* dvr = dv + ((b * S + j) * NKV + kvh) * D;
+        for (int64_t dd = 0; dd < D; ++dd) dkr[dd] = dvr[dd] = 0.0f;
+        for (int64_t g = 0; g < G; ++g) {
+          const float* dk_part = slots + (gi * G + g) * plan.slot + j * D;
+          const float* dv_part = dk_part + plan.slot / 2;
+          for (int64_t dd = 0; dd < D; ++dd) dkr[dd] += dk_part[dd], dvr[dd] += dv_part[dd];
+        }
+      }
+    }
+  }
+}
+
+// ---- double-precision references (O(S^2) memory; tests only) ---------------------------
+void attention_forward_reference(const AttentionDims& d, bool causal, double scale,
+                                 const double* q, const double* k, const double* v, double* out,
+                                 double* lse) {
+  const int64_t S = d.S, D = d.D, NH = d.NH, NKV = d.NKV, G = NH / NKV;
+  std::vector<double> s(S);
+  for (int64_t b = 0; b < d.B; ++b)
+    for (int64_t h = 0; h < NH; ++h)
+      for (int64_t i = 0; i < S; ++i) {
+        const double* qi = q + ((b * S + i) * NH + h) * D;
+        const int64_t n = causal ? i + 1 : S;
+        double mx = -std::numeric_limits<double>::infinity();
+        for (int64_t j = 0; j < n; ++j) {
+          const double* kj = k + ((b * S + j) * NKV + h / G) * D;
+          double t = 0.0;
+          for (int64_t dd = 0; dd < D; ++dd) t += qi[dd] * kj[dd];
+          s[j] = scale * t;
+          mx = std::max(mx, s[j]);
+        }
+        double sum = 0.0;
+        for (int64_t j = 0; j < n; ++j) sum += (s[j] = std::exp(s[j] - mx));
+        double* oi = out + ((b * S + i) * NH + h) * D;
+        for (int64_t dd = 0; dd < D; ++dd) oi[dd] = 0.0;
+        for (int64_t j = 0; j < n; ++j) {
+          const double* vj = v + ((b * S + j) * NKV + h / G) * D;
+          for (int64_t dd = 0; dd < D; ++dd) oi[dd] += s[j] / sum * vj[dd];
+        }
+        lse[(b * NH + h) * S + i] = mx + std::log(sum);
+      }
+}
+
+void attention_backward_reference(const AttentionDims& d, bool causal, double scale,
+                                  const double* q, const double* k, const double* v,
+                                  const double* dout, double* dq, double* dk, double* dv) {
+  const int64_t S = d.S, D = d.D, NH = d.NH, NKV = d.NKV, G = NH / NKV;
+  std::fill(dq, dq + d.B * S * NH * D, 0.0);
+  std::fill(dk, dk + d.B * S * NKV * D, 0.0);
+  std::fill(dv, dv + d.B * S * NKV * D, 0.0);
+  std::vector<double> P(S * S), dP(S * S);
+  auto row = [&](auto* x, int64_t b, int64_t t, int64_t heads, int64_t hh) {
+    return x + ((b * S + t) * heads + hh) * D;
+  };
+  for (int64_t b = 0; b < d.B; ++b)
+    for (int64_t h = 0; h < NH; ++h) {
+      const int64_t kvh = h / G;
+      for (int64_t i = 0; i < S; ++i) {
+        const int64_t n = causal ? i + 1 : S;
+        double mx = -std::numeric_limits<double>::infinity();
+        for (int64_t j = 0; j < S; ++j) {
+          double t = 0.0;
+          for (int64_t dd = 0; dd < D; ++dd) t += row(q, b, i, NH, h)[dd] * row(k, b, j, NKV, kvh)[dd];
+          P[i * S + j] = j < n ? scale * t : -std::numeric_limits<double>::infinity();
+          mx = std::max(mx, P[i * S + j]);
+        }
+        double sum = 0.0;
+        for (int64_t j = 0; j < S; ++j) sum += (P[i * S + j] = std::exp(P[i * S + j] - mx));
+        for (int64_t j = 0; j < S; ++j) P[i * S + j] /= sum;
+      }
+      // dv_j = sum_i P_ij dout_i;  dP_ij = dout_i . v_j
+      for (int64_t i = 0; i < S; ++i)
+        for (int64_t j = 0; j < S; ++j) {
+          double t = 0.0;
+          for (int64_t dd = 0; dd < D; ++dd) {
+            row(dv, b, j, NKV, kvh)[dd] += P[i * S + j] * row(dout, b, i, NH, h)[dd];
+            t += row(dout, b, i, NH, h)[dd] * row(v, b, j, NKV, kvh)[dd];
+          }
+          dP[i * S + j] = t;
+        }
+      // softmax backward: dS_ij = P_ij (dP_ij - sum_l P_il dP_il); s = scale q.k
+      for (int64_t i = 0; i < S; ++i) {
+        double dot = 0.0;
+        for (int64_t j = 0; j < S; ++j) dot += P[i * S + j] * dP[i * S + j];
+        for (int64_t j = 0; j < S; ++j) {
+          const double dS = P[i * S + j] * (dP[i * S + j] - dot);
+          for (int64_t dd = 0; dd < D; ++dd) {
+            row(dq, b, i, NH, h)[dd] += scale * dS * row(k, b, j, NKV, kvh)[dd];
+            row(dk, b, j, NKV, kvh)[dd] += scale * dS * row(q, b, i, NH, h)[dd];
+          }
+        }
+      }
+    }
+}
+
+}  // namespace autosp::cpu

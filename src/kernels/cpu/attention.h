@@ -1,0 +1,40 @@
+// Flash-style attention on the CPU: tiled over queries and keys with an online softmax.
+// Neither direction ever holds an S x S matrix; the only saved statistic is the
+// log-sum-exp of each query row, and the extra memory is O(S) (see *_workspace_floats).
+//
+// Layouts (row-major, contiguous):
+//   q, out, dq, dout : [B, S, NH, D]
+//   k, v, dk, dv     : [B, S, NKV, D]      NH % NKV == 0; query head h reads kv head h / (NH / NKV)
+//   lse              : [B, NH, S]          lse[b,h,i] = log sum_j exp(scale * q_i . k_j) over allowed j
+// causal: query i attends to keys j <= i.
+#pragma once
+#include <cstdint>
+
+namespace autosp::cpu {
+
+struct AttentionDims {
+  int64_t B, S, NH, NKV, D;
+};
+
+// Workspace sizes in floats for a run on `threads` threads; the caller allocates them
+// (so the executor's allocator counts them) and passes them in. O(threads * (tile^2 + S*D)).
+int64_t attention_forward_workspace_floats(const AttentionDims& dims, int threads);
+int64_t attention_backward_workspace_floats(const AttentionDims& dims, int threads);
+
+void attention_forward(const AttentionDims& dims, bool causal, float scale, const float* q,
+                       const float* k, const float* v, float* out, float* lse, float* workspace);
+
+// Writes (does not accumulate into) dq, dk, dv.
+void attention_backward(const AttentionDims& dims, bool causal, float scale, const float* q,
+                        const float* k, const float* v, const float* out, const float* lse,
+                        const float* dout, float* dq, float* dk, float* dv, float* workspace);
+
+// The plain O(S^2)-memory reference, in double, for tests: same layouts.
+void attention_forward_reference(const AttentionDims& dims, bool causal, double scale,
+                                 const double* q, const double* k, const double* v, double* out,
+                                 double* lse);
+void attention_backward_reference(const AttentionDims& dims, bool causal, double scale,
+                                  const double* q, const double* k, const double* v,
+                                  const double* dout, double* dq, double* dk, double* dv);
+
+}  // namespace autosp::cpu

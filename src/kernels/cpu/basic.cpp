@@ -1,0 +1,108 @@
+#include "kernels/cpu/basic.h"
+
+#include <cblas.h>
+
+#include <cstring>
+#include <vector>
+
+namespace autosp::cpu {
+
+void fill(float* y, int64_t n, float value) {
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) y[i] = value;
+}
+
+void add(const float* __restrict a, const float* __restrict b, int64_t n, float* y) {
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) y[i] = a[i] + b[i];
+}
+
+void mul(const float* __restrict a, const float* __restrict b, int64_t n, float* y) {
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) y[i] = a[i] * b[i];
+}
+
+void scale(const float* x, int64_t n, float alpha, float* y) {
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) y[i] = alpha * x[i];
+}
+
+void div_scalar(const float* x, int64_t n, float divisor, float* y) {
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) y[i] = x[i] / divisor;
+}
+
+double sum(const float* x, int64_t n) {
+  // Fixed chunks, summed in order: the result does not depend on the thread count.
+  constexpr int64_t kChunk = 1 << 14;
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+  std::vector<double> partial(chunks, 0.0);
+#pragma omp parallel for schedule(static)
+  for (int64_t c = 0; c < chunks; ++c) {
+    double s = 0;
+    const int64_t end = std::min(n, (c + 1) * kChunk);
+    for (int64_t i = c * kChunk; i < end; ++i) s += x[i];
+    partial[c] = s;
+  }
+  double total = 0;
+  for (double p : partial) total += p;
+  return total;
+}
+
+void permute(const void* x, const int64_t* shape, const int64_t* perm, int rank, int64_t esize,
+             void* y) {
+  int64_t x_strides[8], y_shape[8], total = 1;
+  int64_t stride = 1;
+  for (int i = rank - 1; i >= 0; --i) {
+    x_strides[i] = stride;
+    stride *= shape[i];
+  }
+  for (int i = 0; i < rank; ++i) {
+    y_shape[i] = shape[perm[i]];
+    total *= y_shape[i];
+  }
+  // Copy runs of the innermost output dim; it is contiguous in x when perm keeps it last.
+  const int64_t inner = rank ? y_shape[rank - 1] : 1;
+  const int64_t inner_stride = rank ? x_strides[perm[rank - 1]] : 1;
+  const int64_t rows = inner ? total / inner : 0;
+  const auto* src = static_cast<const char*>(x);
+  auto* dst = static_cast<char*>(y);
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    int64_t rem = r, offset = 0;
+    for (int i = rank - 2; i >= 0; --i) {
+      offset += (rem % y_shape[i]) * x_strides[perm[i]];
+      rem /= y_shape[i];
+    }
+    char* out = dst + r * inner * esize;
+    if (inner_stride == 1) {
+      std::memcpy(out, src + offset * esize, inner * esize);
+    } else {
+      for (int64_t j = 0; j < inner; ++j)
+        std::memcpy(out + j * esize, src + (offset + j * inner_stride) * esize, esize);
+    }
+  }
+}
+
+void copy_slab(const float* x, int64_t outer, int64_t x_dim, int64_t x_off, int64_t inner,
+               int64_t count, float* y, int64_t y_dim, int64_t y_off) {
+#pragma omp parallel for schedule(static)
+  for (int64_t o = 0; o < outer; ++o)
+    std::memcpy(y + (o * y_dim + y_off) * inner, x + (o * x_dim + x_off) * inner,
+                count * inner * sizeof(float));
+}
+
+void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A,
+          const float* B, float* C) {
+  if (M == 0 || N == 0) return;
+  if (K == 0) {
+    fill(C, M * N, 0.0f);
+    return;
+  }
+  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
+              static_cast<int>(M), static_cast<int>(N), static_cast<int>(K), 1.0f, A,
+              static_cast<int>(trans_a ? M : K), B, static_cast<int>(trans_b ? K : N), 0.0f, C,
+              static_cast<int>(N));
+}
+
+}  // namespace autosp::cpu

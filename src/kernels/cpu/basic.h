@@ -1,0 +1,28 @@
+// CPU kernels of the elementwise, reduction, layout and matmul ops.
+#pragma once
+#include <cstdint>
+
+namespace autosp::cpu {
+
+void fill(float* y, int64_t n, float value);
+void add(const float* a, const float* b, int64_t n, float* y);
+void mul(const float* a, const float* b, int64_t n, float* y);
+void scale(const float* x, int64_t n, float alpha, float* y);
+void div_scalar(const float* x, int64_t n, float divisor, float* y);
+// Sum in double over a fixed partition of the range: the same on any thread count.
+double sum(const float* x, int64_t n);
+
+// y = x permuted: y's dim i is x's dim perm[i]. Elements of esize bytes.
+void permute(const void* x, const int64_t* shape, const int64_t* perm, int rank, int64_t esize,
+             void* y);
+
+// Copies count slabs along a middle dim: x viewed as [outer, x_dim, inner], y as
+// [outer, y_dim, inner]; y[o, y_off + i, :] = x[o, x_off + i, :] for i < count.
+void copy_slab(const float* x, int64_t outer, int64_t x_dim, int64_t x_off, int64_t inner,
+               int64_t count, float* y, int64_t y_dim, int64_t y_off);
+
+// C[M, N] = op(A) op(B), row-major, op = transpose where asked; OpenBLAS sgemm.
+void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A,
+          const float* B, float* C);
+
+}  // namespace autosp::cpu

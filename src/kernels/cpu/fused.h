@@ -1,0 +1,65 @@
+// CPU kernels of the fused row-wise ops. T is the number of rows (all leading dims
+// flattened: T = B * S). All buffers are contiguous row-major fp32 unless typed otherwise.
+// Kernels overwrite their outputs (never accumulate) and are multi-threaded with OpenMP
+// over rows; reductions over rows (dw, dW) are deterministic (no atomics, fixed order).
+#pragma once
+#include <cstdint>
+
+namespace autosp::cpu {
+
+// ---- embedding: out[t, :] = W[tokens[t], :] --------------------------------------------
+// tokens are already validated to lie in [0, V) by the caller.
+void embedding_forward(const float* W, const int32_t* tokens, int64_t T, int64_t H, float* out);
+// dW[v, :] = sum over t with tokens[t] == v of dy[t, :]   (a scatter-add; dW fully written)
+void embedding_backward(const float* dy, const int32_t* tokens, int64_t T, int64_t H, int64_t V,
+                        float* dW);
+
+// ---- rms_norm: y = x * rstd * w, rstd = 1 / sqrt(mean(x^2) + eps) ----------------------
+void rms_norm_forward(const float* x, const float* w, int64_t T, int64_t H, float eps, float* y,
+                      float* rstd /* [T] */);
+void rms_norm_backward(const float* dy, const float* x, const float* w, const float* rstd,
+                       int64_t T, int64_t H, float* dx, float* dw /* [H], summed over T */);
+
+// ---- rope (rotate-half, Hugging Face Llama convention) ---------------------------------
+// x: [T, NH, D] with row t at position pos[t]; D even; inv_freq: [D/2].
+// For i < D/2, angle = pos * inv_freq[i]:
+//   y[i]       = x[i] cos - x[i + D/2] sin
+//   y[i + D/2] = x[i + D/2] cos + x[i] sin
+// inverse = true rotates by -angle (the transpose, used for the gradient).
+// Angles are computed in double and rounded once, so y does not depend on the row split.
+void rope_forward(const float* x, const int32_t* pos, const double* inv_freq, int64_t T,
+                  int64_t NH, int64_t D, bool inverse, float* y);
+
+// inv_freq[i] = 1 / theta^(2i / D), then, if llama3 scaling is on, the Llama 3.1 rule
+// (transformers' _compute_llama3_parameters): wavelen = 2 pi / inv_freq;
+//   wavelen > orig / low_freq_factor  -> inv_freq / factor
+//   wavelen < orig / high_freq_factor -> inv_freq
+//   otherwise smooth = (orig / wavelen - low) / (high - low),
+//             inv_freq = (1 - smooth) * inv_freq / factor + smooth * inv_freq
+struct RopeScaling {
+  bool llama3 = false;
+  double factor = 1.0, low_freq_factor = 1.0, high_freq_factor = 4.0;
+  double original_max_position_embeddings = 8192.0;
+};
+void rope_inv_freq(int64_t D, double theta, const RopeScaling& scaling, double* inv_freq);
+
+// ---- silu / swiglu ---------------------------------------------------------------------
+void silu_forward(const float* x, int64_t n, float* y);
+// dx = dy * s(x) * (1 + x (1 - s(x)))
+void silu_backward(const float* dy, const float* x, int64_t n, float* dx);
+// out = silu(gate) * up
+void swiglu_forward(const float* gate, const float* up, int64_t n, float* out);
+void swiglu_backward(const float* dy, const float* gate, const float* up, int64_t n, float* dgate,
+                     float* dup);
+
+// ---- cross entropy over V classes, rows with label == ignore_index contribute 0 ---------
+// loss_sum = sum over valid t of (lse[t] - logits[t, label[t]]); lse[t] written for every row.
+// Labels of valid rows are already validated to lie in [0, V).
+void cross_entropy_forward(const float* logits, const int32_t* labels, int64_t T, int64_t V,
+                           int32_t ignore_index, float* loss_sum /* [1] */, float* lse /* [T] */);
+// dlogits[t, :] = dloss_sum * (softmax(logits[t]) - onehot(label[t])) for valid rows, 0 else.
+void cross_entropy_backward(const float* dloss_sum /* [1] */, const float* logits,
+                            const int32_t* labels, const float* lse, int64_t T, int64_t V,
+                            int32_t ignore_index, float* dlogits);
+
+}  // namespace autosp::cpu

@@ -1,0 +1,79 @@
+// silu and swiglu, with their explicit backward ops.
+#include "kernels/cpu/fused.h"
+#include "ops/op.h"
+
+namespace autosp {
+
+namespace {
+
+Types elementwise_f32(const Types& in, std::initializer_list<const char*> names, int results) {
+  int i = 0;
+  for (const char* name : names) {
+    require_dtype(in[i], DType::f32, name);
+    require(in[i].shape == in[0].shape, name, " must have the shape of ", *names.begin());
+    ++i;
+  }
+  return Types(results, in[0]);
+}
+
+template <int FlopsPerElement>
+Cost elementwise_cost(const Types& in, const Types&, const Attrs&) {
+  return {double(FlopsPerElement) * numel(in[0].shape), 0};
+}
+
+}  // namespace
+
+// silu(x) = x s(x), s the logistic sigmoid
+extern const OpDef silu_op = {
+    .num_inputs = 1,
+    .num_outputs = 1,
+    .infer = [](const Types& in, const Attrs&) { return elementwise_f32(in, {"x"}, 1); },
+    .cost = elementwise_cost<4>,
+    .grad = [](GradContext& c) { c.din[0] = c.b.emit1(OpKind::silu_backward, {c.dout[0], c.in(0)}); },
+    .cpu = [](const KernelArgs& a) { cpu::silu_forward(a.in(0), a.in_numel(0), a.out(0)); },
+};
+
+// silu_backward(dy, x) = dy s(x) (1 + x (1 - s(x)))
+extern const OpDef silu_backward_op = {
+    .num_inputs = 2,
+    .num_outputs = 1,
+    .infer = [](const Types& in, const Attrs&) { return elementwise_f32(in, {"dy", "x"}, 1); },
+    .cost = elementwise_cost<7>,
+    .grad = nullptr,
+    .cpu = [](const KernelArgs& a) {
+      cpu::silu_backward(a.in(0), a.in(1), a.in_numel(0), a.out(0));
+    },
+};
+
+// swiglu(gate, up) = silu(gate) * up
+extern const OpDef swiglu_op = {
+    .num_inputs = 2,
+    .num_outputs = 1,
+    .infer = [](const Types& in, const Attrs&) { return elementwise_f32(in, {"gate", "up"}, 1); },
+    .cost = elementwise_cost<5>,
+    // dgate = dy up silu'(gate), dup = dy silu(gate): one fused op gives both.
+    .grad = [](GradContext& c) {
+      auto d = c.b.emit(OpKind::swiglu_backward, {c.dout[0], c.in(0), c.in(1)});
+      if (c.needs[0]) c.din[0] = d[0];
+      if (c.needs[1]) c.din[1] = d[1];
+    },
+    .cpu = [](const KernelArgs& a) {
+      cpu::swiglu_forward(a.in(0), a.in(1), a.in_numel(0), a.out(0));
+    },
+};
+
+// swiglu_backward(dy, gate, up) -> (dgate, dup)
+extern const OpDef swiglu_backward_op = {
+    .num_inputs = 3,
+    .num_outputs = 2,
+    .infer = [](const Types& in, const Attrs&) {
+      return elementwise_f32(in, {"dy", "gate", "up"}, 2);
+    },
+    .cost = elementwise_cost<9>,
+    .grad = nullptr,
+    .cpu = [](const KernelArgs& a) {
+      cpu::swiglu_backward(a.in(0), a.in(1), a.in(2), a.in_numel(0), a.out(0), a.out(1));
+    },
+};
+
+}  // namespace autosp

@@ -1,0 +1,155 @@
+// Graph inputs, constants, and the elementwise and reduction ops.
+#include "kernels/cpu/basic.h"
+#include "ops/op.h"
+
+namespace autosp {
+
+namespace {
+
+Types same_float_types(const Types& in) {
+  require_dtype(in[0], DType::f32, "a");
+  require_dtype(in[1], DType::f32, "b");
+  require(in[0].shape == in[1].shape, "operands must have the same shape");
+  return {in[0]};
+}
+
+Cost flops_per_element(const Types&, const Types& out, const Attrs&) {
+  return {double(numel(out[0].shape)), 0};
+}
+
+Shape shape_attr(const Attrs& attrs) {
+  require(attrs.has("shape"), "needs a 'shape' attribute");
+  Shape shape = attrs.get_ints("shape");
+  for (int64_t d : shape) require(d >= 0, "shape ", shape_str(shape), " has a negative dim");
+  return shape;
+}
+
+}  // namespace
+
+extern const OpDef input_op = {
+    .num_inputs = 0,
+    .num_outputs = 1,
+    .infer = [](const Types&, const Attrs&) -> Types {
+      shape_error("graph inputs are made with Graph::add_input");
+    },
+    .cost = nullptr,
+    .grad = nullptr,
+    .cpu = nullptr,  // bound by the executor
+};
+
+// fill {shape, value}: a constant tensor.
+extern const OpDef fill_op = {
+    .num_inputs = 0,
+    .num_outputs = 1,
+    .infer = [](const Types&, const Attrs& attrs) -> Types {
+      require(attrs.has("value"), "needs a 'value' attribute");
+      return {{DType::f32, shape_attr(attrs)}};
+    },
+    .cost = nullptr,
+    .grad = nullptr,
+    .cpu = [](const KernelArgs& a) {
+      cpu::fill(a.out(0), a.out_numel(0), float(a.attrs->get_float("value")));
+    },
+};
+
+// expand(x[]) {shape}: broadcasts a scalar.
+extern const OpDef expand_op = {
+    .num_inputs = 1,
+    .num_outputs = 1,
+    .infer = [](const Types& in, const Attrs& attrs) -> Types {
+      require_dtype(in[0], DType::f32, "x");
+      require_rank(in[0], 0, "x");
+      return {{DType::f32, shape_attr(attrs)}};
+    },
+    .cost = nullptr,
+    // d/dx sum_i y_i = sum(dy)
+    .grad = [](GradContext& c) { c.din[0] = c.b.emit1(OpKind::sum, {c.dout[0]}); },
+    .cpu = [](const KernelArgs& a) { cpu::fill(a.out(0), a.out_numel(0), a.in(0)[0]); },
+};
+
+extern const OpDef add_op = {
+    .num_inputs = 2,
+    .num_outputs = 1,
+    .infer = [](const Types& in, const Attrs&) { return same_float_types(in); },
+    .cost = flops_per_element,
+    .grad = [](GradContext& c) {
+      if (c.needs[0]) c.din[0] = c.dout[0];
+      if (c.needs[1]) c.din[1] = c.dout[0];
+    },
+    .cpu = [](const KernelArgs& a) { cpu::add(a.in(0), a.in(1), a.out_numel(0), a.out(0)); },
+};
+
+extern const OpDef mul_op = {
+    .num_inputs = 2,
+    .num_outputs = 1,
+    .infer = [](const Types& in, const Attrs&) { return same_float_types(in); },
+    .cost = flops_per_element,
+    // d(a b) = da b + a db
+    .grad = [](GradContext& c) {
+      if (c.needs[0]) c.din[0] = c.b.emit1(OpKind::mul, {c.dout[0], c.in(1)});
+      if (c.needs[1]) c.din[1] = c.b.emit1(OpKind::mul, {c.dout[0], c.in(0)});
+    },
+    .cpu = [](const KernelArgs& a) { cpu::mul(a.in(0), a.in(1), a.out_numel(0), a.out(0)); },
+};
+
+// scale(x) {alpha}: alpha * x.
+extern const OpDef scale_op = {
+    .num_inputs = 1,
+    .num_outputs = 1,
+    .infer = [](const Types& in, const Attrs& attrs) -> Types {
+      require_dtype(in[0], DType::f32, "x");
+      require(attrs.has("alpha"), "needs an 'alpha' attribute");
+      return {in[0]};
+    },
+    .cost = flops_per_element,
+    .grad = [](GradContext& c) {
+      c.din[0] = c.b.emit1(OpKind::scale, {c.dout[0]}, {{"alpha", c.attrs().get_float("alpha")}});
+    },
+    .cpu = [](const KernelArgs& a) {
+      cpu::scale(a.in(0), a.out_numel(0), float(a.attrs->get_float("alpha")), a.out(0));
+    },
+};
+
+// sum(x): the sum of all elements, a scalar (accumulated in double).
+extern const OpDef sum_op = {
+    .num_inputs = 1,
+    .num_outputs = 1,
+    .infer = [](const Types& in, const Attrs&) -> Types {
+      require_dtype(in[0], DType::f32, "x");
+      return {{DType::f32, {}}};
+    },
+    .cost = [](const Types& in, const Types&, const Attrs&) {
+      return Cost{double(numel(in[0].shape)), 0};
+    },
+    .grad = [](GradContext& c) {
+      c.din[0] = c.b.emit1(OpKind::expand, {c.dout[0]}, {{"shape", c.b.shape(c.in(0))}});
+    },
+    .cpu = [](const KernelArgs& a) { a.out(0)[0] = float(cpu::sum(a.in(0), a.in_numel(0))); },
+};
+
+// div_scalar(x, s[]): x / s, s a scalar tensor (the loss normaliser).
+extern const OpDef div_scalar_op = {
+    .num_inputs = 2,
+    .num_outputs = 1,
+    .infer = [](const Types& in, const Attrs&) -> Types {
+      require_dtype(in[0], DType::f32, "x");
+      require_dtype(in[1], DType::f32, "s");
+      require_rank(in[1], 0, "s");
+      return {in[0]};
+    },
+    .cost = flops_per_element,
+    // dx = dy / s;  ds = -sum(dy x) / s^2 = -sum(dy y) / s
+    .grad = [](GradContext& c) {
+      if (c.needs[0]) c.din[0] = c.b.emit1(OpKind::div_scalar, {c.dout[0], c.in(1)});
+      if (c.needs[1]) {
+        ValueId dot = c.b.emit1(OpKind::sum, {c.b.emit1(OpKind::mul, {c.dout[0], c.out(0)})});
+        ValueId neg = c.b.emit1(OpKind::scale, {dot}, {{"alpha", -1.0}});
+        c.din[1] = c.b.emit1(OpKind::div_scalar, {neg, c.in(1)});
+      }
+    },
+    .cpu = [](const KernelArgs& a) {
+      cpu::div_scalar(a.in(0), a.out_numel(0), a.in(1)[0], a.out(0));
+    },
+};
+
+}  // namespace autosp

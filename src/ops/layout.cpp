@@ -1,0 +1,190 @@
+// Layout ops: reshape, transpose, slice (and its backward, a zero-padded placement), concat.
+#include <cstring>
+
+#include "kernels/cpu/basic.h"
+#include "ops/op.h"
+
+namespace autosp {
+
+namespace {
+
+int64_t dim_attr(const Attrs& attrs, size_t rank) {
+  require(attrs.has("dim"), "needs a 'dim' attribute");
+  const int64_t dim = attrs.get_int("dim");
+  require(dim >= 0 && dim < static_cast<int64_t>(rank), "dim ", dim, " is out of range for rank ", rank);
+  return dim;
+}
+
+// [outer, dim, inner] view of a shape around `dim`.
+struct Slab {
+  int64_t outer = 1, inner = 1;
+};
+Slab slab_of(const Shape& s, int64_t dim) {
+  Slab v;
+  for (int64_t i = 0; i < dim; ++i) v.outer *= s[i];
+  for (size_t i = dim + 1; i < s.size(); ++i) v.inner *= s[i];
+  return v;
+}
+
+}  // namespace
+
+// reshape(x) {shape}: same elements, new shape
+extern const OpDef reshape_op = {
+    .num_inputs = 1,
+    .num_outputs = 1,
+    .infer = [](const Types& in, const Attrs& attrs) -> Types {
+      require(attrs.has("shape"), "needs a 'shape' attribute");
+      Shape shape = attrs.get_ints("shape");
+      for (int64_t d : shape) require(d >= 0, "negative dim in ", shape_str(shape));
+      require(numel(shape) == numel(in[0].shape), "cannot reshape ", shape_str(in[0].shape), " (",
+              numel(in[0].shape), " elements) to ", shape_str(shape));
+      return {{in[0].dtype, shape}};
+    },
+    .cost = nullptr,
+    .grad = [](GradContext& c) {
+      c.din[0] = c.b.emit1(OpKind::reshape, {c.dout[0]}, {{"shape", c.b.shape(c.in(0))}});
+    },
+    .cpu = [](const KernelArgs& a) {
+      if (a.out(0) != a.in(0)) std::memcpy(a.out<void>(0), a.in<void>(0), a.out_types[0]->bytes());
+    },
+};
+
+// transpose(x) {perm}: y's dim i is x's dim perm[i]
+extern const OpDef transpose_op = {
+    .num_inputs = 1,
+    .num_outputs = 1,
+    .infer = [](const Types& in, const Attrs& attrs) -> Types {
+      require(attrs.has("perm"), "needs a 'perm' attribute");
+      const auto& perm = attrs.get_ints("perm");
+      const Shape& x = in[0].shape;
+      require(perm.size() == x.size() && x.size() <= 8, "perm must list all ", x.size(), " dims (at most 8)");
+      std::vector<bool> seen(x.size(), false);
+      Shape out;
+      for (int64_t p : perm) {
+        require(p >= 0 && p < static_cast<int64_t>(x.size()) && !seen[p], "perm ", shape_str(perm),
+                " is not a permutation");
+        seen[p] = true;
+        out.push_back(x[p]);
+      }
+      return {{in[0].dtype, out}};
+    },
+    .cost = nullptr,
+    // the gradient un-permutes: inverse[perm[i]] = i
+    .grad = [](GradContext& c) {
+      const auto& perm = c.attrs().get_ints("perm");
+      std::vector<int64_t> inverse(perm.size());
+      for (size_t i = 0; i < perm.size(); ++i) inverse[perm[i]] = static_cast<int64_t>(i);
+      c.din[0] = c.b.emit1(OpKind::transpose, {c.dout[0]}, {{"perm", inverse}});
+    },
+    .cpu = [](const KernelArgs& a) {
+      const Shape& x = a.in_shape(0);
+      const auto& perm = a.attrs->get_ints("perm");
+      cpu::permute(a.in<void>(0), x.data(), perm.data(), static_cast<int>(x.size()),
+                   dtype_size(a.in_types[0]->dtype), a.out<void>(0));
+    },
+};
+
+// slice(x) {dim, start, end}: x[..., start:end, ...] along dim
+extern const OpDef slice_op = {
+    .num_inputs = 1,
+    .num_outputs = 1,
+    .infer = [](const Types& in, const Attrs& attrs) -> Types {
+      require_dtype(in[0], DType::f32, "x");
+      const int64_t dim = dim_attr(attrs, in[0].shape.size());
+      require(attrs.has("start") && attrs.has("end"), "needs 'start' and 'end'");
+      const int64_t start = attrs.get_int("start"), end = attrs.get_int("end");
+      require(0 <= start && start <= end && end <= in[0].shape[dim], "range [", start, ", ", end,
+              ") is not within dim ", dim, " of size ", in[0].shape[dim]);
+      Shape out = in[0].shape;
+      out[dim] = end - start;
+      return {{DType::f32, out}};
+    },
+    .cost = nullptr,
+    .grad = [](GradContext& c) {
+      const int64_t dim = c.attrs().get_int("dim");
+      c.din[0] = c.b.emit1(OpKind::slice_backward, {c.dout[0]},
+                           {{"dim", dim}, {"start", c.attrs().get_int("start")},
+                            {"size", c.b.shape(c.in(0))[dim]}});
+    },
+    .cpu = [](const KernelArgs& a) {
+      const int64_t dim = a.attrs->get_int("dim"), start = a.attrs->get_int("start");
+      const Shape& x = a.in_shape(0);
+      Slab s = slab_of(x, dim);
+      const int64_t count = a.out_shape(0)[dim];
+      cpu::copy_slab(a.in(0), s.outer, x[dim], start, s.inner, count, a.out(0), count, 0);
+    },
+};
+
+// slice_backward(dy) {dim, start, size}: dy placed at [start, start + len) of a zero
+// tensor whose dim has `size`
+extern const OpDef slice_backward_op = {
+    .num_inputs = 1,
+    .num_outputs = 1,
+    .infer = [](const Types& in, const Attrs& attrs) -> Types {
+      require_dtype(in[0], DType::f32, "dy");
+      const int64_t dim = dim_attr(attrs, in[0].shape.size());
+      require(attrs.has("start") && attrs.has("size"), "needs 'start' and 'size'");
+      const int64_t start = attrs.get_int("start"), size = attrs.get_int("size");
+      require(start >= 0 && start + in[0].shape[dim] <= size, "slab of ", in[0].shape[dim],
+              " at ", start, " does not fit in ", size);
+      Shape out = in[0].shape;
+      out[dim] = size;
+      return {{DType::f32, out}};
+    },
+    .cost = nullptr,
+    .grad = nullptr,
+    .cpu = [](const KernelArgs& a) {
+      const int64_t dim = a.attrs->get_int("dim"), start = a.attrs->get_int("start");
+      const Shape& dy = a.in_shape(0);
+      Slab s = slab_of(dy, dim);
+      cpu::fill(a.out(0), a.out_numel(0), 0.0f);
+      cpu::copy_slab(a.in(0), s.outer, dy[dim], 0, s.inner, dy[dim], a.out(0), a.out_shape(0)[dim],
+                     start);
+    },
+};
+
+// concat(x0, x1, ...) {dim}
+extern const OpDef concat_op = {
+    .num_inputs = -1,
+    .num_outputs = 1,
+    .infer = [](const Types& in, const Attrs& attrs) -> Types {
+      const int64_t dim = dim_attr(attrs, in[0].shape.size());
+      Shape out = in[0].shape;
+      out[dim] = 0;
+      for (const TensorType& t : in) {
+        require_dtype(t, DType::f32, "operand");
+        Shape a = t.shape, b = in[0].shape;
+        require(a.size() == b.size(), "operands must have the same rank");
+        a[dim] = b[dim] = 0;
+        require(a == b, "operands must agree on every dim but ", dim);
+        out[dim] += t.shape[dim];
+      }
+      return {{DType::f32, out}};
+    },
+    .cost = nullptr,
+    // each operand's gradient is its slab of dy
+    .grad = [](GradContext& c) {
+      const int64_t dim = c.attrs().get_int("dim");
+      int64_t start = 0;
+      for (size_t i = 0; i < c.node.inputs.size(); ++i) {
+        const int64_t len = c.b.shape(c.in(static_cast<int>(i)))[dim];
+        if (c.needs[i])
+          c.din[i] = c.b.emit1(OpKind::slice, {c.dout[0]},
+                               {{"dim", dim}, {"start", start}, {"end", start + len}});
+        start += len;
+      }
+    },
+    .cpu = [](const KernelArgs& a) {
+      const int64_t dim = a.attrs->get_int("dim");
+      const Shape& y = a.out_shape(0);
+      Slab s = slab_of(y, dim);
+      int64_t offset = 0;
+      for (size_t i = 0; i < a.inputs.size(); ++i) {
+        const int64_t len = a.in_shape(static_cast<int>(i))[dim];
+        cpu::copy_slab(a.in(static_cast<int>(i)), s.outer, len, 0, s.inner, len, a.out(0), y[dim], offset);
+        offset += len;
+      }
+    },
+};
+
+}  // namespace autosp

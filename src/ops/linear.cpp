@@ -1,0 +1,105 @@
+// linear (x W^T, the layer) and matmul (op(A) op(B), what its gradients are made of).
+#include "kernels/cpu/basic.h"
+#include "ops/op.h"
+
+namespace autosp {
+
+namespace {
+
+// Flattens all but the last dim: [..., K] -> [rows, K].
+ValueId as_2d(GraphBuilder& b, ValueId x) {
+  const Shape& s = b.shape(x);
+  if (s.size() == 2) return x;
+  return b.emit1(OpKind::reshape, {x}, {{"shape", Shape{rows_of(s), s.back()}}});
+}
+
+}  // namespace
+
+// linear(x[..., K], W[N, K]) = x W^T : [..., N]
+extern const OpDef linear_op = {
+    .num_inputs = 2,
+    .num_outputs = 1,
+    .infer = [](const Types& in, const Attrs&) -> Types {
+      require_dtype(in[0], DType::f32, "x");
+      require_dtype(in[1], DType::f32, "weight");
+      require(!in[0].shape.empty(), "x must have rank >= 1");
+      require_rank(in[1], 2, "weight");
+      require(in[0].shape.back() == in[1].shape[1], "x's last dim (", in[0].shape.back(),
+              ") must equal weight's in-features (dim 1 = ", in[1].shape[1], ")");
+      return {{DType::f32, with_last(in[0].shape, in[1].shape[0])}};
+    },
+    .cost = [](const Types& in, const Types&, const Attrs&) {
+      return Cost{2.0 * rows_of(in[0].shape) * in[1].shape[0] * in[1].shape[1], 0};
+    },
+    // dx = dy W ;  dW = dy^T x  (rows flattened)
+    .grad = [](GradContext& c) {
+      if (c.needs[0]) c.din[0] = c.b.emit1(OpKind::matmul, {c.dout[0], c.in(1)});
+      if (c.needs[1])
+        c.din[1] = c.b.emit1(OpKind::matmul, {as_2d(c.b, c.dout[0]), as_2d(c.b, c.in(0))},
+                             {{"trans_a", int64_t{1}}});
+    },
+    .cpu = [](const KernelArgs& a) {
+      const Shape& w = a.in_shape(1);
+      cpu::gemm(false, true, rows_of(a.in_shape(0)), w[0], w[1], a.in(0), a.in(1), a.out(0));
+    },
+};
+
+namespace {
+
+struct MatmulDims {
+  bool ta, tb;
+  int64_t M, N, K;
+};
+
+// a: [..., M, K] (or [K, M] when trans_a, which needs rank 2); b: [K, N] (or [N, K]).
+// Leading dims of a are flattened into M.
+MatmulDims matmul_dims(const Types& in, const Attrs& attrs) {
+  const bool ta = attrs.get_int("trans_a", 0) != 0, tb = attrs.get_int("trans_b", 0) != 0;
+  const Shape &a = in[0].shape, &b = in[1].shape;
+  require(a.size() >= 2, "a must have rank >= 2");
+  require(b.size() == 2, "b must have rank 2");
+  require(!ta || a.size() == 2, "trans_a needs a of rank 2");
+  const int64_t M = ta ? a[1] : rows_of(a), Ka = ta ? a[0] : a.back();
+  const int64_t Kb = tb ? b[1] : b[0], N = tb ? b[0] : b[1];
+  require(Ka == Kb, "inner dims differ (", Ka, " vs ", Kb, ")");
+  return {ta, tb, M, N, Ka};
+}
+
+}  // namespace
+
+// matmul(a, b) {trans_a, trans_b} = op(a) op(b)
+extern const OpDef matmul_op = {
+    .num_inputs = 2,
+    .num_outputs = 1,
+    .infer = [](const Types& in, const Attrs& attrs) -> Types {
+      require_dtype(in[0], DType::f32, "a");
+      require_dtype(in[1], DType::f32, "b");
+      MatmulDims d = matmul_dims(in, attrs);
+      Shape out = d.ta ? Shape{d.M, d.N} : with_last(in[0].shape, d.N);
+      return {{DType::f32, out}};
+    },
+    .cost = [](const Types& in, const Types&, const Attrs& attrs) {
+      MatmulDims d = matmul_dims(in, attrs);
+      return Cost{2.0 * d.M * d.N * d.K, 0};
+    },
+    // C = op(A) op(B):  d op(A) = dC op(B)^T,  d op(B) = op(A)^T dC; undo the op on each.
+    .grad = [](GradContext& c) {
+      const int64_t ta = c.attrs().get_int("trans_a", 0), tb = c.attrs().get_int("trans_b", 0);
+      ValueId dC = c.dout[0];
+      if (c.needs[0]) {
+        c.din[0] = ta ? c.b.emit1(OpKind::matmul, {c.in(1), dC}, {{"trans_a", tb}, {"trans_b", int64_t{1}}})
+                      : c.b.emit1(OpKind::matmul, {dC, c.in(1)}, {{"trans_b", 1 - tb}});
+      }
+      if (c.needs[1]) {
+        ValueId a2 = as_2d(c.b, c.in(0)), dC2 = as_2d(c.b, dC);
+        c.din[1] = tb ? c.b.emit1(OpKind::matmul, {dC2, a2}, {{"trans_a", int64_t{1}}, {"trans_b", ta}})
+                      : c.b.emit1(OpKind::matmul, {a2, dC2}, {{"trans_a", 1 - ta}});
+      }
+    },
+    .cpu = [](const KernelArgs& a) {
+      MatmulDims d = matmul_dims({*a.in_types[0], *a.in_types[1]}, *a.attrs);
+      cpu::gemm(d.ta, d.tb, d.M, d.N, d.K, a.in(0), a.in(1), a.out(0));
+    },
+};
+
+}  // namespace autosp

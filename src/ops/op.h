@@ -1,0 +1,116 @@
+// The op set. Each op is defined in ONE place (a file in src/ops/): its attribute and
+// shape checks, its cost, its gradient rule (built from ops) and its kernels per backend.
+// The registry (registry.cpp) indexes the definitions by OpKind.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "ir/graph.h"
+#include "util/error.h"
+
+namespace autosp {
+
+struct Cost {
+  double flops = 0;
+  double bytes = 0;  // bytes read and written (or moved, for collectives)
+};
+
+// A shape rule signals a problem with shape_error(...); GraphBuilder::emit turns it into a
+// UserError that names the op, its operand types and attributes.
+struct ShapeError : UserError {
+  using UserError::UserError;
+};
+template <typename... Args>
+[[noreturn]] void shape_error(Args&&... args) {
+  throw ShapeError(str(std::forward<Args>(args)...));
+}
+template <typename... Args>
+void require(bool cond, Args&&... args) {
+  if (!cond) shape_error(std::forward<Args>(args)...);
+}
+
+// Appends ops to a graph, inferring and checking output types with each op's rule.
+class GraphBuilder {
+ public:
+  explicit GraphBuilder(Graph& graph) : graph_(graph) {}
+
+  std::vector<ValueId> emit(OpKind op, std::vector<ValueId> inputs, Attrs attrs = {});
+  ValueId emit1(OpKind op, std::vector<ValueId> inputs, Attrs attrs = {});  // single result
+
+  Graph& graph() { return graph_; }
+  const TensorType& type(ValueId v) const { return graph_.type(v); }
+  const Shape& shape(ValueId v) const { return graph_.shape(v); }
+
+ private:
+  Graph& graph_;
+};
+
+// What a gradient rule sees and fills. dout[i] is the gradient of output i, or -1 where
+// none flows; needs[i] says whether input i wants a gradient. The rule sets din[i] for
+// exactly the inputs that need one, building it from ops with `b`.
+struct GradContext {
+  GraphBuilder& b;
+  const Node& node;
+  std::vector<ValueId> dout;
+  std::vector<bool> needs;
+  std::vector<ValueId> din;
+
+  ValueId in(int i) const { return node.inputs.at(i); }
+  ValueId out(int i) const { return node.outputs.at(i); }
+  const Attrs& attrs() const { return node.attrs; }
+};
+
+// What a CPU kernel sees: raw buffers and their types. Kernels overwrite their outputs.
+struct KernelArgs {
+  std::vector<const void*> inputs;
+  std::vector<void*> outputs;
+  std::vector<const TensorType*> in_types;
+  std::vector<const TensorType*> out_types;
+  const Attrs* attrs = nullptr;
+  void* workspace = nullptr;
+  int threads = 1;
+
+  template <typename T = float>
+  const T* in(int i) const { return static_cast<const T*>(inputs.at(i)); }
+  template <typename T = float>
+  T* out(int i) const { return static_cast<T*>(outputs.at(i)); }
+  const Shape& in_shape(int i) const { return in_types.at(i)->shape; }
+  const Shape& out_shape(int i) const { return out_types.at(i)->shape; }
+  int64_t in_numel(int i) const { return numel(in_shape(i)); }
+  int64_t out_numel(int i) const { return numel(out_shape(i)); }
+};
+
+using Types = std::vector<TensorType>;
+
+struct OpDef {
+  int num_inputs;   // -1: variadic, at least one
+  int num_outputs;
+  // Checks attributes and operand types; returns the result types.
+  Types (*infer)(const Types& inputs, const Attrs& attrs);
+  // FLOPs; bytes default to operands + results when the rule leaves them 0.
+  Cost (*cost)(const Types& inputs, const Types& outputs, const Attrs& attrs);
+  // Gradient rule; nullptr for ops nothing differentiates through (integer inputs,
+  // backward ops).
+  void (*grad)(GradContext& ctx);
+  void (*cpu)(const KernelArgs& args);
+  // Scratch the CPU kernel needs, allocated by the executor; nullptr for none.
+  int64_t (*cpu_workspace_bytes)(const Types& inputs, const Attrs& attrs, int threads) = nullptr;
+};
+
+const OpDef& op_def(OpKind op);
+
+// Cost of one node with default bytes filled in.
+Cost node_cost(const Graph& graph, const Node& node);
+
+// Structure (verify_structure) plus types: every node's recorded result types equal what
+// its op's rule infers. Throws InternalError naming the node.
+void verify(const Graph& graph);
+
+// Shared shape helpers for rules.
+std::string types_str(const Types& types);  // "f32[2, 3], i32[2]"
+void require_dtype(const TensorType& t, DType dtype, const char* operand);
+void require_rank(const TensorType& t, size_t rank, const char* operand);
+Shape with_last(Shape shape, int64_t last);  // shape with its last dim replaced
+int64_t rows_of(const Shape& shape);         // product of all but the last dim
+
+}  // namespace autosp

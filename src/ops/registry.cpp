@@ -1,0 +1,131 @@
+#include <iterator>
+
+#include "ops/op.h"
+
+namespace autosp {
+
+#define AUTOSP_OP_DECL(name) extern const OpDef name##_op;
+AUTOSP_OPS(AUTOSP_OP_DECL)
+#undef AUTOSP_OP_DECL
+
+namespace {
+const OpDef* const kOpDefs[] = {
+#define AUTOSP_OP_PTR(name) &name##_op,
+    AUTOSP_OPS(AUTOSP_OP_PTR)
+#undef AUTOSP_OP_PTR
+};
+static_assert(std::size(kOpDefs) == kNumOps, "every op kind has exactly one definition");
+}  // namespace
+
+const OpDef& op_def(OpKind op) { return *kOpDefs[static_cast<int>(op)]; }
+
+std::string types_str(const Types& types) {
+  std::string s;
+  for (size_t i = 0; i < types.size(); ++i) s += (i ? ", " : "") + type_str(types[i]);
+  return s;
+}
+
+void require_dtype(const TensorType& t, DType dtype, const char* operand) {
+  require(t.dtype == dtype, operand, " must be ", dtype_name(dtype), ", got ", type_str(t));
+}
+
+void require_rank(const TensorType& t, size_t rank, const char* operand) {
+  require(t.shape.size() == rank, operand, " must have rank ", rank, ", got ", type_str(t));
+}
+
+Shape with_last(Shape shape, int64_t last) {
+  shape.back() = last;
+  return shape;
+}
+
+int64_t rows_of(const Shape& shape) {
+  int64_t n = 1;
+  for (size_t i = 0; i + 1 < shape.size(); ++i) n *= shape[i];
+  return n;
+}
+
+namespace {
+
+std::string attrs_str(const Attrs& attrs) {
+  if (attrs.all().empty()) return "";
+  std::string s = " {";
+  bool first = true;
+  for (const auto& [k, v] : attrs.all()) {
+    s += (first ? "" : ", ") + k + "=";
+    first = false;
+    if (auto* i = std::get_if<int64_t>(&v)) s += std::to_string(*i);
+    else if (auto* d = std::get_if<double>(&v)) s += str(*d);
+    else if (auto* t = std::get_if<std::string>(&v)) s += "\"" + *t + "\"";
+    else s += shape_str(std::get<std::vector<int64_t>>(v));
+  }
+  return s + "}";
+}
+
+Types infer_checked(OpKind op, const Types& inputs, const Attrs& attrs) {
+  const OpDef& def = op_def(op);
+  try {
+    if (def.num_inputs >= 0)
+      require(static_cast<int>(inputs.size()) == def.num_inputs, "expected ", def.num_inputs,
+              " operands, got ", inputs.size());
+    else
+      require(!inputs.empty(), "expected at least one operand");
+    Types out = def.infer(inputs, attrs);
+    AUTOSP_CHECK(static_cast<int>(out.size()) == def.num_outputs, op_name(op),
+                 ": rule returned ", out.size(), " results");
+    return out;
+  } catch (const ShapeError& e) {
+    user_error(op_name(op), "(", types_str(inputs), ")", attrs_str(attrs), ": ", e.what());
+  }
+}
+
+}  // namespace
+
+std::vector<ValueId> GraphBuilder::emit(OpKind op, std::vector<ValueId> inputs, Attrs attrs) {
+  AUTOSP_CHECK(op != OpKind::input, "use Graph::add_input for inputs");
+  Types in_types;
+  for (ValueId v : inputs) in_types.push_back(graph_.type(v));
+  Types out_types = infer_checked(op, in_types, attrs);
+  NodeId n = graph_.add_node(op, std::move(inputs), std::move(attrs), out_types);
+  return graph_.node(n).outputs;
+}
+
+ValueId GraphBuilder::emit1(OpKind op, std::vector<ValueId> inputs, Attrs attrs) {
+  auto outs = emit(op, std::move(inputs), std::move(attrs));
+  AUTOSP_CHECK(outs.size() == 1, op_name(op), " has ", outs.size(), " results, not one");
+  return outs[0];
+}
+
+Cost node_cost(const Graph& g, const Node& node) {
+  Types ins, outs;
+  for (ValueId v : node.inputs) ins.push_back(g.type(v));
+  for (ValueId v : node.outputs) outs.push_back(g.type(v));
+  const OpDef& def = op_def(node.op);
+  Cost c = def.cost ? def.cost(ins, outs, node.attrs) : Cost{};
+  if (c.bytes == 0) {
+    for (const auto& t : ins) c.bytes += double(t.bytes());
+    for (const auto& t : outs) c.bytes += double(t.bytes());
+  }
+  return c;
+}
+
+void verify(const Graph& g) {
+  verify_structure(g);
+  for (NodeId n = 0; n < static_cast<NodeId>(g.nodes().size()); ++n) {
+    const Node& node = g.node(n);
+    if (node.op == OpKind::input) continue;
+    Types ins, recorded;
+    for (ValueId v : node.inputs) ins.push_back(g.type(v));
+    for (ValueId v : node.outputs) recorded.push_back(g.type(v));
+    Types inferred;
+    try {
+      inferred = infer_checked(node.op, ins, node.attrs);
+    } catch (const UserError& e) {
+      internal_error("node ", n, ": ", e.what());
+    }
+    if (inferred != recorded)
+      internal_error("node ", n, " (", op_name(node.op), "): results are typed ",
+                     types_str(recorded), " but the op's rule gives ", types_str(inferred));
+  }
+}
+
+}  // namespace autosp

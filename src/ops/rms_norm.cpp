@@ -1,0 +1,62 @@
+// rms_norm over the last dim, saving 1/rms per row for the backward.
+#include "kernels/cpu/fused.h"
+#include "ops/op.h"
+
+namespace autosp {
+
+// rms_norm(x[..., H], w[H]) {eps} -> (y[..., H], rstd[...]),  y = x * rstd * w,
+// rstd = 1 / sqrt(mean(x^2) + eps)
+extern const OpDef rms_norm_op = {
+    .num_inputs = 2,
+    .num_outputs = 2,
+    .infer = [](const Types& in, const Attrs& attrs) -> Types {
+      require_dtype(in[0], DType::f32, "x");
+      require_dtype(in[1], DType::f32, "weight");
+      require(!in[0].shape.empty(), "x must have rank >= 1");
+      require(in[1].shape == Shape{in[0].shape.back()}, "weight must be [", in[0].shape.back(), "]");
+      require(attrs.has("eps") && attrs.get_float("eps") > 0, "needs a positive 'eps'");
+      Shape rows(in[0].shape.begin(), in[0].shape.end() - 1);
+      return {in[0], {DType::f32, rows}};
+    },
+    .cost = [](const Types& in, const Types&, const Attrs&) {
+      return Cost{4.0 * numel(in[0].shape), 0};
+    },
+    // With xhat = x rstd:  dw = sum_rows dy xhat,
+    // dx = rstd (dy w - xhat mean(dy w xhat))   (rstd is saved; nothing flows into it)
+    .grad = [](GradContext& c) {
+      auto d = c.b.emit(OpKind::rms_norm_backward, {c.dout[0], c.in(0), c.in(1), c.out(1)});
+      if (c.needs[0]) c.din[0] = d[0];
+      if (c.needs[1]) c.din[1] = d[1];
+    },
+    .cpu = [](const KernelArgs& a) {
+      const Shape& x = a.in_shape(0);
+      cpu::rms_norm_forward(a.in(0), a.in(1), rows_of(x), x.back(),
+                            float(a.attrs->get_float("eps")), a.out(0), a.out(1));
+    },
+};
+
+// rms_norm_backward(dy, x, w, rstd) -> (dx, dw)
+extern const OpDef rms_norm_backward_op = {
+    .num_inputs = 4,
+    .num_outputs = 2,
+    .infer = [](const Types& in, const Attrs&) -> Types {
+      for (int i = 0; i < 4; ++i) require_dtype(in[i], DType::f32, "operand");
+      require(in[0].shape == in[1].shape, "dy must have x's shape");
+      require(!in[1].shape.empty() && in[2].shape == Shape{in[1].shape.back()},
+              "weight must be [H]");
+      require(in[3].shape == Shape(in[1].shape.begin(), in[1].shape.end() - 1),
+              "rstd must have x's shape without the last dim");
+      return {in[1], in[2]};
+    },
+    .cost = [](const Types& in, const Types&, const Attrs&) {
+      return Cost{8.0 * numel(in[0].shape), 0};
+    },
+    .grad = nullptr,
+    .cpu = [](const KernelArgs& a) {
+      const Shape& x = a.in_shape(1);
+      cpu::rms_norm_backward(a.in(0), a.in(1), a.in(2), a.in(3), rows_of(x), x.back(), a.out(0),
+                             a.out(1));
+    },
+};
+
+}  // namespace autosp

@@ -1,0 +1,68 @@
+// Rotary position embedding (rotate-half), positions given as an input tensor.
+#include <vector>
+
+#include "kernels/cpu/fused.h"
+#include "ops/op.h"
+
+namespace autosp {
+
+namespace {
+
+cpu::RopeScaling scaling_of(const Attrs& attrs) {
+  cpu::RopeScaling s;
+  s.llama3 = attrs.has("rope_type") && attrs.get_str("rope_type") == "llama3";
+  if (s.llama3) {
+    s.factor = attrs.get_float("factor");
+    s.low_freq_factor = attrs.get_float("low_freq_factor");
+    s.high_freq_factor = attrs.get_float("high_freq_factor");
+    s.original_max_position_embeddings = attrs.get_float("original_max_position_embeddings");
+  }
+  return s;
+}
+
+}  // namespace
+
+// rope(x[B, S, NH, D], positions i32[B, S]) {theta, inverse, rope_type, llama3 params}
+// inverse=1 rotates by minus the angle: the transpose, hence the gradient.
+extern const OpDef rope_op = {
+    .num_inputs = 2,
+    .num_outputs = 1,
+    .infer = [](const Types& in, const Attrs& attrs) -> Types {
+      require_dtype(in[0], DType::f32, "x");
+      require_rank(in[0], 4, "x [B, S, NH, D]");
+      require_dtype(in[1], DType::i32, "positions");
+      require(in[1].shape == Shape{in[0].shape[0], in[0].shape[1]}, "positions must be [B, S] = [",
+              in[0].shape[0], ", ", in[0].shape[1], "]");
+      require(in[0].shape[3] % 2 == 0, "head dim D must be even, got ", in[0].shape[3]);
+      require(attrs.has("theta") && attrs.get_float("theta") > 0, "needs a positive 'theta'");
+      if (attrs.has("rope_type")) {
+        const std::string& t = attrs.get_str("rope_type");
+        require(t == "default" || t == "llama3", "unknown rope_type '", t, "'");
+        if (t == "llama3")
+          for (const char* k : {"factor", "low_freq_factor", "high_freq_factor",
+                                "original_max_position_embeddings"})
+            require(attrs.has(k), "rope_type llama3 needs '", k, "'");
+      }
+      return {in[0]};
+    },
+    .cost = [](const Types& in, const Types&, const Attrs&) {
+      return Cost{3.0 * numel(in[0].shape), 0};
+    },
+    // y = R(pos) x with R orthogonal, so dx = R(pos)^T dy = R(-pos) dy
+    .grad = [](GradContext& c) {
+      AUTOSP_CHECK(!c.needs[1], "positions have no gradient");
+      Attrs attrs = c.attrs();
+      attrs.set("inverse", int64_t{1 - c.attrs().get_int("inverse", 0)});
+      c.din[0] = c.b.emit1(OpKind::rope, {c.dout[0], c.in(1)}, attrs);
+    },
+    .cpu = [](const KernelArgs& a) {
+      const Shape& x = a.in_shape(0);
+      const int64_t D = x[3];
+      std::vector<double> inv_freq(D / 2);
+      cpu::rope_inv_freq(D, a.attrs->get_float("theta"), scaling_of(*a.attrs), inv_freq.data());
+      cpu::rope_forward(a.in(0), a.in<int32_t>(1), inv_freq.data(), x[0] * x[1], x[2], D,
+                        a.attrs->get_int("inverse", 0) != 0, a.out(0));
+    },
+};
+
+}  // namespace autosp

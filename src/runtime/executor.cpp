@@ -1,0 +1,136 @@
+#include "runtime/executor.h"
+
+#include <omp.h>
+
+#include <cstdlib>
+#include <new>
+
+#include "ops/op.h"
+#include "util/error.h"
+
+namespace autosp {
+
+void* HeapAllocator::allocate(int64_t bytes) {
+  if (bytes == 0) return nullptr;
+  const auto rounded = static_cast<size_t>((bytes + 63) / 64 * 64);
+  void* p = std::aligned_alloc(64, rounded);
+  if (!p)
+    user_error("out of host memory: could not allocate ", bytes, " bytes (", live_bytes(),
+               " bytes already live); use a shorter sequence or more ranks");
+  count_allocate(bytes);
+  return p;
+}
+
+void HeapAllocator::release(void* ptr, int64_t bytes) {
+  if (!ptr) return;
+  std::free(ptr);
+  count_release(bytes);
+}
+
+CpuExecutor::CpuExecutor(const Graph& graph, Allocator& allocator, int threads)
+    : graph_(graph),
+      allocator_(allocator),
+      threads_(threads > 0 ? threads : omp_get_max_threads()),
+      data_(graph.values().size(), nullptr),
+      owned_(graph.values().size(), false),
+      uses_(graph.values().size(), 0) {
+  for (const Node& node : graph.nodes()) {
+    AUTOSP_CHECK(node.op == OpKind::input || op_def(node.op).cpu,
+                 op_name(node.op), " has no CPU kernel");
+    for (ValueId v : node.inputs) ++uses_[v];
+  }
+  for (const GraphOutput& o : graph.outputs()) ++uses_[o.value];
+}
+
+CpuExecutor::~CpuExecutor() { release_all(); }
+
+void CpuExecutor::release_all() {
+  for (size_t v = 0; v < data_.size(); ++v) {
+    if (owned_[v]) allocator_.release(const_cast<void*>(data_[v]), graph_.values()[v].type.bytes());
+    if (owned_[v]) data_[v] = nullptr;
+    owned_[v] = false;
+  }
+}
+
+void CpuExecutor::bind(ValueId input, const void* data) {
+  AUTOSP_CHECK(graph_.is_input(input), "%", input, " is not a graph input");
+  data_[input] = data;
+}
+
+void CpuExecutor::bind(const std::string& input_name, const void* data) {
+  ValueId v = graph_.find_input(input_name);
+  if (v < 0) internal_error("graph has no input named '", input_name, "'");
+  bind(v, data);
+}
+
+void CpuExecutor::run() {
+  release_all();
+  for (ValueId v : graph_.inputs())
+    if (!data_[v] && graph_.type(v).bytes() > 0)
+      internal_error("input %", v, " '", graph_.value(v).name, "' is not bound");
+
+  omp_set_num_threads(threads_);
+  std::vector<int> remaining = uses_;
+  try {
+    for (const Node& node : graph_.nodes()) {
+      if (node.op == OpKind::input) continue;
+      const OpDef& def = op_def(node.op);
+      KernelArgs args;
+      args.attrs = &node.attrs;
+      args.threads = threads_;
+      for (ValueId v : node.inputs) {
+        args.inputs.push_back(data_[v]);
+        args.in_types.push_back(&graph_.type(v));
+      }
+      for (ValueId v : node.outputs) {
+        data_[v] = allocator_.allocate(graph_.type(v).bytes());
+        owned_[v] = true;
+        args.outputs.push_back(const_cast<void*>(data_[v]));
+        args.out_types.push_back(&graph_.type(v));
+      }
+      Types in_types;
+      for (const TensorType* t : args.in_types) in_types.push_back(*t);
+      const int64_t ws_bytes =
+          def.cpu_workspace_bytes ? def.cpu_workspace_bytes(in_types, node.attrs, threads_) : 0;
+      args.workspace = allocator_.allocate(ws_bytes);
+      try {
+        def.cpu(args);
+      } catch (...) {
+        allocator_.release(args.workspace, ws_bytes);
+        throw;
+      }
+      allocator_.release(args.workspace, ws_bytes);
+
+      // Free what this node was the last user of, and results nobody uses.
+      for (ValueId v : node.inputs)
+        if (--remaining[v] == 0 && owned_[v]) {
+          allocator_.release(const_cast<void*>(data_[v]), graph_.type(v).bytes());
+          data_[v] = nullptr;
+          owned_[v] = false;
+        }
+      for (ValueId v : node.outputs)
+        if (remaining[v] == 0) {
+          allocator_.release(const_cast<void*>(data_[v]), graph_.type(v).bytes());
+          data_[v] = nullptr;
+          owned_[v] = false;
+        }
+    }
+  } catch (...) {
+    release_all();
+    throw;
+  }
+}
+
+const void* CpuExecutor::output_data(const std::string& name) const {
+  ValueId v = graph_.output(name);
+  return data_[v];
+}
+
+std::vector<float> CpuExecutor::output_vector(const std::string& name) const {
+  ValueId v = graph_.output(name);
+  AUTOSP_CHECK(graph_.type(v).dtype == DType::f32, "output '", name, "' is not f32");
+  const auto* p = static_cast<const float*>(data_[v]);
+  return std::vector<float>(p, p + numel(graph_.shape(v)));
+}
+
+}  // namespace autosp

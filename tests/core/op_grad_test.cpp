@@ -1,0 +1,187 @@
+// A finite-difference gradient check for every differentiable op, through autodiff and the
+// CPU executor. Backward ops (embedding_backward, rms_norm_backward, ...) are checked as
+// the gradients of their forward ops; input, fill and count_valid have no gradient.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "frontend/tracer.h"
+#include "testing/gradcheck.h"
+
+namespace autosp {
+namespace {
+
+using testing::check_gradients;
+using testing::Feed;
+
+TEST(OpGrad, Add) {
+  Tracer t;
+  Tensor a = t.parameter("a", {3, 5}), b = t.parameter("b", {3, 5});
+  t.output("y0", t.add(a, b));
+  check_gradients(t.finish(), {});
+}
+
+TEST(OpGrad, AddSameOperandTwice) {
+  Tracer t;
+  Tensor a = t.parameter("a", {4});
+  t.output("y0", t.add(a, a));  // the two uses' gradients are summed
+  check_gradients(t.finish(), {});
+}
+
+TEST(OpGrad, Mul) {
+  Tracer t;
+  Tensor a = t.parameter("a", {2, 7}), b = t.parameter("b", {2, 7});
+  t.output("y0", t.mul(a, b));
+  check_gradients(t.finish(), {});
+}
+
+TEST(OpGrad, ScaleSumExpand) {
+  Tracer t;
+  Tensor a = t.parameter("a", {3, 4});
+  t.output("y0", t.scale(a, -2.5));
+  t.output("y1", t.sum(a));
+  check_gradients(t.finish(), {});
+}
+
+TEST(OpGrad, DivScalar) {
+  Graph g;
+  GraphBuilder b(g);
+  ValueId x = g.add_input(Role::parameter, {DType::f32, {6}}, "x");
+  ValueId s = g.add_input(Role::parameter, {DType::f32, {}}, "s");
+  g.add_output("y0", b.emit1(OpKind::div_scalar, {x, s}));
+  Feed feed;
+  feed.f["s"] = {2.5f};  // away from 0, where x / s is smooth
+  check_gradients(g, feed);
+}
+
+TEST(OpGrad, Expand) {
+  Graph g;
+  GraphBuilder b(g);
+  ValueId x = g.add_input(Role::parameter, {DType::f32, {}}, "x");
+  g.add_output("y0", b.emit1(OpKind::expand, {x}, {{"shape", Shape{2, 3}}}));
+  check_gradients(g, {});
+}
+
+TEST(OpGrad, Linear) {
+  Tracer t;
+  Tensor x = t.parameter("x", {2, 3, 5}), w = t.parameter("w", {4, 5});
+  t.output("y0", t.linear(x, w));
+  check_gradients(t.finish(), {});
+}
+
+TEST(OpGrad, MatmulEveryTransposition) {
+  for (int64_t ta : {0, 1})
+    for (int64_t tb : {0, 1}) {
+      SCOPED_TRACE(str("trans_a=", ta, " trans_b=", tb));
+      const int64_t M = 3, N = 4, K = 5;
+      Graph g;
+      GraphBuilder b(g);
+      ValueId a = g.add_input(Role::parameter, {DType::f32, ta ? Shape{K, M} : Shape{M, K}}, "a");
+      ValueId c = g.add_input(Role::parameter, {DType::f32, tb ? Shape{N, K} : Shape{K, N}}, "b");
+      g.add_output("y0", b.emit1(OpKind::matmul, {a, c}, {{"trans_a", ta}, {"trans_b", tb}}));
+      check_gradients(g, {});
+    }
+}
+
+TEST(OpGrad, MatmulBatchedA) {
+  Graph g;
+  GraphBuilder b(g);
+  ValueId a = g.add_input(Role::parameter, {DType::f32, {2, 3, 5}}, "a");
+  ValueId c = g.add_input(Role::parameter, {DType::f32, {4, 5}}, "b");
+  g.add_output("y0", b.emit1(OpKind::matmul, {a, c}, {{"trans_b", int64_t{1}}}));
+  check_gradients(g, {});
+}
+
+TEST(OpGrad, Silu) {
+  Tracer t;
+  Tensor x = t.parameter("x", {3, 9});
+  t.output("y0", t.silu(x));
+  check_gradients(t.finish(), {});
+}
+
+TEST(OpGrad, Swiglu) {
+  Tracer t;
+  Tensor g = t.parameter("gate", {2, 11}), u = t.parameter("up", {2, 11});
+  t.output("y0", t.swiglu(g, u));
+  check_gradients(t.finish(), {});
+}
+
+TEST(OpGrad, Embedding) {
+  Tracer t;
+  Tensor w = t.parameter("w", {7, 4});
+  Tensor tok = t.input(Role::tokens, "tokens", DType::i32, {2, 5});
+  t.output("y0", t.embedding(w, tok));
+  Feed feed;
+  feed.i["tokens"] = {0, 3, 3, 6, 1, 3, 2, 0, 6, 6};  // repeats: the backward scatter-adds
+  check_gradients(t.finish(), feed);
+}
+
+TEST(OpGrad, RmsNorm) {
+  Tracer t;
+  Tensor x = t.parameter("x", {2, 3, 8}), w = t.parameter("w", {8});
+  t.output("y0", t.rms_norm(x, w, 1e-5));
+  check_gradients(t.finish(), {});
+}
+
+TEST(OpGrad, RopeDefaultAndLlama3) {
+  for (const char* type : {"default", "llama3"}) {
+    SCOPED_TRACE(type);
+    Tracer t;
+    Tensor x = t.parameter("x", {2, 3, 2, 8});
+    Tensor pos = t.input(Role::positions, "positions", DType::i32, {2, 3});
+    RopeOptions o;
+    o.theta = 500000.0;
+    if (std::string(type) == "llama3") {
+      o.rope_type = "llama3";
+      o.factor = 8.0;
+      o.original_max_position_embeddings = 16;  // small, so every frequency band is used
+    }
+    t.output("y0", t.rope(x, pos, o));
+    Feed feed;
+    feed.i["positions"] = {0, 1, 2, 5, 17, 1000};
+    check_gradients(t.finish(), feed);
+  }
+}
+
+TEST(OpGrad, AttentionCausalGqa) {
+  for (bool causal : {true, false})
+    for (int64_t nkv : {1, 2, 4}) {
+      SCOPED_TRACE(str("causal=", causal, " NKV=", nkv));
+      const int64_t B = 2, S = 5, NH = 4, D = 4;
+      Tracer t;
+      Tensor q = t.parameter("q", {B, S, NH, D});
+      Tensor k = t.parameter("k", {B, S, nkv, D});
+      Tensor v = t.parameter("v", {B, S, nkv, D});
+      t.output("y0", t.attention(q, k, v, causal, 1.0 / std::sqrt(double(D))));
+      check_gradients(t.finish(), {});
+    }
+}
+
+TEST(OpGrad, CrossEntropyMeanWithIgnoredLabels) {
+  Tracer t;
+  Tensor logits = t.parameter("logits", {2, 3, 6});
+  Tensor labels = t.input(Role::labels, "labels", DType::i32, {2, 3});
+  t.output("y0", t.cross_entropy(logits, labels));
+  Feed feed;
+  feed.i["labels"] = {0, 5, -100, 2, 2, -100};
+  check_gradients(t.finish(), feed);
+}
+
+TEST(OpGrad, ReshapeTranspose) {
+  Tracer t;
+  Tensor x = t.parameter("x", {2, 3, 4});
+  t.output("y0", t.transpose(t.reshape(x, {6, 2, 2}), {2, 0, 1}));
+  check_gradients(t.finish(), {});
+}
+
+TEST(OpGrad, SliceConcat) {
+  Tracer t;
+  Tensor a = t.parameter("a", {2, 5, 3}), b = t.parameter("b", {2, 2, 3});
+  Tensor s = t.slice(a, 1, 1, 4);
+  t.output("y0", t.concat({b, s, b}, 1));
+  t.output("y1", t.slice(a, 2, 0, 1));
+  check_gradients(t.finish(), {});
+}
+
+}  // namespace
+}  // namespace autosp

@@ -1,0 +1,346 @@
+// The DeepSpeed JSON config: a full config, defaults, every kind of error (the message must
+// name the file and the key path), unknown-key warnings, and DeepSpeed's batch-size rules.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <unistd.h>
+#include <vector>
+
+#include "train/config.h"
+#include "util/error.h"
+
+namespace autosp::train {
+namespace {
+
+using nlohmann::json;
+
+TrainConfig parse(const std::string& text, std::vector<std::string>* warnings = nullptr) {
+  return parse_train_config(json::parse(text), "config.json", warnings);
+}
+
+// The UserError message of parsing `text` ("" if it parses).
+std::string parse_error(const std::string& text) {
+  try {
+    parse(text);
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+#define EXPECT_PARSE_ERROR(text, ...)                                   \
+  do {                                                                  \
+    const std::string message = parse_error(text);                      \
+    EXPECT_FALSE(message.empty()) << "no error for " << (text);        \
+    for (const char* part : {__VA_ARGS__})                              \
+      EXPECT_NE(message.find(part), std::string::npos)                  \
+          << "message: " << message << "\nmissing: " << part;          \
+  } while (0)
+
+TEST(TrainConfig, FullConfig) {
+  std::vector<std::string> warnings;
+  const TrainConfig c = parse(R"({
+    "train_batch_size": 32,
+    "train_micro_batch_size_per_gpu": 2,
+    "gradient_accumulation_steps": 4,
+    "gradient_clipping": 1.0,
+    "optimizer": {"type": "AdamW",
+                  "params": {"lr": 3e-4, "betas": [0.9, 0.95], "eps": 1e-6, "weight_decay": 0.1}},
+    "scheduler": {"type": "WarmupDecayLR",
+                  "params": {"warmup_min_lr": 1e-5, "warmup_max_lr": 3e-4, "warmup_num_steps": 100,
+                             "warmup_type": "linear", "total_num_steps": 1000}},
+    "compile": {"deepcompile": true, "passes": ["autosp"]},
+    "sequence_parallel_size": 4,
+    "zero_optimization": {"stage": 1},
+    "steps_per_print": 5,
+    "seed": 7
+  })", &warnings);
+  EXPECT_TRUE(warnings.empty()) << warnings.front();
+  EXPECT_EQ(c.train_batch_size, 32);
+  EXPECT_EQ(c.train_micro_batch_size_per_gpu, 2);
+  EXPECT_EQ(c.gradient_accumulation_steps, 4);
+  EXPECT_EQ(c.gradient_clipping, 1.0);
+  EXPECT_EQ(c.optimizer.lr, 3e-4);
+  EXPECT_EQ(c.optimizer.beta1, 0.9);
+  EXPECT_EQ(c.optimizer.beta2, 0.95);
+  EXPECT_EQ(c.optimizer.eps, 1e-6);
+  EXPECT_EQ(c.optimizer.weight_decay, 0.1);
+  EXPECT_EQ(c.scheduler.type, SchedulerType::kWarmupDecayLR);
+  EXPECT_EQ(c.scheduler.warmup_min_lr, 1e-5);
+  EXPECT_EQ(c.scheduler.warmup_max_lr, 3e-4);
+  EXPECT_EQ(c.scheduler.warmup_num_steps, 100);
+  EXPECT_EQ(c.scheduler.warmup_type, WarmupType::kLinear);
+  EXPECT_EQ(c.scheduler.total_num_steps, 1000);
+  EXPECT_TRUE(c.compile.deepcompile);
+  EXPECT_EQ(c.compile.passes, std::vector<std::string>{"autosp"});
+  EXPECT_EQ(c.sequence_parallel_size, 4);
+  EXPECT_EQ(c.zero_stage, 1);
+  EXPECT_EQ(c.steps_per_print, 5);
+  EXPECT_EQ(c.seed, 7u);
+}
+
+TEST(TrainConfig, Defaults) {
+  const TrainConfig c = parse(R"({"train_micro_batch_size_per_gpu": 1})");
+  EXPECT_FALSE(c.train_batch_size.has_value());
+  EXPECT_FALSE(c.gradient_accumulation_steps.has_value());
+  EXPECT_EQ(c.gradient_clipping, 0.0);
+  // torch.optim.AdamW's defaults.
+  EXPECT_EQ(c.optimizer.lr, 1e-3);
+  EXPECT_EQ(c.optimizer.beta1, 0.9);
+  EXPECT_EQ(c.optimizer.beta2, 0.999);
+  EXPECT_EQ(c.optimizer.eps, 1e-8);
+  EXPECT_EQ(c.optimizer.weight_decay, 0.01);
+  EXPECT_EQ(c.scheduler.type, SchedulerType::kNone);
+  EXPECT_FALSE(c.compile.deepcompile);
+  EXPECT_TRUE(c.compile.passes.empty());
+  EXPECT_EQ(c.sequence_parallel_size, 1);
+  EXPECT_EQ(c.zero_stage, 0);
+  EXPECT_EQ(c.steps_per_print, 10);  // DeepSpeed's default
+}
+
+TEST(TrainConfig, OptimizerTypeIsCaseInsensitiveAndParamsOptional) {
+  EXPECT_EQ(parse(R"({"optimizer": {"type": "adamw"}})").optimizer.lr, 1e-3);
+  EXPECT_EQ(parse(R"({"optimizer": {"type": "ADAMW", "params": {"lr": 0.5}}})").optimizer.lr, 0.5);
+}
+
+TEST(TrainConfig, SchedulerDefaultsPerType) {
+  // DeepSpeed's class defaults.
+  const SchedulerConfig w = parse(R"({"scheduler": {"type": "WarmupLR"}})").scheduler;
+  EXPECT_EQ(w.type, SchedulerType::kWarmupLR);
+  EXPECT_EQ(w.warmup_min_lr, 0.0);
+  EXPECT_FALSE(w.warmup_max_lr.has_value());
+  EXPECT_EQ(w.warmup_num_steps, 1000);
+  EXPECT_EQ(w.warmup_type, WarmupType::kLog);
+  const SchedulerConfig cos =
+      parse(R"({"scheduler": {"type": "WarmupCosineLR", "params": {"total_num_steps": 5000}}})")
+          .scheduler;
+  EXPECT_EQ(cos.type, SchedulerType::kWarmupCosineLR);
+  EXPECT_EQ(cos.total_num_steps, 5000);
+  EXPECT_EQ(cos.warmup_min_ratio, 0.0);
+  EXPECT_EQ(cos.cos_min_ratio, 0.0001);
+  EXPECT_EQ(cos.warmup_num_steps, 1000);
+}
+
+TEST(TrainConfig, WrongTypesNameTheKeyPath) {
+  EXPECT_PARSE_ERROR(R"({"optimizer": {"type": "AdamW", "params": {"betas": "x"}}})",
+                     "config.json: optimizer.params.betas: expected an array of 2 numbers, got \"x\"");
+  EXPECT_PARSE_ERROR(R"({"optimizer": {"type": "AdamW", "params": {"betas": [0.9]}}})",
+                     "optimizer.params.betas: expected an array of 2 numbers, got [0.9]");
+  EXPECT_PARSE_ERROR(R"({"train_micro_batch_size_per_gpu": "4"})",
+                     "config.json: train_micro_batch_size_per_gpu: expected an integer >= 1, got \"4\"");
+  EXPECT_PARSE_ERROR(R"({"gradient_accumulation_steps": 2.5})",
+                     "gradient_accumulation_steps: expected an integer >= 1, got 2.5");
+  EXPECT_PARSE_ERROR(R"({"gradient_clipping": true})", "gradient_clipping: expected a number");
+  EXPECT_PARSE_ERROR(R"({"compile": {"deepcompile": "yes"}})",
+                     "compile.deepcompile: expected true or false, got \"yes\"");
+  EXPECT_PARSE_ERROR(R"({"compile": {"passes": "autosp"}})", "compile.passes: expected an array");
+  EXPECT_PARSE_ERROR(R"({"optimizer": []})", "config.json: optimizer: expected an object, got []");
+  EXPECT_PARSE_ERROR(R"({"scheduler": {"type": "WarmupLR", "params": 3}})",
+                     "scheduler.params: expected an object, got 3");
+  EXPECT_PARSE_ERROR(R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 10.0}}})",
+                     "scheduler.params.warmup_num_steps: expected an integer >= 1, got 10.0");
+  EXPECT_PARSE_ERROR(R"([1, 2])", "config.json: expected a JSON object at the top level");
+}
+
+TEST(TrainConfig, BadValuesNameTheKeyPath) {
+  EXPECT_PARSE_ERROR(R"({"train_batch_size": 0})", "train_batch_size: expected an integer >= 1, got 0");
+  EXPECT_PARSE_ERROR(R"({"sequence_parallel_size": 0})", "sequence_parallel_size: expected an integer >= 1");
+  EXPECT_PARSE_ERROR(R"({"steps_per_print": 0})", "steps_per_print: expected an integer >= 1");
+  EXPECT_PARSE_ERROR(R"({"gradient_clipping": -1})", "gradient_clipping: expected a number >= 0, got -1");
+  EXPECT_PARSE_ERROR(R"({"seed": -3})", "seed: expected an integer >= 0, got -3");
+  EXPECT_PARSE_ERROR(R"({"train_batch_size": 99999999999999999999})", "train_batch_size: expected an integer");
+  EXPECT_PARSE_ERROR(R"({"optimizer": {"type": "AdamW", "params": {"lr": -0.1}}})",
+                     "optimizer.params.lr: expected a number >= 0, got -0.1");
+  EXPECT_PARSE_ERROR(R"({"optimizer": {"type": "AdamW", "params": {"betas": [0.9, 1.0]}}})",
+                     "optimizer.params.betas[1]: expected a number in [0, 1), got 1.0");
+  EXPECT_PARSE_ERROR(R"({"optimizer": {"type": "AdamW", "params": {"eps": -1e-8}}})",
+                     "optimizer.params.eps: expected a number >= 0");
+  EXPECT_PARSE_ERROR(R"({"optimizer": {"type": "AdamW", "params": {"weight_decay": -1}}})",
+                     "optimizer.params.weight_decay: expected a number >= 0");
+  EXPECT_PARSE_ERROR(R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 0}}})",
+                     "scheduler.params.warmup_num_steps: expected an integer >= 1, got 0");
+  EXPECT_PARSE_ERROR(R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_type": "cosine"}}})",
+                     "scheduler.params.warmup_type: expected \"log\" or \"linear\", got \"cosine\"");
+  EXPECT_PARSE_ERROR(R"({"compile": {"passes": ["autosp", "fuse"]}})",
+                     "compile.passes[1]: expected \"z1\", \"z3\" or \"autosp\", got \"fuse\"");
+}
+
+TEST(TrainConfig, UnsupportedOptimizerSchedulerAndZeroStage) {
+  EXPECT_PARSE_ERROR(R"({"optimizer": {"type": "Lamb"}})",
+                     "config.json: optimizer.type: \"Lamb\" is not supported", "AdamW");
+  EXPECT_PARSE_ERROR(R"({"optimizer": {"type": "Adam"}})", "optimizer.type", "adam_w_mode");
+  EXPECT_PARSE_ERROR(R"({"optimizer": {"params": {}}})", "optimizer.type: missing");
+  EXPECT_PARSE_ERROR(R"({"scheduler": {"type": "OneCycle"}})",
+                     "scheduler.type: \"OneCycle\" is not supported", "WarmupCosineLR");
+  EXPECT_PARSE_ERROR(R"({"scheduler": {"type": "warmuplr"}})", "scheduler.type");  // case matters
+  EXPECT_PARSE_ERROR(R"({"scheduler": {"type": "WarmupDecayLR"}})",
+                     "scheduler.params.total_num_steps: missing", "WarmupDecayLR");
+  EXPECT_PARSE_ERROR(R"({"scheduler": {"type": "WarmupCosineLR", "params": {}}})",
+                     "scheduler.params.total_num_steps: missing");
+  EXPECT_PARSE_ERROR(R"({"zero_optimization": {"stage": 2}})",
+                     "config.json: zero_optimization.stage: ZeRO stage 2 is not supported",
+                     "stages 0 and 1");
+  EXPECT_PARSE_ERROR(R"({"zero_optimization": {"stage": 3}})", "zero_optimization.stage", "stage 3");
+  EXPECT_PARSE_ERROR(R"({"zero_optimization": {"stage": 4}})",
+                     "zero_optimization.stage: expected 0, 1, 2 or 3, got 4");
+  EXPECT_EQ(parse(R"({"zero_optimization": true})").zero_stage, 1);  // DeepSpeed's legacy form
+}
+
+TEST(TrainConfig, UnknownKeysWarnWithTheirPath) {
+  std::vector<std::string> warnings;
+  const TrainConfig c = parse(R"({
+    "train_micro_batch_size_per_gpu": 1,
+    "fp16": {"enabled": false},
+    "optimizer": {"type": "AdamW", "params": {"lr": 0.1, "amsgrad": false}},
+    "scheduler": {"type": "WarmupLR", "params": {"cos_min_ratio": 0.1}},
+    "zero_optimization": {"stage": 0, "overlap_comm": true},
+    "compile": {"deepcompile": true, "free_activation": true}
+  })", &warnings);
+  EXPECT_EQ(c.optimizer.lr, 0.1);
+  const std::vector<std::string> expected = {
+      "config.json: fp16: unknown key, ignored",
+      "config.json: optimizer.params.amsgrad: unknown key, ignored",
+      "config.json: scheduler.params.cos_min_ratio: not a parameter of WarmupLR, ignored",
+      "config.json: zero_optimization.overlap_comm: unknown key, ignored",
+      "config.json: compile.free_activation: unknown key, ignored",
+  };
+  for (const std::string& w : expected)
+    EXPECT_NE(std::find(warnings.begin(), warnings.end(), w), warnings.end()) << w;
+  EXPECT_EQ(warnings.size(), expected.size());
+  // A null sink is allowed.
+  EXPECT_NO_THROW(parse(R"({"whatever": 1})", nullptr));
+}
+
+TEST(TrainConfig, TotalStepsBelowWarmupWarns) {
+  std::vector<std::string> warnings;
+  parse(R"({"scheduler": {"type": "WarmupDecayLR",
+                          "params": {"warmup_num_steps": 100, "total_num_steps": 50}}})",
+        &warnings);
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find("scheduler.params.total_num_steps: 50 is less than warmup_num_steps 100"),
+            std::string::npos)
+      << warnings[0];
+}
+
+// ---- batch resolution (DeepSpeed's _set_batch_related_parameters) --------------------------
+
+struct Batch {
+  int64_t batch, micro, accum;
+};
+
+Batch resolve(const std::string& text, int dp) {
+  TrainConfig c = parse(text);
+  resolve_batch(c, dp, "config.json");
+  return {*c.train_batch_size, *c.train_micro_batch_size_per_gpu, *c.gradient_accumulation_steps};
+}
+
+std::string resolve_error(const std::string& text, int dp) {
+  try {
+    resolve(text, dp);
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+void expect_batch(const Batch& got, int64_t batch, int64_t micro, int64_t accum) {
+  EXPECT_EQ(got.batch, batch);
+  EXPECT_EQ(got.micro, micro);
+  EXPECT_EQ(got.accum, accum);
+}
+
+TEST(TrainConfig, BatchResolution) {
+  // All three: checked only.
+  expect_batch(resolve(R"({"train_batch_size": 24, "train_micro_batch_size_per_gpu": 2,
+                           "gradient_accumulation_steps": 3})", 4), 24, 2, 3);
+  // batch + micro -> accumulation = 24 / 2 / 4.
+  expect_batch(resolve(R"({"train_batch_size": 24, "train_micro_batch_size_per_gpu": 2})", 4),
+               24, 2, 3);
+  // batch + accumulation -> micro = 24 / 4 / 3.
+  expect_batch(resolve(R"({"train_batch_size": 24, "gradient_accumulation_steps": 3})", 4),
+               24, 2, 3);
+  // micro + accumulation -> batch = 2 * 3 * 4.
+  expect_batch(resolve(R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 3})", 4),
+               24, 2, 3);
+  // batch only -> accumulation 1, micro = 24 / 4.
+  expect_batch(resolve(R"({"train_batch_size": 24})", 4), 24, 6, 1);
+  // micro only -> accumulation 1, batch = 2 * 4.
+  expect_batch(resolve(R"({"train_micro_batch_size_per_gpu": 2})", 4), 8, 2, 1);
+}
+
+TEST(TrainConfig, BatchResolutionErrors) {
+  std::string m = resolve_error(R"({"train_batch_size": 24, "train_micro_batch_size_per_gpu": 2,
+                                    "gradient_accumulation_steps": 2})", 4);
+  EXPECT_NE(m.find("config.json: train_batch_size (24) must equal train_micro_batch_size_per_gpu (2)"
+                   " x gradient_accumulation_steps (2) x data-parallel size (4) = 16"),
+            std::string::npos) << m;
+  // 10 / 3 / 1 = 3 by integer division, as DeepSpeed, and then 10 != 9.
+  m = resolve_error(R"({"train_batch_size": 10, "train_micro_batch_size_per_gpu": 3})", 1);
+  EXPECT_NE(m.find("train_batch_size (10) must equal"), std::string::npos) << m;
+  EXPECT_NE(m.find("derived gradient_accumulation_steps"), std::string::npos) << m;
+  // 2 / 4 = 0 micro batch.
+  m = resolve_error(R"({"train_batch_size": 2})", 4);
+  EXPECT_NE(m.find("train_batch_size (2) is too small"), std::string::npos) << m;
+  EXPECT_NE(m.find("train_micro_batch_size_per_gpu = "), std::string::npos) << m;
+  m = resolve_error(R"({"gradient_accumulation_steps": 2})", 1);
+  EXPECT_NE(m.find("train_batch_size or train_micro_batch_size_per_gpu must be set"),
+            std::string::npos) << m;
+}
+
+// ---- files ----------------------------------------------------------------------------------
+
+std::string write_temp(const std::string& text) {
+  char name[] = "/tmp/autosp_config_test_XXXXXX";
+  const int fd = mkstemp(name);
+  EXPECT_GE(fd, 0);
+  close(fd);
+  std::ofstream(name) << text;
+  return name;
+}
+
+std::string load_error(const std::string& path) {
+  try {
+    load_train_config(path, nullptr);
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(TrainConfig, LoadFile) {
+  const std::string path = write_temp(R"({"train_micro_batch_size_per_gpu": 3, "extra": 1})");
+  std::vector<std::string> warnings;
+  const TrainConfig c = load_train_config(path, &warnings);
+  EXPECT_EQ(c.train_micro_batch_size_per_gpu, 3);
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_EQ(warnings[0], path + ": extra: unknown key, ignored");
+  std::remove(path.c_str());
+}
+
+TEST(TrainConfig, FileErrorsNameThePath) {
+  std::string m = load_error("/nonexistent/ds_config.json");
+  EXPECT_NE(m.find("/nonexistent/ds_config.json: cannot open the config file"), std::string::npos) << m;
+
+  std::string path = write_temp(R"({"train_batch_size": 8,})");
+  m = load_error(path);
+  EXPECT_NE(m.find(path + ": invalid JSON"), std::string::npos) << m;
+  std::remove(path.c_str());
+
+  // DeepSpeed rejects duplicate keys; nlohmann alone would keep the last one silently.
+  path = write_temp(R"({"optimizer": {"type": "AdamW", "params": {"lr": 1, "lr": 2}}})");
+  m = load_error(path);
+  EXPECT_NE(m.find(path + ": duplicate key \"lr\""), std::string::npos) << m;
+  std::remove(path.c_str());
+
+  path = write_temp(R"({"gradient_clipping": "big"})");
+  m = load_error(path);
+  EXPECT_NE(m.find(path + ": gradient_clipping: expected a number >= 0, got \"big\""),
+            std::string::npos) << m;
+  std::remove(path.c_str());
+}
+
+}  // namespace
+}  // namespace autosp::train
