@@ -61,6 +61,8 @@ inline std::vector<std::string> y_outputs(const Graph& g) {
 
 // Adds constant inputs r_i and the scalar output "loss" = sum_i sum(y_i * r_i).
 inline Graph with_probe_loss(const Graph& forward) {
+  for (const GraphOutput& o : forward.outputs())
+    AUTOSP_CHECK(o.name != "loss", "the graph under test already has an output named 'loss'");
   Graph g = forward;
   GraphBuilder b(g);
   ValueId loss = -1;
