@@ -133,7 +133,9 @@ class Parser {
     return text_.substr(start, pos_ - start);
   }
   void expect_word(const char* w) {
-    if (word() != w) fail(str("expected '", w, "'"));
+    skip_space();
+    if (text_.compare(pos_, std::strlen(w), w) != 0) fail(str("expected '", w, "'"));
+    word();
   }
   int64_t integer() {
     skip_space();
