@@ -1,0 +1,25 @@
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace autosp::cli {
+
+struct TrainArgs {
+  std::string config, model, data, metrics, save, resume;
+  int64_t seq_len = 0, steps = -1, save_every = 0;
+  std::optional<uint64_t> seed;
+  bool any_given() const {
+    return !config.empty() || !model.empty() || !data.empty() || !resume.empty() || seq_len > 0;
+  }
+};
+
+struct DumpArgs {
+  std::string model, stage;
+  int64_t seq_len = 0, batch = 1;
+};
+
+int run_train(const TrainArgs& args);
+int run_dump(const DumpArgs& args);
+
+}  // namespace autosp::cli

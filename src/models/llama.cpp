@@ -1,0 +1,249 @@
+#include "models/llama.h"
+
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "util/error.h"
+
+namespace autosp::models {
+
+using nlohmann::json;
+
+namespace {
+
+struct Reader {
+  const json& j;
+  const std::string& source;
+
+  [[noreturn]] void bad(const std::string& key, const std::string& what) const {
+    user_error(source, ": ", key, ": ", what);
+  }
+  const json* find(const std::string& key) const {
+    auto it = j.find(key);
+    return it == j.end() || it->is_null() ? nullptr : &*it;
+  }
+  int64_t positive_int(const std::string& key, std::optional<int64_t> fallback = {}) const {
+    const json* v = find(key);
+    if (!v) {
+      if (fallback) return *fallback;
+      bad(key, "missing (a positive integer is required)");
+    }
+    if (!v->is_number_integer() || v->get<int64_t>() <= 0)
+      bad(key, str("expected a positive integer, got ", v->dump()));
+    return v->get<int64_t>();
+  }
+  double positive_number(const std::string& key, double fallback) const {
+    const json* v = find(key);
+    if (!v) return fallback;
+    if (!v->is_number() || !(v->get<double>() > 0)) bad(key, str("expected a positive number, got ", v->dump()));
+    return v->get<double>();
+  }
+  bool boolean(const std::string& key, bool fallback) const {
+    const json* v = find(key);
+    if (!v) return fallback;
+    if (!v->is_boolean()) bad(key, str("expected true or false, got ", v->dump()));
+    return v->get<bool>();
+  }
+  std::string string(const std::string& key) const {
+    const json* v = find(key);
+    if (!v) return "";
+    if (!v->is_string()) bad(key, str("expected a string, got ", v->dump()));
+    return v->get<std::string>();
+  }
+};
+
+}  // namespace
+
+LlamaConfig parse_llama_config(const json& j, const std::string& source) {
+  if (!j.is_object()) user_error(source, ": expected a JSON object");
+  Reader r{j, source};
+  if (const json* arch = r.find("architectures")) {
+    if (!arch->is_array() || arch->empty() || !(*arch)[0].is_string())
+      r.bad("architectures", "expected a list of names");
+    const std::string a = (*arch)[0].get<std::string>();
+    if (a != "LlamaForCausalLM")
+      r.bad("architectures", str("\"", a, "\" is not supported (autosp trains LlamaForCausalLM)"));
+  }
+  if (std::string type = r.string("model_type"); !type.empty() && type != "llama")
+    r.bad("model_type", str("\"", type, "\" is not supported (expected \"llama\")"));
+  if (r.boolean("attention_bias", false)) r.bad("attention_bias", "true is not supported (Llama has no attention bias)");
+  if (r.boolean("mlp_bias", false)) r.bad("mlp_bias", "true is not supported");
+  if (std::string act = r.string("hidden_act"); !act.empty() && act != "silu")
+    r.bad("hidden_act", str("\"", act, "\" is not supported (expected \"silu\")"));
+  if (const json* tp = r.find("pretraining_tp"); tp && !(tp->is_number_integer() && tp->get<int64_t>() == 1))
+    r.bad("pretraining_tp", "only 1 is supported");
+
+  LlamaConfig c;
+  c.vocab_size = r.positive_int("vocab_size");
+  c.hidden_size = r.positive_int("hidden_size");
+  c.intermediate_size = r.positive_int("intermediate_size");
+  c.num_hidden_layers = r.positive_int("num_hidden_layers");
+  c.num_attention_heads = r.positive_int("num_attention_heads");
+  c.num_key_value_heads = r.positive_int("num_key_value_heads", c.num_attention_heads);
+  if (c.num_attention_heads % c.num_key_value_heads != 0)
+    r.bad("num_key_value_heads", str(c.num_key_value_heads, " does not divide num_attention_heads = ",
+                                     c.num_attention_heads));
+  if (!r.find("head_dim") && c.hidden_size % c.num_attention_heads != 0)
+    r.bad("hidden_size", str(c.hidden_size, " is not a multiple of num_attention_heads = ",
+                             c.num_attention_heads, " (and no head_dim is given)"));
+  c.head_dim = r.positive_int("head_dim", c.hidden_size / c.num_attention_heads);
+  if (c.head_dim % 2 != 0) r.bad("head_dim", str(c.head_dim, " must be even for rotary embeddings"));
+  if (c.vocab_size > INT32_MAX) r.bad("vocab_size", "must fit in 32 bits");
+  c.rms_norm_eps = r.positive_number("rms_norm_eps", 1e-6);
+  c.rope.theta = r.positive_number("rope_theta", 10000.0);
+  c.tie_word_embeddings = r.boolean("tie_word_embeddings", false);
+  c.max_position_embeddings = r.positive_int("max_position_embeddings", 2048);
+  c.initializer_range = r.positive_number("initializer_range", 0.02);
+
+  if (const json* rs = r.find("rope_scaling")) {
+    if (!rs->is_object()) r.bad("rope_scaling", str("expected an object or null, got ", rs->dump()));
+    Reader s{*rs, source};
+    std::string type = s.string("rope_type");
+    if (type.empty()) type = s.string("type");  // the older key
+    if (type == "llama3") {
+      auto need = [&](const char* key) {
+        if (!s.find(key)) r.bad(str("rope_scaling.", key), "missing (rope_type llama3 needs it)");
+        return s.positive_number(key, 0);
+      };
+      c.rope.rope_type = "llama3";
+      c.rope.factor = need("factor");
+      c.rope.low_freq_factor = need("low_freq_factor");
+      c.rope.high_freq_factor = need("high_freq_factor");
+      c.rope.original_max_position_embeddings = need("original_max_position_embeddings");
+      if (c.rope.high_freq_factor <= c.rope.low_freq_factor)
+        r.bad("rope_scaling.high_freq_factor", "must be greater than low_freq_factor");
+    } else if (type != "default") {
+      r.bad("rope_scaling.rope_type", str("\"", type, "\" is not supported (default or llama3)"));
+    }
+  }
+  return c;
+}
+
+LlamaConfig load_llama_config(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) user_error(path, ": cannot open the model config (", std::strerror(errno), ")");
+  json j;
+  try {
+    j = json::parse(in);
+  } catch (const json::parse_error& e) {
+    user_error(path, ": not valid JSON: ", e.what());
+  }
+  return parse_llama_config(j, path);
+}
+
+json llama_config_json(const LlamaConfig& c) {
+  json j = {
+      {"architectures", {"LlamaForCausalLM"}},
+      {"model_type", "llama"},
+      {"vocab_size", c.vocab_size},
+      {"hidden_size", c.hidden_size},
+      {"intermediate_size", c.intermediate_size},
+      {"num_hidden_layers", c.num_hidden_layers},
+      {"num_attention_heads", c.num_attention_heads},
+      {"num_key_value_heads", c.num_key_value_heads},
+      {"head_dim", c.head_dim},
+      {"hidden_act", "silu"},
+      {"rms_norm_eps", c.rms_norm_eps},
+      {"rope_theta", c.rope.theta},
+      {"tie_word_embeddings", c.tie_word_embeddings},
+      {"max_position_embeddings", c.max_position_embeddings},
+      {"initializer_range", c.initializer_range},
+      {"attention_bias", false},
+      {"mlp_bias", false},
+      {"torch_dtype", "float32"},
+  };
+  if (c.rope.rope_type == "llama3")
+    j["rope_scaling"] = {{"rope_type", "llama3"},
+                         {"factor", c.rope.factor},
+                         {"low_freq_factor", c.rope.low_freq_factor},
+                         {"high_freq_factor", c.rope.high_freq_factor},
+                         {"original_max_position_embeddings", c.rope.original_max_position_embeddings}};
+  else
+    j["rope_scaling"] = nullptr;
+  return j;
+}
+
+std::vector<ParameterSpec> llama_parameters(const LlamaConfig& c) {
+  const int64_t H = c.hidden_size, F = c.intermediate_size, D = c.head_dim;
+  const int64_t NH = c.num_attention_heads, NKV = c.num_key_value_heads;
+  std::vector<ParameterSpec> params = {{"model.embed_tokens.weight", {c.vocab_size, H}}};
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    const std::string p = str("model.layers.", i, ".");
+    params.push_back({p + "input_layernorm.weight", {H}});
+    params.push_back({p + "self_attn.q_proj.weight", {NH * D, H}});
+    params.push_back({p + "self_attn.k_proj.weight", {NKV * D, H}});
+    params.push_back({p + "self_attn.v_proj.weight", {NKV * D, H}});
+    params.push_back({p + "self_attn.o_proj.weight", {H, NH * D}});
+    params.push_back({p + "post_attention_layernorm.weight", {H}});
+    params.push_back({p + "mlp.gate_proj.weight", {F, H}});
+    params.push_back({p + "mlp.up_proj.weight", {F, H}});
+    params.push_back({p + "mlp.down_proj.weight", {H, F}});
+  }
+  params.push_back({"model.norm.weight", {H}});
+  if (!c.tie_word_embeddings) params.push_back({"lm_head.weight", {c.vocab_size, H}});
+  return params;
+}
+
+int64_t llama_num_parameters(const LlamaConfig& c) {
+  int64_t n = 0;
+  for (const ParameterSpec& p : llama_parameters(c)) n += numel(p.shape);
+  return n;
+}
+
+std::vector<float> llama_init(const LlamaConfig& c, const ParameterSpec& param, uint64_t seed) {
+  std::vector<float> values(numel(param.shape));
+  if (param.shape.size() == 1) {  // norm weights
+    std::fill(values.begin(), values.end(), 1.0f);
+    return values;
+  }
+  uint64_t name_hash = 1469598103934665603ull;  // FNV-1a: the same on every platform
+  for (unsigned char ch : param.name) name_hash = (name_hash ^ ch) * 1099511628211ull;
+  std::seed_seq seq{uint32_t(seed), uint32_t(seed >> 32), uint32_t(name_hash), uint32_t(name_hash >> 32)};
+  std::mt19937_64 rng(seq);
+  std::normal_distribution<double> normal(0.0, c.initializer_range);
+  for (float& v : values) v = float(normal(rng));
+  return values;
+}
+
+Graph llama_forward(const LlamaConfig& c, const LlamaTraceOptions& o) {
+  const int64_t B = o.batch, S = o.seq_len, H = c.hidden_size, D = c.head_dim;
+  const int64_t NH = c.num_attention_heads, NKV = c.num_key_value_heads;
+  if (B <= 0 || S <= 0) user_error("batch and sequence length must be positive, got B=", B, " S=", S);
+  Tracer t;
+  Tensor input_ids = t.input(Role::tokens, "input_ids", DType::i32, {B, S});
+  Tensor position_ids = t.input(Role::positions, "position_ids", DType::i32, {B, S});
+  std::map<std::string, Tensor> w;
+  for (const ParameterSpec& p : llama_parameters(c)) w[p.name] = t.parameter(p.name, p.shape);
+
+  const double eps = c.rms_norm_eps, scale = 1.0 / std::sqrt(double(D));
+  Tensor x = t.embedding(w["model.embed_tokens.weight"], input_ids);
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    const std::string p = str("model.layers.", i, ".");
+    Tensor h = t.rms_norm(x, w[p + "input_layernorm.weight"], eps);
+    Tensor q = t.reshape(t.linear(h, w[p + "self_attn.q_proj.weight"]), {B, S, NH, D});
+    Tensor k = t.reshape(t.linear(h, w[p + "self_attn.k_proj.weight"]), {B, S, NKV, D});
+    Tensor v = t.reshape(t.linear(h, w[p + "self_attn.v_proj.weight"]), {B, S, NKV, D});
+    q = t.rope(q, position_ids, c.rope);
+    k = t.rope(k, position_ids, c.rope);
+    Tensor a = t.reshape(t.attention(q, k, v, /*causal=*/true, scale), {B, S, NH * D});
+    x = t.add(x, t.linear(a, w[p + "self_attn.o_proj.weight"]));
+
+    h = t.rms_norm(x, w[p + "post_attention_layernorm.weight"], eps);
+    Tensor gate = t.linear(h, w[p + "mlp.gate_proj.weight"]);
+    Tensor up = t.linear(h, w[p + "mlp.up_proj.weight"]);
+    x = t.add(x, t.linear(t.swiglu(gate, up), w[p + "mlp.down_proj.weight"]));
+  }
+  x = t.rms_norm(x, w["model.norm.weight"], eps);
+  Tensor logits = t.linear(x, w[c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight"]);
+  if (o.output_loss) {
+    Tensor labels = t.input(Role::labels, "labels", DType::i32, {B, S});
+    t.output("loss", t.cross_entropy(logits, labels));
+  }
+  if (o.output_logits) t.output("logits", logits);
+  return t.finish();
+}
+
+}  // namespace autosp::models

@@ -1,0 +1,58 @@
+// Llama (Hugging Face LlamaForCausalLM semantics), written once as single-device model
+// code in the tracing API. Everything about how it is trained (ranks, sharding, what is
+// kept for the backward) is the compiler's business, not this file's.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "frontend/tracer.h"
+
+namespace autosp::models {
+
+struct LlamaConfig {
+  int64_t vocab_size = 0, hidden_size = 0, intermediate_size = 0, num_hidden_layers = 0;
+  int64_t num_attention_heads = 0, num_key_value_heads = 0, head_dim = 0;
+  double rms_norm_eps = 1e-6;
+  RopeOptions rope;  // rope_theta and rope_scaling
+  bool tie_word_embeddings = false;
+  int64_t max_position_embeddings = 2048;
+  double initializer_range = 0.02;
+};
+
+// Parses a Hugging Face config.json. An unsupported architecture or value (attention_bias
+// true, a rope type other than default/llama3, ...) is a UserError naming `source` and the
+// key.
+LlamaConfig parse_llama_config(const nlohmann::json& json, const std::string& source);
+LlamaConfig load_llama_config(const std::string& path);
+// The config.json autosp writes next to saved weights (loadable by transformers).
+nlohmann::json llama_config_json(const LlamaConfig& config);
+
+struct ParameterSpec {
+  std::string name;  // Hugging Face tensor name
+  Shape shape;
+};
+// Every trainable tensor, in Hugging Face order (lm_head.weight only when untied).
+std::vector<ParameterSpec> llama_parameters(const LlamaConfig& config);
+int64_t llama_num_parameters(const LlamaConfig& config);
+
+// Seeded initialisation as transformers does it: normal(0, initializer_range) for
+// embeddings and projections, ones for norm weights. Each tensor's values depend only on
+// (seed, its name), not on the order of initialisation.
+std::vector<float> llama_init(const LlamaConfig& config, const ParameterSpec& param, uint64_t seed);
+
+struct LlamaTraceOptions {
+  int64_t batch = 1, seq_len = 0;
+  bool output_loss = true;     // "loss" from a "labels" input
+  bool output_logits = false;  // "logits" [B, S, V]
+};
+
+// The forward graph of one micro batch: inputs "input_ids", "position_ids", "labels"
+// (i32 [B, S]) and the parameters; output "loss" (mean cross-entropy over labelled tokens)
+// and/or "logits".
+Graph llama_forward(const LlamaConfig& config, const LlamaTraceOptions& options);
+
+}  // namespace autosp::models

@@ -1,0 +1,31 @@
+// The compiler pipeline, as one straight list of passes (DESIGN.md "The pipeline"):
+//
+//   forward --autosp--> --autodiff--> joint --grad_sync--> --checkpoint--> --schedule-->
+//   --plan_memory--> lowered
+//
+// Passes not built yet are not in the list; asking for them (a config that needs them) is
+// a clear error rather than a silent no-op. AUTOSP_PASS_TIMES=1 prints each pass's time.
+#pragma once
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "ir/graph.h"
+
+namespace autosp {
+
+struct CompileOptions {
+  int64_t sequence_parallel_size = 1;
+  std::vector<std::string> passes;  // the config's compile.passes
+  bool deepcompile = false;
+};
+
+// The stage names `autosp dump --stage` accepts, in pipeline order.
+const std::vector<std::string>& pipeline_stages();
+
+// Runs the pipeline on a forward graph. `after_pass(stage, graph)` is called after each
+// stage (for dumps and tests); it may be empty. Returns the final (joint) graph.
+Graph compile(const Graph& forward, const CompileOptions& options,
+              const std::function<void(const std::string&, const Graph&)>& after_pass = {});
+
+}  // namespace autosp

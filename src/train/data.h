@@ -1,0 +1,42 @@
+// Where training samples come from: a user's token file or the built-in passkey task.
+// A sample is S input tokens and S labels; label -100 (kIgnoreLabel) is not scored.
+// The trainer decides which global sample index each row of each micro batch reads
+// (io::TokenFile::sample_index); a source maps that index to tokens deterministically.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "io/tokens.h"
+
+namespace autosp::train {
+
+inline constexpr int32_t kIgnoreLabel = -100;
+
+class DataSource {
+ public:
+  virtual ~DataSource() = default;
+  // Fills inputs[0..S) and labels[0..S) for global sample `sample` (any index >= 0).
+  virtual void read_sample(int64_t sample, int64_t S, int32_t* inputs, int32_t* labels) const = 0;
+  // One line for the progress log, e.g. "tokens.bin: 1048577 tokens, 4096 samples of 256".
+  virtual std::string describe(int64_t S) const = 0;
+};
+
+// The DESIGN.md token file: sample k is tokens [k*S, k*S + S + 1), taken modulo the number
+// of whole samples; ids >= vocab_size are an error naming the offset.
+class TokenFileSource final : public DataSource {
+ public:
+  TokenFileSource(const std::string& path, int32_t vocab_size)
+      : file_(path), vocab_size_(vocab_size) {}
+  void read_sample(int64_t sample, int64_t S, int32_t* inputs, int32_t* labels) const override {
+    file_.read_sample(sample, S, vocab_size_, inputs, labels);
+  }
+  std::string describe(int64_t S) const override;
+  const io::TokenFile& file() const { return file_; }
+
+ private:
+  io::TokenFile file_;
+  int32_t vocab_size_;
+};
+
+}  // namespace autosp::train

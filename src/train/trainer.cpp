@@ -1,0 +1,156 @@
+#include "train/trainer.h"
+
+#include <chrono>
+#include <cmath>
+
+#include "passes/autodiff.h"
+#include "passes/pipeline.h"
+#include "train/adamw.h"
+#include "train/lr_schedule.h"
+#include "util/error.h"
+
+namespace autosp::train {
+
+ModelState ModelState::initial(const models::LlamaConfig& config, uint64_t seed) {
+  ModelState s;
+  s.specs = models::llama_parameters(config);
+  for (const auto& spec : s.specs) {
+    s.params.push_back(models::llama_init(config, spec, seed));
+    s.exp_avg.emplace_back(s.params.back().size(), 0.0f);
+    s.exp_avg_sq.emplace_back(s.params.back().size(), 0.0f);
+  }
+  return s;
+}
+
+int64_t ModelState::persistent_bytes() const {
+  int64_t n = 0;
+  for (const auto& p : params) n += static_cast<int64_t>(p.size());
+  return 4 * 4 * n;  // params, grads, exp_avg, exp_avg_sq
+}
+
+Trainer::Trainer(const models::LlamaConfig& model, const TrainConfig& config, int64_t seq_len,
+                 ModelState state)
+    : model_(model),
+      config_(config),
+      seq_len_(seq_len),
+      micro_batch_(config.train_micro_batch_size_per_gpu.value()),
+      state_(std::move(state)) {
+  AUTOSP_CHECK(config.gradient_accumulation_steps.has_value(), "resolve_batch has not run");
+  Graph forward = models::llama_forward(model_, {.batch = micro_batch_, .seq_len = seq_len_});
+  CompileOptions options{config.sequence_parallel_size, config.compile.passes, config.compile.deepcompile};
+  joint_ = compile(forward, options);
+  executor_ = std::make_unique<CpuExecutor>(joint_, allocator_);
+  for (const auto& p : state_.params) grads_.emplace_back(p.size(), 0.0f);
+  const int64_t n = micro_batch_ * seq_len_;
+  inputs_.resize(n);
+  labels_.resize(n);
+  positions_.resize(n);
+  for (int64_t i = 0; i < n; ++i) positions_[i] = static_cast<int32_t>(i % seq_len_);
+  bind_parameters(*executor_);
+  executor_->bind("input_ids", inputs_.data());
+  executor_->bind("labels", labels_.data());
+  executor_->bind("position_ids", positions_.data());
+}
+
+Trainer::~Trainer() = default;
+
+void Trainer::bind_parameters(CpuExecutor& ex) const {
+  for (size_t i = 0; i < state_.specs.size(); ++i) ex.bind(state_.specs[i].name, state_.params[i].data());
+}
+
+StepStats Trainer::train_step(const DataSource& data) {
+  const auto start = std::chrono::steady_clock::now();
+  const int64_t g = config_.gradient_accumulation_steps.value();
+  const int64_t t = state_.step;
+  allocator_.reset_peak();
+  double loss_sum = 0;
+  for (int64_t m = 0; m < g; ++m) {
+    for (int64_t j = 0; j < micro_batch_; ++j) {
+      const int64_t k = io::TokenFile::sample_index(t, m, g, /*dp_rank=*/0, /*dp_size=*/1, j, micro_batch_);
+      data.read_sample(k, seq_len_, inputs_.data() + j * seq_len_, labels_.data() + j * seq_len_);
+    }
+    executor_->run();
+    loss_sum += executor_->output("loss")[0];
+    // DeepSpeed scales each micro batch's loss by 1/g: the step's gradient is the mean.
+    const float inv_g = 1.0f / float(g);
+    for (size_t i = 0; i < grads_.size(); ++i) {
+      const float* d = executor_->output(kGradPrefix + state_.specs[i].name);
+      float* acc = grads_[i].data();
+      const auto n = static_cast<int64_t>(grads_[i].size());
+      if (m == 0) {
+        for (int64_t e = 0; e < n; ++e) acc[e] = g == 1 ? d[e] : d[e] * inv_g;
+      } else {
+        for (int64_t e = 0; e < n; ++e) acc[e] += d[e] * inv_g;
+      }
+    }
+  }
+
+  std::vector<std::pair<float*, int64_t>> spans;
+  for (auto& d : grads_) spans.emplace_back(d.data(), static_cast<int64_t>(d.size()));
+  double norm;
+  if (config_.gradient_clipping > 0) {
+    norm = clip_grad_norm(spans, config_.gradient_clipping);
+  } else {
+    std::vector<std::pair<const float*, int64_t>> cspans(spans.begin(), spans.end());
+    norm = global_grad_norm(cspans);
+  }
+  const double lr = lr_at(config_.scheduler, config_.optimizer.lr, t);
+  for (size_t i = 0; i < grads_.size(); ++i)
+    adamw_step(state_.params[i].data(), grads_[i].data(), state_.exp_avg[i].data(),
+               state_.exp_avg_sq[i].data(), static_cast<int64_t>(grads_[i].size()), config_.optimizer,
+               t + 1, lr);
+  state_.step = t + 1;
+
+  StepStats s;
+  s.step = state_.step;
+  s.loss = loss_sum / double(g);
+  s.lr = lr;
+  s.grad_norm = norm;
+  s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  s.tokens_per_s = double(g * micro_batch_ * seq_len_) / s.seconds;
+  s.peak_bytes = allocator_.peak_bytes() + state_.persistent_bytes();
+  return s;
+}
+
+std::vector<float> Trainer::logits(const int32_t* inputs, int64_t B, int64_t S) {
+  AUTOSP_CHECK(S == seq_len_, "evaluation uses the training sequence length");
+  if (!eval_executor_ || eval_batch_ != B) {
+    eval_executor_.reset();
+    eval_graph_ = models::llama_forward(model_, {.batch = B, .seq_len = S, .output_loss = false,
+                                                 .output_logits = true});
+    verify(eval_graph_);
+    eval_batch_ = B;
+    eval_executor_ = std::make_unique<CpuExecutor>(eval_graph_, eval_allocator_);
+  }
+  std::vector<int32_t> positions(B * S);
+  for (int64_t i = 0; i < B * S; ++i) positions[i] = static_cast<int32_t>(i % S);
+  bind_parameters(*eval_executor_);
+  eval_executor_->bind("input_ids", inputs);
+  eval_executor_->bind("position_ids", positions.data());
+  eval_executor_->run();
+  return eval_executor_->output_vector("logits");
+}
+
+void Trainer::predict(const int32_t* inputs, int64_t B, int64_t S, int32_t* argmax) {
+  std::vector<float> l = logits(inputs, B, S);
+  const int64_t V = model_.vocab_size;
+  for (int64_t r = 0; r < B * S; ++r) {
+    const float* row = l.data() + r * V;
+    int64_t best = 0;
+    for (int64_t v = 1; v < V; ++v)
+      if (row[v] > row[best]) best = v;
+    argmax[r] = static_cast<int32_t>(best);
+  }
+}
+
+double Trainer::loss_and_grads(const int32_t* inputs, const int32_t* labels,
+                               std::vector<std::vector<float>>& grads) {
+  std::copy(inputs, inputs + inputs_.size(), inputs_.begin());
+  std::copy(labels, labels + labels_.size(), labels_.begin());
+  executor_->run();
+  grads.clear();
+  for (const auto& spec : state_.specs) grads.push_back(executor_->output_vector(kGradPrefix + spec.name));
+  return executor_->output("loss")[0];
+}
+
+}  // namespace autosp::train

@@ -1,0 +1,78 @@
+// The training loop's core: a compiled training step for one model and one batch shape,
+// the parameters and AdamW state it updates, and forward-only prediction for evaluation.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ir/graph.h"
+#include "models/llama.h"
+#include "runtime/executor.h"
+#include "train/config.h"
+#include "train/data.h"
+
+namespace autosp::train {
+
+// Parameters and optimizer state, one entry per models::llama_parameters() tensor.
+struct ModelState {
+  std::vector<models::ParameterSpec> specs;
+  std::vector<std::vector<float>> params, exp_avg, exp_avg_sq;
+  int64_t step = 0;  // optimizer steps taken so far
+
+  // Fresh state: seeded init, zero moments.
+  static ModelState initial(const models::LlamaConfig& config, uint64_t seed);
+  int64_t persistent_bytes() const;  // params + moments (+ grads, allocated alongside)
+};
+
+struct StepStats {
+  int64_t step = 0;  // 1-based number of the optimizer step just taken
+  double loss = 0, lr = 0, grad_norm = 0;
+  double seconds = 0, tokens_per_s = 0;
+  int64_t peak_bytes = 0;  // activations (allocator peak) + parameters, grads, moments
+};
+
+class Trainer {
+ public:
+  // Compiles the training step for micro batch `config.train_micro_batch_size_per_gpu` x
+  // seq_len (resolve_batch must have run).
+  Trainer(const models::LlamaConfig& model, const TrainConfig& config, int64_t seq_len,
+          ModelState state);
+  ~Trainer();
+
+  // One optimizer step: gradient_accumulation_steps micro batches, clipping, AdamW.
+  StepStats train_step(const DataSource& data);
+
+  // Forward only: the argmax of the logits at every position, for B x S inputs.
+  void predict(const int32_t* inputs, int64_t B, int64_t S, int32_t* argmax);
+  // Forward only, for tests: logits [B, S, V] and the loss of one micro batch.
+  std::vector<float> logits(const int32_t* inputs, int64_t B, int64_t S);
+  // Runs the joint graph once on one micro batch; returns its loss and fills `grads`
+  // (one vector per parameter), for tests.
+  double loss_and_grads(const int32_t* inputs, const int32_t* labels,
+                        std::vector<std::vector<float>>& grads);
+
+  const ModelState& state() const { return state_; }
+  const Graph& joint_graph() const { return joint_; }
+  const models::LlamaConfig& model() const { return model_; }
+
+ private:
+  void bind_parameters(CpuExecutor& ex) const;
+
+  models::LlamaConfig model_;
+  TrainConfig config_;
+  int64_t seq_len_, micro_batch_;
+  ModelState state_;
+  Graph joint_;
+  HeapAllocator allocator_;
+  std::unique_ptr<CpuExecutor> executor_;
+  std::vector<std::vector<float>> grads_;
+  std::vector<int32_t> inputs_, labels_, positions_;
+  // Forward-only executors for predict/logits, compiled on first use per batch size.
+  Graph eval_graph_;
+  int64_t eval_batch_ = 0;
+  HeapAllocator eval_allocator_;
+  std::unique_ptr<CpuExecutor> eval_executor_;
+};
+
+}  // namespace autosp::train
