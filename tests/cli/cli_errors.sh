@@ -1,0 +1,415 @@
+#!/usr/bin/env bash
+# cli_errors.sh AUTOSP_BINARY: every broken input the CLI can be handed is a user error.
+#
+# Builds one valid setup with tests/reference/llama_reference.py, checks that it trains,
+# then breaks one thing at a time (safetensors file, model config.json, DeepSpeed config,
+# token file, command line) and asserts that autosp exits with exactly 1 (never 0, never a
+# crash, never a hang: each run is under `timeout`), prints `autosp: error:` on stderr, and
+# names what is wrong (the file, key, tensor or byte offset). Run by ctest against the
+# normal build and by `make test` against the ASan+UBSan build, where ASAN_OPTIONS /
+# UBSAN_OPTIONS set exitcode=86 / 87 so a sanitizer report shows up as a wrong exit code.
+#
+# CLI_ERRORS_VERBOSE=1 prints every case's stderr (to write or review expected substrings).
+set -u
+
+if [ $# -ne 1 ]; then
+  echo "usage: $0 AUTOSP_BINARY" >&2
+  exit 2
+fi
+AUTOSP=$(realpath -- "$1") || exit 2
+if [ ! -x "$AUTOSP" ]; then
+  echo "$0: $1 is not an executable" >&2
+  exit 2
+fi
+ROOT=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/../.." && pwd)
+PYTHON=/usr/bin/python3
+# Generous: a sanitized debug build trains the tiny model's one step in well under this.
+TIMEOUT_S=60
+
+TMP=$(mktemp -d "${TMPDIR:-/tmp}/autosp_cli_errors.XXXXXX") || exit 2
+trap 'rm -rf -- "$TMP"' EXIT
+
+VALID=$TMP/valid
+if ! "$PYTHON" "$ROOT/tests/reference/llama_reference.py" --out "$VALID" >"$TMP/reference.log" 2>&1; then
+  echo "FAIL setup: llama_reference.py --out $VALID failed:" >&2
+  cat "$TMP/reference.log" >&2
+  exit 1
+fi
+rm -f "$VALID/expected.safetensors"  # the reference's gradients; not an input
+
+# Edits a copy of the valid setup. One subcommand per kind of damage.
+MUTATE=$TMP/mutate.py
+cat >"$MUTATE" <<'EOF'
+import json, struct, sys
+
+def read_st(path):
+    b = open(path, "rb").read()
+    (n,) = struct.unpack("<Q", b[:8])
+    return json.loads(b[8 : 8 + n]), b[8 + n :]
+
+def write_st(path, header, data):
+    text = json.dumps(header).encode()
+    text += b" " * ((8 - len(text) % 8) % 8)
+    open(path, "wb").write(struct.pack("<Q", len(text)) + text + data)
+
+def tensors(path):
+    """(header metadata, [(name, entry, bytes)]) in data order."""
+    header, data = read_st(path)
+    meta = header.pop("__metadata__", None)
+    items = sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][0])
+    return meta, [(k, v, data[v["data_offsets"][0] : v["data_offsets"][1]]) for k, v in items]
+
+def relayout(path, meta, items):
+    """Writes a well-formed file: offsets tile the buffer exactly."""
+    header = {} if meta is None else {"__metadata__": meta}
+    data = b""
+    for name, entry, raw in items:
+        entry = dict(entry, data_offsets=[len(data), len(data) + len(raw)])
+        header[name] = entry
+        data += raw
+    write_st(path, header, data)
+
+def numel(shape):
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+op, path, args = sys.argv[1], sys.argv[2], sys.argv[3:]
+if op == "truncate":  # truncate FILE N|mid-header|mid-data
+    b = open(path, "rb").read()
+    (n,) = struct.unpack("<Q", b[:8])
+    at = {"mid-header": 8 + n // 2, "mid-data": (8 + n + len(b)) // 2}.get(args[0])
+    open(path, "wb").write(b[: int(args[0]) if at is None else at])
+elif op == "header-len":  # header-len FILE N|file-size: overwrites the length field only
+    b = open(path, "rb").read()
+    n = len(b) if args[0] == "file-size" else int(args[0])
+    open(path, "wb").write(struct.pack("<Q", n) + b[8:])
+elif op == "raw-header":  # raw-header FILE TEXT: replaces the header, keeps the data
+    _, data = read_st(path)
+    text = args[0].encode()
+    open(path, "wb").write(struct.pack("<Q", len(text)) + text + data)
+elif op == "offsets":  # offsets FILE TENSOR BEGIN END: header edit only
+    header, data = read_st(path)
+    begin, end = (len(data) + int(a[4:]) if a.startswith("end+") else int(a) for a in args[1:3])
+    header[args[0]]["data_offsets"] = [begin, end]
+    write_st(path, header, data)
+elif op == "shape":  # shape FILE TENSOR D0,D1,..: consistent byte size, offsets relaid
+    meta, items = tensors(path)
+    shape = [int(d) for d in args[1].split(",")]
+    items = [(k, dict(v, shape=shape), raw[: 4 * numel(shape)]) if k == args[0] else (k, v, raw)
+             for k, v, raw in items]
+    relayout(path, meta, items)
+elif op == "dtype":  # dtype FILE TENSOR DTYPE ITEMSIZE
+    meta, items = tensors(path)
+    items = [(k, dict(v, dtype=args[1]), bytes(int(args[2]) * numel(v["shape"]))) if k == args[0]
+             else (k, v, raw) for k, v, raw in items]
+    relayout(path, meta, items)
+elif op == "drop":  # drop FILE TENSOR
+    meta, items = tensors(path)
+    assert any(k == args[0] for k, _, _ in items), args[0]
+    relayout(path, meta, [it for it in items if it[0] != args[0]])
+elif op == "json":  # json FILE CODE: runs CODE with the parsed file as `c`
+    c = json.load(open(path))
+    exec(args[0])
+    json.dump(c, open(path, "w"), indent=2)
+elif op == "token":  # token FILE INDEX VALUE
+    b = bytearray(open(path, "rb").read())
+    b[4 * int(args[0]) : 4 * int(args[0]) + 4] = struct.pack("<I", int(args[1]))
+    open(path, "wb").write(bytes(b))
+else:
+    sys.exit("mutate.py: unknown op " + op)
+EOF
+
+declare -a FAILED=()
+NUM_CASES=0
+
+# A fresh copy of the valid setup for case $1, in $CASE. Failing to build a case fails it,
+# so a case whose setup broke is never silently skipped.
+new_case() {
+  CASE=$TMP/cases/$1
+  if ! mkdir -p "$TMP/cases" || ! cp -r "$VALID" "$CASE"; then
+    echo "FAIL $1: cannot copy the valid setup"
+    FAILED+=("$1")
+    return 1
+  fi
+}
+
+mutate() {
+  if ! "$PYTHON" "$MUTATE" "$@" 2>"$TMP/mutate.err"; then
+    echo "FAIL ${CASE##*/}: mutate.py $* failed: $(cat "$TMP/mutate.err")"
+    FAILED+=("${CASE##*/}")
+    return 1
+  fi
+}
+
+# run_expect NAME WANT_RC NEEDLE... -- COMMAND...: runs COMMAND, asserts its exit code is
+# WANT_RC and that stderr contains every NEEDLE (fixed strings).
+run_expect() {
+  local name=$1 want_rc=$2
+  shift 2
+  local -a needles=()
+  while [ $# -gt 0 ] && [ "$1" != "--" ]; do
+    needles+=("$1")
+    shift
+  done
+  shift
+  NUM_CASES=$((NUM_CASES + 1))
+  local out=$TMP/$name.stdout err=$TMP/$name.stderr rc why=""
+  timeout "$TIMEOUT_S" "$@" >"$out" 2>"$err" </dev/null
+  rc=$?
+  if [ "$rc" -eq 124 ]; then
+    why="hung: killed after ${TIMEOUT_S}s"
+  elif [ "$rc" -eq 86 ] || [ "$rc" -eq 87 ]; then
+    why="sanitizer report (exit $rc)"
+  elif [ "$rc" -gt 128 ]; then
+    why="killed by signal $((rc - 128)) (exit $rc)"
+  elif [ "$rc" -ne "$want_rc" ]; then
+    why="exit $rc, want $want_rc"
+  elif grep -qE 'Sanitizer|runtime error:' "$err"; then
+    why="sanitizer output on stderr"
+  else
+    local n
+    for n in "${needles[@]}"; do
+      if ! grep -qF -- "$n" "$err"; then
+        why="${why:+$why; }stderr lacks '$n'"
+      fi
+    done
+  fi
+  if [ -z "$why" ]; then
+    echo "PASS $name"
+  else
+    echo "FAIL $name: $why"
+    echo "  command: $*"
+    sed -n '1,15s/^/  stderr: /p' "$err"
+    [ -s "$err" ] || tail -n 3 "$out" | sed 's/^/  stdout: /'
+    FAILED+=("$name")
+  fi
+  if [ "${CLI_ERRORS_VERBOSE:-0}" = 1 ] && [ -z "$why" ]; then
+    sed 's/^/  stderr: /' "$err"
+  fi
+}
+
+# expect_error NAME NEEDLE... -- COMMAND...: a user error naming NEEDLE.
+expect_error() {
+  local name=$1
+  shift
+  run_expect "$name" 1 "autosp: error:" "$@"
+}
+
+# train_case NAME NEEDLE...: trains the case's setup ($CASE) one step, expecting an error.
+train_case() {
+  local name=$1
+  shift
+  expect_error "$name" "$@" -- "$AUTOSP" train --config "$CASE/ds_config.json" --model "$CASE" \
+    --data "$CASE/tokens.bin" --seq-len 16 --steps 1
+}
+
+# ---------------------------------------------------------------------------- sanity
+# The valid setup trains, so every error below comes from the one thing each case breaks.
+# Its checkpoint is the valid input the --resume cases break.
+new_case sanity
+CHECKPOINT=$TMP/checkpoint
+run_expect sanity_valid_setup_trains 0 -- "$AUTOSP" train --config "$CASE/ds_config.json" \
+  --model "$CASE" --data "$CASE/tokens.bin" --seq-len 16 --steps 1 --save "$CHECKPOINT"
+if ! grep -q "^step 1/1" "$TMP/sanity_valid_setup_trains.stdout"; then
+  echo "FAIL sanity_valid_setup_trains: no 'step 1/1' line on stdout"
+  FAILED+=(sanity_valid_setup_trains_stdout)
+fi
+
+# ---------------------------------------------------------------------------- safetensors
+for len in 0 4 8 mid-header mid-data; do
+  name=st_truncated_$len
+  new_case "$name" && mutate truncate "$CASE/model.safetensors" "$len" || continue
+  case $len in
+    0 | 4) want="file is $len bytes, too short" ;;
+    8 | mid-header) want="exceeds the" ;;  # the header length points past the end
+    mid-data) want="ends beyond the" ;;     # a tensor's data_offsets do
+  esac
+  train_case "$name" "$CASE/model.safetensors" "$want"
+done
+
+new_case st_header_len_past_eof && mutate header-len "$CASE/model.safetensors" file-size &&
+  train_case st_header_len_past_eof "$CASE/model.safetensors" "header length" "(file truncated?)"
+
+# 2^64 - 1: must not wrap around when added to the 8-byte length field.
+new_case st_header_len_max && mutate header-len "$CASE/model.safetensors" 18446744073709551615 &&
+  train_case st_header_len_max "$CASE/model.safetensors" "header length 18446744073709551615"
+
+new_case st_header_len_0 && mutate header-len "$CASE/model.safetensors" 0 &&
+  train_case st_header_len_0 "$CASE/model.safetensors" "header length 0"
+
+new_case st_header_not_json && mutate raw-header "$CASE/model.safetensors" '{"model.norm.weight": [' &&
+  train_case st_header_not_json "$CASE/model.safetensors" "header is not valid JSON"
+
+new_case st_header_not_object && mutate raw-header "$CASE/model.safetensors" 'not a safetensors header' &&
+  train_case st_header_not_object "$CASE/model.safetensors" "header does not start with '{'"
+
+new_case st_data_offsets_past_end &&
+  mutate offsets "$CASE/model.safetensors" model.norm.weight end+0 end+128 &&
+  train_case st_data_offsets_past_end "$CASE/model.safetensors" "tensor 'model.norm.weight'" \
+    "data_offsets" "ends beyond the"
+
+new_case st_data_offsets_reversed &&
+  mutate offsets "$CASE/model.safetensors" model.norm.weight 128 0 &&
+  train_case st_data_offsets_reversed "$CASE/model.safetensors" "tensor 'model.norm.weight'" \
+    "begin after end"
+
+new_case st_wrong_shape && mutate shape "$CASE/model.safetensors" model.norm.weight 31 &&
+  train_case st_wrong_shape "$CASE/model.safetensors" "tensor 'model.norm.weight'" "[31]" "[32]"
+
+new_case st_missing_tensor && mutate drop "$CASE/model.safetensors" model.layers.1.mlp.down_proj.weight &&
+  train_case st_missing_tensor "$CASE/model.safetensors" "missing tensor 'model.layers.1.mlp.down_proj.weight'"
+
+new_case st_dtype_i64 && mutate dtype "$CASE/model.safetensors" model.norm.weight I64 8 &&
+  train_case st_dtype_i64 "$CASE/model.safetensors" "tensor 'model.norm.weight'" '"I64"'
+
+new_case st_tied_config_with_lm_head &&
+  mutate json "$CASE/config.json" 'c["tie_word_embeddings"] = True' &&
+  train_case st_tied_config_with_lm_head "$CASE/model.safetensors" "lm_head.weight" "tie_word_embeddings"
+
+# ---------------------------------------------------------------------------- config.json
+new_case model_config_not_json && printf '{"vocab_size": 67,' >"$CASE/config.json" &&
+  train_case model_config_not_json "$CASE/config.json" "JSON"
+
+new_case model_vocab_size_string && mutate json "$CASE/config.json" 'c["vocab_size"] = "67"' &&
+  train_case model_vocab_size_string "$CASE/config.json" "vocab_size"
+
+new_case model_attention_bias && mutate json "$CASE/config.json" 'c["attention_bias"] = True' &&
+  train_case model_attention_bias "$CASE/config.json" "attention_bias"
+
+new_case model_rope_yarn && mutate json "$CASE/config.json" 'c["rope_scaling"]["rope_type"] = "yarn"' &&
+  train_case model_rope_yarn "$CASE/config.json" "rope_type" "yarn"
+
+new_case model_architecture_mistral &&
+  mutate json "$CASE/config.json" 'c["architectures"] = ["MistralForCausalLM"]' &&
+  train_case model_architecture_mistral "$CASE/config.json" "MistralForCausalLM"
+
+new_case model_kv_heads_not_dividing && mutate json "$CASE/config.json" 'c["num_key_value_heads"] = 3' &&
+  train_case model_kv_heads_not_dividing "$CASE/config.json" "num_key_value_heads" "num_attention_heads"
+
+# 2^62 x hidden 32 overflows int64: without weights to compare against (random init) the
+# size must still be rejected, not wrapped into a small model.
+new_case model_intermediate_size_overflow && rm "$CASE/model.safetensors" &&
+  mutate json "$CASE/config.json" 'c["intermediate_size"] = 2**62' &&
+  train_case model_intermediate_size_overflow "$CASE/config.json" "intermediate_size"
+
+# ---------------------------------------------------------------------------- ds_config.json
+new_case ds_train_batch_size_inconsistent && mutate json "$CASE/ds_config.json" 'c["train_batch_size"] = 6' &&
+  train_case ds_train_batch_size_inconsistent "$CASE/ds_config.json" "train_batch_size"
+
+new_case ds_optimizer_sgd && mutate json "$CASE/ds_config.json" 'c["optimizer"]["type"] = "SGD"' &&
+  train_case ds_optimizer_sgd "$CASE/ds_config.json" "optimizer.type" "SGD"
+
+new_case ds_lr_negative && mutate json "$CASE/ds_config.json" 'c["optimizer"]["params"]["lr"] = -0.01' &&
+  train_case ds_lr_negative "$CASE/ds_config.json" "optimizer.params.lr"
+
+new_case ds_lr_string && mutate json "$CASE/ds_config.json" 'c["optimizer"]["params"]["lr"] = "0.01"' &&
+  train_case ds_lr_string "$CASE/ds_config.json" "optimizer.params.lr"
+
+new_case ds_zero_stage_3 && mutate json "$CASE/ds_config.json" 'c["zero_optimization"] = {"stage": 3}' &&
+  train_case ds_zero_stage_3 "$CASE/ds_config.json" "zero_optimization.stage"
+
+# Without train_batch_size, so the only thing wrong is the accumulation count itself.
+new_case ds_grad_accum_0 &&
+  mutate json "$CASE/ds_config.json" 'c["gradient_accumulation_steps"] = 0; del c["train_batch_size"]' &&
+  train_case ds_grad_accum_0 "$CASE/ds_config.json" "gradient_accumulation_steps"
+
+new_case ds_unknown_key_warns && mutate json "$CASE/ds_config.json" 'c["no_such_deepspeed_key"] = 1' &&
+  run_expect ds_unknown_key_warns 0 "warning" "no_such_deepspeed_key" -- "$AUTOSP" train \
+    --config "$CASE/ds_config.json" --model "$CASE" --data "$CASE/tokens.bin" --seq-len 16 --steps 1
+
+# ---------------------------------------------------------------------------- token file
+# Token 5 is in the first sample, which step 1 reads: byte offset 5 * 4 = 20.
+new_case data_token_out_of_range && mutate token "$CASE/tokens.bin" 5 67 &&
+  train_case data_token_out_of_range "$CASE/tokens.bin" "token id 67" "byte offset 20" "vocab_size 67"
+
+# 16 tokens: one sample of S = 16 needs 17.
+new_case data_shorter_than_one_sample && head -c 64 "$VALID/tokens.bin" >"$CASE/tokens.bin" &&
+  train_case data_shorter_than_one_sample "$CASE/tokens.bin" "16 tokens" "S=16"
+
+new_case data_size_not_multiple_of_4 && truncate -s 837 "$CASE/tokens.bin" &&
+  train_case data_size_not_multiple_of_4 "$CASE/tokens.bin" "not a multiple of 4"
+
+new_case data_missing_file &&
+  expect_error data_missing_file "$CASE/no_such_tokens.bin" -- "$AUTOSP" train \
+    --config "$CASE/ds_config.json" --model "$CASE" --data "$CASE/no_such_tokens.bin" --seq-len 16 --steps 1
+
+# ---------------------------------------------------------------------------- command line
+run_expect cli_help_exits_0 0 -- "$AUTOSP" train --help
+
+# Flag parsing and validation errors are user errors too: same prefix, same exit code.
+new_case cli_config_missing_file &&
+  expect_error cli_config_missing_file "--config" "$CASE/no_such_ds_config.json" -- "$AUTOSP" train \
+    --config "$CASE/no_such_ds_config.json" --model "$CASE" --data "$CASE/tokens.bin" --seq-len 16 --steps 1
+
+new_case cli_seq_len_zero &&
+  expect_error cli_seq_len_zero "--seq-len" -- "$AUTOSP" train --config "$CASE/ds_config.json" \
+    --model "$CASE" --data "$CASE/tokens.bin" --seq-len 0 --steps 1
+
+new_case cli_unknown_option &&
+  expect_error cli_unknown_option "--no-such-flag" -- "$AUTOSP" train --config "$CASE/ds_config.json" \
+    --model "$CASE" --data "$CASE/tokens.bin" --seq-len 16 --steps 1 --no-such-flag
+
+new_case cli_metrics_unwritable &&
+  expect_error cli_metrics_unwritable "--metrics" "$CASE/no_such_dir/metrics.jsonl" -- "$AUTOSP" train \
+    --config "$CASE/ds_config.json" --model "$CASE" --data "$CASE/tokens.bin" --seq-len 16 --steps 1 \
+    --metrics "$CASE/no_such_dir/metrics.jsonl"
+
+# A regular file where the checkpoint's parent directory should be.
+new_case cli_save_under_a_file && touch "$CASE/a_file" &&
+  expect_error cli_save_under_a_file "$CASE/a_file/checkpoint" -- "$AUTOSP" train \
+    --config "$CASE/ds_config.json" --model "$CASE" --data "$CASE/tokens.bin" --seq-len 16 --steps 1 \
+    --save "$CASE/a_file/checkpoint"
+
+new_case cli_missing_data &&
+  expect_error cli_missing_data "--data" -- "$AUTOSP" train --config "$CASE/ds_config.json" \
+    --model "$CASE" --seq-len 16 --steps 1
+
+new_case cli_resume_not_a_checkpoint && mkdir "$CASE/not_a_checkpoint" &&
+  expect_error cli_resume_not_a_checkpoint "$CASE/not_a_checkpoint" -- "$AUTOSP" train \
+    --config "$CASE/ds_config.json" --resume "$CASE/not_a_checkpoint" --data "$CASE/tokens.bin" --steps 1
+
+# The model directory itself: config.json and weights, but no trainer state.
+new_case cli_resume_model_dir &&
+  expect_error cli_resume_model_dir "$CASE" "not an autosp checkpoint" -- "$AUTOSP" train \
+    --config "$CASE/ds_config.json" --resume "$CASE" --data "$CASE/tokens.bin" --steps 1
+
+# resume_case NAME NEEDLE...: resumes from the case's copy of the checkpoint ($CASE/checkpoint).
+resume_case() {
+  local name=$1
+  shift
+  expect_error "$name" "$@" -- "$AUTOSP" train --config "$CASE/ds_config.json" \
+    --resume "$CASE/checkpoint" --data "$CASE/tokens.bin" --steps 2
+}
+
+new_case resume_state_not_json && cp -r "$CHECKPOINT" "$CASE/checkpoint" &&
+  printf '{"step": 1,' >"$CASE/checkpoint/trainer_state.json" &&
+  resume_case resume_state_not_json "$CASE/checkpoint/trainer_state.json" "JSON"
+
+new_case resume_state_seq_len_0 && cp -r "$CHECKPOINT" "$CASE/checkpoint" &&
+  mutate json "$CASE/checkpoint/trainer_state.json" 'c["seq_len"] = 0' &&
+  resume_case resume_state_seq_len_0 "$CASE/checkpoint/trainer_state.json" "seq_len"
+
+new_case resume_optimizer_truncated && cp -r "$CHECKPOINT" "$CASE/checkpoint" &&
+  mutate truncate "$CASE/checkpoint/optimizer.safetensors" mid-data &&
+  resume_case resume_optimizer_truncated "$CASE/checkpoint/optimizer.safetensors" "ends beyond the"
+
+# Not an error: a checkpoint autosp wrote with the largest --seed must load again.
+new_case resume_seed_above_int64 &&
+  run_expect resume_seed_above_int64_save 0 -- "$AUTOSP" train --config "$CASE/ds_config.json" \
+    --model "$CASE" --data "$CASE/tokens.bin" --seq-len 16 --steps 1 --seed 18446744073709551615 \
+    --save "$CASE/checkpoint" &&
+  run_expect resume_seed_above_int64 0 -- "$AUTOSP" train --config "$CASE/ds_config.json" \
+    --resume "$CASE/checkpoint" --data "$CASE/tokens.bin" --steps 2
+
+new_case cli_dump_unknown_stage &&
+  expect_error cli_dump_unknown_stage "no_such_stage" -- "$AUTOSP" dump --model "$CASE" --seq-len 16 \
+    --stage no_such_stage
+
+# ---------------------------------------------------------------------------- summary
+if [ ${#FAILED[@]} -gt 0 ]; then
+  echo "${#FAILED[@]} of $NUM_CASES cases failed: ${FAILED[*]}"
+  exit 1
+fi
+echo "all $NUM_CASES cases passed"
