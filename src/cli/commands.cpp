@@ -1,5 +1,6 @@
 #include "cli/commands.h"
 
+#include <charconv>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -64,10 +65,12 @@ void print_step(const train::StepStats& s, int64_t total) {
 }
 
 // The built-in default: a small Llama learns passkey retrieval from scratch.
-int run_demo(const TrainArgs& args) {
-  train::PasskeyTask task({.seed = args.seed.value_or(1234)});
-  const int64_t S = args.seq_len > 0 ? args.seq_len : 256;
-  const int64_t steps = args.steps >= 0 ? args.steps : 300;
+int run_demo(const TrainArgs& args, std::optional<uint64_t> seed) {
+  train::PasskeyTask task({.seed = seed.value_or(1234)});
+  // Tuned on 2 cores: at S = 128 this model goes from chance to ~90% in 500 steps; at
+  // S = 256 the same budget reached only 5%.
+  const int64_t S = args.seq_len > 0 ? args.seq_len : 128;
+  const int64_t steps = args.steps >= 0 ? args.steps : 600;
 
   models::LlamaConfig model;
   model.vocab_size = task.vocab_size();
@@ -82,10 +85,10 @@ int run_demo(const TrainArgs& args) {
   model.max_position_embeddings = S;
 
   train::TrainConfig config;
-  config.train_micro_batch_size_per_gpu = 8;
+  config.train_micro_batch_size_per_gpu = 16;
   config.gradient_accumulation_steps = 1;
   config.gradient_clipping = 1.0;
-  config.optimizer = {.lr = 3e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.01};
+  config.optimizer = {.lr = 1e-2, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.01};
   config.scheduler.type = train::SchedulerType::kWarmupCosineLR;
   config.scheduler.warmup_num_steps = 30;
   config.scheduler.total_num_steps = steps;
@@ -129,10 +132,20 @@ void require_flag(bool given, const char* flag) {
   if (!given) user_error("autosp train: ", flag, " is required (or give no options for the built-in demo)");
 }
 
+std::optional<uint64_t> parse_seed(const std::string& text) {
+  if (text.empty()) return std::nullopt;
+  int64_t v = -1;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (ec != std::errc() || end != text.data() + text.size() || v < 0)
+    user_error("--seed ", text, ": expected an integer in [0, 2^63)");
+  return static_cast<uint64_t>(v);
+}
+
 }  // namespace
 
 int run_train(const TrainArgs& args) {
-  if (!args.any_given()) return run_demo(args);
+  const std::optional<uint64_t> seed = parse_seed(args.seed);
+  if (!args.any_given()) return run_demo(args, seed);
   require_flag(!args.config.empty(), "--config");
   require_flag(!args.model.empty() || !args.resume.empty(), "--model (or --resume)");
   require_flag(!args.data.empty(), "--data");
@@ -143,7 +156,7 @@ int run_train(const TrainArgs& args) {
   train::TrainConfig config = train::load_train_config(args.config, &warnings);
   for (const std::string& w : warnings) std::fprintf(stderr, "autosp: warning: %s\n", w.c_str());
   train::resolve_batch(config, /*dp_size=*/1, args.config);
-  if (args.seed) config.seed = *args.seed;
+  if (seed) config.seed = *seed;
 
   models::LlamaConfig model;
   train::ModelState state;
@@ -164,6 +177,8 @@ int run_train(const TrainArgs& args) {
     std::printf("resumed from %s at step %lld\n", ckpt.dir.c_str(), (long long)state.step);
   } else {
     model = models::load_llama_config(args.model + "/config.json");
+    train::require_host_memory(16.0 * double(models::llama_num_parameters(model)),
+                               "the parameters, gradients and AdamW state of this model");
     state = train::ModelState::initial(model, config.seed);
     const std::string weights = args.model + "/model.safetensors";
     if (fs::exists(weights)) {
@@ -174,6 +189,14 @@ int run_train(const TrainArgs& args) {
     }
   }
 
+  if (S > model.max_position_embeddings)
+    std::fprintf(stderr, "autosp: warning: --seq-len %lld exceeds the model's max_position_embeddings %lld\n",
+                 (long long)S, (long long)model.max_position_embeddings);
+  if (!args.save.empty()) {
+    const fs::path parent = fs::absolute(args.save).parent_path();
+    if (!fs::is_directory(parent))
+      user_error("--save ", args.save, ": its parent directory ", parent.string(), " does not exist");
+  }
   train::TokenFileSource data(args.data, static_cast<int32_t>(model.vocab_size));
   std::printf("data: %s\n", data.describe(S).c_str());
   std::printf("model: %lld parameters; micro batch %lld x %lld tokens, %lld accumulation steps\n",

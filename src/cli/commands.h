@@ -8,9 +8,9 @@ namespace autosp::cli {
 struct TrainArgs {
   std::string config, model, data, metrics, save, resume;
   int64_t seq_len = 0, steps = -1, save_every = 0;
-  std::optional<uint64_t> seed;
+  std::string seed;  // parsed strictly by run_train (CLI11 saturates out-of-range integers)
   bool any_given() const {
-    return !config.empty() || !model.empty() || !data.empty() || !resume.empty() || seq_len > 0;
+    return !config.empty() || !model.empty() || !data.empty() || !resume.empty();
   }
 };
 

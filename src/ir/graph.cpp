@@ -34,7 +34,8 @@ int64_t dtype_size(DType dtype) {
 
 int64_t numel(const Shape& shape) {
   int64_t n = 1;
-  for (int64_t d : shape) n *= d;
+  for (int64_t d : shape)
+    AUTOSP_CHECK(!__builtin_mul_overflow(n, d, &n), "element count of ", shape_str(shape), " overflows");
   return n;
 }
 

@@ -92,6 +92,11 @@ LlamaConfig parse_llama_config(const json& j, const std::string& source) {
   c.head_dim = r.positive_int("head_dim", c.hidden_size / c.num_attention_heads);
   if (c.head_dim % 2 != 0) r.bad("head_dim", str(c.head_dim, " must be even for rotary embeddings"));
   if (c.vocab_size > INT32_MAX) r.bad("vocab_size", "must fit in 32 bits");
+  // Dimensions up to 2^24 keep every product below in range; real models are far smaller.
+  for (const auto& [key, v] : {std::pair{"hidden_size", c.hidden_size}, {"intermediate_size", c.intermediate_size},
+                               {"num_hidden_layers", c.num_hidden_layers}, {"num_attention_heads", c.num_attention_heads},
+                               {"head_dim", c.head_dim}})
+    if (v > (int64_t{1} << 24)) r.bad(key, str(v, " is larger than autosp supports (2^24)"));
   c.rms_norm_eps = r.positive_number("rms_norm_eps", 1e-6);
   c.rope.theta = r.positive_number("rope_theta", 10000.0);
   c.tie_word_embeddings = r.boolean("tie_word_embeddings", false);
@@ -189,7 +194,12 @@ std::vector<ParameterSpec> llama_parameters(const LlamaConfig& c) {
 
 int64_t llama_num_parameters(const LlamaConfig& c) {
   int64_t n = 0;
-  for (const ParameterSpec& p : llama_parameters(c)) n += numel(p.shape);
+  for (const ParameterSpec& p : llama_parameters(c)) {
+    int64_t count = 1;
+    for (int64_t d : p.shape)
+      if (__builtin_mul_overflow(count, d, &count)) user_error("model: ", p.name, " has too many elements");
+    if (__builtin_add_overflow(n, count, &n)) user_error("model: the parameter count overflows 64 bits");
+  }
   return n;
 }
 
@@ -209,9 +219,13 @@ std::vector<float> llama_init(const LlamaConfig& c, const ParameterSpec& param, 
 }
 
 Graph llama_forward(const LlamaConfig& c, const LlamaTraceOptions& o) {
-  const int64_t B = o.batch, S = o.seq_len, H = c.hidden_size, D = c.head_dim;
+  const int64_t B = o.batch, S = o.seq_len, D = c.head_dim;
   const int64_t NH = c.num_attention_heads, NKV = c.num_key_value_heads;
   if (B <= 0 || S <= 0) user_error("batch and sequence length must be positive, got B=", B, " S=", S);
+  const int64_t widest = std::max({c.vocab_size, c.hidden_size, c.intermediate_size, NH * D});
+  int64_t bytes = 0;
+  if (__builtin_mul_overflow(B, S, &bytes) || __builtin_mul_overflow(bytes, 4 * widest, &bytes))
+    user_error("micro batch ", B, " x sequence length ", S, " is too large to address");
   Tracer t;
   Tensor input_ids = t.input(Role::tokens, "input_ids", DType::i32, {B, S});
   Tensor position_ids = t.input(Role::positions, "position_ids", DType::i32, {B, S});

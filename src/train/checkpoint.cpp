@@ -30,6 +30,7 @@ void write_tensors(const std::string& path, const std::vector<std::string>& name
 
 void remove_all_checked(const fs::path& p) {
   std::error_code ec;
+  if (!fs::exists(p, ec)) return;  // nothing there (or a parent is not a directory: reported later)
   fs::remove_all(p, ec);
   if (ec) user_error("cannot remove '", p.string(), "': ", ec.message());
 }
@@ -52,7 +53,7 @@ void save_checkpoint(const std::string& dir, const models::LlamaConfig& model, c
   remove_all_checked(tmp);
   std::error_code ec;
   fs::create_directories(tmp, ec);
-  if (ec) user_error("cannot create checkpoint directory '", tmp.string(), "': ", ec.message());
+  if (ec) user_error("--save ", dir, ": cannot create '", tmp.string(), "': ", ec.message());
 
   std::vector<std::string> names, moment_names;
   std::vector<Shape> shapes, moment_shapes;
@@ -113,8 +114,10 @@ LoadedCheckpoint load_checkpoint(const std::string& dir) {
   const json st = read_json((d / "trainer_state.json").string());
   const std::string st_path = (d / "trainer_state.json").string();
   for (const char* key : {"step", "seq_len", "seed"})
-    if (!st.contains(key) || !st[key].is_number_integer() || st[key].get<int64_t>() < 0)
+    if (!st.contains(key) || !(st[key].is_number_unsigned() ||
+                               (st[key].is_number_integer() && st[key].get<int64_t>() >= 0)))
       user_error(st_path, ": ", key, ": expected a non-negative integer");
+  if (st["seq_len"].get<int64_t>() < 1) user_error(st_path, ": seq_len: expected a positive integer");
   c.info.seq_len = st["seq_len"].get<int64_t>();
   c.info.seed = st["seed"].get<uint64_t>();
 

@@ -1,5 +1,7 @@
 #include "train/trainer.h"
 
+#include <unistd.h>
+
 #include <chrono>
 #include <cmath>
 
@@ -10,6 +12,14 @@
 #include "util/error.h"
 
 namespace autosp::train {
+
+void require_host_memory(double bytes, const std::string& what) {
+  const double total = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
+  if (total > 0 && bytes > total)
+    user_error(what, " needs at least ", bytes / double(1 << 30), " GiB, but this machine has ",
+               total / double(1 << 30), " GiB (a smaller model, a shorter sequence, a smaller micro "
+               "batch or more ranks would need less)");
+}
 
 ModelState ModelState::initial(const models::LlamaConfig& config, uint64_t seed) {
   ModelState s;
@@ -39,6 +49,10 @@ Trainer::Trainer(const models::LlamaConfig& model, const TrainConfig& config, in
   Graph forward = models::llama_forward(model_, {.batch = micro_batch_, .seq_len = seq_len_});
   CompileOptions options{config.sequence_parallel_size, config.compile.passes, config.compile.deepcompile};
   joint_ = compile(forward, options);
+  int64_t largest = 0;
+  for (const Value& v : joint_.values()) largest = std::max(largest, v.type.bytes());
+  require_host_memory(double(state_.persistent_bytes()) + double(largest),
+                      str("training with micro batch ", micro_batch_, " x ", seq_len_, " tokens"));
   executor_ = std::make_unique<CpuExecutor>(joint_, allocator_);
   for (const auto& p : state_.params) grads_.emplace_back(p.size(), 0.0f);
   const int64_t n = micro_batch_ * seq_len_;

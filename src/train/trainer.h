@@ -25,6 +25,10 @@ struct ModelState {
   int64_t persistent_bytes() const;  // params + moments (+ grads, allocated alongside)
 };
 
+// A UserError when `bytes` (what `what` needs at least) exceed this machine's memory, so
+// an impossible run says so before it allocates instead of dying in the allocator.
+void require_host_memory(double bytes, const std::string& what);
+
 struct StepStats {
   int64_t step = 0;  // 1-based number of the optimizer step just taken
   double loss = 0, lr = 0, grad_norm = 0;
