@@ -7,7 +7,9 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
+#include "comm/mpi_communicator.h"
 #include "models/llama.h"
+#include "passes/autosp.h"
 #include "passes/pipeline.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
@@ -42,12 +44,13 @@ class MetricsWriter {
     out_.open(path, std::ios::trunc);
     if (!out_) user_error("--metrics ", path, ": cannot open for writing (", std::strerror(errno), ")");
   }
-  void write(const train::StepStats& s) {
+  void write(const train::StepStats& s, const std::vector<int64_t>& peaks) {
     if (path_.empty()) return;
     json j = {{"step", s.step},         {"loss", s.loss},
               {"lr", s.lr},             {"grad_norm", s.grad_norm},
               {"tokens_per_s", s.tokens_per_s}, {"step_time_s", s.seconds},
-              {"peak_bytes", s.peak_bytes}};
+              {"peak_bytes", *std::max_element(peaks.begin(), peaks.end())},
+              {"peak_bytes_per_rank", peaks}};
     out_ << j.dump() << "\n" << std::flush;
     if (!out_) user_error("--metrics ", path_, ": write failed (", std::strerror(errno), ")");
   }
@@ -57,15 +60,64 @@ class MetricsWriter {
   std::ofstream out_;
 };
 
-void print_step(const train::StepStats& s, int64_t total) {
+// The ranks of this process's job: MPI groups under mpirun, else one rank.
+struct Launch {
+  MpiRuntime* mpi = nullptr;
+  int world_size = 1, world_rank = 0;
+  bool lead() const { return world_rank == 0; }
+
+  ProcessGroups groups(int64_t sp_size) const {
+    if (world_size % sp_size != 0)
+      user_error("world size ", world_size, " is not divisible by sequence_parallel_size ", sp_size,
+                 " (launch a multiple of it with mpirun -np)");
+    if (mpi) return mpi->make_groups(static_cast<int>(sp_size));
+    ProcessGroups g;
+    g.world = make_single_communicator();
+    g.sp = make_single_communicator();
+    g.dp = make_single_communicator();
+    return g;
+  }
+};
+
+// Per-rank peak bytes of this step, gathered (every rank calls it).
+std::vector<int64_t> rank_peaks(ProcessGroups& groups, int64_t mine) {
+  std::vector<double> peaks(groups.world->size(), 0.0);
+  peaks[groups.world->rank()] = double(mine);
+  groups.world->all_reduce_sum(peaks.data(), static_cast<int64_t>(peaks.size()));
+  return std::vector<int64_t>(peaks.begin(), peaks.end());
+}
+
+void print_step(const train::StepStats& s, int64_t total, const std::vector<int64_t>& peaks) {
+  std::string peak = human_bytes(double(s.peak_bytes));
+  if (peaks.size() > 1) {
+    peak = "per rank";
+    for (int64_t p : peaks) peak += " " + human_bytes(double(p));
+  }
   std::printf("step %lld/%lld | loss %.4f | lr %.3e | grad norm %.4f | %.0f tok/s | peak %s\n",
-              (long long)s.step, (long long)total, s.loss, s.lr, s.grad_norm, s.tokens_per_s,
-              human_bytes(double(s.peak_bytes)).c_str());
+              (long long)s.step, (long long)total, s.loss, s.lr, s.grad_norm, s.tokens_per_s, peak.c_str());
   std::fflush(stdout);
 }
 
-// The built-in default: a small Llama learns passkey retrieval from scratch.
-int run_demo(const TrainArgs& args, std::optional<uint64_t> seed) {
+// printf on rank 0 only.
+template <typename... Args>
+void say(const Launch& launch, const char* fmt, Args... args) {
+  if (!launch.lead()) return;
+  std::printf(fmt, args...);
+  std::fflush(stdout);
+}
+
+// Saves a checkpoint from rank 0 once every rank has gathered its state.
+void save(const Launch& launch, train::Trainer& trainer, const std::string& dir, const models::LlamaConfig& model,
+          train::CheckpointInfo info, ProcessGroups& groups) {
+  const train::ModelState& state = trainer.gather_state();
+  if (launch.lead()) train::save_checkpoint(dir, model, state, info);
+  groups.world->barrier();
+  say(launch, "saved %s at step %lld\n", dir.c_str(), (long long)state.step);
+}
+
+// The built-in default: a small Llama learns passkey retrieval from scratch. Under mpirun
+// it runs sequence-parallel over all ranks (SP = world size).
+int run_demo(const TrainArgs& args, std::optional<uint64_t> seed, const Launch& launch) {
   train::PasskeyTask task({.seed = seed.value_or(1234)});
   // Tuned on 2 cores: at S = 128 this model goes from chance to ~90% in 500 steps; at
   // S = 256 the same budget reached only 5%.
@@ -94,37 +146,38 @@ int run_demo(const TrainArgs& args, std::optional<uint64_t> seed) {
   config.scheduler.total_num_steps = steps;
   config.scheduler.warmup_type = train::WarmupType::kLinear;
   config.scheduler.cos_min_ratio = 0.1;
+  config.sequence_parallel_size = launch.world_size;
+  config.compile = {.deepcompile = true, .passes = {"autosp"}};
   train::resolve_batch(config, 1, "<built-in demo>");
+  ProcessGroups groups = launch.groups(config.sequence_parallel_size);
 
-  std::printf("autosp built-in demo: passkey retrieval, trained from scratch\n\n%s\n\n",
-              task.describe(S).c_str());
-  std::printf("model: Llama, %lld layers, hidden %lld, %lld heads (%lld kv), vocab %lld: %lld parameters\n",
-              (long long)model.num_hidden_layers, (long long)model.hidden_size,
-              (long long)model.num_attention_heads, (long long)model.num_key_value_heads,
-              (long long)model.vocab_size, (long long)models::llama_num_parameters(model));
-  std::printf("training: %lld steps of %lld sequences x %lld tokens, AdamW lr %.0e, warmup + cosine\n\n",
-              (long long)steps, (long long)*config.train_micro_batch_size_per_gpu, (long long)S,
-              config.optimizer.lr);
+  say(launch, "autosp built-in demo: passkey retrieval, trained from scratch\n\n%s\n\n", task.describe(S).c_str());
+  say(launch, "model: Llama, %lld layers, hidden %lld, %lld heads (%lld kv), vocab %lld: %lld parameters\n",
+      (long long)model.num_hidden_layers, (long long)model.hidden_size, (long long)model.num_attention_heads,
+      (long long)model.num_key_value_heads, (long long)model.vocab_size,
+      (long long)models::llama_num_parameters(model));
+  say(launch, "training: %lld steps of %lld sequences x %lld tokens, AdamW lr %.0e, warmup + cosine; "
+      "sequence parallel over %d rank(s), %lld tokens each\n\n",
+      (long long)steps, (long long)*config.train_micro_batch_size_per_gpu, (long long)S, launch.world_size,
+      (long long)split_sequence(S, launch.world_size).local);
 
-  train::Trainer trainer(model, config, S, train::ModelState::initial(model, config.seed));
+  train::Trainer trainer(model, config, S, train::ModelState::initial(model, config.seed), &groups);
   auto predict = [&](const int32_t* in, int64_t B, int64_t s, int32_t* out) { trainer.predict(in, B, s, out); };
   const int64_t eval_samples = 200;
   const double before = task.accuracy(predict, S, eval_samples, 20);
-  std::printf("retrieval accuracy before training: %.1f%% (chance %.1f%%, %lld held-out samples)\n\n",
-              100 * before, 100 * task.chance_accuracy(), (long long)eval_samples);
-  MetricsWriter metrics(args.metrics);
+  say(launch, "retrieval accuracy before training: %.1f%% (chance %.1f%%, %lld held-out samples)\n\n",
+      100 * before, 100 * task.chance_accuracy(), (long long)eval_samples);
+  MetricsWriter metrics(launch.lead() ? args.metrics : "");
   for (int64_t t = 0; t < steps; ++t) {
     train::StepStats s = trainer.train_step(task);
-    metrics.write(s);
-    if (s.step % 10 == 0 || s.step == steps) print_step(s, steps);
+    const auto peaks = rank_peaks(groups, s.peak_bytes);
+    metrics.write(s, peaks);
+    if (launch.lead() && (s.step % 50 == 0 || s.step == steps)) print_step(s, steps, peaks);
   }
   const double after = task.accuracy(predict, S, eval_samples, 20);
-  std::printf("\nretrieval accuracy after training:  %.1f%% (before %.1f%%, chance %.1f%%)\n", 100 * after,
-              100 * before, 100 * task.chance_accuracy());
-  if (!args.save.empty()) {
-    train::save_checkpoint(args.save, model, trainer.state(), {S, config.seed});
-    std::printf("saved %s\n", args.save.c_str());
-  }
+  say(launch, "\nretrieval accuracy after training:  %.1f%% (before %.1f%%, chance %.1f%%)\n", 100 * after,
+      100 * before, 100 * task.chance_accuracy());
+  if (!args.save.empty()) save(launch, trainer, args.save, model, {S, config.seed}, groups);
   return 0;
 }
 
@@ -141,11 +194,21 @@ std::optional<uint64_t> parse_seed(const std::string& text) {
   return static_cast<uint64_t>(v);
 }
 
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
 }  // namespace
 
-int run_train(const TrainArgs& args) {
+int run_train(const TrainArgs& args, MpiRuntime* mpi) {
+  Launch launch{mpi, mpi ? mpi->world_size() : 1, mpi ? mpi->world_rank() : 0};
   const std::optional<uint64_t> seed = parse_seed(args.seed);
-  if (!args.any_given()) return run_demo(args, seed);
+  if (mpi)  // every rank must run the same job
+    mpi->check_same_on_all_ranks("the command line",
+                                 str(args.config, "|", args.model, "|", args.data, "|", args.seq_len, "|",
+                                     args.steps, "|", args.resume, "|", args.seed));
+  if (!args.any_given()) return run_demo(args, seed, launch);
   require_flag(!args.config.empty(), "--config");
   require_flag(!args.model.empty() || !args.resume.empty(), "--model (or --resume)");
   require_flag(!args.data.empty(), "--data");
@@ -154,8 +217,11 @@ int run_train(const TrainArgs& args) {
 
   std::vector<std::string> warnings;
   train::TrainConfig config = train::load_train_config(args.config, &warnings);
-  for (const std::string& w : warnings) std::fprintf(stderr, "autosp: warning: %s\n", w.c_str());
-  train::resolve_batch(config, /*dp_size=*/1, args.config);
+  if (mpi) mpi->check_same_on_all_ranks(str("the config file ", args.config), read_file(args.config));
+  if (launch.lead())
+    for (const std::string& w : warnings) std::fprintf(stderr, "autosp: warning: %s\n", w.c_str());
+  ProcessGroups groups = launch.groups(config.sequence_parallel_size);
+  train::resolve_batch(config, groups.dp_size, args.config);
   if (seed) config.seed = *seed;
 
   models::LlamaConfig model;
@@ -174,7 +240,7 @@ int run_train(const TrainArgs& args) {
     S = ckpt.info.seq_len;
     model = ckpt.model;
     state = std::move(ckpt.state);
-    std::printf("resumed from %s at step %lld\n", ckpt.dir.c_str(), (long long)state.step);
+    say(launch, "resumed from %s at step %lld\n", ckpt.dir.c_str(), (long long)state.step);
   } else {
     model = models::load_llama_config(args.model + "/config.json");
     train::require_host_memory(16.0 * double(models::llama_num_parameters(model)),
@@ -183,13 +249,13 @@ int run_train(const TrainArgs& args) {
     const std::string weights = args.model + "/model.safetensors";
     if (fs::exists(weights)) {
       state.params = train::load_weights(weights, model);
-      std::printf("loaded %s\n", weights.c_str());
+      say(launch, "loaded %s\n", weights.c_str());
     } else {
-      std::printf("no %s: random init with seed %llu\n", weights.c_str(), (unsigned long long)config.seed);
+      say(launch, "no %s: random init with seed %llu\n", weights.c_str(), (unsigned long long)config.seed);
     }
   }
 
-  if (S > model.max_position_embeddings)
+  if (S > model.max_position_embeddings && launch.lead())
     std::fprintf(stderr, "autosp: warning: --seq-len %lld exceeds the model's max_position_embeddings %lld\n",
                  (long long)S, (long long)model.max_position_embeddings);
   if (!args.save.empty()) {
@@ -198,23 +264,23 @@ int run_train(const TrainArgs& args) {
       user_error("--save ", args.save, ": its parent directory ", parent.string(), " does not exist");
   }
   train::TokenFileSource data(args.data, static_cast<int32_t>(model.vocab_size));
-  std::printf("data: %s\n", data.describe(S).c_str());
-  std::printf("model: %lld parameters; micro batch %lld x %lld tokens, %lld accumulation steps\n",
-              (long long)models::llama_num_parameters(model),
-              (long long)*config.train_micro_batch_size_per_gpu, (long long)S,
-              (long long)*config.gradient_accumulation_steps);
+  say(launch, "data: %s\n", data.describe(S).c_str());
+  say(launch, "model: %lld parameters; micro batch %lld x %lld tokens, %lld accumulation steps; "
+      "%d rank(s): data parallel %d x sequence parallel %d (%lld tokens per rank), ZeRO stage %d\n",
+      (long long)models::llama_num_parameters(model), (long long)*config.train_micro_batch_size_per_gpu,
+      (long long)S, (long long)*config.gradient_accumulation_steps, launch.world_size, groups.dp_size,
+      groups.sp_size, (long long)split_sequence(S, groups.sp_size).local, config.zero_stage);
 
-  train::Trainer trainer(model, config, S, std::move(state));
-  MetricsWriter metrics(args.metrics);
+  train::Trainer trainer(model, config, S, std::move(state), &groups);
+  MetricsWriter metrics(launch.lead() ? args.metrics : "");
   while (trainer.state().step < args.steps) {
     train::StepStats s = trainer.train_step(data);
-    metrics.write(s);
-    print_step(s, args.steps);
+    const auto peaks = rank_peaks(groups, s.peak_bytes);
+    metrics.write(s, peaks);
+    if (launch.lead()) print_step(s, args.steps, peaks);
     const bool last = s.step == args.steps;
-    if (!args.save.empty() && (last || (args.save_every > 0 && s.step % args.save_every == 0))) {
-      train::save_checkpoint(args.save, model, trainer.state(), {S, config.seed});
-      std::printf("saved %s at step %lld\n", args.save.c_str(), (long long)s.step);
-    }
+    if (!args.save.empty() && (last || (args.save_every > 0 && s.step % args.save_every == 0)))
+      save(launch, trainer, args.save, model, {S, config.seed}, groups);
   }
   return 0;
 }
@@ -227,9 +293,17 @@ int run_dump(const DumpArgs& args) {
     for (const auto& s : stages) known += (known.empty() ? "" : ", ") + s;
     user_error("--stage ", args.stage, ": unknown stage (known: ", known, ")");
   }
+  if (args.rank >= args.sp) user_error("--rank ", args.rank, " is not a rank of --sp ", args.sp);
   Graph forward = models::llama_forward(model, {.batch = args.batch, .seq_len = args.seq_len});
-  compile(forward, {}, [&](const std::string& stage, const Graph& g) {
-    if (stage == args.stage) std::cout << print_graph(g);
+  CompileOptions options{args.sp, {"autosp"}, true};
+  const SequenceSplit split = split_sequence(args.seq_len, args.sp);
+  compile(forward, options, [&](const std::string& stage, const Graph& g) {
+    if (stage != args.stage) return;
+    std::cout << "# stage " << stage << ", rank " << args.rank << " of sequence_parallel_size " << args.sp
+              << ": sequence positions [" << split.begin(args.rank) << ", "
+              << std::min(split.begin(args.rank) + split.local, args.seq_len) << ") of " << args.seq_len
+              << (split.padded > args.seq_len ? str(", padded to ", split.padded) : std::string()) << "\n"
+              << print_graph(g);
   });
   return 0;
 }

@@ -3,6 +3,10 @@
 #include <optional>
 #include <string>
 
+namespace autosp {
+class MpiRuntime;
+}
+
 namespace autosp::cli {
 
 struct TrainArgs {
@@ -16,10 +20,11 @@ struct TrainArgs {
 
 struct DumpArgs {
   std::string model, stage;
-  int64_t seq_len = 0, batch = 1;
+  int64_t seq_len = 0, batch = 1, sp = 1, rank = 0;
 };
 
-int run_train(const TrainArgs& args);
+// mpi: the MPI runtime when launched by mpirun (else null: one process).
+int run_train(const TrainArgs& args, MpiRuntime* mpi);
 int run_dump(const DumpArgs& args);
 
 }  // namespace autosp::cli

@@ -1,5 +1,7 @@
 // autosp: train | dump. User errors print one clear line and exit 1; internal errors
 // (bugs) exit 2.
+#include <unistd.h>
+
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <filesystem>
@@ -8,7 +10,26 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "comm/mpi_communicator.h"
 #include "util/error.h"
+
+namespace {
+
+// Under mpirun, an error on one rank must end every rank (the others may be waiting for it
+// in a collective): print it, prefixed by the rank, and abort the job. Rank 0 prints at
+// once; other ranks wait a moment, so an error every rank sees is printed once, by rank 0.
+[[noreturn]] void fail(autosp::MpiRuntime* mpi, const std::string& message, int code) {
+  if (mpi && mpi->world_size() > 1) {
+    if (mpi->world_rank() != 0) sleep(2);
+    std::fprintf(stderr, "autosp: rank %d: %s\n", mpi->world_rank(), message.c_str());
+    std::fflush(stderr);
+    mpi->abort_all(code);
+  }
+  std::fprintf(stderr, "autosp: %s\n", message.c_str());
+  std::exit(code);
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   using namespace autosp::cli;
@@ -39,7 +60,10 @@ int main(int argc, char** argv) {
       ->required()->check(CLI::ExistingDirectory);
   dump_cmd->add_option("--seq-len", dump.seq_len, "Sequence length S")->required()->check(kPositive);
   dump_cmd->add_option("--batch", dump.batch, "Micro batch size")->check(kPositive);
-  dump_cmd->add_option("--stage", dump.stage, "forward | joint")->required();
+  dump_cmd->add_option("--stage", dump.stage, "forward | autosp | joint")->required();
+  dump_cmd->add_option("--sp", dump.sp, "sequence_parallel_size P (the autosp pass runs when P > 1)")
+      ->check(kPositive);
+  dump_cmd->add_option("--rank", dump.rank, "Which rank of the sequence-parallel group")->check(kNonNegative);
 
   try {
     app.parse(argc, argv);
@@ -48,23 +72,22 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "autosp: error: %s (see autosp --help)\n", e.what());
     return 1;
   }
+  std::unique_ptr<autosp::MpiRuntime> mpi;
   try {
-    if (*train_cmd) return run_train(train);
+    if (*train_cmd && autosp::MpiRuntime::launched_by_mpirun())
+      mpi = std::make_unique<autosp::MpiRuntime>(&argc, &argv);
+    if (*train_cmd) return run_train(train, mpi.get());
     if (*dump_cmd) return run_dump(dump);
     std::cout << app.help();
     return 0;
   } catch (const autosp::UserError& e) {
-    std::fprintf(stderr, "autosp: error: %s\n", e.what());
-    return 1;
+    fail(mpi.get(), std::string("error: ") + e.what(), 1);
   } catch (const autosp::InternalError& e) {
-    std::fprintf(stderr, "autosp: %s\n(this is a bug in autosp; please report it)\n", e.what());
-    return 2;
+    fail(mpi.get(), std::string(e.what()) + "\n(this is a bug in autosp; please report it)", 2);
   } catch (const std::bad_alloc&) {
-    std::fprintf(stderr, "autosp: error: out of host memory (a shorter sequence, a smaller batch or "
-                         "more ranks would need less)\n");
-    return 1;
+    fail(mpi.get(), "error: out of host memory (a shorter sequence, a smaller batch or more ranks "
+                    "would need less)", 1);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "autosp: error: %s\n", e.what());
-    return 1;
+    fail(mpi.get(), std::string("error: ") + e.what(), 1);
   }
 }

@@ -107,8 +107,17 @@ class Parser {
     user_error(source_, ":", line, ":", col, ": ", what);
   }
 
+  // Whitespace and '#' comments to the end of the line.
   void skip_space() {
-    while (pos_ < text_.size() && std::isspace(static_cast<unsigned char>(text_[pos_]))) ++pos_;
+    while (pos_ < text_.size()) {
+      if (text_[pos_] == '#') {
+        while (pos_ < text_.size() && text_[pos_] != '\n') ++pos_;
+      } else if (std::isspace(static_cast<unsigned char>(text_[pos_]))) {
+        ++pos_;
+      } else {
+        break;
+      }
+    }
   }
   char peek() {
     skip_space();

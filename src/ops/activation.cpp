@@ -31,6 +31,10 @@ extern const OpDef silu_op = {
     .cost = elementwise_cost<4>,
     .grad = [](GradContext& c) { c.din[0] = c.b.emit1(OpKind::silu_backward, {c.dout[0], c.in(0)}); },
     .cpu = [](const KernelArgs& a) { cpu::silu_forward(a.in(0), a.in_numel(0), a.out(0)); },
+    .shard = [](const Shardings& in, const Types& t, const Attrs& a) -> Shardings {
+      require(!is_partial(in[0]), "silu of a partial sum is not a partial sum");
+      return shard_elementwise(in, t, a);
+    },
 };
 
 // silu_backward(dy, x) = dy s(x) (1 + x (1 - s(x)))
@@ -59,6 +63,10 @@ extern const OpDef swiglu_op = {
     },
     .cpu = [](const KernelArgs& a) {
       cpu::swiglu_forward(a.in(0), a.in(1), a.in_numel(0), a.out(0));
+    },
+    .shard = [](const Shardings& in, const Types& t, const Attrs& a) -> Shardings {
+      require(!is_partial(in[0]) && !is_partial(in[1]), "swiglu of partial sums is not a partial sum");
+      return shard_elementwise(in, t, a);
     },
 };
 

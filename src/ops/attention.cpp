@@ -62,6 +62,16 @@ extern const OpDef attention_op = {
     .cpu_workspace_bytes = [](const Types& in, const Attrs&, int threads) -> int64_t {
       return cpu::attention_forward_workspace_floats(attention_dims(in), threads) * 4;
     },
+    // Every query needs every key: the sequence must be whole, so heads are split instead
+    // (the autosp pass exchanges q, k, v to shard(2) before and the output back after).
+    .shard = [](const Shardings& in, const Types&, const Attrs&) -> Shardings {
+      for (const Sharding& s : in)
+        require(s == in[0] && !is_partial(s) && (!is_shard(s) || s.dim == 0 || s.dim == 2),
+                "attention needs the whole sequence: q, k, v must be split alike on B or heads, got ",
+                sharding_str(s));
+      if (is_shard(in[0])) return {in[0], shard(in[0].dim == 2 ? 1 : 0)};  // lse is [B, NH, S]
+      return {in[0], in[0]};
+    },
 };
 
 // attention_backward(dout, q, k, v, out, lse) {causal, scale} -> (dq, dk, dv)

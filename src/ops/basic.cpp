@@ -77,6 +77,7 @@ extern const OpDef add_op = {
       if (c.needs[1]) c.din[1] = c.dout[0];
     },
     .cpu = [](const KernelArgs& a) { cpu::add(a.in(0), a.in(1), a.out_numel(0), a.out(0)); },
+    .shard = shard_elementwise,  // a sum of two partial sums is a partial sum
 };
 
 extern const OpDef mul_op = {
@@ -90,6 +91,10 @@ extern const OpDef mul_op = {
       if (c.needs[1]) c.din[1] = c.b.emit1(OpKind::mul, {c.dout[0], c.in(0)});
     },
     .cpu = [](const KernelArgs& a) { cpu::mul(a.in(0), a.in(1), a.out_numel(0), a.out(0)); },
+    .shard = [](const Shardings& in, const Types& t, const Attrs& a) -> Shardings {
+      require(!is_partial(in[0]) && !is_partial(in[1]), "a product of partial sums is not one");
+      return shard_elementwise(in, t, a);
+    },
 };
 
 // scale(x) {alpha}: alpha * x.
@@ -108,6 +113,7 @@ extern const OpDef scale_op = {
     .cpu = [](const KernelArgs& a) {
       cpu::scale(a.in(0), a.out_numel(0), float(a.attrs->get_float("alpha")), a.out(0));
     },
+    .shard = shard_elementwise,
 };
 
 // sum(x): the sum of all elements, a scalar (accumulated in double).
@@ -125,6 +131,10 @@ extern const OpDef sum_op = {
       c.din[0] = c.b.emit1(OpKind::expand, {c.dout[0]}, {{"shape", c.b.shape(c.in(0))}});
     },
     .cpu = [](const KernelArgs& a) { a.out(0)[0] = float(cpu::sum(a.in(0), a.in_numel(0))); },
+    // the sum of a shard is this rank's part of the whole sum
+    .shard = [](const Shardings& in, const Types&, const Attrs&) -> Shardings {
+      return {is_replicated(in[0]) ? replicated() : partial()};
+    },
 };
 
 // div_scalar(x, s[]): x / s, s a scalar tensor (the loss normaliser).
@@ -149,6 +159,11 @@ extern const OpDef div_scalar_op = {
     },
     .cpu = [](const KernelArgs& a) {
       cpu::div_scalar(a.in(0), a.out_numel(0), a.in(1)[0], a.out(0));
+    },
+    // (partial) x / (replicated) s is a partial sum of x / s; the divisor must be whole
+    .shard = [](const Shardings& in, const Types&, const Attrs&) -> Shardings {
+      require(is_replicated(in[1]), "the divisor must be replicated, got ", sharding_str(in[1]));
+      return {in[0]};
     },
 };
 

@@ -52,6 +52,12 @@ extern const OpDef cross_entropy_op = {
       cpu::cross_entropy_forward(a.in(0), a.in<int32_t>(1), rows_of(x), x.back(),
                                  static_cast<int32_t>(ignore), a.out(0), a.out(1));
     },
+    // rows split alike: each rank's loss_sum is its part of the whole sum
+    .shard = [](const Shardings& in, const Types& t, const Attrs& a) -> Shardings {
+      Shardings rows = shard_rowwise({in[0]}, {t[0]}, a);
+      require(in[1] == rows[0], "labels must be split like the logits' rows");
+      return {is_replicated(rows[0]) ? replicated() : partial(), rows[0]};
+    },
 };
 
 // cross_entropy_backward(dloss_sum [], logits, labels, lse) {ignore_index} -> dlogits
@@ -93,6 +99,10 @@ extern const OpDef count_valid_op = {
       int64_t count = 0;
       for (int64_t i = 0; i < a.in_numel(0); ++i) count += labels[i] != ignore;
       a.out(0)[0] = float(count);
+    },
+    .shard = [](const Shardings& in, const Types&, const Attrs&) -> Shardings {
+      require(!is_partial(in[0]), "labels cannot be partial");
+      return {is_replicated(in[0]) ? replicated() : partial()};
     },
 };
 

@@ -39,6 +39,12 @@ extern const OpDef embedding_op = {
       check_ids(a.in<int32_t>(1), a.in_numel(1), w[0]);
       cpu::embedding_forward(a.in(0), a.in<int32_t>(1), a.in_numel(1), w[1], a.out(0));
     },
+    // rows follow the tokens: out dim d is tokens' dim d
+    .shard = [](const Shardings& in, const Types&, const Attrs&) -> Shardings {
+      require(is_replicated(in[0]), "the table must be replicated");
+      require(!is_partial(in[1]), "token ids cannot be partial");
+      return {in[1]};
+    },
 };
 
 // embedding_backward(dy[..., H], tokens i32[...]) {vocab} -> dW[vocab, H]

@@ -47,6 +47,22 @@ extern const OpDef reshape_op = {
     .cpu = [](const KernelArgs& a) {
       if (a.out(0) != a.in(0)) std::memcpy(a.out<void>(0), a.in<void>(0), a.out_types[0]->bytes());
     },
+    // A sharded dim survives when the dims before it are unchanged as a block and it keeps
+    // its size: [B, S, H] <-> [B, S, NH, D] keeps S at dim 1.
+    .shard = [](const Shardings& in, const Types& t, const Attrs& attrs) -> Shardings {
+      if (!is_shard(in[0])) return {in[0]};
+      const Shape& x = t[0].shape;
+      const Shape& y = attrs.get_ints("shape");
+      const int d = in[0].dim;
+      int64_t prefix = 1;
+      for (int i = 0; i < d; ++i) prefix *= x[i];
+      int64_t p = 1;
+      for (size_t j = 0; j < y.size(); ++j) {
+        if (p == prefix && y[j] == x[d]) return {shard(static_cast<int>(j))};
+        p *= y[j];
+      }
+      shape_error("reshape ", shape_str(x), " -> ", shape_str(y), " does not keep sharded dim ", d);
+    },
 };
 
 // transpose(x) {perm}: y's dim i is x's dim perm[i]
@@ -82,6 +98,13 @@ extern const OpDef transpose_op = {
       cpu::permute(a.in<void>(0), x.data(), perm.data(), static_cast<int>(x.size()),
                    dtype_size(a.in_types[0]->dtype), a.out<void>(0));
     },
+    .shard = [](const Shardings& in, const Types&, const Attrs& attrs) -> Shardings {
+      if (!is_shard(in[0])) return {in[0]};
+      const auto& perm = attrs.get_ints("perm");
+      for (size_t i = 0; i < perm.size(); ++i)
+        if (perm[i] == in[0].dim) return {shard(static_cast<int>(i))};
+      shape_error("bad perm");
+    },
 };
 
 // slice(x) {dim, start, end}: x[..., start:end, ...] along dim
@@ -112,6 +135,12 @@ extern const OpDef slice_op = {
       Slab s = slab_of(x, dim);
       const int64_t count = a.out_shape(0)[dim];
       cpu::copy_slab(a.in(0), s.outer, x[dim], start, s.inner, count, a.out(0), count, 0);
+    },
+    .shard = [](const Shardings& in, const Types&, const Attrs& attrs) -> Shardings {
+      require(!is_partial(in[0]), "cannot slice a partial sum");
+      require(!is_shard(in[0]) || in[0].dim != attrs.get_int("dim"), "cannot slice along the sharded dim ",
+              in[0].dim);
+      return {in[0]};
     },
 };
 
@@ -184,6 +213,12 @@ extern const OpDef concat_op = {
         cpu::copy_slab(a.in(static_cast<int>(i)), s.outer, len, 0, s.inner, len, a.out(0), y[dim], offset);
         offset += len;
       }
+    },
+    .shard = [](const Shardings& in, const Types& t, const Attrs& attrs) -> Shardings {
+      Shardings out = shard_elementwise(in, t, attrs);
+      require(!is_partial(out[0]), "cannot concatenate partial sums");
+      require(!is_shard(out[0]) || out[0].dim != attrs.get_int("dim"), "cannot concatenate along the sharded dim");
+      return out;
     },
 };
 

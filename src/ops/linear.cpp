@@ -42,6 +42,10 @@ extern const OpDef linear_op = {
       const Shape& w = a.in_shape(1);
       cpu::gemm(false, true, rows_of(a.in_shape(0)), w[0], w[1], a.in(0), a.in(1), a.out(0));
     },
+    .shard = [](const Shardings& in, const Types& t, const Attrs& a) -> Shardings {
+      require(is_replicated(in[1]), "the weight must be replicated");
+      return shard_rowwise(in, t, a);
+    },
 };
 
 namespace {

@@ -10,6 +10,8 @@
 
 namespace autosp {
 
+class Communicator;
+
 struct Cost {
   double flops = 0;
   double bytes = 0;  // bytes read and written (or moved, for collectives)
@@ -69,6 +71,7 @@ struct KernelArgs {
   const Attrs* attrs = nullptr;
   void* workspace = nullptr;
   int threads = 1;
+  Communicator* comm = nullptr;  // the group named by a collective's "group" attribute
 
   template <typename T = float>
   const T* in(int i) const { return static_cast<const T*>(inputs.at(i)); }
@@ -81,6 +84,7 @@ struct KernelArgs {
 };
 
 using Types = std::vector<TensorType>;
+using Shardings = std::vector<Sharding>;
 
 struct OpDef {
   int num_inputs;   // -1: variadic, at least one
@@ -95,7 +99,25 @@ struct OpDef {
   void (*cpu)(const KernelArgs& args);
   // Scratch the CPU kernel needs, allocated by the executor; nullptr for none.
   int64_t (*cpu_workspace_bytes)(const Types& inputs, const Attrs& attrs, int threads) = nullptr;
+  // Sequence-sharding rule (used by the autosp pass): the results' shardings given the
+  // operands' (each replicated, shard(dim) or partial); shape_error() where the op cannot
+  // run on those shardings. nullptr: the op cannot be sequence-sharded.
+  Shardings (*shard)(const Shardings& inputs, const Types& types, const Attrs& attrs) = nullptr;
 };
+
+// Sharding shorthands for rules.
+inline Sharding replicated() { return {Sharding::Kind::replicated, -1}; }
+inline Sharding shard(int dim) { return {Sharding::Kind::shard, dim}; }
+inline Sharding partial() { return {Sharding::Kind::partial, -1}; }
+inline bool is_replicated(const Sharding& s) { return s.kind == Sharding::Kind::replicated; }
+inline bool is_shard(const Sharding& s) { return s.kind == Sharding::Kind::shard; }
+inline bool is_partial(const Sharding& s) { return s.kind == Sharding::Kind::partial; }
+
+// The common rules. Row-wise ops (the last dim is the feature dim, every row independent):
+// all sharded operands share one sharded dim that is not the last; replicated operands are
+// weights. Elementwise ops: all operands share one sharding.
+Shardings shard_rowwise(const Shardings& in, const Types& types, const Attrs& attrs);
+Shardings shard_elementwise(const Shardings& in, const Types& types, const Attrs& attrs);
 
 const OpDef& op_def(OpKind op);
 

@@ -95,6 +95,37 @@ ValueId GraphBuilder::emit1(OpKind op, std::vector<ValueId> inputs, Attrs attrs)
   return outs[0];
 }
 
+namespace {
+// The one sharded dim shared by all sharded operands, or -1 if none is sharded.
+int common_shard_dim(const Shardings& in) {
+  int dim = -1;
+  for (const Sharding& s : in) {
+    require(!is_partial(s), "a partial sum cannot flow into this op");
+    if (!is_shard(s)) continue;
+    require(dim < 0 || dim == s.dim, "operands are sharded on different dims (", dim, " and ", s.dim, ")");
+    dim = s.dim;
+  }
+  return dim;
+}
+}  // namespace
+
+Shardings shard_rowwise(const Shardings& in, const Types& types, const Attrs&) {
+  const int dim = common_shard_dim(in);
+  if (dim < 0) return {replicated()};
+  for (size_t i = 0; i < in.size(); ++i)
+    if (is_shard(in[i]))
+      require(dim + 1 < static_cast<int>(types[i].shape.size()),
+              "cannot shard the feature (last) dim of a row-wise op");
+  return {shard(dim)};
+}
+
+Shardings shard_elementwise(const Shardings& in, const Types&, const Attrs&) {
+  for (const Sharding& s : in)
+    require(s == in[0], "elementwise operands must be sharded alike, got ", sharding_str(in[0]),
+            " and ", sharding_str(s));
+  return {in[0]};
+}
+
 Cost node_cost(const Graph& g, const Node& node) {
   Types ins, outs;
   for (ValueId v : node.inputs) ins.push_back(g.type(v));

@@ -33,6 +33,7 @@ extern const OpDef rms_norm_op = {
       cpu::rms_norm_forward(a.in(0), a.in(1), rows_of(x), x.back(),
                             float(a.attrs->get_float("eps")), a.out(0), a.out(1));
     },
+    .shard = shard_rowwise,  // y and rstd share x's sharded (row) dim
 };
 
 // rms_norm_backward(dy, x, w, rstd) -> (dx, dw)

@@ -63,6 +63,13 @@ extern const OpDef rope_op = {
       cpu::rope_forward(a.in(0), a.in<int32_t>(1), inv_freq.data(), x[0] * x[1], x[2], D,
                         a.attrs->get_int("inverse", 0) != 0, a.out(0));
     },
+    // rotates each (row, head) by its own position: the positions must be split alike
+    .shard = [](const Shardings& in, const Types&, const Attrs&) -> Shardings {
+      require(in[0] == in[1] && !is_partial(in[0]) && (!is_shard(in[0]) || in[0].dim < 2),
+              "x and positions must be sharded alike on B or S, got ", sharding_str(in[0]), " and ",
+              sharding_str(in[1]));
+      return {in[0]};
+    },
 };
 
 }  // namespace autosp

@@ -6,12 +6,13 @@
 
 #include "ops/op.h"
 #include "passes/autodiff.h"
+#include "passes/autosp.h"
 #include "util/error.h"
 
 namespace autosp {
 
 const std::vector<std::string>& pipeline_stages() {
-  static const std::vector<std::string> stages = {"forward", "joint"};
+  static const std::vector<std::string> stages = {"forward", "autosp", "joint"};
   return stages;
 }
 
@@ -21,12 +22,17 @@ Graph compile(const Graph& forward, const CompileOptions& options,
     const char* v = std::getenv("AUTOSP_PASS_TIMES");
     return v && std::string(v) == "1";
   }();
-  for (const std::string& pass : options.passes)
+  bool use_autosp = false;
+  for (const std::string& pass : options.passes) {
     if (pass != "autosp")
       user_error("compile.passes: \"", pass, "\" is not implemented in autosp (available: autosp)");
-  if (options.sequence_parallel_size > 1)
+    use_autosp = true;
+  }
+  if (use_autosp && !options.deepcompile)
+    user_error("compile.passes lists autosp but compile.deepcompile is false; set \"deepcompile\": true");
+  if (options.sequence_parallel_size > 1 && !use_autosp)
     user_error("sequence_parallel_size = ", options.sequence_parallel_size,
-               ": sequence parallelism needs the autosp pass, which this build does not have yet");
+               " needs the autosp pass: add \"compile\": {\"deepcompile\": true, \"passes\": [\"autosp\"]}");
 
   auto run = [&](const std::string& stage, auto&& fn) {
     const auto start = std::chrono::steady_clock::now();
@@ -43,6 +49,7 @@ Graph compile(const Graph& forward, const CompileOptions& options,
     verify(forward);
     return forward;
   });
+  g = run("autosp", [&] { return autosp(g, {options.sequence_parallel_size}); });
   g = run("joint", [&] {
     Graph joint = autodiff(g);
     verify(joint);

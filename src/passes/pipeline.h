@@ -3,8 +3,12 @@
 //   forward --autosp--> --autodiff--> joint --grad_sync--> --checkpoint--> --schedule-->
 //   --plan_memory--> lowered
 //
-// Passes not built yet are not in the list; asking for them (a config that needs them) is
-// a clear error rather than a silent no-op. AUTOSP_PASS_TIMES=1 prints each pass's time.
+// Built so far: autosp and autodiff (stages "forward", "autosp", "joint"). Gradient
+// reduction over the data x sequence group is done by the trainer's optimizer step
+// (train/grad_sync.h) until it moves into a grad_sync pass; checkpoint, schedule and
+// plan_memory are not built (the executor frees by use counts). Asking for a pass that
+// does not exist is a clear error, not a silent no-op. AUTOSP_PASS_TIMES=1 prints each
+// pass's time.
 #pragma once
 #include <functional>
 #include <string>

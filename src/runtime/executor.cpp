@@ -27,22 +27,37 @@ void HeapAllocator::release(void* ptr, int64_t bytes) {
   count_release(bytes);
 }
 
-CpuExecutor::CpuExecutor(const Graph& graph, Allocator& allocator, int threads)
+CpuExecutor::CpuExecutor(const Graph& graph, Allocator& allocator, int threads,
+                         const ProcessGroups* groups)
     : graph_(graph),
       allocator_(allocator),
       threads_(threads > 0 ? threads : omp_get_max_threads()),
+      groups_(groups),
       data_(graph.values().size(), nullptr),
       owned_(graph.values().size(), false),
       uses_(graph.values().size(), 0) {
   for (const Node& node : graph.nodes()) {
     AUTOSP_CHECK(node.op == OpKind::input || op_def(node.op).cpu,
                  op_name(node.op), " has no CPU kernel");
+    if (node.attrs.has("group")) {
+      AUTOSP_CHECK(groups_, op_name(node.op), " needs communicators but the executor has none");
+      AUTOSP_CHECK(communicator(node.attrs.get_str("group"))->size() == node.attrs.get_int("size"),
+                   op_name(node.op), " expects group '", node.attrs.get_str("group"), "' of size ",
+                   node.attrs.get_int("size"));
+    }
     for (ValueId v : node.inputs) ++uses_[v];
   }
   for (const GraphOutput& o : graph.outputs()) ++uses_[o.value];
 }
 
 CpuExecutor::~CpuExecutor() { release_all(); }
+
+Communicator* CpuExecutor::communicator(const std::string& group) const {
+  Communicator* c = group == "sp" ? groups_->sp.get() : group == "dp" ? groups_->dp.get()
+                    : group == "world" ? groups_->world.get() : nullptr;
+  AUTOSP_CHECK(c, "no communicator for group '", group, "'");
+  return c;
+}
 
 void CpuExecutor::release_all() {
   for (size_t v = 0; v < data_.size(); ++v) {
@@ -78,6 +93,7 @@ void CpuExecutor::run() {
       KernelArgs args;
       args.attrs = &node.attrs;
       args.threads = threads_;
+      if (node.attrs.has("group")) args.comm = communicator(node.attrs.get_str("group"));
       for (ValueId v : node.inputs) {
         args.inputs.push_back(data_[v]);
         args.in_types.push_back(&graph_.type(v));

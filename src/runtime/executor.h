@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/communicator.h"
 #include "ir/graph.h"
 #include "runtime/allocator.h"
 
@@ -12,8 +13,10 @@ namespace autosp {
 
 class CpuExecutor {
  public:
-  // threads: OpenMP threads for the kernels (0 = OpenMP's default).
-  CpuExecutor(const Graph& graph, Allocator& allocator, int threads = 0);
+  // threads: OpenMP threads for the kernels (0 = OpenMP's default). groups: the
+  // communicators collectives run on (none: a graph without collectives).
+  CpuExecutor(const Graph& graph, Allocator& allocator, int threads = 0,
+              const ProcessGroups* groups = nullptr);
   ~CpuExecutor();
   CpuExecutor(const CpuExecutor&) = delete;
   CpuExecutor& operator=(const CpuExecutor&) = delete;
@@ -36,10 +39,12 @@ class CpuExecutor {
 
  private:
   void release_all();
+  Communicator* communicator(const std::string& group) const;
 
   const Graph& graph_;
   Allocator& allocator_;
   int threads_;
+  const ProcessGroups* groups_;
   std::vector<const void*> data_;  // per value: where its bytes are (bound or allocated)
   std::vector<bool> owned_;        // per value: allocated by us
   std::vector<int> uses_;          // per value: node operand uses + 1 if a graph output

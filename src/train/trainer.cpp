@@ -6,8 +6,9 @@
 #include <cmath>
 
 #include "passes/autodiff.h"
+#include "passes/autosp.h"
 #include "passes/pipeline.h"
-#include "train/adamw.h"
+#include "train/grad_sync.h"
 #include "train/lr_schedule.h"
 #include "util/error.h"
 
@@ -33,33 +34,52 @@ ModelState ModelState::initial(const models::LlamaConfig& config, uint64_t seed)
 }
 
 int64_t ModelState::persistent_bytes() const {
-  int64_t n = 0;
+  int64_t n = 0, moments = 0;
   for (const auto& p : params) n += static_cast<int64_t>(p.size());
-  return 4 * 4 * n;  // params, grads, exp_avg, exp_avg_sq
+  for (const auto& m : exp_avg) moments += static_cast<int64_t>(m.size());
+  return 4 * (2 * n + 2 * moments);  // params, grads, exp_avg, exp_avg_sq
 }
 
 Trainer::Trainer(const models::LlamaConfig& model, const TrainConfig& config, int64_t seq_len,
-                 ModelState state)
+                 ModelState state, ProcessGroups* groups)
     : model_(model),
       config_(config),
       seq_len_(seq_len),
       micro_batch_(config.train_micro_batch_size_per_gpu.value()),
-      state_(std::move(state)) {
+      state_(std::move(state)),
+      groups_(groups) {
   AUTOSP_CHECK(config.gradient_accumulation_steps.has_value(), "resolve_batch has not run");
+  if (!groups_) {
+    own_groups_.world = make_single_communicator();
+    own_groups_.sp = make_single_communicator();
+    own_groups_.dp = make_single_communicator();
+    groups_ = &own_groups_;
+  }
+  AUTOSP_CHECK(groups_->sp_size == config.sequence_parallel_size, "groups were made for sp_size ",
+               groups_->sp_size, ", the config says ", config.sequence_parallel_size);
   Graph forward = models::llama_forward(model_, {.batch = micro_batch_, .seq_len = seq_len_});
   CompileOptions options{config.sequence_parallel_size, config.compile.passes, config.compile.deepcompile};
   joint_ = compile(forward, options);
+  local_len_ = split_sequence(seq_len_, groups_->sp_size).local;
+
+  optimizer_ = std::make_unique<ShardedAdamW>(config_, *groups_, state_);
+  if (config_.zero_stage == 1) {  // the optimizer holds this rank's shard of the moments
+    state_.exp_avg.clear();
+    state_.exp_avg_sq.clear();
+  }
   int64_t largest = 0;
   for (const Value& v : joint_.values()) largest = std::max(largest, v.type.bytes());
   require_host_memory(double(state_.persistent_bytes()) + double(largest),
                       str("training with micro batch ", micro_batch_, " x ", seq_len_, " tokens"));
-  executor_ = std::make_unique<CpuExecutor>(joint_, allocator_);
+
+  executor_ = std::make_unique<CpuExecutor>(joint_, allocator_, 0, groups_);
   for (const auto& p : state_.params) grads_.emplace_back(p.size(), 0.0f);
-  const int64_t n = micro_batch_ * seq_len_;
+  const int64_t n = micro_batch_ * local_len_;
   inputs_.resize(n);
   labels_.resize(n);
   positions_.resize(n);
-  for (int64_t i = 0; i < n; ++i) positions_[i] = static_cast<int32_t>(i % seq_len_);
+  sample_inputs_.resize(seq_len_);
+  sample_labels_.resize(seq_len_);
   bind_parameters(*executor_);
   executor_->bind("input_ids", inputs_.data());
   executor_->bind("labels", labels_.data());
@@ -72,6 +92,24 @@ void Trainer::bind_parameters(CpuExecutor& ex) const {
   for (size_t i = 0; i < state_.specs.size(); ++i) ex.bind(state_.specs[i].name, state_.params[i].data());
 }
 
+// Every rank of an SP group reads the same samples and keeps its slice of the sequence;
+// the tail past S (when P does not divide S) is padding: token 0, no label.
+void Trainer::load_micro_batch(const DataSource& data, int64_t step, int64_t micro) {
+  const int64_t g = config_.gradient_accumulation_steps.value();
+  const int64_t begin = groups_->sp_rank * local_len_;
+  for (int64_t j = 0; j < micro_batch_; ++j) {
+    const int64_t k = io::TokenFile::sample_index(step, micro, g, groups_->dp_rank, groups_->dp_size, j, micro_batch_);
+    data.read_sample(k, seq_len_, sample_inputs_.data(), sample_labels_.data());
+    for (int64_t i = 0; i < local_len_; ++i) {
+      const int64_t pos = begin + i, at = j * local_len_ + i;
+      const bool real = pos < seq_len_;
+      inputs_[at] = real ? sample_inputs_[pos] : 0;
+      labels_[at] = real ? sample_labels_[pos] : kIgnoreLabel;
+      positions_[at] = static_cast<int32_t>(pos);
+    }
+  }
+}
+
 StepStats Trainer::train_step(const DataSource& data) {
   const auto start = std::chrono::steady_clock::now();
   const int64_t g = config_.gradient_accumulation_steps.value();
@@ -79,12 +117,9 @@ StepStats Trainer::train_step(const DataSource& data) {
   allocator_.reset_peak();
   double loss_sum = 0;
   for (int64_t m = 0; m < g; ++m) {
-    for (int64_t j = 0; j < micro_batch_; ++j) {
-      const int64_t k = io::TokenFile::sample_index(t, m, g, /*dp_rank=*/0, /*dp_size=*/1, j, micro_batch_);
-      data.read_sample(k, seq_len_, inputs_.data() + j * seq_len_, labels_.data() + j * seq_len_);
-    }
+    load_micro_batch(data, t, m);
     executor_->run();
-    loss_sum += executor_->output("loss")[0];
+    loss_sum += executor_->output("loss")[0];  // this rank's part of its replica's loss
     // DeepSpeed scales each micro batch's loss by 1/g: the step's gradient is the mean.
     const float inv_g = 1.0f / float(g);
     for (size_t i = 0; i < grads_.size(); ++i) {
@@ -98,32 +133,28 @@ StepStats Trainer::train_step(const DataSource& data) {
       }
     }
   }
+  // The replica's loss is the sum of its SP ranks' parts; the step's is the DP mean.
+  groups_->world->all_reduce_sum(&loss_sum, 1);
+  const double loss = loss_sum / double(g) / double(groups_->dp_size);
 
-  std::vector<std::pair<float*, int64_t>> spans;
-  for (auto& d : grads_) spans.emplace_back(d.data(), static_cast<int64_t>(d.size()));
-  double norm;
-  if (config_.gradient_clipping > 0) {
-    norm = clip_grad_norm(spans, config_.gradient_clipping);
-  } else {
-    std::vector<std::pair<const float*, int64_t>> cspans(spans.begin(), spans.end());
-    norm = global_grad_norm(cspans);
-  }
   const double lr = lr_at(config_.scheduler, config_.optimizer.lr, t);
-  for (size_t i = 0; i < grads_.size(); ++i)
-    adamw_step(state_.params[i].data(), grads_[i].data(), state_.exp_avg[i].data(),
-               state_.exp_avg_sq[i].data(), static_cast<int64_t>(grads_[i].size()), config_.optimizer,
-               t + 1, lr);
+  const double norm = optimizer_->step(state_, grads_, lr);
   state_.step = t + 1;
 
   StepStats s;
   s.step = state_.step;
-  s.loss = loss_sum / double(g);
+  s.loss = loss;
   s.lr = lr;
   s.grad_norm = norm;
   s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  s.tokens_per_s = double(g * micro_batch_ * seq_len_) / s.seconds;
+  s.tokens_per_s = double(g * micro_batch_ * seq_len_ * groups_->dp_size) / s.seconds;
   s.peak_bytes = allocator_.peak_bytes() + state_.persistent_bytes();
   return s;
+}
+
+const ModelState& Trainer::gather_state() {
+  optimizer_->gather_moments(state_);
+  return state_;
 }
 
 std::vector<float> Trainer::logits(const int32_t* inputs, int64_t B, int64_t S) {
@@ -159,8 +190,10 @@ void Trainer::predict(const int32_t* inputs, int64_t B, int64_t S, int32_t* argm
 
 double Trainer::loss_and_grads(const int32_t* inputs, const int32_t* labels,
                                std::vector<std::vector<float>>& grads) {
+  AUTOSP_CHECK(groups_->world->size() == 1, "loss_and_grads is for one process");
   std::copy(inputs, inputs + inputs_.size(), inputs_.begin());
   std::copy(labels, labels + labels_.size(), labels_.begin());
+  for (size_t i = 0; i < positions_.size(); ++i) positions_[i] = static_cast<int32_t>(i % seq_len_);
   executor_->run();
   grads.clear();
   for (const auto& spec : state_.specs) grads.push_back(executor_->output_vector(kGradPrefix + spec.name));

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/communicator.h"
 #include "ir/graph.h"
 #include "models/llama.h"
 #include "runtime/executor.h"
@@ -39,9 +40,10 @@ struct StepStats {
 class Trainer {
  public:
   // Compiles the training step for micro batch `config.train_micro_batch_size_per_gpu` x
-  // seq_len (resolve_batch must have run).
+  // seq_len (resolve_batch must have run) on this rank of `groups` (sequence parallel when
+  // groups.sp_size > 1). Without groups: one process, one rank.
   Trainer(const models::LlamaConfig& model, const TrainConfig& config, int64_t seq_len,
-          ModelState state);
+          ModelState state, ProcessGroups* groups = nullptr);
   ~Trainer();
 
   // One optimizer step: gradient_accumulation_steps micro batches, clipping, AdamW.
@@ -51,22 +53,31 @@ class Trainer {
   void predict(const int32_t* inputs, int64_t B, int64_t S, int32_t* argmax);
   // Forward only, for tests: logits [B, S, V] and the loss of one micro batch.
   std::vector<float> logits(const int32_t* inputs, int64_t B, int64_t S);
-  // Runs the joint graph once on one micro batch; returns its loss and fills `grads`
-  // (one vector per parameter), for tests.
+  // Runs the joint graph once on one micro batch (one process, no sequence parallelism);
+  // returns its loss and fills `grads` (one vector per parameter), for tests.
   double loss_and_grads(const int32_t* inputs, const int32_t* labels,
                         std::vector<std::vector<float>>& grads);
 
   const ModelState& state() const { return state_; }
+  // The full state for a checkpoint (under ZeRO-1 a collective: every rank calls it).
+  const ModelState& gather_state();
+  const ProcessGroups& groups() const { return *groups_; }
   const Graph& joint_graph() const { return joint_; }
   const models::LlamaConfig& model() const { return model_; }
 
  private:
   void bind_parameters(CpuExecutor& ex) const;
+  void load_micro_batch(const DataSource& data, int64_t step, int64_t micro);
 
   models::LlamaConfig model_;
   TrainConfig config_;
   int64_t seq_len_, micro_batch_;
   ModelState state_;
+  ProcessGroups own_groups_;  // single-rank groups when none are given
+  ProcessGroups* groups_;
+  std::unique_ptr<class ShardedAdamW> optimizer_;
+  int64_t local_len_ = 0;     // this rank's slice of the sequence (autosp SequenceSplit)
+  std::vector<int32_t> sample_inputs_, sample_labels_;
   Graph joint_;
   HeapAllocator allocator_;
   std::unique_ptr<CpuExecutor> executor_;

@@ -1,0 +1,47 @@
+// Collective communication among the ranks of one group. autosp uses three groups
+// (DESIGN.md): the world (DP x SP ranks), sequence-parallel groups of SP consecutive ranks
+// (group = rank / SP) and data-parallel groups taking one rank of each SP group.
+//
+// Every call is collective over the group: all its ranks call it, in the same order, with
+// the same sizes. Buffers are fp32 unless the name says otherwise. Implementations: a
+// single-rank one (a group of one: copies) and MPI (mpi_communicator.h).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace autosp {
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;  // in this group
+  virtual int size() const = 0;
+
+  // data[i] = sum over ranks of data[i], in place.
+  virtual void all_reduce_sum(float* data, int64_t n) = 0;
+  virtual void all_reduce_sum(double* data, int64_t n) = 0;
+  // send holds size() chunks of `chunk` elements; chunk p goes to rank p, and recv's chunk
+  // p comes from rank p.
+  virtual void all_to_all(const float* send, float* recv, int64_t chunk) = 0;
+  // recv (size() * n) = every rank's send (n), in rank order.
+  virtual void all_gather(const float* send, float* recv, int64_t n) = 0;
+  // recv (n) = sum over ranks of their send's chunk number rank() (send has size() * n).
+  virtual void reduce_scatter_sum(const float* send, float* recv, int64_t n) = 0;
+  // bytes from rank `root` to every rank.
+  virtual void broadcast(void* data, int64_t bytes, int root) = 0;
+  virtual void barrier() = 0;
+};
+
+// A group of one: collectives are copies.
+std::unique_ptr<Communicator> make_single_communicator();
+
+// The process's groups for a world of `world.size()` ranks split into SP groups of
+// `sp_size` consecutive ranks. `world.size() % sp_size == 0` is checked by the caller.
+struct ProcessGroups {
+  std::unique_ptr<Communicator> world, sp, dp;
+  int sp_size = 1, dp_size = 1;
+  int sp_rank = 0, dp_rank = 0;  // this rank's index in its SP group and its DP group
+};
+
+}  // namespace autosp

@@ -1,0 +1,176 @@
+// Collectives as ops: each names its group ("sp", "dp" or "world") and the group's size,
+// so its shape rule is static. Their gradients are collectives again.
+#include <algorithm>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "kernels/cpu/basic.h"
+#include "ops/op.h"
+
+namespace autosp {
+
+namespace {
+
+void check_group(const Attrs& attrs) {
+  require(attrs.has("group"), "needs a 'group' attribute (sp, dp or world)");
+  const std::string& g = attrs.get_str("group");
+  require(g == "sp" || g == "dp" || g == "world", "unknown group '", g, "'");
+  require(attrs.has("size") && attrs.get_int("size") >= 1, "needs the group's 'size' (>= 1)");
+}
+
+int64_t dim_of(const Attrs& attrs, const char* key, const TensorType& t) {
+  require(attrs.has(key), "needs '", key, "'");
+  const int64_t d = attrs.get_int(key);
+  require(d >= 0 && d < static_cast<int64_t>(t.shape.size()), key, "=", d, " is out of range for ",
+          type_str(t));
+  return d;
+}
+
+// [outer, dim, inner] around `dim`.
+struct Slab {
+  int64_t outer = 1, len = 1, inner = 1;
+};
+Slab slab_of(const Shape& s, int64_t dim) {
+  Slab v;
+  v.len = s[dim];
+  for (int64_t i = 0; i < dim; ++i) v.outer *= s[i];
+  for (size_t i = dim + 1; i < s.size(); ++i) v.inner *= s[i];
+  return v;
+}
+
+}  // namespace
+
+// all_to_all(x) {group, size, scatter_dim, gather_dim}: x's scatter dim is cut into `size`
+// blocks, block p goes to rank p; the blocks received are stacked along the gather dim in
+// rank order. Ulysses: [B, S/P, NH, D] -> [B, S, NH/P, D] with scatter 2, gather 1.
+extern const OpDef all_to_all_op = {
+    .num_inputs = 1,
+    .num_outputs = 1,
+    .infer = [](const Types& in, const Attrs& attrs) -> Types {
+      check_group(attrs);
+      require_dtype(in[0], DType::f32, "x");
+      const int64_t P = attrs.get_int("size"), s = dim_of(attrs, "scatter_dim", in[0]),
+                    g = dim_of(attrs, "gather_dim", in[0]);
+      require(s != g, "scatter_dim and gather_dim must differ");
+      require(in[0].shape[s] % P == 0, "scatter dim ", s, " (", in[0].shape[s], ") is not divisible by ", P);
+      Shape out = in[0].shape;
+      out[s] /= P;
+      out[g] *= P;
+      return {{DType::f32, out}};
+    },
+    .cost = [](const Types& in, const Types&, const Attrs& attrs) {
+      const double P = double(attrs.get_int("size"));
+      return Cost{0, double(in[0].bytes()) * (P - 1) / P};
+    },
+    // the inverse exchange
+    .grad = [](GradContext& c) {
+      Attrs a = c.attrs();
+      a.set("scatter_dim", c.attrs().get_int("gather_dim"));
+      a.set("gather_dim", c.attrs().get_int("scatter_dim"));
+      c.din[0] = c.b.emit1(OpKind::all_to_all, {c.dout[0]}, a);
+    },
+    .cpu = [](const KernelArgs& a) {
+      const int64_t P = a.attrs->get_int("size");
+      const int64_t s = a.attrs->get_int("scatter_dim"), g = a.attrs->get_int("gather_dim");
+      const int64_t chunk = a.in_numel(0) / P;
+      float* send = static_cast<float*>(a.workspace);
+      float* recv = send + a.in_numel(0);
+      const Slab xs = slab_of(a.in_shape(0), s);
+      const int64_t c = xs.len / P;
+      for (int64_t p = 0; p < P; ++p)
+        cpu::copy_slab(a.in(0), xs.outer, xs.len, p * c, xs.inner, c, send + p * chunk, c, 0);
+      a.comm->all_to_all(send, recv, chunk);
+      // A received block has x's shape with the scatter dim cut to c; it fills slab p of the
+      // gather dim.
+      Shape block = a.in_shape(0);
+      block[s] = c;
+      const Slab bs = slab_of(block, g);
+      for (int64_t p = 0; p < P; ++p)
+        cpu::copy_slab(recv + p * chunk, bs.outer, bs.len, 0, bs.inner, bs.len, a.out(0), bs.len * P, p * bs.len);
+    },
+    .cpu_workspace_bytes = [](const Types& in, const Attrs&, int) -> int64_t { return 2 * in[0].bytes(); },
+};
+
+// all_reduce(x) {group, size}: the sum over the group, on every rank.
+extern const OpDef all_reduce_op = {
+    .num_inputs = 1,
+    .num_outputs = 1,
+    .infer = [](const Types& in, const Attrs& attrs) -> Types {
+      check_group(attrs);
+      require_dtype(in[0], DType::f32, "x");
+      return {in[0]};
+    },
+    .cost = [](const Types& in, const Types&, const Attrs& attrs) {
+      const double P = double(attrs.get_int("size"));
+      return Cost{double(numel(in[0].shape)), 2 * double(in[0].bytes()) * (P - 1) / P};
+    },
+    // y = sum_r x_r feeds every rank's part of the loss: dx = sum_r dy_r
+    .grad = [](GradContext& c) { c.din[0] = c.b.emit1(OpKind::all_reduce, {c.dout[0]}, c.attrs()); },
+    .cpu = [](const KernelArgs& a) {
+      if (a.out(0) != a.in(0)) std::copy(a.in(0), a.in(0) + a.in_numel(0), a.out(0));
+      a.comm->all_reduce_sum(a.out(0), a.out_numel(0));
+    },
+};
+
+// all_gather(x) {group, size, dim}: the group's x stacked along dim in rank order.
+extern const OpDef all_gather_op = {
+    .num_inputs = 1,
+    .num_outputs = 1,
+    .infer = [](const Types& in, const Attrs& attrs) -> Types {
+      check_group(attrs);
+      require_dtype(in[0], DType::f32, "x");
+      Shape out = in[0].shape;
+      out[dim_of(attrs, "dim", in[0])] *= attrs.get_int("size");
+      return {{DType::f32, out}};
+    },
+    .cost = [](const Types&, const Types& out, const Attrs& attrs) {
+      const double P = double(attrs.get_int("size"));
+      return Cost{0, double(out[0].bytes()) * (P - 1) / P};
+    },
+    .grad = [](GradContext& c) { c.din[0] = c.b.emit1(OpKind::reduce_scatter, {c.dout[0]}, c.attrs()); },
+    .cpu = [](const KernelArgs& a) {
+      const int64_t P = a.attrs->get_int("size"), d = a.attrs->get_int("dim");
+      float* recv = static_cast<float*>(a.workspace);
+      a.comm->all_gather(a.in(0), recv, a.in_numel(0));
+      const Slab xs = slab_of(a.in_shape(0), d);
+      for (int64_t p = 0; p < P; ++p)
+        cpu::copy_slab(recv + p * a.in_numel(0), xs.outer, xs.len, 0, xs.inner, xs.len, a.out(0), xs.len * P,
+                       p * xs.len);
+    },
+    .cpu_workspace_bytes = [](const Types& in, const Attrs& attrs, int) -> int64_t {
+      return in[0].bytes() * attrs.get_int("size");
+    },
+};
+
+// reduce_scatter(x) {group, size, dim}: the sum over the group, cut along dim; rank r keeps
+// block r.
+extern const OpDef reduce_scatter_op = {
+    .num_inputs = 1,
+    .num_outputs = 1,
+    .infer = [](const Types& in, const Attrs& attrs) -> Types {
+      check_group(attrs);
+      require_dtype(in[0], DType::f32, "x");
+      const int64_t d = dim_of(attrs, "dim", in[0]), P = attrs.get_int("size");
+      require(in[0].shape[d] % P == 0, "dim ", d, " (", in[0].shape[d], ") is not divisible by ", P);
+      Shape out = in[0].shape;
+      out[d] /= P;
+      return {{DType::f32, out}};
+    },
+    .cost = [](const Types& in, const Types&, const Attrs& attrs) {
+      const double P = double(attrs.get_int("size"));
+      return Cost{double(numel(in[0].shape)), double(in[0].bytes()) * (P - 1) / P};
+    },
+    .grad = [](GradContext& c) { c.din[0] = c.b.emit1(OpKind::all_gather, {c.dout[0]}, c.attrs()); },
+    .cpu = [](const KernelArgs& a) {
+      const int64_t P = a.attrs->get_int("size"), d = a.attrs->get_int("dim");
+      float* send = static_cast<float*>(a.workspace);
+      const Slab xs = slab_of(a.in_shape(0), d);
+      const int64_t c = xs.len / P, chunk = a.out_numel(0);
+      for (int64_t p = 0; p < P; ++p)
+        cpu::copy_slab(a.in(0), xs.outer, xs.len, p * c, xs.inner, c, send + p * chunk, c, 0);
+      a.comm->reduce_scatter_sum(send, a.out(0), chunk);
+    },
+    .cpu_workspace_bytes = [](const Types& in, const Attrs&, int) -> int64_t { return in[0].bytes(); },
+};
+
+}  // namespace autosp

@@ -1,0 +1,168 @@
+#include "passes/autosp.h"
+
+#include "ops/op.h"
+
+namespace autosp {
+
+SequenceSplit split_sequence(int64_t S, int64_t P) {
+  AUTOSP_CHECK(S > 0 && P > 0, "S=", S, " P=", P);
+  const int64_t local = (S + P - 1) / P;
+  return {S, local, local * P};
+}
+
+namespace {
+
+bool is_sequence_role(Role r) {
+  return r == Role::tokens || r == Role::labels || r == Role::positions || r == Role::mask;
+}
+
+class AutospPass {
+ public:
+  AutospPass(const Graph& forward, int64_t P) : fwd_(forward), P_(P), b_(g_), map_(forward.values().size(), -1) {}
+
+  Graph run() {
+    find_sequence_length();
+    for (NodeId n = 0; n < static_cast<NodeId>(fwd_.nodes().size()); ++n) {
+      const Node& node = fwd_.node(n);
+      if (node.op == OpKind::input) add_input(node);
+      else if (node.op == OpKind::attention) add_attention(n, node);
+      else add_op(n, node);
+    }
+    for (const GraphOutput& o : fwd_.outputs()) g_.add_output(o.name, map_[o.value]);
+    verify(g_);
+    return std::move(g_);
+  }
+
+ private:
+  void find_sequence_length() {
+    for (ValueId v : fwd_.inputs()) {
+      if (!is_sequence_role(fwd_.role(v))) continue;
+      const Shape& s = fwd_.shape(v);
+      if (s.size() < 2)
+        user_error("autosp: sequence input '", fwd_.value(v).name, "' must be [B, S, ...], got ", shape_str(s));
+      if (split_.global && s[1] != split_.global)
+        user_error("autosp: sequence inputs disagree on S (", split_.global, " vs ", s[1], " for '",
+                   fwd_.value(v).name, "')");
+      split_ = split_sequence(s[1], P_);
+    }
+    if (!split_.global) user_error("autosp: the graph has no sequence input (tokens, labels, positions, mask)");
+  }
+
+  ValueId emit1(OpKind op, std::vector<ValueId> ins, Attrs attrs, Sharding sharding) {
+    ValueId v = b_.emit1(op, std::move(ins), std::move(attrs));
+    g_.mutable_value(v).sharding = sharding;
+    return v;
+  }
+
+  ValueId all_to_all(ValueId x, int64_t scatter_dim, int64_t gather_dim) {
+    return emit1(OpKind::all_to_all, {x},
+                 {{"group", std::string("sp")}, {"size", P_}, {"scatter_dim", scatter_dim}, {"gather_dim", gather_dim}},
+                 shard(static_cast<int>(gather_dim == 1 ? scatter_dim : 1)));
+  }
+
+  void add_input(const Node& node) {
+    const ValueId v = node.outputs[0];
+    const Role role = fwd_.role(v);
+    TensorType type = fwd_.type(v);
+    if (is_sequence_role(role)) type.shape[1] = split_.local;
+    map_[v] = g_.add_input(role, type, fwd_.value(v).name);
+    g_.mutable_value(map_[v]).sharding = is_sequence_role(role) ? shard(1) : replicated();
+  }
+
+  // Ulysses: exchange q, k, v to head shards, attend over the whole sequence, exchange back.
+  void add_attention(NodeId n, const Node& node) {
+    ValueId q = map_[node.inputs[0]], k = map_[node.inputs[1]], v = map_[node.inputs[2]];
+    const Sharding qs = g_.value(q).sharding;
+    if (!(qs == shard(1) && g_.value(k).sharding == qs && g_.value(v).sharding == qs)) {
+      add_op(n, node);  // not sequence-sharded: the op's own rule decides
+      return;
+    }
+    const int64_t NH = g_.shape(q)[2], NKV = g_.shape(k)[2];
+    if (NH % P_ != 0)
+      user_error("autosp: attention (node ", n, ") has NH=", NH, " query heads, not divisible by "
+                 "sequence_parallel_size P=", P_, "; each rank attends over NH/P heads");
+    if (NKV % P_ != 0) {
+      if (P_ % NKV != 0)
+        user_error("autosp: attention (node ", n, ") has NKV=", NKV, " kv heads; with sequence_parallel_size P=",
+                   P_, " they can neither be split (NKV % P != 0) nor repeated (P % NKV != 0)");
+      k = repeat_heads(k, P_ / NKV);
+      v = repeat_heads(v, P_ / NKV);
+    }
+    q = all_to_all(q, 2, 1);
+    k = all_to_all(k, 2, 1);
+    v = all_to_all(v, 2, 1);
+    auto outs = b_.emit(OpKind::attention, {q, k, v}, node.attrs);
+    g_.mutable_value(outs[0]).sharding = shard(2);
+    g_.mutable_value(outs[1]).sharding = shard(1);  // lse [B, NH, S]: its head dim
+    map_[node.outputs[0]] = all_to_all(outs[0], 1, 2);
+    map_[node.outputs[1]] = outs[1];
+  }
+
+  // [B, s, NKV, D] -> [B, s, NKV * r, D], each kv head repeated r times in place, so query
+  // head h still reads (a copy of) kv head h / (NH / NKV).
+  ValueId repeat_heads(ValueId x, int64_t r) {
+    const Shape s = g_.shape(x);
+    ValueId x5 = emit1(OpKind::reshape, {x}, {{"shape", Shape{s[0], s[1], s[2], 1, s[3]}}}, shard(1));
+    ValueId copies = emit1(OpKind::concat, std::vector<ValueId>(r, x5), {{"dim", int64_t{3}}}, shard(1));
+    return emit1(OpKind::reshape, {copies}, {{"shape", Shape{s[0], s[1], s[2] * r, s[3]}}}, shard(1));
+  }
+
+  void add_op(NodeId n, const Node& node) {
+    const OpDef& def = op_def(node.op);
+    std::vector<ValueId> ins;
+    Shardings in_shardings;
+    Types global_types;
+    for (size_t i = 0; i < node.inputs.size(); ++i) {
+      ValueId x = map_[node.inputs[i]];
+      // A loss divisor is needed whole: sum this rank's count with the group's.
+      if (node.op == OpKind::div_scalar && i == 1 && is_partial(g_.value(x).sharding))
+        x = emit1(OpKind::all_reduce, {x}, {{"group", std::string("sp")}, {"size", P_}}, replicated());
+      ins.push_back(x);
+      in_shardings.push_back(g_.value(x).sharding);
+      global_types.push_back(fwd_.type(node.inputs[i]));
+    }
+    if (!def.shard)
+      user_error("autosp: ", op_name(node.op), " (node ", n, ") has no sequence-sharding rule");
+    Shardings out;
+    try {
+      out = def.shard(in_shardings, global_types, node.attrs);
+    } catch (const ShapeError& e) {
+      user_error("autosp: cannot shard ", op_name(node.op), " (node ", n, ") with operands ",
+                 shardings_str(in_shardings), ": ", e.what());
+    }
+    Attrs attrs = node.attrs;
+    if (node.op == OpKind::reshape && is_shard(out[0])) {
+      Shape shape = attrs.get_ints("shape");
+      shape[out[0].dim] = g_.shape(ins[0])[in_shardings[0].dim];  // the local length
+      attrs.set("shape", shape);
+    }
+    auto results = b_.emit(node.op, ins, attrs);
+    for (size_t i = 0; i < results.size(); ++i) {
+      g_.mutable_value(results[i]).sharding = out.size() == 1 ? out[0] : out.at(i);
+      map_[node.outputs[i]] = results[i];
+    }
+  }
+
+  static std::string shardings_str(const Shardings& s) {
+    std::string out;
+    for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + sharding_str(s[i]);
+    return out;
+  }
+
+  const Graph& fwd_;
+  const int64_t P_;
+  Graph g_;
+  GraphBuilder b_;
+  std::vector<ValueId> map_;
+  SequenceSplit split_;
+};
+
+}  // namespace
+
+Graph autosp(const Graph& forward, const AutospOptions& options) {
+  if (options.sp_size == 1) return forward;
+  if (options.sp_size < 1) user_error("sequence_parallel_size must be >= 1, got ", options.sp_size);
+  return AutospPass(forward, options.sp_size).run();
+}
+
+}  // namespace autosp

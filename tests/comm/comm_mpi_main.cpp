@@ -1,0 +1,438 @@
+// comm_mpi_main: MpiCommunicator and MpiRuntime on a real MPI job (not a gtest binary:
+// it must be started by mpirun, once per rank).
+//
+//   mpirun -np 4 --oversubscribe comm_mpi_main      (also -np 2 and -np 1)
+//     Checks every collective on the world, the SP groups (sequence_parallel_size 1, 2, 4
+//     where they divide the world) and the DP groups, at odd sizes and 0, both in single
+//     MPI calls and split into many (a max_call_bytes of a few bytes), against values each
+//     rank computes locally: send buffers are a function of (world rank, index), so every
+//     rank knows what every other rank sent. Also group membership, error handling and
+//     check_same_on_all_ranks. Rank 0 prints one line per check and a summary; failing ranks
+//     print what differed. Exit status 1 on any failure, on every rank.
+//
+//   mpirun -np 4 --oversubscribe comm_mpi_main --die-rank 1 [--die-how abort|exit|finalize]
+//     Rank 1 fails (throws) while the others wait in a world all-reduce for it. With `abort`
+//     (the default, what autosp's main does) the rank calls MpiRuntime::abort_all and the job
+//     must end within seconds with a non-zero status. `exit` (_Exit(1) without MPI_Finalize)
+//     and `finalize` (return from main, so MPI_Finalize) show what happens without it.
+//     Seen with OpenMPI 4.1.4, -np 2 and 4: abort ends the job in ~0.6 s, mpirun exit 1;
+//     exit in ~1.5 s, exit 1 (mpirun kills a job whose rank exits non-zero); finalize HANGS
+//     (MPI_Finalize waits for ranks that wait in the all-reduce): never ship that path.
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "comm/mpi_communicator.h"
+#include "util/error.h"
+
+namespace {
+
+using autosp::Communicator;
+using autosp::MpiCommunicator;
+using autosp::MpiRuntime;
+using autosp::str;
+
+// What a check found wrong on this rank; empty when nothing.
+using Finding = std::string;
+
+class Checker {
+ public:
+  explicit Checker(const MpiRuntime& mpi) : mpi_(mpi), rank_(mpi.world_rank()) {}
+
+  // Runs `check` on every rank (it makes the same collective calls on every rank, whatever
+  // it finds), then agrees with the other ranks whether it passed everywhere. An unexpected
+  // exception may leave other ranks waiting in a collective, so it ends the job.
+  void run(const std::string& name, const std::function<Finding()>& check) {
+    Finding finding;
+    try {
+      finding = check();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "[rank %d] FAIL %s: threw: %s\n", rank_, name.c_str(), e.what());
+      mpi_.abort_all(1);
+    }
+    if (!finding.empty()) std::fprintf(stderr, "[rank %d] FAIL %s: %s\n", rank_, name.c_str(),
+                                       finding.c_str());
+    int bad = finding.empty() ? 0 : 1, ranks_bad = 0;
+    autosp::check_mpi(MPI_Allreduce(&bad, &ranks_bad, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD),
+                      "MPI_Allreduce", "MPI_COMM_WORLD (test bookkeeping)");
+    ++checks_;
+    if (ranks_bad > 0) ++failed_;
+    if (rank_ == 0) {
+      if (ranks_bad == 0) std::printf("PASS %s\n", name.c_str());
+      else std::printf("FAIL %s (on %d ranks)\n", name.c_str(), ranks_bad);
+      std::fflush(stdout);
+    }
+  }
+  int checks() const { return checks_; }
+  int failed() const { return failed_; }
+
+ private:
+  const MpiRuntime& mpi_;
+  int rank_;
+  int checks_ = 0, failed_ = 0;
+};
+
+// Values every rank can compute for any rank. All are integers (or quarters) small enough
+// that float and double sums of a few ranks are exact, whatever the summation order.
+float reduce_value(int wr, int64_t i) { return static_cast<float>((wr + 1) * (i % 251 + 1)); }
+double reduce_value_d(int wr, int64_t i) { return (wr + 1) * 0.25 + static_cast<double>(i); }
+float a2a_value(int wr, int dest, int64_t j) {  // what world rank wr sends group rank dest
+  return static_cast<float>(wr * 1000000 + dest * 100000 + j % 100000);
+}
+float gather_value(int wr, int64_t j) { return static_cast<float>(wr * 1000000 + j % 1000000); }
+float scatter_value(int wr, int dest, int64_t j) {
+  return static_cast<float>((wr + 1) * 1000 + dest * 10 + j % 7);
+}
+unsigned char byte_value(int root_wr, int64_t i) {
+  return static_cast<unsigned char>((root_wr * 31 + i * 7 + 1) & 0xff);
+}
+
+template <typename T>
+Finding first_mismatch(const char* what, int64_t n, const std::vector<T>& got,
+                       const std::function<T(int64_t)>& want) {
+  for (int64_t i = 0; i < static_cast<int64_t>(got.size()); ++i) {
+    if (got[static_cast<size_t>(i)] != want(i))
+      return str(what, " n=", n, ": element ", i, " is ", +got[static_cast<size_t>(i)],
+                 ", expected ", +want(i));
+  }
+  return {};
+}
+
+// A group under test and what it should be: `members[g]` is the world rank of group rank g.
+struct Group {
+  std::string label;  // "world", "sp(P=2)", "dp(P=2)"
+  Communicator* comm;
+  std::vector<int> members;
+  int me;  // this process's world rank
+  int my_group_rank() const {
+    for (size_t g = 0; g < members.size(); ++g)
+      if (members[g] == me) return static_cast<int>(g);
+    return -1;
+  }
+};
+
+Finding check_all_reduce_float(Group& g, const std::vector<int64_t>& sizes) {
+  Finding first;  // the first mismatch; later calls still run, as on the other ranks
+  for (int64_t n : sizes) {
+    std::vector<float> data(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) data[static_cast<size_t>(i)] = reduce_value(g.me, i);
+    g.comm->all_reduce_sum(data.data(), n);
+    Finding f = first_mismatch<float>("all_reduce_sum<float>", n, data, [&](int64_t i) {
+      float sum = 0;
+      for (int wr : g.members) sum += reduce_value(wr, i);
+      return sum;
+    });
+    if (first.empty()) first = f;
+  }
+  return first;
+}
+
+Finding check_all_reduce_double(Group& g, const std::vector<int64_t>& sizes) {
+  Finding first;  // the first mismatch; later calls still run, as on the other ranks
+  for (int64_t n : sizes) {
+    std::vector<double> data(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) data[static_cast<size_t>(i)] = reduce_value_d(g.me, i);
+    g.comm->all_reduce_sum(data.data(), n);
+    Finding f = first_mismatch<double>("all_reduce_sum<double>", n, data, [&](int64_t i) {
+      double sum = 0;
+      for (int wr : g.members) sum += reduce_value_d(wr, i);
+      return sum;
+    });
+    if (first.empty()) first = f;
+  }
+  return first;
+}
+
+// Replicated parameters stay replicated only if every rank gets the same bits from an
+// all-reduce of inexact values, not merely close ones.
+Finding check_all_reduce_same_bits(Group& g, const std::vector<int64_t>& sizes) {
+  Finding first;  // the first mismatch; later calls still run, as on the other ranks
+  const int P = static_cast<int>(g.members.size());
+  for (int64_t n : sizes) {
+    std::vector<float> data(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i)
+      data[static_cast<size_t>(i)] = static_cast<float>(std::sin(g.me * 1000.0 + i) / 3.0);
+    g.comm->all_reduce_sum(data.data(), n);
+    std::vector<float> all(static_cast<size_t>(P * n));
+    g.comm->all_gather(data.data(), all.data(), n);
+    for (int p = 0; p < P; ++p) {
+      if (n > 0 && std::memcmp(all.data() + p * n, data.data(), n * sizeof(float)) != 0 &&
+          first.empty())
+        first = str("all_reduce_sum<float> n=", n, ": group rank ", p,
+                   " got different bits from this rank");
+    }
+  }
+  return first;
+}
+
+Finding check_all_to_all(Group& g, const std::vector<int64_t>& sizes) {
+  Finding first;  // the first mismatch; later calls still run, as on the other ranks
+  const int P = static_cast<int>(g.members.size()), me = g.my_group_rank();
+  for (int64_t chunk : sizes) {
+    std::vector<float> send(static_cast<size_t>(P * chunk)), recv(send.size(), -1.0f);
+    for (int p = 0; p < P; ++p)
+      for (int64_t j = 0; j < chunk; ++j)
+        send[static_cast<size_t>(p * chunk + j)] = a2a_value(g.me, p, j);
+    g.comm->all_to_all(send.data(), recv.data(), chunk);
+    Finding f = first_mismatch<float>("all_to_all", chunk, recv, [&](int64_t i) {
+      return a2a_value(g.members[static_cast<size_t>(i / chunk)], me, i % chunk);
+    });
+    if (first.empty()) first = f;
+  }
+  return first;
+}
+
+Finding check_all_gather(Group& g, const std::vector<int64_t>& sizes) {
+  Finding first;  // the first mismatch; later calls still run, as on the other ranks
+  const int P = static_cast<int>(g.members.size());
+  for (int64_t n : sizes) {
+    std::vector<float> send(static_cast<size_t>(n)), recv(static_cast<size_t>(P * n), -1.0f);
+    for (int64_t j = 0; j < n; ++j) send[static_cast<size_t>(j)] = gather_value(g.me, j);
+    g.comm->all_gather(send.data(), recv.data(), n);
+    Finding f = first_mismatch<float>("all_gather", n, recv, [&](int64_t i) {
+      return gather_value(g.members[static_cast<size_t>(i / n)], i % n);
+    });
+    if (first.empty()) first = f;
+  }
+  return first;
+}
+
+Finding check_reduce_scatter(Group& g, const std::vector<int64_t>& sizes) {
+  Finding first;  // the first mismatch; later calls still run, as on the other ranks
+  const int P = static_cast<int>(g.members.size()), me = g.my_group_rank();
+  for (int64_t n : sizes) {
+    std::vector<float> send(static_cast<size_t>(P * n)), recv(static_cast<size_t>(n), -1.0f);
+    for (int p = 0; p < P; ++p)
+      for (int64_t j = 0; j < n; ++j)
+        send[static_cast<size_t>(p * n + j)] = scatter_value(g.me, p, j);
+    g.comm->reduce_scatter_sum(send.data(), recv.data(), n);
+    Finding f = first_mismatch<float>("reduce_scatter_sum", n, recv, [&](int64_t j) {
+      float sum = 0;
+      for (int wr : g.members) sum += scatter_value(wr, me, j);
+      return sum;
+    });
+    if (first.empty()) first = f;
+  }
+  return first;
+}
+
+Finding check_broadcast(Group& g, const std::vector<int64_t>& sizes) {
+  Finding first;  // the first mismatch; later calls still run, as on the other ranks
+  const int P = static_cast<int>(g.members.size()), me = g.my_group_rank();
+  for (int root = 0; root < P; ++root) {
+    for (int64_t bytes : sizes) {
+      std::vector<unsigned char> data(static_cast<size_t>(bytes), 0xEE);
+      if (me == root)
+        for (int64_t i = 0; i < bytes; ++i) data[static_cast<size_t>(i)] = byte_value(g.me, i);
+      g.comm->broadcast(data.data(), bytes, root);
+      Finding f = first_mismatch<unsigned char>(
+          str("broadcast root ", root).c_str(), bytes, data,
+          [&](int64_t i) { return byte_value(g.members[static_cast<size_t>(root)], i); });
+      if (first.empty()) first = f;
+    }
+  }
+  return first;
+}
+
+// Size, rank and the world ranks of the members, as the group itself reports them.
+Finding check_membership(Group& g) {
+  const int P = static_cast<int>(g.members.size()), size = g.comm->size();
+  float mine = static_cast<float>(g.me);
+  std::vector<float> all(static_cast<size_t>(size));
+  g.comm->all_gather(&mine, all.data(), 1);  // before any verdict: every rank makes the call
+  if (size != P) return str("size ", size, ", expected ", P);
+  if (g.comm->rank() != g.my_group_rank())
+    return str("rank ", g.comm->rank(), ", expected ", g.my_group_rank());
+  for (int p = 0; p < P; ++p)
+    if (all[static_cast<size_t>(p)] != static_cast<float>(g.members[static_cast<size_t>(p)]))
+      return str("group rank ", p, " is world rank ", all[static_cast<size_t>(p)], ", expected ",
+                 g.members[static_cast<size_t>(p)]);
+  return {};
+}
+
+// A failing MPI call on the group comes back as MpiError naming the call and the group
+// (so MPI_ERRORS_RETURN is set on it: MPI's default would abort the job instead).
+Finding check_error_handling(Group& g) {
+  auto* mpi = dynamic_cast<MpiCommunicator*>(g.comm);
+  if (mpi == nullptr) return "not an MpiCommunicator";
+  char byte = 0;
+  const int rc = MPI_Bcast(&byte, -1, MPI_BYTE, 0, mpi->comm());  // a negative count: local error
+  if (rc == MPI_SUCCESS) return "MPI_Bcast with count -1 succeeded (is MPI parameter checking off?)";
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  autosp::check_mpi(MPI_Error_string(rc, text, &len), "MPI_Error_string", "test");
+  try {
+    autosp::check_mpi(rc, "MPI_Bcast", mpi->name());
+  } catch (const autosp::MpiError& e) {
+    const std::string what = e.what();
+    for (const std::string& part : {std::string("MPI_Bcast failed on "), mpi->name(),
+                                    std::string(text, static_cast<size_t>(len))})
+      if (what.find(part) == std::string::npos) return str("message lacks '", part, "': ", what);
+    return {};
+  }
+  return "check_mpi did not throw";
+}
+
+void check_group(Checker& checker, Group& g, int64_t max_call_bytes) {
+  auto* mpi = dynamic_cast<MpiCommunicator*>(g.comm);
+  const bool split = max_call_bytes != MpiCommunicator::kDefaultMaxCallBytes;
+  if (mpi != nullptr) mpi->set_max_call_bytes(max_call_bytes);
+  // Odd sizes and 0; when split, sizes around the 7-float and 3-double call limits.
+  const std::vector<int64_t> sizes =
+      split ? std::vector<int64_t>{0, 1, 2, 3, 4, 6, 7, 8, 13, 14, 15, 50}
+            : std::vector<int64_t>{0, 1, 2, 3, 7, 64, 1000, 4099};
+  const std::vector<int64_t> byte_sizes = split ? std::vector<int64_t>{0, 1, 27, 28, 29, 57, 1001}
+                                                : std::vector<int64_t>{0, 1, 3, 4096, 100003};
+  const std::string at = str(g.label, split ? " split at " + std::to_string(max_call_bytes) +
+                                                  " bytes/call"
+                                            : std::string());
+  if (!split) {
+    checker.run(at + " membership", [&] { return check_membership(g); });
+    checker.run(at + " MPI error -> MpiError", [&] { return check_error_handling(g); });
+  }
+  checker.run(at + " all_reduce_sum<float>", [&] { return check_all_reduce_float(g, sizes); });
+  checker.run(at + " all_reduce_sum<double>", [&] { return check_all_reduce_double(g, sizes); });
+  checker.run(at + " all_reduce_sum same bits on all ranks",
+              [&] { return check_all_reduce_same_bits(g, sizes); });
+  checker.run(at + " all_to_all", [&] { return check_all_to_all(g, sizes); });
+  checker.run(at + " all_gather", [&] { return check_all_gather(g, sizes); });
+  checker.run(at + " reduce_scatter_sum", [&] { return check_reduce_scatter(g, sizes); });
+  checker.run(at + " broadcast", [&] { return check_broadcast(g, byte_sizes); });
+  checker.run(at + " barrier", [&] {
+    g.comm->barrier();
+    return Finding{};
+  });
+  if (mpi != nullptr) mpi->set_max_call_bytes(MpiCommunicator::kDefaultMaxCallBytes);
+}
+
+void check_groups(Checker& checker, const MpiRuntime& mpi, int P) {
+  const int W = mpi.world_size(), me = mpi.world_rank();
+  autosp::ProcessGroups groups;
+  checker.run(str("make_groups(", P, ") fields"), [&]() -> Finding {
+    groups = mpi.make_groups(P);
+    if (groups.sp_size != P || groups.dp_size != W / P || groups.sp_rank != me % P ||
+        groups.dp_rank != me / P)
+      return str("sp_size ", groups.sp_size, " dp_size ", groups.dp_size, " sp_rank ",
+                 groups.sp_rank, " dp_rank ", groups.dp_rank);
+    return {};
+  });
+  // The rule (DESIGN.md): SP group = world rank / P, consecutive; DP group = world rank % P.
+  std::vector<int> all(static_cast<size_t>(W)), sp, dp;
+  for (int r = 0; r < W; ++r) all[static_cast<size_t>(r)] = r;
+  for (int r = (me / P) * P; r < (me / P + 1) * P; ++r) sp.push_back(r);
+  for (int r = me % P; r < W; r += P) dp.push_back(r);
+  Group world{str("world(P=", P, ")"), groups.world.get(), all, me};
+  Group sp_group{str("sp(P=", P, ")"), groups.sp.get(), sp, me};
+  Group dp_group{str("dp(P=", P, ")"), groups.dp.get(), dp, me};
+  for (Group* g : {&world, &sp_group, &dp_group}) {
+    check_group(checker, *g, MpiCommunicator::kDefaultMaxCallBytes);
+    check_group(checker, *g, 28);  // 7 floats, 3 doubles per MPI call
+  }
+}
+
+// Every rank must throw the same UserError (a throw on only some ranks would hang the job).
+Finding expect_user_error(const std::function<void()>& f, const std::string& message) {
+  try {
+    f();
+  } catch (const autosp::UserError& e) {
+    if (std::string(e.what()).find(message) == std::string::npos)
+      return str("UserError '", e.what(), "' lacks '", message, "'");
+    return {};
+  }
+  return str("no UserError (expected '", message, "')");
+}
+
+void check_runtime(Checker& checker, const MpiRuntime& mpi) {
+  const int W = mpi.world_size(), me = mpi.world_rank();
+  checker.run("launched_by_mpirun", [&]() -> Finding {
+    // Only meaningful under a launcher; run alone (singleton MPI) it must say false.
+    return MpiRuntime::launched_by_mpirun() || W == 1 ? Finding{} : "false under mpirun";
+  });
+  for (int P : {W + 1, 0, -1, 3}) {
+    if (P >= 1 && W % P == 0) continue;
+    const std::string message =
+        P < 1 ? str("sequence_parallel_size must be at least 1, got ", P)
+              : str("world size ", W, " is not divisible by sequence_parallel_size ", P);
+    checker.run(str("make_groups(", P, ") is a UserError"), [&] {
+      return expect_user_error([&] { mpi.make_groups(P); }, message);
+    });
+  }
+  checker.run("check_same_on_all_ranks, same value", [&] {
+    mpi.check_same_on_all_ranks("test value", "{\"seq_len\": 8192}");
+    return Finding{};
+  });
+  if (W > 1) {
+    checker.run("check_same_on_all_ranks, rank 1 differs", [&] {
+      return expect_user_error(
+          [&] { mpi.check_same_on_all_ranks("the config file", me == 1 ? "b" : "a"); },
+          "ranks disagree on the config file: world rank 1 differs from rank 0");
+    });
+    checker.run("check_same_on_all_ranks, every rank differs", [&] {
+      return expect_user_error(
+          [&] { mpi.check_same_on_all_ranks("the config file", std::to_string(me)); },
+          W == 2 ? "ranks disagree on the config file: world rank 1 differs from rank 0"
+                 : str("ranks disagree on the config file: world ranks 1, 2", W > 3 ? ", 3" : "",
+                       W > 4 ? "," : " differ from rank 0"));
+    });
+  }
+}
+
+int run_checks(const MpiRuntime& mpi) {
+  Checker checker(mpi);
+  check_runtime(checker, mpi);
+  std::vector<int> sp_sizes = {1, 2, 4};
+  if (mpi.world_size() > 4) sp_sizes.push_back(mpi.world_size());
+  for (int P : sp_sizes)
+    if (mpi.world_size() % P == 0) check_groups(checker, mpi, P);
+  if (mpi.world_rank() == 0) {
+    std::printf("comm_mpi_main: %d checks on %d ranks, %d failed\n", checker.checks(),
+                mpi.world_size(), checker.failed());
+  }
+  return checker.failed() == 0 ? 0 : 1;
+}
+
+// Rank `die_rank` throws while the others wait for it in a world all-reduce.
+void run_until_death(const MpiRuntime& mpi, int die_rank) {
+  auto world = MpiCommunicator::dup(MPI_COMM_WORLD, "world");
+  double x = 1;
+  world->all_reduce_sum(&x, 1);  // everyone is up
+  if (mpi.world_rank() == die_rank)
+    autosp::user_error("injected failure on rank ", die_rank, " (--die-rank)");
+  world->all_reduce_sum(&x, 1);  // the others block here for the rank that died
+  world->barrier();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MpiRuntime mpi(&argc, &argv);
+  int die_rank = -1;
+  std::string die_how = "abort";
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--die-rank" && i + 1 < argc) {
+      die_rank = std::atoi(argv[++i]);
+    } else if (arg == "--die-how" && i + 1 < argc) {
+      die_how = argv[++i];
+    } else {
+      std::fprintf(stderr, "usage: comm_mpi_main [--die-rank R [--die-how abort|exit|finalize]]\n");
+      return 2;
+    }
+  }
+  try {
+    if (die_rank >= 0) {
+      run_until_death(mpi, die_rank);
+      return 0;
+    }
+    return run_checks(mpi);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "[rank %d] error: %s\n", mpi.world_rank(), e.what());
+    if (die_how == "exit") std::_Exit(1);
+    if (die_how == "finalize") return 1;
+    mpi.abort_all(1);
+  }
+}
