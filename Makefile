@@ -15,8 +15,11 @@ $(BUILD)/CMakeCache.txt:
 build: $(BUILD)/CMakeCache.txt
 	cmake --build $(BUILD) -j $(JOBS)
 
+# The built-in default on 2 local MPI ranks, sequence-parallel (SP = 2), one thread each.
+MPIRUN = OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 \
+         mpirun -np 2 --oversubscribe
 demo: deps build
-	$(BUILD)/autosp train
+	$(MPIRUN) $(BUILD)/autosp train
 
 test: deps build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 600

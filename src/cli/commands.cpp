@@ -50,7 +50,8 @@ class MetricsWriter {
               {"lr", s.lr},             {"grad_norm", s.grad_norm},
               {"tokens_per_s", s.tokens_per_s}, {"step_time_s", s.seconds},
               {"peak_bytes", *std::max_element(peaks.begin(), peaks.end())},
-              {"peak_bytes_per_rank", peaks}};
+              {"peak_bytes_per_rank", peaks},
+              {"activation_peak_bytes", s.activation_bytes}};
     out_ << j.dump() << "\n" << std::flush;
     if (!out_) user_error("--metrics ", path_, ": write failed (", std::strerror(errno), ")");
   }

@@ -148,7 +148,8 @@ StepStats Trainer::train_step(const DataSource& data) {
   s.grad_norm = norm;
   s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   s.tokens_per_s = double(g * micro_batch_ * seq_len_ * groups_->dp_size) / s.seconds;
-  s.peak_bytes = allocator_.peak_bytes() + state_.persistent_bytes();
+  s.activation_bytes = allocator_.peak_bytes();
+  s.peak_bytes = s.activation_bytes + state_.persistent_bytes();
   return s;
 }
 

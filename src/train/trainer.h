@@ -34,7 +34,8 @@ struct StepStats {
   int64_t step = 0;  // 1-based number of the optimizer step just taken
   double loss = 0, lr = 0, grad_norm = 0;
   double seconds = 0, tokens_per_s = 0;
-  int64_t peak_bytes = 0;  // activations (allocator peak) + parameters, grads, moments
+  int64_t peak_bytes = 0;        // activations (allocator peak) + parameters, grads, moments
+  int64_t activation_bytes = 0;  // the executor's allocator peak alone
 };
 
 class Trainer {

@@ -1,0 +1,134 @@
+// The autosp pass: the golden per-rank program of a small transformer, the exact set of
+// collectives it inserts (four all_to_all per attention with their dimensions, the one
+// loss-count all_reduce, nothing else), sharding and padding, and its errors.
+#include <gtest/gtest.h>
+
+#include "models/llama.h"
+#include "ops/op.h"
+#include "passes/autodiff.h"
+#include "passes/autosp.h"
+#include "testing/golden.h"
+#include "testing/tiny_block.h"
+
+namespace autosp {
+namespace {
+
+TEST(AutospPass, GoldenTinyTransformerP2) {
+  // NH = 2, NKV = 1 < P = 2: the kv head is repeated; S = 5 pads to 6.
+  Graph g = autosp(testing::tiny_transformer(), {.sp_size = 2});
+  testing::expect_golden(print_graph(g), "autosp_tiny_transformer_p2.ir");
+}
+
+models::LlamaConfig small_llama(int64_t layers, int64_t nh, int64_t nkv) {
+  models::LlamaConfig c;
+  c.vocab_size = 50;
+  c.hidden_size = 8 * nh;
+  c.intermediate_size = 24;
+  c.num_hidden_layers = layers;
+  c.num_attention_heads = nh;
+  c.num_key_value_heads = nkv;
+  c.head_dim = 8;
+  return c;
+}
+
+struct Collective {
+  OpKind op;
+  Attrs attrs;
+};
+
+std::vector<Collective> collectives(const Graph& g) {
+  std::vector<Collective> out;
+  for (const Node& n : g.nodes())
+    if (n.op == OpKind::all_to_all || n.op == OpKind::all_reduce || n.op == OpKind::all_gather ||
+        n.op == OpKind::reduce_scatter)
+      out.push_back({n.op, n.attrs});
+  return out;
+}
+
+TEST(AutospPass, FourAllToAllPerAttentionAndOneLossCountAllReduce) {
+  for (int64_t P : {2, 4}) {
+    SCOPED_TRACE(str("P=", P));
+    const int64_t layers = 3;
+    Graph fwd = models::llama_forward(small_llama(layers, 4, 2), {.batch = 2, .seq_len = 13});
+    Graph g = autosp(fwd, {.sp_size = P});
+    auto cs = collectives(g);
+    ASSERT_EQ(cs.size(), size_t(4 * layers + 1));
+    int a2a = 0;
+    for (const Collective& c : cs) {
+      EXPECT_EQ(c.attrs.get_str("group"), "sp");
+      EXPECT_EQ(c.attrs.get_int("size"), P);
+      if (c.op == OpKind::all_to_all) {
+        // q, k, v: sequence -> heads; then the output: heads -> sequence.
+        const bool back = a2a % 4 == 3;
+        EXPECT_EQ(c.attrs.get_int("scatter_dim"), back ? 1 : 2) << "all_to_all " << a2a;
+        EXPECT_EQ(c.attrs.get_int("gather_dim"), back ? 2 : 1) << "all_to_all " << a2a;
+        ++a2a;
+      } else {
+        EXPECT_EQ(c.op, OpKind::all_reduce);
+      }
+    }
+    EXPECT_EQ(a2a, 4 * layers);
+    // The all_reduce sums the label count, and feeds the loss divisor.
+    for (const Node& n : g.nodes())
+      if (n.op == OpKind::all_reduce) {
+        EXPECT_EQ(g.node(g.value(n.inputs[0]).producer).op, OpKind::count_valid);
+      }
+    EXPECT_EQ(g.value(g.output("loss")).sharding, partial());
+  }
+}
+
+TEST(AutospPass, SplitsSequenceInputsWithPaddingAndKeepsParametersWhole) {
+  Graph fwd = models::llama_forward(small_llama(1, 4, 4), {.batch = 2, .seq_len = 13});
+  Graph g = autosp(fwd, {.sp_size = 4});
+  for (ValueId v : g.inputs()) {
+    const Role r = g.role(v);
+    if (r == Role::parameter) {
+      EXPECT_EQ(g.shape(v), fwd.shape(fwd.find_input(g.value(v).name)));
+      EXPECT_EQ(g.value(v).sharding, replicated());
+    } else {
+      EXPECT_EQ(g.shape(v), (Shape{2, 4})) << g.value(v).name;  // ceil(13 / 4)
+      EXPECT_EQ(g.value(v).sharding, shard(1));
+    }
+  }
+  EXPECT_EQ(split_sequence(13, 4).padded, 16);
+  EXPECT_EQ(split_sequence(13, 4).begin(3), 12);
+}
+
+TEST(AutospPass, TheJointGraphDifferentiatesEachCollectiveIntoItsInverse) {
+  Graph fwd = models::llama_forward(small_llama(1, 4, 2), {.batch = 1, .seq_len = 8});
+  Graph joint = autodiff(autosp(fwd, {.sp_size = 2}));
+  verify(joint);
+  int forward_a2a = 0, total_a2a = 0, all_reduces = 0;
+  for (NodeId n = 0; n < static_cast<NodeId>(joint.nodes().size()); ++n) {
+    const Node& node = joint.node(n);
+    total_a2a += node.op == OpKind::all_to_all;
+    all_reduces += node.op == OpKind::all_reduce;
+  }
+  for (const Node& node : autosp(fwd, {.sp_size = 2}).nodes()) forward_a2a += node.op == OpKind::all_to_all;
+  EXPECT_EQ(total_a2a, 2 * forward_a2a);  // one inverse exchange each
+  EXPECT_EQ(all_reduces, 1);              // the count has no gradient
+}
+
+TEST(AutospPass, OneRankIsTheIdentity) {
+  Graph fwd = testing::tiny_transformer();
+  EXPECT_EQ(print_graph(autosp(fwd, {.sp_size = 1})), print_graph(fwd));
+}
+
+void expect_user_error(const Graph& fwd, int64_t P, const std::string& fragment) {
+  try {
+    autosp(fwd, {.sp_size = P});
+    ADD_FAILURE() << "no error";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
+  }
+}
+
+TEST(AutospPass, HeadCountsThatCannotBeSplitAreClearErrors) {
+  expect_user_error(models::llama_forward(small_llama(1, 6, 6), {.batch = 1, .seq_len = 8}), 4,
+                    "NH=6 query heads, not divisible by sequence_parallel_size P=4");
+  expect_user_error(models::llama_forward(small_llama(1, 12, 3), {.batch = 1, .seq_len = 8}), 4,
+                    "NKV=3 kv heads");
+}
+
+}  // namespace
+}  // namespace autosp
