@@ -159,6 +159,26 @@ class AutospPass {
 
 }  // namespace
 
+SequenceBatch prepare_autosp_inputs(const SequenceBatch& full, int64_t sp_rank, int64_t sp_size) {
+  AUTOSP_CHECK(0 <= sp_rank && sp_rank < sp_size, "rank ", sp_rank, " of ", sp_size);
+  const auto n = static_cast<size_t>(full.B * full.S);
+  AUTOSP_CHECK(full.input_ids.size() == n && full.labels.size() == n && full.position_ids.size() == n,
+               "a batch's tensors must all be [B, S]");
+  const SequenceSplit split = split_sequence(full.S, sp_size);
+  SequenceBatch local{full.B, split.local, {}, {}, {}};
+  constexpr int32_t kIgnore = -100;
+  for (int64_t b = 0; b < full.B; ++b)
+    for (int64_t i = 0; i < split.local; ++i) {
+      const int64_t pos = split.begin(sp_rank) + i;
+      const bool real = pos < full.S;
+      const size_t at = static_cast<size_t>(b * full.S + (real ? pos : 0));
+      local.input_ids.push_back(real ? full.input_ids[at] : 0);
+      local.labels.push_back(real ? full.labels[at] : kIgnore);
+      local.position_ids.push_back(real ? full.position_ids[at] : static_cast<int32_t>(pos));
+    }
+  return local;
+}
+
 Graph autosp(const Graph& forward, const AutospOptions& options) {
   if (options.sp_size == 1) return forward;
   if (options.sp_size < 1) user_error("sequence_parallel_size must be >= 1, got ", options.sp_size);

@@ -30,6 +30,13 @@ class ShardedAdamW {
   // collective: every rank calls it) so a checkpoint can be written.
   void gather_moments(ModelState& state);
 
+  // Bytes this object holds (stage 1: the moment shards and flat scratch; stage 0: none,
+  // the moments live in ModelState).
+  int64_t bytes() const {
+    return 4 * static_cast<int64_t>(flat_.size() + flat_grads_.size() + exp_avg_.size() + exp_avg_sq_.size() +
+                                    grad_shard_.size());
+  }
+
  private:
   TrainConfig config_;
   ProcessGroups& groups_;

@@ -78,8 +78,6 @@ Trainer::Trainer(const models::LlamaConfig& model, const TrainConfig& config, in
   inputs_.resize(n);
   labels_.resize(n);
   positions_.resize(n);
-  sample_inputs_.resize(seq_len_);
-  sample_labels_.resize(seq_len_);
   bind_parameters(*executor_);
   executor_->bind("input_ids", inputs_.data());
   executor_->bind("labels", labels_.data());
@@ -96,18 +94,19 @@ void Trainer::bind_parameters(CpuExecutor& ex) const {
 // the tail past S (when P does not divide S) is padding: token 0, no label.
 void Trainer::load_micro_batch(const DataSource& data, int64_t step, int64_t micro) {
   const int64_t g = config_.gradient_accumulation_steps.value();
-  const int64_t begin = groups_->sp_rank * local_len_;
+  SequenceBatch full{micro_batch_, seq_len_, {}, {}, {}};
+  full.input_ids.resize(micro_batch_ * seq_len_);
+  full.labels.resize(micro_batch_ * seq_len_);
+  full.position_ids.resize(micro_batch_ * seq_len_);
   for (int64_t j = 0; j < micro_batch_; ++j) {
     const int64_t k = io::TokenFile::sample_index(step, micro, g, groups_->dp_rank, groups_->dp_size, j, micro_batch_);
-    data.read_sample(k, seq_len_, sample_inputs_.data(), sample_labels_.data());
-    for (int64_t i = 0; i < local_len_; ++i) {
-      const int64_t pos = begin + i, at = j * local_len_ + i;
-      const bool real = pos < seq_len_;
-      inputs_[at] = real ? sample_inputs_[pos] : 0;
-      labels_[at] = real ? sample_labels_[pos] : kIgnoreLabel;
-      positions_[at] = static_cast<int32_t>(pos);
-    }
+    data.read_sample(k, seq_len_, full.input_ids.data() + j * seq_len_, full.labels.data() + j * seq_len_);
+    for (int64_t i = 0; i < seq_len_; ++i) full.position_ids[j * seq_len_ + i] = static_cast<int32_t>(i);
   }
+  SequenceBatch local = prepare_autosp_inputs(full, groups_->sp_rank, groups_->sp_size);
+  std::copy(local.input_ids.begin(), local.input_ids.end(), inputs_.begin());
+  std::copy(local.labels.begin(), local.labels.end(), labels_.begin());
+  std::copy(local.position_ids.begin(), local.position_ids.end(), positions_.begin());
 }
 
 StepStats Trainer::train_step(const DataSource& data) {
@@ -149,13 +148,19 @@ StepStats Trainer::train_step(const DataSource& data) {
   s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   s.tokens_per_s = double(g * micro_batch_ * seq_len_ * groups_->dp_size) / s.seconds;
   s.activation_bytes = allocator_.peak_bytes();
-  s.peak_bytes = s.activation_bytes + state_.persistent_bytes();
+  s.peak_bytes = s.activation_bytes + state_.persistent_bytes() + optimizer_->bytes();
   return s;
 }
 
 const ModelState& Trainer::gather_state() {
   optimizer_->gather_moments(state_);
   return state_;
+}
+
+void Trainer::release_gathered_state() {
+  if (config_.zero_stage != 1) return;
+  state_.exp_avg.clear();
+  state_.exp_avg_sq.clear();
 }
 
 std::vector<float> Trainer::logits(const int32_t* inputs, int64_t B, int64_t S) {

@@ -60,8 +60,10 @@ class Trainer {
                         std::vector<std::vector<float>>& grads);
 
   const ModelState& state() const { return state_; }
-  // The full state for a checkpoint (under ZeRO-1 a collective: every rank calls it).
+  // The full state for a checkpoint (under ZeRO-1 a collective: every rank calls it, and
+  // release_gathered_state() frees the gathered moments again after saving).
   const ModelState& gather_state();
+  void release_gathered_state();
   const ProcessGroups& groups() const { return *groups_; }
   const Graph& joint_graph() const { return joint_; }
   const models::LlamaConfig& model() const { return model_; }
@@ -78,7 +80,6 @@ class Trainer {
   ProcessGroups* groups_;
   std::unique_ptr<class ShardedAdamW> optimizer_;
   int64_t local_len_ = 0;     // this rank's slice of the sequence (autosp SequenceSplit)
-  std::vector<int32_t> sample_inputs_, sample_labels_;
   Graph joint_;
   HeapAllocator allocator_;
   std::unique_ptr<CpuExecutor> executor_;

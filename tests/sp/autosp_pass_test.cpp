@@ -132,3 +132,25 @@ TEST(AutospPass, HeadCountsThatCannotBeSplitAreClearErrors) {
 
 }  // namespace
 }  // namespace autosp
+
+namespace autosp {
+namespace {
+
+TEST(PrepareAutospInputs, SlicesEachRowAndPadsTheLastRank) {
+  SequenceBatch full{2, 5, {}, {}, {}};
+  for (int b = 0; b < 2; ++b)
+    for (int i = 0; i < 5; ++i) {
+      full.input_ids.push_back(10 * b + i);
+      full.labels.push_back(100 + 10 * b + i);
+      full.position_ids.push_back(i);
+    }
+  SequenceBatch r0 = prepare_autosp_inputs(full, 0, 2), r1 = prepare_autosp_inputs(full, 1, 2);
+  EXPECT_EQ(r0.S, 3);
+  EXPECT_EQ(r0.input_ids, (std::vector<int32_t>{0, 1, 2, 10, 11, 12}));
+  EXPECT_EQ(r1.input_ids, (std::vector<int32_t>{3, 4, 0, 13, 14, 0}));
+  EXPECT_EQ(r1.labels, (std::vector<int32_t>{103, 104, -100, 113, 114, -100}));
+  EXPECT_EQ(r1.position_ids, (std::vector<int32_t>{3, 4, 5, 3, 4, 5}));
+}
+
+}  // namespace
+}  // namespace autosp

@@ -1,0 +1,661 @@
+// Kernel benchmark: every CPU kernel against a baseline measured in the same run, as a
+// ratio (STYLE.md rule 10). Compute-bound kernels (linear, attention) are compared with
+// OpenBLAS sgemm's FLOP/s; memory-bound kernels with a parallel memcpy's bandwidth.
+//
+//   bench_kernels [out.json]          (default bench_kernels.json)
+//
+// Threads: OMP_NUM_THREADS (default all cores); OpenBLAS is set to the same count.
+// OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE are read from the environment, never changed.
+//
+// Before a kernel is timed, its output is checked (finite everywhere; gemm and attention
+// spot rows against double sums; attention at a small size against attention.h's double
+// references), so a broken kernel exits non-zero instead of reporting a fast time.
+// The first (checked) run is also the warm-up; the time reported is the median of the
+// timed repetitions, whose number shrinks for slow cases to keep the run near 2 minutes
+// on 2 cores.
+#include <cblas.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <thread>
+#include <ctime>
+#include <vector>
+
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/basic.h"
+#include "kernels/cpu/fused.h"
+
+namespace {
+
+namespace cpu = autosp::cpu;
+using Clock = std::chrono::steady_clock;
+
+// ---- timing ------------------------------------------------------------------------------
+struct Timing {
+  double median_s, min_s, first_s;
+  int reps;
+  // Process CPU time / (wall time x threads) over the timed runs. Well below 1 means other
+  // processes took the cores and the time is inflated (spinning workers count as busy, so
+  // 1 does not prove the opposite).
+  double cpu_share;
+};
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+double process_cpu_s() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return ts.tv_sec + 1e-9 * ts.tv_nsec;
+}
+
+// Runs `run` once (warm-up), `check`s its output, then times odd-many repetitions: as many
+// as fit in budget_s, at least min_reps, at most max_reps. Finiteness is checked again
+// after timing, so a kernel that goes wrong on a later run cannot hide either.
+// min_reps = 0: when the checked run alone exceeds the budget, it is the one timed run (for
+// the slowest cases, whose buffers and threads an earlier case has already warmed).
+Timing measure(const std::function<void()>& run, const std::function<void()>& check,
+               double budget_s, int min_reps = 3, int max_reps = 15) {
+  auto t0 = Clock::now();
+  double c0 = process_cpu_s();
+  run();
+  const double first = seconds_since(t0);
+  const double first_cpu = process_cpu_s() - c0;
+  check();
+  const int threads = omp_get_max_threads();
+  if (min_reps == 0 && first >= budget_s)
+    return {first, first, first, 1, first_cpu / (first * threads)};
+  int reps = static_cast<int>(budget_s / std::max(first, 1e-9));
+  reps = std::clamp(reps, std::max(min_reps, 1), max_reps);
+  if (reps % 2 == 0) reps = reps > min_reps ? reps - 1 : reps + 1;
+  std::vector<double> t(reps);
+  c0 = process_cpu_s();
+  for (int r = 0; r < reps; ++r) {
+    t0 = Clock::now();
+    run();
+    t[r] = seconds_since(t0);
+  }
+  const double cpu = process_cpu_s() - c0;
+  double wall = 0.0;
+  for (double x : t) wall += x;
+  check();
+  std::sort(t.begin(), t.end());
+  return {t[reps / 2], t[0], first, reps, cpu / (wall * threads)};
+}
+
+// ---- checks ------------------------------------------------------------------------------
+[[noreturn]] void fail(const std::string& what) {
+  std::fprintf(stderr, "bench_kernels: CHECK FAILED: %s\n", what.c_str());
+  std::exit(1);
+}
+
+void check_finite(const std::string& what, const float* x, int64_t n) {
+  int64_t bad = 0;
+#pragma omp parallel for reduction(+ : bad) schedule(static)
+  for (int64_t i = 0; i < n; ++i) bad += !std::isfinite(x[i]);
+  if (bad) fail(what + ": " + std::to_string(bad) + " of " + std::to_string(n) + " not finite");
+}
+
+// max |x - ref| / max |ref|, as in tests/kernels/attention_test.cpp.
+double normalised_max_error(const float* x, const double* ref, int64_t n) {
+  double err = 0.0, scale = 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    err = std::max(err, std::abs(static_cast<double>(x[i]) - ref[i]));
+    scale = std::max(scale, std::abs(ref[i]));
+  }
+  return err / (scale > 1e-12 ? scale : 1.0);
+}
+
+void check_close(const std::string& what, const float* x, const double* ref, int64_t n,
+                 double tol) {
+  const double e = normalised_max_error(x, ref, n);
+  if (!(e <= tol)) fail(what + ": normalised max error " + std::to_string(e) + " > " +
+                        std::to_string(tol));
+}
+
+std::vector<float> random_floats(int64_t n, uint32_t seed, float lo, float hi) {
+  std::vector<float> x(n);
+  // Seeded per chunk so the fill is parallel and still deterministic.
+  const int64_t chunk = 1 << 16;
+#pragma omp parallel for schedule(static)
+  for (int64_t c = 0; c < (n + chunk - 1) / chunk; ++c) {
+    std::mt19937 gen(seed * 7919u + static_cast<uint32_t>(c));
+    std::uniform_real_distribution<float> dist(lo, hi);
+    for (int64_t i = c * chunk; i < std::min(n, (c + 1) * chunk); ++i) x[i] = dist(gen);
+  }
+  return x;
+}
+
+std::vector<int32_t> random_ints(int64_t n, uint32_t seed, int32_t hi) {
+  std::mt19937 gen(seed);
+  std::uniform_int_distribution<int32_t> dist(0, hi - 1);
+  std::vector<int32_t> x(n);
+  for (auto& e : x) e = dist(gen);
+  return x;
+}
+
+// ---- results -----------------------------------------------------------------------------
+struct Row {
+  std::string name, shape;
+  Timing t;
+  double work;           // FLOPs or bytes per call
+  bool flops;            // work counts FLOPs (else bytes read + written)
+  std::string baseline;  // what `vs_baseline` divides by
+  double baseline_rate;  // GFLOP/s or GB/s of that baseline
+  double rate() const { return work / t.median_s * 1e-9; }
+};
+
+// A row's baseline rate; 0 in a row means the run-wide baseline (sgemm 2048 or memcpy mean).
+
+struct Bench {
+  std::vector<Row> rows;
+  // Measured at the start and again at the end; the ratios use the mean of the two, and a
+  // drift between them (other load on the machine) is printed as a warning.
+  double sgemm_gflops = 0.0;  // square 2048, the reference for every "vs sgemm" column
+  double copy_gbs = 0.0;
+  std::vector<double> sgemm_runs, copy_runs;
+
+  double baseline_of(const Row& r) const {
+    if (r.baseline_rate > 0.0) return r.baseline_rate;
+    return r.flops ? sgemm_gflops : copy_gbs;
+  }
+
+  const Row& add(Row r) {
+    rows.push_back(std::move(r));
+    const Row& x = rows.back();
+    std::fprintf(stderr, "  %-26s %-34s %9.2f ms  x%d\n", x.name.c_str(), x.shape.c_str(),
+                 x.t.median_s * 1e3, x.t.reps);
+    return x;
+  }
+};
+
+// Lets the other library's worker threads go to sleep before the next measurement: on a
+// machine with as many cores as threads, OpenBLAS's spinning pthreads and OpenMP's spinning
+// workers otherwise steal cycles from each other.
+void settle() { std::this_thread::sleep_for(std::chrono::milliseconds(200)); }
+
+std::string dims(std::initializer_list<int64_t> d, const char* names) {
+  std::string s;
+  const char* n = names;
+  for (int64_t x : d) {
+    const char* sp = std::strchr(n, ' ');
+    const std::string key = sp ? std::string(n, sp) : std::string(n);
+    s += (s.empty() ? "" : " ") + key + "=" + std::to_string(x);
+    n = sp ? sp + 1 : n;
+  }
+  return s;
+}
+
+// ---- baselines ---------------------------------------------------------------------------
+// C = op(A) op(B) through cblas directly (cpu::gemm is the same call, plus nothing).
+void sgemm(bool trans_b, int64_t M, int64_t N, int64_t K, const float* A, const float* B,
+           float* C) {
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, M, N, K, 1.0f,
+              A, K, B, trans_b ? K : N, 0.0f, C, N);
+}
+
+// A few entries of C against double dot products.
+void check_gemm(const std::string& what, bool trans_b, int64_t M, int64_t N, int64_t K,
+                const float* A, const float* B, const float* C) {
+  check_finite(what, C, M * N);
+  const int64_t picks[][2] = {{0, 0}, {M - 1, N - 1}, {M / 2, N / 3}, {M / 7, N - 2}};
+  for (const auto& p : picks) {
+    double s = 0.0, a = 0.0;
+    for (int64_t k = 0; k < K; ++k) {
+      const double b = trans_b ? B[p[1] * K + k] : B[k * N + p[1]];
+      s += A[p[0] * K + k] * b;
+      a += std::abs(A[p[0] * K + k] * b);
+    }
+    if (std::abs(C[p[0] * N + p[1]] - s) > 1e-5 * a + 1e-6)
+      fail(what + ": C[" + std::to_string(p[0]) + "," + std::to_string(p[1]) + "] = " +
+           std::to_string(C[p[0] * N + p[1]]) + ", expected " + std::to_string(s));
+  }
+}
+
+double mean(const std::vector<double>& x) {
+  double s = 0.0;
+  for (double v : x) s += v;
+  return x.empty() ? 0.0 : s / x.size();
+}
+
+void bench_sgemm_square(Bench& bench, const char* when) {
+  const int64_t n = 2048;
+  const auto A = random_floats(n * n, 1, -1, 1), B = random_floats(n * n, 2, -1, 1);
+  std::vector<float> C(n * n);
+  const Timing t = measure([&] { sgemm(false, n, n, n, A.data(), B.data(), C.data()); },
+                           [&] { check_gemm("sgemm 2048", false, n, n, n, A.data(), B.data(), C.data()); },
+                           2.0, 5);
+  const double work = 2.0 * n * n * n;
+  bench.sgemm_runs.push_back(work / t.median_s * 1e-9);
+  bench.sgemm_gflops = mean(bench.sgemm_runs);
+  bench.add({std::string("sgemm ") + when, "M=N=K=2048 NN", t, work, true, "sgemm 2048", 0.0});
+  settle();
+}
+
+// Parallel memcpy of 256 MiB (far past the last-level cache): bytes read + written.
+void bench_copy(Bench& bench, const char* when) {
+  const int64_t n = int64_t{64} << 20;
+  const auto x = random_floats(n, 3, -1, 1);
+  std::vector<float> y(n);
+  const Timing t = measure(
+      [&] {
+#pragma omp parallel
+        {
+          const int nt = omp_get_num_threads(), id = omp_get_thread_num();
+          const int64_t lo = n * id / nt, hi = n * (id + 1) / nt;
+          std::memcpy(y.data() + lo, x.data() + lo, sizeof(float) * (hi - lo));
+        }
+      },
+      [&] {
+        if (std::memcmp(x.data(), y.data(), sizeof(float) * n) != 0) fail("memcpy baseline");
+      },
+      1.5, 5);
+  const double work = 2.0 * sizeof(float) * n;
+  bench.copy_runs.push_back(work / t.median_s * 1e-9);
+  bench.copy_gbs = mean(bench.copy_runs);
+  bench.add({std::string("memcpy ") + when, "256 MiB, parallel", t, work, false, "memcpy", 0.0});
+}
+
+// ---- linear: y[T, N] = x[T, H] W[N, H]^T ---------------------------------------------------
+void bench_linear(Bench& bench, int64_t T, int64_t H, int64_t N) {
+  const auto x = random_floats(T * H, 4, -1, 1), w = random_floats(N * H, 5, -1, 1);
+  std::vector<float> y(T * N);
+  const double work = 2.0 * T * N * H;
+  const std::string shape = dims({T, H, N}, "T H N") + " trans_b";
+  const Timing tb = measure([&] { sgemm(true, T, N, H, x.data(), w.data(), y.data()); },
+                            [&] { check_gemm("sgemm " + shape, true, T, N, H, x.data(), w.data(), y.data()); },
+                            1.5, 5);
+  const Row& base = bench.add({"sgemm (linear shape)", shape, tb, work, true, "sgemm 2048", 0.0});
+  const double base_rate = base.rate();
+  settle();
+  const Timing t = measure([&] { cpu::gemm(false, true, T, N, H, x.data(), w.data(), y.data()); },
+                           [&] { check_gemm("linear " + shape, true, T, N, H, x.data(), w.data(), y.data()); },
+                           1.5, 5);
+  bench.add({"linear (cpu::gemm)", shape, t, work, true, "sgemm same shape", base_rate});
+  settle();
+}
+
+// ---- attention ---------------------------------------------------------------------------
+// Causal FLOPs: half of the dense 4 S^2 D NH (forward: QK^T, PV) and 10 S^2 D NH (backward:
+// QK^T again, dV, dP, dQ, dK) per batch; exp and the softmax bookkeeping are not counted.
+double attention_flops(const cpu::AttentionDims& d, double per_s2d) {
+  return 0.5 * per_s2d * d.B * d.NH * static_cast<double>(d.S) * d.S * d.D;
+}
+
+struct AttentionData {
+  cpu::AttentionDims d;
+  std::vector<float> q, k, v, dout, out, lse, dq, dk, dv, ws;
+  float scale;
+  explicit AttentionData(const cpu::AttentionDims& dims) : d(dims) {
+    const int64_t nq = d.B * d.S * d.NH * d.D, nk = d.B * d.S * d.NKV * d.D;
+    // Magnitude ~2 makes the softmax peaked enough to exercise the running max (as the test).
+    q = random_floats(nq, 10, -2, 2);
+    k = random_floats(nk, 11, -2, 2);
+    v = random_floats(nk, 12, -1, 1);
+    dout = random_floats(nq, 13, -1, 1);
+    out.assign(nq, 0.0f), dq.assign(nq, 0.0f), dk.assign(nk, 0.0f), dv.assign(nk, 0.0f);
+    lse.assign(d.B * d.NH * d.S, 0.0f);
+    const int threads = omp_get_max_threads();
+    // NaN-filled: a kernel that reads scratch it never wrote poisons its outputs.
+    ws.assign(std::max(cpu::attention_forward_workspace_floats(d, threads),
+                       cpu::attention_backward_workspace_floats(d, threads)),
+              std::numeric_limits<float>::quiet_NaN());
+    scale = 1.0f / std::sqrt(static_cast<float>(d.D));
+  }
+  void forward() {
+    cpu::attention_forward(d, true, scale, q.data(), k.data(), v.data(), out.data(), lse.data(),
+                           ws.data());
+  }
+  void backward() {
+    cpu::attention_backward(d, true, scale, q.data(), k.data(), v.data(), out.data(), lse.data(),
+                            dout.data(), dq.data(), dk.data(), dv.data(), ws.data());
+  }
+};
+
+// Full check at a small size against attention.h's double references. The tolerance is the
+// one tests/kernels/attention_test.cpp justifies: fp32 rounding over <= 257 keys measured up
+// to 1.8e-6; a masking, indexing or scaling bug gives >= 1e-2.
+void check_attention_reference(int64_t D) {
+  const cpu::AttentionDims d{1, 130, 8, 4, D};
+  AttentionData a(d);
+  a.forward();
+  a.backward();
+  auto dbl = [](const std::vector<float>& x) { return std::vector<double>(x.begin(), x.end()); };
+  const auto q = dbl(a.q), k = dbl(a.k), v = dbl(a.v), dout = dbl(a.dout);
+  std::vector<double> out(a.out.size()), lse(a.lse.size()), dq(a.dq.size()), dk(a.dk.size()),
+      dv(a.dv.size());
+  cpu::attention_forward_reference(d, true, a.scale, q.data(), k.data(), v.data(), out.data(),
+                                   lse.data());
+  cpu::attention_backward_reference(d, true, a.scale, q.data(), k.data(), v.data(), dout.data(),
+                                    dq.data(), dk.data(), dv.data());
+  const double tol = 1e-5;
+  const std::string at = " (reference check S=130 D=" + std::to_string(D) + ")";
+  check_close("attention out" + at, a.out.data(), out.data(), out.size(), tol);
+  check_close("attention lse" + at, a.lse.data(), lse.data(), lse.size(), tol);
+  check_close("attention dq" + at, a.dq.data(), dq.data(), dq.size(), tol);
+  check_close("attention dk" + at, a.dk.data(), dk.data(), dk.size(), tol);
+  check_close("attention dv" + at, a.dv.data(), dv.data(), dv.size(), tol);
+}
+
+// At the benchmark size: a few whole query rows (out, lse, dq) recomputed in double, O(S D)
+// each, so a kernel that is only right at small S is caught too.
+struct RowRef {
+  double lse;
+  std::vector<double> out, dq;
+};
+RowRef attention_row(const AttentionData& a, int64_t h, int64_t i) {
+  const auto& d = a.d;
+  const int64_t kvh = h / (d.NH / d.NKV), D = d.D;
+  const float* qi = a.q.data() + (i * d.NH + h) * D;
+  const float* doi = a.dout.data() + (i * d.NH + h) * D;
+  std::vector<double> s(i + 1);
+  double m = -1e300;
+  for (int64_t j = 0; j <= i; ++j) {
+    const float* kj = a.k.data() + (j * d.NKV + kvh) * D;
+    double x = 0.0;
+    for (int64_t dd = 0; dd < D; ++dd) x += static_cast<double>(qi[dd]) * kj[dd];
+    s[j] = a.scale * x;
+    m = std::max(m, s[j]);
+  }
+  double l = 0.0;
+  for (int64_t j = 0; j <= i; ++j) l += std::exp(s[j] - m);
+  RowRef r{m + std::log(l), std::vector<double>(D, 0.0), std::vector<double>(D, 0.0)};
+  std::vector<double> dp(i + 1);
+  for (int64_t j = 0; j <= i; ++j) {
+    const float* vj = a.v.data() + (j * d.NKV + kvh) * D;
+    const double p = std::exp(s[j] - r.lse);
+    double x = 0.0;
+    for (int64_t dd = 0; dd < D; ++dd) r.out[dd] += p * vj[dd], x += static_cast<double>(doi[dd]) * vj[dd];
+    dp[j] = x;
+  }
+  double delta = 0.0;
+  for (int64_t dd = 0; dd < D; ++dd) delta += r.out[dd] * doi[dd];
+  for (int64_t j = 0; j <= i; ++j) {
+    const float* kj = a.k.data() + (j * d.NKV + kvh) * D;
+    const double ds = std::exp(s[j] - r.lse) * (dp[j] - delta);
+    for (int64_t dd = 0; dd < D; ++dd) r.dq[dd] += a.scale * ds * kj[dd];
+  }
+  return r;
+}
+
+void check_attention_rows(AttentionData& a, bool backward) {
+  const auto& d = a.d;
+  const std::string at = " (S=" + std::to_string(d.S) + " D=" + std::to_string(d.D) + ")";
+  check_finite("attention out" + at, a.out.data(), a.out.size());
+  check_finite("attention lse" + at, a.lse.data(), a.lse.size());
+  if (backward) {
+    check_finite("attention dq" + at, a.dq.data(), a.dq.size());
+    check_finite("attention dk" + at, a.dk.data(), a.dk.size());
+    check_finite("attention dv" + at, a.dv.data(), a.dv.size());
+  }
+  // Rows: first, one inside the first tile, last, and one mid-tile; first and last head.
+  // Long rows sum more fp32 terms than the small check; 1e-4 still catches any real bug.
+  for (int64_t h : {int64_t{0}, d.NH - 1})
+    for (int64_t i : {int64_t{0}, int64_t{37}, d.S / 2 + 5, d.S - 1}) {
+      const RowRef r = attention_row(a, h, i);
+      const std::string row = at + " head " + std::to_string(h) + " row " + std::to_string(i);
+      check_close("attention out" + row, a.out.data() + (i * d.NH + h) * d.D, r.out.data(), d.D, 1e-4);
+      const float l = a.lse[h * d.S + i];
+      if (std::abs(l - r.lse) > 1e-4 * std::max(1.0, std::abs(r.lse)))
+        fail("attention lse" + row + ": " + std::to_string(l) + " vs " + std::to_string(r.lse));
+      if (backward)
+        check_close("attention dq" + row, a.dq.data() + (i * d.NH + h) * d.D, r.dq.data(), d.D, 1e-4);
+    }
+}
+
+void bench_attention(Bench& bench, int64_t S, int64_t D) {
+  AttentionData a({1, S, 8, 4, D});
+  const std::string shape = dims({1, S, 8, 4, D}, "B S NH NKV D") + " causal";
+  const double fwd = attention_flops(a.d, 4), bwd = attention_flops(a.d, 10);
+  // Repetitions: ~1 s of timing per case; at S = 8192 (seconds per call) the checked run
+  // is the only one, to keep the whole program near 2 minutes on 2 cores.
+  const double budget = 1.0;
+  const int min_reps = S >= 8192 ? 0 : 3;
+  const Timing tf = measure([&] { a.forward(); }, [&] { check_attention_rows(a, false); }, budget, min_reps);
+  bench.add({"attention fwd", shape, tf, fwd, true, "sgemm 2048", 0.0});
+  const Timing tb = measure([&] { a.backward(); }, [&] { check_attention_rows(a, true); }, budget, min_reps);
+  bench.add({"attention bwd", shape, tb, bwd, true, "sgemm 2048", 0.0});
+  const Timing tfb = measure([&] { a.forward(); a.backward(); }, [&] { check_attention_rows(a, true); },
+                             budget, min_reps);
+  bench.add({"attention fwd+bwd", shape, tfb, fwd + bwd, true, "sgemm 2048", 0.0});
+}
+
+// ---- memory-bound fused kernels (bytes = minimal traffic: each input read once, each
+// output written once; write-allocate reads are not counted, as for memcpy) ------------------
+constexpr int64_t kT = 4096, kH = 1024, kF = 2816, kV = 32000, kNH = 8, kD = 128;
+
+void add_mem(Bench& bench, const std::string& name, const std::string& shape, const Timing& t,
+             double bytes) {
+  bench.add({name, shape, t, bytes, false, "memcpy", 0.0});
+}
+
+void bench_rms_norm(Bench& bench) {
+  const int64_t T = kT, H = kH;
+  const auto x = random_floats(T * H, 20, -2, 2), w = random_floats(H, 21, 0.5, 1.5),
+             dy = random_floats(T * H, 22, -1, 1);
+  std::vector<float> y(T * H), rstd(T), dx(T * H), dw(H);
+  const std::string shape = dims({T, H}, "T H");
+  const Timing tf = measure([&] { cpu::rms_norm_forward(x.data(), w.data(), T, H, 1e-5f, y.data(), rstd.data()); },
+                            [&] { check_finite("rms_norm y", y.data(), y.size()), check_finite("rms_norm rstd", rstd.data(), T); },
+                            0.5, 5, 51);
+  add_mem(bench, "rms_norm fwd", shape, tf, 4.0 * (2 * T * H + H + T));
+  const Timing tb = measure([&] { cpu::rms_norm_backward(dy.data(), x.data(), w.data(), rstd.data(), T, H, dx.data(), dw.data()); },
+                            [&] { check_finite("rms_norm dx", dx.data(), dx.size()), check_finite("rms_norm dw", dw.data(), H); },
+                            0.5, 5, 51);
+  add_mem(bench, "rms_norm bwd", shape, tb, 4.0 * (3 * T * H + 2 * H + T));
+}
+
+void bench_rope(Bench& bench) {
+  const int64_t T = kT, NH = kNH, D = kD;
+  const auto x = random_floats(T * NH * D, 23, -2, 2);
+  std::vector<int32_t> pos(T);
+  for (int64_t t = 0; t < T; ++t) pos[t] = static_cast<int32_t>(t);
+  std::vector<double> inv_freq(D / 2);
+  cpu::rope_inv_freq(D, 500000.0, cpu::RopeScaling{}, inv_freq.data());
+  std::vector<float> y(T * NH * D);
+  const Timing t = measure([&] { cpu::rope_forward(x.data(), pos.data(), inv_freq.data(), T, NH, D, false, y.data()); },
+                           [&] { check_finite("rope y", y.data(), y.size()); }, 0.5, 5, 51);
+  add_mem(bench, "rope fwd", dims({T, NH, D}, "T NH D"), t, 4.0 * (2 * T * NH * D + T));
+}
+
+void bench_swiglu(Bench& bench) {
+  const int64_t n = kT * kF;
+  const auto g = random_floats(n, 24, -4, 4), u = random_floats(n, 25, -2, 2),
+             dy = random_floats(n, 26, -1, 1);
+  std::vector<float> out(n), dg(n), du(n);
+  const std::string shape = dims({kT, kF}, "T F");
+  const Timing tf = measure([&] { cpu::swiglu_forward(g.data(), u.data(), n, out.data()); },
+                            [&] { check_finite("swiglu out", out.data(), n); }, 0.5, 5, 51);
+  add_mem(bench, "swiglu fwd", shape, tf, 4.0 * 3 * n);
+  const Timing tb = measure([&] { cpu::swiglu_backward(dy.data(), g.data(), u.data(), n, dg.data(), du.data()); },
+                            [&] { check_finite("swiglu dgate", dg.data(), n), check_finite("swiglu dup", du.data(), n); },
+                            0.5, 5, 51);
+  add_mem(bench, "swiglu bwd", shape, tb, 4.0 * 5 * n);
+}
+
+void bench_cross_entropy(Bench& bench) {
+  const int64_t T = kT, V = kV;
+  const auto logits = random_floats(T * V, 27, -8, 8);
+  const auto labels = random_ints(T, 28, static_cast<int32_t>(V));
+  std::vector<float> lse(T), dlogits(T * V);
+  float loss = 0.0f;
+  const float dloss = 1.0f / T;
+  const std::string shape = dims({T, V}, "T V") + " (unchunked)";
+  const Timing tf = measure([&] { cpu::cross_entropy_forward(logits.data(), labels.data(), T, V, -100, &loss, lse.data()); },
+                            [&] { check_finite("cross_entropy loss", &loss, 1), check_finite("cross_entropy lse", lse.data(), T); },
+                            1.0, 3, 21);
+  add_mem(bench, "cross_entropy fwd", shape, tf, 4.0 * (T * V + 2 * T));
+  const Timing tb = measure([&] { cpu::cross_entropy_backward(&dloss, logits.data(), labels.data(), lse.data(), T, V, -100, dlogits.data()); },
+                            [&] { check_finite("cross_entropy dlogits", dlogits.data(), T * V); }, 1.0, 3, 21);
+  add_mem(bench, "cross_entropy bwd", shape, tb, 4.0 * (2 * T * V + 2 * T));
+}
+
+void bench_embedding(Bench& bench) {
+  const int64_t T = kT, H = kH, V = kV;
+  const auto W = random_floats(V * H, 29, -1, 1), dy = random_floats(T * H, 30, -1, 1);
+  const auto tokens = random_ints(T, 31, static_cast<int32_t>(V));
+  std::vector<float> out(T * H), dW(V * H);
+  const std::string shape = dims({T, H, V}, "T H V");
+  const Timing tf = measure([&] { cpu::embedding_forward(W.data(), tokens.data(), T, H, out.data()); },
+                            [&] { check_finite("embedding out", out.data(), out.size()); }, 0.5, 5, 51);
+  add_mem(bench, "embedding fwd", shape, tf, 4.0 * (2 * T * H + T));
+  // dW is fully written (V x H), dy read once.
+  const Timing tb = measure([&] { cpu::embedding_backward(dy.data(), tokens.data(), T, H, V, dW.data()); },
+                            [&] { check_finite("embedding dW", dW.data(), dW.size()); }, 1.0, 3, 21);
+  add_mem(bench, "embedding bwd", shape, tb, 4.0 * (V * H + T * H + T));
+}
+
+// ---- machine info and output ---------------------------------------------------------------
+std::string cpu_model() {
+  std::ifstream f("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("model name", 0) == 0) {
+      const auto c = line.find(':');
+      return c == std::string::npos ? line : line.substr(line.find_first_not_of(" \t", c + 1));
+    }
+  return "unknown";
+}
+
+std::string env_or(const char* name, const char* fallback) {
+  const char* v = std::getenv(name);
+  return v ? v : fallback;
+}
+
+nlohmann::json env_json(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? nlohmann::json(v) : nlohmann::json(nullptr);  // null: not set
+}
+
+void print_table(const Bench& b) {
+  std::printf("\n%-22s %-40s %10s %4s %4s %9s %-7s %7s  %-16s %8s\n", "kernel", "shape", "ms",
+              "reps", "cpu", "rate", "unit", "ratio", "(ratio to)", "vs sgemm");
+  std::printf("%s\n", std::string(140, '-').c_str());
+  for (const Row& r : b.rows) {
+    const double rate = r.rate();
+    // Memory-bound rows: GB/s over sgemm's GFLOP/s, a different unit; see the notes.
+    const double vs_sgemm = rate / b.sgemm_gflops;
+    std::printf("%-22s %-40s %10.3f %4d %4.2f %9.2f %-7s %7.3f  %-16s %8.3f%s\n", r.name.c_str(),
+                r.shape.c_str(), r.t.median_s * 1e3, r.t.reps, r.t.cpu_share, rate,
+                r.flops ? "GFLOP/s" : "GB/s", rate / b.baseline_of(r), r.baseline.c_str(), vs_sgemm,
+                r.flops ? "" : "*");
+  }
+}
+
+const char* kNotes[] = {
+    "ms: median of `reps` timed runs after one checked warm-up run (reps = 1 at S = 8192: the "
+    "checked run itself). cpu: process CPU time / (wall x threads); well below 1 = the cores "
+    "were shared with other load, rerun.",
+    "Baselines (sgemm 2048, memcpy) run at the start and the end; ratios use their mean.",
+    "GFLOP/s: 2MNK for gemm. Attention is causal and counted as HALF the dense FLOPs: "
+    "fwd 0.5 * 4 S^2 D NH B, bwd 0.5 * 10 S^2 D NH B, fwd+bwd their sum; exp/softmax not counted.",
+    "GB/s: minimal traffic (each input read once, each output written once, no write-allocate), "
+    "the same convention as the memcpy baseline (2 x bytes copied).",
+    "ratio: GFLOP/s or GB/s over the baseline named in '(ratio to)', measured in this run.",
+    "vs sgemm: rate over sgemm 2048 GFLOP/s. For GB/s rows (*) this is GB/s per GFLOP/s, a "
+    "different unit: not a meaningful comparison for memory-bound ops, reported as asked.",
+    "cross_entropy is not chunked yet: it reads/writes full T x V logits (a chunked fused "
+    "linear + cross-entropy is future work).",
+};
+
+void write_json(const Bench& b, const std::string& path, int threads) {
+  nlohmann::json j;
+  j["machine"] = {
+      {"cpu_model", cpu_model()},
+      {"hardware_threads", std::thread::hardware_concurrency()},
+      {"omp_threads", threads},
+      {"OMP_NUM_THREADS", env_json("OMP_NUM_THREADS")},
+      {"OPENBLAS_CORETYPE", env_json("OPENBLAS_CORETYPE")},
+      {"OPENBLAS_L2_SIZE", env_json("OPENBLAS_L2_SIZE")},
+      {"openblas_threads", openblas_get_num_threads()},
+      {"openblas_parallel", openblas_get_parallel()},  // 0 sequential, 1 pthreads, 2 OpenMP
+      {"openblas_core", openblas_get_corename()},
+      {"openblas_config", openblas_get_config()},
+  };
+  j["baselines"] = {{"sgemm_2048_gflops", b.sgemm_gflops}, {"memcpy_gbs", b.copy_gbs},
+                    {"sgemm_2048_gflops_start_end", b.sgemm_runs},
+                    {"memcpy_gbs_start_end", b.copy_runs}};
+  j["notes"] = kNotes;
+  for (const Row& r : b.rows) {
+    j["rows"].push_back({
+        {"kernel", r.name},
+        {"shape", r.shape},
+        {"median_ms", r.t.median_s * 1e3},
+        {"min_ms", r.t.min_s * 1e3},
+        {"warmup_ms", r.t.first_s * 1e3},
+        {"reps", r.t.reps},
+        {r.flops ? "flops" : "bytes", r.work},
+        {r.flops ? "gflops" : "gbs", r.rate()},
+        {"cpu_share", r.t.cpu_share},
+        {"ratio", r.rate() / b.baseline_of(r)},
+        {"ratio_to", r.baseline},
+        {r.flops ? "ratio_to_sgemm_2048" : "gbs_per_sgemm_gflops_not_comparable", r.rate() / b.sgemm_gflops},
+    });
+  }
+  std::ofstream f(path);
+  if (!f) fail("cannot open " + path + " for writing; pass a writable path as the first argument");
+  f << j.dump(2) << "\n";
+  if (!f) fail("cannot write " + path);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string json_path = argc > 1 ? argv[1] : "bench_kernels.json";
+  const int threads = omp_get_max_threads();
+  openblas_set_num_threads(threads);
+  std::fprintf(stderr, "bench_kernels: %s, %d threads, OPENBLAS_CORETYPE=%s (core %s)\n",
+               cpu_model().c_str(), threads, env_or("OPENBLAS_CORETYPE", "unset").c_str(),
+               openblas_get_corename());
+  const auto t0 = Clock::now();
+
+  std::fprintf(stderr, "checking attention against the double reference (S=130)\n");
+  check_attention_reference(64);
+  check_attention_reference(128);
+
+  Bench bench;
+  bench_sgemm_square(bench, "(start)");
+  bench_linear(bench, kT, kH, kH);
+  bench_linear(bench, kT, kH, kF);
+  bench_copy(bench, "(start)");
+  for (int64_t D : {64, 128})
+    for (int64_t S : {1024, 2048, 4096, 8192}) bench_attention(bench, S, D);
+  bench_rms_norm(bench);
+  bench_rope(bench);
+  bench_swiglu(bench);
+  bench_cross_entropy(bench);
+  bench_embedding(bench);
+  bench_copy(bench, "(end)");
+  settle();
+  bench_sgemm_square(bench, "(end)");
+
+  print_table(bench);
+  auto drift = [](const std::vector<double>& x) { return std::abs(x[0] - x[1]) / std::max(x[0], x[1]); };
+  if (drift(bench.sgemm_runs) > 0.1 || drift(bench.copy_runs) > 0.1)
+    std::printf("\nWARNING: baselines moved between start and end (sgemm %.1f -> %.1f GFLOP/s, "
+                "memcpy %.1f -> %.1f GB/s): the machine is shared; rerun for stable ratios.\n",
+                bench.sgemm_runs[0], bench.sgemm_runs[1], bench.copy_runs[0], bench.copy_runs[1]);
+  std::printf("\n");
+  for (const char* n : kNotes) std::printf("  - %s\n", n);
+  std::printf("\nmachine: %s; %d OpenMP threads; OpenBLAS %d threads, core %s; "
+              "OPENBLAS_CORETYPE=%s OPENBLAS_L2_SIZE=%s; total %.0f s\n",
+              cpu_model().c_str(), threads, openblas_get_num_threads(), openblas_get_corename(),
+              env_or("OPENBLAS_CORETYPE", "unset").c_str(), env_or("OPENBLAS_L2_SIZE", "unset").c_str(),
+              seconds_since(t0));
+  write_json(bench, json_path, threads);
+  std::printf("wrote %s\n", json_path.c_str());
+  return 0;
+}
