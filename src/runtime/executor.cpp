@@ -35,7 +35,8 @@ CpuExecutor::CpuExecutor(const Graph& graph, Allocator& allocator, int threads,
       groups_(groups),
       data_(graph.values().size(), nullptr),
       owned_(graph.values().size(), false),
-      uses_(graph.values().size(), 0) {
+      root_(graph.values().size(), -1),
+      buffer_uses_(graph.values().size(), 0) {
   for (const Node& node : graph.nodes()) {
     AUTOSP_CHECK(node.op == OpKind::input || op_def(node.op).cpu,
                  op_name(node.op), " has no CPU kernel");
@@ -45,9 +46,11 @@ CpuExecutor::CpuExecutor(const Graph& graph, Allocator& allocator, int threads,
                    op_name(node.op), " expects group '", node.attrs.get_str("group"), "' of size ",
                    node.attrs.get_int("size"));
     }
-    for (ValueId v : node.inputs) ++uses_[v];
+    for (size_t i = 0; i < node.outputs.size(); ++i)
+      root_[node.outputs[i]] = node.op == OpKind::reshape ? root_[node.inputs[0]] : node.outputs[i];
+    for (ValueId v : node.inputs) ++buffer_uses_[root_[v]];
   }
-  for (const GraphOutput& o : graph.outputs()) ++uses_[o.value];
+  for (const GraphOutput& o : graph.outputs()) ++buffer_uses_[root_[o.value]];
 }
 
 CpuExecutor::~CpuExecutor() { release_all(); }
@@ -85,7 +88,12 @@ void CpuExecutor::run() {
       internal_error("input %", v, " '", graph_.value(v).name, "' is not bound");
 
   omp_set_num_threads(threads_);
-  std::vector<int> remaining = uses_;
+  std::vector<int> remaining = buffer_uses_;
+  auto release_root = [&](ValueId root) {
+    allocator_.release(const_cast<void*>(data_[root]), graph_.type(root).bytes());
+    data_[root] = nullptr;
+    owned_[root] = false;
+  };
   try {
     for (const Node& node : graph_.nodes()) {
       if (node.op == OpKind::input) continue;
@@ -97,6 +105,12 @@ void CpuExecutor::run() {
       for (ValueId v : node.inputs) {
         args.inputs.push_back(data_[v]);
         args.in_types.push_back(&graph_.type(v));
+      }
+      if (node.op == OpKind::reshape) {  // a view: nothing to compute or allocate
+        data_[node.outputs[0]] = data_[node.inputs[0]];
+        ValueId root = root_[node.inputs[0]];
+        if (--remaining[root] == 0 && owned_[root]) release_root(root);
+        continue;
       }
       for (ValueId v : node.outputs) {
         data_[v] = allocator_.allocate(graph_.type(v).bytes());
@@ -118,18 +132,12 @@ void CpuExecutor::run() {
       allocator_.release(args.workspace, ws_bytes);
 
       // Free what this node was the last user of, and results nobody uses.
-      for (ValueId v : node.inputs)
-        if (--remaining[v] == 0 && owned_[v]) {
-          allocator_.release(const_cast<void*>(data_[v]), graph_.type(v).bytes());
-          data_[v] = nullptr;
-          owned_[v] = false;
-        }
+      for (ValueId v : node.inputs) {
+        const ValueId root = root_[v];
+        if (--remaining[root] == 0 && owned_[root]) release_root(root);
+      }
       for (ValueId v : node.outputs)
-        if (remaining[v] == 0) {
-          allocator_.release(const_cast<void*>(data_[v]), graph_.type(v).bytes());
-          data_[v] = nullptr;
-          owned_[v] = false;
-        }
+        if (remaining[v] == 0 && owned_[v]) release_root(v);
     }
   } catch (...) {
     release_all();

@@ -1,6 +1,8 @@
 // Runs a graph on the CPU, node by node in graph order: each node's results are
 // allocated just before it runs, and a buffer is freed after its last use (a graph
 // output is kept until the next run). Inputs are bound to caller memory and not copied.
+// A reshape is a view: its result shares its operand's buffer, which lives until the last
+// use of either.
 #pragma once
 #include <string>
 #include <vector>
@@ -47,7 +49,9 @@ class CpuExecutor {
   const ProcessGroups* groups_;
   std::vector<const void*> data_;  // per value: where its bytes are (bound or allocated)
   std::vector<bool> owned_;        // per value: allocated by us
-  std::vector<int> uses_;          // per value: node operand uses + 1 if a graph output
+  std::vector<ValueId> root_;      // per value: the value whose buffer it uses (itself, or
+                                   // a reshape's operand's root)
+  std::vector<int> buffer_uses_;   // per root: uses of every value sharing its buffer
 };
 
 }  // namespace autosp
