@@ -1,6 +1,7 @@
 #include "cli/commands.h"
 
 #include <charconv>
+#include <cstdarg>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -99,11 +100,13 @@ void print_step(const train::StepStats& s, int64_t total, const std::vector<int6
   std::fflush(stdout);
 }
 
-// printf on rank 0 only.
-template <typename... Args>
-void say(const Launch& launch, const char* fmt, Args... args) {
+// printf on rank 0 only (format-checked by the compiler).
+__attribute__((format(printf, 2, 3))) void say(const Launch& launch, const char* fmt, ...) {
   if (!launch.lead()) return;
-  std::printf(fmt, args...);
+  va_list args;
+  va_start(args, fmt);
+  std::vprintf(fmt, args);
+  va_end(args);
   std::fflush(stdout);
 }
 
@@ -161,7 +164,8 @@ int run_demo(const TrainArgs& args, std::optional<uint64_t> seed, const Launch& 
       (long long)models::llama_num_parameters(model));
   say(launch, "training: %lld steps of %lld sequences x %lld tokens, AdamW lr %.0e, warmup + cosine; "
       "sequence parallel over %d rank(s), %lld tokens each\n\n",
-      (long long)steps, (long long)*config.train_micro_batch_size_per_gpu, (long long)S, launch.world_size,
+      (long long)steps, (long long)*config.train_micro_batch_size_per_gpu, (long long)S, config.optimizer.lr,
+      launch.world_size,
       (long long)split_sequence(S, launch.world_size).local);
 
   train::Trainer trainer(model, config, S, train::ModelState::initial(model, config.seed), &groups);
