@@ -24,66 +24,18 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <vector>
 
-#if defined(__AVX512F__) || defined(__FMA__)
-#include <immintrin.h>
-#endif
+#include "kernels/cpu/simd.h"
 
 namespace autosp::cpu {
 namespace {
 
-// ---- 16-wide float vectors (GCC/Clang vector extension; one zmm register with AVX-512) --
-constexpr int64_t W = 16;
-typedef float vf __attribute__((vector_size(64)));
-typedef int32_t vi __attribute__((vector_size(64)));
-// Same vector, but loads/stores through it may be unaligned.
-typedef float vf_u __attribute__((vector_size(64), aligned(4)));
-
-inline vf load(const float* p) { return *reinterpret_cast<const vf_u*>(p); }
-inline void store(float* p, vf x) { *reinterpret_cast<vf_u*>(p) = x; }
-inline vf splat(float x) { return vf{} + x; }
-inline vf fmadd(vf a, vf b, vf c) {
-#if defined(__AVX512F__)
-  return _mm512_fmadd_ps(a, b, c);
-#else
-  return a * b + c;
-#endif
-}
-inline vf vmax(vf a, vf b) { return a > b ? a : b; }
-inline float hmax(vf x) {
-  float r = x[0];
-  for (int t = 1; t < W; ++t) r = std::max(r, x[t]);
-  return r;
-}
-
-// exp(x) for a vector, ~1 ulp on [-87, 88]; returns exactly 0 below -87.3 (and for -inf).
-// Cephes expf: x = n ln2 + r, |r| <= ln2/2, exp(r) by a degree-6 polynomial, 2^n by bits.
-inline vf vexp(vf x) {
-  const vf lo = splat(-87.3f);
-  const vf hi = splat(88.3f);
-  vf xc = x < lo ? lo : x;
-  xc = xc > hi ? hi : xc;
-  // Round x / ln2 to nearest with the 1.5 * 2^23 trick (|x / ln2| < 2^22 here).
-  const vf magic = splat(12582912.0f);
-  vf n = (xc * splat(1.44269504088896341f) + magic) - magic;
-  vf r = fmadd(n, splat(-0.693359375f), xc);
-  r = fmadd(n, splat(2.12194440e-4f), r);
-  vf p = splat(1.9875691500e-4f);
-  p = fmadd(p, r, splat(1.3981999507e-3f));
-  p = fmadd(p, r, splat(8.3334519073e-3f));
-  p = fmadd(p, r, splat(4.1665795894e-2f));
-  p = fmadd(p, r, splat(1.6666665459e-1f));
-  p = fmadd(p, r, splat(5.0000001201e-1f));
-  p = fmadd(p * r, r, r) + splat(1.0f);
-  vi e = (__builtin_convertvector(n, vi) + 127) << 23;
-  vf y = p * std::bit_cast<vf>(e);
-  return x < lo ? vf{} : y;
-}
+// The 16-wide vector helpers (vf, W, load/store/splat/fmadd/vmax/hmax, vexp).
+using namespace simd;
 
 // ---- register-blocked C[M x N] (+)= A[M x K] B[K x N] --------------------------------
 // A is read element by element (broadcast) through strides, so A may be a transposed view:

@@ -7,6 +7,9 @@
 //    and reductions over rows (rms_norm dw, cross-entropy loss_sum) go through a fixed
 //    partition into row chunks that does not depend on the number of threads, summed in
 //    chunk order. Embedding dW sums tokens in increasing t for every thread split.
+//  - Vector code (simd.h) is per lane and runs partial tails through the same arithmetic
+//    (masked loads), so an element's value does not depend on where a thread's range starts;
+//    row sums go through row_sum's fixed order.
 #include "kernels/cpu/fused.h"
 
 #include <omp.h>
@@ -17,6 +20,7 @@
 #include <cstring>
 #include <vector>
 
+#include "kernels/cpu/simd.h"
 #include "util/error.h"
 
 namespace autosp::cpu {
@@ -35,7 +39,38 @@ bool parallel(int64_t work) { return work >= kMinParallelWork; }
 // Chunk c of n rows split into `chunks` nearly equal contiguous ranges.
 int64_t chunk_begin(int64_t c, int64_t n, int64_t chunks) { return n * c / chunks; }
 
-float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+using simd::vf;
+
+// Runs f(i, len) on the blocks [i, i + len) of n elements, len = 16 except in the last
+// block. Threads get whole blocks and every simd helper works lane by lane, so no value
+// depends on the split (the tail goes through the same vector code, masked).
+template <typename F>
+void for_each_block(int64_t n, F&& f) {
+  const int64_t blocks = (n + simd::W - 1) / simd::W;
+#pragma omp parallel for schedule(static) if (parallel(n))
+  for (int64_t b = 0; b < blocks; ++b) f(b * simd::W, std::min(simd::W, n - b * simd::W));
+}
+
+// Elements summed in fp32 lanes before the lanes are widened into the double total: 128
+// terms per lane, so a lane's fp32 rounding stays ~sqrt(128) 2^-24 relative.
+constexpr int64_t kSumBlock = 2048;
+static_assert(kSumBlock % simd::W == 0);
+
+// sum over i < n of the lanes of term(i, len) (a vector of elements [i, i + len), lanes past
+// len must be 0), in fp32 lanes within blocks of kSumBlock, then in double: a fixed order.
+template <typename F>
+double row_sum(int64_t n, F&& term) {
+  simd::vd total{};
+  for (int64_t b = 0; b < n; b += kSumBlock) {
+    const int64_t e = std::min(n, b + kSumBlock);
+    vf s{};
+    int64_t i = b;
+    for (; i + simd::W <= e; i += simd::W) s += term(i, simd::W);
+    if (i < e) s += term(i, e - i);
+    total += simd::widen(s);
+  }
+  return simd::hsum_double(total);
+}
 
 }  // namespace
 
@@ -83,9 +118,10 @@ void rms_norm_forward(const float* x, const float* w, int64_t T, int64_t H, floa
   for (int64_t t = 0; t < T; ++t) {
     const float* xr = x + t * H;
     float* yr = y + t * H;
-    double ss = 0.0;
-#pragma omp simd reduction(+ : ss)
-    for (int64_t h = 0; h < H; ++h) ss += double{xr[h]} * double{xr[h]};
+    const double ss = row_sum(H, [&](int64_t h, int64_t len) {
+      const vf v = simd::load(xr + h, len);
+      return v * v;
+    });
     const float r = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(H) + eps));
     rstd[t] = r;
     // Same rounding order as Hugging Face: (x * rstd) * w.
@@ -114,9 +150,9 @@ void rms_norm_backward(const float* dy, const float* x, const float* w, const fl
         const float* dyr = dy + t * H;
         float* dxr = dx + t * H;
         const float r = rstd[t];
-        double dot = 0.0;
-#pragma omp simd reduction(+ : dot)
-        for (int64_t h = 0; h < H; ++h) dot += double{dyr[h]} * double{w[h]} * double{xr[h]};
+        const double dot = row_sum(H, [&](int64_t h, int64_t len) {
+          return simd::load(dyr + h, len) * simd::load(w + h, len) * simd::load(xr + h, len);
+        });
         const float coef = static_cast<float>(double{r} * r * r * dot / static_cast<double>(H));
 #pragma omp simd
         for (int64_t h = 0; h < H; ++h) {
@@ -197,39 +233,46 @@ void rope_inv_freq(int64_t D, double theta, const RopeScaling& scaling, double* 
 // ---- silu / swiglu --------------------------------------------------------------------
 
 void silu_forward(const float* x, int64_t n, float* y) {
-#pragma omp parallel for simd schedule(static) if (parallel(n))
-  for (int64_t i = 0; i < n; ++i) y[i] = x[i] * sigmoid(x[i]);
+  for_each_block(n, [=](int64_t i, int64_t len) {
+    const vf xv = simd::load(x + i, len);
+    simd::store(y + i, len, xv * simd::vsigmoid(xv));
+  });
 }
 
 // d/dx silu(x) = s(x) (1 + x (1 - s(x)))
 void silu_backward(const float* dy, const float* x, int64_t n, float* dx) {
-#pragma omp parallel for simd schedule(static) if (parallel(n))
-  for (int64_t i = 0; i < n; ++i) {
-    const float s = sigmoid(x[i]);
-    dx[i] = dy[i] * s * (1.0f + x[i] * (1.0f - s));
-  }
+  for_each_block(n, [=](int64_t i, int64_t len) {
+    const vf xv = simd::load(x + i, len), s = simd::vsigmoid(xv);
+    simd::store(dx + i, len, simd::load(dy + i, len) * s * (1.0f + xv * (1.0f - s)));
+  });
 }
 
 void swiglu_forward(const float* gate, const float* up, int64_t n, float* out) {
-#pragma omp parallel for simd schedule(static) if (parallel(n))
-  for (int64_t i = 0; i < n; ++i) out[i] = gate[i] * sigmoid(gate[i]) * up[i];
+  for_each_block(n, [=](int64_t i, int64_t len) {
+    const vf g = simd::load(gate + i, len);
+    simd::store(out + i, len, g * simd::vsigmoid(g) * simd::load(up + i, len));
+  });
 }
 
 // out = silu(g) u:  dg = dy u silu'(g),  du = dy silu(g)
 void swiglu_backward(const float* dy, const float* gate, const float* up, int64_t n, float* dgate,
                      float* dup) {
-#pragma omp parallel for simd schedule(static) if (parallel(n))
-  for (int64_t i = 0; i < n; ++i) {
-    const float g = gate[i], s = sigmoid(g);
-    dgate[i] = dy[i] * up[i] * s * (1.0f + g * (1.0f - s));
-    dup[i] = dy[i] * g * s;
-  }
+  for_each_block(n, [=](int64_t i, int64_t len) {
+    const vf g = simd::load(gate + i, len), s = simd::vsigmoid(g);
+    const vf d = simd::load(dy + i, len);
+    simd::store(dgate + i, len, d * simd::load(up + i, len) * s * (1.0f + g * (1.0f - s)));
+    simd::store(dup + i, len, d * g * s);
+  });
 }
 
 // ---- cross entropy --------------------------------------------------------------------
 
-// lse = m + log(sum exp(x - m)) with m the row max, so no exp overflows; the sum and the
-// per-row loss are in double, and loss_sum adds fixed row chunks in chunk order.
+// lse = m + log(sum exp(x - m)) with m the row max, so no exp overflows. The sum runs in
+// fp32 lanes over blocks of kSumBlock logits, each block then added in double lanes
+// (row_sum); the per-row loss is in double, and loss_sum adds fixed row chunks in chunk
+// order. Measured at V = 131072 (32 rows, logits uniform in [-5, 5] / normal with std 3)
+// against a double exp-and-sum: max |lse error| 4.7e-7 / 9.5e-7, the same as rounding the
+// exact lse to float; summing whole rows in 16 fp32 lanes instead gave 1.4e-6 / 2.5e-5.
 void cross_entropy_forward(const float* logits, const int32_t* labels, int64_t T, int64_t V,
                            int32_t ignore_index, float* loss_sum, float* lse) {
   const int64_t chunks = std::min(T, kRowChunks);
@@ -239,12 +282,18 @@ void cross_entropy_forward(const float* logits, const int32_t* labels, int64_t T
     double acc = 0.0;
     for (int64_t t = chunk_begin(c, T, chunks); t < chunk_begin(c + 1, T, chunks); ++t) {
       const float* xr = logits + t * V;
-      float m = -INFINITY;
-#pragma omp simd reduction(max : m)
-      for (int64_t v = 0; v < V; ++v) m = std::max(m, xr[v]);
-      double s = 0.0;
-#pragma omp simd reduction(+ : s)
-      for (int64_t v = 0; v < V; ++v) s += double{std::exp(xr[v] - m)};
+      vf mx[4] = {simd::splat(-INFINITY), simd::splat(-INFINITY), simd::splat(-INFINITY),
+                  simd::splat(-INFINITY)};
+      int64_t v = 0;
+      for (; v + 4 * simd::W <= V; v += 4 * simd::W)
+        for (int k = 0; k < 4; ++k) mx[k] = simd::vmax(mx[k], simd::load(xr + v + k * simd::W));
+      for (; v < V; v += simd::W) mx[0] = simd::vmax(mx[0], simd::load(xr + v, V - v, -INFINITY));
+      const float m = simd::hmax(simd::vmax(simd::vmax(mx[0], mx[1]), simd::vmax(mx[2], mx[3])));
+      const vf mv = simd::splat(m);
+      // Padding lanes load -inf, whose exp is exactly 0.
+      const double s = row_sum(V, [&](int64_t i, int64_t len) {
+        return simd::vexp(simd::load(xr + i, len, -INFINITY) - mv);
+      });
       const double l = double{m} + std::log(s);
       lse[t] = static_cast<float>(l);
       if (labels[t] != ignore_index) acc += l - double{xr[labels[t]]};
@@ -269,12 +318,16 @@ void cross_entropy_backward(const float* dloss_sum, const float* logits, const i
     }
     const float* xr = logits + t * V;
     const float l = lse[t];
-#pragma omp simd
-    for (int64_t v = 0; v < V; ++v) dr[v] = g * std::exp(xr[v] - l);
+    const vf lv = simd::splat(l), gv = simd::splat(g);
+    for (int64_t v = 0; v < V; v += simd::W) {
+      const int64_t len = std::min(simd::W, V - v);
+      simd::store(dr + v, len, gv * simd::vexp(simd::load(xr + v, len) - lv));
+    }
     // g (p - 1) rather than g p - g: p - 1 is exact for p >= 1/2, so only one rounding.
     // (p itself is only as good as the float lse: ~|lse| 2^-24 absolute, see fused.h.)
+    // p through the same vexp as the row, so it is the value the loop above used.
     const int64_t y = labels[t];
-    dr[y] = g * (std::exp(xr[y] - l) - 1.0f);
+    dr[y] = g * (simd::vexp(simd::splat(xr[y] - l))[0] - 1.0f);
   }
 }
 
