@@ -59,6 +59,13 @@ Tensor Tracer::cross_entropy(Tensor logits, Tensor labels, int64_t ignore_index)
   return op(OpKind::div_scalar, {loss_sum, count});
 }
 
+Tensor Tracer::linear_cross_entropy(Tensor x, Tensor weight, Tensor labels, int64_t ignore_index) {
+  Attrs attrs{{"ignore_index", ignore_index}};  // the op picks its chunk from V
+  Tensor loss_sum = op(OpKind::linear_cross_entropy, {x, weight, labels}, attrs);
+  Tensor count = op(OpKind::count_valid, {labels}, attrs);
+  return op(OpKind::div_scalar, {loss_sum, count});
+}
+
 Tensor Tracer::reshape(Tensor x, const Shape& shape) {
   return op(OpKind::reshape, {x}, {{"shape", shape}});
 }

@@ -51,6 +51,9 @@ class Tracer {
   Tensor attention(Tensor q, Tensor k, Tensor v, bool causal, double scale);
   // Mean over labelled tokens (label != ignore_index) of -log softmax(logits)[label].
   Tensor cross_entropy(Tensor logits, Tensor labels, int64_t ignore_index = -100);
+  // cross_entropy(linear(x, weight), labels) as one fused op that never holds the
+  // [..., V] logits (the LM head and its loss, for training).
+  Tensor linear_cross_entropy(Tensor x, Tensor weight, Tensor labels, int64_t ignore_index = -100);
   Tensor reshape(Tensor x, const Shape& shape);
   Tensor transpose(Tensor x, const std::vector<int64_t>& perm);
   Tensor slice(Tensor x, int64_t dim, int64_t start, int64_t end);

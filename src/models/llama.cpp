@@ -251,12 +251,16 @@ Graph llama_forward(const LlamaConfig& c, const LlamaTraceOptions& o) {
     x = t.add(x, t.linear(t.swiglu(gate, up), w[p + "mlp.down_proj.weight"]));
   }
   x = t.rms_norm(x, w["model.norm.weight"], eps);
-  Tensor logits = t.linear(x, w[c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight"]);
-  if (o.output_loss) {
-    Tensor labels = t.input(Role::labels, "labels", DType::i32, {B, S});
-    t.output("loss", t.cross_entropy(logits, labels));
+  Tensor head = w[c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight"];
+  auto labels = [&] { return t.input(Role::labels, "labels", DType::i32, {B, S}); };
+  if (o.output_logits) {
+    Tensor logits = t.linear(x, head);
+    if (o.output_loss) t.output("loss", t.cross_entropy(logits, labels()));
+    t.output("logits", logits);
+  } else if (o.output_loss) {
+    // Training: the fused head + loss never holds the [B, S, V] logits.
+    t.output("loss", t.linear_cross_entropy(x, head, labels()));
   }
-  if (o.output_logits) t.output("logits", logits);
   return t.finish();
 }
 

@@ -1,6 +1,10 @@
 // Cross-entropy loss, as a sum over labelled tokens; the mean divides it by count_valid
 // (kept separate so the autosp pass can all-reduce the count across ranks).
+// linear_cross_entropy fuses the LM head into it, so training never holds [T, V] logits.
+#include <algorithm>
+
 #include "kernels/cpu/fused.h"
+#include "kernels/cpu/linear_cross_entropy.h"
 #include "ops/op.h"
 
 namespace autosp {
@@ -9,10 +13,11 @@ namespace {
 
 constexpr int64_t kDefaultIgnoreIndex = -100;  // as torch.nn.CrossEntropyLoss
 
-void check_labels(const int32_t* labels, int64_t n, int64_t V, int64_t ignore) {
+void check_labels(const int32_t* labels, int64_t n, int64_t V, int64_t ignore,
+                  const char* op = "cross_entropy") {
   for (int64_t i = 0; i < n; ++i)
     if (labels[i] != ignore && (labels[i] < 0 || labels[i] >= V))
-      user_error("cross_entropy: label ", labels[i], " at position ", i, " is outside [0, ", V,
+      user_error(op, ": label ", labels[i], " at position ", i, " is outside [0, ", V,
                  ") and is not the ignore index ", ignore);
 }
 
@@ -22,6 +27,33 @@ void check_logits_labels(const TensorType& logits, const TensorType& labels) {
   require(!logits.shape.empty() &&
               labels.shape == Shape(logits.shape.begin(), logits.shape.end() - 1),
           "labels must have logits' shape without the class dim");
+}
+
+// Rows per chunk of linear_cross_entropy: the "chunk" attribute, or as many rows as fit in
+// 64 MiB of fp32 logits. Chunks should not be small on the CPU: every chunk reads and
+// writes all of dW (V x H) for 2 r V H FLOPs, i.e. r / 4 FLOPs per byte for r rows.
+constexpr int64_t kLinearCrossEntropyChunkBytes = int64_t{64} << 20;
+
+int64_t chunk_rows(const Attrs& attrs, int64_t V) {
+  const int64_t fit = kLinearCrossEntropyChunkBytes / (int64_t{sizeof(float)} * std::max<int64_t>(V, 1));
+  return attrs.get_int("chunk", std::max<int64_t>(fit, 1));
+}
+
+void check_linear_labels(const TensorType& x, const TensorType& w, const TensorType& labels,
+                         const Attrs& attrs) {
+  require_dtype(x, DType::f32, "x");
+  require_dtype(w, DType::f32, "weight");
+  require_dtype(labels, DType::i32, "labels");
+  require(!x.shape.empty(), "x must have rank >= 1");
+  require_rank(w, 2, "weight");
+  require(x.shape.back() == w.shape[1], "x's last dim (", x.shape.back(),
+          ") must equal weight's in-features (dim 1 = ", w.shape[1], ")");
+  require(w.shape[0] >= 1, "weight must have at least one class (row)");
+  require(labels.shape == Shape(x.shape.begin(), x.shape.end() - 1),
+          "labels must have x's shape without the hidden dim");
+  if (attrs.has("chunk"))
+    require(attrs.get_int("chunk") >= 1, "chunk (rows per chunk) must be >= 1, got ",
+            attrs.get_int("chunk"));
 }
 
 }  // namespace
@@ -80,6 +112,88 @@ extern const OpDef cross_entropy_backward_op = {
       check_labels(a.in<int32_t>(2), a.in_numel(2), x.back(), ignore);
       cpu::cross_entropy_backward(a.in(0), a.in(1), a.in<int32_t>(2), a.in(3), rows_of(x), x.back(),
                                   static_cast<int32_t>(ignore), a.out(0));
+    },
+};
+
+// linear_cross_entropy(x[..., H], weight[V, H], labels i32[...]) {ignore_index, chunk}
+//   -> (loss_sum [], lse [...]):  cross_entropy(linear(x, weight), labels) without the
+// [..., V] logits: they are made `chunk` rows at a time in the workspace (and remade by the
+// backward). chunk defaults to the rows of 64 MiB of logits.
+extern const OpDef linear_cross_entropy_op = {
+    .num_inputs = 3,
+    .num_outputs = 2,
+    .infer = [](const Types& in, const Attrs& attrs) -> Types {
+      check_linear_labels(in[0], in[1], in[2], attrs);
+      return {{DType::f32, {}}, {DType::f32, in[2].shape}};
+    },
+    // logits gemm + cross_entropy's 4 per logit
+    .cost = [](const Types& in, const Types&, const Attrs&) {
+      const double TV = double(rows_of(in[0].shape)) * double(in[1].shape[0]);
+      return Cost{2.0 * TV * double(in[1].shape[1]) + 4.0 * TV, 0};
+    },
+    // z = x W^T, dz = dloss_sum (softmax(z) - onehot(label)) on labelled rows:
+    //   dx = dz W,  dW = dz^T x   (one backward op, recomputing z from x, W and lse)
+    .grad = [](GradContext& c) {
+      AUTOSP_CHECK(c.dout[1] < 0, "nothing differentiates through the log-sum-exp");
+      AUTOSP_CHECK(!c.needs[2], "labels have no gradient");
+      auto d = c.b.emit(OpKind::linear_cross_entropy_backward,
+                        {c.dout[0], c.in(0), c.in(1), c.in(2), c.out(1)}, c.attrs());
+      if (c.needs[0]) c.din[0] = d[0];
+      if (c.needs[1]) c.din[1] = d[1];
+    },
+    .cpu = [](const KernelArgs& a) {
+      const Shape& w = a.in_shape(1);
+      const int64_t ignore = a.attrs->get_int("ignore_index", kDefaultIgnoreIndex);
+      check_labels(a.in<int32_t>(2), a.in_numel(2), w[0], ignore, "linear_cross_entropy");
+      cpu::linear_cross_entropy_forward(a.in(0), a.in(1), a.in<int32_t>(2), rows_of(a.in_shape(0)),
+                                        w[1], w[0], static_cast<int32_t>(ignore),
+                                        chunk_rows(*a.attrs, w[0]), a.out(0), a.out(1),
+                                        static_cast<float*>(a.workspace));
+    },
+    .cpu_workspace_bytes = [](const Types& in, const Attrs& attrs, int) -> int64_t {
+      const int64_t V = in[1].shape[0];
+      return int64_t{sizeof(float)} * cpu::linear_cross_entropy_forward_workspace_floats(
+                                          rows_of(in[0].shape), V, chunk_rows(attrs, V));
+    },
+    // rows split alike, weight whole: each rank's loss_sum is its part of the whole sum
+    .shard = [](const Shardings& in, const Types& t, const Attrs& a) -> Shardings {
+      require(is_replicated(in[1]), "the weight must be replicated");
+      Shardings rows = shard_rowwise({in[0]}, {t[0]}, a);
+      require(in[2] == rows[0], "labels must be split like x's rows");
+      return {is_replicated(rows[0]) ? replicated() : partial(), rows[0]};
+    },
+};
+
+// linear_cross_entropy_backward(dloss_sum [], x, weight, labels, lse) {ignore_index, chunk}
+//   -> (dx, dweight)
+extern const OpDef linear_cross_entropy_backward_op = {
+    .num_inputs = 5,
+    .num_outputs = 2,
+    .infer = [](const Types& in, const Attrs& attrs) -> Types {
+      require(in[0] == TensorType{DType::f32, {}}, "dloss must be f32[]");
+      check_linear_labels(in[1], in[2], in[3], attrs);
+      require(in[4] == TensorType{DType::f32, in[3].shape}, "lse must be f32 with labels' shape");
+      return {in[1], in[2]};
+    },
+    // three gemms (the logits again, dx, dW) + cross_entropy_backward's 3 per logit
+    .cost = [](const Types& in, const Types&, const Attrs&) {
+      const double TV = double(rows_of(in[1].shape)) * double(in[2].shape[0]);
+      return Cost{6.0 * TV * double(in[2].shape[1]) + 3.0 * TV, 0};
+    },
+    .grad = nullptr,
+    .cpu = [](const KernelArgs& a) {
+      const Shape& w = a.in_shape(2);
+      const int64_t ignore = a.attrs->get_int("ignore_index", kDefaultIgnoreIndex);
+      check_labels(a.in<int32_t>(3), a.in_numel(3), w[0], ignore, "linear_cross_entropy_backward");
+      cpu::linear_cross_entropy_backward(a.in(0), a.in(1), a.in(2), a.in<int32_t>(3), a.in(4),
+                                         rows_of(a.in_shape(1)), w[1], w[0],
+                                         static_cast<int32_t>(ignore), chunk_rows(*a.attrs, w[0]),
+                                         a.out(0), a.out(1), static_cast<float*>(a.workspace));
+    },
+    .cpu_workspace_bytes = [](const Types& in, const Attrs& attrs, int) -> int64_t {
+      const int64_t V = in[2].shape[0];
+      return int64_t{sizeof(float)} * cpu::linear_cross_entropy_backward_workspace_floats(
+                                          rows_of(in[1].shape), V, chunk_rows(attrs, V));
     },
 };
 

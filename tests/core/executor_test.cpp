@@ -6,6 +6,7 @@
 #include <cstdio>
 
 #include "frontend/tracer.h"
+#include "models/llama.h"
 #include "ops/op.h"
 #include "passes/autodiff.h"
 #include "runtime/executor.h"
@@ -98,6 +99,92 @@ TEST(Executor, AttentionForwardBackwardMemoryIsLinearInS) {
   // And far from quadratic: the outputs themselves (out, lse, dq, dk, dv) are ~1.2 kB per
   // position here; a kernel that materialised even 1/32 of the score matrix would fail.
   EXPECT_LT(double(large), one_score_matrix / 32);
+}
+
+// The forward graph with each linear_cross_entropy replaced by linear then cross_entropy:
+// the LM head as llama_forward traced it before the fused op.
+Graph unfuse_linear_cross_entropy(const Graph& fused) {
+  Graph g;
+  GraphBuilder b(g);
+  std::vector<ValueId> map(fused.values().size(), -1);
+  for (const Node& n : fused.nodes()) {
+    if (n.op == OpKind::input) {
+      const ValueId v = n.outputs[0];
+      map[v] = g.add_input(fused.role(v), fused.type(v), fused.value(v).name);
+      continue;
+    }
+    std::vector<ValueId> ins;
+    for (ValueId v : n.inputs) ins.push_back(map[v]);
+    std::vector<ValueId> outs;
+    if (n.op == OpKind::linear_cross_entropy) {
+      ValueId logits = b.emit1(OpKind::linear, {ins[0], ins[1]});
+      outs = b.emit(OpKind::cross_entropy, {logits, ins[2]},
+                    {{"ignore_index", n.attrs.get_int("ignore_index")}});
+    } else {
+      outs = b.emit(n.op, ins, n.attrs);
+    }
+    for (size_t i = 0; i < outs.size(); ++i) map[n.outputs[i]] = outs[i];
+  }
+  for (const GraphOutput& o : fused.outputs()) g.add_output(o.name, map[o.value]);
+  return g;
+}
+
+struct StepPeak {
+  int64_t peak_bytes;
+  float loss;
+};
+
+// Allocator peak of one training step (the joint graph) of a 1-layer Llama with a large
+// vocabulary; parameters and inputs are bound (caller memory), so what is counted is
+// activations, gradients and kernel workspaces.
+StepPeak llama_step_peak(const Graph& forward) {
+  Graph joint = autodiff(forward);
+  testing::Feed feed;
+  const int64_t n = numel(forward.shape(forward.find_input("input_ids")));
+  const int64_t V = forward.shape(forward.find_input("model.embed_tokens.weight"))[0];
+  for (int64_t i = 0; i < n; ++i) {
+    feed.i["input_ids"].push_back(int32_t(i * 7919 % V));
+    feed.i["labels"].push_back(i % 10 == 9 ? -100 : int32_t(i * 104729 % V));
+    feed.i["position_ids"].push_back(int32_t(i));
+  }
+  for (ValueId p : forward.inputs_with_role(Role::parameter))
+    feed.f[forward.value(p).name] = testing::random_normal(numel(forward.shape(p)), 11, 0.02f);
+  HeapAllocator alloc;
+  CpuExecutor ex(joint, alloc);
+  feed.bind(ex, joint);
+  ex.run();
+  return {alloc.peak_bytes(), ex.output("loss")[0]};
+}
+
+TEST(Executor, FusedLinearCrossEntropyLowersTheTrainingPeak) {
+  models::LlamaConfig c;
+  c.vocab_size = 32000;
+  c.hidden_size = 64;
+  c.intermediate_size = 128;
+  c.num_hidden_layers = 1;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 4;
+  c.head_dim = 16;
+  // S = 1024: 2 chunks of the default 524 rows (64 MiB of logits at V = 32000).
+  const int64_t S = 1024;
+  Graph fused = models::llama_forward(c, {.batch = 1, .seq_len = S});
+  int lce = 0;
+  for (const Node& n : fused.nodes()) lce += n.op == OpKind::linear_cross_entropy;
+  ASSERT_EQ(lce, 1) << "llama_forward's training graph should use the fused head";
+  const StepPeak f = llama_step_peak(fused);
+  const StepPeak u = llama_step_peak(unfuse_linear_cross_entropy(fused));
+  const double logits_bytes = double(S) * double(c.vocab_size) * 4;
+  std::printf("joint graph peak, V=%lld H=%lld S=%lld: fused %lld bytes, unfused %lld bytes "
+              "(%.2fx); one [S, V] fp32 logits is %.0f bytes; loss fused %.8g, unfused %.8g\n",
+              (long long)c.vocab_size, (long long)c.hidden_size, (long long)S,
+              (long long)f.peak_bytes, (long long)u.peak_bytes,
+              double(u.peak_bytes) / double(f.peak_bytes), logits_bytes, f.loss, u.loss);
+  // Unfused, logits and dlogits are live together; fused, only one chunk's logits (about
+  // half of them here) plus the ~13 MB the rest of the step needs (two [V, H] gradients).
+  EXPECT_GE(double(u.peak_bytes), 2 * logits_bytes);
+  EXPECT_LT(double(f.peak_bytes), logits_bytes);
+  // Same loss, up to fp32 reordering (lse summation and gemm blocking).
+  EXPECT_NEAR(f.loss, u.loss, 1e-5 * std::abs(u.loss));
 }
 
 }  // namespace

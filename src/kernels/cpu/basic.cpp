@@ -93,15 +93,16 @@ void copy_slab(const float* x, int64_t outer, int64_t x_dim, int64_t x_off, int6
 }
 
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A,
-          const float* B, float* C) {
+          const float* B, float* C, bool accumulate) {
   if (M == 0 || N == 0) return;
   if (K == 0) {
-    fill(C, M * N, 0.0f);
+    if (!accumulate) fill(C, M * N, 0.0f);
     return;
   }
   cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
               static_cast<int>(M), static_cast<int>(N), static_cast<int>(K), 1.0f, A,
-              static_cast<int>(trans_a ? M : K), B, static_cast<int>(trans_b ? K : N), 0.0f, C,
+              static_cast<int>(trans_a ? M : K), B, static_cast<int>(trans_b ? K : N),
+              accumulate ? 1.0f : 0.0f, C,
               static_cast<int>(N));
 }
 

@@ -22,7 +22,8 @@ void copy_slab(const float* x, int64_t outer, int64_t x_dim, int64_t x_off, int6
                int64_t count, float* y, int64_t y_dim, int64_t y_off);
 
 // C[M, N] = op(A) op(B), row-major, op = transpose where asked; OpenBLAS sgemm.
+// accumulate: C += op(A) op(B) instead (beta = 1), for sums over chunks of K.
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A,
-          const float* B, float* C);
+          const float* B, float* C, bool accumulate = false);
 
 }  // namespace autosp::cpu
