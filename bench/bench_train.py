@@ -12,7 +12,8 @@ same thread count (OPENBLAS_CORETYPE and friends are passed through untouched).
 
 1. Sweep, S in 512..8192, SP = 1, --threads threads: autosp (build/autosp train, median
    step_time_s of the steps after the first) and bench/torch_llama_step.py (median of its
-   steps after the first; 2 steps from S = 4096). Peak RSS raw and minus each side's idle
+   steps after the first; 2 steps at S = 2048, 1 step from S = 4096, where the ratio is
+   taken against autosp's step 1 instead, marked ¹: both then include first-step costs). Peak RSS raw and minus each side's idle
    baseline (the same program with 0 steps: imports, model and optimizer built, data read).
    Step-1 losses are checked: finite, near ln V, near each other (the inits differ).
    torch at a size is skipped, and recorded as such, when its step time projected from the
@@ -151,7 +152,11 @@ def run_measured(cmd, env, log_path, timeout_s, cap_bytes=None, guard_bytes=None
             status = "oom"
         else:
             status = "error"
+    # cpu_s / wall_s well under the thread count means other processes took the cores:
+    # that run's times are noisy (wait4's rusage includes reaped children, i.e. MPI ranks).
     r = {"status": status, "rc": p.returncode, "wall_s": round(wall, 3),
+         "cpu_s": round(ru.ru_utime + ru.ru_stime, 3),
+         "load_average_after": round(os.getloadavg()[0], 2),
          "peak_rss_bytes": max(ru.ru_maxrss * 1024, seen_hwm)}
     if status != "ok":
         r["log_tail"] = text[-1500:]
@@ -301,6 +306,21 @@ def loss_check(r, V):
     return bool(math.isfinite(loss) and abs(loss - math.log(V)) < 0.3)
 
 
+def torch_steps(S, quick):
+    """Eager torch at S = 4096 takes minutes a step here: one step there, and the ratio is
+    then taken against autosp's first step."""
+    if quick:
+        return 2
+    return 3 if S < 2048 else 2 if S < 4096 else 1
+
+
+def busy(r, threads):
+    """Fraction of its cores a run had (cpu_s / (wall_s x threads))."""
+    if not r or not r.get("wall_s") or r.get("cpu_s") is None:
+        return None
+    return r["cpu_s"] / (r["wall_s"] * threads)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--autosp", default=os.path.join(ROOT, "build", "autosp"))
@@ -311,11 +331,11 @@ def main():
     ap.add_argument("--sizes", type=str, default=None, help="comma list (default by mode)")
     ap.add_argument("--cap-gib", type=float, default=None, help="default 3 (quick: 1)")
     ap.add_argument("--cap-budget-s", type=float, default=None,
-                    help="per side (default 150, quick 30)")
+                    help="per side (default 240, quick 30)")
     ap.add_argument("--mem-guard-gib", type=float, default=None,
                     help="stop any run past this (default min(14, 0.8 x MemAvailable))")
     ap.add_argument("--torch-max-step-s", type=float, default=None,
-                    help="skip torch sizes projected slower than this (default 150, "
+                    help="skip torch sizes projected slower than this (default 240, "
                          "quick 20)")
     ap.add_argument("--torch-malloc-retain", action="store_true",
                     help="run torch with glibc keeping freed memory (GLIBC_TUNABLES)")
@@ -328,13 +348,13 @@ def main():
         ([512, 1024, 2048] if q else [512, 1024, 2048, 4096, 8192])
     sp_sizes = [s for s in ([2048] if q else [4096, 8192])]
     cap = (a.cap_gib if a.cap_gib is not None else (1.0 if q else 3.0)) * GIB
-    cap_budget = a.cap_budget_s if a.cap_budget_s is not None else (30 if q else 150)
+    cap_budget = a.cap_budget_s if a.cap_budget_s is not None else (30 if q else 240)
     torch_max_step = a.torch_max_step_s if a.torch_max_step_s is not None else \
-        (20 if q else 150)
+        (20 if q else 240)
     avail = read_meminfo_bytes("MemAvailable:")
     a.guard_bytes = int((a.mem_guard_gib * GIB) if a.mem_guard_gib else
                         min(14 * GIB, 0.8 * avail))
-    autosp_steps = 3 if q else 4
+    autosp_steps = 3
     if not os.access(a.autosp, os.X_OK):
         sys.exit(f"bench_train.py: {a.autosp} is not an executable; build it (make build) "
                  "or pass --autosp")
@@ -342,8 +362,14 @@ def main():
     T = a.threads
     t_start = time.monotonic()
     work = tempfile.mkdtemp(prefix="autosp_bench_")
+    # A private copy: others rebuild build/autosp while a benchmark runs.
+    binary = os.path.join(work, "autosp")
+    shutil.copy2(a.autosp, binary)
+    res_binary = {"path": os.path.abspath(a.autosp), "mtime": os.path.getmtime(a.autosp),
+                  "size": os.path.getsize(a.autosp)}
+    a.autosp = binary
     b = Bench(a, work)
-    res = {"model": MODEL, "threads": T, "quick": q, "sizes": sizes,
+    res = {"autosp_binary": res_binary, "model": MODEL, "threads": T, "quick": q, "sizes": sizes,
            "env": {k: os.environ[k] for k in sorted(os.environ)
                    if k.startswith(("OPENBLAS_", "OMP_", "GLIBC_"))},
            "torch_malloc_retain": a.torch_malloc_retain,
@@ -357,6 +383,7 @@ def main():
     base_a = b.autosp(sizes[0], 0, T)
     base_t = b.torch(sizes[0], 0, T)
     res["baseline"] = {"autosp": base_a, "torch": base_t}
+    res["torch_steps_by_S"] = {S: torch_steps(S, q) for S in sizes}
     log(f"baseline RSS autosp {fmt(mib(ok_peak(base_a)), '.0f')} MiB, "
         f"torch {fmt(mib(ok_peak(base_t)), '.0f')} MiB")
 
@@ -367,7 +394,7 @@ def main():
     for S in sizes:
         ra = b.autosp(S, autosp_steps, T)
         log(f"autosp S={S}: {ra['status']} {fmt(ok_time(ra))} s/step "
-            f"{fmt(mib(ra['peak_rss_bytes']), '.0f')} MiB")
+            f"{fmt(mib(ra['peak_rss_bytes']), '.0f')} MiB, busy {fmt(busy(ra, T))}")
         rt = None
         if torch_dead:
             rt = {"status": f"skipped ({torch_dead})", "S": S, "side": "torch"}
@@ -384,13 +411,13 @@ def main():
                              f"{torch_max_step:g}"}
                 torch_dead = "a smaller size was projected too slow"
             else:
-                rt = b.torch(S, 3 if S < 4096 and not q else 2, T)
+                rt = b.torch(S, torch_steps(S, q), T)
                 if rt["status"] == "ok":
                     torch_times.append((S, rt["median_step_time_s"]))
                 elif rt["status"] in ("oom", "oom_guard", "timeout"):
                     torch_dead = f"{rt['status']} at S={S}"
         log(f"torch  S={S}: {rt['status']} {fmt(ok_time(rt))} s/step "
-            f"{fmt(mib(rt.get('peak_rss_bytes')), '.0f')} MiB")
+            f"{fmt(mib(rt.get('peak_rss_bytes')), '.0f')} MiB, busy {fmt(busy(rt, T))}")
         sweep.append({"S": S, "autosp": ra, "torch": rt})
     res["sweep"] = sweep
 
@@ -465,12 +492,16 @@ def print_tables(res, V):
     print(f"Idle baseline RSS: autosp {fmt(mib(ba), '.0f')} MiB, "
           f"torch {fmt(mib(bt), '.0f')} MiB. Peaks as raw / minus baseline.\n")
     print("| S | autosp step s | torch step s | time autosp/torch | autosp peak MiB | "
-          "torch peak MiB | mem ratio raw | mem ratio −base | loss1 autosp / torch |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+          "torch peak MiB | mem ratio raw | mem ratio −base | loss1 autosp / torch | "
+          "busy autosp / torch |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---|---|")
     torch_known = []
     for row in res["sweep"]:
         ra, rt = row["autosp"], row["torch"]
         ta, tt = ok_time(ra), ok_time(rt)
+        mark = ""
+        if tt is not None and rt.get("steps") == 1 and ta is not None:
+            ta, mark = ra["step_time_s"][0], "¹"
         pa, pt = ok_peak(ra), ok_peak(rt)
         if pt is not None:
             torch_known.append(pt)
@@ -485,13 +516,16 @@ def print_tables(res, V):
         l1 = [fmt(r.get("loss_step1"), ".3f") for r in (ra, rt)]
         checks = [loss_check(r, V) for r in (ra, rt)]
         flag = "" if all(c is not False for c in checks) else " ✗"
-        print(f"| {row['S']} | {cell_status(ra, fmt(ta, '.3f'))} | "
-              f"{cell_status(rt, fmt(tt, '.3f'))} | {fmt(ratio(ta, tt), '.3f')} | "
+        print(f"| {row['S']} | {cell_status(ra, fmt(ta, '.3f') + mark)} | "
+              f"{cell_status(rt, fmt(tt, '.3f') + mark)} | {fmt(ratio(ta, tt), '.3f')}{mark} | "
               f"{cell_status(ra, fmt(mib(pa), '.0f') + ' / ' + fmt(mib(pa - ba) if pa and ba else None, '.0f'))} | "
               f"{cell_status(rt, fmt(mib(pt), '.0f') + ' / ' + fmt(mib(pt - bt) if pt and bt else None, '.0f'))} | "
-              f"{mem_raw_s} | {mem_net_s} | {l1[0]} / {l1[1]}{flag} |")
+              f"{mem_raw_s} | {mem_net_s} | {l1[0]} / {l1[1]}{flag} | "
+              f"{fmt(busy(ra, T))} / {fmt(busy(rt, T))} |")
     print(f"\nln V = {math.log(V):.3f}; ✗ marks a step-1 loss not finite or not within 0.3 "
-          "of it.")
+          "of it. ¹ torch ran one step there: both sides' step 1. busy = cpu_s / (wall_s x "
+          "threads) of the whole process (init included); well under 1 means other "
+          "processes took the cores and that row is noisy.")
 
     c = res["cap_search"]
     print(f"\n### Longest S under a {c['cap_bytes'] / GIB:g} GiB peak-RSS cap (SP = 1, "
