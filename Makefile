@@ -2,7 +2,7 @@
 BUILD ?= build
 JOBS ?= $(shell nproc)
 
-.PHONY: all deps build demo test test-asan clean
+.PHONY: all deps build demo test test-asan bench clean
 
 all: build
 
@@ -32,6 +32,15 @@ test-asan: deps
 	cmake --build build-asan --target autosp -j $(JOBS)
 	ASAN_OPTIONS=exitcode=86 UBSAN_OPTIONS=halt_on_error=1:exitcode=87 OMP_NUM_THREADS=2 \
 	  bash tests/cli/cli_errors.sh build-asan/autosp
+
+# Benchmarks: ratios against baselines measured in the same run (sgemm and memcpy for the
+# kernels; PyTorch for the training step). Tables on stdout, JSON in $(BUILD)/bench/.
+# BENCH_ARGS=--quick for a ~1-minute training subset. docs/PERFORMANCE.md has the latest.
+bench: deps build
+	cmake --build $(BUILD) --target bench_kernels -j $(JOBS)
+	mkdir -p $(BUILD)/bench
+	$(BUILD)/bench_kernels $(BUILD)/bench/bench_kernels.json
+	/usr/bin/python3 bench/bench_train.py --autosp $(BUILD)/autosp --out $(BUILD)/bench/bench_train.json $(BENCH_ARGS)
 
 clean:
 	rm -rf $(BUILD) build-asan

@@ -2,6 +2,9 @@
 
 #include <omp.h>
 
+#include <malloc.h>
+
+#include <climits>
 #include <cstdlib>
 #include <new>
 
@@ -9,6 +12,15 @@
 #include "util/error.h"
 
 namespace autosp {
+
+HeapAllocator::HeapAllocator() {
+  static const bool configured = [] {
+    mallopt(M_MMAP_THRESHOLD, 1 << 30);  // the largest value glibc accepts (32 MiB on 32-bit)
+    mallopt(M_TRIM_THRESHOLD, INT_MAX);
+    return true;
+  }();
+  (void)configured;
+}
 
 void* HeapAllocator::allocate(int64_t bytes) {
   if (bytes == 0) return nullptr;
