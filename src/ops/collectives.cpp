@@ -26,18 +26,6 @@ int64_t dim_of(const Attrs& attrs, const char* key, const TensorType& t) {
   return d;
 }
 
-// [outer, dim, inner] around `dim`.
-struct Slab {
-  int64_t outer = 1, len = 1, inner = 1;
-};
-Slab slab_of(const Shape& s, int64_t dim) {
-  Slab v;
-  v.len = s[dim];
-  for (int64_t i = 0; i < dim; ++i) v.outer *= s[i];
-  for (size_t i = dim + 1; i < s.size(); ++i) v.inner *= s[i];
-  return v;
-}
-
 }  // namespace
 
 // all_to_all(x) {group, size, scatter_dim, gather_dim}: x's scatter dim is cut into `size`

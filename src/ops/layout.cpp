@@ -15,17 +15,6 @@ int64_t dim_attr(const Attrs& attrs, size_t rank) {
   return dim;
 }
 
-// [outer, dim, inner] view of a shape around `dim`.
-struct Slab {
-  int64_t outer = 1, inner = 1;
-};
-Slab slab_of(const Shape& s, int64_t dim) {
-  Slab v;
-  for (int64_t i = 0; i < dim; ++i) v.outer *= s[i];
-  for (size_t i = dim + 1; i < s.size(); ++i) v.inner *= s[i];
-  return v;
-}
-
 }  // namespace
 
 // reshape(x) {shape}: same elements, new shape

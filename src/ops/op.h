@@ -133,6 +133,12 @@ std::string types_str(const Types& types);  // "f32[2, 3], i32[2]"
 void require_dtype(const TensorType& t, DType dtype, const char* operand);
 void require_rank(const TensorType& t, size_t rank, const char* operand);
 Shape with_last(Shape shape, int64_t last);  // shape with its last dim replaced
+
+// A tensor viewed as [outer, len, inner] around `dim` (for slab copies along one dim).
+struct Slab {
+  int64_t outer = 1, len = 1, inner = 1;
+};
+Slab slab_of(const Shape& shape, int64_t dim);
 int64_t rows_of(const Shape& shape);         // product of all but the last dim
 
 }  // namespace autosp

@@ -38,6 +38,14 @@ Shape with_last(Shape shape, int64_t last) {
   return shape;
 }
 
+Slab slab_of(const Shape& shape, int64_t dim) {
+  Slab v;
+  v.len = shape[dim];
+  for (int64_t i = 0; i < dim; ++i) v.outer *= shape[i];
+  for (size_t i = dim + 1; i < shape.size(); ++i) v.inner *= shape[i];
+  return v;
+}
+
 int64_t rows_of(const Shape& shape) {
   int64_t n = 1;
   for (size_t i = 0; i + 1 < shape.size(); ++i) n *= shape[i];

@@ -104,7 +104,8 @@ TEST(AutospPass, TheJointGraphDifferentiatesEachCollectiveIntoItsInverse) {
     total_a2a += node.op == OpKind::all_to_all;
     all_reduces += node.op == OpKind::all_reduce;
   }
-  for (const Node& node : autosp(fwd, {.sp_size = 2}).nodes()) forward_a2a += node.op == OpKind::all_to_all;
+  const Graph sharded = autosp(fwd, {.sp_size = 2});
+  for (const Node& node : sharded.nodes()) forward_a2a += node.op == OpKind::all_to_all;
   EXPECT_EQ(total_a2a, 2 * forward_a2a);  // one inverse exchange each
   EXPECT_EQ(all_reduces, 1);              // the count has no gradient
 }
