@@ -4,11 +4,14 @@
 #include "io/safetensors.h"
 
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <bit>
+#include <csignal>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -466,13 +469,32 @@ TEST_F(SafetensorsAtomicWriteTest, MissingDirectory) {
   }
 }
 
-TEST_F(SafetensorsAtomicWriteTest, ReadOnlyDirectoryLeavesOldFile) {
-  if (::geteuid() == 0) GTEST_SKIP() << "root ignores directory permissions";
+// A write that fails part-way (here the file-size limit, EFBIG: the same path as a full
+// disk) leaves the old file intact and no temporary behind. It runs in a child process so
+// the limit does not touch the test binary; unlike directory permissions it also holds for
+// root, which CI runs as.
+TEST_F(SafetensorsAtomicWriteTest, WriteFailingPartWayLeavesOldFile) {
   std::string path = file("f.bin");
   autosp::write_file_atomic(path, "old contents");
-  fs::permissions(dir_, fs::perms::owner_read | fs::perms::owner_exec);
-  EXPECT_THROW(autosp::write_file_atomic(path, "new"), UserError);
-  fs::permissions(dir_, fs::perms::owner_all);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::signal(SIGXFSZ, SIG_IGN);
+    rlimit limit{4096, 4096};
+    ::setrlimit(RLIMIT_FSIZE, &limit);
+    try {
+      autosp::write_file_atomic(path, std::string(1 << 20, 'x'));
+    } catch (const UserError& e) {
+      ::_exit(std::string(e.what()).find(path) != std::string::npos ? 0 : 3);
+    } catch (...) {
+      ::_exit(4);
+    }
+    ::_exit(5);  // the oversized write succeeded: the limit did not apply
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "3: message lacks the path, 4: not a UserError, 5: no error";
   EXPECT_EQ(read_raw(path), "old contents");
   EXPECT_EQ(entries(dir_), std::vector<std::string>{"f.bin"});
 }
