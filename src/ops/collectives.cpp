@@ -18,14 +18,6 @@ void check_group(const Attrs& attrs) {
   require(attrs.has("size") && attrs.get_int("size") >= 1, "needs the group's 'size' (>= 1)");
 }
 
-int64_t dim_of(const Attrs& attrs, const char* key, const TensorType& t) {
-  require(attrs.has(key), "needs '", key, "'");
-  const int64_t d = attrs.get_int(key);
-  require(d >= 0 && d < static_cast<int64_t>(t.shape.size()), key, "=", d, " is out of range for ",
-          type_str(t));
-  return d;
-}
-
 }  // namespace
 
 // all_to_all(x) {group, size, scatter_dim, gather_dim}: x's scatter dim is cut into `size`
@@ -37,8 +29,8 @@ extern const OpDef all_to_all_op = {
     .infer = [](const Types& in, const Attrs& attrs) -> Types {
       check_group(attrs);
       require_dtype(in[0], DType::f32, "x");
-      const int64_t P = attrs.get_int("size"), s = dim_of(attrs, "scatter_dim", in[0]),
-                    g = dim_of(attrs, "gather_dim", in[0]);
+      const int64_t P = attrs.get_int("size"), s = dim_attr(attrs, "scatter_dim", in[0]),
+                    g = dim_attr(attrs, "gather_dim", in[0]);
       require(s != g, "scatter_dim and gather_dim must differ");
       require(in[0].shape[s] % P == 0, "scatter dim ", s, " (", in[0].shape[s], ") is not divisible by ", P);
       Shape out = in[0].shape;
@@ -108,7 +100,7 @@ extern const OpDef all_gather_op = {
       check_group(attrs);
       require_dtype(in[0], DType::f32, "x");
       Shape out = in[0].shape;
-      out[dim_of(attrs, "dim", in[0])] *= attrs.get_int("size");
+      out[dim_attr(attrs, "dim", in[0])] *= attrs.get_int("size");
       return {{DType::f32, out}};
     },
     .cost = [](const Types&, const Types& out, const Attrs& attrs) {
@@ -138,7 +130,7 @@ extern const OpDef reduce_scatter_op = {
     .infer = [](const Types& in, const Attrs& attrs) -> Types {
       check_group(attrs);
       require_dtype(in[0], DType::f32, "x");
-      const int64_t d = dim_of(attrs, "dim", in[0]), P = attrs.get_int("size");
+      const int64_t d = dim_attr(attrs, "dim", in[0]), P = attrs.get_int("size");
       require(in[0].shape[d] % P == 0, "dim ", d, " (", in[0].shape[d], ") is not divisible by ", P);
       Shape out = in[0].shape;
       out[d] /= P;

@@ -6,17 +6,6 @@
 
 namespace autosp {
 
-namespace {
-
-int64_t dim_attr(const Attrs& attrs, size_t rank) {
-  require(attrs.has("dim"), "needs a 'dim' attribute");
-  const int64_t dim = attrs.get_int("dim");
-  require(dim >= 0 && dim < static_cast<int64_t>(rank), "dim ", dim, " is out of range for rank ", rank);
-  return dim;
-}
-
-}  // namespace
-
 // reshape(x) {shape}: same elements, new shape
 extern const OpDef reshape_op = {
     .num_inputs = 1,
@@ -102,7 +91,7 @@ extern const OpDef slice_op = {
     .num_outputs = 1,
     .infer = [](const Types& in, const Attrs& attrs) -> Types {
       require_dtype(in[0], DType::f32, "x");
-      const int64_t dim = dim_attr(attrs, in[0].shape.size());
+      const int64_t dim = dim_attr(attrs, "dim", in[0]);
       require(attrs.has("start") && attrs.has("end"), "needs 'start' and 'end'");
       const int64_t start = attrs.get_int("start"), end = attrs.get_int("end");
       require(0 <= start && start <= end && end <= in[0].shape[dim], "range [", start, ", ", end,
@@ -140,7 +129,7 @@ extern const OpDef slice_backward_op = {
     .num_outputs = 1,
     .infer = [](const Types& in, const Attrs& attrs) -> Types {
       require_dtype(in[0], DType::f32, "dy");
-      const int64_t dim = dim_attr(attrs, in[0].shape.size());
+      const int64_t dim = dim_attr(attrs, "dim", in[0]);
       require(attrs.has("start") && attrs.has("size"), "needs 'start' and 'size'");
       const int64_t start = attrs.get_int("start"), size = attrs.get_int("size");
       require(start >= 0 && start + in[0].shape[dim] <= size, "slab of ", in[0].shape[dim],
@@ -166,7 +155,7 @@ extern const OpDef concat_op = {
     .num_inputs = -1,
     .num_outputs = 1,
     .infer = [](const Types& in, const Attrs& attrs) -> Types {
-      const int64_t dim = dim_attr(attrs, in[0].shape.size());
+      const int64_t dim = dim_attr(attrs, "dim", in[0]);
       Shape out = in[0].shape;
       out[dim] = 0;
       for (const TensorType& t : in) {

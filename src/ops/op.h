@@ -139,6 +139,8 @@ struct Slab {
   int64_t outer = 1, len = 1, inner = 1;
 };
 Slab slab_of(const Shape& shape, int64_t dim);
+// The dim named by attribute `key`, checked to be a dim of `t`.
+int64_t dim_attr(const Attrs& attrs, const char* key, const TensorType& t);
 int64_t rows_of(const Shape& shape);         // product of all but the last dim
 
 }  // namespace autosp

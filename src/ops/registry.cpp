@@ -38,6 +38,14 @@ Shape with_last(Shape shape, int64_t last) {
   return shape;
 }
 
+int64_t dim_attr(const Attrs& attrs, const char* key, const TensorType& t) {
+  require(attrs.has(key), "needs a '", key, "' attribute");
+  const int64_t d = attrs.get_int(key);
+  require(d >= 0 && d < static_cast<int64_t>(t.shape.size()), key, "=", d, " is out of range for ",
+          type_str(t));
+  return d;
+}
+
 Slab slab_of(const Shape& shape, int64_t dim) {
   Slab v;
   v.len = shape[dim];
