@@ -77,6 +77,12 @@ class AutospPass {
       add_op(n, node);  // not sequence-sharded: the op's own rule decides
       return;
     }
+    // Padding sits after every real token; only causal attention keeps real queries from
+    // seeing it, so padded full attention would silently change the result.
+    if (node.attrs.get_int("causal") == 0 && split_.padded != split_.global)
+      user_error("autosp: attention (node ", n, ") is not causal and S=", split_.global,
+                 " is not divisible by sequence_parallel_size P=", P_,
+                 ": the padding would be attended to; use a sequence length divisible by P");
     const int64_t NH = g_.shape(q)[2], NKV = g_.shape(k)[2];
     if (NH % P_ != 0)
       user_error("autosp: attention (node ", n, ") has NH=", NH, " query heads, not divisible by "

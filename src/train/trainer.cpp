@@ -136,8 +136,15 @@ StepStats Trainer::train_step(const DataSource& data) {
   groups_->world->all_reduce_sum(&loss_sum, 1);
   const double loss = loss_sum / double(g) / double(groups_->dp_size);
 
+  // Every rank sees the same (reduced) loss and norm, so all stop here together.
+  if (!std::isfinite(loss))
+    user_error("step ", t + 1, ": the loss is ", loss, " (a micro batch with no labelled tokens gives 0/0; "
+               "otherwise the model diverged: lower the learning rate); no update was applied");
   const double lr = lr_at(config_.scheduler, config_.optimizer.lr, t);
   const double norm = optimizer_->step(state_, grads_, lr);
+  if (!std::isfinite(norm))
+    user_error("step ", t + 1, ": the gradient norm is ", norm, "; the parameters are no longer finite "
+               "(checkpoints already written are intact)");
   state_.step = t + 1;
 
   StepStats s;

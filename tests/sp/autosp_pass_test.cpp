@@ -155,3 +155,32 @@ TEST(PrepareAutospInputs, SlicesEachRowAndPadsTheLastRank) {
 
 }  // namespace
 }  // namespace autosp
+
+namespace autosp {
+namespace {
+
+TEST(AutospPass, FullAttentionWithPaddingIsAnErrorNotAWrongResult) {
+  Tracer t;
+  Tensor q = t.input(Role::tokens, "q_tokens", DType::i32, {1, 5});  // a sequence input fixing S = 5
+  (void)q;
+  Tensor w = t.parameter("w", {10, 8});
+  Tensor x = t.reshape(t.embedding(w, q), {1, 5, 2, 4});
+  t.output("y", t.sum(t.attention(x, x, x, /*causal=*/false, 0.5)));
+  Graph fwd = t.finish();
+  try {
+    autosp(fwd, {.sp_size = 2});
+    FAIL() << "padded full attention was accepted";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("is not causal and S=5 is not divisible"), std::string::npos) << e.what();
+  }
+  // Divisible: no padding, so full attention is exact and allowed.
+  Tracer t4;
+  Tensor q4 = t4.input(Role::tokens, "q_tokens", DType::i32, {1, 4});
+  Tensor w4 = t4.parameter("w", {10, 8});
+  Tensor x4 = t4.reshape(t4.embedding(w4, q4), {1, 4, 2, 4});
+  t4.output("y", t4.sum(t4.attention(x4, x4, x4, /*causal=*/false, 0.5)));
+  EXPECT_NO_THROW(autosp(t4.finish(), {.sp_size = 2}));
+}
+
+}  // namespace
+}  // namespace autosp
