@@ -45,14 +45,16 @@ class MetricsWriter {
     out_.open(path, std::ios::trunc);
     if (!out_) user_error("--metrics ", path, ": cannot open for writing (", std::strerror(errno), ")");
   }
-  void write(const train::StepStats& s, const std::vector<int64_t>& peaks) {
+  void write(const train::StepStats& s, const std::vector<int64_t>& peaks,
+             const std::vector<int64_t>& model_state) {
     if (path_.empty()) return;
     json j = {{"step", s.step},         {"loss", s.loss},
               {"lr", s.lr},             {"grad_norm", s.grad_norm},
               {"tokens_per_s", s.tokens_per_s}, {"step_time_s", s.seconds},
               {"peak_bytes", *std::max_element(peaks.begin(), peaks.end())},
               {"peak_bytes_per_rank", peaks},
-              {"activation_peak_bytes", s.activation_bytes}};
+              {"activation_peak_bytes", s.activation_bytes},
+              {"model_state_bytes_per_rank", model_state}};
     out_ << j.dump() << "\n" << std::flush;
     if (!out_) user_error("--metrics ", path_, ": write failed (", std::strerror(errno), ")");
   }
@@ -81,7 +83,7 @@ struct Launch {
   }
 };
 
-// Per-rank peak bytes of this step, gathered (every rank calls it).
+// One number per rank (a step's peak bytes, say), gathered on every rank (a collective).
 std::vector<int64_t> rank_peaks(ProcessGroups& groups, int64_t mine) {
   std::vector<double> peaks(groups.world->size(), 0.0);
   peaks[groups.world->rank()] = double(mine);
@@ -178,7 +180,7 @@ int run_demo(const TrainArgs& args, std::optional<uint64_t> seed, const Launch& 
   for (int64_t t = 0; t < steps; ++t) {
     train::StepStats s = trainer.train_step(task);
     const auto peaks = rank_peaks(groups, s.peak_bytes);
-    metrics.write(s, peaks);
+    metrics.write(s, peaks, rank_peaks(groups, s.model_state_bytes));
     if (launch.lead() && (s.step % 50 == 0 || s.step == steps)) print_step(s, steps, peaks);
   }
   const double after = task.accuracy(predict, S, eval_samples, 20);
@@ -283,7 +285,7 @@ int run_train(const TrainArgs& args, MpiRuntime* mpi) {
   while (trainer.state().step < args.steps) {
     train::StepStats s = trainer.train_step(data);
     const auto peaks = rank_peaks(groups, s.peak_bytes);
-    metrics.write(s, peaks);
+    metrics.write(s, peaks, rank_peaks(groups, s.model_state_bytes));
     if (launch.lead()) print_step(s, args.steps, peaks);
     const bool last = s.step == args.steps;
     if (!args.save.empty() && (last || (args.save_every > 0 && s.step % args.save_every == 0)))

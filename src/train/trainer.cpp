@@ -155,7 +155,8 @@ StepStats Trainer::train_step(const DataSource& data) {
   s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   s.tokens_per_s = double(g * micro_batch_ * seq_len_ * groups_->dp_size) / s.seconds;
   s.activation_bytes = allocator_.peak_bytes();
-  s.peak_bytes = s.activation_bytes + state_.persistent_bytes() + optimizer_->bytes();
+  s.model_state_bytes = state_.persistent_bytes() + optimizer_->bytes();
+  s.peak_bytes = s.activation_bytes + s.model_state_bytes;
   return s;
 }
 

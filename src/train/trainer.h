@@ -36,6 +36,9 @@ struct StepStats {
   double seconds = 0, tokens_per_s = 0;
   int64_t peak_bytes = 0;        // activations (allocator peak) + parameters, grads, moments
   int64_t activation_bytes = 0;  // the executor's allocator peak alone
+  // Parameters, gradients, optimizer state and its scratch held on this rank (under ZeRO-1
+  // the moments are this rank's shard): peak_bytes less the activations.
+  int64_t model_state_bytes = 0;
 };
 
 class Trainer {
