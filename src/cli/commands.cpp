@@ -1,10 +1,12 @@
 #include "cli/commands.h"
 
 #include <charconv>
+#include <chrono>
 #include <cstdarg>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <nlohmann/json.hpp>
 
@@ -16,6 +18,7 @@
 #include "train/config.h"
 #include "train/passkey.h"
 #include "train/trainer.h"
+#include "util/atomic_file.h"
 #include "util/error.h"
 
 namespace autosp::cli {
@@ -24,6 +27,10 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
 
 std::string human_bytes(double b) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
@@ -38,23 +45,47 @@ std::string human_bytes(double b) {
 }
 
 // Appends one JSON object per step; every line is flushed so a killed run keeps its log.
+// A resumed run keeps the lines up to the checkpoint's step and appends after them, so the
+// file holds every step once however often the run was restarted.
 class MetricsWriter {
  public:
-  explicit MetricsWriter(const std::string& path) : path_(path) {
-    if (path.empty()) return;
-    out_.open(path, std::ios::trunc);
+  MetricsWriter() = default;
+  // resume_step: the checkpoint's step when resuming (lines past it are dropped).
+  MetricsWriter(const std::string& path, std::optional<int64_t> resume_step) : path_(path) {
+    std::error_code ec;
+    if (fs::is_directory(path, ec)) user_error("--metrics ", path, ": is a directory");
+    auto mode = std::ios::trunc;
+    if (resume_step && fs::exists(path, ec)) {
+      std::ifstream in(path);
+      std::string line, kept;
+      int64_t dropped = 0;
+      while (std::getline(in, line)) {
+        const json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
+        const bool keep = j.is_object() && j.contains("step") && j["step"].is_number_integer() &&
+                          j["step"].get<int64_t>() <= *resume_step;
+        if (keep) kept += line + "\n";
+        else ++dropped;  // past the checkpoint, or a line cut short when the run was killed
+      }
+      if (dropped > 0) write_file_atomic(path, kept);
+      mode = std::ios::app;
+    }
+    out_.open(path, std::ios::out | mode);
     if (!out_) user_error("--metrics ", path, ": cannot open for writing (", std::strerror(errno), ")");
   }
-  void write(const train::StepStats& s, const std::vector<int64_t>& peaks,
+  void write(const train::StepStats& s, int64_t epoch_samples, const std::vector<int64_t>& peaks,
              const std::vector<int64_t>& model_state) {
     if (path_.empty()) return;
     json j = {{"step", s.step},         {"loss", s.loss},
               {"lr", s.lr},             {"grad_norm", s.grad_norm},
+              {"consumed_samples", s.consumed_samples},
               {"tokens_per_s", s.tokens_per_s}, {"step_time_s", s.seconds},
               {"peak_bytes", *std::max_element(peaks.begin(), peaks.end())},
               {"peak_bytes_per_rank", peaks},
               {"activation_peak_bytes", s.activation_bytes},
               {"model_state_bytes_per_rank", model_state}};
+    // Passes over the data so far, as Hugging Face's Trainer logs it (1.5: half-way through
+    // the second); absent for an endless generated source.
+    if (epoch_samples > 0) j["epoch"] = double(s.consumed_samples) / double(epoch_samples);
     out_ << j.dump() << "\n" << std::flush;
     if (!out_) user_error("--metrics ", path_, ": write failed (", std::strerror(errno), ")");
   }
@@ -91,14 +122,29 @@ std::vector<int64_t> rank_peaks(ProcessGroups& groups, int64_t mine) {
   return std::vector<int64_t>(peaks.begin(), peaks.end());
 }
 
-void print_step(const train::StepStats& s, int64_t total, const std::vector<int64_t>& peaks) {
-  std::string peak = human_bytes(double(s.peak_bytes));
-  if (peaks.size() > 1) {
-    peak = "per rank";
-    for (int64_t p : peaks) peak += " " + human_bytes(double(p));
-  }
-  std::printf("step %lld/%lld | loss %.4f | lr %.3e | grad norm %.4f | %.0f tok/s | peak %s\n",
-              (long long)s.step, (long long)total, s.loss, s.lr, s.grad_norm, s.tokens_per_s, peak.c_str());
+std::string human_seconds(double t) {
+  char buf[32];
+  if (t < 60) std::snprintf(buf, sizeof(buf), "%.1fs", t);
+  else if (t < 3600) std::snprintf(buf, sizeof(buf), "%dm%02ds", int(t) / 60, int(t) % 60);
+  else std::snprintf(buf, sizeof(buf), "%dh%02dm", int(t) / 3600, int(t) % 3600 / 60);
+  return buf;
+}
+
+std::string peak_text(const std::vector<int64_t>& peaks) {
+  if (peaks.size() == 1) return human_bytes(double(peaks[0]));
+  std::string text = "per rank";
+  for (int64_t p : peaks) text += " " + human_bytes(double(p));
+  return text;
+}
+
+// The progress line. `elapsed`: seconds since this run's first step began; the ETA assumes
+// the remaining steps take as long as this run's steps so far.
+void print_step(const train::StepStats& s, int64_t total, const std::vector<int64_t>& peaks, double elapsed,
+                int64_t steps_done) {
+  const double eta = elapsed / double(steps_done) * double(total - s.step);
+  std::printf("step %lld/%lld | loss %.4f | lr %.3e | grad norm %.4f | %.0f tok/s | peak %s | %s elapsed, ETA %s\n",
+              (long long)s.step, (long long)total, s.loss, s.lr, s.grad_norm, s.tokens_per_s, peak_text(peaks).c_str(),
+              human_seconds(elapsed).c_str(), human_seconds(eta).c_str());
   std::fflush(stdout);
 }
 
@@ -112,14 +158,40 @@ __attribute__((format(printf, 2, 3))) void say(const Launch& launch, const char*
   std::fflush(stdout);
 }
 
-// Saves a checkpoint from rank 0 once every rank has gathered its state.
-void save(const Launch& launch, train::Trainer& trainer, const std::string& dir, const models::LlamaConfig& model,
-          train::CheckpointInfo info, ProcessGroups& groups) {
+void warn_all(const Launch& launch, const std::vector<std::string>& warnings) {
+  if (launch.lead())
+    for (const std::string& w : warnings) std::fprintf(stderr, "autosp: warning: %s\n", w.c_str());
+}
+
+// Runs `work` on rank 0 only (it touches what rank 0 alone writes: the checkpoint, the
+// metrics) and makes its UserError every rank's, so that all ranks stop together with one
+// message instead of the others waiting for rank 0 in a collective. Collective.
+void on_lead(const Launch& launch, Communicator& world, const std::function<void()>& work) {
+  std::string error;
+  if (launch.lead()) {
+    try {
+      work();
+    } catch (const UserError& e) {
+      error = e.what();
+    }
+  }
+  if (world.size() > 1) {
+    int64_t n = static_cast<int64_t>(error.size());
+    world.broadcast(&n, sizeof(n), 0);
+    error.resize(static_cast<size_t>(n));
+    world.broadcast(error.data(), n, 0);
+  }
+  if (!error.empty()) throw UserError(error);
+}
+
+// Saves a checkpoint from rank 0 once every rank has gathered its state (a collective:
+// every rank calls it; `target` is rank 0's, empty on the others).
+void save(const Launch& launch, train::Trainer& trainer, const std::optional<train::SaveTarget>& target,
+          const models::LlamaConfig& model, const train::CheckpointInfo& info, ProcessGroups& groups) {
   const train::ModelState& state = trainer.gather_state();
-  if (launch.lead()) train::save_checkpoint(dir, model, state, info);
+  on_lead(launch, *groups.world, [&] { target->save(model, state, info); });
   trainer.release_gathered_state();
-  groups.world->barrier();
-  say(launch, "saved %s at step %lld\n", dir.c_str(), (long long)state.step);
+  say(launch, "saved %s at step %lld\n", target ? target->dir().c_str() : "", (long long)state.step);
 }
 
 // The built-in default: a small Llama learns passkey retrieval from scratch. Under mpirun
@@ -170,23 +242,32 @@ int run_demo(const TrainArgs& args, std::optional<uint64_t> seed, const Launch& 
       launch.world_size,
       (long long)split_sequence(S, launch.world_size).local);
 
+  std::optional<train::SaveTarget> target;
+  MetricsWriter metrics;
+  on_lead(launch, *groups.world, [&] {
+    std::vector<std::string> warnings;
+    if (!args.save.empty()) target.emplace(args.save, &warnings);
+    if (!args.metrics.empty()) metrics = MetricsWriter(args.metrics, std::nullopt);
+    warn_all(launch, warnings);
+  });
   train::Trainer trainer(model, config, S, train::ModelState::initial(model, config.seed), &groups);
   auto predict = [&](const int32_t* in, int64_t B, int64_t s, int32_t* out) { trainer.predict(in, B, s, out); };
   const int64_t eval_samples = 200;
   const double before = task.accuracy(predict, S, eval_samples, 20);
   say(launch, "retrieval accuracy before training: %.1f%% (chance %.1f%%, %lld held-out samples)\n\n",
       100 * before, 100 * task.chance_accuracy(), (long long)eval_samples);
-  MetricsWriter metrics(launch.lead() ? args.metrics : "");
+  const auto start = std::chrono::steady_clock::now();
   for (int64_t t = 0; t < steps; ++t) {
     train::StepStats s = trainer.train_step(task);
     const auto peaks = rank_peaks(groups, s.peak_bytes);
-    metrics.write(s, peaks, rank_peaks(groups, s.model_state_bytes));
-    if (launch.lead() && (s.step % 50 == 0 || s.step == steps)) print_step(s, steps, peaks);
+    metrics.write(s, 0, peaks, rank_peaks(groups, s.model_state_bytes));
+    if (launch.lead() && (s.step % 50 == 0 || s.step == steps))
+      print_step(s, steps, peaks, seconds_since(start), t + 1);
   }
   const double after = task.accuracy(predict, S, eval_samples, 20);
   say(launch, "\nretrieval accuracy after training:  %.1f%% (before %.1f%%, chance %.1f%%)\n", 100 * after,
       100 * before, 100 * task.chance_accuracy());
-  if (!args.save.empty()) save(launch, trainer, args.save, model, {S, config.seed}, groups);
+  if (!args.save.empty()) save(launch, trainer, target, model, {.seq_len = S, .seed = config.seed}, groups);
   return 0;
 }
 
@@ -208,6 +289,40 @@ std::string read_file(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
+std::string layout_text(const train::BatchLayout& l) {
+  return str("global batch ", l.global(), " (micro ", l.micro_batch, " x accumulation ", l.grad_accum, " x ",
+             l.dp_size, " data-parallel)");
+}
+
+// Where a resumed run continues in the data: at the checkpoint's consumed samples, whatever
+// this run's batch layout, and only on the data it was trained on unless --allow-new-data.
+void resume_data_position(const Launch& launch, const train::LoadedCheckpoint& ckpt, train::ModelState& state,
+                          const train::BatchLayout& layout, const TrainArgs& args, const io::DataFingerprint& data) {
+  say(launch, "resuming from %s at step %lld\n", ckpt.dir.c_str(), (long long)state.step);
+  if (state.consumed_samples < 0) {  // the first checkpoint format kept only the step
+    state.consumed_samples = state.step * layout.global();
+    if (launch.lead())
+      std::fprintf(stderr, "autosp: warning: --resume %s: an older checkpoint without its data position; "
+                   "assuming it was trained with this run's %s: continuing at sample %lld\n",
+                   ckpt.dir.c_str(), layout_text(layout).c_str(), (long long)state.consumed_samples);
+    return;
+  }
+  if (ckpt.info.data && *ckpt.info.data != data) {
+    const std::string what = str("--data ", args.data, ": not the data the checkpoint ", ckpt.dir, " was trained on (",
+                                 ckpt.info.data_path, ": ", ckpt.info.data->bytes, " bytes; this file: ", data.bytes,
+                                 " bytes", data.bytes == ckpt.info.data->bytes ? ", different contents" : "", ")");
+    if (!args.allow_new_data)
+      user_error(what, "; pass --allow-new-data to train on it, continuing at sample ", state.consumed_samples);
+    if (launch.lead())
+      std::fprintf(stderr, "autosp: warning: %s; --allow-new-data: continuing at sample %lld of it\n", what.c_str(),
+                   (long long)state.consumed_samples);
+  }
+  if (ckpt.info.layout != layout)
+    say(launch, "the batch layout changed: the checkpoint was trained with %s, this run uses %s\n",
+        layout_text(ckpt.info.layout).c_str(), layout_text(layout).c_str());
+  say(launch, "continuing with sample %lld, the first this model has not seen\n", (long long)state.consumed_samples);
+}
+
 }  // namespace
 
 int run_train(const TrainArgs& args, MpiRuntime* mpi) {
@@ -216,40 +331,44 @@ int run_train(const TrainArgs& args, MpiRuntime* mpi) {
   if (mpi)  // every rank must run the same job
     mpi->check_same_on_all_ranks("the command line",
                                  str(args.config, "|", args.model, "|", args.data, "|", args.seq_len, "|",
-                                     args.steps, "|", args.resume, "|", args.seed));
+                                     args.steps, "|", args.resume, "|", args.seed, "|", args.save, "|",
+                                     args.save_every, "|", args.allow_new_data));
   if (!args.any_given()) return run_demo(args, seed, launch);
   require_flag(!args.config.empty(), "--config");
   require_flag(!args.model.empty() || !args.resume.empty(), "--model (or --resume)");
   require_flag(!args.data.empty(), "--data");
   require_flag(args.seq_len > 0 || !args.resume.empty(), "--seq-len");
   require_flag(args.steps >= 0, "--steps");
+  if (args.save_every > 0 && args.save.empty())
+    user_error("--save-every ", args.save_every, " needs --save DIR (where to write the checkpoints)");
 
   std::vector<std::string> warnings;
   train::TrainConfig config = train::load_train_config(args.config, &warnings);
   if (mpi) mpi->check_same_on_all_ranks(str("the config file ", args.config), read_file(args.config));
-  if (launch.lead())
-    for (const std::string& w : warnings) std::fprintf(stderr, "autosp: warning: %s\n", w.c_str());
+  warn_all(launch, warnings);
   ProcessGroups groups = launch.groups(config.sequence_parallel_size);
   train::resolve_batch(config, groups.dp_size, args.config);
   if (seed) config.seed = *seed;
+  const train::BatchLayout layout{*config.train_micro_batch_size_per_gpu, *config.gradient_accumulation_steps,
+                                  groups.dp_size};
 
   models::LlamaConfig model;
   train::ModelState state;
+  std::optional<train::LoadedCheckpoint> ckpt;
   int64_t S = args.seq_len;
   if (!args.resume.empty()) {
-    train::LoadedCheckpoint ckpt = train::load_checkpoint(args.resume);
+    ckpt = train::load_checkpoint(args.resume);
     if (!args.model.empty()) {
       models::LlamaConfig given = models::load_llama_config(args.model + "/config.json");
-      if (models::llama_config_json(given) != models::llama_config_json(ckpt.model))
-        user_error("--resume ", ckpt.dir, ": its config.json describes a different model than --model ",
+      if (models::llama_config_json(given) != models::llama_config_json(ckpt->model))
+        user_error("--resume ", ckpt->dir, ": its config.json describes a different model than --model ",
                    args.model);
     }
-    if (S > 0 && S != ckpt.info.seq_len)
-      user_error("--seq-len ", S, " differs from the checkpoint's sequence length ", ckpt.info.seq_len);
-    S = ckpt.info.seq_len;
-    model = ckpt.model;
-    state = std::move(ckpt.state);
-    say(launch, "resumed from %s at step %lld\n", ckpt.dir.c_str(), (long long)state.step);
+    if (S > 0 && S != ckpt->info.seq_len)
+      user_error("--seq-len ", S, " differs from the checkpoint's sequence length ", ckpt->info.seq_len);
+    S = ckpt->info.seq_len;
+    model = ckpt->model;
+    state = std::move(ckpt->state);
   } else {
     model = models::load_llama_config(args.model + "/config.json");
     train::require_host_memory(16.0 * double(models::llama_num_parameters(model)),
@@ -263,34 +382,77 @@ int run_train(const TrainArgs& args, MpiRuntime* mpi) {
       say(launch, "no %s: random init with seed %llu\n", weights.c_str(), (unsigned long long)config.seed);
     }
   }
-
   if (S > model.max_position_embeddings && launch.lead())
     std::fprintf(stderr, "autosp: warning: --seq-len %lld exceeds the model's max_position_embeddings %lld\n",
                  (long long)S, (long long)model.max_position_embeddings);
-  if (!args.save.empty()) {
-    const fs::path parent = fs::absolute(args.save).parent_path();
-    if (!fs::is_directory(parent))
-      user_error("--save ", args.save, ": its parent directory ", parent.string(), " does not exist");
-  }
+
+  // Everything that can refuse the run does so before the first step.
   train::TokenFileSource data(args.data, static_cast<int32_t>(model.vocab_size));
+  const io::DataFingerprint fingerprint = *data.fingerprint();
+  const int64_t epoch_samples = data.num_samples(S);
+  if (ckpt) resume_data_position(launch, *ckpt, state, layout, args, fingerprint);
+  std::optional<train::SaveTarget> target;
+  MetricsWriter metrics;
+  on_lead(launch, *groups.world, [&] {
+    std::vector<std::string> notes;
+    if (!args.save.empty()) target.emplace(args.save, &notes);
+    if (!args.metrics.empty())
+      metrics = MetricsWriter(args.metrics, ckpt ? std::optional<int64_t>(state.step) : std::nullopt);
+    warn_all(launch, notes);
+  });
+
   say(launch, "data: %s\n", data.describe(S).c_str());
+  const int64_t to_train = std::max<int64_t>(0, args.steps - state.step);
+  const int64_t last_sample = state.consumed_samples + to_train * layout.global();
+  if (epoch_samples > 0 && to_train > 0 && (last_sample - 1) / epoch_samples > state.consumed_samples / epoch_samples)
+    say(launch, "data: this run reads samples %lld..%lld of %lld, so it repeats the data (%.2f epochs in all)\n",
+        (long long)state.consumed_samples, (long long)last_sample - 1, (long long)epoch_samples,
+        double(last_sample) / double(epoch_samples));
   say(launch, "model: %lld parameters; micro batch %lld x %lld tokens, %lld accumulation steps; "
       "%d rank(s): data parallel %d x sequence parallel %d (%lld tokens per rank), ZeRO stage %d\n",
-      (long long)models::llama_num_parameters(model), (long long)*config.train_micro_batch_size_per_gpu,
-      (long long)S, (long long)*config.gradient_accumulation_steps, launch.world_size, groups.dp_size,
-      groups.sp_size, (long long)split_sequence(S, groups.sp_size).local, config.zero_stage);
-
-  train::Trainer trainer(model, config, S, std::move(state), &groups);
-  MetricsWriter metrics(launch.lead() ? args.metrics : "");
-  while (trainer.state().step < args.steps) {
-    train::StepStats s = trainer.train_step(data);
-    const auto peaks = rank_peaks(groups, s.peak_bytes);
-    metrics.write(s, peaks, rank_peaks(groups, s.model_state_bytes));
-    if (launch.lead()) print_step(s, args.steps, peaks);
-    const bool last = s.step == args.steps;
-    if (!args.save.empty() && (last || (args.save_every > 0 && s.step % args.save_every == 0)))
-      save(launch, trainer, args.save, model, {S, config.seed}, groups);
+      (long long)models::llama_num_parameters(model), (long long)layout.micro_batch, (long long)S,
+      (long long)layout.grad_accum, launch.world_size, groups.dp_size, groups.sp_size,
+      (long long)split_sequence(S, groups.sp_size).local, config.zero_stage);
+  if (to_train == 0) {
+    if (ckpt) say(launch, "nothing to train: the checkpoint is at step %lld and --steps is %lld\n",
+                  (long long)state.step, (long long)args.steps);
+    else say(launch, "nothing to train: --steps 0\n");
+    if (args.save.empty()) return 0;
   }
+
+  const train::CheckpointInfo info{S, config.seed, layout, args.data, fingerprint};
+  train::Trainer trainer(model, config, S, std::move(state), &groups);
+  const auto start = std::chrono::steady_clock::now();
+  const int64_t first_step = trainer.state().step + 1;
+  train::StepStats s;
+  std::vector<int64_t> peaks, max_peaks(groups.world->size(), 0);
+  while (trainer.state().step < args.steps) {
+    s = trainer.train_step(data);
+    peaks = rank_peaks(groups, s.peak_bytes);
+    for (size_t r = 0; r < peaks.size(); ++r) max_peaks[r] = std::max(max_peaks[r], peaks[r]);
+    metrics.write(s, epoch_samples, peaks, rank_peaks(groups, s.model_state_bytes));
+    const bool last = s.step == args.steps;
+    if (launch.lead() && (s.step % config.steps_per_print == 0 || last))
+      print_step(s, args.steps, peaks, seconds_since(start), s.step - first_step + 1);
+    if (epoch_samples > 0) {
+      const int64_t before = s.first_sample > 0 ? (s.first_sample - 1) / epoch_samples : 0;
+      const int64_t now = (s.consumed_samples - 1) / epoch_samples;
+      if (now > before)
+        say(launch, "data: step %lld read past the end of %s (%lld samples): epoch %lld begins, samples repeat\n",
+            (long long)s.step, args.data.c_str(), (long long)epoch_samples, (long long)now + 1);
+    }
+    if (!args.save.empty() && (last || (args.save_every > 0 && s.step % args.save_every == 0)))
+      save(launch, trainer, target, model, info, groups);
+  }
+  if (to_train == 0) {
+    save(launch, trainer, target, model, info, groups);
+    return 0;
+  }
+  const double elapsed = seconds_since(start);
+  const double tokens = double(to_train * layout.global() * S);
+  say(launch, "done: steps %lld..%lld, %.0f tokens in %s (%.0f tok/s) | final loss %.4f | peak %s\n",
+      (long long)first_step, (long long)args.steps, tokens, human_seconds(elapsed).c_str(), tokens / elapsed, s.loss,
+      peak_text(max_peaks).c_str());
   return 0;
 }
 
@@ -308,11 +470,16 @@ int run_dump(const DumpArgs& args) {
   const SequenceSplit split = split_sequence(args.seq_len, args.sp);
   compile(forward, options, [&](const std::string& stage, const Graph& g) {
     if (stage != args.stage) return;
-    std::cout << "# stage " << stage << ", rank " << args.rank << " of sequence_parallel_size " << args.sp
-              << ": sequence positions [" << split.begin(args.rank) << ", "
-              << std::min(split.begin(args.rank) + split.local, args.seq_len) << ") of " << args.seq_len
-              << (split.padded > args.seq_len ? str(", padded to ", split.padded) : std::string()) << "\n"
-              << print_graph(g);
+    // Before the autosp pass the graph is the single-device one, the same for every rank.
+    if (stage == "forward" || args.sp == 1)
+      std::cout << "# stage " << stage << ": the unsplit graph over all " << args.seq_len << " positions"
+                << (args.sp > 1 ? " (the autosp pass splits it after this stage)" : "") << "\n";
+    else
+      std::cout << "# stage " << stage << ", rank " << args.rank << " of sequence_parallel_size " << args.sp
+                << ": sequence positions [" << split.begin(args.rank) << ", "
+                << std::min(split.begin(args.rank) + split.local, args.seq_len) << ") of " << args.seq_len
+                << (split.padded > args.seq_len ? str(", padded to ", split.padded) : std::string()) << "\n";
+    std::cout << print_graph(g);
   });
   return 0;
 }

@@ -12,6 +12,7 @@ namespace autosp::cli {
 struct TrainArgs {
   std::string config, model, data, metrics, save, resume;
   int64_t seq_len = 0, steps = -1, save_every = 0;
+  bool allow_new_data = false;  // resume on data other than the checkpoint's
   std::string seed;  // parsed strictly by run_train (CLI11 saturates out-of-range integers)
   bool any_given() const {
     return !config.empty() || !model.empty() || !data.empty() || !resume.empty();

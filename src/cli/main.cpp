@@ -1,5 +1,5 @@
 // autosp: train | dump. User errors print one clear line and exit 1; internal errors
-// (bugs) exit 2.
+// (bugs) exit 2. Under mpirun, one line for the job, not one per rank.
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -15,18 +15,42 @@
 
 namespace {
 
-// Under mpirun, an error on one rank must end every rank (the others may be waiting for it
-// in a collective): print it, prefixed by the rank, and abort the job. Rank 0 prints at
-// once; other ranks wait a moment, so an error every rank sees is printed once, by rank 0.
-[[noreturn]] void fail(autosp::MpiRuntime* mpi, const std::string& message, int code) {
+// Under mpirun, an error must end every rank (the others may be waiting in a collective).
+// When every rank raises it at the same point (a bad config, a check rank 0 made for all,
+// a non-finite loss), the ranks agree on that within a few seconds, rank 0 prints it once
+// and all exit with `code` after finalising MPI: no abort. An error only some ranks see
+// prints with the rank's number and aborts the job.
+[[noreturn]] void fail(std::unique_ptr<autosp::MpiRuntime>& mpi, const std::string& message, int code) {
   if (mpi && mpi->world_size() > 1) {
-    if (mpi->world_rank() != 0) sleep(2);
-    std::fprintf(stderr, "autosp: rank %d: %s\n", mpi->world_rank(), message.c_str());
+    const int rank = mpi->world_rank();
+    if (mpi->all_ranks_failing(/*seconds=*/5.0)) {
+      if (rank == 0) std::fprintf(stderr, "autosp: %s\n", message.c_str());
+      mpi.reset();  // MPI_Finalize on every rank
+      std::exit(code);
+    }
+    std::fprintf(stderr, "autosp: rank %d: %s\n", rank, message.c_str());
     std::fflush(stderr);
     mpi->abort_all(code);
   }
   std::fprintf(stderr, "autosp: %s\n", message.c_str());
   std::exit(code);
+}
+
+// Under mpirun, command-line errors are found before MPI starts, by every rank alike:
+// rank 0 alone reports them.
+bool lead_process() {
+  for (const char* var : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"})
+    if (const char* v = std::getenv(var)) return std::string(v) == "0";
+  return true;
+}
+
+// The subcommand named on the command line ("" if none), for the help hint.
+std::string subcommand_of(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "train" || a == "dump") return a;
+  }
+  return "";
 }
 
 }  // namespace
@@ -41,18 +65,30 @@ int main(int argc, char** argv) {
   TrainArgs train;
   CLI::App* train_cmd = app.add_subcommand(
       "train", "Train a model (with no options: the built-in long-context demo)");
-  train_cmd->add_option("--config", train.config, "DeepSpeed-style JSON config")->check(CLI::ExistingFile);
-  train_cmd->add_option("--model", train.model, "Model directory (config.json, optional model.safetensors)")
+  // With no options at all, `train` runs the built-in demo; otherwise the flags marked
+  // REQUIRED are (CLI11's ->required() would forbid the demo).
+  train_cmd->add_option("--config", train.config, "REQUIRED. DeepSpeed-style JSON config")->check(CLI::ExistingFile);
+  train_cmd->add_option("--model", train.model,
+                        "REQUIRED unless --resume. Model directory (config.json, optional model.safetensors)")
       ->check(CLI::ExistingDirectory);
-  train_cmd->add_option("--data", train.data, "Token file (little-endian uint32 ids)")->check(CLI::ExistingFile);
-  train_cmd->add_option("--seq-len", train.seq_len, "Sequence length S")->check(kPositive);
-  train_cmd->add_option("--steps", train.steps, "Train until this optimizer step (total, also when resuming)")
+  train_cmd->add_option("--data", train.data, "REQUIRED. Token file (little-endian uint32 ids)")
+      ->check(CLI::ExistingFile);
+  train_cmd->add_option("--seq-len", train.seq_len, "REQUIRED unless --resume. Sequence length S")->check(kPositive);
+  train_cmd->add_option("--steps", train.steps,
+                        "REQUIRED. Train until this optimizer step (total, also when resuming)")
       ->check(kNonNegative);
-  train_cmd->add_option("--metrics", train.metrics, "Write one JSON object per step to this file");
-  train_cmd->add_option("--save", train.save, "Checkpoint directory (Hugging Face loadable)");
-  train_cmd->add_option("--save-every", train.save_every, "Also save every K steps")->check(kPositive);
+  train_cmd->add_option("--metrics", train.metrics,
+                        "Write one JSON object per step to this file (on --resume: kept up to the "
+                        "checkpoint's step, then appended)");
+  train_cmd->add_option("--save", train.save,
+                        "Checkpoint directory (Hugging Face loadable): new, empty, or an autosp checkpoint");
+  train_cmd->add_option("--save-every", train.save_every, "Also save every K steps (needs --save)")
+      ->check(kPositive);
   train_cmd->add_option("--resume", train.resume, "Continue from this checkpoint directory");
-  train_cmd->add_option("--seed", train.seed, "Seed for initialisation (default: the config's seed)");
+  train_cmd->add_flag("--allow-new-data", train.allow_new_data,
+                      "On --resume, train on data other than the checkpoint's (from its data position)");
+  train_cmd->add_option("--seed", train.seed, "Seed for initialisation (default: the config's seed)")
+      ->type_name("INT");
 
   DumpArgs dump;
   CLI::App* dump_cmd = app.add_subcommand("dump", "Print a model's IR after a compiler stage");
@@ -68,8 +104,10 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    if (e.get_exit_code() == 0) return app.exit(e);  // --help
-    std::fprintf(stderr, "autosp: error: %s (see autosp --help)\n", e.what());
+    if (e.get_exit_code() == 0) return lead_process() ? app.exit(e) : 0;  // --help
+    const std::string sub = subcommand_of(argc, argv);
+    if (lead_process())
+      std::fprintf(stderr, "autosp: error: %s (see autosp %s--help)\n", e.what(), sub.empty() ? "" : (sub + " ").c_str());
     return 1;
   }
   std::unique_ptr<autosp::MpiRuntime> mpi;
@@ -81,13 +119,13 @@ int main(int argc, char** argv) {
     std::cout << app.help();
     return 0;
   } catch (const autosp::UserError& e) {
-    fail(mpi.get(), std::string("error: ") + e.what(), 1);
+    fail(mpi, std::string("error: ") + e.what(), 1);
   } catch (const autosp::InternalError& e) {
-    fail(mpi.get(), std::string(e.what()) + "\n(this is a bug in autosp; please report it)", 2);
+    fail(mpi, std::string(e.what()) + "\n(this is a bug in autosp; please report it)", 2);
   } catch (const std::bad_alloc&) {
-    fail(mpi.get(), "error: out of host memory (a shorter sequence, a smaller batch or more ranks "
+    fail(mpi, "error: out of host memory (a shorter sequence, a smaller batch or more ranks "
                     "would need less)", 1);
   } catch (const std::exception& e) {
-    fail(mpi.get(), std::string("error: ") + e.what(), 1);
+    fail(mpi, std::string("error: ") + e.what(), 1);
   }
 }

@@ -1,6 +1,8 @@
 #include "comm/mpi_communicator.h"
 
 #include <algorithm>
+#include <chrono>
+#include <thread>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -8,6 +10,7 @@
 #include <vector>
 
 #include "util/error.h"
+#include "util/hash.h"
 
 namespace autosp {
 
@@ -65,16 +68,6 @@ class StridedBlock {
  private:
   MPI_Datatype type_ = MPI_DATATYPE_NULL;
 };
-
-// FNV-1a: stable across processes and builds, unlike std::hash.
-uint64_t fnv1a(const std::string& bytes) {
-  uint64_t h = 14695981039346656037ull;
-  for (unsigned char c : bytes) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
-  return h;
-}
 
 }  // namespace
 
@@ -250,10 +243,12 @@ MpiRuntime::MpiRuntime(int* argc, char*** argv) {
   check_mpi(MPI_Comm_rank(MPI_COMM_WORLD, &world_rank_), "MPI_Comm_rank", "MPI_COMM_WORLD");
   check_mpi(MPI_Comm_size(MPI_COMM_WORLD, &world_size_), "MPI_Comm_size", "MPI_COMM_WORLD");
   world_ = MpiCommunicator::dup(MPI_COMM_WORLD, str("world (", world_size_, " ranks)"));
+  errors_ = MpiCommunicator::dup(MPI_COMM_WORLD, "the error agreement");
 }
 
 MpiRuntime::~MpiRuntime() {
   world_.reset();
+  errors_.reset();
   if (finalize_) {
     const int rc = MPI_Finalize();
     if (rc != MPI_SUCCESS)
@@ -309,6 +304,19 @@ void MpiRuntime::abort_all(int code) const {
   std::fflush(stderr);
   MPI_Abort(MPI_COMM_WORLD, code);
   std::_Exit(code);  // MPI_Abort does not return; this is in case an implementation does
+}
+
+bool MpiRuntime::all_ranks_failing(double seconds) const {
+  MPI_Request request;
+  if (MPI_Ibarrier(errors_->comm(), &request) != MPI_SUCCESS) return false;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  for (;;) {
+    int done = 0;
+    if (MPI_Test(&request, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) return false;
+    if (done) return true;
+    if (std::chrono::steady_clock::now() > deadline) return false;  // the request dies with the job
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
 }
 
 void MpiRuntime::check_same_on_all_ranks(const std::string& what, const std::string& value) const {

@@ -113,6 +113,13 @@ class MpiRuntime {
   // only some ranks see: the others may be blocked in a collective waiting for this one.
   [[noreturn]] void abort_all(int code) const;
 
+  // For an error raised on this rank: true when every rank of the job calls this within
+  // `seconds` (all of them are failing at the same point; they can then finalise and exit
+  // normally), false when some rank does not (it is busy elsewhere, e.g. blocked in a
+  // collective waiting for this one: the caller must abort_all). Uses a communicator of its
+  // own, so pending traffic on the others does not matter.
+  bool all_ranks_failing(double seconds) const;
+
   // Throws UserError "ranks disagree on <what>: ..." on every rank if `value` differs
   // between ranks (compared by a 64-bit hash). Collective over the world; never hangs when
   // all ranks call it, whatever their values.
@@ -121,7 +128,8 @@ class MpiRuntime {
  private:
   bool finalize_ = false;  // we initialised MPI, so we finalise it
   int world_rank_ = 0, world_size_ = 1;
-  std::unique_ptr<MpiCommunicator> world_;  // our own duplicate of MPI_COMM_WORLD
+  std::unique_ptr<MpiCommunicator> world_;   // our own duplicate of MPI_COMM_WORLD
+  std::unique_ptr<MpiCommunicator> errors_;  // another, for all_ranks_failing
 };
 
 }  // namespace autosp

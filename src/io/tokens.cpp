@@ -4,12 +4,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <bit>
 #include <cerrno>
 #include <system_error>
 
 #include "util/atomic_file.h"
 #include "util/error.h"
+#include "util/hash.h"
 
 namespace autosp::io {
 
@@ -105,6 +107,26 @@ void TokenFile::read_sample(int64_t k, int64_t S, int32_t vocab_size, int32_t* i
     inputs[i] = static_cast<int32_t>(tokens[i]);
     labels[i] = static_cast<int32_t>(tokens[i + 1]);
   }
+}
+
+DataFingerprint TokenFile::fingerprint() const {
+  AUTOSP_CHECK(fd_ >= 0, "fingerprint of a moved-from TokenFile");
+  DataFingerprint f{num_tokens_ * 4, kFnv1aBasis};
+  const int64_t block = std::min(kFingerprintBlock, f.bytes);
+  std::string buf(static_cast<size_t>(block), '\0');
+  for (int64_t at : {int64_t{0}, f.bytes - block}) {
+    size_t done = 0;
+    while (done < buf.size()) {
+      ssize_t got = ::pread(fd_, buf.data() + done, buf.size() - done, static_cast<off_t>(at + done));
+      if (got < 0 && errno == EINTR) continue;
+      if (got <= 0)
+        user_error(path_, ": cannot read token file at byte offset ", at + int64_t(done), ": ",
+                   got == 0 ? "unexpected end of file" : errno_text(errno));
+      done += static_cast<size_t>(got);
+    }
+    f.hash = fnv1a(buf, f.hash);
+  }
+  return f;
 }
 
 void write_tokens(const std::string& path, const std::vector<uint32_t>& tokens) {

@@ -6,10 +6,20 @@
 // run for any number of steps and wraps around the data.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 namespace autosp::io {
+
+// What identifies a data file when resuming: its size and a hash of its first and last
+// blocks (cheap for a file of any size; a replaced, grown or edited file almost surely
+// differs in one of them).
+struct DataFingerprint {
+  int64_t bytes = 0;
+  uint64_t hash = 0;
+  bool operator==(const DataFingerprint&) const = default;
+};
 
 class TokenFile {
  public:
@@ -32,14 +42,19 @@ class TokenFile {
   void read_sample(int64_t k, int64_t S, int32_t vocab_size, int32_t* inputs,
                    int32_t* labels) const;
 
-  // The sample that row `row` of micro-batch `micro` of optimizer step `step` reads on
-  // data-parallel rank `dp_rank`: consecutive steps, micro-batches, ranks and rows read
-  // consecutive samples, so every rank sees different data and none is skipped.
-  // Not reduced modulo the file; read_sample does that.
-  static int64_t sample_index(int64_t step, int64_t micro, int64_t grad_accum, int64_t dp_rank,
-                              int64_t dp_size, int64_t row, int64_t micro_batch) {
-    return ((step * grad_accum + micro) * dp_size + dp_rank) * micro_batch + row;
+  // The sample that row `row` of micro-batch `micro` of an optimizer step reads on
+  // data-parallel rank `dp_rank`, when `consumed` samples were read before the step:
+  // consecutive micro-batches, ranks and rows read consecutive samples, so every rank sees
+  // different data and none is skipped; the next step starts at consumed + the global batch,
+  // whatever the batch layout was before. Not reduced modulo the file; read_sample does that.
+  static int64_t sample_index(int64_t consumed, int64_t micro, int64_t dp_rank, int64_t dp_size,
+                              int64_t row, int64_t micro_batch) {
+    return consumed + (micro * dp_size + dp_rank) * micro_batch + row;
   }
+
+  // Size and hash of the first and last kFingerprintBlock bytes. UserError if unreadable.
+  static constexpr int64_t kFingerprintBlock = int64_t{1} << 20;
+  DataFingerprint fingerprint() const;
 
  private:
   std::string path_;

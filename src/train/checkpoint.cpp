@@ -1,8 +1,16 @@
 #include "train/checkpoint.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <random>
+#include <system_error>
 
 #include "io/safetensors.h"
 #include "util/atomic_file.h"
@@ -14,6 +22,82 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 namespace {
+
+std::string errno_text(int err) { return std::error_code(err, std::generic_category()).message(); }
+
+json read_json(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) user_error(path, ": cannot open (", std::strerror(errno), ")");
+  try {
+    return json::parse(in);
+  } catch (const json::exception& e) {
+    user_error(path, ": not valid JSON: ", e.what());
+  }
+}
+
+constexpr const char* kFormat = "autosp checkpoint";
+const char* const kFiles[] = {"config.json", "model.safetensors", "optimizer.safetensors", "trainer_state.json"};
+
+// Scratch directories: DIR.autosp-tmp.<run> and DIR.autosp-old.<run>.
+std::string scratch_prefix(const fs::path& dir, const char* kind) {
+  return dir.filename().string() + ".autosp-" + kind + ".";
+}
+
+// The last file write_file_atomic left behind when killed: `.NAME.tmp.PID.N`.
+bool is_atomic_write_leftover(const std::string& name) {
+  for (const char* f : kFiles)
+    if (name.starts_with(str(".", f, ".tmp."))) return true;
+  return false;
+}
+
+// The first entry of `dir` that is not one of autosp's checkpoint files ("" if none).
+std::string foreign_entry(const fs::path& dir) {
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (!(is_checkpoint_file(name) && entry.is_regular_file()) && !is_atomic_write_leftover(name)) return name;
+  }
+  if (ec) user_error("cannot list '", dir.string(), "': ", ec.message());
+  return "";
+}
+
+// trainer_state.json written by autosp: this format, or the one before it (step, seq_len
+// and seed only), which had no marker.
+bool has_autosp_state(const fs::path& dir) {
+  const fs::path p = dir / "trainer_state.json";
+  std::ifstream in(p);
+  if (!in) return false;
+  const json st = json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (!st.is_object()) return false;
+  if (st.contains("format")) return st["format"] == kFormat;
+  return st.size() == 3 && st.contains("step") && st.contains("seq_len") && st.contains("seed");
+}
+
+// Why `dir` (an existing directory) must not be replaced by a checkpoint, or "" if it may:
+// an empty directory, or an autosp checkpoint with nothing else in it.
+std::string why_not_replaceable(const fs::path& dir) {
+  const std::string foreign = foreign_entry(dir);
+  if (!foreign.empty())
+    return str("it is a directory holding '", foreign, "', which is not a file of an autosp checkpoint");
+  std::error_code ec;
+  if (!fs::is_empty(dir, ec) && !has_autosp_state(dir))
+    return "it holds checkpoint-like files but no autosp trainer_state.json (a Hugging Face model?)";
+  return "";
+}
+
+std::string new_run_id() {
+  std::random_device rd;
+  char buf[40];
+  std::snprintf(buf, sizeof(buf), "%d-%08x", int(::getpid()), unsigned(rd()));
+  return buf;
+}
+
+void fsync_dir(const fs::path& dir) {
+  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return;  // the rename itself succeeded; durability is the file system's
+  ::fsync(fd);
+  ::close(fd);
+}
 
 void write_tensors(const std::string& path, const std::vector<std::string>& names,
                    const std::vector<std::vector<float>>& values, const std::vector<Shape>& shapes,
@@ -28,33 +112,8 @@ void write_tensors(const std::string& path, const std::vector<std::string>& name
   io::write_safetensors(path, list, {{"format", "pt"}, {"step", std::to_string(step)}});
 }
 
-void remove_all_checked(const fs::path& p) {
-  std::error_code ec;
-  if (!fs::exists(p, ec)) return;  // nothing there (or a parent is not a directory: reported later)
-  fs::remove_all(p, ec);
-  if (ec) user_error("cannot remove '", p.string(), "': ", ec.message());
-}
-
-json read_json(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) user_error(path, ": cannot open (", std::strerror(errno), ")");
-  try {
-    return json::parse(in);
-  } catch (const json::exception& e) {
-    user_error(path, ": not valid JSON: ", e.what());
-  }
-}
-
-}  // namespace
-
-void save_checkpoint(const std::string& dir, const models::LlamaConfig& model, const ModelState& state,
-                     const CheckpointInfo& info) {
-  const fs::path target(dir), tmp(dir + ".tmp"), old(dir + ".old");
-  remove_all_checked(tmp);
-  std::error_code ec;
-  fs::create_directories(tmp, ec);
-  if (ec) user_error("--save ", dir, ": cannot create '", tmp.string(), "': ", ec.message());
-
+void write_checkpoint_files(const fs::path& dir, const models::LlamaConfig& model, const ModelState& state,
+                            const CheckpointInfo& info) {
   std::vector<std::string> names, moment_names;
   std::vector<Shape> shapes, moment_shapes;
   std::vector<std::vector<float>> moments;
@@ -67,21 +126,119 @@ void save_checkpoint(const std::string& dir, const models::LlamaConfig& model, c
     moments.push_back(state.exp_avg[i]);
     moments.push_back(state.exp_avg_sq[i]);
   }
-  write_tensors((tmp / "model.safetensors").string(), names, state.params, shapes, state.step);
-  write_tensors((tmp / "optimizer.safetensors").string(), moment_names, moments, moment_shapes, state.step);
-  write_file_atomic((tmp / "config.json").string(), models::llama_config_json(model).dump(2) + "\n");
-  json trainer_state = {{"step", state.step}, {"seq_len", info.seq_len}, {"seed", info.seed}};
-  write_file_atomic((tmp / "trainer_state.json").string(), trainer_state.dump(2) + "\n");
-
-  // Swap it in. Only a fully written checkpoint is ever renamed to DIR.
-  remove_all_checked(old);
-  if (fs::exists(target)) {
-    fs::rename(target, old, ec);
-    if (ec) user_error("cannot move the previous checkpoint '", dir, "' aside: ", ec.message());
+  write_tensors((dir / "model.safetensors").string(), names, state.params, shapes, state.step);
+  write_tensors((dir / "optimizer.safetensors").string(), moment_names, moments, moment_shapes, state.step);
+  write_file_atomic((dir / "config.json").string(), models::llama_config_json(model).dump(2) + "\n");
+  json st = {{"format", kFormat},
+             {"version", 1},
+             {"step", state.step},
+             {"consumed_samples", state.consumed_samples},
+             {"seq_len", info.seq_len},
+             {"seed", info.seed},
+             {"batch",
+              {{"train_batch_size", info.layout.global()},
+               {"train_micro_batch_size_per_gpu", info.layout.micro_batch},
+               {"gradient_accumulation_steps", info.layout.grad_accum},
+               {"data_parallel_size", info.layout.dp_size}}}};
+  if (info.data) {
+    char hash[17];
+    std::snprintf(hash, sizeof(hash), "%016llx", (unsigned long long)info.data->hash);
+    st["data"] = {{"path", info.data_path}, {"bytes", info.data->bytes}, {"hash", hash}};
   }
-  fs::rename(tmp, target, ec);
-  if (ec) user_error("cannot move the new checkpoint into '", dir, "': ", ec.message());
-  remove_all_checked(old);
+  write_file_atomic((dir / "trainer_state.json").string(), st.dump(2) + "\n");
+  fsync_dir(dir);
+}
+
+}  // namespace
+
+bool is_checkpoint_file(const std::string& name) {
+  return std::find(std::begin(kFiles), std::end(kFiles), name) != std::end(kFiles);
+}
+
+SaveTarget::SaveTarget(std::string dir, std::vector<std::string>* warnings) {
+  auto refuse = [&](const auto&... why) { user_error("--save ", dir, ": ", why...); };
+  if (dir.empty()) refuse("empty path");
+  fs::path target = fs::path(dir).lexically_normal();
+  if (!target.has_filename()) target = target.parent_path();  // "ckpt/" is "ckpt"
+  const std::string base = target.filename().string();
+  if (base.empty() || base == "." || base == ".." || target == target.root_path())
+    refuse("names no directory of its own (give a new directory, e.g. ", (fs::path(dir) / "checkpoint").string(), ")");
+  std::error_code ec;
+  const fs::path absolute = fs::weakly_canonical(fs::absolute(target), ec);
+  const fs::path cwd = fs::current_path(ec);
+  if (!ec && cwd.string().starts_with(absolute.string()) &&
+      (cwd == absolute || cwd.string()[absolute.string().size()] == '/'))
+    refuse("it is the working directory or one of its parents");
+  const fs::path parent = fs::absolute(target).parent_path();
+  if (!fs::is_directory(parent, ec)) refuse("its parent directory ", parent.string(), " does not exist");
+  dir_ = target.string();
+  const std::string run = new_run_id();
+  tmp_ = (parent / (scratch_prefix(target, "tmp") + run)).string();
+  old_ = (parent / (scratch_prefix(target, "old") + run)).string();
+
+  struct stat target_st {}, parent_st {};
+  const bool exists = ::lstat(dir_.c_str(), &target_st) == 0;
+  if (exists) {
+    if (S_ISLNK(target_st.st_mode)) refuse("it is a symbolic link (give the directory itself)");
+    if (!S_ISDIR(target_st.st_mode)) refuse("it exists and is not a directory");
+    if (::stat(parent.c_str(), &parent_st) == 0 && parent_st.st_dev != target_st.st_dev)
+      refuse("it is a mount point (a checkpoint directory is replaced by renames; give a directory inside it)");
+    const std::string why = why_not_replaceable(dir_);
+    if (!why.empty())
+      refuse(why, "; autosp only replaces its own checkpoints or an empty directory (give a new one)");
+    if (::access(dir_.c_str(), W_OK) != 0) refuse("it is not writable: ", errno_text(errno));
+  }
+  // Prove the scratch directory can be made beside it, on the same file system.
+  if (::mkdir(tmp_.c_str(), 0777) != 0)
+    refuse("cannot create its scratch directory ", tmp_, ": ", errno_text(errno));
+  struct stat tmp_st {};
+  const bool same_fs = ::stat(tmp_.c_str(), &tmp_st) == 0 && (!exists || tmp_st.st_dev == target_st.st_dev);
+  ::rmdir(tmp_.c_str());
+  if (!same_fs) refuse("its scratch directory ", tmp_, " would be on another file system");
+
+  if (warnings)
+    for (const auto& entry : fs::directory_iterator(parent, ec)) {
+      const std::string name = entry.path().filename().string();
+      if (name.starts_with(scratch_prefix(target, "tmp")) || name.starts_with(scratch_prefix(target, "old")))
+        warnings->push_back(str("--save ", dir, ": ", entry.path().string(),
+                                " was left by an earlier save that did not finish; autosp leaves it alone"));
+    }
+}
+
+void SaveTarget::save(const models::LlamaConfig& model, const ModelState& state, const CheckpointInfo& info) const {
+  std::error_code ec;
+  fs::remove_all(tmp_, ec);  // this run's own, from a save that failed earlier
+  if (::mkdir(tmp_.c_str(), 0777) != 0)
+    user_error("--save ", dir_, ": cannot create ", tmp_, ": ", errno_text(errno), "; the previous checkpoint is untouched");
+  try {
+    write_checkpoint_files(tmp_, model, state, info);
+  } catch (const UserError& e) {
+    fs::remove_all(tmp_, ec);
+    user_error(e.what(), "; the previous checkpoint ", dir_, " is untouched");
+  }
+  const std::string kept = str("; the new checkpoint is complete in ", tmp_);
+  struct stat st {};
+  if (::lstat(dir_.c_str(), &st) != 0) {
+    if (::rename(tmp_.c_str(), dir_.c_str()) != 0)
+      user_error("--save ", dir_, ": cannot rename ", tmp_, " to it: ", errno_text(errno), kept);
+  } else {
+    const std::string why = S_ISDIR(st.st_mode) ? why_not_replaceable(dir_) : "it is no longer a directory";
+    if (!why.empty()) user_error("--save ", dir_, ": ", why, " (changed during training), so it is not replaced", kept);
+    if (::renameat2(AT_FDCWD, tmp_.c_str(), AT_FDCWD, dir_.c_str(), RENAME_EXCHANGE) == 0) {
+      fs::remove_all(tmp_, ec);  // now the previous checkpoint
+    } else if (errno == EINVAL || errno == ENOSYS || errno == ENOTSUP) {
+      if (::rename(dir_.c_str(), old_.c_str()) != 0)
+        user_error("--save ", dir_, ": cannot move the previous checkpoint aside to ", old_, ": ", errno_text(errno), kept);
+      if (::rename(tmp_.c_str(), dir_.c_str()) != 0)
+        user_error("--save ", dir_, ": cannot rename ", tmp_, " to it: ", errno_text(errno),
+                   "; the previous checkpoint is in ", old_, kept);
+      fs::remove_all(old_, ec);
+    } else {
+      user_error("--save ", dir_, ": cannot swap in the new checkpoint: ", errno_text(errno), kept);
+    }
+    if (ec) user_error("--save ", dir_, ": saved, but the previous checkpoint could not be removed: ", ec.message());
+  }
+  fsync_dir(fs::absolute(dir_).parent_path());
 }
 
 std::vector<std::vector<float>> load_weights(const std::string& path, const models::LlamaConfig& model) {
@@ -100,29 +257,85 @@ std::vector<std::vector<float>> load_weights(const std::string& path, const mode
   return params;
 }
 
+namespace {
+
+// A non-negative integer at st[key] (UserError naming the file and key otherwise).
+int64_t state_int(const json& st, const std::string& key, const std::string& path, int64_t min = 0) {
+  const json* v = &st;
+  for (size_t at = 0, dot; at <= key.size(); at = dot + 1) {  // "batch.data_parallel_size"
+    dot = std::min(key.find('.', at), key.size());
+    const std::string part = key.substr(at, dot - at);
+    if (!v->is_object() || !v->contains(part)) user_error(path, ": ", key, ": missing");
+    v = &(*v)[part];
+  }
+  const bool fits = v->is_number_unsigned() ? v->get<uint64_t>() <= uint64_t(INT64_MAX) : v->is_number_integer();
+  if (!fits || v->get<int64_t>() < min)
+    user_error(path, ": ", key, ": expected an integer >= ", min, ", got ", v->dump());
+  return v->get<int64_t>();
+}
+
+// After a save interrupted between its two renames, DIR is missing and the previous
+// checkpoint is complete in DIR.autosp-old.<run>: the newest such (by step) is used.
+std::string interrupted_save_fallback(const fs::path& dir) {
+  std::error_code ec;
+  std::string best;
+  int64_t best_step = -1;
+  const fs::path parent = fs::absolute(dir).parent_path();
+  for (const auto& entry : fs::directory_iterator(parent, ec)) {
+    if (!entry.path().filename().string().starts_with(scratch_prefix(dir, "old"))) continue;
+    if (!has_autosp_state(entry.path())) continue;
+    const json st = read_json((entry.path() / "trainer_state.json").string());
+    const int64_t step = st.value("step", int64_t{-1});
+    if (step > best_step) best_step = step, best = entry.path().string();
+  }
+  return best;
+}
+
+}  // namespace
+
 LoadedCheckpoint load_checkpoint(const std::string& dir) {
   LoadedCheckpoint c;
+  fs::path given = fs::path(dir).lexically_normal();
+  if (!given.has_filename()) given = given.parent_path();
   c.dir = dir;
-  if (!fs::exists(fs::path(dir) / "trainer_state.json")) {
-    if (fs::exists(fs::path(dir + ".old") / "trainer_state.json"))
-      c.dir = dir + ".old";  // a save was interrupted between its two renames
-    else
-      user_error("--resume ", dir, ": not an autosp checkpoint (no trainer_state.json)");
+  if (!fs::exists(given / "trainer_state.json")) {
+    c.dir = fs::exists(given) ? "" : interrupted_save_fallback(given);
+    if (c.dir.empty()) user_error("--resume ", dir, ": not an autosp checkpoint (no trainer_state.json)");
   }
   const fs::path d(c.dir);
   c.model = models::load_llama_config((d / "config.json").string());
-  const json st = read_json((d / "trainer_state.json").string());
   const std::string st_path = (d / "trainer_state.json").string();
-  for (const char* key : {"step", "seq_len", "seed"})
-    if (!st.contains(key) || !(st[key].is_number_unsigned() ||
-                               (st[key].is_number_integer() && st[key].get<int64_t>() >= 0)))
-      user_error(st_path, ": ", key, ": expected a non-negative integer");
-  if (st["seq_len"].get<int64_t>() < 1) user_error(st_path, ": seq_len: expected a positive integer");
-  c.info.seq_len = st["seq_len"].get<int64_t>();
-  c.info.seed = st["seed"].get<uint64_t>();
+  const json st = read_json(st_path);
+  if (!st.is_object()) user_error(st_path, ": expected a JSON object");
+  if (st.contains("format") && st["format"] != kFormat)
+    user_error(st_path, ": format: expected \"", kFormat, "\", got ", st["format"].dump());
+  c.info.seq_len = state_int(st, "seq_len", st_path, 1);
+  c.info.seed = static_cast<uint64_t>(state_int(st, "seed", st_path));
+  c.state.step = state_int(st, "step", st_path);
+  // Checkpoints of the first format kept only the step: their data position and layout are
+  // unknown (consumed_samples -1; the caller decides).
+  const bool legacy = !st.contains("format");
+  c.state.consumed_samples = legacy ? -1 : state_int(st, "consumed_samples", st_path);
+  if (!legacy) {
+    c.info.layout = {state_int(st, "batch.train_micro_batch_size_per_gpu", st_path, 1),
+                     state_int(st, "batch.gradient_accumulation_steps", st_path, 1),
+                     state_int(st, "batch.data_parallel_size", st_path, 1)};
+    if (st.contains("data")) {
+      const json& data = st["data"];
+      io::DataFingerprint f;
+      f.bytes = state_int(st, "data.bytes", st_path);
+      if (!data.contains("hash") || !data["hash"].is_string() || data["hash"].get<std::string>().size() != 16)
+        user_error(st_path, ": data.hash: expected 16 hex digits");
+      const std::string hex = data["hash"];
+      char* end = nullptr;
+      f.hash = std::strtoull(hex.c_str(), &end, 16);
+      if (end != hex.c_str() + hex.size()) user_error(st_path, ": data.hash: expected 16 hex digits, got ", hex);
+      c.info.data = f;
+      if (data.contains("path") && data["path"].is_string()) c.info.data_path = data["path"];
+    }
+  }
 
   c.state.specs = models::llama_parameters(c.model);
-  c.state.step = st["step"].get<int64_t>();
   c.state.params = load_weights((d / "model.safetensors").string(), c.model);
   const std::string opt_path = (d / "optimizer.safetensors").string();
   auto moments = io::read_safetensors(opt_path);

@@ -1,35 +1,75 @@
 // Checkpoints: a directory that Hugging Face can load (config.json + model.safetensors),
-// plus autosp's optimizer state (optimizer.safetensors) and trainer_state.json (step,
-// seed, sequence length).
+// plus autosp's optimizer state (optimizer.safetensors) and trainer_state.json (step, data
+// position, batch layout, seed, sequence length, the data file's fingerprint).
 //
-// Saving never damages the previous checkpoint: the new one is written in full into a
-// sibling directory DIR.tmp and swapped in by renames (DIR -> DIR.old, DIR.tmp -> DIR,
-// remove DIR.old). A run killed between the two renames leaves DIR.old complete, and
-// loading falls back to it.
+// A save never costs the user a file, and never damages the previous checkpoint:
+//  - `--save DIR` only ever replaces an autosp checkpoint (a directory holding autosp's
+//    files and nothing else) or an empty directory, or creates DIR. Anything else is refused
+//    by SaveTarget, at start-up, before the first step.
+//  - The new checkpoint is written in full into a scratch directory whose name autosp owns
+//    and that is unique to the run (`DIR.autosp-tmp.<run>`), then swapped with DIR in one
+//    atomic rename (RENAME_EXCHANGE), and the previous checkpoint, now in the scratch
+//    directory, is removed. Where the file system cannot exchange, DIR is first renamed to
+//    `DIR.autosp-old.<run>`; a run killed between the two renames leaves that complete, and
+//    loading falls back to it. Only scratch directories of this run are ever removed.
 #pragma once
+#include <optional>
 #include <string>
 
+#include "io/tokens.h"
 #include "models/llama.h"
 #include "train/trainer.h"
 
 namespace autosp::train {
 
+// The batch layout a checkpoint was trained with (its data position is ModelState::
+// consumed_samples, which does not depend on it).
+struct BatchLayout {
+  int64_t micro_batch = 0, grad_accum = 0, dp_size = 0;
+  int64_t global() const { return micro_batch * grad_accum * dp_size; }
+  bool operator==(const BatchLayout&) const = default;
+};
+
 struct CheckpointInfo {
   int64_t seq_len = 0;
   uint64_t seed = 0;
+  BatchLayout layout;
+  std::string data_path;                       // as given to --data, for messages
+  std::optional<io::DataFingerprint> data;     // none for generated data (the demo)
 };
 
-void save_checkpoint(const std::string& dir, const models::LlamaConfig& model,
-                     const ModelState& state, const CheckpointInfo& info);
+// The files a checkpoint consists of.
+bool is_checkpoint_file(const std::string& name);
+
+// Where `--save` writes, checked when the run starts so that a target that cannot or must
+// not take a checkpoint fails before any training is done.
+class SaveTarget {
+ public:
+  // UserError naming `--save dir` when dir is the working directory or one of its parents,
+  // a mount point, a symbolic link, a file, a non-empty directory that is not an autosp
+  // checkpoint, under a missing or read-only parent, or on another file system than its
+  // scratch directory. Creates (and removes) the scratch directory to prove it can.
+  // `warnings` receives notes about stale scratch directories of earlier runs.
+  SaveTarget(std::string dir, std::vector<std::string>* warnings);
+
+  // Writes the checkpoint and swaps it in. Checks again that DIR holds only autosp's files
+  // (a file the user put there during training makes the save fail, keeping both).
+  void save(const models::LlamaConfig& model, const ModelState& state, const CheckpointInfo& info) const;
+
+  const std::string& dir() const { return dir_; }
+
+ private:
+  std::string dir_, tmp_, old_;  // old_: only used where RENAME_EXCHANGE is not supported
+};
 
 struct LoadedCheckpoint {
-  std::string dir;  // where it was found (DIR, or DIR.old after an interrupted save)
+  std::string dir;  // where it was found (DIR, or DIR.autosp-old.* after an interrupted save)
   models::LlamaConfig model;
   ModelState state;
   CheckpointInfo info;
 };
 
-// Loads everything save_checkpoint wrote; any missing or malformed piece is a UserError
+// Loads everything SaveTarget::save wrote; any missing or malformed piece is a UserError
 // naming the file.
 LoadedCheckpoint load_checkpoint(const std::string& dir);
 

@@ -1,10 +1,11 @@
 // Where training samples come from: a user's token file or the built-in passkey task.
 // A sample is S input tokens and S labels; label -100 (kIgnoreLabel) is not scored.
 // The trainer decides which global sample index each row of each micro batch reads
-// (io::TokenFile::sample_index); a source maps that index to tokens deterministically.
+// (io::TokenFile::sample_index, from the samples consumed so far); a source maps that index to tokens deterministically.
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "io/tokens.h"
@@ -20,6 +21,10 @@ class DataSource {
   virtual void read_sample(int64_t sample, int64_t S, int32_t* inputs, int32_t* labels) const = 0;
   // One line for the progress log, e.g. "tokens.bin: 1048577 tokens, 4096 samples of 256".
   virtual std::string describe(int64_t S) const = 0;
+  // Distinct samples before the data repeats (an epoch); 0 for a generated, endless source.
+  virtual int64_t num_samples(int64_t /*S*/) const { return 0; }
+  // What a checkpoint records to recognise this data on resume; none for generated data.
+  virtual std::optional<io::DataFingerprint> fingerprint() const { return std::nullopt; }
 };
 
 // The DESIGN.md token file: sample k is tokens [k*S, k*S + S + 1), taken modulo the number
@@ -32,6 +37,8 @@ class TokenFileSource final : public DataSource {
     file_.read_sample(sample, S, vocab_size_, inputs, labels);
   }
   std::string describe(int64_t S) const override;
+  int64_t num_samples(int64_t S) const override { return file_.num_samples(S); }
+  std::optional<io::DataFingerprint> fingerprint() const override { return file_.fingerprint(); }
   const io::TokenFile& file() const { return file_; }
 
  private:

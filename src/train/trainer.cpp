@@ -92,14 +92,14 @@ void Trainer::bind_parameters(CpuExecutor& ex) const {
 
 // Every rank of an SP group reads the same samples and keeps its slice of the sequence;
 // the tail past S (when P does not divide S) is padding: token 0, no label.
-void Trainer::load_micro_batch(const DataSource& data, int64_t step, int64_t micro) {
-  const int64_t g = config_.gradient_accumulation_steps.value();
+void Trainer::load_micro_batch(const DataSource& data, int64_t micro) {
   SequenceBatch full{micro_batch_, seq_len_, {}, {}, {}};
   full.input_ids.resize(micro_batch_ * seq_len_);
   full.labels.resize(micro_batch_ * seq_len_);
   full.position_ids.resize(micro_batch_ * seq_len_);
   for (int64_t j = 0; j < micro_batch_; ++j) {
-    const int64_t k = io::TokenFile::sample_index(step, micro, g, groups_->dp_rank, groups_->dp_size, j, micro_batch_);
+    const int64_t k = io::TokenFile::sample_index(state_.consumed_samples, micro, groups_->dp_rank,
+                                                  groups_->dp_size, j, micro_batch_);
     data.read_sample(k, seq_len_, full.input_ids.data() + j * seq_len_, full.labels.data() + j * seq_len_);
     for (int64_t i = 0; i < seq_len_; ++i) full.position_ids[j * seq_len_ + i] = static_cast<int32_t>(i);
   }
@@ -116,7 +116,7 @@ StepStats Trainer::train_step(const DataSource& data) {
   allocator_.reset_peak();
   double loss_sum = 0;
   for (int64_t m = 0; m < g; ++m) {
-    load_micro_batch(data, t, m);
+    load_micro_batch(data, m);
     executor_->run();
     loss_sum += executor_->output("loss")[0];  // this rank's part of its replica's loss
     // DeepSpeed scales each micro batch's loss by 1/g: the step's gradient is the mean.
@@ -146,8 +146,10 @@ StepStats Trainer::train_step(const DataSource& data) {
     user_error("step ", t + 1, ": the gradient norm is ", norm, "; the parameters are no longer finite "
                "(checkpoints already written are intact)");
   state_.step = t + 1;
-
   StepStats s;
+  s.first_sample = state_.consumed_samples;
+  state_.consumed_samples += g * micro_batch_ * groups_->dp_size;
+  s.consumed_samples = state_.consumed_samples;
   s.step = state_.step;
   s.loss = loss;
   s.lr = lr;

@@ -19,7 +19,8 @@ namespace autosp::train {
 struct ModelState {
   std::vector<models::ParameterSpec> specs;
   std::vector<std::vector<float>> params, exp_avg, exp_avg_sq;
-  int64_t step = 0;  // optimizer steps taken so far
+  int64_t step = 0;              // optimizer steps taken so far
+  int64_t consumed_samples = 0;  // global samples read so far: where the data continues
 
   // Fresh state: seeded init, zero moments.
   static ModelState initial(const models::LlamaConfig& config, uint64_t seed);
@@ -32,6 +33,7 @@ void require_host_memory(double bytes, const std::string& what);
 
 struct StepStats {
   int64_t step = 0;  // 1-based number of the optimizer step just taken
+  int64_t first_sample = 0, consumed_samples = 0;  // global samples [first, consumed) this step read
   double loss = 0, lr = 0, grad_norm = 0;
   double seconds = 0, tokens_per_s = 0;
   int64_t peak_bytes = 0;        // activations (allocator peak) + parameters, grads, moments
@@ -50,7 +52,8 @@ class Trainer {
           ModelState state, ProcessGroups* groups = nullptr);
   ~Trainer();
 
-  // One optimizer step: gradient_accumulation_steps micro batches, clipping, AdamW.
+  // One optimizer step: gradient_accumulation_steps micro batches, clipping, AdamW. Reads the
+  // global batch that follows state().consumed_samples.
   StepStats train_step(const DataSource& data);
 
   // Forward only: the argmax of the logits at every position, for B x S inputs.
@@ -73,7 +76,7 @@ class Trainer {
 
  private:
   void bind_parameters(CpuExecutor& ex) const;
-  void load_micro_batch(const DataSource& data, int64_t step, int64_t micro);
+  void load_micro_batch(const DataSource& data, int64_t micro);
 
   models::LlamaConfig model_;
   TrainConfig config_;

@@ -16,7 +16,9 @@ namespace {
 
 namespace fs = std::filesystem;
 using autosp::UserError;
+using autosp::io::DataFingerprint;
 using autosp::io::TokenFile;
+using autosp::io::write_tokens;
 
 class TokenFileTest : public ::testing::Test {
  protected:
@@ -164,9 +166,9 @@ TEST_F(TokenFileTest, MovedFileStillReads) {
 }
 
 TEST(TokenFileSampleIndex, Formula) {
-  // ((step * grad_accum + micro) * dp_size + dp_rank) * micro_batch + row
-  EXPECT_EQ(TokenFile::sample_index(0, 0, 1, 0, 1, 0, 1), 0);
-  EXPECT_EQ(TokenFile::sample_index(3, 1, 2, 1, 4, 2, 8), ((3 * 2 + 1) * 4 + 1) * 8 + 2);
+  // consumed + (micro * dp_size + dp_rank) * micro_batch + row
+  EXPECT_EQ(TokenFile::sample_index(0, 0, 0, 1, 0, 1), 0);
+  EXPECT_EQ(TokenFile::sample_index(100, 1, 1, 4, 2, 8), 100 + (1 * 4 + 1) * 8 + 2);
 }
 
 TEST(TokenFileSampleIndex, CoversConsecutiveSamplesOnce) {
@@ -178,11 +180,35 @@ TEST(TokenFileSampleIndex, CoversConsecutiveSamplesOnce) {
     for (int64_t micro = 0; micro < accum; ++micro)
       for (int64_t rank = 0; rank < dp; ++rank)
         for (int64_t row = 0; row < mb; ++row)
-          EXPECT_TRUE(
-              seen.insert(TokenFile::sample_index(step, micro, accum, rank, dp, row, mb)).second);
+          EXPECT_TRUE(seen.insert(TokenFile::sample_index(step * accum * dp * mb, micro, rank, dp, row, mb)).second);
   EXPECT_EQ(static_cast<int64_t>(seen.size()), steps * accum * dp * mb);
   EXPECT_EQ(*seen.begin(), 0);
   EXPECT_EQ(*seen.rbegin(), steps * accum * dp * mb - 1);
+}
+
+TEST(TokenFileFingerprint, SeesAChangeInTheFirstOrLastBlockOrTheSize) {
+  std::vector<uint32_t> tokens(3 * TokenFile::kFingerprintBlock / 4);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint32_t>(i % 1000);
+  const std::string dir = ::testing::TempDir();
+  auto fingerprint = [&](const std::vector<uint32_t>& t) {
+    write_tokens(dir + "/fingerprint.bin", t);
+    return TokenFile(dir + "/fingerprint.bin").fingerprint();
+  };
+  const DataFingerprint base = fingerprint(tokens);
+  EXPECT_EQ(base.bytes, int64_t(tokens.size() * 4));
+  EXPECT_EQ(fingerprint(tokens), base);  // deterministic
+  for (size_t at : {size_t{0}, tokens.size() - 1}) {
+    auto changed = tokens;
+    changed[at] += 1;
+    EXPECT_NE(fingerprint(changed).hash, base.hash) << "token " << at;
+  }
+  auto longer = tokens;
+  longer.push_back(7);
+  EXPECT_NE(fingerprint(longer), base);
+  // The middle block is not read: the fingerprint is a cheap identity, not a checksum.
+  auto middle = tokens;
+  middle[tokens.size() / 2] += 1;
+  EXPECT_EQ(fingerprint(middle), base);
 }
 
 }  // namespace

@@ -177,11 +177,14 @@ TEST(Checkpoint, AnInterruptedSaveFallsBackToThePreviousCheckpoint) {
   Reference ref(1, "default");
   auto r = run_command(train_command(ref, str("--steps 2 --save ", ref.dir / "ckpt")));
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  // A save killed between its two renames leaves only DIR.old.
-  std::filesystem::rename(ref.dir / "ckpt", ref.dir / "ckpt.old");
+  // Where RENAME_EXCHANGE is missing, a save killed between its two renames leaves only
+  // DIR.autosp-old.<run> (and perhaps the new one, complete or not, in DIR.autosp-tmp.<run>).
+  std::filesystem::rename(ref.dir / "ckpt", ref.dir / "ckpt.autosp-old.1-0000abcd");
+  std::filesystem::create_directory(ref.dir / "ckpt.autosp-tmp.1-0000abcd");
   train::LoadedCheckpoint c = train::load_checkpoint(ref.dir / "ckpt");
-  EXPECT_EQ(c.dir, ref.dir / "ckpt.old");
+  EXPECT_EQ(c.dir, ref.dir / "ckpt.autosp-old.1-0000abcd");
   EXPECT_EQ(c.state.step, 2);
+  EXPECT_EQ(c.state.consumed_samples, 2 * 4);  // 2 steps of global batch 4
 }
 
 }  // namespace

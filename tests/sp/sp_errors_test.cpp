@@ -47,10 +47,18 @@ testing::ProcessResult mpirun(int np, const std::string& command) {
   return run_command(str(kMpiEnv, "timeout 120 ", AUTOSP_MPIEXEC, " -np ", np, " --oversubscribe ", command));
 }
 
+// A user error that every rank sees: one line for the whole job, a non-zero exit, and no
+// MPI abort (the ranks agreed on the error and finalised MPI).
 void expect_job_error(const testing::ProcessResult& r, const std::string& fragment) {
   EXPECT_NE(r.exit_code, 0) << r.output;
   EXPECT_NE(r.exit_code, 124) << "the job hung:\n" << r.output;
-  EXPECT_NE(r.output.find("autosp: rank 0: error: "), std::string::npos) << r.output;
+  size_t lines = 0;
+  for (size_t at = r.output.find("autosp: error: "); at != std::string::npos;
+       at = r.output.find("autosp: error: ", at + 1))
+    ++lines;
+  EXPECT_EQ(lines, 1u) << r.output;
+  EXPECT_EQ(r.output.find("rank 0:"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("MPI_ABORT"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find(fragment), std::string::npos) << r.output;
 }
 

@@ -1,0 +1,288 @@
+// Saves that never cost the user a file, and resumes that never silently replay or skip
+// data: through the real CLI (under mpirun where the ranks must agree) on real files, and
+// in process where the test must see exactly which samples a step read.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "io/tokens.h"
+#include "testing/process.h"
+#include "train/checkpoint.h"
+#include "train/trainer.h"
+
+namespace autosp {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using testing::run_command;
+using testing::TempDir;
+
+const char* kMpiEnv = "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 ";
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+std::vector<json> read_metrics(const std::string& path) {
+  std::vector<json> lines;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) lines.push_back(json::parse(line));
+  return lines;
+}
+
+// The reference setup (tests/reference): model dir with config.json, model.safetensors,
+// tokens.bin (13 samples of 16 tokens) and ds_config.json (global batch 4).
+struct RunSetup {
+  TempDir dir{"save_resume"};
+  RunSetup() {
+    auto r = run_command(str("/usr/bin/python3 ", testing::source_path("tests/reference/llama_reference.py"),
+                             " --out ", dir.path(), " --steps 1"));
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+  }
+  // A copy of ds_config.json with the given batch layout.
+  std::string config(const std::string& name, int micro, int accum, int dp) const {
+    std::ifstream in(dir / "ds_config.json");
+    json c = json::parse(in);
+    c["train_micro_batch_size_per_gpu"] = micro;
+    c["gradient_accumulation_steps"] = accum;
+    c["train_batch_size"] = micro * accum * dp;
+    c["steps_per_print"] = 1;
+    std::ofstream(dir / name) << c.dump(2);
+    return dir / name;
+  }
+  std::string train(const std::string& args, const std::string& config = "") const {
+    return str(AUTOSP_BINARY, " train --config ", config.empty() ? dir / "ds_config.json" : config, " --data ",
+               dir / "tokens.bin", " ", args);
+  }
+  std::string fresh(const std::string& args, const std::string& config = "") const {
+    return train(str("--model ", dir.path(), " --seq-len 16 ", args), config);
+  }
+};
+
+testing::ProcessResult mpirun(int np, const std::string& command) {
+  return run_command(str(kMpiEnv, "timeout 120 ", AUTOSP_MPIEXEC, " -np ", np, " --oversubscribe ", command));
+}
+
+// A run refused at start-up: exit 1, one error line naming `fragment`, no step trained.
+void expect_refused(const testing::ProcessResult& r, const std::string& fragment) {
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("autosp: error: --save"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(fragment), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("step 1/"), std::string::npos) << "trained before refusing:\n" << r.output;
+  EXPECT_EQ(r.output.find("MPI_ABORT"), std::string::npos) << r.output;
+}
+
+TEST(SaveTarget, ADirectoryWithAUserFileIsRefusedBeforeStepOneOnEveryRank) {
+  RunSetup s;
+  const std::string user = s.dir / "userdir";
+  fs::create_directories(user + "/sub");
+  std::ofstream(user + "/notes.txt") << "my notes";
+  const std::string config = s.config("dp2.json", 1, 1, 2);
+  auto r = mpirun(2, s.fresh(str("--steps 2 --save ", user), config));
+  expect_refused(r, "not a file of an autosp checkpoint");
+  EXPECT_EQ(slurp(user + "/notes.txt"), "my notes");
+  EXPECT_TRUE(fs::is_directory(user + "/sub"));
+  EXPECT_EQ(std::distance(fs::directory_iterator(user), fs::directory_iterator()), 2);
+}
+
+TEST(SaveTarget, TheModelDirectoryAFileAndTheWorkingDirectoryAreRefused) {
+  RunSetup s;
+  const std::string before = slurp(s.dir / "tokens.bin");
+  expect_refused(run_command(s.fresh(str("--steps 1 --save ", s.dir.path()))), "tokens.bin");
+  EXPECT_EQ(slurp(s.dir / "tokens.bin"), before);
+  EXPECT_TRUE(fs::exists(s.dir / "ds_config.json"));
+
+  std::ofstream(s.dir / "afile.txt") << "keep";
+  expect_refused(run_command(s.fresh(str("--steps 1 --save ", s.dir / "afile.txt"))), "not a directory");
+  EXPECT_EQ(slurp(s.dir / "afile.txt"), "keep");
+
+  const auto entries = std::distance(fs::directory_iterator(s.dir.path()), fs::directory_iterator());
+  expect_refused(run_command(str("cd ", s.dir.path(), " && ", s.fresh("--steps 1 --save ."))), "--save .");
+  expect_refused(run_command(str("cd ", s.dir.path(), " && ", s.fresh(str("--steps 1 --save ../", fs::path(s.dir.path()).filename().string())))),
+                 "working directory");
+  // Nothing was left behind (the old code left a `..tmp` checkpoint).
+  EXPECT_EQ(std::distance(fs::directory_iterator(s.dir.path()), fs::directory_iterator()), entries);
+
+  // A parent that cannot take the scratch directory fails at start-up too.
+  expect_refused(run_command(s.fresh("--steps 1 --save /proc/autosp_ck")), "scratch directory");
+}
+
+TEST(SaveTarget, ReplacesOnlyItsOwnCheckpointAndLeavesTheUsersOldAndTmpAlone) {
+  RunSetup s;
+  const std::string ck = s.dir / "ck";
+  for (const char* d : {"ck.old", "ck.tmp"}) {
+    fs::create_directories(s.dir / d);
+    std::ofstream(s.dir / d + "/mine.txt") << d;
+  }
+  // Three saves: the first creates ck, the next two replace it.
+  auto r = run_command(s.fresh(str("--steps 3 --save-every 1 --save ", ck)));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(slurp(s.dir / "ck.old/mine.txt"), "ck.old");
+  EXPECT_EQ(slurp(s.dir / "ck.tmp/mine.txt"), "ck.tmp");
+  EXPECT_EQ(train::load_checkpoint(ck).state.step, 3);
+  for (const auto& e : fs::directory_iterator(s.dir.path()))
+    EXPECT_FALSE(e.path().filename().string().starts_with("ck.autosp-")) << "scratch left: " << e.path();
+
+  // A user file put into the checkpoint afterwards makes it the user's: not replaced.
+  std::ofstream(ck + "/README.md") << "notes";
+  expect_refused(run_command(s.train(str("--resume ", ck, " --steps 4 --save ", ck))), "README.md");
+  EXPECT_EQ(slurp(ck + "/README.md"), "notes");
+
+  // An empty directory may take a checkpoint.
+  fs::create_directories(s.dir / "empty");
+  r = run_command(s.fresh(str("--steps 1 --save ", s.dir / "empty")));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(train::load_checkpoint(s.dir / "empty").state.step, 1);
+}
+
+// Records which global samples were read, in order.
+class RecordingSource final : public train::DataSource {
+ public:
+  void read_sample(int64_t sample, int64_t S, int32_t* inputs, int32_t* labels) const override {
+    read.push_back(sample);
+    for (int64_t i = 0; i < S; ++i) {
+      inputs[i] = static_cast<int32_t>((sample + i) % 7);
+      labels[i] = static_cast<int32_t>((sample + i + 1) % 7);
+    }
+  }
+  std::string describe(int64_t) const override { return "recording"; }
+  mutable std::vector<int64_t> read;
+};
+
+TEST(Trainer, EachStepReadsTheSamplesAfterTheConsumedOnesWhateverTheBatchLayout) {
+  models::LlamaConfig model;
+  model.vocab_size = 7;
+  model.hidden_size = 8;
+  model.intermediate_size = 12;
+  model.num_hidden_layers = 1;
+  model.num_attention_heads = 2;
+  model.num_key_value_heads = 1;
+  model.head_dim = 4;
+  auto config = [](int micro, int accum) {
+    train::TrainConfig c;
+    c.train_micro_batch_size_per_gpu = micro;
+    c.gradient_accumulation_steps = accum;
+    train::resolve_batch(c, 1, "test");
+    return c;
+  };
+  RecordingSource data;
+  train::Trainer a(model, config(2, 1), 6, train::ModelState::initial(model, 3));
+  a.train_step(data);
+  a.train_step(data);
+  EXPECT_EQ(data.read, (std::vector<int64_t>{0, 1, 2, 3}));
+  EXPECT_EQ(a.state().consumed_samples, 4);
+
+  // Resumed with global batch 3 (micro 1 x accumulation 3): samples 4, 5, 6, then 7, 8, 9.
+  data.read.clear();
+  train::Trainer b(model, config(1, 3), 6, a.state());
+  train::StepStats s = b.train_step(data);
+  EXPECT_EQ(s.first_sample, 4);
+  EXPECT_EQ(s.consumed_samples, 7);
+  b.train_step(data);
+  EXPECT_EQ(data.read, (std::vector<int64_t>{4, 5, 6, 7, 8, 9}));
+}
+
+TEST(Resume, ABatchChangeFromTwoReplicasToOneContinuesAtTheNextUnseenSample) {
+  RunSetup s;
+  const std::string ck = s.dir / "ck";
+  // Data parallel 2, global batch 2: steps 1-2 read samples 0-3.
+  auto r = mpirun(2, s.fresh(str("--steps 2 --save ", ck, " --metrics ", s.dir / "m.jsonl"),
+                             s.config("dp2.json", 1, 1, 2)));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(train::load_checkpoint(ck).state.consumed_samples, 4);
+  // One process, global batch 1: steps 3-4 read samples 4 and 5.
+  r = run_command(s.train(str("--resume ", ck, " --steps 4 --metrics ", s.dir / "m.jsonl"), s.config("b1.json", 1, 1, 1)));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("the batch layout changed"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("continuing with sample 4"), std::string::npos) << r.output;
+  const auto m = read_metrics(s.dir / "m.jsonl");
+  ASSERT_EQ(m.size(), 4u);
+  const int64_t consumed[] = {2, 4, 5, 6};
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(m[i]["step"], i + 1);
+    EXPECT_EQ(m[i]["consumed_samples"], consumed[i]) << "step " << i + 1;
+    EXPECT_DOUBLE_EQ(m[i]["epoch"].get<double>(), consumed[i] / 13.0);  // 13 samples in tokens.bin
+  }
+}
+
+TEST(Resume, MetricsHoldEveryStepOnceAfterAKilledRunIsRestarted) {
+  RunSetup s;
+  const std::string ck = s.dir / "ck", metrics = s.dir / "m.jsonl";
+  // As if killed after step 3: the checkpoint is at step 2, the log has steps 1-3 and a
+  // line cut short.
+  auto r = run_command(s.fresh(str("--steps 2 --save ", ck, " --metrics ", metrics)));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = run_command(s.train(str("--resume ", ck, " --steps 3 --metrics ", metrics)));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto first = read_metrics(metrics);
+  ASSERT_EQ(first.size(), 3u);
+  std::ofstream(metrics, std::ios::app) << "{\"step\": 4, \"lo";
+  // The usual restart: the same command line with --resume.
+  r = run_command(s.train(str("--resume ", ck, " --steps 5 --save ", ck, " --metrics ", metrics)));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto m = read_metrics(metrics);
+  ASSERT_EQ(m.size(), 5u);
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(m[i]["step"], i + 1);
+  EXPECT_EQ(m[0], first[0]);
+  EXPECT_EQ(m[1], first[1]);
+  // Step 3 again, from the same state on the same samples: the same loss, bit for bit.
+  EXPECT_EQ(m[2]["loss"].get<double>(), first[2]["loss"].get<double>());
+
+  // A resume that trains nothing keeps the file as it is.
+  r = run_command(s.train(str("--resume ", ck, " --steps 5 --metrics ", metrics)));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("nothing to train: the checkpoint is at step 5 and --steps is 5"), std::string::npos)
+      << r.output;
+  EXPECT_EQ(read_metrics(metrics).size(), 5u);
+}
+
+TEST(Run, NothingToTrainSaysSoAndStillSaves) {
+  RunSetup s;
+  auto r = run_command(s.fresh(str("--steps 0 --save ", s.dir / "init")));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("nothing to train: --steps 0"), std::string::npos) << r.output;
+  const train::LoadedCheckpoint c = train::load_checkpoint(s.dir / "init");
+  EXPECT_EQ(c.state.step, 0);
+  EXPECT_EQ(c.state.consumed_samples, 0);
+
+  r = run_command(s.fresh("--steps 1 --save-every 1"));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("--save-every 1 needs --save"), std::string::npos) << r.output;
+}
+
+TEST(Resume, OtherDataIsRefusedUnlessAllowed) {
+  RunSetup s;
+  const std::string ck = s.dir / "ck";
+  auto r = run_command(s.fresh(str("--steps 1 --save ", ck)));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::vector<uint32_t> other(16 * 20 + 1, 3);
+  io::write_tokens(s.dir / "other.bin", other);
+  const std::string resume = str(AUTOSP_BINARY, " train --config ", s.dir / "ds_config.json", " --resume ", ck,
+                                 " --data ", s.dir / "other.bin", " --steps 2");
+  r = run_command(resume);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("not the data the checkpoint"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("--allow-new-data"), std::string::npos) << r.output;
+  r = run_command(resume + " --allow-new-data");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("continuing at sample 4 of it"), std::string::npos) << r.output;
+}
+
+TEST(Data, WrappingPastTheEndSaysSoOncePerEpoch) {
+  RunSetup s;
+  io::write_tokens(s.dir / "one.bin", std::vector<uint32_t>(17, 1));  // one sample of 16
+  auto r = run_command(str(AUTOSP_BINARY, " train --config ", s.config("b1.json", 1, 1, 1), " --model ", s.dir.path(),
+                           " --data ", s.dir / "one.bin", " --seq-len 16 --steps 3"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("repeats the data (3.00 epochs in all)"), std::string::npos) << r.output;
+  for (int epoch : {2, 3}) EXPECT_NE(r.output.find(str("epoch ", epoch, " begins")), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("epoch 4"), std::string::npos) << r.output;
+}
+
+}  // namespace
+}  // namespace autosp
