@@ -467,6 +467,7 @@ int run_dump(const DumpArgs& args) {
   if (args.rank >= args.sp) user_error("--rank ", args.rank, " is not a rank of --sp ", args.sp);
   Graph forward = models::llama_forward(model, {.batch = args.batch, .seq_len = args.seq_len});
   CompileOptions options{args.sp, {"autosp"}, true};
+  options.checkpoint.policy = parse_checkpoint_policy(args.checkpoint, "--checkpoint");
   const SequenceSplit split = split_sequence(args.seq_len, args.sp);
   compile(forward, options, [&](const std::string& stage, const Graph& g) {
     if (stage != args.stage) return;

@@ -20,7 +20,7 @@ struct TrainArgs {
 };
 
 struct DumpArgs {
-  std::string model, stage;
+  std::string model, stage, checkpoint = "sac";
   int64_t seq_len = 0, batch = 1, sp = 1, rank = 0;
 };
 

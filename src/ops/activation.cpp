@@ -35,6 +35,7 @@ extern const OpDef silu_op = {
       require(!is_partial(in[0]), "silu of a partial sum is not a partial sum");
       return shard_elementwise(in, t, a);
     },
+    .recompute = Recompute::cheap,
 };
 
 // silu_backward(dy, x) = dy s(x) (1 + x (1 - s(x)))
@@ -68,6 +69,7 @@ extern const OpDef swiglu_op = {
       require(!is_partial(in[0]) && !is_partial(in[1]), "swiglu of partial sums is not a partial sum");
       return shard_elementwise(in, t, a);
     },
+    .recompute = Recompute::cheap,
 };
 
 // swiglu_backward(dy, gate, up) -> (dgate, dup)

@@ -50,6 +50,7 @@ extern const OpDef fill_op = {
     .cpu = [](const KernelArgs& a) {
       cpu::fill(a.out(0), a.out_numel(0), float(a.attrs->get_float("value")));
     },
+    .recompute = Recompute::cheap,
 };
 
 // expand(x[]) {shape}: broadcasts a scalar.
@@ -65,6 +66,7 @@ extern const OpDef expand_op = {
     // d/dx sum_i y_i = sum(dy)
     .grad = [](GradContext& c) { c.din[0] = c.b.emit1(OpKind::sum, {c.dout[0]}); },
     .cpu = [](const KernelArgs& a) { cpu::fill(a.out(0), a.out_numel(0), a.in(0)[0]); },
+    .recompute = Recompute::cheap,
 };
 
 extern const OpDef add_op = {
@@ -78,6 +80,7 @@ extern const OpDef add_op = {
     },
     .cpu = [](const KernelArgs& a) { cpu::add(a.in(0), a.in(1), a.out_numel(0), a.out(0)); },
     .shard = shard_elementwise,  // a sum of two partial sums is a partial sum
+    .recompute = Recompute::cheap,
 };
 
 extern const OpDef mul_op = {
@@ -95,6 +98,7 @@ extern const OpDef mul_op = {
       require(!is_partial(in[0]) && !is_partial(in[1]), "a product of partial sums is not one");
       return shard_elementwise(in, t, a);
     },
+    .recompute = Recompute::cheap,
 };
 
 // scale(x) {alpha}: alpha * x.
@@ -114,6 +118,7 @@ extern const OpDef scale_op = {
       cpu::scale(a.in(0), a.out_numel(0), float(a.attrs->get_float("alpha")), a.out(0));
     },
     .shard = shard_elementwise,
+    .recompute = Recompute::cheap,
 };
 
 // sum(x): the sum of all elements, a scalar (accumulated in double).
@@ -165,6 +170,7 @@ extern const OpDef div_scalar_op = {
       require(is_replicated(in[1]), "the divisor must be replicated, got ", sharding_str(in[1]));
       return {in[0]};
     },
+    .recompute = Recompute::cheap,
 };
 
 }  // namespace autosp

@@ -41,6 +41,7 @@ extern const OpDef reshape_op = {
       }
       shape_error("reshape ", shape_str(x), " -> ", shape_str(y), " does not keep sharded dim ", d);
     },
+    .recompute = Recompute::cheap,
 };
 
 // transpose(x) {perm}: y's dim i is x's dim perm[i]
@@ -83,6 +84,7 @@ extern const OpDef transpose_op = {
         if (perm[i] == in[0].dim) return {shard(static_cast<int>(i))};
       shape_error("bad perm");
     },
+    .recompute = Recompute::cheap,
 };
 
 // slice(x) {dim, start, end}: x[..., start:end, ...] along dim
@@ -120,6 +122,7 @@ extern const OpDef slice_op = {
               in[0].dim);
       return {in[0]};
     },
+    .recompute = Recompute::cheap,
 };
 
 // slice_backward(dy) {dim, start, size}: dy placed at [start, start + len) of a zero
@@ -198,6 +201,7 @@ extern const OpDef concat_op = {
       require(!is_shard(out[0]) || out[0].dim != attrs.get_int("dim"), "cannot concatenate along the sharded dim");
       return out;
     },
+    .recompute = Recompute::cheap,
 };
 
 }  // namespace autosp

@@ -46,6 +46,7 @@ extern const OpDef linear_op = {
       require(is_replicated(in[1]), "the weight must be replicated");
       return shard_rowwise(in, t, a);
     },
+    .recompute = Recompute::matmul,
 };
 
 namespace {
@@ -104,6 +105,7 @@ extern const OpDef matmul_op = {
       MatmulDims d = matmul_dims({*a.in_types[0], *a.in_types[1]}, *a.attrs);
       cpu::gemm(d.ta, d.tb, d.M, d.N, d.K, a.in(0), a.in(1), a.out(0));
     },
+    .recompute = Recompute::matmul,
 };
 
 }  // namespace autosp

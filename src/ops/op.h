@@ -86,6 +86,13 @@ struct KernelArgs {
 using Types = std::vector<TensorType>;
 using Shardings = std::vector<Sharding>;
 
+// What recomputing an op's result in backward costs, for the checkpoint pass: `cheap` ops
+// are linear in their result's size (norms, rope, elementwise, layout), `matmul` ops cost
+// O(K) FLOPs per result element, and `never` ops are not recomputed by sequence-aware
+// checkpointing (attention: O(S) FLOPs per result element; collectives: communication;
+// inputs and backward ops).
+enum class Recompute : uint8_t { never, cheap, matmul };
+
 struct OpDef {
   int num_inputs;   // -1: variadic, at least one
   int num_outputs;
@@ -103,6 +110,7 @@ struct OpDef {
   // operands' (each replicated, shard(dim) or partial); shape_error() where the op cannot
   // run on those shardings. nullptr: the op cannot be sequence-sharded.
   Shardings (*shard)(const Shardings& inputs, const Types& types, const Attrs& attrs) = nullptr;
+  Recompute recompute = Recompute::never;
 };
 
 // Sharding shorthands for rules.

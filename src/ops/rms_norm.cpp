@@ -34,6 +34,7 @@ extern const OpDef rms_norm_op = {
                             float(a.attrs->get_float("eps")), a.out(0), a.out(1));
     },
     .shard = shard_rowwise,  // y and rstd share x's sharded (row) dim
+    .recompute = Recompute::cheap,
 };
 
 // rms_norm_backward(dy, x, w, rstd) -> (dx, dw)

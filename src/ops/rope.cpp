@@ -70,6 +70,7 @@ extern const OpDef rope_op = {
               sharding_str(in[1]));
       return {in[0]};
     },
+    .recompute = Recompute::cheap,
 };
 
 }  // namespace autosp

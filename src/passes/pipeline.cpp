@@ -12,7 +12,7 @@
 namespace autosp {
 
 const std::vector<std::string>& pipeline_stages() {
-  static const std::vector<std::string> stages = {"forward", "autosp", "joint"};
+  static const std::vector<std::string> stages = {"forward", "autosp", "joint", "checkpoint"};
   return stages;
 }
 
@@ -54,6 +54,11 @@ Graph compile(const Graph& forward, const CompileOptions& options,
     Graph joint = autodiff(g);
     verify(joint);
     return joint;
+  });
+  g = run("checkpoint", [&] {
+    Graph checkpointed = checkpoint(g, options.checkpoint);
+    verify(checkpointed);
+    return checkpointed;
   });
   return g;
 }

@@ -3,18 +3,19 @@
 //   forward --autosp--> --autodiff--> joint --grad_sync--> --checkpoint--> --schedule-->
 //   --plan_memory--> lowered
 //
-// Built so far: autosp and autodiff (stages "forward", "autosp", "joint"). Gradient
-// reduction over the data x sequence group is done by the trainer's optimizer step
-// (train/grad_sync.h) until it moves into a grad_sync pass; checkpoint, schedule and
-// plan_memory are not built (the executor frees by use counts). Asking for a pass that
-// does not exist is a clear error, not a silent no-op. AUTOSP_PASS_TIMES=1 prints each
-// pass's time.
+// Built so far: autosp, autodiff and checkpoint (stages "forward", "autosp", "joint",
+// "checkpoint"). Gradient reduction over the data x sequence group is done by the trainer's
+// optimizer step (train/grad_sync.h) until it moves into a grad_sync pass, and checkpoint
+// runs right after autodiff; schedule and plan_memory are not built (the executor frees by
+// use counts). Asking for a pass that does not exist is a clear error, not a silent no-op.
+// AUTOSP_PASS_TIMES=1 prints each pass's time.
 #pragma once
 #include <functional>
 #include <string>
 #include <vector>
 
 #include "ir/graph.h"
+#include "passes/checkpoint.h"
 
 namespace autosp {
 
@@ -22,6 +23,7 @@ struct CompileOptions {
   int64_t sequence_parallel_size = 1;
   std::vector<std::string> passes;  // the config's compile.passes
   bool deepcompile = false;
+  CheckpointOptions checkpoint;  // which activations backward keeps (none: all of them)
 };
 
 // The stage names `autosp dump --stage` accepts, in pipeline order.

@@ -10,6 +10,7 @@
 #include <sstream>
 #include <string_view>
 
+#include "passes/checkpoint.h"
 #include "util/error.h"
 
 namespace autosp::train {
@@ -220,8 +221,19 @@ SchedulerConfig parse_scheduler(const Ctx& ctx, const json& section) {
 CompileConfig parse_compile(const Ctx& ctx, const json& section) {
   const std::string path = "compile";
   object_at(ctx, section, path);
-  warn_unknown(ctx, section, path, {"deepcompile", "passes"});
+  warn_unknown(ctx, section, path, {"deepcompile", "passes", "checkpoint", "memory_budget_gb"});
   CompileConfig c;
+  if (section.contains("checkpoint")) {
+    const std::string policy = string_at(ctx, section["checkpoint"], "compile.checkpoint");
+    if (policy == "auto")
+      user_error(ctx.source, ": compile.checkpoint: \"auto\" (the cheapest plan under memory_budget_gb) needs the "
+                 "static memory planner, which autosp does not have yet; use \"none\", \"full\" or \"sac\"");
+    parse_checkpoint_policy(policy, str(ctx.source, ": compile.checkpoint"));
+    c.checkpoint = policy;
+  }
+  if (section.contains("memory_budget_gb"))
+    user_error(ctx.source, ": compile.memory_budget_gb: a memory budget needs the static memory planner, which "
+               "autosp does not have yet; remove it (compile.checkpoint chooses what backward keeps)");
   if (section.contains("deepcompile"))
     c.deepcompile = bool_at(ctx, section["deepcompile"], "compile.deepcompile");
   if (section.contains("passes")) {

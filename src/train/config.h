@@ -9,7 +9,9 @@
 //                         weight_decay}} with torch.optim.AdamW's defaults; absent = AdamW
 //   scheduler             {type: WarmupLR | WarmupDecayLR | WarmupCosineLR, params: {...}}
 //                         (see lr_schedule.h); absent = constant lr
-//   compile               {deepcompile: bool, passes: [ "z1" | "z3" | "autosp" ... ]}
+//   compile               {deepcompile: bool, passes: [ "z1" | "z3" | "autosp" ... ],
+//                         checkpoint: "none" | "full" | "sac" (passes/checkpoint.h; default
+//                         sac with autosp, else none)}
 //   sequence_parallel_size integer >= 1 (default 1)
 //   zero_optimization     {stage: 0..3} (or DeepSpeed's legacy bool); autosp runs 0 and 1
 //   steps_per_print       integer >= 1 (default 10, as DeepSpeed)
@@ -35,6 +37,8 @@ namespace autosp::train {
 struct CompileConfig {
   bool deepcompile = false;
   std::vector<std::string> passes;  // in the order given
+  // compile.checkpoint: "none", "full" or "sac"; absent: sac with the autosp pass, else none.
+  std::optional<std::string> checkpoint;
 };
 
 struct TrainConfig {

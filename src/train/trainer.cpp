@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 
@@ -20,6 +21,12 @@ void require_host_memory(double bytes, const std::string& what) {
     user_error(what, " needs at least ", bytes / double(1 << 30), " GiB, but this machine has ",
                total / double(1 << 30), " GiB (a smaller model, a shorter sequence, a smaller micro "
                "batch or more ranks would need less)");
+}
+
+CheckpointPolicy checkpoint_policy(const CompileConfig& compile) {
+  if (compile.checkpoint) return parse_checkpoint_policy(*compile.checkpoint, "compile.checkpoint");
+  const bool autosp = std::find(compile.passes.begin(), compile.passes.end(), "autosp") != compile.passes.end();
+  return autosp ? CheckpointPolicy::sac : CheckpointPolicy::none;
 }
 
 ModelState ModelState::initial(const models::LlamaConfig& config, uint64_t seed) {
@@ -59,6 +66,7 @@ Trainer::Trainer(const models::LlamaConfig& model, const TrainConfig& config, in
                groups_->sp_size, ", the config says ", config.sequence_parallel_size);
   Graph forward = models::llama_forward(model_, {.batch = micro_batch_, .seq_len = seq_len_});
   CompileOptions options{config.sequence_parallel_size, config.compile.passes, config.compile.deepcompile};
+  options.checkpoint.policy = checkpoint_policy(config.compile);
   joint_ = compile(forward, options);
   local_len_ = split_sequence(seq_len_, groups_->sp_size).local;
 

@@ -9,6 +9,7 @@
 #include "comm/communicator.h"
 #include "ir/graph.h"
 #include "models/llama.h"
+#include "passes/checkpoint.h"
 #include "runtime/executor.h"
 #include "train/config.h"
 #include "train/data.h"
@@ -26,6 +27,10 @@ struct ModelState {
   static ModelState initial(const models::LlamaConfig& config, uint64_t seed);
   int64_t persistent_bytes() const;  // params + moments (+ grads, allocated alongside)
 };
+
+// The checkpoint policy the config asks for: compile.checkpoint, else sac when the autosp
+// pass runs (DESIGN.md: sequence-aware checkpointing comes with it), else none.
+CheckpointPolicy checkpoint_policy(const CompileConfig& compile);
 
 // A UserError when `bytes` (what `what` needs at least) exceed this machine's memory, so
 // an impossible run says so before it allocates instead of dying in the allocator.

@@ -25,6 +25,9 @@ using testing::TempDir;
 
 constexpr int64_t kSeqLen = 16;
 constexpr int kSteps = 8;  // steps 0 and 1 run at lr 0 (WarmupLR from 0): 6 real updates
+// Every checkpoint policy is held to the same reference ("none" first: the others must
+// equal it bit for bit).
+constexpr const char* kPolicies[] = {"none", "full", "sac"};
 
 // max |a - b| / max |b|: the error relative to the tensor's scale.
 double normalised_error(const std::vector<float>& a, const std::vector<float>& b) {
@@ -60,39 +63,47 @@ TEST_P(LlamaReference, StepZeroLogitsLossAndGradients) {
   train::resolve_batch(config, 1, "ds_config.json");
   train::ModelState state = train::ModelState::initial(model, 0);
   state.params = train::load_weights(ref.dir / "model.safetensors", model);
-  train::Trainer trainer(model, config, kSeqLen, state);
+  std::vector<std::vector<float>> none_grads;
+  for (const char* policy : kPolicies) {
+    SCOPED_TRACE(str("checkpoint policy ", policy));
+    config.compile.checkpoint = policy;
+    train::Trainer trainer(model, config, kSeqLen, state);
 
-  // Step 0 reads samples 0, 1 (micro 0) and 2, 3 (micro 1).
-  train::TokenFileSource data(ref.dir / "tokens.bin", static_cast<int32_t>(model.vocab_size));
-  const int64_t B = 2;
-  std::vector<int32_t> inputs[2], labels[2];
-  for (int m = 0; m < 2; ++m) {
-    inputs[m].resize(B * kSeqLen);
-    labels[m].resize(B * kSeqLen);
-    for (int j = 0; j < B; ++j)
-      data.read_sample(m * B + j, kSeqLen, inputs[m].data() + j * kSeqLen, labels[m].data() + j * kSeqLen);
+    // Step 0 reads samples 0, 1 (micro 0) and 2, 3 (micro 1).
+    train::TokenFileSource data(ref.dir / "tokens.bin", static_cast<int32_t>(model.vocab_size));
+    const int64_t B = 2;
+    std::vector<int32_t> inputs[2], labels[2];
+    for (int m = 0; m < 2; ++m) {
+      inputs[m].resize(B * kSeqLen);
+      labels[m].resize(B * kSeqLen);
+      for (int j = 0; j < B; ++j)
+        data.read_sample(m * B + j, kSeqLen, inputs[m].data() + j * kSeqLen, labels[m].data() + j * kSeqLen);
+    }
+
+    // fp32 forward vs float64: observed at most 4.1e-7 (normalised) over the four models;
+    // 2e-6 leaves room for other BLAS blockings, and a wrong op is off by far more.
+    const double logits_err = normalised_error(trainer.logits(inputs[0].data(), B, kSeqLen), ref.get("logits"));
+    EXPECT_LT(logits_err, 2e-6);
+
+    std::vector<std::vector<float>> g0, g1;
+    const double loss = 0.5 * (trainer.loss_and_grads(inputs[0].data(), labels[0].data(), g0) +
+                               trainer.loss_and_grads(inputs[1].data(), labels[1].data(), g1));
+    EXPECT_NEAR(loss, ref.get("loss")[0], 1e-6 * std::abs(ref.get("loss")[0]));
+    double worst_grad = 0;
+    for (size_t i = 0; i < state.specs.size(); ++i) {
+      std::vector<float> grad(g0[i].size());
+      for (size_t e = 0; e < grad.size(); ++e) grad[e] = 0.5f * (g0[i][e] + g1[i][e]);
+      const double err = normalised_error(grad, ref.get("grad." + state.specs[i].name));
+      worst_grad = std::max(worst_grad, err);
+      // fp32 backward vs float64: the worst tensor observed at 7.8e-7 (normalised).
+      EXPECT_LT(err, 5e-6) << state.specs[i].name;
+      // Recomputation runs the same kernels on the same inputs: bitwise the same gradients.
+      if (std::string(policy) == "none") none_grads.push_back(grad);
+      else EXPECT_EQ(grad, none_grads[i]) << state.specs[i].name;
+    }
+    std::printf("checkpoint %s: normalised error vs float64: logits %.2e, worst parameter gradient %.2e\n", policy,
+                logits_err, worst_grad);
   }
-
-  // fp32 forward vs float64: observed at most 4.1e-7 (normalised) over the four models;
-  // 2e-6 leaves room for other BLAS blockings, and a wrong op is off by far more.
-  const double logits_err = normalised_error(trainer.logits(inputs[0].data(), B, kSeqLen), ref.get("logits"));
-  EXPECT_LT(logits_err, 2e-6);
-
-  std::vector<std::vector<float>> g0, g1;
-  const double loss = 0.5 * (trainer.loss_and_grads(inputs[0].data(), labels[0].data(), g0) +
-                             trainer.loss_and_grads(inputs[1].data(), labels[1].data(), g1));
-  EXPECT_NEAR(loss, ref.get("loss")[0], 1e-6 * std::abs(ref.get("loss")[0]));
-  double worst_grad = 0;
-  for (size_t i = 0; i < state.specs.size(); ++i) {
-    std::vector<float> grad(g0[i].size());
-    for (size_t e = 0; e < grad.size(); ++e) grad[e] = 0.5f * (g0[i][e] + g1[i][e]);
-    const double err = normalised_error(grad, ref.get("grad." + state.specs[i].name));
-    worst_grad = std::max(worst_grad, err);
-    // fp32 backward vs float64: the worst tensor observed at 7.8e-7 (normalised).
-    EXPECT_LT(err, 5e-6) << state.specs[i].name;
-  }
-  std::printf("normalised error vs float64: logits %.2e, worst parameter gradient %.2e\n", logits_err,
-              worst_grad);
 }
 
 std::vector<nlohmann::json> read_metrics(const std::string& path) {
@@ -110,36 +121,55 @@ std::string train_command(const Reference& ref, const std::string& extra) {
 TEST_P(LlamaReference, LossCurveAndFinalParametersThroughTheCli) {
   const auto [tied, rope] = GetParam();
   Reference ref(tied, rope);
-  auto r = run_command(train_command(ref, str("--steps ", kSteps, " --metrics ", ref.dir / "m.jsonl",
-                                              " --save ", ref.dir / "ckpt")));
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  auto metrics = read_metrics(ref.dir / "m.jsonl");
-  ASSERT_EQ(metrics.size(), size_t(kSteps));
-  for (int t = 0; t < kSteps; ++t) {
-    SCOPED_TRACE(str("step ", t));
-    EXPECT_EQ(metrics[t]["step"].get<int>(), t + 1);
-    // The schedule is exact arithmetic in both; the reference stores it as F32.
-    EXPECT_NEAR(metrics[t]["lr"].get<double>(), ref.get("lr")[t], 1e-7 * ref.get("lr")[t]);
-    // fp32 training vs float64 through six AdamW updates: observed relative differences
-    // at most 5.8e-8 for the loss and 2.7e-7 for the grad norm.
-    EXPECT_NEAR(metrics[t]["loss"].get<double>(), ref.get("loss")[t], 1e-6 * std::abs(ref.get("loss")[t]));
-    EXPECT_NEAR(metrics[t]["grad_norm"].get<double>(), ref.get("grad_norm")[t], 2e-6 * ref.get("grad_norm")[t]);
+  std::vector<nlohmann::json> none_metrics;
+  for (const char* policy : kPolicies) {
+    SCOPED_TRACE(str("checkpoint policy ", policy));
+    const std::string config = ref.dir / str("ds_", policy, ".json");
+    {
+      std::ifstream in(ref.dir / "ds_config.json");
+      nlohmann::json c = nlohmann::json::parse(in);
+      c["compile"] = {{"checkpoint", policy}};
+      std::ofstream(config) << c.dump(2);
+    }
+    const std::string ckpt = ref.dir / str("ckpt_", policy), metrics_path = ref.dir / str("m_", policy, ".jsonl");
+    auto r = run_command(str(AUTOSP_BINARY, " train --config ", config, " --model ", ref.dir.path(), " --data ",
+                             ref.dir / "tokens.bin", " --seq-len ", kSeqLen, " --steps ", kSteps, " --metrics ",
+                             metrics_path, " --save ", ckpt));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    auto metrics = read_metrics(metrics_path);
+    ASSERT_EQ(metrics.size(), size_t(kSteps));
+    for (int t = 0; t < kSteps; ++t) {
+      SCOPED_TRACE(str("step ", t));
+      EXPECT_EQ(metrics[t]["step"].get<int>(), t + 1);
+      // The schedule is exact arithmetic in both; the reference stores it as F32.
+      EXPECT_NEAR(metrics[t]["lr"].get<double>(), ref.get("lr")[t], 1e-7 * ref.get("lr")[t]);
+      // fp32 training vs float64 through six AdamW updates: observed relative differences
+      // at most 5.8e-8 for the loss and 2.7e-7 for the grad norm.
+      EXPECT_NEAR(metrics[t]["loss"].get<double>(), ref.get("loss")[t], 1e-6 * std::abs(ref.get("loss")[t]));
+      EXPECT_NEAR(metrics[t]["grad_norm"].get<double>(), ref.get("grad_norm")[t], 2e-6 * ref.get("grad_norm")[t]);
+    }
+    // Bitwise the run without recomputation.
+    if (std::string(policy) == "none") none_metrics = metrics;
+    for (int t = 0; t < kSteps; ++t) {
+      EXPECT_EQ(metrics[t]["loss"].get<double>(), none_metrics[t]["loss"].get<double>()) << "step " << t + 1;
+      EXPECT_EQ(metrics[t]["grad_norm"].get<double>(), none_metrics[t]["grad_norm"].get<double>()) << "step " << t + 1;
+    }
+    models::LlamaConfig model = models::load_llama_config(ckpt + "/config.json");
+    auto params = train::load_weights(ckpt + "/model.safetensors", model);
+    auto specs = models::llama_parameters(model);
+    double worst_param = 0, worst_loss = 0, worst_norm = 0;
+    for (size_t i = 0; i < specs.size(); ++i) {
+      const double err = normalised_error(params[i], ref.get("param." + specs[i].name));
+      worst_param = std::max(worst_param, err);
+      EXPECT_LT(err, 5e-6) << specs[i].name;  // observed at most 4.6e-7
+    }
+    for (int t = 0; t < kSteps; ++t) {
+      worst_loss = std::max(worst_loss, std::abs(metrics[t]["loss"].get<double>() / ref.get("loss")[t] - 1));
+      worst_norm = std::max(worst_norm, std::abs(metrics[t]["grad_norm"].get<double>() / ref.get("grad_norm")[t] - 1));
+    }
+    std::printf("checkpoint %s, after %d steps vs float64: loss rel %.2e, grad norm rel %.2e, parameters "
+                "(normalised) %.2e\n", policy, kSteps, worst_loss, worst_norm, worst_param);
   }
-  models::LlamaConfig model = models::load_llama_config(ref.dir / "ckpt/config.json");
-  auto params = train::load_weights(ref.dir / "ckpt/model.safetensors", model);
-  auto specs = models::llama_parameters(model);
-  double worst_param = 0, worst_loss = 0, worst_norm = 0;
-  for (size_t i = 0; i < specs.size(); ++i) {
-    const double err = normalised_error(params[i], ref.get("param." + specs[i].name));
-    worst_param = std::max(worst_param, err);
-    EXPECT_LT(err, 5e-6) << specs[i].name;  // observed at most 4.6e-7
-  }
-  for (int t = 0; t < kSteps; ++t) {
-    worst_loss = std::max(worst_loss, std::abs(metrics[t]["loss"].get<double>() / ref.get("loss")[t] - 1));
-    worst_norm = std::max(worst_norm, std::abs(metrics[t]["grad_norm"].get<double>() / ref.get("grad_norm")[t] - 1));
-  }
-  std::printf("after %d steps vs float64: loss rel %.2e, grad norm rel %.2e, parameters (normalised) %.2e\n",
-              kSteps, worst_loss, worst_norm, worst_param);
 }
 
 INSTANTIATE_TEST_SUITE_P(TiedAndRope, LlamaReference,

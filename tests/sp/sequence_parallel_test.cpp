@@ -1,5 +1,6 @@
 // Sequence and data parallelism under real mpirun: for (W, SP) in (2, 2), (4, 4), (4, 2),
-// (2, 1) and ZeRO stages 0 and 1, the loss curve and final parameters equal a
+// (2, 1) and ZeRO stages 0 and 1, under the checkpoint policies sac (autosp's default), full
+// and none, the loss curve and final parameters equal a
 // single-device run of the same global batch, at fp32 reordering tolerances. The model is
 // the reference Llama of tests/reference (GQA with NKV = 2, so SP = 4 repeats kv heads),
 // and S = 15 is divisible by neither 2 nor 4 (the last rank's slice is padded).
@@ -36,14 +37,14 @@ std::vector<json> read_metrics(const std::string& path) {
 
 // A copy of the reference DeepSpeed config with the given layout.
 std::string write_config(const TempDir& dir, const std::string& name, int micro, int accum, int dp, int sp,
-                         int zero) {
+                         int zero, const char* checkpoint = "sac") {
   std::ifstream in(dir / "ds_config.json");
   json c = json::parse(in);
   c["train_micro_batch_size_per_gpu"] = micro;
   c["gradient_accumulation_steps"] = accum;
   c["train_batch_size"] = micro * accum * dp;
   c["sequence_parallel_size"] = sp;
-  c["compile"] = {{"deepcompile", true}, {"passes", {"autosp"}}};
+  c["compile"] = {{"deepcompile", true}, {"passes", {"autosp"}}, {"checkpoint", checkpoint}};
   c["zero_optimization"] = {{"stage", zero}};
   std::ofstream(dir / name) << c.dump(2);
   return dir / name;
@@ -73,6 +74,7 @@ TrainRun train(const TempDir& dir, const std::string& tag, const std::string& co
 
 struct Layout {
   int world, sp, zero;
+  const char* checkpoint = "sac";  // the parallel run's; the single-device run keeps everything
 };
 
 class SequenceParallel : public ::testing::TestWithParam<Layout> {};
@@ -85,8 +87,9 @@ TEST_P(SequenceParallel, EqualsTheSingleDeviceRun) {
                              " --out ", dir.path(), " --steps 1"));
   ASSERT_EQ(gen.exit_code, 0) << gen.output;
 
-  TrainRun single = train(dir, "single", write_config(dir, "single.json", micro, accum * dp, 1, 1, 0), 1);
-  TrainRun parallel = train(dir, "parallel", write_config(dir, "parallel.json", micro, accum, dp, L.sp, L.zero), L.world);
+  TrainRun single = train(dir, "single", write_config(dir, "single.json", micro, accum * dp, 1, 1, 0, "none"), 1);
+  TrainRun parallel = train(dir, "parallel",
+                            write_config(dir, "parallel.json", micro, accum, dp, L.sp, L.zero, L.checkpoint), L.world);
   ASSERT_EQ(single.metrics.size(), size_t(kSteps));
   ASSERT_EQ(parallel.metrics.size(), size_t(kSteps));
   double worst_loss = 0, worst_param = 0;
@@ -145,9 +148,12 @@ TEST(SequenceParallelResume, ZeroOneCheckpointResumesExactly) {
 
 INSTANTIATE_TEST_SUITE_P(Layouts, SequenceParallel,
                          ::testing::Values(Layout{2, 2, 0}, Layout{4, 4, 0}, Layout{4, 2, 0}, Layout{2, 1, 0},
-                                           Layout{2, 2, 1}, Layout{4, 4, 1}, Layout{4, 2, 1}, Layout{2, 1, 1}),
+                                           Layout{2, 2, 1}, Layout{4, 4, 1}, Layout{4, 2, 1}, Layout{2, 1, 1},
+                                           Layout{2, 2, 0, "full"}, Layout{4, 4, 1, "full"}, Layout{4, 2, 0, "none"},
+                                           Layout{2, 2, 1, "none"}),
                          [](const auto& info) {
-                           return str("W", info.param.world, "_SP", info.param.sp, "_zero", info.param.zero);
+                           return str("W", info.param.world, "_SP", info.param.sp, "_zero", info.param.zero, "_",
+                                      info.param.checkpoint);
                          });
 
 }  // namespace
