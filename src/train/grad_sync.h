@@ -15,8 +15,10 @@
 // ever allocated here (gather_moments fills full-size moments into ModelState, for a
 // checkpoint, and the caller frees them). The scratch is (W + 1) x chunk floats, where
 // chunk is this rank's elements per round: at most min(total / 8, kMaxScratchFloats) floats
-// in all, so it stays a small fraction of the model; at W = 1 there are no collectives and
-// no scratch.
+// in all (total padded to W; but at least one element per rank and round, which only a
+// model of under 8 (W + 1) parameters exceeds), so it stays a small fraction of the model
+// and a step takes about 8 (W + 1) / W rounds per collective until the 4 MiB cap binds; at
+// W = 1 there are no collectives and no scratch.
 //
 // Scaling: the sequence ranks of one replica hold parts of one loss (their gradients add
 // up); data-parallel replicas average, as DeepSpeed does. So grad = (sum over the world) / D.
