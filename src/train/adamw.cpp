@@ -34,6 +34,24 @@ void adamw_step(float* param, const float* grad, float* exp_avg, float* exp_avg_
   const float eps = static_cast<float>(params.eps);
   const float neg_step_size = static_cast<float>(-step_size);
 
+  if (!params.decoupled_weight_decay) {
+    // torch.optim.Adam: the weight decay is folded into the gradient (grad.add(param,
+    // alpha=wd) is vec::fmadd(param, wd, grad) in torch's AVX2 add kernel) and p is not decayed.
+    const float wd = static_cast<float>(params.weight_decay);
+    const bool l2 = params.weight_decay != 0.0;
+#pragma omp parallel for schedule(static) if (n >= kParallelMin)
+    for (int64_t i = 0; i < n; ++i) {
+      const float g = l2 ? std::fma(param[i], wd, grad[i]) : grad[i];
+      const float m = std::fma(g, one_minus_beta1, exp_avg[i] * beta1);
+      const float v = std::fma(one_minus_beta2 * g, g, exp_avg_sq[i] * beta2);
+      const float denom = std::sqrt(v) / bias_correction2_sqrt + eps;
+      exp_avg[i] = m;
+      exp_avg_sq[i] = v;
+      param[i] = param[i] + (neg_step_size * m) / denom;
+    }
+    return;
+  }
+
 #pragma omp parallel for schedule(static) if (n >= kParallelMin)
   for (int64_t i = 0; i < n; ++i) {
     const float g = grad[i];

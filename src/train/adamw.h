@@ -13,6 +13,14 @@
 // Where torch's AVX2 kernels fuse a multiply-add (vec::fmadd, and what the compiler contracts
 // in addcmul_), this code uses std::fma, so results agree with the torch reference bit for bit
 // on AVX2/FMA machines (tests/train/adamw_test.cpp checks it against a torch run).
+//
+// With decoupled_weight_decay = false it is torch.optim.Adam instead (DeepSpeed's "Adam" with
+// adam_w_mode false): weight decay is an L2 term added to the gradient, and the parameter is
+// not decayed:
+//   g  = g + wd * p                                  (grad.add(param, alpha=wd): one fused FMA;
+//                                                      skipped when wd == 0, as torch does)
+//   m, v, bc1, bc2, denom as above
+//   p  = p + ((-lr / bc1) * m) / denom
 #pragma once
 #include <cstdint>
 #include <utility>
@@ -27,9 +35,11 @@ struct AdamWParams {
   double beta2 = 0.999;
   double eps = 1e-8;
   double weight_decay = 0.01;
+  // true: AdamW (p *= 1 - lr * wd); false: torch.optim.Adam's L2 decay (g += wd * p).
+  bool decoupled_weight_decay = true;
 };
 
-// One AdamW step on n elements, in place. `step` is 1-based (the step count after this
+// One AdamW (or, with decoupled_weight_decay false, Adam) step on n elements, in place. `step` is 1-based (the step count after this
 // update, as torch's state["step"]); `lr` is this step's learning rate (params.lr is not
 // read, so a schedule can drive it). Multi-threaded with OpenMP over elements; the result
 // does not depend on the thread count.

@@ -52,7 +52,7 @@ const json& object_at(const Ctx& ctx, const json& value, const std::string& path
 
 // Warns about every key of `object` not in `known`.
 void warn_unknown(const Ctx& ctx, const json& object, const std::string& path,
-                  std::initializer_list<std::string_view> known, std::string_view why = "") {
+                  const std::vector<std::string_view>& known, std::string_view why = "") {
   for (const auto& [key, value] : object.items()) {
     if (std::find(known.begin(), known.end(), key) == known.end())
       warn(ctx, child(path, key), why.empty() ? "unknown key, ignored" : why);
@@ -93,6 +93,10 @@ std::string lower(std::string s) {
   return s;
 }
 
+// DeepSpeed's engine (_configure_basic_optimizer) for "Adam" and "AdamW": torch_adam only
+// picks the implementation (torch.optim or DeepSpeed's fused kernels, the same maths), and
+// the update is AdamW's when type is AdamW or adam_w_mode (default true) is set, otherwise
+// torch.optim.Adam's with L2 weight decay.
 AdamWParams parse_optimizer(const Ctx& ctx, const json& section) {
   const std::string path = "optimizer";
   object_at(ctx, section, path);
@@ -100,36 +104,63 @@ AdamWParams parse_optimizer(const Ctx& ctx, const json& section) {
   if (!section.contains("type")) user_error(ctx.source, ": optimizer.type: missing (use \"AdamW\")");
   const std::string type = string_at(ctx, section["type"], "optimizer.type");
   // DeepSpeed lower-cases known optimizer names, so "adamw" and "ADAMW" mean AdamW.
-  if (lower(type) != "adamw") {
-    std::string hint;
-    if (lower(type) == "adam")
-      hint = " (DeepSpeed's \"Adam\" defaults to adam_w_mode, i.e. AdamW: write \"AdamW\")";
-    user_error(ctx.source, ": optimizer.type: \"", type,
-               "\" is not supported; autosp implements \"AdamW\"", hint);
-  }
+  if (lower(type) != "adamw" && lower(type) != "adam")
+    user_error(ctx.source, ": optimizer.type: \"", type, "\" is not supported; autosp implements \"AdamW\" and \"Adam\"");
+  const bool is_adamw = lower(type) == "adamw";
   AdamWParams p;
-  if (!section.contains("params")) return p;
-  const std::string ppath = "optimizer.params";
-  const json& params = object_at(ctx, section["params"], ppath);
-  warn_unknown(ctx, params, ppath, {"lr", "betas", "eps", "weight_decay"});
-  // Ranges are torch.optim.AdamW's argument checks.
-  if (params.contains("lr")) p.lr = number_at(ctx, params["lr"], child(ppath, "lr"), 0.0);
-  if (params.contains("betas")) {
-    const std::string bpath = child(ppath, "betas");
-    const json& betas = params["betas"];
-    if (!betas.is_array() || betas.size() != 2 || !betas[0].is_number() ||
-        !betas[1].is_number())
-      bad_value(ctx, bpath, "an array of 2 numbers", betas);
-    for (int i = 0; i < 2; ++i) {
-      const double b = betas[i].get<double>();
-      if (!(b >= 0.0 && b < 1.0)) bad_value(ctx, str(bpath, "[", i, "]"), "a number in [0, 1)", betas[i]);
+  bool adam_w_mode = true;  // DeepSpeed's ADAM_W_MODE_DEFAULT
+  bool weight_decay_given = false;
+  if (section.contains("params")) {
+    const std::string ppath = "optimizer.params";
+    const json& params = object_at(ctx, section["params"], ppath);
+    warn_unknown(ctx, params, ppath,
+                 {"lr", "betas", "eps", "weight_decay", "torch_adam", "adam_w_mode", "amsgrad", "bias_correction",
+                  "max_grad_norm"});
+    // Ranges are torch.optim.AdamW's argument checks.
+    if (params.contains("lr")) p.lr = number_at(ctx, params["lr"], child(ppath, "lr"), 0.0);
+    if (params.contains("betas")) {
+      const std::string bpath = child(ppath, "betas");
+      const json& betas = params["betas"];
+      if (!betas.is_array() || betas.size() != 2 || !betas[0].is_number() ||
+          !betas[1].is_number())
+        bad_value(ctx, bpath, "an array of 2 numbers", betas);
+      for (int i = 0; i < 2; ++i) {
+        const double b = betas[i].get<double>();
+        if (!(b >= 0.0 && b < 1.0)) bad_value(ctx, str(bpath, "[", i, "]"), "a number in [0, 1)", betas[i]);
+      }
+      p.beta1 = betas[0].get<double>();
+      p.beta2 = betas[1].get<double>();
     }
-    p.beta1 = betas[0].get<double>();
-    p.beta2 = betas[1].get<double>();
+    if (params.contains("eps")) p.eps = number_at(ctx, params["eps"], child(ppath, "eps"), 0.0);
+    if (params.contains("weight_decay")) {
+      p.weight_decay = number_at(ctx, params["weight_decay"], child(ppath, "weight_decay"), 0.0);
+      weight_decay_given = true;
+    }
+    // Only chooses torch.optim over DeepSpeed's fused kernels: the same update.
+    if (params.contains("torch_adam")) bool_at(ctx, params["torch_adam"], child(ppath, "torch_adam"));
+    if (params.contains("adam_w_mode")) {
+      adam_w_mode = bool_at(ctx, params["adam_w_mode"], child(ppath, "adam_w_mode"));
+      if (is_adamw && !adam_w_mode)
+        warn(ctx, child(ppath, "adam_w_mode"),
+             str("false has no effect with optimizer.type \"", type, "\": DeepSpeed applies AdamW's decoupled "
+                 "weight decay for AdamW whatever adam_w_mode says (for torch.optim.Adam's L2 weight decay use "
+                 "type \"Adam\" with adam_w_mode false)"));
+    }
+    if (params.contains("amsgrad") && bool_at(ctx, params["amsgrad"], child(ppath, "amsgrad")))
+      user_error(ctx.source, ": ", child(ppath, "amsgrad"), ": true is not supported; autosp implements Adam and "
+                 "AdamW without AMSGrad (as DeepSpeed's fused Adam, which refuses it too)");
+    if (params.contains("bias_correction") && !bool_at(ctx, params["bias_correction"], child(ppath, "bias_correction")))
+      user_error(ctx.source, ": ", child(ppath, "bias_correction"), ": false is not supported; autosp's Adam and "
+                 "AdamW always apply bias correction (as torch.optim does)");
+    // DeepSpeed refuses it the same way.
+    if (params.contains("max_grad_norm"))
+      user_error(ctx.source, ": ", child(ppath, "max_grad_norm"), ": not an optimizer parameter; clip with the "
+                 "top-level \"gradient_clipping\" instead");
   }
-  if (params.contains("eps")) p.eps = number_at(ctx, params["eps"], child(ppath, "eps"), 0.0);
-  if (params.contains("weight_decay"))
-    p.weight_decay = number_at(ctx, params["weight_decay"], child(ppath, "weight_decay"), 0.0);
+  p.decoupled_weight_decay = is_adamw || adam_w_mode;
+  // The default is that of the torch class with the same update (torch.optim.Adam: 0;
+  // torch.optim.AdamW: 0.01, kept in AdamWParams).
+  if (!p.decoupled_weight_decay && !weight_decay_given) p.weight_decay = 0.0;
   return p;
 }
 
@@ -271,6 +302,159 @@ int parse_zero(const Ctx& ctx, const json& section) {
   return stage;
 }
 
+// `section.enabled` as a bool, false when absent (DeepSpeed's default for every section that
+// has the key). `section` must be an object.
+bool enabled_at(const Ctx& ctx, const json& section, const std::string& path) {
+  object_at(ctx, section, path);
+  return section.contains("enabled") && bool_at(ctx, section["enabled"], child(path, "enabled"));
+}
+
+// The path of the first "enabled": true in `value` or any object inside it, or "": some
+// DeepSpeed features switch on by a sub-section alone (data_efficiency.data_sampling.enabled).
+std::string first_enabled(const Ctx& ctx, const json& value, const std::string& path) {
+  if (!value.is_object()) return "";
+  if (value.contains("enabled") && bool_at(ctx, value["enabled"], child(path, "enabled"))) return child(path, "enabled");
+  for (const auto& [key, inner] : value.items()) {
+    if (key == "enabled") continue;
+    const std::string found = first_enabled(ctx, inner, child(path, key));
+    if (!found.empty()) return found;
+  }
+  return "";
+}
+
+// DeepSpeed's mixed-precision sections. The CPU backend has no bf16 or fp16 kernels, so an
+// enabled one runs in fp32 with a warning saying so, and its other keys (which only steer
+// the mixed-precision machinery, loss scaling above all) are accepted as part of it.
+struct PrecisionSection {
+  const char* key;
+  const char* precision;  // TrainConfig::requested_precision when enabled
+  std::vector<std::string_view> keys;  // DeepSpeed's documented keys; empty: any
+};
+
+const std::vector<PrecisionSection> kPrecisionSections = {
+    {"bf16", "bf16",
+     {"enabled", "immediate_grad_update", "check_grad_overflow", "check_overflow", "bf16_master_weights_and_grads",
+      "bf16_optimizer_states"}},
+    {"bfloat16", "bf16",  // DeepSpeed's older name for bf16
+     {"enabled", "immediate_grad_update", "check_grad_overflow", "check_overflow", "bf16_master_weights_and_grads",
+      "bf16_optimizer_states"}},
+    {"fp16", "fp16",
+     {"enabled", "auto_cast", "loss_scale", "initial_scale_power", "loss_scale_window", "hysteresis",
+      "consecutive_hysteresis", "min_loss_scale", "fp16_master_weights_and_grads"}},
+    {"amp", "amp", {}},  // every other key is passed to apex's amp.initialize
+    {"torch_autocast", "torch_autocast", {"enabled", "dtype", "lower_precision_safe_modules"}},
+};
+
+std::string parse_precision(const Ctx& ctx, const json& config) {
+  std::string requested = "fp32", requested_by;
+  for (const PrecisionSection& p : kPrecisionSections) {
+    if (!config.contains(p.key)) continue;
+    const json& section = config[p.key];
+    const bool enabled = enabled_at(ctx, section, p.key);
+    if (!p.keys.empty()) warn_unknown(ctx, section, p.key, p.keys);
+    if (!enabled) continue;
+    const std::string path = child(p.key, "enabled");
+    if (!requested_by.empty())
+      user_error(ctx.source, ": ", requested_by, " and ", path, " are both true; DeepSpeed runs one mixed-precision "
+                 "mode at a time: enable at most one");
+    requested = p.precision;
+    requested_by = path;
+    warn(ctx, path,
+         str("true, but the CPU backend has no bf16 or fp16 kernels: this run is fp32 throughout (fp32 compute, "
+             "fp32 master weights, gradients and optimizer state), so its numbers are those of an fp32 run",
+             std::string_view(p.key) == "bf16" || std::string_view(p.key) == "bfloat16"
+                 ? ""
+                 : ", without loss scaling (fp32 needs none)"));
+  }
+  return requested;
+}
+
+// communication_data_type and its kin: fp32 (or null, DeepSpeed's "decide from the rest")
+// is what autosp does; a 16-bit type would round what is communicated, so it is refused.
+void require_fp32_dtype(const Ctx& ctx, const json& value, const std::string& path, std::string_view what) {
+  if (value.is_null()) return;
+  if (!value.is_string()) bad_value(ctx, path, "\"fp32\", \"fp16\" or \"bf16\"", value);
+  const std::string type = lower(value.get<std::string>());
+  if (type == "fp32") return;
+  if (type == "fp16" || type == "bf16")
+    user_error(ctx.source, ": ", path, ": \"", value.get<std::string>(), "\" is not supported: autosp ", what,
+               " in fp32 (", type, " would round them and change the numbers)");
+  bad_value(ctx, path, "\"fp32\", \"fp16\" or \"bf16\"", value);
+}
+
+// DeepSpeed features that change what is computed; autosp implements none of them, so a
+// config that turns one on is refused rather than trained on different maths.
+struct RefusedFeature {
+  const char* key;
+  bool on_when_present;  // true: the section's presence turns it on (it has no "enabled")
+  const char* why;
+};
+
+const RefusedFeature kRefusedFeatures[] = {
+    {"sparse_attention", true,
+     "DeepSpeed's block-sparse attention changes which tokens attend to which; autosp computes dense causal "
+     "attention"},
+    {"progressive_layer_drop", false, "progressive layer drop skips transformer layers at random during training"},
+    {"curriculum_learning", false,
+     "curriculum learning shortens or reorders the training samples; autosp trains on every sample as given"},
+    {"data_efficiency", false,
+     "data efficiency (curriculum data sampling, random layerwise token dropping) changes which data and tokens "
+     "a step trains on"},
+    {"quantize_training", false, "quantize_training (MoQ) quantizes the weights during training"},
+    {"compression_training", false,
+     "compression training quantizes, prunes or drops parts of the model during training"},
+    {"elasticity", false,
+     "elastic training picks the batch size from the number of ranks; autosp uses the batch keys as given"},
+};
+
+void refuse_math_changes(const Ctx& ctx, const json& config) {
+  for (const RefusedFeature& f : kRefusedFeatures) {
+    if (!config.contains(f.key)) continue;
+    const std::string on = f.on_when_present ? f.key : first_enabled(ctx, object_at(ctx, config[f.key], f.key), f.key);
+    if (!on.empty())
+      user_error(ctx.source, ": ", on, f.on_when_present ? ": not supported: " : ": true is not supported: ", f.why);
+  }
+  if (config.contains("communication_data_type"))
+    require_fp32_dtype(ctx, config["communication_data_type"], "communication_data_type",
+                       "reduces and gathers gradients and parameters");
+  if (config.contains("seq_parallel_communication_data_type"))
+    require_fp32_dtype(ctx, config["seq_parallel_communication_data_type"], "seq_parallel_communication_data_type",
+                       "runs the sequence-parallel all-to-alls and reductions");
+  if (config.contains("data_types")) {
+    const json& types = object_at(ctx, config["data_types"], "data_types");
+    warn_unknown(ctx, types, "data_types", {"grad_accum_dtype"});
+    if (types.contains("grad_accum_dtype"))
+      require_fp32_dtype(ctx, types["grad_accum_dtype"], "data_types.grad_accum_dtype", "accumulates gradients");
+  }
+}
+
+// DeepSpeed keys that cannot change the training numbers. Off, they are accepted silently;
+// on, they warn that autosp ignores them (a user waiting for a TensorBoard log should know).
+void check_no_effect_keys(const Ctx& ctx, const json& config) {
+  static constexpr std::string_view kMonitor =
+      "autosp does not implement it, ignored (it cannot change the training numbers; --metrics writes "
+      "autosp's own per-step metrics)";
+  for (const char* key : {"wall_clock_breakdown", "memory_breakdown", "dump_state"})
+    if (config.contains(key) && bool_at(ctx, config[key], key)) warn(ctx, key, str("true, but ", kMonitor));
+  for (const char* key : {"flops_profiler", "tensorboard", "wandb", "csv_monitor", "comms_logger"})
+    if (config.contains(key) && enabled_at(ctx, config[key], key))
+      warn(ctx, child(key, "enabled"), str("true, but ", kMonitor));
+  static constexpr std::string_view kScaling =
+      "has no effect in autosp, ignored: gradients are summed in fp32 and divided by the data-parallel size once, "
+      "and scaling them before the sum would differ only by fp32 rounding";
+  if (config.contains("prescale_gradients") && bool_at(ctx, config["prescale_gradients"], "prescale_gradients"))
+    warn(ctx, "prescale_gradients", str("true ", kScaling));
+  if (config.contains("gradient_predivide_factor")) {
+    const json& v = config["gradient_predivide_factor"];
+    const double factor = number_at(ctx, v, "gradient_predivide_factor", 0.0);
+    if (factor == 0.0) bad_value(ctx, "gradient_predivide_factor", "a number > 0", v);
+    if (factor != 1.0) warn(ctx, "gradient_predivide_factor", str(shown(v), " ", kScaling));
+  }
+  // Lets DeepSpeed pair ZeRO with a client optimizer; autosp's optimizer is built in.
+  if (config.contains("zero_allow_untested_optimizer"))
+    bool_at(ctx, config["zero_allow_untested_optimizer"], "zero_allow_untested_optimizer");
+}
+
 }  // namespace
 
 TrainConfig parse_train_config(const nlohmann::json& json, const std::string& source,
@@ -279,11 +463,23 @@ TrainConfig parse_train_config(const nlohmann::json& json, const std::string& so
   if (!json.is_object())
     user_error(source, ": expected a JSON object at the top level, got ", shown(json));
   warn_unknown(ctx, json, "",
-               {"train_batch_size", "train_micro_batch_size_per_gpu",
-                "gradient_accumulation_steps", "gradient_clipping", "optimizer", "scheduler",
-                "compile", "sequence_parallel_size", "zero_optimization", "steps_per_print",
-                "seed"});
+               {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
+                "gradient_clipping", "optimizer", "scheduler", "compile", "sequence_parallel_size",
+                "zero_optimization", "steps_per_print", "seed",
+                // mixed precision (parse_precision)
+                "bf16", "bfloat16", "fp16", "amp", "torch_autocast",
+                // refused when on (refuse_math_changes)
+                "sparse_attention", "progressive_layer_drop", "curriculum_learning", "data_efficiency",
+                "quantize_training", "compression_training", "elasticity", "communication_data_type",
+                "seq_parallel_communication_data_type", "data_types",
+                // no effect on the numbers (check_no_effect_keys)
+                "wall_clock_breakdown", "memory_breakdown", "dump_state", "flops_profiler", "tensorboard",
+                "wandb", "csv_monitor", "comms_logger", "prescale_gradients", "gradient_predivide_factor",
+                "zero_allow_untested_optimizer"});
+  refuse_math_changes(ctx, json);
+  check_no_effect_keys(ctx, json);
   TrainConfig c;
+  c.requested_precision = parse_precision(ctx, json);
   auto has = [&](const char* key) { return json.contains(key); };
   for (const char* key :
        {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"}) {

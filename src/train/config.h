@@ -1,12 +1,22 @@
 // The training config: a DeepSpeed JSON file, read with DeepSpeed's key names, defaults and
 // batch-size rules (deepspeed/runtime/config.py), restricted to what autosp implements.
+// A key that would change the maths is implemented or refused, never ignored.
 //
 //   train_batch_size, train_micro_batch_size_per_gpu, gradient_accumulation_steps
 //                         integers >= 1; any two (or one of the first two) determine the rest
 //                         (resolve_batch)
 //   gradient_clipping     number >= 0, 0 = off (default 0)
-//   optimizer             {type: "AdamW" (any case), params: {lr, betas: [b1, b2], eps,
-//                         weight_decay}} with torch.optim.AdamW's defaults; absent = AdamW
+//   optimizer             {type: "AdamW" | "Adam" (any case), params: {lr, betas: [b1, b2],
+//                         eps, weight_decay, torch_adam, adam_w_mode, amsgrad,
+//                         bias_correction}}; absent = AdamW. As DeepSpeed's engine:
+//                         torch_adam (bool) only picks an implementation, the same maths;
+//                         adam_w_mode (bool, default true) makes "Adam" AdamW, and "Adam"
+//                         with adam_w_mode false is torch.optim.Adam (L2 weight decay added
+//                         to the gradient); "AdamW" is AdamW whatever adam_w_mode says (false
+//                         warns). Defaults are those of the torch class with the same update
+//                         (lr 1e-3, betas [0.9, 0.999], eps 1e-8; weight_decay 0.01 for AdamW,
+//                         0 for torch.optim.Adam). Refused: amsgrad true, bias_correction false,
+//                         max_grad_norm (use gradient_clipping, as DeepSpeed says).
 //   scheduler             {type: WarmupLR | WarmupDecayLR | WarmupCosineLR, params: {...}}
 //                         (see lr_schedule.h); absent = constant lr
 //   compile               {deepcompile: bool, passes: [ "z1" | "z3" | "autosp" ... ],
@@ -17,10 +27,36 @@
 //   steps_per_print       integer >= 1 (default 10, as DeepSpeed)
 //   seed                  integer >= 0 (autosp's own key; default 42)
 //
+// Mixed precision: bf16 (or its old name bfloat16), fp16, amp, torch_autocast, each
+// {enabled: bool (default false), ...}. The CPU backend has no bf16 or fp16 kernels, so an
+// enabled section runs the whole step in fp32 (compute, master weights, gradients,
+// optimizer state): requested_precision records what was asked and a warning says what runs.
+// The section's other DeepSpeed keys (fp16: auto_cast, loss_scale, initial_scale_power,
+// loss_scale_window, hysteresis, consecutive_hysteresis, min_loss_scale,
+// fp16_master_weights_and_grads; bf16: immediate_grad_update, check_grad_overflow,
+// check_overflow, bf16_master_weights_and_grads, bf16_optimizer_states; torch_autocast:
+// dtype, lower_precision_safe_modules; amp: any, as they go to apex) are accepted without a
+// warning. Two enabled sections are an error, as in DeepSpeed.
+//
+// Refused when on (a UserError naming the key and why), accepted silently when off:
+//   sparse_attention (on when present), progressive_layer_drop, curriculum_learning,
+//   data_efficiency, quantize_training, compression_training, elasticity (on when any
+//   "enabled" inside the section is true, named by that path), and
+//   communication_data_type, seq_parallel_communication_data_type,
+//   data_types.grad_accum_dtype other than "fp32" or null.
+//
+// Cannot change the numbers:
+//   accepted silently: zero_allow_untested_optimizer (bool);
+//   silent when off, warned as ignored when on: wall_clock_breakdown, memory_breakdown,
+//   dump_state (bools); flops_profiler, tensorboard, wandb, csv_monitor, comms_logger
+//   (enabled: true); prescale_gradients true and gradient_predivide_factor != 1 (number
+//   > 0; in fp32 they only move rounding).
+//
 // A value of the wrong type or out of range is a UserError naming the file and key path,
 // e.g. `config.json: optimizer.params.betas: expected an array of 2 numbers, got "x"`.
-// A key autosp does not know is not an error (DeepSpeed configs carry many): it yields a
-// warning naming the key path, returned to the caller.
+// Any other key is not an error (DeepSpeed configs carry many that do not touch the
+// maths: activation_checkpointing, zero_optimization's bucket sizes, ...): it yields a
+// warning naming the key path ("unknown key, ignored"), returned to the caller.
 #pragma once
 #include <cstdint>
 #include <optional>
@@ -48,13 +84,16 @@ struct TrainConfig {
   std::optional<int64_t> train_micro_batch_size_per_gpu;
   std::optional<int64_t> gradient_accumulation_steps;
   double gradient_clipping = 0.0;  // max global grad norm; 0 = no clipping
-  AdamWParams optimizer;           // optimizer.params (the type is always AdamW)
+  AdamWParams optimizer;           // optimizer.type and params (Adam or AdamW)
   SchedulerConfig scheduler;
   CompileConfig compile;
   int64_t sequence_parallel_size = 1;
   int zero_stage = 0;  // 0 or 1 (2 and 3 are rejected when parsing)
   int64_t steps_per_print = 10;
   uint64_t seed = 42;
+  // "fp32", or the mixed precision a section asked for ("bf16", "fp16", "amp",
+  // "torch_autocast"). The CPU backend runs fp32 either way; parsing warns when they differ.
+  std::string requested_precision = "fp32";
 };
 
 // Reads a DeepSpeed config object. `source` names it in messages (usually the file path).

@@ -1,5 +1,6 @@
 #include "train/grad_sync.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "train/adamw.h"
@@ -16,34 +17,64 @@ float clip_coef(double norm, double max_norm) {
   return coef < 1.0 ? float(coef) : 1.0f;
 }
 
+// Calls f(i, e, at, len) for each piece of the flat range [lo, hi) inside parameter tensor i:
+// its elements [e, e + len) are flat positions [at, at + len). `offsets` holds each tensor's
+// first flat position and then the total; positions past the total (padding) are skipped.
+template <class F>
+void for_each_piece(const std::vector<int64_t>& offsets, int64_t lo, int64_t hi, F&& f) {
+  hi = std::min(hi, offsets.back());
+  if (lo >= hi) return;
+  // The last tensor starting at or before lo (with empty tensors, several start there).
+  size_t i = static_cast<size_t>(std::upper_bound(offsets.begin(), offsets.end(), lo) - offsets.begin()) - 1;
+  for (int64_t at = lo; at < hi; ++i) {
+    const int64_t end = std::min(hi, offsets[i + 1]);
+    if (end > at) f(i, at - offsets[i], at, end - at);
+    at = std::max(at, end);
+  }
+}
+
 }  // namespace
 
 ShardedAdamW::ShardedAdamW(const TrainConfig& config, ProcessGroups& groups, const ModelState& state)
     : config_(config), groups_(groups) {
   if (config.zero_stage != 1) return;
-  int64_t n = 0;
-  for (const auto& p : state.params) n += static_cast<int64_t>(p.size());
+  offsets_.push_back(0);
+  for (const auto& p : state.params) offsets_.push_back(offsets_.back() + static_cast<int64_t>(p.size()));
+  count_ = offsets_.back();
   const int64_t W = groups.world->size();
-  shard_ = (n + W - 1) / W;
-  total_ = shard_ * W;
-  flat_.assign(total_, 0.0f);
-  flat_grads_.assign(total_, 0.0f);
-  grad_shard_.assign(shard_, 0.0f);
+  shard_ = (count_ + W - 1) / W;
+  if (W > 1) {
+    // At least one element per round, so a tiny model still makes progress.
+    const int64_t budget = std::min(shard_ * W / 8, kMaxScratchFloats);
+    chunk_ = std::clamp<int64_t>(budget / (W + 1), 1, std::max<int64_t>(shard_, 1));
+    scratch_floats_ = (W + 1) * chunk_;
+  }
   // This rank's slice of the (possibly resumed) moments.
   exp_avg_.assign(shard_, 0.0f);
   exp_avg_sq_.assign(shard_, 0.0f);
   const int64_t begin = groups.world->rank() * shard_;
-  int64_t offset = 0;
-  for (size_t i = 0; i < state.params.size(); ++i) {
-    const auto len = static_cast<int64_t>(state.params[i].size());
-    for (int64_t e = 0; e < len; ++e) {
-      const int64_t at = offset + e - begin;
-      if (at < 0 || at >= shard_) continue;
-      exp_avg_[at] = state.exp_avg[i][e];
-      exp_avg_sq_[at] = state.exp_avg_sq[i][e];
-    }
-    offset += len;
+  for_each_piece(offsets_, begin, begin + shard_, [&](size_t i, int64_t e, int64_t at, int64_t len) {
+    std::copy_n(state.exp_avg[i].begin() + e, len, exp_avg_.begin() + (at - begin));
+    std::copy_n(state.exp_avg_sq[i].begin() + e, len, exp_avg_sq_.begin() + (at - begin));
+  });
+}
+
+void ShardedAdamW::copy_flat(std::vector<std::vector<float>>& tensors, int64_t at, int64_t len, float* buf,
+                             bool to_tensors) const {
+  if (!to_tensors) {
+    // Padding: the part of [at, at + len) past the last parameter.
+    const int64_t real = std::clamp<int64_t>(count_ - at, 0, len);
+    std::fill(buf + real, buf + len, 0.0f);
   }
+  for_each_piece(offsets_, at, at + len, [&](size_t i, int64_t e, int64_t pos, int64_t n) {
+    float* t = tensors[i].data() + e;
+    float* b = buf + (pos - at);
+    if (to_tensors) {
+      std::copy_n(b, n, t);
+    } else {
+      std::copy_n(t, n, b);
+    }
+  });
 }
 
 double ShardedAdamW::step(ModelState& state, std::vector<std::vector<float>>& grads, double lr) {
@@ -70,46 +101,69 @@ double ShardedAdamW::step(ModelState& state, std::vector<std::vector<float>>& gr
     return norm;
   }
 
-  // Stage 1: flatten, reduce-scatter, update this rank's shard, all-gather.
-  int64_t offset = 0;
-  for (size_t i = 0; i < grads.size(); ++i) {
-    std::copy(grads[i].begin(), grads[i].end(), flat_grads_.begin() + offset);
-    std::copy(state.params[i].begin(), state.params[i].end(), flat_.begin() + offset);
-    offset += static_cast<int64_t>(grads[i].size());
+  // Stage 1. Rank r owns flat positions [begin, begin + shard_). Round k of a collective
+  // moves positions [p * shard_ + k, + len) of every rank p, so all ranks agree on len.
+  const int W = groups_.world->size();
+  const int64_t begin = groups_.world->rank() * shard_;
+  std::vector<float> scratch(static_cast<size_t>(scratch_floats_));  // freed when the step returns
+  float* wide = scratch.data();                 // W x chunk_: one piece per rank
+  float* narrow = scratch.data() + W * chunk_;  // chunk_: this rank's piece
+  if (W > 1) {
+    // Reduce-scatter; the sums land in grads at this rank's positions. A round reads only
+    // positions that no earlier round wrote.
+    for (int64_t k = 0; k < shard_; k += chunk_) {
+      const int64_t len = std::min(chunk_, shard_ - k);
+      for (int p = 0; p < W; ++p) copy_flat(grads, p * shard_ + k, len, wide + p * len, false);
+      groups_.world->reduce_scatter_sum(wide, narrow, len);
+      copy_flat(grads, begin + k, len, narrow, true);
+    }
   }
-  groups_.world->reduce_scatter_sum(flat_grads_.data(), grad_shard_.data(), shard_);
+  // This rank's shard, in flat order: the same operations, element by element and in the
+  // same order, as on one contiguous shard (padding contributes 0 to the sum of squares).
   double sq = 0;
-  for (float& g : grad_shard_) {
-    if (groups_.dp_size > 1) g *= inv_dp;
-    sq += double(g) * double(g);
-  }
+  for_each_piece(offsets_, begin, begin + shard_, [&](size_t i, int64_t e, int64_t, int64_t len) {
+    for (float* g = grads[i].data() + e; g != grads[i].data() + e + len; ++g) {
+      if (groups_.dp_size > 1) *g *= inv_dp;
+      sq += double(*g) * double(*g);
+    }
+  });
   groups_.world->all_reduce_sum(&sq, 1);
   const double norm = std::sqrt(sq);
   const float coef = clip_coef(norm, config_.gradient_clipping);
-  if (config_.gradient_clipping > 0)
-    for (float& g : grad_shard_) g *= coef;
-  float* my_params = flat_.data() + groups_.world->rank() * shard_;
-  adamw_step(my_params, grad_shard_.data(), exp_avg_.data(), exp_avg_sq_.data(), shard_, config_.optimizer, t, lr);
-  std::vector<float> mine(my_params, my_params + shard_);
-  groups_.world->all_gather(mine.data(), flat_.data(), shard_);
-  offset = 0;
-  for (auto& p : state.params) {
-    std::copy(flat_.begin() + offset, flat_.begin() + offset + static_cast<int64_t>(p.size()), p.begin());
-    offset += static_cast<int64_t>(p.size());
+  for_each_piece(offsets_, begin, begin + shard_, [&](size_t i, int64_t e, int64_t at, int64_t len) {
+    float* g = grads[i].data() + e;
+    if (config_.gradient_clipping > 0)
+      for (int64_t j = 0; j < len; ++j) g[j] *= coef;
+    adamw_step(state.params[i].data() + e, g, exp_avg_.data() + (at - begin), exp_avg_sq_.data() + (at - begin),
+               len, config_.optimizer, t, lr);
+  });
+  if (W > 1) {
+    for (int64_t k = 0; k < shard_; k += chunk_) {
+      const int64_t len = std::min(chunk_, shard_ - k);
+      copy_flat(state.params, begin + k, len, narrow, false);
+      groups_.world->all_gather(narrow, wide, len);
+      for (int p = 0; p < W; ++p) copy_flat(state.params, p * shard_ + k, len, wide + p * len, true);
+    }
   }
   return norm;
 }
 
 void ShardedAdamW::gather_moments(ModelState& state) {
   if (config_.zero_stage != 1) return;
+  const int W = groups_.world->size();
+  const int64_t begin = groups_.world->rank() * shard_;
+  std::vector<float> wide(static_cast<size_t>(W > 1 ? W * chunk_ : 0));
   for (auto [shard, full] : {std::pair{&exp_avg_, &state.exp_avg}, std::pair{&exp_avg_sq_, &state.exp_avg_sq}}) {
-    groups_.world->all_gather(shard->data(), flat_.data(), shard_);
     full->resize(state.params.size());
-    int64_t offset = 0;
-    for (size_t i = 0; i < state.params.size(); ++i) {
-      const auto len = static_cast<int64_t>(state.params[i].size());
-      (*full)[i].assign(flat_.begin() + offset, flat_.begin() + offset + len);
-      offset += len;
+    for (size_t i = 0; i < state.params.size(); ++i) (*full)[i].resize(state.params[i].size());
+    if (W == 1) {
+      copy_flat(*full, begin, shard_, shard->data(), true);
+      continue;
+    }
+    for (int64_t k = 0; k < shard_; k += chunk_) {
+      const int64_t len = std::min(chunk_, shard_ - k);
+      groups_.world->all_gather(shard->data() + k, wide.data(), len);
+      for (int p = 0; p < W; ++p) copy_flat(*full, p * shard_ + k, len, wide.data() + p * len, true);
     }
   }
 }

@@ -25,7 +25,9 @@ struct ModelState {
 
   // Fresh state: seeded init, zero moments.
   static ModelState initial(const models::LlamaConfig& config, uint64_t seed);
-  int64_t persistent_bytes() const;  // params + moments (+ grads, allocated alongside)
+  // params + grads (allocated alongside) + the moments held here; under ZeRO-1 the trainer
+  // clears those, and ShardedAdamW::bytes() counts the shard it holds instead.
+  int64_t persistent_bytes() const;
 };
 
 // The checkpoint policy the config asks for: compile.checkpoint, else sac when the autosp

@@ -170,8 +170,7 @@ TEST(TrainConfig, BadValuesNameTheKeyPath) {
 
 TEST(TrainConfig, UnsupportedOptimizerSchedulerAndZeroStage) {
   EXPECT_PARSE_ERROR(R"({"optimizer": {"type": "Lamb"}})",
-                     "config.json: optimizer.type: \"Lamb\" is not supported", "AdamW");
-  EXPECT_PARSE_ERROR(R"({"optimizer": {"type": "Adam"}})", "optimizer.type", "adam_w_mode");
+                     "config.json: optimizer.type: \"Lamb\" is not supported", "\"AdamW\" and \"Adam\"");
   EXPECT_PARSE_ERROR(R"({"optimizer": {"params": {}}})", "optimizer.type: missing");
   EXPECT_PARSE_ERROR(R"({"scheduler": {"type": "OneCycle"}})",
                      "scheduler.type: \"OneCycle\" is not supported", "WarmupCosineLR");
@@ -193,16 +192,16 @@ TEST(TrainConfig, UnknownKeysWarnWithTheirPath) {
   std::vector<std::string> warnings;
   const TrainConfig c = parse(R"({
     "train_micro_batch_size_per_gpu": 1,
-    "fp16": {"enabled": false},
-    "optimizer": {"type": "AdamW", "params": {"lr": 0.1, "amsgrad": false}},
+    "not_a_deepspeed_key": {"enabled": true},
+    "optimizer": {"type": "AdamW", "params": {"lr": 0.1, "set_grad_none": true}},
     "scheduler": {"type": "WarmupLR", "params": {"cos_min_ratio": 0.1}},
     "zero_optimization": {"stage": 0, "overlap_comm": true},
     "compile": {"deepcompile": true, "free_activation": true}
   })", &warnings);
   EXPECT_EQ(c.optimizer.lr, 0.1);
   const std::vector<std::string> expected = {
-      "config.json: fp16: unknown key, ignored",
-      "config.json: optimizer.params.amsgrad: unknown key, ignored",
+      "config.json: not_a_deepspeed_key: unknown key, ignored",
+      "config.json: optimizer.params.set_grad_none: unknown key, ignored",
       "config.json: scheduler.params.cos_min_ratio: not a parameter of WarmupLR, ignored",
       "config.json: zero_optimization.overlap_comm: unknown key, ignored",
       "config.json: compile.free_activation: unknown key, ignored",
@@ -212,6 +211,205 @@ TEST(TrainConfig, UnknownKeysWarnWithTheirPath) {
   EXPECT_EQ(warnings.size(), expected.size());
   // A null sink is allowed.
   EXPECT_NO_THROW(parse(R"({"whatever": 1})", nullptr));
+}
+
+// ---- keys that change the maths: implemented, or refused by name --------------------------
+
+// Parses `text`, expecting no error; returns the warnings.
+std::vector<std::string> warnings_of(const std::string& text, TrainConfig* out = nullptr) {
+  std::vector<std::string> warnings;
+  TrainConfig c = parse(text, &warnings);
+  if (out) *out = c;
+  return warnings;
+}
+
+std::string joined(const std::vector<std::string>& lines) {
+  std::string all;
+  for (const std::string& l : lines) all += l + "\n";
+  return all;
+}
+
+TEST(TrainConfig, AdamAndAdamWFollowDeepSpeedsAdamWMode) {
+  TrainConfig c;
+  // AdamW: decoupled weight decay, torch.optim.AdamW's default decay.
+  EXPECT_TRUE(warnings_of(R"({"optimizer": {"type": "AdamW"}})", &c).empty());
+  EXPECT_TRUE(c.optimizer.decoupled_weight_decay);
+  EXPECT_EQ(c.optimizer.weight_decay, 0.01);
+  // DeepSpeed's "Adam" defaults to adam_w_mode true: AdamW.
+  EXPECT_TRUE(warnings_of(R"({"optimizer": {"type": "Adam", "params": {"weight_decay": 0.1}}})", &c).empty());
+  EXPECT_TRUE(c.optimizer.decoupled_weight_decay);
+  EXPECT_EQ(c.optimizer.weight_decay, 0.1);
+  EXPECT_TRUE(warnings_of(R"({"optimizer": {"type": "adam", "params": {"adam_w_mode": true}}})", &c).empty());
+  EXPECT_TRUE(c.optimizer.decoupled_weight_decay);
+  // Adam with adam_w_mode false: torch.optim.Adam, L2 decay, whose default decay is 0.
+  EXPECT_TRUE(warnings_of(R"({"optimizer": {"type": "ADAM", "params": {"adam_w_mode": false}}})", &c).empty());
+  EXPECT_FALSE(c.optimizer.decoupled_weight_decay);
+  EXPECT_EQ(c.optimizer.weight_decay, 0.0);
+  warnings_of(R"({"optimizer": {"type": "Adam", "params": {"adam_w_mode": false, "weight_decay": 0.1}}})", &c);
+  EXPECT_FALSE(c.optimizer.decoupled_weight_decay);
+  EXPECT_EQ(c.optimizer.weight_decay, 0.1);
+  // torch_adam only picks the implementation: accepted either way, the same maths.
+  for (const char* v : {"true", "false"}) {
+    const std::string text = str(R"({"optimizer": {"type": "Adam", "params": {"adam_w_mode": false, "torch_adam": )",
+                                 v, "}}}");
+    EXPECT_TRUE(warnings_of(text, &c).empty()) << text;
+    EXPECT_FALSE(c.optimizer.decoupled_weight_decay) << text;
+  }
+  // AdamW with adam_w_mode false: DeepSpeed still runs AdamW, so it says so.
+  const auto w = warnings_of(R"({"optimizer": {"type": "AdamW", "params": {"adam_w_mode": false}}})", &c);
+  EXPECT_TRUE(c.optimizer.decoupled_weight_decay);
+  ASSERT_EQ(w.size(), 1u) << joined(w);
+  EXPECT_NE(w[0].find("config.json: optimizer.params.adam_w_mode: false has no effect with optimizer.type \"AdamW\""),
+            std::string::npos) << w[0];
+  // amsgrad false is plain Adam; bias_correction true is what autosp does.
+  EXPECT_TRUE(warnings_of(R"({"optimizer": {"type": "AdamW", "params": {"amsgrad": false, "bias_correction": true}}})")
+                  .empty());
+}
+
+TEST(TrainConfig, OptimizerKeysThatChangeTheMathsAreRefusedOrTypeChecked) {
+  EXPECT_PARSE_ERROR(R"({"optimizer": {"type": "AdamW", "params": {"amsgrad": true}}})",
+                     "config.json: optimizer.params.amsgrad: true is not supported", "AMSGrad");
+  EXPECT_PARSE_ERROR(R"({"optimizer": {"type": "Adam", "params": {"bias_correction": false}}})",
+                     "config.json: optimizer.params.bias_correction: false is not supported");
+  EXPECT_PARSE_ERROR(R"({"optimizer": {"type": "AdamW", "params": {"max_grad_norm": 1.0}}})",
+                     "config.json: optimizer.params.max_grad_norm:", "gradient_clipping");
+  EXPECT_PARSE_ERROR(R"({"optimizer": {"type": "Adam", "params": {"torch_adam": "yes"}}})",
+                     "config.json: optimizer.params.torch_adam: expected true or false, got \"yes\"");
+  EXPECT_PARSE_ERROR(R"({"optimizer": {"type": "Adam", "params": {"adam_w_mode": 0}}})",
+                     "config.json: optimizer.params.adam_w_mode: expected true or false, got 0");
+  EXPECT_PARSE_ERROR(R"({"optimizer": {"type": "AdamW", "params": {"amsgrad": "false"}}})",
+                     "optimizer.params.amsgrad: expected true or false");
+}
+
+TEST(TrainConfig, MixedPrecisionRunsFp32AndSaysSo) {
+  TrainConfig c;
+  // Off: accepted silently, with DeepSpeed's documented keys of each section.
+  EXPECT_TRUE(warnings_of(R"({"bf16": {"enabled": false, "immediate_grad_update": true},
+                              "fp16": {"enabled": false, "auto_cast": false, "loss_scale": 0,
+                                       "initial_scale_power": 16, "loss_scale_window": 1000, "hysteresis": 2,
+                                       "consecutive_hysteresis": false, "min_loss_scale": 1,
+                                       "fp16_master_weights_and_grads": false},
+                              "amp": {"enabled": false, "opt_level": "O1"},
+                              "torch_autocast": {"enabled": false, "dtype": "bfloat16"}})", &c).empty());
+  EXPECT_EQ(c.requested_precision, "fp32");
+  EXPECT_TRUE(warnings_of(R"({"bf16": {}})", &c).empty());  // enabled defaults to false
+  EXPECT_EQ(c.requested_precision, "fp32");
+
+  struct Case {
+    const char* text;
+    const char* precision;
+    const char* path;
+  };
+  for (const Case& k : {Case{R"({"bf16": {"enabled": true}})", "bf16", "bf16.enabled"},
+                        Case{R"({"bfloat16": {"enabled": true}})", "bf16", "bfloat16.enabled"},
+                        Case{R"({"fp16": {"enabled": true, "loss_scale": 0, "initial_scale_power": 12,
+                                          "loss_scale_window": 500, "hysteresis": 2, "min_loss_scale": 1}})",
+                             "fp16", "fp16.enabled"},
+                        Case{R"({"amp": {"enabled": true, "opt_level": "O2"}})", "amp", "amp.enabled"},
+                        Case{R"({"torch_autocast": {"enabled": true, "dtype": "bfloat16"}})", "torch_autocast",
+                             "torch_autocast.enabled"}}) {
+    const auto w = warnings_of(k.text, &c);
+    EXPECT_EQ(c.requested_precision, k.precision) << k.text;
+    // One warning, on `enabled`: no unknown-key noise for the section's other keys.
+    ASSERT_EQ(w.size(), 1u) << k.text << "\n" << joined(w);
+    EXPECT_EQ(w[0].rfind(str("config.json: ", k.path, ": true, but the CPU backend has no bf16 or fp16 kernels"), 0),
+              0u) << w[0];
+    for (const char* part : {"fp32 compute", "fp32 master weights, gradients and optimizer state",
+                             "numbers are those of an fp32 run"})
+      EXPECT_NE(w[0].find(part), std::string::npos) << w[0] << "\nmissing: " << part;
+  }
+  EXPECT_NE(warnings_of(R"({"fp16": {"enabled": true}})")[0].find("without loss scaling"), std::string::npos);
+
+  EXPECT_PARSE_ERROR(R"({"bf16": {"enabled": "auto"}})",
+                     "config.json: bf16.enabled: expected true or false, got \"auto\"");
+  EXPECT_PARSE_ERROR(R"({"fp16": true})", "config.json: fp16: expected an object, got true");
+  EXPECT_PARSE_ERROR(R"({"bf16": {"enabled": true}, "fp16": {"enabled": true}})",
+                     "config.json: bf16.enabled and fp16.enabled are both true");
+  EXPECT_PARSE_ERROR(R"({"fp16": {"enabled": true}, "amp": {"enabled": true}})",
+                     "fp16.enabled and amp.enabled are both true");
+  // A key that is not DeepSpeed's is still reported, with its path.
+  const auto w = warnings_of(R"({"fp16": {"enabled": false, "loss_scael": 0}})");
+  ASSERT_EQ(w.size(), 1u) << joined(w);
+  EXPECT_EQ(w[0], "config.json: fp16.loss_scael: unknown key, ignored");
+}
+
+TEST(TrainConfig, DeepSpeedFeaturesThatChangeTheMathsAreRefusedByName) {
+  EXPECT_PARSE_ERROR(R"({"sparse_attention": {"mode": "fixed", "block": 16}})",
+                     "config.json: sparse_attention: not supported", "dense causal attention");
+  EXPECT_PARSE_ERROR(R"({"progressive_layer_drop": {"enabled": true, "theta": 0.5, "gamma": 0.001}})",
+                     "config.json: progressive_layer_drop.enabled: true is not supported", "layers");
+  EXPECT_PARSE_ERROR(R"({"curriculum_learning": {"enabled": true, "curriculum_type": "seqlen"}})",
+                     "config.json: curriculum_learning.enabled: true is not supported");
+  EXPECT_PARSE_ERROR(R"({"data_efficiency": {"enabled": true}})",
+                     "config.json: data_efficiency.enabled: true is not supported");
+  // A sub-feature that switches on by itself is named by its own path.
+  EXPECT_PARSE_ERROR(R"({"data_efficiency": {"data_routing": {"random_ltd": {"enabled": true}}}})",
+                     "config.json: data_efficiency.data_routing.random_ltd.enabled: true is not supported");
+  EXPECT_PARSE_ERROR(R"({"quantize_training": {"enabled": true}})",
+                     "config.json: quantize_training.enabled: true is not supported");
+  EXPECT_PARSE_ERROR(R"({"compression_training": {"weight_quantization": {"shared_parameters": {"enabled": true}}}})",
+                     "config.json: compression_training.weight_quantization.shared_parameters.enabled: true is not "
+                     "supported");
+  EXPECT_PARSE_ERROR(R"({"elasticity": {"enabled": true, "max_train_batch_size": 64}})",
+                     "config.json: elasticity.enabled: true is not supported", "batch size");
+  EXPECT_PARSE_ERROR(R"({"communication_data_type": "fp16"})",
+                     "config.json: communication_data_type: \"fp16\" is not supported", "fp32");
+  EXPECT_PARSE_ERROR(R"({"communication_data_type": "BF16"})",
+                     "config.json: communication_data_type: \"BF16\" is not supported");
+  EXPECT_PARSE_ERROR(R"({"communication_data_type": "int8"})",
+                     "config.json: communication_data_type: expected \"fp32\", \"fp16\" or \"bf16\", got \"int8\"");
+  EXPECT_PARSE_ERROR(R"({"seq_parallel_communication_data_type": "bf16"})",
+                     "config.json: seq_parallel_communication_data_type: \"bf16\" is not supported",
+                     "sequence-parallel");
+  EXPECT_PARSE_ERROR(R"({"data_types": {"grad_accum_dtype": "bf16"}})",
+                     "config.json: data_types.grad_accum_dtype: \"bf16\" is not supported");
+  EXPECT_PARSE_ERROR(R"({"progressive_layer_drop": {"enabled": "yes"}})",
+                     "config.json: progressive_layer_drop.enabled: expected true or false");
+
+  // Off, or fp32: what autosp does anyway, accepted silently.
+  EXPECT_TRUE(warnings_of(R"({"progressive_layer_drop": {"enabled": false, "theta": 0.5},
+                              "curriculum_learning": {"enabled": false},
+                              "data_efficiency": {"enabled": false, "data_sampling": {"enabled": false}},
+                              "quantize_training": {"enabled": false},
+                              "elasticity": {"enabled": false},
+                              "communication_data_type": "fp32",
+                              "seq_parallel_communication_data_type": "FP32",
+                              "data_types": {"grad_accum_dtype": "fp32"}})")
+                  .empty());
+  EXPECT_TRUE(warnings_of(R"({"communication_data_type": null, "data_types": {"grad_accum_dtype": null}})").empty());
+}
+
+TEST(TrainConfig, KeysThatCannotChangeTheNumbersAreSilentOffAndWarnedOn) {
+  // Off (or DeepSpeed's defaults): no warnings.
+  EXPECT_TRUE(warnings_of(R"({"wall_clock_breakdown": false, "memory_breakdown": false, "dump_state": false,
+                              "flops_profiler": {"enabled": false, "profile_step": 1},
+                              "tensorboard": {"enabled": false, "output_path": "tb/"},
+                              "wandb": {"enabled": false}, "csv_monitor": {"enabled": false},
+                              "comms_logger": {"enabled": false}, "prescale_gradients": false,
+                              "gradient_predivide_factor": 1.0, "zero_allow_untested_optimizer": true})")
+                  .empty());
+  // On: each names itself and says it is ignored and cannot change the numbers.
+  const auto w = warnings_of(R"({"wall_clock_breakdown": true, "memory_breakdown": true, "dump_state": true,
+                                 "flops_profiler": {"enabled": true}, "tensorboard": {"enabled": true},
+                                 "wandb": {"enabled": true}, "csv_monitor": {"enabled": true},
+                                 "comms_logger": {"enabled": true}, "prescale_gradients": true,
+                                 "gradient_predivide_factor": 2.0})");
+  ASSERT_EQ(w.size(), 10u) << joined(w);
+  for (const char* path : {"wall_clock_breakdown", "memory_breakdown", "dump_state", "flops_profiler.enabled",
+                           "tensorboard.enabled", "wandb.enabled", "csv_monitor.enabled", "comms_logger.enabled"}) {
+    const std::string prefix = str("config.json: ", path, ": true, but autosp does not implement it, ignored");
+    EXPECT_EQ(std::count_if(w.begin(), w.end(), [&](const std::string& x) { return x.rfind(prefix, 0) == 0; }), 1)
+        << prefix << "\n" << joined(w);
+  }
+  for (const char* prefix : {"config.json: prescale_gradients: true has no effect in autosp, ignored",
+                             "config.json: gradient_predivide_factor: 2.0 has no effect in autosp, ignored"})
+    EXPECT_EQ(std::count_if(w.begin(), w.end(), [&](const std::string& x) { return x.rfind(prefix, 0) == 0; }), 1)
+        << prefix << "\n" << joined(w);
+  EXPECT_PARSE_ERROR(R"({"wall_clock_breakdown": "yes"})", "config.json: wall_clock_breakdown: expected true or false");
+  EXPECT_PARSE_ERROR(R"({"tensorboard": {"enabled": 1}})", "config.json: tensorboard.enabled: expected true or false");
+  EXPECT_PARSE_ERROR(R"({"gradient_predivide_factor": 0})", "config.json: gradient_predivide_factor: expected a number > 0");
+  EXPECT_PARSE_ERROR(R"({"zero_allow_untested_optimizer": 1})",
+                     "config.json: zero_allow_untested_optimizer: expected true or false");
 }
 
 TEST(TrainConfig, TotalStepsBelowWarmupWarns) {

@@ -1,5 +1,6 @@
 #!/usr/bin/python3
-"""Reference for tests/train/adamw_test.cpp: torch.optim.AdamW (+ clip_grad_norm_) in fp32.
+"""Reference for tests/train/adamw_test.cpp: torch.optim.AdamW, or with --optimizer adam
+torch.optim.Adam (L2 weight decay), (+ clip_grad_norm_) in fp32.
 
 Initial parameters and every step's gradients come from an integer hash that the C++ test
 computes identically (values are multiples of 1/2048 in [-1, 1), exact in fp32), so no
@@ -52,6 +53,7 @@ def main():
     ap.add_argument("--eps", type=float, required=True)
     ap.add_argument("--weight-decay", type=float, required=True)
     ap.add_argument("--max-norm", type=float, default=0.0, help="0: no clipping")
+    ap.add_argument("--optimizer", choices=["adamw", "adam"], default="adamw")
     args = ap.parse_args()
 
     torch.set_num_threads(1)
@@ -62,8 +64,8 @@ def main():
     beta1, beta2 = floats(args.betas)
 
     params = [torch.nn.Parameter(hashed_tensor(t, n, 0, 1.0)) for t, n in enumerate(sizes)]
-    opt = torch.optim.AdamW(params, lr=lrs[0], betas=(beta1, beta2), eps=args.eps,
-                            weight_decay=args.weight_decay)
+    cls = torch.optim.AdamW if args.optimizer == "adamw" else torch.optim.Adam
+    opt = cls(params, lr=lrs[0], betas=(beta1, beta2), eps=args.eps, weight_decay=args.weight_decay)
     out = []
     for step, (lr, scale) in enumerate(zip(lrs, grad_scales)):
         for t, p in enumerate(params):
