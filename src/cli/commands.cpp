@@ -20,6 +20,7 @@
 #include "train/trainer.h"
 #include "util/atomic_file.h"
 #include "util/error.h"
+#include "util/rss.h"
 
 namespace autosp::cli {
 
@@ -72,8 +73,11 @@ class MetricsWriter {
     out_.open(path, std::ios::out | mode);
     if (!out_) user_error("--metrics ", path, ": cannot open for writing (", std::strerror(errno), ")");
   }
+  // Per rank: peaks (the step's planned/counted peak), model_state, and the resident set
+  // before the model was built and its high-water mark so far, as the OS counts them.
   void write(const train::StepStats& s, int64_t epoch_samples, const std::vector<int64_t>& peaks,
-             const std::vector<int64_t>& model_state) {
+             const std::vector<int64_t>& model_state, const std::vector<int64_t>& rss_base,
+             const std::vector<int64_t>& rss_peak) {
     if (path_.empty()) return;
     json j = {{"step", s.step},         {"loss", s.loss},
               {"lr", s.lr},             {"grad_norm", s.grad_norm},
@@ -82,7 +86,11 @@ class MetricsWriter {
               {"peak_bytes", *std::max_element(peaks.begin(), peaks.end())},
               {"peak_bytes_per_rank", peaks},
               {"activation_peak_bytes", s.activation_bytes},
-              {"model_state_bytes_per_rank", model_state}};
+              {"model_state_bytes_per_rank", model_state},
+              {"rss_base_bytes", *std::max_element(rss_base.begin(), rss_base.end())},
+              {"rss_peak_bytes", *std::max_element(rss_peak.begin(), rss_peak.end())},
+              {"rss_base_bytes_per_rank", rss_base},
+              {"rss_peak_bytes_per_rank", rss_peak}};
     // Passes over the data so far, as Hugging Face's Trainer logs it (1.5: half-way through
     // the second); absent for an endless generated source.
     if (epoch_samples > 0) j["epoch"] = double(s.consumed_samples) / double(epoch_samples);
@@ -230,6 +238,7 @@ int run_demo(const TrainArgs& args, std::optional<uint64_t> seed, const Launch& 
   config.compile = {.deepcompile = true, .passes = {"autosp"}};
   train::resolve_batch(config, 1, "<built-in demo>");
   ProcessGroups groups = launch.groups(config.sequence_parallel_size);
+  const std::vector<int64_t> rss_base = rank_peaks(groups, rss_bytes());
 
   say(launch, "autosp built-in demo: passkey retrieval, trained from scratch\n\n%s\n\n", task.describe(S).c_str());
   say(launch, "model: Llama, %lld layers, hidden %lld, %lld heads (%lld kv), vocab %lld: %lld parameters\n",
@@ -260,7 +269,8 @@ int run_demo(const TrainArgs& args, std::optional<uint64_t> seed, const Launch& 
   for (int64_t t = 0; t < steps; ++t) {
     train::StepStats s = trainer.train_step(task);
     const auto peaks = rank_peaks(groups, s.peak_bytes);
-    metrics.write(s, 0, peaks, rank_peaks(groups, s.model_state_bytes));
+    metrics.write(s, 0, peaks, rank_peaks(groups, s.model_state_bytes), rss_base,
+                  rank_peaks(groups, rss_peak_bytes()));
     if (launch.lead() && (s.step % 50 == 0 || s.step == steps))
       print_step(s, steps, peaks, seconds_since(start), t + 1);
   }
@@ -347,6 +357,7 @@ int run_train(const TrainArgs& args, MpiRuntime* mpi) {
   if (mpi) mpi->check_same_on_all_ranks(str("the config file ", args.config), read_file(args.config));
   warn_all(launch, warnings);
   ProcessGroups groups = launch.groups(config.sequence_parallel_size);
+  const std::vector<int64_t> rss_base = rank_peaks(groups, rss_bytes());  // before the model exists
   train::resolve_batch(config, groups.dp_size, args.config);
   if (seed) config.seed = *seed;
   const train::BatchLayout layout{*config.train_micro_batch_size_per_gpu, *config.gradient_accumulation_steps,
@@ -430,7 +441,8 @@ int run_train(const TrainArgs& args, MpiRuntime* mpi) {
     s = trainer.train_step(data);
     peaks = rank_peaks(groups, s.peak_bytes);
     for (size_t r = 0; r < peaks.size(); ++r) max_peaks[r] = std::max(max_peaks[r], peaks[r]);
-    metrics.write(s, epoch_samples, peaks, rank_peaks(groups, s.model_state_bytes));
+    metrics.write(s, epoch_samples, peaks, rank_peaks(groups, s.model_state_bytes), rss_base,
+                  rank_peaks(groups, rss_peak_bytes()));
     const bool last = s.step == args.steps;
     if (launch.lead() && (s.step % config.steps_per_print == 0 || last))
       print_step(s, args.steps, peaks, seconds_since(start), s.step - first_step + 1);
