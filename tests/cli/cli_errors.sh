@@ -351,6 +351,27 @@ new_case cli_unknown_option &&
   expect_error cli_unknown_option "--no-such-flag" -- "$AUTOSP" train --config "$CASE/ds_config.json" \
     --model "$CASE" --data "$CASE/tokens.bin" --seq-len 16 --steps 1 --no-such-flag
 
+# The hint names the subcommand's help, where the flags are listed.
+new_case cli_hint_names_the_subcommand &&
+  expect_error cli_hint_names_the_subcommand "see autosp train --help" -- "$AUTOSP" train \
+    --config "$CASE/ds_config.json" --model "$CASE" --data "$CASE/tokens.bin" --seq-len 16 --steps x
+
+new_case cli_save_every_without_save &&
+  expect_error cli_save_every_without_save "--save-every 2 needs --save" -- "$AUTOSP" train \
+    --config "$CASE/ds_config.json" --model "$CASE" --data "$CASE/tokens.bin" --seq-len 16 --steps 1 \
+    --save-every 2
+
+# --save refuses, before training, anything but a new or empty directory or its own checkpoint.
+new_case cli_save_into_the_model_dir &&
+  expect_error cli_save_into_the_model_dir "--save $CASE" "tokens.bin" -- "$AUTOSP" train \
+    --config "$CASE/ds_config.json" --model "$CASE" --data "$CASE/tokens.bin" --seq-len 16 --steps 1 \
+    --save "$CASE"
+
+new_case cli_save_onto_a_file && touch "$CASE/a_file" &&
+  expect_error cli_save_onto_a_file "not a directory" -- "$AUTOSP" train \
+    --config "$CASE/ds_config.json" --model "$CASE" --data "$CASE/tokens.bin" --seq-len 16 --steps 1 \
+    --save "$CASE/a_file"
+
 new_case cli_metrics_unwritable &&
   expect_error cli_metrics_unwritable "--metrics" "$CASE/no_such_dir/metrics.jsonl" -- "$AUTOSP" train \
     --config "$CASE/ds_config.json" --model "$CASE" --data "$CASE/tokens.bin" --seq-len 16 --steps 1 \

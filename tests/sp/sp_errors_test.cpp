@@ -62,6 +62,20 @@ void expect_job_error(const testing::ProcessResult& r, const std::string& fragme
   EXPECT_NE(r.output.find(fragment), std::string::npos) << r.output;
 }
 
+TEST(SequenceParallelErrors, ACommandLineErrorPrintsOnceForTheJob) {
+  JobSetup s;
+  const auto r = mpirun(2, str(AUTOSP_BINARY, " train --config ", s.dir / "ds_config.json", " --steps x"));
+  expect_job_error(r, "(see autosp train --help)");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+}
+
+TEST(SequenceParallelErrors, ABadSaveTargetStopsEveryRankBeforeTraining) {
+  JobSetup s;
+  const auto r = mpirun(2, s.train(s.config("sp2.json", 2, true)) + " --save " + s.dir.path());
+  expect_job_error(r, "which is not a file of an autosp checkpoint");
+  EXPECT_EQ(r.output.find("step 1/"), std::string::npos) << r.output;
+}
+
 TEST(SequenceParallelErrors, WorldNotDivisibleBySequenceParallelSize) {
   JobSetup s;
   expect_job_error(mpirun(3, s.train(s.config("sp2.json", 2, true))),

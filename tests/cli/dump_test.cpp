@@ -1,0 +1,61 @@
+// `autosp dump`: the IR after a stage, with a header that says what the graph is.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "models/llama.h"
+#include "testing/process.h"
+#include "util/error.h"
+
+namespace autosp {
+namespace {
+
+using testing::run_command;
+
+struct ModelDir {
+  testing::TempDir dir{"dump"};
+  ModelDir() {
+    models::LlamaConfig c;
+    c.vocab_size = 11;
+    c.hidden_size = 8;
+    c.intermediate_size = 12;
+    c.num_hidden_layers = 1;
+    c.num_attention_heads = 2;
+    c.num_key_value_heads = 1;
+    c.head_dim = 4;
+    std::ofstream(dir / "config.json") << models::llama_config_json(c).dump(2);
+  }
+  testing::ProcessResult dump(const std::string& args) const {
+    return run_command(str(AUTOSP_BINARY, " dump --model ", dir.path(), " --seq-len 8 ", args));
+  }
+};
+
+std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
+
+TEST(Dump, TheForwardStageIsTheUnsplitGraphWhateverTheRank) {
+  ModelDir m;
+  auto r = m.dump("--stage forward --sp 2 --rank 1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(first_line(r.output),
+            "# stage forward: the unsplit graph over all 8 positions (the autosp pass splits it after this stage)");
+  r = m.dump("--stage autosp --sp 2 --rank 1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(first_line(r.output), "# stage autosp, rank 1 of sequence_parallel_size 2: sequence positions [4, 8) of 8");
+}
+
+TEST(Dump, TheCheckpointStageShowsTheRecomputedNodes) {
+  ModelDir m;
+  auto none = m.dump("--stage checkpoint --checkpoint none"), full = m.dump("--stage checkpoint --checkpoint full");
+  ASSERT_EQ(none.exit_code, 0) << none.output;
+  ASSERT_EQ(full.exit_code, 0) << full.output;
+  EXPECT_EQ(none.output.find("recompute:%"), std::string::npos);
+  EXPECT_NE(full.output.find("= attention("), full.output.rfind("= attention("));  // forward and its copy
+  EXPECT_NE(full.output.find("recompute:%"), std::string::npos);
+  auto bad = m.dump("--stage checkpoint --checkpoint most");
+  EXPECT_EQ(bad.exit_code, 1) << bad.output;
+  EXPECT_NE(bad.output.find("--checkpoint: \"most\" is not a checkpoint policy"), std::string::npos) << bad.output;
+}
+
+}  // namespace
+}  // namespace autosp
