@@ -35,6 +35,7 @@ extern const OpDef silu_op = {
       require(!is_partial(in[0]), "silu of a partial sum is not a partial sum");
       return shard_elementwise(in, t, a);
     },
+    .cpu_inplace = true,
 };
 
 // silu_backward(dy, x) = dy s(x) (1 + x (1 - s(x)))
@@ -47,6 +48,7 @@ extern const OpDef silu_backward_op = {
     .cpu = [](const KernelArgs& a) {
       cpu::silu_backward(a.in(0), a.in(1), a.in_numel(0), a.out(0));
     },
+    .cpu_inplace = true,
 };
 
 // swiglu(gate, up) = silu(gate) * up
@@ -68,6 +70,7 @@ extern const OpDef swiglu_op = {
       require(!is_partial(in[0]) && !is_partial(in[1]), "swiglu of partial sums is not a partial sum");
       return shard_elementwise(in, t, a);
     },
+    .cpu_inplace = true,
 };
 
 // swiglu_backward(dy, gate, up) -> (dgate, dup)
@@ -82,6 +85,7 @@ extern const OpDef swiglu_backward_op = {
     .cpu = [](const KernelArgs& a) {
       cpu::swiglu_backward(a.in(0), a.in(1), a.in(2), a.in_numel(0), a.out(0), a.out(1));
     },
+    .cpu_inplace = true,
 };
 
 }  // namespace autosp
