@@ -35,6 +35,7 @@ extern const OpDef silu_op = {
       require(!is_partial(in[0]), "silu of a partial sum is not a partial sum");
       return shard_elementwise(in, t, a);
     },
+    .cpu_inplace = true,
     .recompute = Recompute::cheap,
 };
 
@@ -48,6 +49,7 @@ extern const OpDef silu_backward_op = {
     .cpu = [](const KernelArgs& a) {
       cpu::silu_backward(a.in(0), a.in(1), a.in_numel(0), a.out(0));
     },
+    .cpu_inplace = true,
 };
 
 // swiglu(gate, up) = silu(gate) * up
@@ -69,6 +71,7 @@ extern const OpDef swiglu_op = {
       require(!is_partial(in[0]) && !is_partial(in[1]), "swiglu of partial sums is not a partial sum");
       return shard_elementwise(in, t, a);
     },
+    .cpu_inplace = true,
     .recompute = Recompute::cheap,
 };
 
@@ -84,6 +87,7 @@ extern const OpDef swiglu_backward_op = {
     .cpu = [](const KernelArgs& a) {
       cpu::swiglu_backward(a.in(0), a.in(1), a.in(2), a.in_numel(0), a.out(0), a.out(1));
     },
+    .cpu_inplace = true,
 };
 
 }  // namespace autosp

@@ -80,6 +80,7 @@ extern const OpDef add_op = {
     },
     .cpu = [](const KernelArgs& a) { cpu::add(a.in(0), a.in(1), a.out_numel(0), a.out(0)); },
     .shard = shard_elementwise,  // a sum of two partial sums is a partial sum
+    .cpu_inplace = true,
     .recompute = Recompute::cheap,
 };
 
@@ -98,6 +99,7 @@ extern const OpDef mul_op = {
       require(!is_partial(in[0]) && !is_partial(in[1]), "a product of partial sums is not one");
       return shard_elementwise(in, t, a);
     },
+    .cpu_inplace = true,
     .recompute = Recompute::cheap,
 };
 
@@ -118,6 +120,7 @@ extern const OpDef scale_op = {
       cpu::scale(a.in(0), a.out_numel(0), float(a.attrs->get_float("alpha")), a.out(0));
     },
     .shard = shard_elementwise,
+    .cpu_inplace = true,
     .recompute = Recompute::cheap,
 };
 
@@ -170,6 +173,7 @@ extern const OpDef div_scalar_op = {
       require(is_replicated(in[1]), "the divisor must be replicated, got ", sharding_str(in[1]));
       return {in[0]};
     },
+    .cpu_inplace = true,
     .recompute = Recompute::cheap,
 };
 

@@ -90,6 +90,7 @@ extern const OpDef all_reduce_op = {
       if (a.out(0) != a.in(0)) std::copy(a.in(0), a.in(0) + a.in_numel(0), a.out(0));
       a.comm->all_reduce_sum(a.out(0), a.out_numel(0));
     },
+    .cpu_inplace = true,
 };
 
 // all_gather(x) {group, size, dim}: the group's x stacked along dim in rank order.

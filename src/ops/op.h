@@ -110,6 +110,10 @@ struct OpDef {
   // operands' (each replicated, shard(dim) or partial); shape_error() where the op cannot
   // run on those shardings. nullptr: the op cannot be sequence-sharded.
   Shardings (*shard)(const Shardings& inputs, const Types& types, const Attrs& attrs) = nullptr;
+  // The CPU kernel reads every operand element it needs for a block of a result before it
+  // writes that block, so a result may share the buffer of an operand of its type (same
+  // dtype and size): plan_memory then reuses an operand that dies at this node.
+  bool cpu_inplace = false;
   Recompute recompute = Recompute::never;
 };
 
@@ -131,6 +135,8 @@ const OpDef& op_def(OpKind op);
 
 // Cost of one node with default bytes filled in.
 Cost node_cost(const Graph& graph, const Node& node);
+// Bytes of scratch the node's CPU kernel needs on `threads` threads (0 for none).
+int64_t node_workspace_bytes(const Graph& graph, const Node& node, int threads);
 
 // Structure (verify_structure) plus types: every node's recorded result types equal what
 // its op's rule infers. Throws InternalError naming the node.

@@ -155,6 +155,14 @@ Cost node_cost(const Graph& g, const Node& node) {
   return c;
 }
 
+int64_t node_workspace_bytes(const Graph& g, const Node& node, int threads) {
+  const OpDef& def = op_def(node.op);
+  if (!def.cpu_workspace_bytes) return 0;
+  Types ins;
+  for (ValueId v : node.inputs) ins.push_back(g.type(v));
+  return def.cpu_workspace_bytes(ins, node.attrs, threads);
+}
+
 void verify(const Graph& g) {
   verify_structure(g);
   for (NodeId n = 0; n < static_cast<NodeId>(g.nodes().size()); ++n) {

@@ -70,6 +70,7 @@ extern const OpDef rope_op = {
               sharding_str(in[1]));
       return {in[0]};
     },
+    .cpu_inplace = true,
     .recompute = Recompute::cheap,
 };
 

@@ -1,5 +1,7 @@
 #include "passes/pipeline.h"
 
+#include <omp.h>
+
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -7,12 +9,15 @@
 #include "ops/op.h"
 #include "passes/autodiff.h"
 #include "passes/autosp.h"
+#include "passes/plan_memory.h"
+#include "passes/schedule.h"
 #include "util/error.h"
 
 namespace autosp {
 
 const std::vector<std::string>& pipeline_stages() {
-  static const std::vector<std::string> stages = {"forward", "autosp", "joint", "checkpoint"};
+  static const std::vector<std::string> stages = {"forward", "autosp", "joint", "checkpoint", "schedule",
+                                                  "plan_memory"};
   return stages;
 }
 
@@ -60,6 +65,9 @@ Graph compile(const Graph& forward, const CompileOptions& options,
     verify(checkpointed);
     return checkpointed;
   });
+  const int threads = options.threads > 0 ? options.threads : omp_get_max_threads();
+  g = run("schedule", [&] { return schedule(g, {.threads = threads}); });
+  g = run("plan_memory", [&] { return plan_memory(g, {.threads = threads}); });
   return g;
 }
 

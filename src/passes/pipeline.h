@@ -3,12 +3,12 @@
 //   forward --autosp--> --autodiff--> joint --grad_sync--> --checkpoint--> --schedule-->
 //   --plan_memory--> lowered
 //
-// Built so far: autosp, autodiff and checkpoint (stages "forward", "autosp", "joint",
-// "checkpoint"). Gradient reduction over the data x sequence group is done by the trainer's
-// optimizer step (train/grad_sync.h) until it moves into a grad_sync pass, and checkpoint
-// runs right after autodiff; schedule and plan_memory are not built (the executor frees by
-// use counts). Asking for a pass that does not exist is a clear error, not a silent no-op.
-// AUTOSP_PASS_TIMES=1 prints each pass's time.
+// Built so far: autosp, autodiff, checkpoint, schedule and plan_memory (stages "forward",
+// "autosp", "joint", "checkpoint", "schedule", "plan_memory"). Gradient reduction over the
+// data x sequence group is done by the trainer's optimizer step (train/grad_sync.h) until it
+// moves into a grad_sync pass, and checkpoint runs right after autodiff. Asking for a pass
+// that does not exist is a clear error, not a silent no-op. AUTOSP_PASS_TIMES=1 prints each
+// pass's time.
 #pragma once
 #include <functional>
 #include <string>
@@ -23,6 +23,9 @@ struct CompileOptions {
   int64_t sequence_parallel_size = 1;
   std::vector<std::string> passes;  // the config's compile.passes
   bool deepcompile = false;
+  // The kernel threads the executor will run with (0: OpenMP's default, as CpuExecutor's);
+  // kernel workspaces, and so the memory plan, depend on them.
+  int threads = 0;
   CheckpointOptions checkpoint;  // which activations backward keeps (none: all of them)
 };
 
@@ -30,7 +33,8 @@ struct CompileOptions {
 const std::vector<std::string>& pipeline_stages();
 
 // Runs the pipeline on a forward graph. `after_pass(stage, graph)` is called after each
-// stage (for dumps and tests); it may be empty. Returns the final (joint) graph.
+// stage (for dumps and tests); it may be empty. Returns the final graph: the joint graph,
+// scheduled and memory-planned (read_memory_plan gives its arena).
 Graph compile(const Graph& forward, const CompileOptions& options,
               const std::function<void(const std::string&, const Graph&)>& after_pass = {});
 

@@ -1,6 +1,6 @@
-// Where the executor's buffers come from. The counting heap allocator measures live and
-// peak bytes; the static planner (plan_memory) will provide an arena allocator behind the
-// same interface.
+// Where the executor's buffers come from, counted: live and peak bytes. In arena mode the
+// executor asks for one block, plan_memory's arena, when it is made (so the peak is the
+// planned arena); in heap mode for every result and workspace as the step runs.
 #pragma once
 #include <cstdint>
 

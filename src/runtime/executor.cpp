@@ -9,6 +9,7 @@
 #include <new>
 
 #include "ops/op.h"
+#include "passes/plan_memory.h"
 #include "util/error.h"
 
 namespace autosp {
@@ -40,7 +41,7 @@ void HeapAllocator::release(void* ptr, int64_t bytes) {
 }
 
 CpuExecutor::CpuExecutor(const Graph& graph, Allocator& allocator, int threads,
-                         const ProcessGroups* groups)
+                         const ProcessGroups* groups, BufferMode mode)
     : graph_(graph),
       allocator_(allocator),
       threads_(threads > 0 ? threads : omp_get_max_threads()),
@@ -48,7 +49,8 @@ CpuExecutor::CpuExecutor(const Graph& graph, Allocator& allocator, int threads,
       data_(graph.values().size(), nullptr),
       owned_(graph.values().size(), false),
       root_(graph.values().size(), -1),
-      buffer_uses_(graph.values().size(), 0) {
+      buffer_uses_(graph.values().size(), 0),
+      mode_(mode) {
   for (const Node& node : graph.nodes()) {
     AUTOSP_CHECK(node.op == OpKind::input || op_def(node.op).cpu,
                  op_name(node.op), " has no CPU kernel");
@@ -63,9 +65,28 @@ CpuExecutor::CpuExecutor(const Graph& graph, Allocator& allocator, int threads,
     for (ValueId v : node.inputs) ++buffer_uses_[root_[v]];
   }
   for (const GraphOutput& o : graph.outputs()) ++buffer_uses_[root_[o.value]];
+  if (mode_ != BufferMode::arena) return;
+
+  // The graph's plan if the pipeline made one, else one for this graph and thread count.
+  const MemoryPlan plan = has_memory_plan(graph) ? read_memory_plan(graph)
+                                                 : read_memory_plan(plan_memory(graph, {.threads = threads_}));
+  for (NodeId n = 0; n < static_cast<NodeId>(graph.nodes().size()); ++n) {
+    const Node& node = graph.node(n);
+    const int64_t need = node_workspace_bytes(graph, node, threads_);
+    AUTOSP_CHECK(need <= plan.workspace_bytes[n], "node ", n, " (", op_name(node.op), ") needs ", need,
+                 " workspace bytes on ", threads_, " threads but its plan has ", plan.workspace_bytes[n],
+                 " (plan_memory ran for another thread count)");
+  }
+  offsets_ = plan.offsets;
+  workspace_offsets_ = plan.workspace_offsets;
+  arena_bytes_ = plan.arena_bytes;
+  arena_ = allocator_.allocate(arena_bytes_);
 }
 
-CpuExecutor::~CpuExecutor() { release_all(); }
+CpuExecutor::~CpuExecutor() {
+  release_all();
+  allocator_.release(arena_, arena_bytes_);
+}
 
 Communicator* CpuExecutor::communicator(const std::string& group) const {
   Communicator* c = group == "sp" ? groups_->sp.get() : group == "dp" ? groups_->dp.get()
@@ -101,60 +122,71 @@ void CpuExecutor::run() {
 
   omp_set_num_threads(threads_);
   std::vector<int> remaining = buffer_uses_;
+  try {
+    for (NodeId n = 0; n < static_cast<NodeId>(graph_.nodes().size()); ++n) run_node(n, remaining);
+  } catch (...) {
+    release_all();
+    throw;
+  }
+}
+
+void CpuExecutor::run_node(NodeId n, std::vector<int>& remaining) {
+  const Node& node = graph_.node(n);
+  if (node.op == OpKind::input) return;
+  const bool heap = mode_ == BufferMode::heap;
   auto release_root = [&](ValueId root) {
     allocator_.release(const_cast<void*>(data_[root]), graph_.type(root).bytes());
     data_[root] = nullptr;
     owned_[root] = false;
   };
-  try {
-    for (const Node& node : graph_.nodes()) {
-      if (node.op == OpKind::input) continue;
-      const OpDef& def = op_def(node.op);
-      KernelArgs args;
-      args.attrs = &node.attrs;
-      args.threads = threads_;
-      if (node.attrs.has("group")) args.comm = communicator(node.attrs.get_str("group"));
-      for (ValueId v : node.inputs) {
-        args.inputs.push_back(data_[v]);
-        args.in_types.push_back(&graph_.type(v));
-      }
-      if (node.op == OpKind::reshape) {  // a view: nothing to compute or allocate
-        data_[node.outputs[0]] = data_[node.inputs[0]];
-        ValueId root = root_[node.inputs[0]];
-        if (--remaining[root] == 0 && owned_[root]) release_root(root);
-        continue;
-      }
-      for (ValueId v : node.outputs) {
-        data_[v] = allocator_.allocate(graph_.type(v).bytes());
-        owned_[v] = true;
-        args.outputs.push_back(const_cast<void*>(data_[v]));
-        args.out_types.push_back(&graph_.type(v));
-      }
-      Types in_types;
-      for (const TensorType* t : args.in_types) in_types.push_back(*t);
-      const int64_t ws_bytes =
-          def.cpu_workspace_bytes ? def.cpu_workspace_bytes(in_types, node.attrs, threads_) : 0;
-      args.workspace = allocator_.allocate(ws_bytes);
-      try {
-        def.cpu(args);
-      } catch (...) {
-        allocator_.release(args.workspace, ws_bytes);
-        throw;
-      }
-      allocator_.release(args.workspace, ws_bytes);
-
-      // Free what this node was the last user of, and results nobody uses.
-      for (ValueId v : node.inputs) {
-        const ValueId root = root_[v];
-        if (--remaining[root] == 0 && owned_[root]) release_root(root);
-      }
-      for (ValueId v : node.outputs)
-        if (remaining[v] == 0 && owned_[v]) release_root(v);
+  // Heap mode: free what this node was the last user of.
+  auto release_used = [&](ValueId v) {
+    const ValueId root = root_[v];
+    if (--remaining[root] == 0 && owned_[root]) release_root(root);
+  };
+  if (node.op == OpKind::reshape) {  // a view: nothing to compute or allocate
+    data_[node.outputs[0]] = data_[node.inputs[0]];
+    if (heap) release_used(node.inputs[0]);
+    return;
+  }
+  const OpDef& def = op_def(node.op);
+  KernelArgs args;
+  args.attrs = &node.attrs;
+  args.threads = threads_;
+  if (node.attrs.has("group")) args.comm = communicator(node.attrs.get_str("group"));
+  for (ValueId v : node.inputs) {
+    args.inputs.push_back(data_[v]);
+    args.in_types.push_back(&graph_.type(v));
+  }
+  char* const arena = static_cast<char*>(arena_);
+  for (ValueId v : node.outputs) {
+    if (heap) {
+      data_[v] = allocator_.allocate(graph_.type(v).bytes());
+      owned_[v] = true;
+    } else {
+      data_[v] = offsets_[v] >= 0 ? arena + offsets_[v] : nullptr;
     }
+    args.outputs.push_back(const_cast<void*>(data_[v]));
+    args.out_types.push_back(&graph_.type(v));
+  }
+  if (!heap) {
+    args.workspace = workspace_offsets_[n] >= 0 ? arena + workspace_offsets_[n] : nullptr;
+    def.cpu(args);
+    return;
+  }
+  const int64_t ws_bytes = node_workspace_bytes(graph_, node, threads_);
+  args.workspace = allocator_.allocate(ws_bytes);
+  try {
+    def.cpu(args);
   } catch (...) {
-    release_all();
+    allocator_.release(args.workspace, ws_bytes);
     throw;
   }
+  allocator_.release(args.workspace, ws_bytes);
+  for (ValueId v : node.inputs) release_used(v);
+  // Results nobody uses.
+  for (ValueId v : node.outputs)
+    if (remaining[v] == 0 && owned_[v]) release_root(v);
 }
 
 const void* CpuExecutor::output_data(const std::string& name) const {

@@ -1,5 +1,5 @@
-// The CPU executor: buffer lifetimes, errors, and attention's O(S) memory measured by the
-// allocator's peak.
+// The CPU executor: buffer lifetimes (per node on the heap, or in one planned arena), errors,
+// and attention's O(S) memory measured by the allocator's peak.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -15,25 +15,52 @@
 namespace autosp {
 namespace {
 
-TEST(Executor, FreesIntermediatesAndKeepsOutputs) {
+Graph silu_chain() {
   Tracer t;
   Tensor x = t.input(Role::constant, "x", DType::f32, {1000});
   Tensor y = t.silu(t.silu(t.silu(x)));
   t.output("y", y);
-  Graph g = t.finish();
+  return t.finish();
+}
+
+float silu_chain_value() {
+  const float s = 1.0f / (1.0f + std::exp(-0.5f));
+  float expect = 0.5f * s;
+  for (int i = 0; i < 2; ++i) expect = expect / (1.0f + std::exp(-expect));
+  return expect;
+}
+
+TEST(Executor, HeapModeFreesIntermediatesAndKeepsOutputs) {
+  Graph g = silu_chain();
   std::vector<float> xs(1000, 0.5f);
   HeapAllocator alloc;
   {
-    CpuExecutor ex(g, alloc);
+    CpuExecutor ex(g, alloc, 0, nullptr, BufferMode::heap);
     ex.bind("x", xs.data());
     ex.run();
     // Two 4000-byte buffers at most are live at once: an op's operand and its result.
     EXPECT_EQ(alloc.peak_bytes(), 8000);
     EXPECT_EQ(alloc.live_bytes(), 4000);  // only the output is kept
-    const float s = 1.0f / (1.0f + std::exp(-0.5f));
-    float expect = 0.5f * s;
-    for (int i = 0; i < 2; ++i) expect = expect / (1.0f + std::exp(-expect));
-    EXPECT_NEAR(ex.output("y")[7], expect, 1e-6f);
+    EXPECT_NEAR(ex.output("y")[7], silu_chain_value(), 1e-6f);
+  }
+  EXPECT_EQ(alloc.live_bytes(), 0);
+}
+
+TEST(Executor, ArenaModeRunsTheChainInPlaceInOneAllocation) {
+  Graph g = silu_chain();
+  std::vector<float> xs(1000, 0.5f);
+  HeapAllocator alloc;
+  {
+    CpuExecutor ex(g, alloc);
+    // Each silu's operand dies at it, so all three share one buffer (rounded to 64 bytes),
+    // allocated when the executor is made and held across runs.
+    EXPECT_EQ(ex.arena_bytes(), 4032);
+    EXPECT_EQ(alloc.live_bytes(), 4032);
+    ex.bind("x", xs.data());
+    ex.run();
+    ex.run();
+    EXPECT_EQ(alloc.peak_bytes(), 4032);
+    EXPECT_NEAR(ex.output("y")[7], silu_chain_value(), 1e-6f);
   }
   EXPECT_EQ(alloc.live_bytes(), 0);
 }
@@ -46,18 +73,21 @@ TEST(Executor, OutOfRangeTokenIsAUserErrorAndLeaksNothing) {
   Graph g = t.finish();
   std::vector<float> ws(15, 1.0f);
   std::vector<int32_t> toks = {0, 1, 5, 2};
-  HeapAllocator alloc;
-  CpuExecutor ex(g, alloc);
-  ex.bind("w", ws.data());
-  ex.bind("tokens", toks.data());
-  try {
-    ex.run();
-    FAIL() << "token 5 of a 5-row table was accepted";
-  } catch (const UserError& e) {
-    EXPECT_NE(std::string(e.what()).find("token id 5 at position 2 is outside [0, 5)"),
-              std::string::npos) << e.what();
+  for (BufferMode mode : {BufferMode::heap, BufferMode::arena}) {
+    HeapAllocator alloc;
+    CpuExecutor ex(g, alloc, 0, nullptr, mode);
+    ex.bind("w", ws.data());
+    ex.bind("tokens", toks.data());
+    try {
+      ex.run();
+      FAIL() << "token 5 of a 5-row table was accepted";
+    } catch (const UserError& e) {
+      EXPECT_NE(std::string(e.what()).find("token id 5 at position 2 is outside [0, 5)"),
+                std::string::npos) << e.what();
+    }
+    // Nothing but the arena (0 in heap mode), which the executor holds until destroyed.
+    EXPECT_EQ(alloc.live_bytes(), ex.arena_bytes());
   }
-  EXPECT_EQ(alloc.live_bytes(), 0);
 }
 
 // Peak bytes the allocator sees for attention forward + backward at sequence length S.

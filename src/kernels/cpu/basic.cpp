@@ -12,12 +12,12 @@ void fill(float* y, int64_t n, float value) {
   for (int64_t i = 0; i < n; ++i) y[i] = value;
 }
 
-void add(const float* __restrict a, const float* __restrict b, int64_t n, float* y) {
+void add(const float* a, const float* b, int64_t n, float* y) {
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) y[i] = a[i] + b[i];
 }
 
-void mul(const float* __restrict a, const float* __restrict b, int64_t n, float* y) {
+void mul(const float* a, const float* b, int64_t n, float* y) {
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) y[i] = a[i] * b[i];
 }

@@ -5,6 +5,8 @@
 namespace autosp::cpu {
 
 void fill(float* y, int64_t n, float value);
+// The elementwise kernels read element i of every operand before writing y[i], so y may
+// be one of the operands (in-place; plan_memory relies on it, see OpDef::cpu_inplace).
 void add(const float* a, const float* b, int64_t n, float* y);
 void mul(const float* a, const float* b, int64_t n, float* y);
 void scale(const float* x, int64_t n, float alpha, float* y);

@@ -26,6 +26,7 @@ void rms_norm_backward(const float* dy, const float* x, const float* w, const fl
 //   y[i]       = x[i] cos - x[i + D/2] sin
 //   y[i + D/2] = x[i + D/2] cos + x[i] sin
 // inverse = true rotates by -angle (the transpose, used for the gradient).
+// y may be x (both halves of a head are read before either is written).
 // Angles are computed in double and rounded once, so y does not depend on the row split.
 void rope_forward(const float* x, const int32_t* pos, const double* inv_freq, int64_t T,
                   int64_t NH, int64_t D, bool inverse, float* y);
@@ -44,6 +45,8 @@ struct RopeScaling {
 void rope_inv_freq(int64_t D, double theta, const RopeScaling& scaling, double* inv_freq);
 
 // ---- silu / swiglu ---------------------------------------------------------------------
+// Elementwise by SIMD blocks, each block's operands loaded before its results are stored:
+// any result may be (exactly) one of the operands.
 void silu_forward(const float* x, int64_t n, float* y);
 // dx = dy * s(x) * (1 + x (1 - s(x)))
 void silu_backward(const float* dy, const float* x, int64_t n, float* dx);

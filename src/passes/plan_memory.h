@@ -1,0 +1,63 @@
+// plan_memory: one arena per rank and an offset in it for every buffer of the step, so the
+// step's activation memory is known before it runs and the executor allocates it once.
+//
+// A buffer lives from the node that writes it to the last node that reads it, positions
+// taken from the graph's node order (the schedule). Buffers are placed one at a time, each
+// into the smallest gap of the arena that is free over its whole lifetime (best fit, as
+// TFLite's greedy-by-size and XLA's global decreasing-size best-fit heap do), or above the
+// highest buffer live with it where no gap fits; this is done in a few orders (largest
+// first, time order, longest-lived first) and the smallest arena is kept.
+//
+// Invariants kept:
+//  - The graph is unchanged (same nodes, values, order and outputs) except for two
+//    attributes on the nodes that own memory:
+//      mem_offsets=[o0, o1, ...]  one arena offset per result, -1 for a result of 0 bytes;
+//      mem_workspace=[offset, bytes]  the kernel's scratch (OpDef::cpu_workspace_bytes at
+//                                     `threads`), on nodes that need any.
+//    Input nodes and reshape nodes carry neither.
+//  - Not in the arena: graph inputs (parameters, tokens, labels, ... are bound caller
+//    memory), and reshape results, which are views sharing their operand's storage (a view
+//    keeps its base buffer alive until the view's own last use).
+//  - Graph outputs (loss, gradients) stay alive past the last node, until the next run, so
+//    the caller can read them after the step.
+//  - Two buffers live at the same node never share a byte. The one exception is in-place
+//    reuse: a result may take the buffer of an operand that dies at its node, when both
+//    have the same type and the op's CPU kernel allows it (OpDef::cpu_inplace).
+//  - Offsets and sizes are multiples of 64 bytes; the arena is the highest buffer end.
+// Replanning a planned graph replaces its plan.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "ir/graph.h"
+
+namespace autosp {
+
+inline constexpr int64_t kArenaAlignment = 64;
+
+struct PlanMemoryOptions {
+  int threads = 1;       // the executor's kernel threads (workspace sizes depend on them)
+  bool inplace = true;   // reuse a dying operand's buffer where the kernel allows it
+};
+
+Graph plan_memory(const Graph& graph, const PlanMemoryOptions& options);
+
+// The plan a graph carries, read back from its attributes.
+struct MemoryPlan {
+  int64_t arena_bytes = 0;  // the planned peak: the arena the executor allocates
+  // The most bytes (rounded to the alignment) live at one node: no packing of this order
+  // can use less. arena_bytes / live_peak_bytes - 1 is the packing's fragmentation.
+  int64_t live_peak_bytes = 0;
+  std::vector<int64_t> offsets;            // per value: arena offset, -1 if not in the arena
+                                           // (inputs, views, empty results)
+  std::vector<int64_t> workspace_offsets;  // per node, -1 without a workspace
+  std::vector<int64_t> workspace_bytes;    // per node
+};
+
+// Whether every node that needs a plan carries one.
+bool has_memory_plan(const Graph& graph);
+// The plan of a planned graph; an InternalError if a node lacks its attributes or an
+// offset is misaligned.
+MemoryPlan read_memory_plan(const Graph& graph);
+
+}  // namespace autosp
