@@ -87,6 +87,7 @@ class MetricsWriter {
               {"peak_bytes_per_rank", peaks},
               {"activation_peak_bytes", s.activation_bytes},
               {"model_state_bytes_per_rank", model_state},
+              {"planned_peak_bytes", s.planned_peak_bytes},
               {"rss_base_bytes", *std::max_element(rss_base.begin(), rss_base.end())},
               {"rss_peak_bytes", *std::max_element(rss_peak.begin(), rss_peak.end())},
               {"rss_base_bytes_per_rank", rss_base},
@@ -433,6 +434,12 @@ int run_train(const TrainArgs& args, MpiRuntime* mpi) {
 
   const train::CheckpointInfo info{S, config.seed, layout, args.data, fingerprint};
   train::Trainer trainer(model, config, S, std::move(state), &groups);
+  const int64_t runtime = trainer.staging_bytes() + trainer.runtime_reserve();
+  say(launch, "memory plan per rank: checkpoint %s; planned peak %s = model state %s + activations %s + batch "
+      "staging and runtime reserve %s\n", train::checkpoint_name(trainer.checkpoint_options()).c_str(),
+      human_bytes(double(trainer.planned_peak_bytes())).c_str(),
+      human_bytes(double(trainer.planned_peak_bytes() - trainer.planned_arena_bytes() - runtime)).c_str(),
+      human_bytes(double(trainer.planned_arena_bytes())).c_str(), human_bytes(double(runtime)).c_str());
   const auto start = std::chrono::steady_clock::now();
   const int64_t first_step = trainer.state().step + 1;
   train::StepStats s;

@@ -256,15 +256,16 @@ CompileConfig parse_compile(const Ctx& ctx, const json& section) {
   CompileConfig c;
   if (section.contains("checkpoint")) {
     const std::string policy = string_at(ctx, section["checkpoint"], "compile.checkpoint");
-    if (policy == "auto")
-      user_error(ctx.source, ": compile.checkpoint: \"auto\" (the cheapest plan under memory_budget_gb) needs the "
-                 "static memory planner, which autosp does not have yet; use \"none\", \"full\" or \"sac\"");
-    parse_checkpoint_policy(policy, str(ctx.source, ": compile.checkpoint"));
+    if (policy != "auto") parse_checkpoint_policy(policy, str(ctx.source, ": compile.checkpoint"));
     c.checkpoint = policy;
   }
-  if (section.contains("memory_budget_gb"))
-    user_error(ctx.source, ": compile.memory_budget_gb: a memory budget needs the static memory planner, which "
-               "autosp does not have yet; remove it (compile.checkpoint chooses what backward keeps)");
+  if (section.contains("memory_budget_gb")) {
+    c.memory_budget_gb = number_at(ctx, section["memory_budget_gb"], "compile.memory_budget_gb", 0.0);
+    if (!(*c.memory_budget_gb > 0)) bad_value(ctx, "compile.memory_budget_gb", "a number > 0", section["memory_budget_gb"]);
+  }
+  if (c.checkpoint == "auto" && !c.memory_budget_gb)
+    user_error(ctx.source, ": compile.checkpoint: \"auto\" picks the cheapest plan that fits compile.memory_budget_gb, "
+               "which is missing");
   if (section.contains("deepcompile"))
     c.deepcompile = bool_at(ctx, section["deepcompile"], "compile.deepcompile");
   if (section.contains("passes")) {

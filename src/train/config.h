@@ -20,8 +20,9 @@
 //   scheduler             {type: WarmupLR | WarmupDecayLR | WarmupCosineLR, params: {...}}
 //                         (see lr_schedule.h); absent = constant lr
 //   compile               {deepcompile: bool, passes: [ "z1" | "z3" | "autosp" ... ],
-//                         checkpoint: "none" | "full" | "sac" (passes/checkpoint.h; default
-//                         sac with autosp, else none)}
+//                         checkpoint: "none" | "full" | "sac" | "auto" (passes/checkpoint.h;
+//                         default sac with autosp, else none), memory_budget_gb: number > 0
+//                         (GiB per rank; "auto" needs it)}
 //   sequence_parallel_size integer >= 1 (default 1)
 //   zero_optimization     {stage: 0..3} (or DeepSpeed's legacy bool); autosp runs 0 and 1
 //   steps_per_print       integer >= 1 (default 10, as DeepSpeed)
@@ -73,8 +74,12 @@ namespace autosp::train {
 struct CompileConfig {
   bool deepcompile = false;
   std::vector<std::string> passes;  // in the order given
-  // compile.checkpoint: "none", "full" or "sac"; absent: sac with the autosp pass, else none.
+  // compile.checkpoint: "none", "full", "sac" or "auto" (the cheapest to run whose plan fits
+  // memory_budget_gb); absent: sac with the autosp pass, else none.
   std::optional<std::string> checkpoint;
+  // compile.memory_budget_gb: bytes per rank (in GiB, 2^30) the planned peak must fit in,
+  // checked before the first step.
+  std::optional<double> memory_budget_gb;
 };
 
 struct TrainConfig {

@@ -1,5 +1,6 @@
 #include "train/trainer.h"
 
+#include <omp.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -9,6 +10,7 @@
 #include "passes/autodiff.h"
 #include "passes/autosp.h"
 #include "passes/pipeline.h"
+#include "passes/plan_memory.h"
 #include "train/grad_sync.h"
 #include "train/lr_schedule.h"
 #include "util/error.h"
@@ -23,10 +25,16 @@ void require_host_memory(double bytes, const std::string& what) {
                "batch or more ranks would need less)");
 }
 
-CheckpointPolicy checkpoint_policy(const CompileConfig& compile) {
-  if (compile.checkpoint) return parse_checkpoint_policy(*compile.checkpoint, "compile.checkpoint");
+std::vector<CheckpointOptions> checkpoint_candidates(const CompileConfig& compile) {
+  if (compile.checkpoint == "auto")
+    return {{CheckpointPolicy::none}, {CheckpointPolicy::sac}, {CheckpointPolicy::sac, true}, {CheckpointPolicy::full}};
+  if (compile.checkpoint) return {{parse_checkpoint_policy(*compile.checkpoint, "compile.checkpoint")}};
   const bool autosp = std::find(compile.passes.begin(), compile.passes.end(), "autosp") != compile.passes.end();
-  return autosp ? CheckpointPolicy::sac : CheckpointPolicy::none;
+  return {{autosp ? CheckpointPolicy::sac : CheckpointPolicy::none}};
+}
+
+std::string checkpoint_name(const CheckpointOptions& options) {
+  return str(checkpoint_policy_name(options.policy), options.recompute_matmuls ? "+matmuls" : "");
 }
 
 ModelState ModelState::initial(const models::LlamaConfig& config, uint64_t seed) {
@@ -64,21 +72,48 @@ Trainer::Trainer(const models::LlamaConfig& model, const TrainConfig& config, in
   }
   AUTOSP_CHECK(groups_->sp_size == config.sequence_parallel_size, "groups were made for sp_size ",
                groups_->sp_size, ", the config says ", config.sequence_parallel_size);
-  Graph forward = models::llama_forward(model_, {.batch = micro_batch_, .seq_len = seq_len_});
-  CompileOptions options{config.sequence_parallel_size, config.compile.passes, config.compile.deepcompile};
-  options.checkpoint.policy = checkpoint_policy(config.compile);
-  joint_ = compile(forward, options);
-  local_len_ = split_sequence(seq_len_, groups_->sp_size).local;
-
   optimizer_ = std::make_unique<ShardedAdamW>(config_, *groups_, state_);
   if (config_.zero_stage == 1) {  // the optimizer holds this rank's shard of the moments
     state_.exp_avg.clear();
     state_.exp_avg_sq.clear();
   }
-  int64_t largest = 0;
-  for (const Value& v : joint_.values()) largest = std::max(largest, v.type.bytes());
-  require_host_memory(double(state_.persistent_bytes()) + double(largest),
-                      str("training with micro batch ", micro_batch_, " x ", seq_len_, " tokens"));
+  const int64_t model_state = state_.persistent_bytes() + optimizer_->bytes();
+  threads_ = omp_get_max_threads();  // what the executor (threads 0) and the plan use
+  local_len_ = split_sequence(seq_len_, groups_->sp_size).local;
+
+  // The step's plan: the first candidate (cheapest to run) whose planned peak fits the
+  // budget. Every rank compiles the same graphs (the last SP rank's slice is padded to the
+  // others' size), so all ranks choose alike, or all fail here, before the first step.
+  Graph forward = models::llama_forward(model_, {.batch = micro_batch_, .seq_len = seq_len_});
+  CompileOptions options{config.sequence_parallel_size, config.compile.passes, config.compile.deepcompile};
+  const std::optional<double> budget =
+      config.compile.memory_budget_gb ? std::optional<double>(*config.compile.memory_budget_gb * double(1 << 30))
+                                      : std::nullopt;
+  std::string tried;
+  int64_t smallest = INT64_MAX;
+  for (const CheckpointOptions& candidate : checkpoint_candidates(config.compile)) {
+    options.checkpoint = candidate;
+    Graph joint = compile(forward, options);
+    const int64_t arena = read_memory_plan(joint).arena_bytes;
+    const int64_t planned = model_state + arena + staging_bytes() + runtime_reserve();
+    tried += str(tried.empty() ? "" : ", ", checkpoint_name(candidate), " ", double(planned) / double(1 << 30), " GiB");
+    smallest = std::min(smallest, planned);
+    if (budget && double(planned) > *budget) continue;
+    joint_ = std::move(joint);
+    checkpoint_ = candidate;
+    arena_ = arena;
+    planned_peak_ = planned;
+    break;
+  }
+  if (planned_peak_ == 0)
+    user_error("compile.memory_budget_gb ", *config.compile.memory_budget_gb, ": micro batch ", micro_batch_, " x ",
+               seq_len_, " tokens does not fit on this rank (planned peak with checkpoint ", tried,
+               "; each is model state ", double(model_state) / double(1 << 30), " GiB + activations + batch staging "
+               "and a runtime reserve of ", double(staging_bytes() + runtime_reserve()) / double(1 << 30),
+               " GiB); the smallest budget that fits is ",
+               double(smallest) / double(1 << 30),
+               config.compile.checkpoint == "auto" ? "" : " for this policy (\"auto\" tries every policy)");
+  require_host_memory(double(planned_peak_), str("training with micro batch ", micro_batch_, " x ", seq_len_, " tokens"));
 
   executor_ = std::make_unique<CpuExecutor>(joint_, allocator_, 0, groups_);
   for (const auto& p : state_.params) grads_.emplace_back(p.size(), 0.0f);
@@ -93,6 +128,12 @@ Trainer::Trainer(const models::LlamaConfig& model, const TrainConfig& config, in
 }
 
 Trainer::~Trainer() = default;
+
+int64_t Trainer::staging_bytes() const {
+  // load_micro_batch: the full batch and this rank's slice (3 int32 each per token), the
+  // trainer's bound inputs (3 per local token), one sample's S + 1 token ids being read.
+  return 4 * (micro_batch_ * (3 * seq_len_ + 6 * local_len_) + seq_len_ + 1);
+}
 
 void Trainer::bind_parameters(CpuExecutor& ex) const {
   for (size_t i = 0; i < state_.specs.size(); ++i) ex.bind(state_.specs[i].name, state_.params[i].data());
@@ -166,6 +207,7 @@ StepStats Trainer::train_step(const DataSource& data) {
   s.tokens_per_s = double(g * micro_batch_ * seq_len_ * groups_->dp_size) / s.seconds;
   s.activation_bytes = allocator_.peak_bytes();
   s.model_state_bytes = state_.persistent_bytes() + optimizer_->bytes();
+  s.planned_peak_bytes = planned_peak_;
   s.peak_bytes = s.activation_bytes + s.model_state_bytes;
   return s;
 }

@@ -30,9 +30,19 @@ struct ModelState {
   int64_t persistent_bytes() const;
 };
 
-// The checkpoint policy the config asks for: compile.checkpoint, else sac when the autosp
-// pass runs (DESIGN.md: sequence-aware checkpointing comes with it), else none.
-CheckpointPolicy checkpoint_policy(const CompileConfig& compile);
+// The checkpoint plans the trainer tries, cheapest to run first: the one compile.checkpoint
+// names (absent: sac when the autosp pass runs, as DESIGN.md pairs them, else none), or for
+// "auto" all of them, from keeping everything to recomputing whole layers.
+std::vector<CheckpointOptions> checkpoint_candidates(const CompileConfig& compile);
+std::string checkpoint_name(const CheckpointOptions& options);  // "sac", "sac+matmuls", ...
+
+// What the runtime holds beyond the plan's buffers and does not grow with the sequence:
+// thread stacks and OpenMP's and OpenBLAS's per-thread buffers (OpenBLAS's grow with a
+// gemm's rows, so cpu::gemm bounds the rows per call), the executor's bookkeeping. Measured
+// as VmHWM minus (model state + arena + batch staging) on the reference Llama: 1.95-2.15 MB
+// with 2 threads (one process, S = 1024..16384), 1.35-1.55 MB with 1 thread (each of 2 MPI
+// ranks, S = 8192). Counted in every planned peak.
+inline int64_t runtime_reserve_bytes(int threads) { return (int64_t{768} << 10) + (int64_t{640} << 10) * threads; }
 
 // A UserError when `bytes` (what `what` needs at least) exceed this machine's memory, so
 // an impossible run says so before it allocates instead of dying in the allocator.
@@ -48,6 +58,9 @@ struct StepStats {
   // Parameters, gradients, optimizer state and its scratch held on this rank (under ZeRO-1
   // the moments are this rank's shard): peak_bytes less the activations.
   int64_t model_state_bytes = 0;
+  // The plan's peak for this rank, known before the first step: model state + the activation
+  // arena (plan_memory, workspaces included) + batch staging + runtime_reserve_bytes().
+  int64_t planned_peak_bytes = 0;
 };
 
 class Trainer {
@@ -79,6 +92,13 @@ class Trainer {
   void release_gathered_state();
   const ProcessGroups& groups() const { return *groups_; }
   const Graph& joint_graph() const { return joint_; }
+  const CheckpointOptions& checkpoint_options() const { return checkpoint_; }
+  int64_t planned_peak_bytes() const { return planned_peak_; }
+  int64_t planned_arena_bytes() const { return arena_; }
+  // Host buffers a step stages its micro batch in (token ids, labels, positions of the whole
+  // sequence and of this rank's slice), outside the arena.
+  int64_t staging_bytes() const;
+  int64_t runtime_reserve() const { return runtime_reserve_bytes(threads_); }
   const models::LlamaConfig& model() const { return model_; }
 
  private:
@@ -94,6 +114,9 @@ class Trainer {
   std::unique_ptr<class ShardedAdamW> optimizer_;
   int64_t local_len_ = 0;     // this rank's slice of the sequence (autosp SequenceSplit)
   Graph joint_;
+  CheckpointOptions checkpoint_;
+  int64_t arena_ = 0, planned_peak_ = 0;
+  int threads_ = 1;  // the executor's kernel threads
   HeapAllocator allocator_;
   std::unique_ptr<CpuExecutor> executor_;
   std::vector<std::vector<float>> grads_;
