@@ -7,12 +7,13 @@
 #include "ops/op.h"
 #include "passes/autodiff.h"
 #include "passes/autosp.h"
+#include "passes/tile.h"
 #include "util/error.h"
 
 namespace autosp {
 
 const std::vector<std::string>& pipeline_stages() {
-  static const std::vector<std::string> stages = {"forward", "autosp", "joint", "checkpoint"};
+  static const std::vector<std::string> stages = {"forward", "autosp", "tile", "joint", "checkpoint"};
   return stages;
 }
 
@@ -50,6 +51,7 @@ Graph compile(const Graph& forward, const CompileOptions& options,
     return forward;
   });
   g = run("autosp", [&] { return autosp(g, {options.sequence_parallel_size}); });
+  g = run("tile", [&] { return tile(g, options.tile); });
   g = run("joint", [&] {
     Graph joint = autodiff(g);
     verify(joint);

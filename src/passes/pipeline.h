@@ -1,10 +1,10 @@
 // The compiler pipeline, as one straight list of passes (DESIGN.md "The pipeline"):
 //
-//   forward --autosp--> --autodiff--> joint --grad_sync--> --checkpoint--> --schedule-->
-//   --plan_memory--> lowered
+//   forward --autosp--> --tile--> --autodiff--> joint --grad_sync--> --checkpoint-->
+//   --schedule--> --plan_memory--> lowered
 //
-// Built so far: autosp, autodiff and checkpoint (stages "forward", "autosp", "joint",
-// "checkpoint"). Gradient reduction over the data x sequence group is done by the trainer's
+// Built so far: autosp, tile, autodiff and checkpoint (stages "forward", "autosp", "tile",
+// "joint", "checkpoint"); tile runs before autodiff, see passes/tile.h. Gradient reduction over the data x sequence group is done by the trainer's
 // optimizer step (train/grad_sync.h) until it moves into a grad_sync pass, and checkpoint
 // runs right after autodiff; schedule and plan_memory are not built (the executor frees by
 // use counts). Asking for a pass that does not exist is a clear error, not a silent no-op.
@@ -16,6 +16,7 @@
 
 #include "ir/graph.h"
 #include "passes/checkpoint.h"
+#include "passes/tile.h"
 
 namespace autosp {
 
@@ -24,6 +25,7 @@ struct CompileOptions {
   std::vector<std::string> passes;  // the config's compile.passes
   bool deepcompile = false;
   CheckpointOptions checkpoint;  // which activations backward keeps (none: all of them)
+  TileOptions tile;              // sequence tiles of row-wise regions (default: none)
 };
 
 // The stage names `autosp dump --stage` accepts, in pipeline order.
