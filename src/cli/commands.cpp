@@ -480,6 +480,7 @@ int run_dump(const DumpArgs& args) {
   Graph forward = models::llama_forward(model, {.batch = args.batch, .seq_len = args.seq_len});
   CompileOptions options{args.sp, {"autosp"}, true};
   options.checkpoint.policy = parse_checkpoint_policy(args.checkpoint, "--checkpoint");
+  options.tile.tile_rows = args.tile_rows;
   const SequenceSplit split = split_sequence(args.seq_len, args.sp);
   compile(forward, options, [&](const std::string& stage, const Graph& g) {
     if (stage != args.stage) return;

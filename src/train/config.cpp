@@ -252,7 +252,7 @@ SchedulerConfig parse_scheduler(const Ctx& ctx, const json& section) {
 CompileConfig parse_compile(const Ctx& ctx, const json& section) {
   const std::string path = "compile";
   object_at(ctx, section, path);
-  warn_unknown(ctx, section, path, {"deepcompile", "passes", "checkpoint", "memory_budget_gb"});
+  warn_unknown(ctx, section, path, {"deepcompile", "passes", "checkpoint", "memory_budget_gb", "tile_rows"});
   CompileConfig c;
   if (section.contains("checkpoint")) {
     const std::string policy = string_at(ctx, section["checkpoint"], "compile.checkpoint");
@@ -265,6 +265,7 @@ CompileConfig parse_compile(const Ctx& ctx, const json& section) {
   if (section.contains("memory_budget_gb"))
     user_error(ctx.source, ": compile.memory_budget_gb: a memory budget needs the static memory planner, which "
                "autosp does not have yet; remove it (compile.checkpoint chooses what backward keeps)");
+  if (section.contains("tile_rows")) c.tile_rows = int_at(ctx, section["tile_rows"], "compile.tile_rows", 0);
   if (section.contains("deepcompile"))
     c.deepcompile = bool_at(ctx, section["deepcompile"], "compile.deepcompile");
   if (section.contains("passes")) {

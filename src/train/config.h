@@ -21,7 +21,8 @@
 //                         (see lr_schedule.h); absent = constant lr
 //   compile               {deepcompile: bool, passes: [ "z1" | "z3" | "autosp" ... ],
 //                         checkpoint: "none" | "full" | "sac" (passes/checkpoint.h; default
-//                         sac with autosp, else none)}
+//                         sac with autosp, else none), tile_rows: integer >= 0, rows of this
+//                         rank's sequence per MLP tile (passes/tile.h; default 0 = off)}
 //   sequence_parallel_size integer >= 1 (default 1)
 //   zero_optimization     {stage: 0..3} (or DeepSpeed's legacy bool); autosp runs 0 and 1
 //   steps_per_print       integer >= 1 (default 10, as DeepSpeed)
@@ -75,6 +76,8 @@ struct CompileConfig {
   std::vector<std::string> passes;  // in the order given
   // compile.checkpoint: "none", "full" or "sac"; absent: sac with the autosp pass, else none.
   std::optional<std::string> checkpoint;
+  // compile.tile_rows: sequence rows per tile of the row-wise regions; 0 = no tiling.
+  int64_t tile_rows = 0;
 };
 
 struct TrainConfig {

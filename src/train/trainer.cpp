@@ -67,6 +67,7 @@ Trainer::Trainer(const models::LlamaConfig& model, const TrainConfig& config, in
   Graph forward = models::llama_forward(model_, {.batch = micro_batch_, .seq_len = seq_len_});
   CompileOptions options{config.sequence_parallel_size, config.compile.passes, config.compile.deepcompile};
   options.checkpoint.policy = checkpoint_policy(config.compile);
+  options.tile.tile_rows = config.compile.tile_rows;
   joint_ = compile(forward, options);
   local_len_ = split_sequence(seq_len_, groups_->sp_size).local;
 
