@@ -172,6 +172,31 @@ TEST(Tile, NoSequenceByFValueExistsWholeInForwardOrBackward) {
   }
 }
 
+// Under every policy backward reads no value of a tiled forward node, only its copy made
+// for that tile's backward; the tile copies are bitwise copies (same op, attributes, tile).
+TEST(Tile, CheckpointRecomputesEveryTileUnderEveryPolicy) {
+  for (CheckpointPolicy policy : {CheckpointPolicy::none, CheckpointPolicy::full, CheckpointPolicy::sac}) {
+    SCOPED_TRACE(checkpoint_policy_name(policy));
+    const Graph g = compiled(tiny_llama(), 1, 12, 4, policy, 2);  // S_local = 6: tiles of 4, 2
+    const NodeId forward_end = g.value(g.output("loss")).producer + 1;
+    std::map<int64_t, int> copies;
+    for (NodeId n = forward_end; n < NodeId(g.nodes().size()); ++n) {
+      const Node& node = g.node(n);
+      for (ValueId in : node.inputs) {
+        const NodeId p = g.value(in).producer;
+        EXPECT_FALSE(p < forward_end && tile_of(g.node(p)) >= 0)
+            << "backward node " << n << " (" << op_name(node.op) << ") reads %" << in << " of tile "
+            << tile_of(g.node(p));
+      }
+      if (tile_of(node) < 0) continue;
+      EXPECT_TRUE(g.value(node.outputs[0]).name.starts_with("recompute:%")) << "node " << n;
+      ++copies[tile_of(node)];
+    }
+    // Per layer and tile: slice, rms_norm, gate, up and swiglu (down and add: nothing reads them).
+    EXPECT_EQ(copies, (std::map<int64_t, int>{{0, 2 * 5}, {1, 2 * 5}}));
+  }
+}
+
 // Bytes of MLP values alive at once at the worst point of the executor's order: a value
 // lives from its node to its last use (a reshape shares its operand's buffer).
 int64_t peak_live_mlp_bytes(const Graph& g, int64_t F) {
