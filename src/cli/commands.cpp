@@ -434,9 +434,9 @@ int run_train(const TrainArgs& args, MpiRuntime* mpi) {
 
   const train::CheckpointInfo info{S, config.seed, layout, args.data, fingerprint};
   train::Trainer trainer(model, config, S, std::move(state), &groups);
-  const int64_t runtime = trainer.staging_bytes() + trainer.runtime_reserve();
-  say(launch, "memory plan per rank: checkpoint %s; planned peak %s = model state %s + activations %s + batch "
-      "staging and runtime reserve %s\n", train::checkpoint_name(trainer.checkpoint_options()).c_str(),
+  const int64_t runtime = trainer.staging_bytes() + trainer.program_bytes() + trainer.runtime_reserve();
+  say(launch, "memory plan per rank: %s; planned peak %s = model state %s + activations %s + batch "
+      "staging, program and runtime reserve %s\n", train::strategy_name(trainer.strategy()).c_str(),
       human_bytes(double(trainer.planned_peak_bytes())).c_str(),
       human_bytes(double(trainer.planned_peak_bytes() - trainer.planned_arena_bytes() - runtime)).c_str(),
       human_bytes(double(trainer.planned_arena_bytes())).c_str(), human_bytes(double(runtime)).c_str());
@@ -487,6 +487,7 @@ int run_dump(const DumpArgs& args) {
   Graph forward = models::llama_forward(model, {.batch = args.batch, .seq_len = args.seq_len});
   CompileOptions options{args.sp, {"autosp"}, true};
   options.checkpoint.policy = parse_checkpoint_policy(args.checkpoint, "--checkpoint");
+  options.tile.tile_rows = args.tile_rows;
   const SequenceSplit split = split_sequence(args.seq_len, args.sp);
   compile(forward, options, [&](const std::string& stage, const Graph& g) {
     if (stage != args.stage) return;

@@ -21,7 +21,7 @@ struct TrainArgs {
 
 struct DumpArgs {
   std::string model, stage, checkpoint = "sac";
-  int64_t seq_len = 0, batch = 1, sp = 1, rank = 0;
+  int64_t seq_len = 0, batch = 1, sp = 1, rank = 0, tile_rows = 0;
 };
 
 // mpi: the MPI runtime when launched by mpirun (else null: one process).

@@ -96,9 +96,12 @@ int main(int argc, char** argv) {
       ->required()->check(CLI::ExistingDirectory);
   dump_cmd->add_option("--seq-len", dump.seq_len, "Sequence length S")->required()->check(kPositive);
   dump_cmd->add_option("--batch", dump.batch, "Micro batch size")->check(kPositive);
-  dump_cmd->add_option("--stage", dump.stage, "forward | autosp | joint | checkpoint | schedule | plan_memory")
+  dump_cmd->add_option("--stage", dump.stage,
+                       "forward | autosp | tile | joint | checkpoint | schedule | plan_memory")
       ->required();
   dump_cmd->add_option("--checkpoint", dump.checkpoint, "Checkpoint policy: none | full | sac (default sac)");
+  dump_cmd->add_option("--tile-rows", dump.tile_rows, "Sequence rows per MLP tile (default 0: no tiling)")
+      ->check(kNonNegative);
   dump_cmd->add_option("--sp", dump.sp, "sequence_parallel_size P (the autosp pass runs when P > 1)")
       ->check(kPositive);
   dump_cmd->add_option("--rank", dump.rank, "Which rank of the sequence-parallel group")->check(kNonNegative);

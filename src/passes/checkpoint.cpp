@@ -5,6 +5,7 @@
 #include <functional>
 
 #include "ops/op.h"
+#include "passes/tile.h"
 
 namespace autosp {
 
@@ -63,9 +64,12 @@ std::vector<bool> forward_nodes(const Graph& g) {
 }  // namespace
 
 Graph checkpoint(const Graph& joint, const CheckpointOptions& options) {
-  if (options.policy == CheckpointPolicy::none) return joint;
   const auto& nodes = joint.nodes();
   const std::vector<bool> fwd = forward_nodes(joint);
+  auto tiled = [&](NodeId n) { return fwd[n] && nodes[n].attrs.has(kTileAttribute); };
+  bool any_tiled = false;
+  for (NodeId n = 0; n < NodeId(nodes.size()); ++n) any_tiled = any_tiled || tiled(n);
+  if (options.policy == CheckpointPolicy::none && !any_tiled) return joint;
 
   // The layer of every forward node.
   std::vector<int> layer(nodes.size(), kNoLayer);
@@ -94,9 +98,11 @@ Graph checkpoint(const Graph& joint, const CheckpointOptions& options) {
       if (!joint.is_input(in) && layer[joint.value(in).producer] != layer[n]) crosses[in] = true;
   }
   auto recomputed = [&](NodeId n) {
-    if (!fwd[n] || layer[n] == kNoLayer || nodes[n].op == OpKind::input) return false;
+    if (!fwd[n] || nodes[n].op == OpKind::input) return false;
     for (ValueId out : nodes[n].outputs)
       if (crosses[out]) return false;
+    if (tiled(n)) return true;
+    if (layer[n] == kNoLayer || options.policy == CheckpointPolicy::none) return false;
     if (options.policy == CheckpointPolicy::full) return true;
     const Recompute r = op_def(nodes[n].op).recompute;
     return r == Recompute::cheap || (r == Recompute::matmul && options.recompute_matmuls);

@@ -11,12 +11,13 @@
 #include "passes/autosp.h"
 #include "passes/plan_memory.h"
 #include "passes/schedule.h"
+#include "passes/tile.h"
 #include "util/error.h"
 
 namespace autosp {
 
 const std::vector<std::string>& pipeline_stages() {
-  static const std::vector<std::string> stages = {"forward", "autosp", "joint", "checkpoint", "schedule",
+  static const std::vector<std::string> stages = {"forward", "autosp", "tile", "joint", "checkpoint", "schedule",
                                                   "plan_memory"};
   return stages;
 }
@@ -55,6 +56,7 @@ Graph compile(const Graph& forward, const CompileOptions& options,
     return forward;
   });
   g = run("autosp", [&] { return autosp(g, {options.sequence_parallel_size}); });
+  g = run("tile", [&] { return tile(g, options.tile); });
   g = run("joint", [&] {
     Graph joint = autodiff(g);
     verify(joint);

@@ -1,14 +1,14 @@
 // The compiler pipeline, as one straight list of passes (DESIGN.md "The pipeline"):
 //
-//   forward --autosp--> --autodiff--> joint --grad_sync--> --checkpoint--> --schedule-->
-//   --plan_memory--> lowered
+//   forward --autosp--> --tile--> --autodiff--> joint --grad_sync--> --checkpoint-->
+//   --schedule--> --plan_memory--> lowered
 //
-// Built so far: autosp, autodiff, checkpoint, schedule and plan_memory (stages "forward",
-// "autosp", "joint", "checkpoint", "schedule", "plan_memory"). Gradient reduction over the
-// data x sequence group is done by the trainer's optimizer step (train/grad_sync.h) until it
-// moves into a grad_sync pass, and checkpoint runs right after autodiff. Asking for a pass
-// that does not exist is a clear error, not a silent no-op. AUTOSP_PASS_TIMES=1 prints each
-// pass's time.
+// Built so far: autosp, tile, autodiff, checkpoint, schedule and plan_memory (stages
+// "forward", "autosp", "tile", "joint", "checkpoint", "schedule", "plan_memory"); tile runs
+// before autodiff (see passes/tile.h). Gradient reduction over the data x sequence group is
+// done by the trainer's optimizer step (train/grad_sync.h) until it moves into a grad_sync
+// pass, and checkpoint runs right after autodiff. Asking for a pass that does not exist is a
+// clear error, not a silent no-op. AUTOSP_PASS_TIMES=1 prints each pass's time.
 #pragma once
 #include <functional>
 #include <string>
@@ -16,6 +16,7 @@
 
 #include "ir/graph.h"
 #include "passes/checkpoint.h"
+#include "passes/tile.h"
 
 namespace autosp {
 
@@ -27,6 +28,7 @@ struct CompileOptions {
   // kernel workspaces, and so the memory plan, depend on them.
   int threads = 0;
   CheckpointOptions checkpoint;  // which activations backward keeps (none: all of them)
+  TileOptions tile;              // sequence tiles of row-wise regions (default: none)
 };
 
 // The stage names `autosp dump --stage` accepts, in pipeline order.

@@ -252,7 +252,7 @@ SchedulerConfig parse_scheduler(const Ctx& ctx, const json& section) {
 CompileConfig parse_compile(const Ctx& ctx, const json& section) {
   const std::string path = "compile";
   object_at(ctx, section, path);
-  warn_unknown(ctx, section, path, {"deepcompile", "passes", "checkpoint", "memory_budget_gb"});
+  warn_unknown(ctx, section, path, {"deepcompile", "passes", "checkpoint", "memory_budget_gb", "tile_rows"});
   CompileConfig c;
   if (section.contains("checkpoint")) {
     const std::string policy = string_at(ctx, section["checkpoint"], "compile.checkpoint");
@@ -266,6 +266,7 @@ CompileConfig parse_compile(const Ctx& ctx, const json& section) {
   if (c.checkpoint == "auto" && !c.memory_budget_gb)
     user_error(ctx.source, ": compile.checkpoint: \"auto\" picks the cheapest plan that fits compile.memory_budget_gb, "
                "which is missing");
+  if (section.contains("tile_rows")) c.tile_rows = int_at(ctx, section["tile_rows"], "compile.tile_rows", 0);
   if (section.contains("deepcompile"))
     c.deepcompile = bool_at(ctx, section["deepcompile"], "compile.deepcompile");
   if (section.contains("passes")) {

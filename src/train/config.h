@@ -22,7 +22,8 @@
 //   compile               {deepcompile: bool, passes: [ "z1" | "z3" | "autosp" ... ],
 //                         checkpoint: "none" | "full" | "sac" | "auto" (passes/checkpoint.h;
 //                         default sac with autosp, else none), memory_budget_gb: number > 0
-//                         (GiB per rank; "auto" needs it)}
+//                         (GiB per rank; "auto" needs it), tile_rows: integer >= 0, rows of
+//                         this rank's sequence per MLP tile (passes/tile.h; default 0 = off)}
 //   sequence_parallel_size integer >= 1 (default 1)
 //   zero_optimization     {stage: 0..3} (or DeepSpeed's legacy bool); autosp runs 0 and 1
 //   steps_per_print       integer >= 1 (default 10, as DeepSpeed)
@@ -80,6 +81,8 @@ struct CompileConfig {
   // compile.memory_budget_gb: bytes per rank (in GiB, 2^30) the planned peak must fit in,
   // checked before the first step.
   std::optional<double> memory_budget_gb;
+  // compile.tile_rows: sequence rows per tile of the row-wise regions; 0 = no tiling.
+  int64_t tile_rows = 0;
 };
 
 struct TrainConfig {

@@ -10,6 +10,7 @@
 #include "ir/graph.h"
 #include "models/llama.h"
 #include "passes/checkpoint.h"
+#include "passes/tile.h"
 #include "runtime/executor.h"
 #include "train/config.h"
 #include "train/data.h"
@@ -30,11 +31,19 @@ struct ModelState {
   int64_t persistent_bytes() const;
 };
 
-// The checkpoint plans the trainer tries, cheapest to run first: the one compile.checkpoint
-// names (absent: sac when the autosp pass runs, as DESIGN.md pairs them, else none), or for
-// "auto" all of them, from keeping everything to recomputing whole layers.
-std::vector<CheckpointOptions> checkpoint_candidates(const CompileConfig& compile);
-std::string checkpoint_name(const CheckpointOptions& options);  // "sac", "sac+matmuls", ...
+// How a step trades compute for memory: which activations backward recomputes, and whether
+// the MLPs run over sequence tiles.
+struct MemoryStrategy {
+  CheckpointOptions checkpoint;
+  TileOptions tile;
+};
+std::string strategy_name(const MemoryStrategy& s);  // "sac", "sac+matmuls", "full+tiles(256)", ...
+
+// The strategies the trainer tries, cheapest to run first: the one the config names
+// (compile.checkpoint, absent: sac when the autosp pass runs, as DESIGN.md pairs them, else
+// none; compile.tile_rows), or for checkpoint "auto" all of them, from keeping everything
+// to recomputing whole layers over MLP tiles sized from the budget (`budget_bytes`).
+std::vector<MemoryStrategy> strategy_candidates(const CompileConfig& compile, int64_t budget_bytes);
 
 // What the runtime holds beyond the plan's buffers and does not grow with the sequence:
 // thread stacks and OpenMP's and OpenBLAS's per-thread buffers (OpenBLAS's grow with a
@@ -59,7 +68,8 @@ struct StepStats {
   // the moments are this rank's shard): peak_bytes less the activations.
   int64_t model_state_bytes = 0;
   // The plan's peak for this rank, known before the first step: model state + the activation
-  // arena (plan_memory, workspaces included) + batch staging + runtime_reserve_bytes().
+  // arena (plan_memory, workspaces included) + batch staging + the compiled program's host
+  // tables + runtime_reserve_bytes().
   int64_t planned_peak_bytes = 0;
 };
 
@@ -92,13 +102,14 @@ class Trainer {
   void release_gathered_state();
   const ProcessGroups& groups() const { return *groups_; }
   const Graph& joint_graph() const { return joint_; }
-  const CheckpointOptions& checkpoint_options() const { return checkpoint_; }
+  const MemoryStrategy& strategy() const { return strategy_; }
   int64_t planned_peak_bytes() const { return planned_peak_; }
   int64_t planned_arena_bytes() const { return arena_; }
   // Host buffers a step stages its micro batch in (token ids, labels, positions of the whole
   // sequence and of this rank's slice), outside the arena.
   int64_t staging_bytes() const;
   int64_t runtime_reserve() const { return runtime_reserve_bytes(threads_); }
+  int64_t program_bytes() const { return program_bytes_; }  // the compiled graph and executor tables
   const models::LlamaConfig& model() const { return model_; }
 
  private:
@@ -114,8 +125,8 @@ class Trainer {
   std::unique_ptr<class ShardedAdamW> optimizer_;
   int64_t local_len_ = 0;     // this rank's slice of the sequence (autosp SequenceSplit)
   Graph joint_;
-  CheckpointOptions checkpoint_;
-  int64_t arena_ = 0, planned_peak_ = 0;
+  MemoryStrategy strategy_;
+  int64_t arena_ = 0, planned_peak_ = 0, program_bytes_ = 0;
   int threads_ = 1;  // the executor's kernel threads
   HeapAllocator allocator_;
   std::unique_ptr<CpuExecutor> executor_;

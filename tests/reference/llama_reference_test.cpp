@@ -26,8 +26,14 @@ using testing::TempDir;
 constexpr int64_t kSeqLen = 16;
 constexpr int kSteps = 8;  // steps 0 and 1 run at lr 0 (WarmupLR from 0): 6 real updates
 // Every checkpoint policy is held to the same reference ("none" first: the others must
-// equal it bit for bit).
-constexpr const char* kPolicies[] = {"none", "full", "sac"};
+// equal it bit for bit), with the MLPs untiled (tile_rows 0) and tiled (compile.tile_rows 5:
+// tiles of 5, 5, 5 and 1 of the 16 rows) at the same tolerances, since tiling only reorders
+// the sums over rows of parameter gradients.
+struct Setting {
+  const char* policy;
+  int64_t tile_rows;
+};
+constexpr Setting kPolicies[] = {{"none", 0}, {"full", 0}, {"sac", 0}, {"none", 5}, {"full", 5}, {"sac", 5}};
 
 // max |a - b| / max |b|: the error relative to the tensor's scale.
 double normalised_error(const std::vector<float>& a, const std::vector<float>& b) {
@@ -64,9 +70,11 @@ TEST_P(LlamaReference, StepZeroLogitsLossAndGradients) {
   train::ModelState state = train::ModelState::initial(model, 0);
   state.params = train::load_weights(ref.dir / "model.safetensors", model);
   std::vector<std::vector<float>> none_grads;
-  for (const char* policy : kPolicies) {
-    SCOPED_TRACE(str("checkpoint policy ", policy));
+  for (const auto [policy, tile_rows] : kPolicies) {
+    SCOPED_TRACE(str("checkpoint policy ", policy, ", tile_rows ", tile_rows));
     config.compile.checkpoint = policy;
+    config.compile.tile_rows = tile_rows;
+    if (std::string(policy) == "none") none_grads.clear();
     train::Trainer trainer(model, config, kSeqLen, state);
 
     // Step 0 reads samples 0, 1 (micro 0) and 2, 3 (micro 1).
@@ -101,8 +109,8 @@ TEST_P(LlamaReference, StepZeroLogitsLossAndGradients) {
       if (std::string(policy) == "none") none_grads.push_back(grad);
       else EXPECT_EQ(grad, none_grads[i]) << state.specs[i].name;
     }
-    std::printf("checkpoint %s: normalised error vs float64: logits %.2e, worst parameter gradient %.2e\n", policy,
-                logits_err, worst_grad);
+    std::printf("checkpoint %s, tile_rows %lld: normalised error vs float64: logits %.2e, worst parameter "
+                "gradient %.2e\n", policy, (long long)tile_rows, logits_err, worst_grad);
   }
 }
 
@@ -122,16 +130,16 @@ TEST_P(LlamaReference, LossCurveAndFinalParametersThroughTheCli) {
   const auto [tied, rope] = GetParam();
   Reference ref(tied, rope);
   std::vector<nlohmann::json> none_metrics;
-  for (const char* policy : kPolicies) {
-    SCOPED_TRACE(str("checkpoint policy ", policy));
-    const std::string config = ref.dir / str("ds_", policy, ".json");
+  for (const auto [policy, tile_rows] : kPolicies) {
+    SCOPED_TRACE(str("checkpoint policy ", policy, ", tile_rows ", tile_rows));
+    const std::string tag = str(policy, "_tile", tile_rows), config = ref.dir / str("ds_", tag, ".json");
     {
       std::ifstream in(ref.dir / "ds_config.json");
       nlohmann::json c = nlohmann::json::parse(in);
-      c["compile"] = {{"checkpoint", policy}};
+      c["compile"] = {{"checkpoint", policy}, {"tile_rows", tile_rows}};
       std::ofstream(config) << c.dump(2);
     }
-    const std::string ckpt = ref.dir / str("ckpt_", policy), metrics_path = ref.dir / str("m_", policy, ".jsonl");
+    const std::string ckpt = ref.dir / str("ckpt_", tag), metrics_path = ref.dir / str("m_", tag, ".jsonl");
     auto r = run_command(str(AUTOSP_BINARY, " train --config ", config, " --model ", ref.dir.path(), " --data ",
                              ref.dir / "tokens.bin", " --seq-len ", kSeqLen, " --steps ", kSteps, " --metrics ",
                              metrics_path, " --save ", ckpt));
@@ -167,8 +175,9 @@ TEST_P(LlamaReference, LossCurveAndFinalParametersThroughTheCli) {
       worst_loss = std::max(worst_loss, std::abs(metrics[t]["loss"].get<double>() / ref.get("loss")[t] - 1));
       worst_norm = std::max(worst_norm, std::abs(metrics[t]["grad_norm"].get<double>() / ref.get("grad_norm")[t] - 1));
     }
-    std::printf("checkpoint %s, after %d steps vs float64: loss rel %.2e, grad norm rel %.2e, parameters "
-                "(normalised) %.2e\n", policy, kSteps, worst_loss, worst_norm, worst_param);
+    std::printf("checkpoint %s, tile_rows %lld, after %d steps vs float64: loss rel %.2e, grad norm rel %.2e, "
+                "parameters (normalised) %.2e\n", policy, (long long)tile_rows, kSteps, worst_loss, worst_norm,
+                worst_param);
   }
 }
 

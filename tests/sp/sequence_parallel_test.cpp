@@ -1,7 +1,8 @@
 // Sequence and data parallelism under real mpirun: for (W, SP) in (2, 2), (4, 4), (4, 2),
 // (2, 1) and ZeRO stages 0 and 1, under the checkpoint policies sac (autosp's default), full
 // and none, the loss curve and final parameters equal a
-// single-device run of the same global batch, at fp32 reordering tolerances. The model is
+// single-device run of the same global batch, at fp32 reordering tolerances; some layouts
+// also tile the MLPs (compile.tile_rows: tiles of this rank's shard). The model is
 // the reference Llama of tests/reference (GQA with NKV = 2, so SP = 4 repeats kv heads),
 // and S = 15 is divisible by neither 2 nor 4 (the last rank's slice is padded).
 //
@@ -37,14 +38,15 @@ std::vector<json> read_metrics(const std::string& path) {
 
 // A copy of the reference DeepSpeed config with the given layout.
 std::string write_config(const TempDir& dir, const std::string& name, int micro, int accum, int dp, int sp,
-                         int zero, const char* checkpoint = "sac") {
+                         int zero, const char* checkpoint = "sac", int tile_rows = 0) {
   std::ifstream in(dir / "ds_config.json");
   json c = json::parse(in);
   c["train_micro_batch_size_per_gpu"] = micro;
   c["gradient_accumulation_steps"] = accum;
   c["train_batch_size"] = micro * accum * dp;
   c["sequence_parallel_size"] = sp;
-  c["compile"] = {{"deepcompile", true}, {"passes", {"autosp"}}, {"checkpoint", checkpoint}};
+  c["compile"] = {{"deepcompile", true}, {"passes", {"autosp"}}, {"checkpoint", checkpoint},
+                  {"tile_rows", tile_rows}};
   c["zero_optimization"] = {{"stage", zero}};
   std::ofstream(dir / name) << c.dump(2);
   return dir / name;
@@ -75,6 +77,7 @@ TrainRun train(const TempDir& dir, const std::string& tag, const std::string& co
 struct Layout {
   int world, sp, zero;
   const char* checkpoint = "sac";  // the parallel run's; the single-device run keeps everything
+  int tile_rows = 0;               // the parallel run's; the single-device run is untiled
 };
 
 class SequenceParallel : public ::testing::TestWithParam<Layout> {};
@@ -89,7 +92,8 @@ TEST_P(SequenceParallel, EqualsTheSingleDeviceRun) {
 
   TrainRun single = train(dir, "single", write_config(dir, "single.json", micro, accum * dp, 1, 1, 0, "none"), 1);
   TrainRun parallel = train(dir, "parallel",
-                            write_config(dir, "parallel.json", micro, accum, dp, L.sp, L.zero, L.checkpoint), L.world);
+                            write_config(dir, "parallel.json", micro, accum, dp, L.sp, L.zero, L.checkpoint, L.tile_rows),
+                            L.world);
   ASSERT_EQ(single.metrics.size(), size_t(kSteps));
   ASSERT_EQ(parallel.metrics.size(), size_t(kSteps));
   double worst_loss = 0, worst_param = 0;
@@ -113,8 +117,8 @@ TEST_P(SequenceParallel, EqualsTheSingleDeviceRun) {
     worst_param = std::max(worst_param, err / scale);
     EXPECT_LT(err / scale, 1e-5) << "parameter " << i;  // observed <= 1e-6
   }
-  std::printf("W=%d SP=%d ZeRO-%d vs one device: loss rel %.2e, parameters (normalised) %.2e\n", L.world, L.sp,
-              L.zero, worst_loss, worst_param);
+  std::printf("W=%d SP=%d ZeRO-%d %s tile_rows %d vs one device: loss rel %.2e, parameters (normalised) %.2e\n",
+              L.world, L.sp, L.zero, L.checkpoint, L.tile_rows, worst_loss, worst_param);
 }
 
 // ZeRO-1 keeps each rank's shard of the AdamW state; a checkpoint gathers it, and resuming
@@ -150,10 +154,14 @@ INSTANTIATE_TEST_SUITE_P(Layouts, SequenceParallel,
                          ::testing::Values(Layout{2, 2, 0}, Layout{4, 4, 0}, Layout{4, 2, 0}, Layout{2, 1, 0},
                                            Layout{2, 2, 1}, Layout{4, 4, 1}, Layout{4, 2, 1}, Layout{2, 1, 1},
                                            Layout{2, 2, 0, "full"}, Layout{4, 4, 1, "full"}, Layout{4, 2, 0, "none"},
-                                           Layout{2, 2, 1, "none"}),
+                                           Layout{2, 2, 1, "none"},
+                                           // S_local = 8: tiles of 3, 3, 2 rows; S_local = 4: 2, 2
+                                           Layout{2, 2, 0, "sac", 3}, Layout{4, 4, 1, "full", 2},
+                                           Layout{4, 2, 0, "none", 3}),
                          [](const auto& info) {
                            return str("W", info.param.world, "_SP", info.param.sp, "_zero", info.param.zero, "_",
-                                      info.param.checkpoint);
+                                      info.param.checkpoint,
+                                      info.param.tile_rows ? str("_tile", info.param.tile_rows) : std::string());
                          });
 
 }  // namespace

@@ -1,6 +1,7 @@
 // The memory plan is true: on real CPU runs of the reference Llama, the resident memory the
 // OS counts (VmHWM minus the resident set before the model was built) is within 5% of the
-// planned peak under every checkpoint policy, on one rank and on two (SP = 2), wherever the
+// planned peak under every checkpoint policy, with MLP tiles and without, on one rank and on
+// two (SP = 2), wherever the
 // activations are at least half of the plan. A memory budget is met, and one that cannot
 // be met fails before the first step naming the smallest budget that would do.
 #include <gtest/gtest.h>
@@ -59,11 +60,13 @@ TEST(MemoryPlan, MeasuredResidentPeakIsWithinFivePercentOfThePlan) {
   struct Case {
     int S, sp;
     const char* policy;
+    int tile_rows = 0;
   };
-  for (const Case c : {Case{8192, 1, "none"}, Case{8192, 1, "sac"}, Case{8192, 1, "full"}, Case{8192, 2, "sac"},
-                       Case{8192, 2, "full"}}) {
-    SCOPED_TRACE(str("S=", c.S, " SP=", c.sp, " checkpoint ", c.policy));
-    const json m = job.step(str("plan_", c.sp, "_", c.policy), c.S, c.sp, {{"checkpoint", c.policy}});
+  for (const Case c : {Case{8192, 1, "none"}, Case{8192, 1, "sac"}, Case{8192, 1, "full"}, Case{8192, 1, "sac", 1024},
+                       Case{8192, 2, "sac"}, Case{8192, 2, "full"}, Case{8192, 2, "full", 512}}) {
+    SCOPED_TRACE(str("S=", c.S, " SP=", c.sp, " checkpoint ", c.policy, " tile_rows ", c.tile_rows));
+    const json m = job.step(str("plan_", c.sp, "_", c.policy, "_", c.tile_rows), c.S, c.sp,
+                            {{"checkpoint", c.policy}, {"tile_rows", c.tile_rows}});
     ASSERT_FALSE(m.contains("error")) << m["error"];
     const auto planned = m["planned_peak_bytes"].get<int64_t>();
     const auto activations = m["activation_peak_bytes"].get<int64_t>();
@@ -71,9 +74,9 @@ TEST(MemoryPlan, MeasuredResidentPeakIsWithinFivePercentOfThePlan) {
     for (size_t r = 0; r < m["rss_peak_bytes_per_rank"].size(); ++r) {
       const double measured =
           double(m["rss_peak_bytes_per_rank"][r].get<int64_t>() - m["rss_base_bytes_per_rank"][r].get<int64_t>());
-      std::printf("S=%d SP=%d %-5s rank %zu: planned %.2f MiB (activations %.2f), measured %.2f MiB (%+.1f%%)\n", c.S,
-                  c.sp, c.policy, r, planned / 1048576.0, activations / 1048576.0, measured / 1048576.0,
-                  100 * (measured / planned - 1));
+      std::printf("S=%d SP=%d %-5s tiles %4d rank %zu: planned %.2f MiB (activations %.2f), measured %.2f MiB "
+                  "(%+.1f%%)\n", c.S, c.sp, c.policy, c.tile_rows, r, planned / 1048576.0, activations / 1048576.0,
+                  measured / 1048576.0, 100 * (measured / planned - 1));
       EXPECT_NEAR(measured, double(planned), 0.05 * double(planned)) << "rank " << r;
     }
   }
