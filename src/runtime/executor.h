@@ -2,7 +2,8 @@
 // allocated just before it runs, and a buffer is freed after its last use (a graph
 // output is kept until the next run). Inputs are bound to caller memory and not copied.
 // A reshape is a view: its result shares its operand's buffer, which lives until the last
-// use of either.
+// use of either. CPU kernels are fp32: a graph that gives a bf16 value to an op without a
+// bf16 kernel (every op but convert, reshape and transpose) is refused at construction.
 #pragma once
 #include <string>
 #include <vector>
@@ -41,6 +42,7 @@ class CpuExecutor {
 
  private:
   void release_all();
+  void check_cpu_dtypes(NodeId n, const Node& node) const;
   Communicator* communicator(const std::string& group) const;
 
   const Graph& graph_;

@@ -1,5 +1,6 @@
 // convert (f32 <-> bf16): the CPU kernel's round-to-nearest-even against a reference, the
-// op and its gradient run exactly through the executor.
+// op and its gradient run exactly through the executor, and the executor refusing bf16
+// values for fp32 kernels with the op and type named.
 #include <gtest/gtest.h>
 
 #include <bit>
@@ -8,6 +9,7 @@
 
 #include "frontend/tracer.h"
 #include "kernels/cpu/basic.h"
+#include "models/llama.h"
 #include "passes/autodiff.h"
 #include "runtime/executor.h"
 
@@ -129,6 +131,51 @@ TEST(Convert, OpAndGradientRunExactlyOnTheCpu) {
       EXPECT_EQ(std::bit_cast<uint32_t>(y0[j * 2 + i]), std::bit_cast<uint32_t>(rounded(xs[i * 3 + j])));
       EXPECT_EQ(std::bit_cast<uint32_t>(gx[i * 3 + j]), std::bit_cast<uint32_t>(rounded(rs[j * 2 + i])));
     }
+}
+
+// Every other CPU kernel reads its buffers as float: a bf16 value reaching one is refused
+// when the executor is made, before any buffer is read, naming the op and the type.
+TEST(Convert, TheCpuExecutorRefusesBf16ForFp32Kernels) {
+  auto expect_refused = [](const Graph& g, std::initializer_list<const char*> fragments) {
+    HeapAllocator alloc;
+    try {
+      CpuExecutor ex(g, alloc);
+      ADD_FAILURE() << "the CPU executor accepted a bf16 graph";
+    } catch (const UserError& e) {
+      for (const char* f : fragments)
+        EXPECT_NE(std::string(e.what()).find(f), std::string::npos) << "lacks '" << f << "': " << e.what();
+    }
+    EXPECT_EQ(alloc.live_bytes(), 0);
+  };
+  {
+    Tracer t;
+    Tensor x = t.convert(t.parameter("x", {4}), DType::bf16);
+    t.output("y", t.silu(x));
+    expect_refused(t.finish(), {"cpu backend: silu (node 2) has operand 0 of type bf16[4]",
+                                "CPU kernels are fp32", "dtype f32"});
+  }
+  {
+    Tracer t;
+    t.output("y", t.convert(t.sum(t.convert(t.parameter("x", {4}), DType::bf16)), DType::f32));
+    expect_refused(t.finish(), {"sum (node 2) has operand 0 of type bf16[4]"});
+  }
+  {
+    Graph g;
+    GraphBuilder b(g);
+    g.add_output("zeros", b.emit1(OpKind::fill, {}, {{"shape", Shape{3}}, {"value", 0.0}, {"dtype", std::string("bf16")}}));
+    expect_refused(g, {"fill (node 0) has result 0 of type bf16[3]"});
+  }
+  models::LlamaConfig c;
+  c.vocab_size = 11;
+  c.hidden_size = 8;
+  c.intermediate_size = 12;
+  c.num_hidden_layers = 1;
+  c.num_attention_heads = 2;
+  c.num_key_value_heads = 1;
+  c.head_dim = 4;
+  const Graph llama = models::llama_forward(c, {.batch = 1, .seq_len = 4, .dtype = DType::bf16});
+  expect_refused(llama, {"embedding (node ", "operand 0 of type bf16[11, 8]"});
+  expect_refused(autodiff(llama), {"embedding (node "});
 }
 
 }  // namespace
