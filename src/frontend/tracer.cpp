@@ -12,8 +12,10 @@ Tensor Tracer::op(OpKind kind, std::vector<Tensor> inputs, Attrs attrs) {
   return {b_.emit(kind, std::move(ids), std::move(attrs))[0]};
 }
 
-Tensor Tracer::parameter(const std::string& name, const Shape& shape) {
-  return input(Role::parameter, name, DType::f32, shape);
+Tensor Tracer::parameter(const std::string& name, const Shape& shape, DType dtype) {
+  if (!is_floating(dtype))
+    user_error("parameter '", name, "' must be f32 or bf16, got ", dtype_name(dtype));
+  return input(Role::parameter, name, dtype, shape);
 }
 
 Tensor Tracer::input(Role role, const std::string& name, DType dtype, const Shape& shape) {
@@ -31,6 +33,9 @@ Tensor Tracer::scale(Tensor x, double alpha) { return op(OpKind::scale, {x}, {{"
 Tensor Tracer::silu(Tensor x) { return op(OpKind::silu, {x}); }
 Tensor Tracer::swiglu(Tensor gate, Tensor up) { return op(OpKind::swiglu, {gate, up}); }
 Tensor Tracer::sum(Tensor x) { return op(OpKind::sum, {x}); }
+Tensor Tracer::convert(Tensor x, DType dtype) {
+  return op(OpKind::convert, {x}, {{"dtype", std::string(dtype_name(dtype))}});
+}
 
 Tensor Tracer::rms_norm(Tensor x, Tensor w, double eps) {
   return op(OpKind::rms_norm, {x, w}, {{"eps", eps}});

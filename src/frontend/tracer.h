@@ -32,7 +32,7 @@ class Tracer {
  public:
   Tracer() : b_(graph_) {}
 
-  Tensor parameter(const std::string& name, const Shape& shape);
+  Tensor parameter(const std::string& name, const Shape& shape, DType dtype = DType::f32);
   Tensor input(Role role, const std::string& name, DType dtype, const Shape& shape);
   void output(const std::string& name, Tensor t) { graph_.add_output(name, t.id); }
   Graph finish() { return std::move(graph_); }
@@ -59,6 +59,7 @@ class Tracer {
   Tensor slice(Tensor x, int64_t dim, int64_t start, int64_t end);
   Tensor concat(const std::vector<Tensor>& xs, int64_t dim);
   Tensor sum(Tensor x);
+  Tensor convert(Tensor x, DType dtype);  // f32 <-> bf16, rounding to nearest even
 
  private:
   Tensor op(OpKind kind, std::vector<Tensor> inputs, Attrs attrs = {});

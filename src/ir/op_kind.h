@@ -8,7 +8,7 @@ namespace autosp {
 
 #define AUTOSP_OPS(X)                                                                        \
   X(input) X(fill) X(expand) X(embedding) X(embedding_backward) X(linear) X(matmul) X(add)  \
-  X(mul) X(scale) X(sum) X(div_scalar) X(silu) X(silu_backward) X(swiglu)                   \
+  X(mul) X(scale) X(sum) X(div_scalar) X(convert) X(silu) X(silu_backward) X(swiglu)       \
   X(swiglu_backward) X(rms_norm) X(rms_norm_backward) X(rope) X(attention)                  \
   X(attention_backward) X(cross_entropy) X(cross_entropy_backward) X(linear_cross_entropy)  \
   X(linear_cross_entropy_backward) X(count_valid)                                           \

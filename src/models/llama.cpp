@@ -222,6 +222,8 @@ Graph llama_forward(const LlamaConfig& c, const LlamaTraceOptions& o) {
   const int64_t B = o.batch, S = o.seq_len, D = c.head_dim;
   const int64_t NH = c.num_attention_heads, NKV = c.num_key_value_heads;
   if (B <= 0 || S <= 0) user_error("batch and sequence length must be positive, got B=", B, " S=", S);
+  if (!is_floating(o.dtype))
+    user_error("model dtype must be f32 or bf16, got ", dtype_name(o.dtype));
   const int64_t widest = std::max({c.vocab_size, c.hidden_size, c.intermediate_size, NH * D});
   int64_t bytes = 0;
   if (__builtin_mul_overflow(B, S, &bytes) || __builtin_mul_overflow(bytes, 4 * widest, &bytes))
@@ -230,7 +232,7 @@ Graph llama_forward(const LlamaConfig& c, const LlamaTraceOptions& o) {
   Tensor input_ids = t.input(Role::tokens, "input_ids", DType::i32, {B, S});
   Tensor position_ids = t.input(Role::positions, "position_ids", DType::i32, {B, S});
   std::map<std::string, Tensor> w;
-  for (const ParameterSpec& p : llama_parameters(c)) w[p.name] = t.parameter(p.name, p.shape);
+  for (const ParameterSpec& p : llama_parameters(c)) w[p.name] = t.parameter(p.name, p.shape, o.dtype);
 
   const double eps = c.rms_norm_eps, scale = 1.0 / std::sqrt(double(D));
   Tensor x = t.embedding(w["model.embed_tokens.weight"], input_ids);

@@ -48,11 +48,16 @@ struct LlamaTraceOptions {
   int64_t batch = 1, seq_len = 0;
   bool output_loss = true;     // "loss" from a "labels" input
   bool output_logits = false;  // "logits" [B, S, V]
+  // The parameters' and activations' dtype: f32 (CPU training), or bf16 (the graph a bf16
+  // GPU run executes, for `autosp plan`; the CPU executor refuses it).
+  DType dtype = DType::f32;
 };
 
 // The forward graph of one micro batch: inputs "input_ids", "position_ids", "labels"
-// (i32 [B, S]) and the parameters; output "loss" (mean cross-entropy over labelled tokens)
-// and/or "logits".
+// (i32 [B, S]) and the parameters (of options.dtype); output "loss" (mean cross-entropy
+// over labelled tokens, f32 whatever the dtype) and/or "logits" (of options.dtype). With
+// bf16 every activation is bf16 but what the op rules keep in f32 (norm rstd, attention
+// and loss log-sum-exp, the loss sum and count; src/ops/op.h "Types").
 Graph llama_forward(const LlamaConfig& config, const LlamaTraceOptions& options);
 
 }  // namespace autosp::models

@@ -6,10 +6,12 @@ namespace autosp {
 
 namespace {
 
-Types elementwise_f32(const Types& in, std::initializer_list<const char*> names, int results) {
+// Operands of one floating dtype and one shape; `results` results of that type.
+Types elementwise_float(const Types& in, std::initializer_list<const char*> names, int results) {
   int i = 0;
   for (const char* name : names) {
-    require_dtype(in[i], DType::f32, name);
+    require_floating(in[i], name);
+    require_same_dtype(in[0], *names.begin(), in[i], name);
     require(in[i].shape == in[0].shape, name, " must have the shape of ", *names.begin());
     ++i;
   }
@@ -27,7 +29,7 @@ Cost elementwise_cost(const Types& in, const Types&, const Attrs&) {
 extern const OpDef silu_op = {
     .num_inputs = 1,
     .num_outputs = 1,
-    .infer = [](const Types& in, const Attrs&) { return elementwise_f32(in, {"x"}, 1); },
+    .infer = [](const Types& in, const Attrs&) { return elementwise_float(in, {"x"}, 1); },
     .cost = elementwise_cost<4>,
     .grad = [](GradContext& c) { c.din[0] = c.b.emit1(OpKind::silu_backward, {c.dout[0], c.in(0)}); },
     .cpu = [](const KernelArgs& a) { cpu::silu_forward(a.in(0), a.in_numel(0), a.out(0)); },
@@ -43,7 +45,7 @@ extern const OpDef silu_op = {
 extern const OpDef silu_backward_op = {
     .num_inputs = 2,
     .num_outputs = 1,
-    .infer = [](const Types& in, const Attrs&) { return elementwise_f32(in, {"dy", "x"}, 1); },
+    .infer = [](const Types& in, const Attrs&) { return elementwise_float(in, {"dy", "x"}, 1); },
     .cost = elementwise_cost<7>,
     .grad = nullptr,
     .cpu = [](const KernelArgs& a) {
@@ -56,7 +58,7 @@ extern const OpDef silu_backward_op = {
 extern const OpDef swiglu_op = {
     .num_inputs = 2,
     .num_outputs = 1,
-    .infer = [](const Types& in, const Attrs&) { return elementwise_f32(in, {"gate", "up"}, 1); },
+    .infer = [](const Types& in, const Attrs&) { return elementwise_float(in, {"gate", "up"}, 1); },
     .cost = elementwise_cost<5>,
     // dgate = dy up silu'(gate), dup = dy silu(gate): one fused op gives both.
     .grad = [](GradContext& c) {
@@ -80,7 +82,7 @@ extern const OpDef swiglu_backward_op = {
     .num_inputs = 3,
     .num_outputs = 2,
     .infer = [](const Types& in, const Attrs&) {
-      return elementwise_f32(in, {"dy", "gate", "up"}, 2);
+      return elementwise_float(in, {"dy", "gate", "up"}, 2);
     },
     .cost = elementwise_cost<9>,
     .grad = nullptr,

@@ -7,10 +7,12 @@ namespace autosp {
 
 namespace {
 
-// q [B, S, NH, D], k and v [B, S, NKV, D]
+// q [B, S, NH, D], k and v [B, S, NKV, D], of one floating dtype
 cpu::AttentionDims attention_dims(const Types& in) {
   for (int i = 0; i < 3; ++i) {
-    require_dtype(in[i], DType::f32, i == 0 ? "q" : i == 1 ? "k" : "v");
+    const char* name = i == 0 ? "q" : i == 1 ? "k" : "v";
+    require_floating(in[i], name);
+    require_same_dtype(in[0], "q", in[i], name);
     require_rank(in[i], 4, i == 0 ? "q [B, S, NH, D]" : i == 1 ? "k [B, S, NKV, D]" : "v [B, S, NKV, D]");
   }
   const Shape &q = in[0].shape, &k = in[1].shape;
@@ -34,6 +36,9 @@ double attention_flops(const cpu::AttentionDims& d, bool causal, double matmuls)
 }  // namespace
 
 // attention(q, k, v) {causal, scale} -> (out [B, S, NH, D], lse [B, NH, S])
+// out has q's dtype; lse is f32 for bf16 operands too, as FlashAttention's softmax_lse: the
+// backward rebuilds the probabilities exp(s - lse) from it, and an lse near 10 rounded to
+// bf16 (8 significant bits) is off by up to 0.03, scaling its row's probabilities by 3%.
 extern const OpDef attention_op = {
     .num_inputs = 3,
     .num_outputs = 2,
@@ -74,7 +79,8 @@ extern const OpDef attention_op = {
     },
 };
 
-// attention_backward(dout, q, k, v, out, lse) {causal, scale} -> (dq, dk, dv)
+// attention_backward(dout, q, k, v, out, lse) {causal, scale} -> (dq, dk, dv), each of its
+// operand's type (so of q's dtype); lse is f32.
 extern const OpDef attention_backward_op = {
     .num_inputs = 6,
     .num_outputs = 3,

@@ -7,8 +7,9 @@ namespace autosp {
 namespace {
 
 Types same_float_types(const Types& in) {
-  require_dtype(in[0], DType::f32, "a");
-  require_dtype(in[1], DType::f32, "b");
+  require_floating(in[0], "a");
+  require_floating(in[1], "b");
+  require_same_dtype(in[0], "a", in[1], "b");
   require(in[0].shape == in[1].shape, "operands must have the same shape");
   return {in[0]};
 }
@@ -37,13 +38,14 @@ extern const OpDef input_op = {
     .cpu = nullptr,  // bound by the executor
 };
 
-// fill {shape, value}: a constant tensor.
+// fill {shape, value, dtype}: a constant tensor; dtype "f32" (the default) or "bf16"
+// (autodiff's zero gradient of a bf16 parameter). The CPU kernel writes f32.
 extern const OpDef fill_op = {
     .num_inputs = 0,
     .num_outputs = 1,
     .infer = [](const Types&, const Attrs& attrs) -> Types {
       require(attrs.has("value"), "needs a 'value' attribute");
-      return {{DType::f32, shape_attr(attrs)}};
+      return {{attrs.has("dtype") ? dtype_attr(attrs, "dtype") : DType::f32, shape_attr(attrs)}};
     },
     .cost = nullptr,
     .grad = nullptr,
@@ -58,9 +60,9 @@ extern const OpDef expand_op = {
     .num_inputs = 1,
     .num_outputs = 1,
     .infer = [](const Types& in, const Attrs& attrs) -> Types {
-      require_dtype(in[0], DType::f32, "x");
+      require_floating(in[0], "x");
       require_rank(in[0], 0, "x");
-      return {{DType::f32, shape_attr(attrs)}};
+      return {{in[0].dtype, shape_attr(attrs)}};
     },
     .cost = nullptr,
     // d/dx sum_i y_i = sum(dy)
@@ -108,7 +110,7 @@ extern const OpDef scale_op = {
     .num_inputs = 1,
     .num_outputs = 1,
     .infer = [](const Types& in, const Attrs& attrs) -> Types {
-      require_dtype(in[0], DType::f32, "x");
+      require_floating(in[0], "x");
       require(attrs.has("alpha"), "needs an 'alpha' attribute");
       return {in[0]};
     },
@@ -124,13 +126,15 @@ extern const OpDef scale_op = {
     .recompute = Recompute::cheap,
 };
 
-// sum(x): the sum of all elements, a scalar (accumulated in double).
+// sum(x): the sum of all elements, a scalar of x's dtype (accumulated in double on the
+// CPU, in f32 by a bf16 kernel, and rounded once), so that expand's gradient has its
+// operand's dtype.
 extern const OpDef sum_op = {
     .num_inputs = 1,
     .num_outputs = 1,
     .infer = [](const Types& in, const Attrs&) -> Types {
-      require_dtype(in[0], DType::f32, "x");
-      return {{DType::f32, {}}};
+      require_floating(in[0], "x");
+      return {{in[0].dtype, {}}};
     },
     .cost = [](const Types& in, const Types&, const Attrs&) {
       return Cost{double(numel(in[0].shape)), 0};
@@ -145,13 +149,15 @@ extern const OpDef sum_op = {
     },
 };
 
-// div_scalar(x, s[]): x / s, s a scalar tensor (the loss normaliser).
+// div_scalar(x, s[]): x / s, s a scalar tensor of x's dtype (the loss normaliser: f32
+// loss sum over f32 count, whatever the model's dtype).
 extern const OpDef div_scalar_op = {
     .num_inputs = 2,
     .num_outputs = 1,
     .infer = [](const Types& in, const Attrs&) -> Types {
-      require_dtype(in[0], DType::f32, "x");
-      require_dtype(in[1], DType::f32, "s");
+      require_floating(in[0], "x");
+      require_floating(in[1], "s");
+      require_same_dtype(in[0], "x", in[1], "s");
       require_rank(in[1], 0, "s");
       return {in[0]};
     },

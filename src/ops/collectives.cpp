@@ -1,5 +1,6 @@
 // Collectives as ops: each names its group ("sp", "dp" or "world") and the group's size,
-// so its shape rule is static. Their gradients are collectives again.
+// so its shape rule is static. Their gradients are collectives again. They move f32 or bf16
+// values and keep the dtype (a bf16 all-to-all moves half the bytes; its cost says so).
 #include <algorithm>
 #include <vector>
 
@@ -28,7 +29,7 @@ extern const OpDef all_to_all_op = {
     .num_outputs = 1,
     .infer = [](const Types& in, const Attrs& attrs) -> Types {
       check_group(attrs);
-      require_dtype(in[0], DType::f32, "x");
+      require_floating(in[0], "x");
       const int64_t P = attrs.get_int("size"), s = dim_attr(attrs, "scatter_dim", in[0]),
                     g = dim_attr(attrs, "gather_dim", in[0]);
       require(s != g, "scatter_dim and gather_dim must differ");
@@ -36,7 +37,7 @@ extern const OpDef all_to_all_op = {
       Shape out = in[0].shape;
       out[s] /= P;
       out[g] *= P;
-      return {{DType::f32, out}};
+      return {{in[0].dtype, out}};
     },
     .cost = [](const Types& in, const Types&, const Attrs& attrs) {
       const double P = double(attrs.get_int("size"));
@@ -77,7 +78,7 @@ extern const OpDef all_reduce_op = {
     .num_outputs = 1,
     .infer = [](const Types& in, const Attrs& attrs) -> Types {
       check_group(attrs);
-      require_dtype(in[0], DType::f32, "x");
+      require_floating(in[0], "x");
       return {in[0]};
     },
     .cost = [](const Types& in, const Types&, const Attrs& attrs) {
@@ -99,10 +100,10 @@ extern const OpDef all_gather_op = {
     .num_outputs = 1,
     .infer = [](const Types& in, const Attrs& attrs) -> Types {
       check_group(attrs);
-      require_dtype(in[0], DType::f32, "x");
+      require_floating(in[0], "x");
       Shape out = in[0].shape;
       out[dim_attr(attrs, "dim", in[0])] *= attrs.get_int("size");
-      return {{DType::f32, out}};
+      return {{in[0].dtype, out}};
     },
     .cost = [](const Types&, const Types& out, const Attrs& attrs) {
       const double P = double(attrs.get_int("size"));
@@ -130,12 +131,12 @@ extern const OpDef reduce_scatter_op = {
     .num_outputs = 1,
     .infer = [](const Types& in, const Attrs& attrs) -> Types {
       check_group(attrs);
-      require_dtype(in[0], DType::f32, "x");
+      require_floating(in[0], "x");
       const int64_t d = dim_attr(attrs, "dim", in[0]), P = attrs.get_int("size");
       require(in[0].shape[d] % P == 0, "dim ", d, " (", in[0].shape[d], ") is not divisible by ", P);
       Shape out = in[0].shape;
       out[d] /= P;
-      return {{DType::f32, out}};
+      return {{in[0].dtype, out}};
     },
     .cost = [](const Types& in, const Types&, const Attrs& attrs) {
       const double P = double(attrs.get_int("size"));

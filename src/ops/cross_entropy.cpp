@@ -1,6 +1,11 @@
 // Cross-entropy loss, as a sum over labelled tokens; the mean divides it by count_valid
 // (kept separate so the autosp pass can all-reduce the count across ranks).
 // linear_cross_entropy fuses the LM head into it, so training never holds [T, V] logits.
+//
+// Types: logits (or x and weight) are f32 or bf16; the loss sum and the per-token lse are
+// f32 whatever they are, as bf16 cross-entropy kernels (Liger, FlashAttention's) compute
+// the row max, sum of exponentials and loss in fp32 and keep the lse in fp32: a loss summed
+// over S tokens in bf16 would lose all but 8 bits of it. Gradients have the operands' dtype.
 #include <algorithm>
 
 #include "kernels/cpu/fused.h"
@@ -22,7 +27,7 @@ void check_labels(const int32_t* labels, int64_t n, int64_t V, int64_t ignore,
 }
 
 void check_logits_labels(const TensorType& logits, const TensorType& labels) {
-  require_dtype(logits, DType::f32, "logits");
+  require_floating(logits, "logits");
   require_dtype(labels, DType::i32, "labels");
   require(!logits.shape.empty() &&
               labels.shape == Shape(logits.shape.begin(), logits.shape.end() - 1),
@@ -41,8 +46,9 @@ int64_t chunk_rows(const Attrs& attrs, int64_t V) {
 
 void check_linear_labels(const TensorType& x, const TensorType& w, const TensorType& labels,
                          const Attrs& attrs) {
-  require_dtype(x, DType::f32, "x");
-  require_dtype(w, DType::f32, "weight");
+  require_floating(x, "x");
+  require_floating(w, "weight");
+  require_same_dtype(x, "x", w, "weight");
   require_dtype(labels, DType::i32, "labels");
   require(!x.shape.empty(), "x must have rank >= 1");
   require_rank(w, 2, "weight");

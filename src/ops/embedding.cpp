@@ -15,17 +15,17 @@ void check_ids(const int32_t* ids, int64_t n, int64_t vocab) {
 
 }  // namespace
 
-// embedding(weight[V, H], tokens i32[...]) -> [..., H]
+// embedding(weight[V, H], tokens i32[...]) -> [..., H] of weight's dtype
 extern const OpDef embedding_op = {
     .num_inputs = 2,
     .num_outputs = 1,
     .infer = [](const Types& in, const Attrs&) -> Types {
-      require_dtype(in[0], DType::f32, "weight");
+      require_floating(in[0], "weight");
       require_rank(in[0], 2, "weight");
       require_dtype(in[1], DType::i32, "tokens");
       Shape out = in[1].shape;
       out.push_back(in[0].shape[1]);
-      return {{DType::f32, out}};
+      return {{in[0].dtype, out}};
     },
     .cost = nullptr,
     // dW[v] = sum of dy over the positions holding token v
@@ -47,18 +47,18 @@ extern const OpDef embedding_op = {
     },
 };
 
-// embedding_backward(dy[..., H], tokens i32[...]) {vocab} -> dW[vocab, H]
+// embedding_backward(dy[..., H], tokens i32[...]) {vocab} -> dW[vocab, H] of dy's dtype
 extern const OpDef embedding_backward_op = {
     .num_inputs = 2,
     .num_outputs = 1,
     .infer = [](const Types& in, const Attrs& attrs) -> Types {
-      require_dtype(in[0], DType::f32, "dy");
+      require_floating(in[0], "dy");
       require_dtype(in[1], DType::i32, "tokens");
       require(attrs.has("vocab") && attrs.get_int("vocab") > 0, "needs a positive 'vocab'");
       Shape expect = in[1].shape;
       expect.push_back(in[0].shape.empty() ? -1 : in[0].shape.back());
       require(in[0].shape == expect, "dy must be tokens' shape + [H]");
-      return {{DType::f32, {attrs.get_int("vocab"), in[0].shape.back()}}};
+      return {{in[0].dtype, {attrs.get_int("vocab"), in[0].shape.back()}}};
     },
     .cost = [](const Types& in, const Types&, const Attrs&) {
       return Cost{double(numel(in[0].shape)), 0};

@@ -1,4 +1,6 @@
 // Layout ops: reshape, transpose, slice (and its backward, a zero-padded placement), concat.
+// They keep their operand's dtype. reshape and transpose accept any dtype and move bytes,
+// so their CPU kernels run on bf16 too; slice and concat take f32 or bf16 (fp32 kernels).
 #include <cstring>
 
 #include "kernels/cpu/basic.h"
@@ -42,6 +44,7 @@ extern const OpDef reshape_op = {
       shape_error("reshape ", shape_str(x), " -> ", shape_str(y), " does not keep sharded dim ", d);
     },
     .recompute = Recompute::cheap,
+    .cpu_any_dtype = true,  // a view (the executor shares the buffer) or a byte copy
 };
 
 // transpose(x) {perm}: y's dim i is x's dim perm[i]
@@ -85,6 +88,7 @@ extern const OpDef transpose_op = {
       shape_error("bad perm");
     },
     .recompute = Recompute::cheap,
+    .cpu_any_dtype = true,  // permutes elements of the dtype's size
 };
 
 // slice(x) {dim, start, end}: x[..., start:end, ...] along dim
@@ -92,7 +96,7 @@ extern const OpDef slice_op = {
     .num_inputs = 1,
     .num_outputs = 1,
     .infer = [](const Types& in, const Attrs& attrs) -> Types {
-      require_dtype(in[0], DType::f32, "x");
+      require_floating(in[0], "x");
       const int64_t dim = dim_attr(attrs, "dim", in[0]);
       require(attrs.has("start") && attrs.has("end"), "needs 'start' and 'end'");
       const int64_t start = attrs.get_int("start"), end = attrs.get_int("end");
@@ -100,7 +104,7 @@ extern const OpDef slice_op = {
               ") is not within dim ", dim, " of size ", in[0].shape[dim]);
       Shape out = in[0].shape;
       out[dim] = end - start;
-      return {{DType::f32, out}};
+      return {{in[0].dtype, out}};
     },
     .cost = nullptr,
     .grad = [](GradContext& c) {
@@ -131,7 +135,7 @@ extern const OpDef slice_backward_op = {
     .num_inputs = 1,
     .num_outputs = 1,
     .infer = [](const Types& in, const Attrs& attrs) -> Types {
-      require_dtype(in[0], DType::f32, "dy");
+      require_floating(in[0], "dy");
       const int64_t dim = dim_attr(attrs, "dim", in[0]);
       require(attrs.has("start") && attrs.has("size"), "needs 'start' and 'size'");
       const int64_t start = attrs.get_int("start"), size = attrs.get_int("size");
@@ -139,7 +143,7 @@ extern const OpDef slice_backward_op = {
               " at ", start, " does not fit in ", size);
       Shape out = in[0].shape;
       out[dim] = size;
-      return {{DType::f32, out}};
+      return {{in[0].dtype, out}};
     },
     .cost = nullptr,
     .grad = nullptr,
@@ -161,15 +165,18 @@ extern const OpDef concat_op = {
       const int64_t dim = dim_attr(attrs, "dim", in[0]);
       Shape out = in[0].shape;
       out[dim] = 0;
-      for (const TensorType& t : in) {
-        require_dtype(t, DType::f32, "operand");
+      for (size_t i = 0; i < in.size(); ++i) {
+        const TensorType& t = in[i];
+        const std::string name = str("operand ", i);
+        require_floating(t, name.c_str());
+        require_same_dtype(in[0], "operand 0", t, name.c_str());
         Shape a = t.shape, b = in[0].shape;
         require(a.size() == b.size(), "operands must have the same rank");
         a[dim] = b[dim] = 0;
         require(a == b, "operands must agree on every dim but ", dim);
         out[dim] += t.shape[dim];
       }
-      return {{DType::f32, out}};
+      return {{in[0].dtype, out}};
     },
     .cost = nullptr,
     // each operand's gradient is its slab of dy

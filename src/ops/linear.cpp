@@ -15,18 +15,20 @@ ValueId as_2d(GraphBuilder& b, ValueId x) {
 
 }  // namespace
 
-// linear(x[..., K], W[N, K]) = x W^T : [..., N]
+// linear(x[..., K], W[N, K]) = x W^T : [..., N], x and W of one dtype (a bf16 GPU gemm
+// accumulates in fp32 and rounds its result to bf16)
 extern const OpDef linear_op = {
     .num_inputs = 2,
     .num_outputs = 1,
     .infer = [](const Types& in, const Attrs&) -> Types {
-      require_dtype(in[0], DType::f32, "x");
-      require_dtype(in[1], DType::f32, "weight");
+      require_floating(in[0], "x");
+      require_floating(in[1], "weight");
+      require_same_dtype(in[0], "x", in[1], "weight");
       require(!in[0].shape.empty(), "x must have rank >= 1");
       require_rank(in[1], 2, "weight");
       require(in[0].shape.back() == in[1].shape[1], "x's last dim (", in[0].shape.back(),
               ") must equal weight's in-features (dim 1 = ", in[1].shape[1], ")");
-      return {{DType::f32, with_last(in[0].shape, in[1].shape[0])}};
+      return {{in[0].dtype, with_last(in[0].shape, in[1].shape[0])}};
     },
     .cost = [](const Types& in, const Types&, const Attrs&) {
       return Cost{2.0 * rows_of(in[0].shape) * in[1].shape[0] * in[1].shape[1], 0};
@@ -77,11 +79,12 @@ extern const OpDef matmul_op = {
     .num_inputs = 2,
     .num_outputs = 1,
     .infer = [](const Types& in, const Attrs& attrs) -> Types {
-      require_dtype(in[0], DType::f32, "a");
-      require_dtype(in[1], DType::f32, "b");
+      require_floating(in[0], "a");
+      require_floating(in[1], "b");
+      require_same_dtype(in[0], "a", in[1], "b");
       MatmulDims d = matmul_dims(in, attrs);
       Shape out = d.ta ? Shape{d.M, d.N} : with_last(in[0].shape, d.N);
-      return {{DType::f32, out}};
+      return {{in[0].dtype, out}};
     },
     .cost = [](const Types& in, const Types&, const Attrs& attrs) {
       MatmulDims d = matmul_dims(in, attrs);

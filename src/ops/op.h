@@ -1,6 +1,31 @@
 // The op set. Each op is defined in ONE place (a file in src/ops/): its attribute and
 // shape checks, its cost, its gradient rule (built from ops) and its kernels per backend.
 // The registry (registry.cpp) indexes the definitions by OpKind.
+//
+// Types (DESIGN.md "Numbers and types": fp32 on CPU, bf16 compute on GPU; the rules accept
+// both, so `autosp plan` compiles the graph a GPU run executes):
+//  - The floating dtypes are f32 and bf16. All floating operands of one op share one dtype
+//    unless the op says otherwise, and its results have that dtype; mixed f32 and bf16 is a
+//    shape_error naming both types. `convert` is the one op that changes a dtype.
+//  - Statistics a fused kernel keeps for its backward are f32 whatever the operands, as
+//    real bf16 kernels keep them: attention's log-sum-exp (FlashAttention's softmax_lse),
+//    rms_norm's rstd (apex / FlashAttention fused RMSNorm), and cross_entropy's and
+//    linear_cross_entropy's per-token log-sum-exp and loss sum (Liger / FlashAttention
+//    cross-entropy: fp32 loss and lse from bf16 logits). Backward ops read them as f32.
+//    count_valid is f32. Loss normalisation (div_scalar of two f32 scalars) stays f32, so
+//    a bf16 model's loss is f32.
+//  - A gradient has the dtype of the value it is the gradient of (autodiff checks it): a
+//    bf16 activation gets a bf16 gradient. So does a bf16 parameter: its graph output
+//    "grad:<name>" is bf16 (the fp32 loss gradient enters bf16 through the backward ops
+//    above). Accumulating it in fp32 happens outside the graph: the runtime adds each
+//    step's bf16 gradient into an fp32 gradient buffer beside the fp32 master weights and
+//    AdamW moments (DeepSpeed's bf16 optimizer keeps fp32 gradients the same way), and
+//    `autosp plan` counts that buffer as model state, not as a graph value.
+//  - Integer operands (token ids, labels, positions) are i32. f16 is an IR dtype (the text
+//    form reads it) that no op accepts.
+//  - CPU kernels are fp32 (and i32): only ops with `cpu_any_dtype` (convert, and layout
+//    ops that copy bytes) run on bf16, and the executor refuses a graph that would hand a
+//    bf16 value to any other kernel.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -115,6 +140,9 @@ struct OpDef {
   // dtype and size): plan_memory then reuses an operand that dies at this node.
   bool cpu_inplace = false;
   Recompute recompute = Recompute::never;
+  // The CPU kernel handles every dtype its rule accepts. Otherwise it reads and writes f32
+  // (and i32 integer operands) only, and the executor refuses bf16 operands or results.
+  bool cpu_any_dtype = false;
 };
 
 // Sharding shorthands for rules.
@@ -145,6 +173,13 @@ void verify(const Graph& graph);
 // Shared shape helpers for rules.
 std::string types_str(const Types& types);  // "f32[2, 3], i32[2]"
 void require_dtype(const TensorType& t, DType dtype, const char* operand);
+bool is_floating(DType dtype);  // f32 or bf16: the dtypes floating operands may have
+void require_floating(const TensorType& t, const char* operand);  // f32 or bf16
+// Floating operands `b` must have `a`'s dtype (shape_error naming both types).
+void require_same_dtype(const TensorType& a, const char* a_name, const TensorType& b,
+                        const char* b_name);
+// The floating dtype named by string attribute `key` ("f32" or "bf16"); it must be present.
+DType dtype_attr(const Attrs& attrs, const char* key);
 void require_rank(const TensorType& t, size_t rank, const char* operand);
 Shape with_last(Shape shape, int64_t last);  // shape with its last dim replaced
 

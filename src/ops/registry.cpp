@@ -29,6 +29,29 @@ void require_dtype(const TensorType& t, DType dtype, const char* operand) {
   require(t.dtype == dtype, operand, " must be ", dtype_name(dtype), ", got ", type_str(t));
 }
 
+bool is_floating(DType dtype) { return dtype == DType::f32 || dtype == DType::bf16; }
+
+void require_floating(const TensorType& t, const char* operand) {
+  require(is_floating(t.dtype), operand, " must be f32 or bf16, got ", type_str(t));
+}
+
+void require_same_dtype(const TensorType& a, const char* a_name, const TensorType& b,
+                        const char* b_name) {
+  require(a.dtype == b.dtype, a_name, " and ", b_name, " must have the same dtype, got ", a_name,
+          " ", type_str(a), " and ", b_name, " ", type_str(b),
+          " (mixed f32 and bf16 needs an explicit convert)");
+}
+
+DType dtype_attr(const Attrs& attrs, const char* key) {
+  require(attrs.has(key), "needs a '", key, "' attribute (\"f32\" or \"bf16\")");
+  const AttrValue& v = attrs.all().at(key);
+  const std::string* name = std::get_if<std::string>(&v);
+  require(name != nullptr, key, " must be a dtype name (\"f32\" or \"bf16\")");
+  std::optional<DType> d = parse_dtype(*name);
+  require(d && is_floating(*d), key, "=\"", *name, "\" is not a floating dtype (f32 or bf16)");
+  return *d;
+}
+
 void require_rank(const TensorType& t, size_t rank, const char* operand) {
   require(t.shape.size() == rank, operand, " must have rank ", rank, ", got ", type_str(t));
 }

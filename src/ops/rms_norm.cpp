@@ -5,13 +5,16 @@
 namespace autosp {
 
 // rms_norm(x[..., H], w[H]) {eps} -> (y[..., H], rstd[...]),  y = x * rstd * w,
-// rstd = 1 / sqrt(mean(x^2) + eps)
+// rstd = 1 / sqrt(mean(x^2) + eps). x and w share a dtype and y has it; rstd is f32 for
+// bf16 x too: fused RMSNorm kernels (apex, FlashAttention's) reduce in fp32 and save rstd
+// in fp32 for the backward, and it is one value per row, so it costs 2/H of y's bytes.
 extern const OpDef rms_norm_op = {
     .num_inputs = 2,
     .num_outputs = 2,
     .infer = [](const Types& in, const Attrs& attrs) -> Types {
-      require_dtype(in[0], DType::f32, "x");
-      require_dtype(in[1], DType::f32, "weight");
+      require_floating(in[0], "x");
+      require_floating(in[1], "weight");
+      require_same_dtype(in[0], "x", in[1], "weight");
       require(!in[0].shape.empty(), "x must have rank >= 1");
       require(in[1].shape == Shape{in[0].shape.back()}, "weight must be [", in[0].shape.back(), "]");
       require(attrs.has("eps") && attrs.get_float("eps") > 0, "needs a positive 'eps'");
@@ -37,12 +40,15 @@ extern const OpDef rms_norm_op = {
     .recompute = Recompute::cheap,
 };
 
-// rms_norm_backward(dy, x, w, rstd) -> (dx, dw)
+// rms_norm_backward(dy, x, w, rstd f32) -> (dx, dw) of x's dtype
 extern const OpDef rms_norm_backward_op = {
     .num_inputs = 4,
     .num_outputs = 2,
     .infer = [](const Types& in, const Attrs&) -> Types {
-      for (int i = 0; i < 4; ++i) require_dtype(in[i], DType::f32, "operand");
+      require_floating(in[1], "x");
+      require_same_dtype(in[1], "x", in[0], "dy");
+      require_same_dtype(in[1], "x", in[2], "weight");
+      require_dtype(in[3], DType::f32, "rstd");
       require(in[0].shape == in[1].shape, "dy must have x's shape");
       require(!in[1].shape.empty() && in[2].shape == Shape{in[1].shape.back()},
               "weight must be [H]");

@@ -23,12 +23,13 @@ cpu::RopeScaling scaling_of(const Attrs& attrs) {
 }  // namespace
 
 // rope(x[B, S, NH, D], positions i32[B, S]) {theta, inverse, rope_type, llama3 params}
-// inverse=1 rotates by minus the angle: the transpose, hence the gradient.
+// inverse=1 rotates by minus the angle: the transpose, hence the gradient. The result has
+// x's dtype (f32 or bf16; a bf16 kernel computes the angles in fp32).
 extern const OpDef rope_op = {
     .num_inputs = 2,
     .num_outputs = 1,
     .infer = [](const Types& in, const Attrs& attrs) -> Types {
-      require_dtype(in[0], DType::f32, "x");
+      require_floating(in[0], "x");
       require_rank(in[0], 4, "x [B, S, NH, D]");
       require_dtype(in[1], DType::i32, "positions");
       require(in[1].shape == Shape{in[0].shape[0], in[0].shape[1]}, "positions must be [B, S] = [",

@@ -12,13 +12,14 @@ Graph autodiff(const Graph& forward, const AutodiffOptions& options) {
     user_error("autodiff: the loss '", options.loss, "' must be f32[], got ",
                type_str(forward.type(loss)));
 
-  // needs[v]: v depends on a parameter, so a gradient w.r.t. it can reach one.
+  // needs[v]: v is floating and depends on a parameter, so a gradient w.r.t. it can reach
+  // one.
   const auto num_values = forward.values().size();
   std::vector<bool> needs(num_values, false);
   for (const Node& node : forward.nodes()) {
     bool any = node.op == OpKind::input && forward.role(node.outputs[0]) == Role::parameter;
     for (ValueId in : node.inputs) any = any || needs[in];
-    for (ValueId out : node.outputs) needs[out] = any && forward.type(out).dtype == DType::f32;
+    for (ValueId out : node.outputs) needs[out] = any && is_floating(forward.type(out).dtype);
   }
 
   std::vector<ValueId> grad(num_values, -1);
@@ -58,7 +59,12 @@ Graph autodiff(const Graph& forward, const AutodiffOptions& options) {
 
   for (ValueId p : forward.inputs_with_role(Role::parameter)) {
     ValueId d = grad[p];
-    if (d < 0) d = b.emit1(OpKind::fill, {}, {{"shape", forward.shape(p)}, {"value", 0.0}});
+    if (d < 0) {
+      const DType dtype = forward.type(p).dtype;
+      Attrs zeros{{"shape", forward.shape(p)}, {"value", 0.0}};
+      if (dtype != DType::f32) zeros.set("dtype", std::string(dtype_name(dtype)));
+      d = b.emit1(OpKind::fill, {}, zeros);
+    }
     g.add_output(kGradPrefix + forward.value(p).name, d);
   }
   return g;

@@ -51,9 +51,11 @@ CpuExecutor::CpuExecutor(const Graph& graph, Allocator& allocator, int threads,
       root_(graph.values().size(), -1),
       buffer_uses_(graph.values().size(), 0),
       mode_(mode) {
-  for (const Node& node : graph.nodes()) {
+  for (NodeId n = 0; n < static_cast<NodeId>(graph.nodes().size()); ++n) {
+    const Node& node = graph.node(n);
     AUTOSP_CHECK(node.op == OpKind::input || op_def(node.op).cpu,
                  op_name(node.op), " has no CPU kernel");
+    if (node.op != OpKind::input) check_cpu_dtypes(n, node);
     if (node.attrs.has("group")) {
       AUTOSP_CHECK(groups_, op_name(node.op), " needs communicators but the executor has none");
       AUTOSP_CHECK(communicator(node.attrs.get_str("group"))->size() == node.attrs.get_int("size"),
@@ -86,6 +88,22 @@ CpuExecutor::CpuExecutor(const Graph& graph, Allocator& allocator, int threads,
 CpuExecutor::~CpuExecutor() {
   release_all();
   allocator_.release(arena_, arena_bytes_);
+}
+
+// Kernels read their buffers as float (or int32): a bf16 value reaching one would be read
+// as garbage, so it is refused before anything runs, naming the op and the value.
+void CpuExecutor::check_cpu_dtypes(NodeId n, const Node& node) const {
+  if (op_def(node.op).cpu_any_dtype) return;
+  auto check = [&](ValueId v, const char* what, size_t i) {
+    const TensorType& t = graph_.type(v);
+    if (t.dtype == DType::f32 || t.dtype == DType::i32) return;
+    user_error("cpu backend: ", op_name(node.op), " (node ", n, ") has ", what, " ", i, " of type ",
+               type_str(t), ", but CPU kernels are fp32: ", dtype_name(t.dtype),
+               " graphs are for GPU runs and `autosp plan`; trace the model with dtype f32 to run "
+               "it on the CPU");
+  };
+  for (size_t i = 0; i < node.inputs.size(); ++i) check(node.inputs[i], "operand", i);
+  for (size_t i = 0; i < node.outputs.size(); ++i) check(node.outputs[i], "result", i);
 }
 
 Communicator* CpuExecutor::communicator(const std::string& group) const {

@@ -11,6 +11,9 @@
 //  - heap: each node's results are allocated just before it runs and freed after their last
 //    use (by use counts), kernel workspaces around the kernel. Kept as the reference the
 //    plan is measured and checked against.
+//
+// CPU kernels are fp32: a graph that gives a bf16 value to an op without a bf16 kernel
+// (every op but convert, reshape and transpose) is refused at construction.
 #pragma once
 #include <string>
 #include <vector>
@@ -55,6 +58,7 @@ class CpuExecutor {
  private:
   void release_all();
   void run_node(NodeId n, std::vector<int>& remaining);
+  void check_cpu_dtypes(NodeId n, const Node& node) const;
   Communicator* communicator(const std::string& group) const;
 
   const Graph& graph_;

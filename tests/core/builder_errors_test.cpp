@@ -34,6 +34,18 @@ TEST(BuilderErrors, WrongDtype) {
                     {"embedding(f32[10, 4], f32[2, 3])", "tokens must be i32"});
 }
 
+TEST(BuilderErrors, MixedDtypesNameBothTypes) {
+  Tracer t;
+  Tensor x = t.parameter("x", {2, 3}, DType::bf16);
+  Tensor y = t.parameter("y", {2, 3});
+  expect_user_error([&] { t.add(x, y); }, {"add(bf16[2, 3], f32[2, 3])", "a and b must have the same dtype",
+                                           "a bf16[2, 3] and b f32[2, 3]"});
+  Tensor w = t.parameter("w", {4, 3});
+  expect_user_error([&] { t.linear(x, w); }, {"linear(bf16[2, 3], f32[4, 3])", "x bf16[2, 3] and weight f32[4, 3]"});
+  EXPECT_EQ(t.shape(t.linear(t.convert(y, DType::bf16), t.convert(w, DType::bf16))), (Shape{2, 4}));
+  expect_user_error([&] { t.parameter("h", {2}, DType::f16); }, {"parameter 'h' must be f32 or bf16, got f16"});
+}
+
 TEST(BuilderErrors, BadAttributes) {
   Tracer t;
   Tensor x = t.parameter("x", {1, 3, 2, 5});

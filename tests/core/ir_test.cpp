@@ -42,6 +42,43 @@ TEST(IrText, RoundTripShardingNamesAndEveryAttrKind) {
   expect_round_trip(g);
 }
 
+TEST(IrText, RoundTripBf16) {
+  Graph g;
+  GraphBuilder b(g);
+  ValueId x = g.add_input(Role::parameter, {DType::bf16, {2, 16}}, "x");
+  EXPECT_EQ(g.type(x).bytes(), 2 * 16 * 2);
+  EXPECT_EQ((TensorType{DType::f32, {2, 16}}.bytes()), 2 * 16 * 4);
+  ValueId y = b.emit1(OpKind::silu, {x});
+  ValueId z = b.emit1(OpKind::convert, {y}, {{"dtype", std::string("f32")}});
+  g.mutable_value(y).sharding = {Sharding::Kind::shard, 1};
+  g.add_output("z", z);
+  const std::string text = print_graph(g);
+  EXPECT_NE(text.find("input() {role=\"parameter\"} : bf16[2, 16] \"x\""), std::string::npos) << text;
+  EXPECT_NE(text.find("silu(%0) : bf16[2, 16] @shard(1)"), std::string::npos) << text;
+  EXPECT_NE(text.find("convert(%1) {dtype=\"f32\"} : f32[2, 16]"), std::string::npos) << text;
+  expect_round_trip(g);
+  // f16 is an IR dtype: it parses (and prints) though no op rule accepts it
+  Graph h = parse_graph("graph {\n  %0 = input() {role=\"constant\"} : f16[3]\n}\n");
+  EXPECT_EQ(h.type(0), (TensorType{DType::f16, {3}}));
+  EXPECT_EQ(h.type(0).bytes(), 6);
+}
+
+TEST(IrVerify, RejectsADtypeTheOpRuleDisagreesWith) {
+  // a bf16 silu recorded as f32: the rule says the result has the operand's dtype
+  Graph g = parse_graph(
+      "graph {\n"
+      "  %0 = input() {role=\"parameter\"} : bf16[2, 3]\n"
+      "  %1 = silu(%0) : f32[2, 3]\n"
+      "}\n");
+  try {
+    verify(g);
+    FAIL() << "verify accepted a wrong result dtype";
+  } catch (const InternalError& e) {
+    EXPECT_NE(std::string(e.what()).find("typed f32[2, 3] but the op's rule gives bf16[2, 3]"), std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(IrText, FloatAttributesRoundTripExactly) {
   for (double v : {0.1, 1.0 / 3.0, 500000.0, 1e-5, 0.08838834764831845, -2.0}) {
     Graph g;

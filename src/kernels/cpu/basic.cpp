@@ -3,7 +3,7 @@
 #include <cblas.h>
 
 #include <algorithm>
-
+#include <bit>
 #include <cstring>
 #include <vector>
 
@@ -49,6 +49,27 @@ double sum(const float* x, int64_t n) {
   double total = 0;
   for (double p : partial) total += p;
   return total;
+}
+
+namespace {
+inline uint16_t round_to_bf16(float x) {
+  const uint32_t bits = std::bit_cast<uint32_t>(x);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x0040u);  // NaN
+  // Adding 0x7fff rounds the dropped half up when it is above one half; the kept LSB adds
+  // the last 1 on an exact half, so ties go to the even neighbour. A carry into the
+  // exponent is the correct rounding (up to the next binade, or to inf).
+  return static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+}
+}  // namespace
+
+void f32_to_bf16(const float* __restrict x, int64_t n, uint16_t* __restrict y) {
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) y[i] = round_to_bf16(x[i]);
+}
+
+void bf16_to_f32(const uint16_t* __restrict x, int64_t n, float* __restrict y) {
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) y[i] = std::bit_cast<float>(static_cast<uint32_t>(x[i]) << 16);
 }
 
 void permute(const void* x, const int64_t* shape, const int64_t* perm, int rank, int64_t esize,

@@ -14,6 +14,12 @@ void div_scalar(const float* x, int64_t n, float divisor, float* y);
 // Sum in double over a fixed partition of the range: the same on any thread count.
 double sum(const float* x, int64_t n);
 
+// bf16 <-> fp32. A bf16 is the top 16 bits of an fp32. Narrowing rounds to nearest, ties
+// to even (as CUDA's __float2bfloat16_rn and PyTorch): overflow gives +-inf, a NaN stays a
+// (quiet) NaN of the same sign. Widening is exact.
+void f32_to_bf16(const float* x, int64_t n, uint16_t* y);
+void bf16_to_f32(const uint16_t* x, int64_t n, float* y);
+
 // y = x permuted: y's dim i is x's dim perm[i]. Elements of esize bytes.
 void permute(const void* x, const int64_t* shape, const int64_t* perm, int rank, int64_t esize,
              void* y);

@@ -1,0 +1,260 @@
+// The op set's type rules (src/ops/op.h, "Types"): every op accepts bf16 where it accepts
+// f32, results follow the operands' dtype, the saved statistics stay f32, mixed f32/bf16
+// operands and f16 are refused with both types named, integer operands stay i32.
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "ops/op.h"
+
+namespace autosp {
+namespace {
+
+constexpr DType bf16 = DType::bf16, f32 = DType::f32, i32 = DType::i32;
+
+TensorType T(DType dtype, Shape shape) { return {dtype, std::move(shape)}; }
+
+// The result types of `op` on operands of `types`, through GraphBuilder (as the tracer and
+// every pass build nodes). Records the op as covered.
+std::set<OpKind>& covered() {
+  static std::set<OpKind> ops;
+  return ops;
+}
+
+Types infer(OpKind op, const Types& types, Attrs attrs = {}) {
+  covered().insert(op);
+  Graph g;
+  GraphBuilder b(g);
+  std::vector<ValueId> ins;
+  for (size_t i = 0; i < types.size(); ++i) ins.push_back(g.add_input(Role::constant, types[i], str("x", i)));
+  Types out;
+  for (ValueId v : b.emit(op, ins, std::move(attrs))) out.push_back(g.type(v));
+  verify(g);
+  return out;
+}
+
+std::string infer_error(OpKind op, const Types& types, Attrs attrs = {}) {
+  try {
+    infer(op, types, std::move(attrs));
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << op_name(op) << "(" << types_str(types) << ") was accepted";
+  return "";
+}
+
+Attrs group(int64_t size) { return {{"group", std::string("sp")}, {"size", size}}; }
+
+void elementwise_and_reduction_ops_follow_the_operand_dtype() {
+  for (DType d : {f32, bf16}) {
+    SCOPED_TRACE(dtype_name(d));
+    const TensorType x = T(d, {2, 3}), s = T(d, {});
+    EXPECT_EQ(infer(OpKind::add, {x, x}), Types{x});
+    EXPECT_EQ(infer(OpKind::mul, {x, x}), Types{x});
+    EXPECT_EQ(infer(OpKind::scale, {x}, {{"alpha", 2.0}}), Types{x});
+    EXPECT_EQ(infer(OpKind::sum, {x}), Types{s});  // the scalar has x's dtype
+    EXPECT_EQ(infer(OpKind::expand, {s}, {{"shape", Shape{2, 3}}}), Types{x});
+    EXPECT_EQ(infer(OpKind::div_scalar, {x, s}), Types{x});
+    EXPECT_EQ(infer(OpKind::silu, {x}), Types{x});
+    EXPECT_EQ(infer(OpKind::silu_backward, {x, x}), Types{x});
+    EXPECT_EQ(infer(OpKind::swiglu, {x, x}), Types{x});
+    EXPECT_EQ(infer(OpKind::swiglu_backward, {x, x, x}), (Types{x, x}));
+  }
+}
+
+void fill_takes_an_optional_dtype() {
+  EXPECT_EQ(infer(OpKind::fill, {}, {{"shape", Shape{4}}, {"value", 0.0}}), Types{T(f32, {4})});
+  EXPECT_EQ(infer(OpKind::fill, {}, {{"shape", Shape{4}}, {"value", 0.0}, {"dtype", std::string("bf16")}}),
+            Types{T(bf16, {4})});
+  for (const char* bad : {"f16", "i32", "float"})
+    EXPECT_NE(infer_error(OpKind::fill, {}, {{"shape", Shape{4}}, {"value", 0.0}, {"dtype", std::string(bad)}})
+                  .find("is not a floating dtype (f32 or bf16)"),
+              std::string::npos)
+        << bad;
+  EXPECT_NE(infer_error(OpKind::fill, {}, {{"shape", Shape{4}}, {"value", 0.0}, {"dtype", int64_t{1}}})
+                .find("must be a dtype name"),
+            std::string::npos);
+}
+
+void convert_changes_the_dtype_and_nothing_else() {
+  const TensorType x = T(f32, {2, 3}), y = T(bf16, {2, 3});
+  EXPECT_EQ(infer(OpKind::convert, {x}, {{"dtype", std::string("bf16")}}), Types{y});
+  EXPECT_EQ(infer(OpKind::convert, {y}, {{"dtype", std::string("f32")}}), Types{x});
+  EXPECT_EQ(infer(OpKind::convert, {y}, {{"dtype", std::string("bf16")}}), Types{y});
+  EXPECT_NE(infer_error(OpKind::convert, {x}).find("needs a 'dtype' attribute"), std::string::npos);
+  EXPECT_NE(infer_error(OpKind::convert, {T(i32, {2})}, {{"dtype", std::string("f32")}})
+                .find("x must be f32 or bf16, got i32[2]"),
+            std::string::npos);
+}
+
+void matmuls_norms_rope_and_embedding_follow_the_operand_dtype() {
+  for (DType d : {f32, bf16}) {
+    SCOPED_TRACE(dtype_name(d));
+    EXPECT_EQ(infer(OpKind::linear, {T(d, {2, 5, 8}), T(d, {3, 8})}), Types{T(d, {2, 5, 3})});
+    EXPECT_EQ(infer(OpKind::matmul, {T(d, {5, 8}), T(d, {5, 3})}, {{"trans_a", int64_t{1}}}),
+              Types{T(d, {8, 3})});
+    // rstd, one value per row, is f32 whatever x is
+    EXPECT_EQ(infer(OpKind::rms_norm, {T(d, {2, 5, 8}), T(d, {8})}, {{"eps", 1e-5}}),
+              (Types{T(d, {2, 5, 8}), T(f32, {2, 5})}));
+    EXPECT_EQ(infer(OpKind::rms_norm_backward, {T(d, {2, 5, 8}), T(d, {2, 5, 8}), T(d, {8}), T(f32, {2, 5})}),
+              (Types{T(d, {2, 5, 8}), T(d, {8})}));
+    EXPECT_EQ(infer(OpKind::rope, {T(d, {1, 5, 2, 4}), T(i32, {1, 5})}, {{"theta", 1e4}}),
+              Types{T(d, {1, 5, 2, 4})});
+    EXPECT_EQ(infer(OpKind::embedding, {T(d, {11, 8}), T(i32, {1, 5})}), Types{T(d, {1, 5, 8})});
+    EXPECT_EQ(infer(OpKind::embedding_backward, {T(d, {1, 5, 8}), T(i32, {1, 5})}, {{"vocab", int64_t{11}}}),
+              Types{T(d, {11, 8})});
+  }
+}
+
+void attention_keeps_an_f32_log_sum_exp() {
+  const Attrs attrs{{"causal", int64_t{1}}, {"scale", 0.5}};
+  for (DType d : {f32, bf16}) {
+    SCOPED_TRACE(dtype_name(d));
+    const TensorType q = T(d, {1, 6, 4, 8}), kv = T(d, {1, 6, 2, 8}), lse = T(f32, {1, 4, 6});
+    EXPECT_EQ(infer(OpKind::attention, {q, kv, kv}, attrs), (Types{q, lse}));
+    EXPECT_EQ(infer(OpKind::attention_backward, {q, q, kv, kv, q, lse}, attrs), (Types{q, kv, kv}));
+  }
+  const TensorType q = T(bf16, {1, 6, 4, 8}), kv = T(bf16, {1, 6, 2, 8});
+  EXPECT_NE(infer_error(OpKind::attention_backward, {q, q, kv, kv, q, T(bf16, {1, 4, 6})}, attrs)
+                .find("lse must be f32[B, NH, S]"),
+            std::string::npos);
+  EXPECT_NE(infer_error(OpKind::attention, {q, T(f32, {1, 6, 2, 8}), kv}, attrs)
+                .find("q and k must have the same dtype, got q bf16[1, 6, 4, 8] and k f32[1, 6, 2, 8]"),
+            std::string::npos);
+}
+
+void cross_entropy_keeps_an_f32_loss_and_log_sum_exp() {
+  for (DType d : {f32, bf16}) {
+    SCOPED_TRACE(dtype_name(d));
+    const TensorType labels = T(i32, {2, 5}), lse = T(f32, {2, 5}), loss = T(f32, {});
+    const TensorType logits = T(d, {2, 5, 11});
+    EXPECT_EQ(infer(OpKind::cross_entropy, {logits, labels}), (Types{loss, lse}));
+    EXPECT_EQ(infer(OpKind::cross_entropy_backward, {loss, logits, labels, lse}), Types{logits});
+    const TensorType x = T(d, {2, 5, 8}), w = T(d, {11, 8});
+    EXPECT_EQ(infer(OpKind::linear_cross_entropy, {x, w, labels}), (Types{loss, lse}));
+    EXPECT_EQ(infer(OpKind::linear_cross_entropy_backward, {loss, x, w, labels, lse}), (Types{x, w}));
+    EXPECT_EQ(infer(OpKind::count_valid, {labels}), Types{loss});
+  }
+  const TensorType logits = T(bf16, {2, 5, 11}), labels = T(i32, {2, 5});
+  EXPECT_NE(infer_error(OpKind::cross_entropy_backward, {T(bf16, {}), logits, labels, T(f32, {2, 5})})
+                .find("dloss must be f32[]"),
+            std::string::npos);
+  EXPECT_NE(infer_error(OpKind::cross_entropy, {logits, T(bf16, {2, 5})}).find("labels must be i32"),
+            std::string::npos);
+  EXPECT_NE(infer_error(OpKind::linear_cross_entropy, {T(bf16, {2, 5, 8}), T(f32, {11, 8}), labels})
+                .find("x and weight must have the same dtype"),
+            std::string::npos);
+}
+
+void layout_ops_and_collectives_keep_the_dtype() {
+  for (DType d : {f32, bf16}) {
+    SCOPED_TRACE(dtype_name(d));
+    const TensorType x = T(d, {2, 4, 6});
+    EXPECT_EQ(infer(OpKind::reshape, {x}, {{"shape", Shape{8, 6}}}), Types{T(d, {8, 6})});
+    EXPECT_EQ(infer(OpKind::transpose, {x}, {{"perm", Shape{2, 0, 1}}}), Types{T(d, {6, 2, 4})});
+    EXPECT_EQ(infer(OpKind::slice, {x}, {{"dim", int64_t{1}}, {"start", int64_t{1}}, {"end", int64_t{3}}}),
+              Types{T(d, {2, 2, 6})});
+    EXPECT_EQ(infer(OpKind::slice_backward, {T(d, {2, 2, 6})},
+                    {{"dim", int64_t{1}}, {"start", int64_t{1}}, {"size", int64_t{4}}}),
+              Types{x});
+    EXPECT_EQ(infer(OpKind::concat, {x, x}, {{"dim", int64_t{2}}}), Types{T(d, {2, 4, 12})});
+    Attrs a2a = group(2);
+    a2a.set("scatter_dim", int64_t{2});
+    a2a.set("gather_dim", int64_t{1});
+    EXPECT_EQ(infer(OpKind::all_to_all, {x}, a2a), Types{T(d, {2, 8, 3})});
+    EXPECT_EQ(infer(OpKind::all_reduce, {x}, group(2)), Types{x});
+    Attrs dim1 = group(2);
+    dim1.set("dim", int64_t{1});
+    EXPECT_EQ(infer(OpKind::all_gather, {x}, dim1), Types{T(d, {2, 8, 6})});
+    EXPECT_EQ(infer(OpKind::reduce_scatter, {x}, dim1), Types{T(d, {2, 2, 6})});
+  }
+  // a bf16 all-to-all moves half the bytes of an f32 one
+  Graph g;
+  GraphBuilder b(g);
+  Attrs a2a = group(2);
+  a2a.set("scatter_dim", int64_t{2});
+  a2a.set("gather_dim", int64_t{1});
+  ValueId x32 = g.add_input(Role::constant, T(f32, {2, 4, 6}), "x32");
+  ValueId x16 = g.add_input(Role::constant, T(bf16, {2, 4, 6}), "x16");
+  b.emit1(OpKind::all_to_all, {x32}, a2a);
+  b.emit1(OpKind::all_to_all, {x16}, a2a);
+  EXPECT_EQ(node_cost(g, g.node(2)).bytes, 2 * node_cost(g, g.node(3)).bytes);
+  EXPECT_EQ(node_cost(g, g.node(3)).bytes, 2.0 * 48 / 2);  // (P - 1) / P of 48 bf16 values
+}
+
+// Every floating operand pair of one op: both dtypes in the message, in the op's own terms.
+void mixed_f32_and_bf16_is_an_error_naming_both_types() {
+  const TensorType a = T(f32, {2, 3}), b = T(bf16, {2, 3});
+  const std::string add = infer_error(OpKind::add, {a, b});
+  EXPECT_NE(add.find("add(f32[2, 3], bf16[2, 3])"), std::string::npos) << add;
+  EXPECT_NE(add.find("a and b must have the same dtype, got a f32[2, 3] and b bf16[2, 3]"), std::string::npos)
+      << add;
+  EXPECT_NE(add.find("convert"), std::string::npos) << add;
+  EXPECT_NE(infer_error(OpKind::mul, {b, a}).find("got a bf16[2, 3] and b f32[2, 3]"), std::string::npos);
+  EXPECT_NE(infer_error(OpKind::swiglu, {a, b}).find("gate and up must have the same dtype"), std::string::npos);
+  EXPECT_NE(infer_error(OpKind::silu_backward, {b, a}).find("dy and x must have the same dtype"), std::string::npos);
+  EXPECT_NE(infer_error(OpKind::div_scalar, {b, T(f32, {})}).find("x and s must have the same dtype"),
+            std::string::npos);
+  EXPECT_NE(infer_error(OpKind::linear, {T(bf16, {2, 8}), T(f32, {3, 8})})
+                .find("x and weight must have the same dtype, got x bf16[2, 8] and weight f32[3, 8]"),
+            std::string::npos);
+  EXPECT_NE(infer_error(OpKind::matmul, {a, T(bf16, {3, 4})}).find("a and b must have the same dtype"),
+            std::string::npos);
+  EXPECT_NE(infer_error(OpKind::rms_norm, {T(bf16, {2, 8}), T(f32, {8})}, {{"eps", 1e-5}})
+                .find("x and weight must have the same dtype"),
+            std::string::npos);
+  EXPECT_NE(infer_error(OpKind::rms_norm_backward, {T(f32, {2, 8}), T(bf16, {2, 8}), T(bf16, {8}), T(f32, {2})})
+                .find("x and dy must have the same dtype"),
+            std::string::npos);
+  EXPECT_NE(infer_error(OpKind::rms_norm_backward, {T(bf16, {2, 8}), T(bf16, {2, 8}), T(bf16, {8}), T(bf16, {2})})
+                .find("rstd must be f32"),
+            std::string::npos);
+  EXPECT_NE(infer_error(OpKind::concat, {a, a, b}, {{"dim", int64_t{0}}})
+                .find("operand 0 and operand 2 must have the same dtype, got operand 0 f32[2, 3] and operand 2 bf16[2, 3]"),
+            std::string::npos);
+}
+
+void f16_and_integers_are_not_floating_operands() {
+  const TensorType h = T(DType::f16, {2, 3});
+  EXPECT_NE(infer_error(OpKind::add, {h, h}).find("a must be f32 or bf16, got f16[2, 3]"), std::string::npos);
+  EXPECT_NE(infer_error(OpKind::silu, {T(i32, {4})}).find("x must be f32 or bf16, got i32[4]"), std::string::npos);
+  EXPECT_NE(infer_error(OpKind::all_reduce, {T(i32, {4})}, group(2)).find("x must be f32 or bf16"),
+            std::string::npos);
+  // integer operands stay i32: bf16 token ids or positions are refused
+  EXPECT_NE(infer_error(OpKind::embedding, {T(bf16, {11, 8}), T(bf16, {1, 5})}).find("tokens must be i32"),
+            std::string::npos);
+  EXPECT_NE(infer_error(OpKind::rope, {T(bf16, {1, 5, 2, 4}), T(bf16, {1, 5})}, {{"theta", 1e4}})
+                .find("positions must be i32"),
+            std::string::npos);
+}
+
+TEST(OpTypes, ElementwiseAndReductionOpsFollowTheOperandDtype) { elementwise_and_reduction_ops_follow_the_operand_dtype(); }
+TEST(OpTypes, FillTakesAnOptionalDtype) { fill_takes_an_optional_dtype(); }
+TEST(OpTypes, ConvertChangesTheDtypeAndNothingElse) { convert_changes_the_dtype_and_nothing_else(); }
+TEST(OpTypes, MatmulsNormsRopeAndEmbeddingFollowTheOperandDtype) { matmuls_norms_rope_and_embedding_follow_the_operand_dtype(); }
+TEST(OpTypes, AttentionKeepsAnF32LogSumExp) { attention_keeps_an_f32_log_sum_exp(); }
+TEST(OpTypes, CrossEntropyKeepsAnF32LossAndLogSumExp) { cross_entropy_keeps_an_f32_loss_and_log_sum_exp(); }
+TEST(OpTypes, LayoutOpsAndCollectivesKeepTheDtype) { layout_ops_and_collectives_keep_the_dtype(); }
+TEST(OpTypes, MixedF32AndBf16IsAnErrorNamingBothTypes) { mixed_f32_and_bf16_is_an_error_naming_both_types(); }
+TEST(OpTypes, F16AndIntegersAreNotFloatingOperands) { f16_and_integers_are_not_floating_operands(); }
+
+// The matrix is complete: every op but `input` has its types checked above.
+TEST(OpTypes, EveryOpHasATypeTest) {
+  elementwise_and_reduction_ops_follow_the_operand_dtype();
+  fill_takes_an_optional_dtype();
+  convert_changes_the_dtype_and_nothing_else();
+  matmuls_norms_rope_and_embedding_follow_the_operand_dtype();
+  attention_keeps_an_f32_log_sum_exp();
+  cross_entropy_keeps_an_f32_loss_and_log_sum_exp();
+  layout_ops_and_collectives_keep_the_dtype();
+  mixed_f32_and_bf16_is_an_error_naming_both_types();
+  f16_and_integers_are_not_floating_operands();
+  for (int i = 0; i < kNumOps; ++i) {
+    const auto op = static_cast<OpKind>(i);
+    if (op == OpKind::input) continue;
+    EXPECT_TRUE(covered().count(op)) << op_name(op) << " has no type test";
+  }
+}
+
+}  // namespace
+}  // namespace autosp
