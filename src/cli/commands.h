@@ -24,8 +24,17 @@ struct DumpArgs {
   int64_t seq_len = 0, batch = 1, sp = 1, rank = 0, tile_rows = 0;
 };
 
+struct PlanArgs {
+  std::string model, device_memory, dtype = "bf16", plot;
+  int64_t world = 1, sp = 1, zero = 0, micro_batch = 1;
+  bool json = false;
+};
+
 // mpi: the MPI runtime when launched by mpirun (else null: one process).
 int run_train(const TrainArgs& args, MpiRuntime* mpi);
 int run_dump(const DumpArgs& args);
+// `autosp plan`: the per-rank memory of a training step and the longest sequence that trains
+// under each strategy, compile-only (src/train/planner.h).
+int run_plan(const PlanArgs& args);
 
 }  // namespace autosp::cli

@@ -1,4 +1,4 @@
-// autosp: train | dump. User errors print one clear line and exit 1; internal errors
+// autosp: train | dump | plan. User errors print one clear line and exit 1; internal errors
 // (bugs) exit 2. Under mpirun, one line for the job, not one per rank.
 #include <unistd.h>
 
@@ -48,7 +48,7 @@ bool lead_process() {
 std::string subcommand_of(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "train" || a == "dump") return a;
+    if (a == "train" || a == "dump" || a == "plan") return a;
   }
   return "";
 }
@@ -106,6 +106,20 @@ int main(int argc, char** argv) {
       ->check(kPositive);
   dump_cmd->add_option("--rank", dump.rank, "Which rank of the sequence-parallel group")->check(kNonNegative);
 
+  PlanArgs plan;
+  CLI::App* plan_cmd = app.add_subcommand(
+      "plan", "Plan a training step's memory per rank and the longest sequence each strategy trains (no data, no kernels)");
+  plan_cmd->add_option("--model", plan.model, "Hugging Face config.json (or a directory holding one)")
+      ->required()->check(CLI::ExistingPath);
+  plan_cmd->add_option("--world", plan.world, "Ranks W (data parallel x sequence parallel)")->check(kPositive);
+  plan_cmd->add_option("--sp", plan.sp, "sequence_parallel_size P")->check(kPositive);
+  plan_cmd->add_option("--device-memory", plan.device_memory, "Memory per rank, e.g. 80GiB")->required();
+  plan_cmd->add_option("--zero", plan.zero, "ZeRO stage: 0 or 1")->check(CLI::Range(int64_t{0}, int64_t{1}));
+  plan_cmd->add_option("--dtype", plan.dtype, "bf16 (a GPU run: bf16 compute, fp32 master state) or f32 (the CPU runtime)");
+  plan_cmd->add_option("--micro-batch", plan.micro_batch, "Micro batch size")->check(kPositive);
+  plan_cmd->add_flag("--json", plan.json, "Print one JSON object instead of the tables");
+  plan_cmd->add_option("--plot", plan.plot, "Write an SVG of planned peak per rank against S for each strategy");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -121,6 +135,7 @@ int main(int argc, char** argv) {
       mpi = std::make_unique<autosp::MpiRuntime>(&argc, &argv);
     if (*train_cmd) return run_train(train, mpi.get());
     if (*dump_cmd) return run_dump(dump);
+    if (*plan_cmd) return run_plan(plan);
     std::cout << app.help();
     return 0;
   } catch (const autosp::UserError& e) {

@@ -35,6 +35,19 @@ void for_each_piece(const std::vector<int64_t>& offsets, int64_t lo, int64_t hi,
 
 }  // namespace
 
+int64_t ShardedAdamW::chunk_elements(int64_t shard, int64_t world) {
+  if (world <= 1) return 0;
+  // At least one element per round, so a tiny model still makes progress.
+  const int64_t budget = std::min(shard * world / 8, kMaxScratchFloats);
+  return std::clamp<int64_t>(budget / (world + 1), 1, std::max<int64_t>(shard, 1));
+}
+
+int64_t ShardedAdamW::planned_bytes(int64_t num_params, int64_t world, int zero_stage) {
+  if (zero_stage != 1) return 0;
+  const int64_t shard = (num_params + world - 1) / world;
+  return 4 * (2 * shard + (world + 1) * chunk_elements(shard, world));
+}
+
 ShardedAdamW::ShardedAdamW(const TrainConfig& config, ProcessGroups& groups, const ModelState& state)
     : config_(config), groups_(groups) {
   if (config.zero_stage != 1) return;
@@ -43,12 +56,8 @@ ShardedAdamW::ShardedAdamW(const TrainConfig& config, ProcessGroups& groups, con
   count_ = offsets_.back();
   const int64_t W = groups.world->size();
   shard_ = (count_ + W - 1) / W;
-  if (W > 1) {
-    // At least one element per round, so a tiny model still makes progress.
-    const int64_t budget = std::min(shard_ * W / 8, kMaxScratchFloats);
-    chunk_ = std::clamp<int64_t>(budget / (W + 1), 1, std::max<int64_t>(shard_, 1));
-    scratch_floats_ = (W + 1) * chunk_;
-  }
+  chunk_ = chunk_elements(shard_, W);
+  scratch_floats_ = (W + 1) * chunk_;
   // This rank's slice of the (possibly resumed) moments.
   exp_avg_.assign(shard_, 0.0f);
   exp_avg_sq_.assign(shard_, 0.0f);

@@ -40,6 +40,13 @@ class ShardedAdamW {
 
   ShardedAdamW(const TrainConfig& config, ProcessGroups& groups, const ModelState& state);
 
+  // This rank's elements per round of a chunked collective over `world` ranks for a shard
+  // of `shard` elements (0 at world 1: no collectives, no scratch).
+  static int64_t chunk_elements(int64_t shard, int64_t world);
+  // What bytes() will be for `num_params` parameters on `world` ranks at `zero_stage`, for
+  // planning without building one.
+  static int64_t planned_bytes(int64_t num_params, int64_t world, int zero_stage);
+
   // grads: this rank's partial gradients (one per parameter), overwritten (under stage 1
   // only this rank's shard positions end up reduced). Updates state.params (and, under
   // stage 0, the moments in state). Returns the global gradient norm before clipping.

@@ -98,12 +98,10 @@ Trainer::Trainer(const models::LlamaConfig& model, const TrainConfig& config, in
   const size_t heap_before = mallinfo2().uordblks;
   Graph forward = models::llama_forward(model_, {.batch = micro_batch_, .seq_len = seq_len_});
   CompileOptions options{config.sequence_parallel_size, config.compile.passes, config.compile.deepcompile};
-  const std::optional<double> budget =
-      config.compile.memory_budget_gb ? std::optional<double>(*config.compile.memory_budget_gb * double(1 << 30))
-                                      : std::nullopt;
+  const double budget = config.compile.memory_budget_gb.value_or(0) * double(1 << 30);  // 0: none
   std::string tried;
   int64_t smallest = INT64_MAX;
-  for (const MemoryStrategy& candidate : strategy_candidates(config.compile, budget ? int64_t(*budget) : 0)) {
+  for (const MemoryStrategy& candidate : strategy_candidates(config.compile, int64_t(budget))) {
     options.checkpoint = candidate.checkpoint;
     options.tile = candidate.tile;
     Graph joint = compile(forward, options);
@@ -111,7 +109,7 @@ Trainer::Trainer(const models::LlamaConfig& model, const TrainConfig& config, in
     const int64_t planned = model_state + arena + staging_bytes() + runtime_reserve();
     tried += str(tried.empty() ? "" : ", ", strategy_name(candidate), " ", double(planned) / double(1 << 30), " GiB");
     smallest = std::min(smallest, planned);
-    if (budget && double(planned) > *budget) continue;
+    if (budget > 0 && double(planned) > budget) continue;
     joint_ = std::move(joint);
     strategy_ = candidate;
     arena_ = arena;

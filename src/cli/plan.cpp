@@ -1,0 +1,216 @@
+// `autosp plan`: which strategy trains the longest sequence on this many ranks of this much
+// memory, from the compiler's own plans (train/planner.h).
+#include <algorithm>
+#include <cctype>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "models/llama.h"
+#include "train/planner.h"
+#include "util/atomic_file.h"
+#include "util/error.h"
+
+namespace autosp::cli {
+
+namespace {
+
+using nlohmann::json;
+constexpr double kGiB = double(int64_t{1} << 30);
+
+// "80GiB", "80 GB", "24G" (GiB), "1.5TiB", or bytes.
+int64_t parse_bytes(const std::string& text, const char* flag) {
+  size_t end = 0;
+  double v = 0;
+  try {
+    v = std::stod(text, &end);
+  } catch (const std::exception&) {
+    user_error(flag, " ", text, ": expected a size such as 80GiB, 80GB or 24G");
+  }
+  std::string unit = text.substr(end);
+  unit.erase(std::remove_if(unit.begin(), unit.end(), ::isspace), unit.end());
+  for (char& c : unit) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  const std::pair<const char*, double> units[] = {
+      {"", 1},         {"b", 1},          {"k", 1024.0},     {"kib", 1024.0}, {"kb", 1e3},
+      {"m", 1 << 20},  {"mib", 1 << 20},  {"mb", 1e6},       {"g", kGiB},     {"gib", kGiB},
+      {"gb", 1e9},     {"t", kGiB * 1024}, {"tib", kGiB * 1024}, {"tb", 1e12}};
+  for (const auto& [name, scale] : units)
+    if (unit == name) {
+      if (!(v > 0) || v * scale > 9e18) user_error(flag, " ", text, ": expected a positive size");
+      return int64_t(v * scale);
+    }
+  user_error(flag, " ", text, ": unknown unit '", unit, "' (B, KiB, MiB, GiB, TiB or KB, MB, GB, TB)");
+}
+
+std::string gib(int64_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.2f GiB", double(bytes) / kGiB);
+  return buf;
+}
+
+std::string tokens(int64_t n) {
+  if (n >= 1000000) return str(std::round(double(n) / 1e4) / 100, "M");
+  if (n >= 1000) return str(std::round(double(n) / 1e2) / 10, "K");
+  return std::to_string(n);
+}
+
+// Peak memory per rank against S for every strategy (log S), with the device's line.
+std::string svg_plot(const std::vector<train::StrategyResult>& results, int64_t device, const std::string& title) {
+  const double W = 900, H = 520, L = 70, R = 260, T = 40, B = 50;
+  double smin = 1e30, smax = 0, pmax = double(device) * 1.3;
+  for (const auto& r : results)
+    for (auto [S, p] : r.samples) smin = std::min(smin, double(S)), smax = std::max(smax, double(S));
+  if (smax <= smin) smax = smin * 2;
+  auto x = [&](double S) { return L + (std::log2(S) - std::log2(smin)) / (std::log2(smax) - std::log2(smin)) * (W - L - R); };
+  auto y = [&](double p) { return H - B - std::min(p, pmax) / pmax * (H - T - B); };
+  const char* colors[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b",
+                          "#e377c2", "#7f7f7f", "#bcbd22", "#17becf", "#393b79", "#637939"};
+  std::string s = str("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"", W, "\" height=\"", H,
+                      "\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n",
+                      "<text x=\"", L, "\" y=\"22\" font-size=\"14\">", title, "</text>\n");
+  s += str("<line x1=\"", L, "\" y1=\"", H - B, "\" x2=\"", W - R, "\" y2=\"", H - B, "\" stroke=\"black\"/>\n<line x1=\"", L,
+           "\" y1=\"", T, "\" x2=\"", L, "\" y2=\"", H - B, "\" stroke=\"black\"/>\n");
+  for (double S = std::exp2(std::ceil(std::log2(smin))); S <= smax; S *= 2)
+    s += str("<text x=\"", x(S), "\" y=\"", H - B + 16, "\" text-anchor=\"middle\">", tokens(int64_t(S)), "</text>\n");
+  for (int i = 0; i <= 4; ++i) {
+    const double p = pmax * i / 4;
+    s += str("<text x=\"", L - 6, "\" y=\"", y(p) + 4, "\" text-anchor=\"end\">", std::round(p / kGiB), "</text>\n");
+  }
+  s += str("<text x=\"", (L + W - R) / 2, "\" y=\"", H - 12, "\" text-anchor=\"middle\">sequence length S (tokens)</text>\n",
+           "<text x=\"16\" y=\"", (T + H - B) / 2, "\" transform=\"rotate(-90 16 ", (T + H - B) / 2,
+           ")\" text-anchor=\"middle\">planned peak per rank (GiB)</text>\n");
+  s += str("<line x1=\"", L, "\" y1=\"", y(double(device)), "\" x2=\"", W - R, "\" y2=\"", y(double(device)),
+           "\" stroke=\"black\" stroke-dasharray=\"6 4\"/>\n<text x=\"", W - R + 6, "\" y=\"", y(double(device)) + 4,
+           "\">device memory</text>\n");
+  for (size_t i = 0; i < results.size(); ++i) {
+    auto pts = results[i].samples;
+    std::sort(pts.begin(), pts.end());
+    std::string line;
+    for (auto [S, p] : pts) line += str(x(double(S)), ",", y(double(p)), " ");
+    const char* c = colors[i % std::size(colors)];
+    s += str("<polyline fill=\"none\" stroke=\"", c, "\" stroke-width=\"2\" points=\"", line, "\"/>\n");
+    s += str("<text x=\"", W - R + 6, "\" y=\"", T + 20 + 18 * i, "\" fill=\"", c, "\">", results[i].name,
+             results[i].sp > 1 ? str(", SP ", results[i].sp) : ", no SP", ": ", tokens(results[i].max_seq_len), "</text>\n");
+  }
+  return s + "</svg>\n";
+}
+
+}  // namespace
+
+int run_plan(const PlanArgs& args) {
+  namespace fs = std::filesystem;
+  const auto start = std::chrono::steady_clock::now();
+  const std::string config = fs::is_directory(args.model) ? args.model + "/config.json" : args.model;
+  train::PlanSetup setup;
+  setup.model = models::load_llama_config(config);
+  setup.world = static_cast<int>(args.world);
+  setup.sp = static_cast<int>(args.sp);
+  setup.zero = static_cast<int>(args.zero);
+  setup.micro_batch = args.micro_batch;
+  if (args.dtype == "bf16") setup.dtype = DType::bf16;
+  else if (args.dtype == "f32") setup.dtype = DType::f32;
+  else user_error("--dtype ", args.dtype, ": expected bf16 or f32");
+  if (args.world % args.sp != 0)
+    user_error("--world ", args.world, " is not divisible by --sp ", args.sp, " (world = data parallel x sequence parallel)");
+  if (args.sp > 1 && setup.model.num_attention_heads % args.sp != 0)
+    user_error("--sp ", args.sp, ": the model's ", setup.model.num_attention_heads,
+               " attention heads are not divisible by it (Ulysses gives each rank whole heads)");
+  const int64_t device = parse_bytes(args.device_memory, "--device-memory");
+  const int64_t N = models::llama_num_parameters(setup.model);
+
+  // Strategies: no SP (pure data parallelism over the same ranks, ZeRO as given) and SP;
+  // each checkpoint policy, without and with MLP tiles sized from the device memory.
+  using P = CheckpointPolicy;
+  std::vector<train::StrategyResult> results;
+  for (int sp : {1, setup.sp}) {
+    if (sp == 1 && setup.sp == 1 && !results.empty()) break;
+    train::PlanSetup s = setup;
+    s.sp = sp;
+    const int64_t granularity = 1024 * sp;
+    for (bool tiled : {false, true})
+      for (auto [policy, matmuls] : {std::pair{P::none, false}, std::pair{P::sac, false}, std::pair{P::full, false}}) {
+        train::MemoryStrategy strategy{{policy, matmuls}, {.budget_bytes = tiled ? device : 0}};
+        results.push_back(train::longest_sequence(s, strategy, device, granularity));
+      }
+    if (setup.sp == 1) break;
+  }
+  // auto: the cheapest policy that fits, so its longest sequence is the longest of any.
+  std::vector<train::StrategyResult> autos;
+  for (int sp : {1, setup.sp})
+    for (bool tiled : {false, true}) {
+      const train::StrategyResult* best = nullptr;
+      for (const auto& r : results)
+        if (r.sp == sp && r.tiled == tiled && (!best || r.max_seq_len > best->max_seq_len)) best = &r;
+      if (!best) continue;
+      train::StrategyResult a = *best;
+      a.name = str("auto (", best->name, ")");
+      a.checkpoint = "auto";
+      autos.push_back(a);
+      if (setup.sp == 1) break;
+    }
+  results.insert(results.end(), autos.begin(), autos.end());
+  const auto best = std::max_element(results.begin(), results.end(),
+                                     [](const auto& a, const auto& b) { return a.max_seq_len < b.max_seq_len; });
+  train::PlanSetup best_setup = setup;
+  best_setup.sp = best->sp;
+  const train::MemoryBreakdown b =
+      plan_step(best_setup, best->strategy, std::max<int64_t>(best->max_seq_len, 1024 * best->sp));
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+
+  const json breakdown = {{"seq_len", std::max<int64_t>(best->max_seq_len, 1024 * best->sp)},
+                          {"strategy", best->name},
+                          {"parameters", b.parameters},
+                          {"gradients", b.gradients},
+                          {"optimizer_state", b.optimizer_state},
+                          {"activations", b.activations},
+                          {"communication", b.communication},
+                          {"runtime_reserve", b.runtime_reserve},
+                          {"total", b.total()}};
+  if (args.json) {
+    json strategies = json::array();
+    for (const auto& r : results)
+      strategies.push_back({{"name", r.name}, {"sp", r.sp}, {"zero", r.zero}, {"checkpoint", r.checkpoint},
+                            {"tiled", r.tiled}, {"max_seq_len", r.max_seq_len}, {"peak_bytes", r.peak_bytes}});
+    std::cout << json{{"model", config},
+                      {"parameters", N},
+                      {"world", setup.world},
+                      {"sp", setup.sp},
+                      {"zero", setup.zero},
+                      {"dtype", args.dtype},
+                      {"precision", train::describe_precision(setup)},
+                      {"micro_batch", setup.micro_batch},
+                      {"device_memory_bytes", device},
+                      {"strategies", strategies},
+                      {"breakdown", breakdown},
+                      {"seconds", seconds}}
+                     .dump(2)
+              << "\n";
+  } else {
+    std::printf("autosp plan: %s, %.2fB parameters; %d ranks (data parallel %d x sequence parallel %d), ZeRO-%d, "
+                "micro batch %lld, %s per rank\n%s: %s\n\n",
+                config.c_str(), double(N) / 1e9, setup.world, setup.world / setup.sp, setup.sp, setup.zero,
+                (long long)setup.micro_batch, gib(device).c_str(), args.dtype.c_str(),
+                train::describe_precision(setup).c_str());
+    std::printf("| strategy | SP | ZeRO | checkpoint | tiled | longest S | planned peak per rank |\n"
+                "|---|---:|---:|---|---|---:|---:|\n");
+    for (const auto& r : results)
+      std::printf("| %s | %d | %d | %s | %s | %s | %s |\n", r.sp > 1 ? "SP" : "no SP", r.sp, r.zero,
+                  r.checkpoint.c_str(), r.tiled ? "yes" : "no", r.max_seq_len ? tokens(r.max_seq_len).c_str() : "none fits",
+                  r.max_seq_len ? gib(r.peak_bytes).c_str() : "—");
+    std::printf("\nper rank at S = %s with %s%s:\n", tokens(breakdown["seq_len"]).c_str(), best->name.c_str(),
+                best->sp > 1 ? str(", SP ", best->sp).c_str() : "");
+    for (const char* k : {"parameters", "gradients", "optimizer_state", "activations", "communication", "runtime_reserve"})
+      std::printf("  %-16s %12s\n", k, gib(breakdown[k].get<int64_t>()).c_str());
+    std::printf("  %-16s %12s of %s\n(planned in %.1f s)\n", "total", gib(b.total()).c_str(), gib(device).c_str(), seconds);
+  }
+  if (!args.plot.empty())
+    write_file_atomic(args.plot, svg_plot(results, device, str(fs::path(config).filename().string(), ": planned peak per rank, ",
+                                                               setup.world, " ranks, ZeRO-", setup.zero, ", ", args.dtype)));
+  return 0;
+}
+
+}  // namespace autosp::cli
