@@ -1,0 +1,106 @@
+// `autosp plan`: its answer is the trainer's own plan (same pipeline, same model state and
+// reserve), its longest sequence is the longest that fits, and it orders strategies as
+// their memory does.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <omp.h>
+
+#include "models/llama.h"
+#include "testing/process.h"
+#include "train/planner.h"
+#include "util/error.h"
+
+namespace autosp {
+namespace {
+
+using nlohmann::json;
+using testing::run_command;
+
+models::LlamaConfig small_llama() {
+  models::LlamaConfig c;
+  c.vocab_size = 512;
+  c.hidden_size = 64;
+  c.intermediate_size = 256;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.head_dim = 16;
+  return c;
+}
+
+TEST(Plan, TheLongestSequenceFitsAndTheNextDoesNot) {
+  train::PlanSetup setup{.model = small_llama(), .world = 2, .sp = 2, .zero = 1, .dtype = DType::bf16};
+  const int64_t device = int64_t(1280) << 20;  // the bf16 plan reserves 1 GiB for the GPU runtime
+  for (CheckpointPolicy policy : {CheckpointPolicy::none, CheckpointPolicy::sac, CheckpointPolicy::full}) {
+    const train::MemoryStrategy strategy{{policy}, {}};
+    const train::StrategyResult r = train::longest_sequence(setup, strategy, device, 512);
+    SCOPED_TRACE(r.name);
+    ASSERT_GT(r.max_seq_len, 0);
+    EXPECT_EQ(r.max_seq_len % 512, 0);
+    EXPECT_LE(train::plan_step(setup, strategy, r.max_seq_len).total(), device);
+    EXPECT_GT(train::plan_step(setup, strategy, r.max_seq_len + 512).total(), device);
+    EXPECT_EQ(r.peak_bytes, train::plan_step(setup, strategy, r.max_seq_len).total());
+  }
+}
+
+TEST(Plan, IsWhatTheTrainerPlans) {
+  // The f32 plan of one process is the trainer's planned peak less the compiled program's
+  // tables (which the planner has no executor to count).
+  const models::LlamaConfig model = small_llama();
+  for (const char* policy : {"none", "sac", "full"}) {
+    SCOPED_TRACE(policy);
+    train::TrainConfig config;
+    config.train_micro_batch_size_per_gpu = 1;
+    config.compile.checkpoint = policy;
+    train::resolve_batch(config, 1, "test");
+    train::Trainer trainer(model, config, 1024, train::ModelState::initial(model, 1));
+    train::PlanSetup setup{.model = model, .threads = omp_get_max_threads()};
+    const train::MemoryBreakdown b =
+        train::plan_step(setup, {{parse_checkpoint_policy(policy, "test")}, {}}, 1024);
+    EXPECT_EQ(b.total(), trainer.planned_peak_bytes() - trainer.program_bytes());
+    EXPECT_EQ(b.activations, trainer.planned_arena_bytes());
+  }
+}
+
+TEST(Plan, TheCliOrdersStrategiesAsTheirMemory) {
+  testing::TempDir dir("plan");
+  std::ofstream(dir / "config.json") << models::llama_config_json(small_llama()).dump(2);
+  const auto r = run_command(str(AUTOSP_BINARY, " plan --model ", dir / "config.json",
+                                 " --world 4 --sp 2 --zero 1 --device-memory 1280MiB --dtype bf16 --json --plot ",
+                                 dir / "plan.svg"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const json j = json::parse(r.output);
+  std::map<std::string, int64_t> longest;  // "sp/checkpoint/tiled"
+  for (const json& s : j["strategies"]) {
+    for (const char* key : {"name", "sp", "zero", "checkpoint", "tiled", "max_seq_len", "peak_bytes"})
+      EXPECT_TRUE(s.contains(key)) << key;
+    EXPECT_LE(s["peak_bytes"].get<int64_t>(), int64_t(1280) << 20);
+    longest[str(s["sp"], "/", s["checkpoint"].get<std::string>(), "/", s["tiled"])] = s["max_seq_len"];
+  }
+  EXPECT_EQ(j["strategies"].size(), 16u);  // {no SP, SP} x {none, sac, full, auto} x {tiled, not}
+  for (const char* tiled : {"false", "true"})
+    for (int sp : {1, 2}) {
+      SCOPED_TRACE(str("sp ", sp, " tiled ", tiled));
+      EXPECT_LE(longest[str(sp, "/none/", tiled)], longest[str(sp, "/sac/", tiled)]);
+      EXPECT_LT(longest[str(sp, "/sac/", tiled)], longest[str(sp, "/full/", tiled)]);
+      EXPECT_EQ(longest[str(sp, "/auto/", tiled)], longest[str(sp, "/full/", tiled)]);
+    }
+  EXPECT_GT(longest["2/full/false"], longest["1/full/false"]);  // SP 2 holds half of each sequence
+  EXPECT_EQ(j["breakdown"]["total"].get<int64_t>(),
+            j["breakdown"]["parameters"].get<int64_t>() + j["breakdown"]["gradients"].get<int64_t>() +
+                j["breakdown"]["optimizer_state"].get<int64_t>() + j["breakdown"]["activations"].get<int64_t>() +
+                j["breakdown"]["communication"].get<int64_t>() + j["breakdown"]["runtime_reserve"].get<int64_t>());
+  std::ifstream svg(dir / "plan.svg");
+  const std::string text((std::istreambuf_iterator<char>(svg)), {});
+  EXPECT_NE(text.find("<polyline"), std::string::npos);
+  EXPECT_NE(text.find("device memory"), std::string::npos);
+
+  const auto bad = run_command(str(AUTOSP_BINARY, " plan --model ", dir / "config.json", " --device-memory '80 parsecs'"));
+  EXPECT_EQ(bad.exit_code, 1) << bad.output;
+  EXPECT_NE(bad.output.find("--device-memory 80 parsecs: unknown unit"), std::string::npos) << bad.output;
+}
+
+}  // namespace
+}  // namespace autosp
