@@ -756,17 +756,23 @@ def print_policy_cap(res):
           f"policy (autosp SP = 1, {T} threads{tile})\n")
     print("| policy | longest S | / none | runs (S: status, peak MiB) |")
     print("|---|---:|---:|---|")
-    none = c["policies"].get("none", {}).get("longest_S")
+    def cut_short(x):
+        # A search that ran out of time gives a lower bound, not a result.
+        last = x["runs"][-1] if x["runs"] else {}
+        return last.get("status") == "timeout" or \
+            str(last.get("status", "")).startswith("stopped")
+
+    none_x = c["policies"].get("none")
+    none = none_x["longest_S"] if none_x else None
+    none_cut = bool(none_x) and cut_short(none_x)
     notes = []
     for pol, x in c["policies"].items():
-        longest = x["longest_S"]
-        last = x["runs"][-1] if x["runs"] else {}
-        # A search cut short by time is a lower bound, not a result.
-        cut = last.get("status") in ("timeout",) or \
-            str(last.get("status", "")).startswith("stopped")
+        longest, cut = x["longest_S"], cut_short(x)
         shown = fmt(longest, "d", "none") + (" (≥, budget spent)" if cut else "")
-        print(f"| {pol} | {shown} | {fmt(ratio(longest, none), '.2f')} | "
-              f"{cap_runs_text(x['runs'])} |")
+        rel = fmt(ratio(longest, none), ".2f")
+        if rel != "—" and pol != "none" and (cut or none_cut):
+            rel = "—" if cut and none_cut else ("≥ " if cut else "≤ ") + rel
+        print(f"| {pol} | {shown} | {rel} | {cap_runs_text(x['runs'])} |")
         for r in x["runs"]:
             if r["status"] not in ("ok", "over_cap", "timeout") and "log_tail" in r:
                 notes.append(f"{pol} S={r['S']}: {r['status']}: {failure_line(r)}")
