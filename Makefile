@@ -34,8 +34,9 @@ test-asan: deps
 	  bash tests/cli/cli_errors.sh build-asan/autosp
 
 # Benchmarks: ratios against baselines measured in the same run (sgemm and memcpy for the
-# kernels; PyTorch for the training step). Tables on stdout, JSON in $(BUILD)/bench/.
-# BENCH_ARGS=--quick for a ~1-minute training subset. docs/PERFORMANCE.md has the latest.
+# kernels; PyTorch for the training step; checkpoint policy none for sac and full). Tables
+# on stdout, JSON in $(BUILD)/bench/. BENCH_ARGS=--quick for a few-minute training subset,
+# BENCH_ARGS=--sections=policies,policy-cap for one part. docs/PERFORMANCE.md has the latest.
 bench: deps build
 	cmake --build $(BUILD) --target bench_kernels -j $(JOBS)
 	mkdir -p $(BUILD)/bench

@@ -4,6 +4,8 @@
 Usage (from the repository root, Debian's torch):
   /usr/bin/python3 bench/bench_train.py [--autosp build/autosp] [--out bench_train.json]
       [--quick] [--threads 2] [--cap-gib 3] [--mem-guard-gib G] [--torch-max-step-s T]
+      [--sections sweep,cap,sp,policies,policy-cap] [--policies none,sac,full]
+      [--policy-sizes 8192,16384] [--policy-steps 4] [--tile-rows N]
 
 Every measurement is its own process, started here; its peak resident set is the kernel's
 ru_maxrss of that process (os.wait4), or per MPI rank from /usr/bin/time around the rank.
@@ -24,6 +26,19 @@ same thread count (OPENBLAS_CORETYPE and friends are passed through untouched).
    65536 or --cap-budget-s per side. Sizes already measured in the sweep are reused.
 3. SP = 2 on 2 local MPI ranks x 1 thread against SP = 1 x 2 threads (the sweep's runs
    when --threads is 2), at S = 4096 and 8192: step time and per-rank peak memory.
+4. Checkpoint policies (compile.checkpoint, src/passes/checkpoint.h), autosp only, SP = 1,
+   --threads threads: each policy in --policies at each S in --policy-sizes (8192, 16384;
+   quick 2048, 4096), --policy-steps steps (median step time of the steps after the
+   first), peak RSS minus the idle baseline, and the metrics' activation_peak_bytes (the
+   executor's allocator peak). Ratios are against `none` at the same S in the same run;
+   the sizes are the outer loop, so each S's policies run next to each other.
+5. Longest S under the --cap-gib cap per policy (the search of 2., one per policy, each
+   with --policy-cap-budget-s), reusing 4.'s runs, and its ratio to none's longest S.
+   --tile-rows N > 0 adds "tile_rows": N to compile in 4. and 5. (not elsewhere); config
+   warnings autosp prints (an unknown key is warned about and ignored) are recorded per
+   run and printed under the tables.
+--sections picks a subset (default all five); 2. and 3. reuse the sweep's runs only when
+it ran.
 
 Writes everything to --out (JSON) and prints Markdown tables. A failed run (non-zero exit,
 out of memory, the --mem-guard-gib guard, a timeout) is recorded with its reason and the
@@ -63,14 +78,19 @@ MODEL = {
 }
 
 
-def ds_config(sp):
+def ds_config(sp, checkpoint=None, tile_rows=0):
+    compile_ = {"deepcompile": True, "passes": ["autosp"]}
+    if checkpoint is not None:
+        compile_["checkpoint"] = checkpoint
+    if tile_rows > 0:
+        compile_["tile_rows"] = tile_rows
     return {
         "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
         "gradient_clipping": 1.0,
         "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "betas": [0.9, 0.95],
                                                   "eps": 1e-8, "weight_decay": 0.1}},
         "sequence_parallel_size": sp,
-        "compile": {"deepcompile": True, "passes": ["autosp"]},
+        "compile": compile_,
     }
 
 
@@ -197,10 +217,21 @@ class Bench:
         self.n += 1
         return os.path.join(self.work, f"{self.n:03d}_{tag}")
 
-    def autosp(self, S, steps, threads, sp=1, cap=None, timeout=None):
-        base = self._paths(f"autosp_S{S}_sp{sp}_n{steps}")
+    def policy_config(self, policy):
+        """The SP = 1 config with compile.checkpoint = policy (and --tile-rows)."""
+        key = f"policy_{policy}"
+        if key not in self.ds:
+            self.ds[key] = os.path.join(self.work, f"ds_{key}.json")
+            with open(self.ds[key], "w") as f:
+                json.dump(ds_config(1, policy, self.a.tile_rows), f, indent=1)
+        return self.ds[key]
+
+    def autosp(self, S, steps, threads, sp=1, cap=None, timeout=None, policy=None):
+        tag = f"_{policy}" if policy else ""
+        base = self._paths(f"autosp{tag}_S{S}_sp{sp}_n{steps}")
         metrics = base + ".jsonl"
-        args = [self.a.autosp, "train", "--config", self.ds[sp], "--model", self.model_dir,
+        config = self.policy_config(policy) if policy else self.ds[sp]
+        args = [self.a.autosp, "train", "--config", config, "--model", self.model_dir,
                 "--data", self.tokens, "--seq-len", str(S), "--steps", str(steps),
                 "--metrics", metrics]
         extra = {}
@@ -212,9 +243,16 @@ class Bench:
                    "sh"] + args
         else:
             cmd = args
-        r, _ = run_measured(cmd, thread_env(threads, extra), base + ".log",
-                            timeout or self.a.run_timeout_s, cap, self.a.guard_bytes)
+        r, text = run_measured(cmd, thread_env(threads, extra), base + ".log",
+                               timeout or self.a.run_timeout_s, cap, self.a.guard_bytes)
         r.update({"side": "autosp", "S": S, "sp": sp, "threads": threads, "steps": steps})
+        if policy:
+            r["policy"] = policy
+        warnings = sorted({line.strip().replace(self.work + "/", "")
+                           for line in text.splitlines()
+                           if line.startswith("autosp: warning:")})
+        if warnings:
+            r["warnings"] = warnings
         if os.path.exists(metrics):
             with open(metrics) as f:
                 rows = [json.loads(line) for line in f if line.strip()]
@@ -226,6 +264,12 @@ class Bench:
                 r["autosp_peak_bytes"] = rows[0]["peak_bytes"]
                 r["autosp_peak_bytes_per_rank"] = rows[0].get("peak_bytes_per_rank")
                 r["autosp_activation_peak_bytes"] = rows[0].get("activation_peak_bytes")
+                # The allocator's peak over the run (it is per step; steps should agree).
+                acts = [row.get("activation_peak_bytes") for row in rows]
+                if None not in acts:
+                    r["autosp_activation_peak_bytes_max"] = max(acts)
+                r["autosp_rss_base_bytes"] = rows[0].get("rss_base_bytes")
+                r["autosp_rss_peak_bytes"] = rows[-1].get("rss_peak_bytes")
             if r["status"] == "ok" and steps > 0 and len(rows) != steps:
                 r["status"] = "error"
                 r["log_tail"] = f"{len(rows)} metrics rows for {steps} steps"
@@ -321,12 +365,16 @@ def busy(r, threads):
     return r["cpu_s"] / (r["wall_s"] * threads)
 
 
+SECTIONS = ("sweep", "cap", "sp", "policies", "policy-cap")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--autosp", default=os.path.join(ROOT, "build", "autosp"))
     ap.add_argument("--out", default="bench_train.json")
     ap.add_argument("--quick", action="store_true",
-                    help="~2 minutes: S up to 2048, cap 1 GiB, SP at 2048")
+                    help="a few minutes: S up to 2048, cap 1 GiB, SP at 2048, "
+                         "policies at 2048 and 4096")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--sizes", type=str, default=None, help="comma list (default by mode)")
     ap.add_argument("--cap-gib", type=float, default=None, help="default 3 (quick: 1)")
@@ -341,14 +389,39 @@ def main():
                     help="run torch with glibc keeping freed memory (GLIBC_TUNABLES)")
     ap.add_argument("--run-timeout-s", type=float, default=600)
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
+    ap.add_argument("--sections", type=str, default=",".join(SECTIONS),
+                    help=f"comma list of {', '.join(SECTIONS)} (default all)")
+    ap.add_argument("--policies", type=str, default="none,sac,full",
+                    help="compile.checkpoint policies for sections policies and policy-cap; "
+                         "ratios are against none")
+    ap.add_argument("--policy-sizes", type=str, default=None,
+                    help="comma list (default 8192,16384; quick 2048,4096)")
+    ap.add_argument("--policy-steps", type=int, default=None,
+                    help="steps per policy run (default 4, quick 3): the median is over "
+                         "the steps after the first")
+    ap.add_argument("--policy-cap-budget-s", type=float, default=None,
+                    help="per policy in policy-cap (default 600, quick 30): a policy that "
+                         "fits at S = 65536 must finish a step there, which takes minutes")
+    ap.add_argument("--tile-rows", type=int, default=0,
+                    help="N > 0 adds \"tile_rows\": N to compile in the policy sections")
     a = ap.parse_args()
+    sections = [x.strip() for x in a.sections.split(",") if x.strip()]
+    unknown = [x for x in sections if x not in SECTIONS]
+    if unknown:
+        ap.error(f"--sections: unknown {', '.join(unknown)} (known: {', '.join(SECTIONS)})")
+    policies = [x.strip() for x in a.policies.split(",") if x.strip()]
 
     q = a.quick
     sizes = [int(s) for s in a.sizes.split(",")] if a.sizes else \
         ([512, 1024, 2048] if q else [512, 1024, 2048, 4096, 8192])
     sp_sizes = [s for s in ([2048] if q else [4096, 8192])]
+    policy_sizes = [int(s) for s in a.policy_sizes.split(",")] if a.policy_sizes else \
+        ([2048, 4096] if q else [8192, 16384])
+    policy_steps = a.policy_steps if a.policy_steps is not None else (3 if q else 4)
     cap = (a.cap_gib if a.cap_gib is not None else (1.0 if q else 3.0)) * GIB
     cap_budget = a.cap_budget_s if a.cap_budget_s is not None else (30 if q else 240)
+    policy_cap_budget = a.policy_cap_budget_s if a.policy_cap_budget_s is not None else \
+        (30 if q else 600)
     torch_max_step = a.torch_max_step_s if a.torch_max_step_s is not None else \
         (20 if q else 240)
     avail = read_meminfo_bytes("MemAvailable:")
@@ -374,14 +447,14 @@ def main():
                    if k.startswith(("OPENBLAS_", "OMP_", "GLIBC_"))},
            "torch_malloc_retain": a.torch_malloc_retain,
            "mem_guard_bytes": a.guard_bytes, "cap_bytes": int(cap), "work_dir": work,
-           "load_average_start": os.getloadavg()}
+           "load_average_start": os.getloadavg(), "sections": sections}
 
     def log(msg):
         print(f"[{time.monotonic() - t_start:6.0f}s] {msg}", file=sys.stderr, flush=True)
 
     # ---- idle baselines
     base_a = b.autosp(sizes[0], 0, T)
-    base_t = b.torch(sizes[0], 0, T)
+    base_t = b.torch(sizes[0], 0, T) if "sweep" in sections else None
     res["baseline"] = {"autosp": base_a, "torch": base_t}
     res["torch_steps_by_S"] = {S: torch_steps(S, q) for S in sizes}
     log(f"baseline RSS autosp {fmt(mib(ok_peak(base_a)), '.0f')} MiB, "
@@ -391,7 +464,7 @@ def main():
     sweep = []
     torch_times = []  # (S, step time) of successful torch runs, for the projection
     torch_dead = None
-    for S in sizes:
+    for S in (sizes if "sweep" in sections else []):
         ra = b.autosp(S, autosp_steps, T)
         log(f"autosp S={S}: {ra['status']} {fmt(ok_time(ra))} s/step "
             f"{fmt(mib(ra['peak_rss_bytes']), '.0f')} MiB, busy {fmt(busy(ra, T))}")
@@ -419,43 +492,58 @@ def main():
         log(f"torch  S={S}: {rt['status']} {fmt(ok_time(rt))} s/step "
             f"{fmt(mib(rt.get('peak_rss_bytes')), '.0f')} MiB, busy {fmt(busy(rt, T))}")
         sweep.append({"S": S, "autosp": ra, "torch": rt})
-    res["sweep"] = sweep
+    if "sweep" in sections:
+        res["sweep"] = sweep
 
     # ---- 2. longest S under the cap
-    def cap_search(side):
+    def cap_search(side, measured=None, run=None, reused_key="reused_from_sweep",
+                   budget=cap_budget, budget_name="--cap-budget-s"):
+        """measured: the runs already made ({S: result}, default the sweep's for side);
+        run(S, cap, timeout): a 1-step run (default side's); reused_key: the flag on the
+        rows taken from measured; budget: seconds for this search."""
+        if measured is None:
+            measured = {x["S"]: x[side] for x in sweep}
+        if run is None:
+            run = (lambda S, cap, timeout: (b.autosp if side == "autosp" else b.torch)(
+                S, 1, T, cap=cap, timeout=timeout))
         found, rows, t0 = None, [], time.monotonic()
         S = 1024
         while S <= 65536:
-            prior = next((x[side] for x in sweep if x["S"] == S
-                          and x[side].get("peak_rss_bytes") is not None
-                          and x[side]["status"] in ("ok", "oom_guard", "oom")), None)
+            prior = measured.get(S)
+            if prior is not None and (prior.get("peak_rss_bytes") is None
+                                      or prior["status"] not in ("ok", "oom_guard", "oom")):
+                prior = None
             if prior is not None:
-                r = dict(prior, reused_from_sweep=True)
+                r = dict(prior, **{reused_key: True})
                 if r["status"] == "ok" and r["peak_rss_bytes"] > cap:
                     r["status"] = "over_cap"
             else:
-                left = cap_budget - (time.monotonic() - t0)
+                left = budget - (time.monotonic() - t0)
                 if left <= 0:
-                    rows.append({"S": S, "status": "stopped: --cap-budget-s spent"})
+                    rows.append({"S": S, "status": f"stopped: {budget_name} spent"})
                     break
-                run = b.autosp if side == "autosp" else b.torch
-                r = run(S, 1, T, cap=cap, timeout=left)
+                r = run(S, cap, left)
             log(f"cap {side} S={S}: {r['status']} "
                 f"{fmt(mib(r.get('peak_rss_bytes')), '.0f')} MiB")
-            rows.append({"S": S, "status": r["status"], "peak_rss_bytes":
-                         r.get("peak_rss_bytes"), "wall_s": r.get("wall_s"),
-                         "reused_from_sweep": r.get("reused_from_sweep", False)})
+            row = {"S": S, "status": r["status"], "peak_rss_bytes":
+                   r.get("peak_rss_bytes"), "wall_s": r.get("wall_s"),
+                   reused_key: r.get(reused_key, False)}
+            for k in ("warnings", "log_tail"):
+                if k in r:
+                    row[k] = r[k]
+            rows.append(row)
             if r["status"] != "ok":
                 break
             found = S
             S *= 2
         return {"longest_S": found, "runs": rows}
-    res["cap_search"] = {"cap_bytes": int(cap), "autosp": cap_search("autosp"),
-                         "torch": cap_search("torch")}
+    if "cap" in sections:
+        res["cap_search"] = {"cap_bytes": int(cap), "autosp": cap_search("autosp"),
+                             "torch": cap_search("torch")}
 
     # ---- 3. SP = 2 (2 ranks x 1 thread) against SP = 1 (1 process x 2 threads)
     sp_rows = []
-    for S in sp_sizes:
+    for S in (sp_sizes if "sp" in sections else []):
         r1 = next((x["autosp"] for x in sweep if x["S"] == S), None) if T == 2 else None
         if r1 is None:
             r1 = b.autosp(S, autosp_steps, 2)
@@ -463,7 +551,38 @@ def main():
         log(f"SP=2 S={S}: {r2['status']} {fmt(ok_time(r2))} s/step, per rank "
             f"{[fmt(mib(x), '.0f') for x in r2.get('peak_rss_bytes_per_rank') or []]} MiB")
         sp_rows.append({"S": S, "sp1": r1, "sp2": r2})
-    res["sp"] = sp_rows
+    if "sp" in sections:
+        res["sp"] = sp_rows
+
+    # ---- 4. checkpoint policies: step time and peak per policy, against none
+    policy_rows = []  # one per (S, policy), S the outer loop
+    for S in (policy_sizes if "policies" in sections else []):
+        for pol in policies:
+            r = b.autosp(S, policy_steps, T, policy=pol)
+            log(f"policy {pol} S={S}: {r['status']} {fmt(ok_time(r))} s/step "
+                f"{fmt(mib(r['peak_rss_bytes']), '.0f')} MiB, activations "
+                f"{fmt(mib(r.get('autosp_activation_peak_bytes_max')), '.0f')} MiB, "
+                f"busy {fmt(busy(r, T))}")
+            policy_rows.append({"S": S, "policy": pol, "run": r})
+    if "policies" in sections:
+        res["policies"] = {"policies": policies, "sizes": policy_sizes,
+                           "steps": policy_steps, "tile_rows": a.tile_rows,
+                           "config_compile": ds_config(1, "POLICY", a.tile_rows)["compile"],
+                           "rows": policy_rows}
+
+    # ---- 5. longest S under the cap, per policy
+    if "policy-cap" in sections:
+        per = {}
+        for pol in policies:
+            measured = {x["S"]: x["run"] for x in policy_rows if x["policy"] == pol}
+            per[pol] = cap_search(
+                f"autosp {pol}", measured,
+                lambda S, cap_, left, pol=pol: b.autosp(S, 1, T, cap=cap_, timeout=left,
+                                                        policy=pol),
+                reused_key="reused_from_policies", budget=policy_cap_budget,
+                budget_name="--policy-cap-budget-s")
+        res["policy_cap_search"] = {"cap_bytes": int(cap), "cap_budget_s_per_policy":
+                                    policy_cap_budget, "tile_rows": a.tile_rows, "policies": per}
 
     res["total_wall_s"] = round(time.monotonic() - t_start, 1)
     res["load_average_end"] = os.getloadavg()
@@ -484,6 +603,19 @@ def read_meminfo_bytes(key):
 
 
 def print_tables(res, V):
+    if "sweep" in res:
+        print_sweep(res, V)
+    if "cap_search" in res:
+        print_cap(res)
+    if "sp" in res:
+        print_sp(res)
+    if "policies" in res:
+        print_policies(res)
+    if "policy_cap_search" in res:
+        print_policy_cap(res)
+
+
+def print_sweep(res, V):
     ba = ok_peak(res["baseline"]["autosp"])
     bt = ok_peak(res["baseline"]["torch"])
     T = res["threads"]
@@ -527,18 +659,28 @@ def print_tables(res, V):
           "threads) of the whole process (init included); well under 1 means other "
           "processes took the cores and that row is noisy.")
 
+
+
+def cap_runs_text(runs):
+    return ", ".join(
+        f"{r['S']}: {r['status']}"
+        + (f" {mib(r['peak_rss_bytes']):.0f}" if r.get("peak_rss_bytes") else "")
+        for r in runs)
+
+
+def print_cap(res):
+    T = res["threads"]
     c = res["cap_search"]
     print(f"\n### Longest S under a {c['cap_bytes'] / GIB:g} GiB peak-RSS cap (SP = 1, "
           f"{T} threads)\n")
     print("| side | longest S | runs (S: status, peak MiB) |")
     print("|---|---:|---|")
     for side in ("autosp", "torch"):
-        runs = ", ".join(
-            f"{r['S']}: {r['status']}"
-            + (f" {mib(r['peak_rss_bytes']):.0f}" if r.get("peak_rss_bytes") else "")
-            for r in c[side]["runs"])
-        print(f"| {side} | {fmt(c[side]['longest_S'], 'd', 'none')} | {runs} |")
+        print(f"| {side} | {fmt(c[side]['longest_S'], 'd', 'none')} | "
+              f"{cap_runs_text(c[side]['runs'])} |")
 
+
+def print_sp(res):
     print("\n### autosp SP = 2 (2 ranks x 1 thread) vs SP = 1 (1 process x 2 threads)\n")
     print("| S | SP=1 step s | SP=2 step s | time SP2/SP1 | SP=1 peak MiB | "
           "SP=2 peak MiB per rank | mem max-rank/SP1 |")
@@ -553,6 +695,94 @@ def print_tables(res, V):
               f"{fmt(mib(p1), '.0f')} | "
               f"{cell_status(r2, ' / '.join(fmt(mib(x), '.0f') for x in per))} | "
               f"{fmt(ratio(p2, p1), '.3f')} |")
+
+
+
+def failure_line(r):
+    """The last line of a failed run's log that says why (autosp's error line if any)."""
+    lines = [x.strip() for x in (r.get("log_tail") or "").splitlines() if x.strip()]
+    errors = [x for x in lines if "error" in x.lower()]
+    return (errors or lines or [""])[-1][:300]
+
+
+def print_policies(res):
+    T = res["threads"]
+    p = res["policies"]
+    ba = ok_peak(res["baseline"]["autosp"])
+    tile = f", tile_rows {p['tile_rows']}" if p["tile_rows"] > 0 else ""
+    print(f"\n### Checkpoint policies (compile.checkpoint), autosp SP = 1, {T} threads"
+          f"{tile}\n")
+    print(f"{p['steps']} steps per run, median step time of the steps after the first. "
+          f"Peak RSS as raw / minus the idle baseline ({fmt(mib(ba), '.0f')} MiB); "
+          "activations: the metrics' activation_peak_bytes. Ratios against none at the "
+          "same S, this run.\n")
+    print("| policy | S | step s | time / none | peak MiB raw / −base | peak −base / none | "
+          "activations MiB | activations / none | busy |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    notes = []
+    for row in p["rows"]:
+        r = row["run"]
+        none = next((x["run"] for x in p["rows"]
+                     if x["S"] == row["S"] and x["policy"] == "none"), None)
+        t, tn = ok_time(r), ok_time(none)
+        pk, pn = ok_peak(r), ok_peak(none)
+        net = pk - ba if pk is not None and ba else None
+        net_n = pn - ba if pn is not None and ba else None
+        act = r.get("autosp_activation_peak_bytes_max") if r["status"] == "ok" else None
+        act_n = none.get("autosp_activation_peak_bytes_max") \
+            if none and none["status"] == "ok" else None
+        print(f"| {row['policy']} | {row['S']} | {cell_status(r, fmt(t, '.3f'))} | "
+              f"{fmt(ratio(t, tn), '.3f')} | "
+              f"{cell_status(r, fmt(mib(pk), '.0f') + ' / ' + fmt(mib(net), '.0f'))} | "
+              f"{fmt(ratio(net, net_n), '.3f')} | {fmt(mib(act), '.0f')} | "
+              f"{fmt(ratio(act, act_n), '.3f')} | {fmt(busy(r, T))} |")
+        if r["status"] != "ok":
+            notes.append(f"{row['policy']} S={row['S']}: {r['status']}: {failure_line(r)}")
+        for w in r.get("warnings", []):
+            notes.append(f"{row['policy']} S={row['S']}: {w}")
+    if not any(x["policy"] == "none" for x in p["rows"]):
+        notes.append("none is not in --policies: no ratios")
+    print("\nbusy = cpu_s / (wall_s x threads); well under 1 means other processes took "
+          "the cores and that row is noisy.")
+    for n in dict.fromkeys(notes):
+        print(f"- {n}")
+
+
+def print_policy_cap(res):
+    T = res["threads"]
+    c = res["policy_cap_search"]
+    tile = f", tile_rows {c['tile_rows']}" if c["tile_rows"] > 0 else ""
+    print(f"\n### Longest S under a {c['cap_bytes'] / GIB:g} GiB peak-RSS cap per checkpoint "
+          f"policy (autosp SP = 1, {T} threads{tile})\n")
+    print("| policy | longest S | / none | runs (S: status, peak MiB) |")
+    print("|---|---:|---:|---|")
+    def cut_short(x):
+        # A search that ran out of time gives a lower bound, not a result.
+        last = x["runs"][-1] if x["runs"] else {}
+        return last.get("status") == "timeout" or \
+            str(last.get("status", "")).startswith("stopped")
+
+    none_x = c["policies"].get("none")
+    none = none_x["longest_S"] if none_x else None
+    none_cut = bool(none_x) and cut_short(none_x)
+    notes = []
+    for pol, x in c["policies"].items():
+        longest, cut = x["longest_S"], cut_short(x)
+        shown = fmt(longest, "d", "none") + (" (≥, budget spent)" if cut else "")
+        rel = fmt(ratio(longest, none), ".2f")
+        if rel != "—" and pol != "none" and (cut or none_cut):
+            rel = "—" if cut and none_cut else ("≥ " if cut else "≤ ") + rel
+        print(f"| {pol} | {shown} | {rel} | {cap_runs_text(x['runs'])} |")
+        for r in x["runs"]:
+            if r["status"] not in ("ok", "over_cap", "timeout") and "log_tail" in r:
+                notes.append(f"{pol} S={r['S']}: {r['status']}: {failure_line(r)}")
+            for w in r.get("warnings", []):
+                notes.append(f"{pol}: {w}")
+    print(f"\nDoubling from 1024 while the peak RSS stays under the cap, "
+          f"{c['cap_budget_s_per_policy']:g} s per policy; the policy table's runs are "
+          "reused.")
+    for n in dict.fromkeys(notes):
+        print(f"- {n}")
 
 
 if __name__ == "__main__":
