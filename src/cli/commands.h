@@ -27,6 +27,7 @@ struct DumpArgs {
 struct PlanArgs {
   std::string model, device_memory, dtype = "bf16", plot;
   int64_t world = 1, sp = 1, zero = 0, micro_batch = 1;
+  int64_t tile_rows = 0;  // tiled strategies: rows per tile (0: the compiler's choice from the memory)
   bool json = false;
 };
 

@@ -117,6 +117,9 @@ int main(int argc, char** argv) {
   plan_cmd->add_option("--zero", plan.zero, "ZeRO stage: 0 or 1")->check(CLI::Range(int64_t{0}, int64_t{1}));
   plan_cmd->add_option("--dtype", plan.dtype, "bf16 (a GPU run: bf16 compute, fp32 master state) or f32 (the CPU runtime)");
   plan_cmd->add_option("--micro-batch", plan.micro_batch, "Micro batch size")->check(kPositive);
+  plan_cmd->add_option("--tile-rows", plan.tile_rows,
+                       "Rows per MLP tile in the tiled strategies (default: chosen from the device memory)")
+      ->check(kPositive);
   plan_cmd->add_flag("--json", plan.json, "Print one JSON object instead of the tables");
   plan_cmd->add_option("--plot", plan.plot, "Write an SVG of planned peak per rank against S for each strategy");
 

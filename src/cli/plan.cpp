@@ -133,7 +133,9 @@ int run_plan(const PlanArgs& args) {
     const int64_t granularity = 1024 * sp;
     for (bool tiled : {false, true})
       for (auto [policy, matmuls] : {std::pair{P::none, false}, std::pair{P::sac, false}, std::pair{P::full, false}}) {
-        train::MemoryStrategy strategy{{policy, matmuls}, {.budget_bytes = tiled ? device : 0}};
+        const TileOptions tiles = !tiled ? TileOptions{} : args.tile_rows > 0 ? TileOptions{.tile_rows = args.tile_rows}
+                                                                              : TileOptions{.budget_bytes = device};
+        train::MemoryStrategy strategy{{policy, matmuls}, tiles};
         results.push_back(train::longest_sequence(s, strategy, device, granularity));
       }
     if (setup.sp == 1) break;
