@@ -142,7 +142,12 @@ extern const OpDef sum_op = {
     .grad = [](GradContext& c) {
       c.din[0] = c.b.emit1(OpKind::expand, {c.dout[0]}, {{"shape", c.b.shape(c.in(0))}});
     },
-    .cpu = [](const KernelArgs& a) { a.out(0)[0] = float(cpu::sum(a.in(0), a.in_numel(0))); },
+    .cpu = [](const KernelArgs& a) {
+      a.out(0)[0] = float(cpu::sum(a.in(0), a.in_numel(0), static_cast<double*>(a.workspace)));
+    },
+    .cpu_workspace_bytes = [](const Types& in, const Attrs&, int) -> int64_t {
+      return 8 * cpu::sum_scratch_doubles(numel(in[0].shape));
+    },
     // the sum of a shard is this rank's part of the whole sum
     .shard = [](const Shardings& in, const Types&, const Attrs&) -> Shardings {
       return {is_replicated(in[0]) ? replicated() : partial()};

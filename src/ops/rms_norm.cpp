@@ -63,7 +63,10 @@ extern const OpDef rms_norm_backward_op = {
     .cpu = [](const KernelArgs& a) {
       const Shape& x = a.in_shape(1);
       cpu::rms_norm_backward(a.in(0), a.in(1), a.in(2), a.in(3), rows_of(x), x.back(), a.out(0),
-                             a.out(1));
+                             a.out(1), static_cast<double*>(a.workspace));
+    },
+    .cpu_workspace_bytes = [](const Types& in, const Attrs&, int) -> int64_t {
+      return 8 * cpu::rms_norm_backward_scratch_doubles(rows_of(in[1].shape), in[1].shape.back());
     },
 };
 

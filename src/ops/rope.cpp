@@ -59,10 +59,15 @@ extern const OpDef rope_op = {
     .cpu = [](const KernelArgs& a) {
       const Shape& x = a.in_shape(0);
       const int64_t D = x[3];
-      std::vector<double> inv_freq(D / 2);
-      cpu::rope_inv_freq(D, a.attrs->get_float("theta"), scaling_of(*a.attrs), inv_freq.data());
-      cpu::rope_forward(a.in(0), a.in<int32_t>(1), inv_freq.data(), x[0] * x[1], x[2], D,
-                        a.attrs->get_int("inverse", 0) != 0, a.out(0));
+      // Workspace: inv_freq [D/2] doubles, then each thread's cos/sin table.
+      double* inv_freq = static_cast<double*>(a.workspace);
+      cpu::rope_inv_freq(D, a.attrs->get_float("theta"), scaling_of(*a.attrs), inv_freq);
+      cpu::rope_forward(a.in(0), a.in<int32_t>(1), inv_freq, x[0] * x[1], x[2], D,
+                        a.attrs->get_int("inverse", 0) != 0, a.out(0), reinterpret_cast<float*>(inv_freq + D / 2));
+    },
+    .cpu_workspace_bytes = [](const Types& in, const Attrs&, int threads) -> int64_t {
+      const int64_t D = in[0].shape[3];
+      return 8 * (D / 2) + 4 * threads * cpu::rope_table_floats(D);
     },
     // rotates each (row, head) by its own position: the positions must be split alike
     .shard = [](const Shardings& in, const Types&, const Attrs&) -> Shardings {

@@ -34,11 +34,17 @@ void div_scalar(const float* x, int64_t n, float divisor, float* y) {
   for (int64_t i = 0; i < n; ++i) y[i] = x[i] / divisor;
 }
 
-double sum(const float* x, int64_t n) {
-  // Fixed chunks, summed in order: the result does not depend on the thread count.
-  constexpr int64_t kChunk = 1 << 14;
+// Fixed chunks, summed in order: the result does not depend on the thread count.
+constexpr int64_t kSumChunk = 1 << 14;
+
+int64_t sum_scratch_doubles(int64_t n) { return std::max<int64_t>(1, (n + kSumChunk - 1) / kSumChunk); }
+
+double sum(const float* x, int64_t n, double* scratch) {
+  constexpr int64_t kChunk = kSumChunk;
   const int64_t chunks = (n + kChunk - 1) / kChunk;
-  std::vector<double> partial(chunks, 0.0);
+  std::vector<double> own;
+  if (!scratch) own.resize(static_cast<size_t>(sum_scratch_doubles(n))), scratch = own.data();
+  double* partial = scratch;
 #pragma omp parallel for schedule(static)
   for (int64_t c = 0; c < chunks; ++c) {
     double s = 0;
@@ -47,7 +53,7 @@ double sum(const float* x, int64_t n) {
     partial[c] = s;
   }
   double total = 0;
-  for (double p : partial) total += p;
+  for (int64_t c = 0; c < chunks; ++c) total += partial[c];
   return total;
 }
 

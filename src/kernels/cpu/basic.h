@@ -12,7 +12,9 @@ void mul(const float* a, const float* b, int64_t n, float* y);
 void scale(const float* x, int64_t n, float alpha, float* y);
 void div_scalar(const float* x, int64_t n, float divisor, float* y);
 // Sum in double over a fixed partition of the range: the same on any thread count.
-double sum(const float* x, int64_t n);
+// scratch: sum_scratch_doubles(n) doubles (per-chunk partial sums), or null to allocate.
+double sum(const float* x, int64_t n, double* scratch = nullptr);
+int64_t sum_scratch_doubles(int64_t n);
 
 // bf16 <-> fp32. A bf16 is the top 16 bits of an fp32. Narrowing rounds to nearest, ties
 // to even (as CUDA's __float2bfloat16_rn and PyTorch): overflow gives +-inf, a NaN stays a

@@ -133,12 +133,18 @@ void rms_norm_forward(const float* x, const float* w, int64_t T, int64_t H, floa
 // With r = (mean(x^2) + eps)^(-1/2), dr/dx_j = -r^3 x_j / H, so
 //   dx = r (w * dy) - (r^3 / H) (sum_k dy_k w_k x_k) x
 //   dw = sum over rows of dy * x * r
+int64_t rms_norm_backward_scratch_doubles(int64_t T, int64_t H) {
+  return std::max<int64_t>(1, std::min(T, kRowChunks)) * H;
+}
+
 void rms_norm_backward(const float* dy, const float* x, const float* w, const float* rstd,
-                       int64_t T, int64_t H, float* dx, float* dw) {
+                       int64_t T, int64_t H, float* dx, float* dw, double* scratch) {
   const int64_t chunks = std::max<int64_t>(1, std::min(T, kRowChunks));
   // Per-chunk partial dw in double: O(kRowChunks * H), small next to the T * H inputs.
-  std::vector<double> partial(static_cast<size_t>(chunks * H), 0.0);
-  double* part = partial.data();
+  std::vector<double> own;
+  if (!scratch) own.resize(static_cast<size_t>(chunks * H)), scratch = own.data();
+  double* part = scratch;
+  std::fill(part, part + chunks * H, 0.0);
   const bool par = parallel(T * H);
 #pragma omp parallel if (par)
   {
@@ -174,16 +180,16 @@ void rms_norm_backward(const float* dy, const float* x, const float* w, const fl
 // ---- rope -----------------------------------------------------------------------------
 
 void rope_forward(const float* x, const int32_t* pos, const double* inv_freq, int64_t T, int64_t NH,
-                  int64_t D, bool inverse, float* y) {
+                  int64_t D, bool inverse, float* y, float* table) {
   AUTOSP_CHECK(D % 2 == 0, "rope head dim D = ", D, " must be even");
   const int64_t half = D / 2;
   // cos and sin of one row's angles, per thread: [threads][2][half].
-  const int threads = omp_get_max_threads();
-  std::vector<float> table(static_cast<size_t>(threads) * 2 * half);
+  std::vector<float> own;
+  if (!table) own.resize(static_cast<size_t>(omp_get_max_threads()) * 2 * half), table = own.data();
   const double sign = inverse ? -1.0 : 1.0;
 #pragma omp parallel if (parallel(T * NH * D))
   {
-    float* cs = table.data() + static_cast<int64_t>(omp_get_thread_num()) * 2 * half;
+    float* cs = table + static_cast<int64_t>(omp_get_thread_num()) * 2 * half;
     float* sn = cs + half;
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < T; ++t) {

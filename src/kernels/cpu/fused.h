@@ -17,8 +17,12 @@ void embedding_backward(const float* dy, const int32_t* tokens, int64_t T, int64
 // ---- rms_norm: y = x * rstd * w, rstd = 1 / sqrt(mean(x^2) + eps) ----------------------
 void rms_norm_forward(const float* x, const float* w, int64_t T, int64_t H, float eps, float* y,
                       float* rstd /* [T] */);
+// scratch: rms_norm_backward_scratch_doubles(T, H) doubles (the per-chunk partial dw), or
+// null to allocate it here.
 void rms_norm_backward(const float* dy, const float* x, const float* w, const float* rstd,
-                       int64_t T, int64_t H, float* dx, float* dw /* [H], summed over T */);
+                       int64_t T, int64_t H, float* dx, float* dw /* [H], summed over T */,
+                       double* scratch = nullptr);
+int64_t rms_norm_backward_scratch_doubles(int64_t T, int64_t H);
 
 // ---- rope (rotate-half, Hugging Face Llama convention) ---------------------------------
 // x: [T, NH, D] with row t at position pos[t]; D even; inv_freq: [D/2].
@@ -28,8 +32,11 @@ void rms_norm_backward(const float* dy, const float* x, const float* w, const fl
 // inverse = true rotates by -angle (the transpose, used for the gradient).
 // y may be x (both halves of a head are read before either is written).
 // Angles are computed in double and rounded once, so y does not depend on the row split.
+// table: rope_table_floats(D) floats per OpenMP thread (one row's cos and sin), or null to
+// allocate it here.
 void rope_forward(const float* x, const int32_t* pos, const double* inv_freq, int64_t T,
-                  int64_t NH, int64_t D, bool inverse, float* y);
+                  int64_t NH, int64_t D, bool inverse, float* y, float* table = nullptr);
+inline int64_t rope_table_floats(int64_t D) { return D; }
 
 // inv_freq[i] = 1 / theta^(2i / D), then, if llama3 scaling is on, the Llama 3.1 rule
 // (transformers' _compute_llama3_parameters): wavelen = 2 pi / inv_freq;
