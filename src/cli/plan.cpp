@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <future>
 #include <iostream>
 #include <nlohmann/json.hpp>
 
@@ -125,21 +126,26 @@ int run_plan(const PlanArgs& args) {
   // Strategies: no SP (pure data parallelism over the same ranks, ZeRO as given) and SP;
   // each checkpoint policy, without and with MLP tiles sized from the device memory.
   using P = CheckpointPolicy;
-  std::vector<train::StrategyResult> results;
+  // Each strategy's search compiles on its own thread (compiling is single-threaded and
+  // shares nothing but read-only op tables).
+  std::vector<std::future<train::StrategyResult>> searches;
   for (int sp : {1, setup.sp}) {
-    if (sp == 1 && setup.sp == 1 && !results.empty()) break;
     train::PlanSetup s = setup;
     s.sp = sp;
     const int64_t granularity = 1024 * sp;
     for (bool tiled : {false, true})
-      for (auto [policy, matmuls] : {std::pair{P::none, false}, std::pair{P::sac, false}, std::pair{P::full, false}}) {
+      for (P policy : {P::none, P::sac, P::full}) {
         const TileOptions tiles = !tiled ? TileOptions{} : args.tile_rows > 0 ? TileOptions{.tile_rows = args.tile_rows}
                                                                               : TileOptions{.budget_bytes = device};
-        train::MemoryStrategy strategy{{policy, matmuls}, tiles};
-        results.push_back(train::longest_sequence(s, strategy, device, granularity));
+        const train::MemoryStrategy strategy{{policy}, tiles};
+        searches.push_back(std::async(std::launch::async, [s, strategy, device, granularity] {
+          return train::longest_sequence(s, strategy, device, granularity);
+        }));
       }
     if (setup.sp == 1) break;
   }
+  std::vector<train::StrategyResult> results;
+  for (auto& search : searches) results.push_back(search.get());
   // auto: the cheapest policy that fits, so its longest sequence is the longest of any.
   std::vector<train::StrategyResult> autos;
   for (int sp : {1, setup.sp})
