@@ -7,6 +7,7 @@
 #include "models/llama.h"
 #include "testing/process.h"
 #include "util/error.h"
+#include "testing/tiny_llama.h"
 
 namespace autosp {
 namespace {
@@ -16,15 +17,7 @@ using testing::run_command;
 struct ModelDir {
   testing::TempDir dir{"dump"};
   ModelDir() {
-    models::LlamaConfig c;
-    c.vocab_size = 11;
-    c.hidden_size = 8;
-    c.intermediate_size = 12;
-    c.num_hidden_layers = 1;
-    c.num_attention_heads = 2;
-    c.num_key_value_heads = 1;
-    c.head_dim = 4;
-    std::ofstream(dir / "config.json") << models::llama_config_json(c).dump(2);
+    std::ofstream(dir / "config.json") << models::llama_config_json(testing::tiny_llama(1)).dump(2);
   }
   testing::ProcessResult dump(const std::string& args) const {
     return run_command(str(AUTOSP_BINARY, " dump --model ", dir.path(), " --seq-len 8 ", args));

@@ -12,21 +12,12 @@
 #include "passes/checkpoint.h"
 #include "testing/golden.h"
 #include "train/trainer.h"
+#include "testing/tiny_llama.h"
 
 namespace autosp {
 namespace {
 
-models::LlamaConfig tiny_llama(int layers = 2) {
-  models::LlamaConfig c;
-  c.vocab_size = 11;
-  c.hidden_size = 8;
-  c.intermediate_size = 12;
-  c.num_hidden_layers = layers;
-  c.num_attention_heads = 2;
-  c.num_key_value_heads = 1;
-  c.head_dim = 4;
-  return c;
-}
+using testing::tiny_llama;
 
 Graph joint_graph(int64_t S, int64_t sp = 1, int layers = 2) {
   Graph forward = models::llama_forward(tiny_llama(layers), {.batch = 1, .seq_len = S});

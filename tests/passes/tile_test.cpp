@@ -18,22 +18,12 @@
 #include "testing/golden.h"
 #include "train/config.h"
 #include "train/trainer.h"
+#include "testing/tiny_llama.h"
 
 namespace autosp {
 namespace {
 
-// F = 12 differs from every other dim, so a value with 12 in its shape is an MLP value.
-models::LlamaConfig tiny_llama(int layers = 2) {
-  models::LlamaConfig c;
-  c.vocab_size = 11;
-  c.hidden_size = 8;
-  c.intermediate_size = 12;
-  c.num_hidden_layers = layers;
-  c.num_attention_heads = 2;
-  c.num_key_value_heads = 1;
-  c.head_dim = 4;
-  return c;
-}
+using testing::tiny_llama;  // F = 12: a value with 12 in its shape is an MLP value
 
 Graph compiled(const models::LlamaConfig& model, int64_t B, int64_t S, int64_t tile_rows, CheckpointPolicy policy,
                int64_t sp = 1, const std::string& stage = "checkpoint") {

@@ -12,6 +12,7 @@
 #include "testing/process.h"
 #include "train/checkpoint.h"
 #include "train/trainer.h"
+#include "testing/tiny_llama.h"
 
 namespace autosp {
 namespace {
@@ -155,14 +156,7 @@ class RecordingSource final : public train::DataSource {
 };
 
 TEST(Trainer, EachStepReadsTheSamplesAfterTheConsumedOnesWhateverTheBatchLayout) {
-  models::LlamaConfig model;
-  model.vocab_size = 7;
-  model.hidden_size = 8;
-  model.intermediate_size = 12;
-  model.num_hidden_layers = 1;
-  model.num_attention_heads = 2;
-  model.num_key_value_heads = 1;
-  model.head_dim = 4;
+  const models::LlamaConfig model = testing::tiny_llama(1, 7);
   auto config = [](int micro, int accum) {
     train::TrainConfig c;
     c.train_micro_batch_size_per_gpu = micro;

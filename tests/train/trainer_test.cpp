@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include "train/trainer.h"
+#include "testing/tiny_llama.h"
 
 namespace autosp::train {
 namespace {
@@ -19,14 +20,7 @@ class NoLabels final : public DataSource {
 };
 
 TEST(Trainer, ANonFiniteLossStopsBeforeTheUpdate) {
-  models::LlamaConfig model;
-  model.vocab_size = 7;
-  model.hidden_size = 8;
-  model.intermediate_size = 12;
-  model.num_hidden_layers = 1;
-  model.num_attention_heads = 2;
-  model.num_key_value_heads = 1;
-  model.head_dim = 4;
+  const models::LlamaConfig model = testing::tiny_llama(1, 7);
   TrainConfig config;
   config.train_micro_batch_size_per_gpu = 1;
   resolve_batch(config, 1, "test");
