@@ -317,11 +317,12 @@ struct AttentionData {
   }
   void forward() {
     cpu::attention_forward(d, true, scale, q.data(), k.data(), v.data(), out.data(), lse.data(),
-                           ws.data());
+                           ws.data(), omp_get_max_threads());
   }
   void backward() {
     cpu::attention_backward(d, true, scale, q.data(), k.data(), v.data(), out.data(), lse.data(),
-                            dout.data(), dq.data(), dk.data(), dv.data(), ws.data());
+                            dout.data(), dq.data(), dk.data(), dv.data(), ws.data(),
+                            omp_get_max_threads());
   }
 };
 

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "comm/mpi_communicator.h"
+#include "kernels/cpu/isa.h"
 #include "models/llama.h"
 #include "passes/autosp.h"
 #include "passes/pipeline.h"
@@ -83,6 +84,7 @@ class MetricsWriter {
               {"lr", s.lr},             {"grad_norm", s.grad_norm},
               {"consumed_samples", s.consumed_samples},
               {"tokens_per_s", s.tokens_per_s}, {"step_time_s", s.seconds},
+              {"step_flops", s.flops}, {"step_gflops_per_s", s.flops / s.seconds * 1e-9},
               {"peak_bytes", *std::max_element(peaks.begin(), peaks.end())},
               {"peak_bytes_per_rank", peaks},
               {"activation_peak_bytes", s.activation_bytes},
@@ -246,6 +248,7 @@ int run_demo(const TrainArgs& args, std::optional<uint64_t> seed, const Launch& 
       (long long)model.num_hidden_layers, (long long)model.hidden_size, (long long)model.num_attention_heads,
       (long long)model.num_key_value_heads, (long long)model.vocab_size,
       (long long)models::llama_num_parameters(model));
+  say(launch, "%s\n", cpu::kernels_summary().c_str());
   say(launch, "training: %lld steps of %lld sequences x %lld tokens, AdamW lr %.0e, warmup + cosine; "
       "sequence parallel over %d rank(s), %lld tokens each\n\n",
       (long long)steps, (long long)*config.train_micro_batch_size_per_gpu, (long long)S, config.optimizer.lr,
@@ -414,6 +417,7 @@ int run_train(const TrainArgs& args, MpiRuntime* mpi) {
   });
 
   say(launch, "data: %s\n", data.describe(S).c_str());
+  say(launch, "%s\n", cpu::kernels_summary().c_str());
   const int64_t to_train = std::max<int64_t>(0, args.steps - state.step);
   const int64_t last_sample = state.consumed_samples + to_train * layout.global();
   if (epoch_samples > 0 && to_train > 0 && (last_sample - 1) / epoch_samples > state.consumed_samples / epoch_samples)

@@ -11,6 +11,7 @@
 
 #include "cli/commands.h"
 #include "comm/mpi_communicator.h"
+#include "kernels/cpu/isa.h"
 #include "util/error.h"
 
 namespace {
@@ -53,12 +54,34 @@ std::string subcommand_of(int argc, char** argv) {
   return "";
 }
 
+// `autosp --version`: the build, the kernels this CPU runs, what is built in.
+std::string version_text() {
+  return std::string("autosp ") + AUTOSP_VERSION + "\n" + autosp::cpu::kernels_summary() +
+         "\nbackends: cpu\ncommunicators: single process, mpi (" +
+         autosp::MpiRuntime::library_version() + ")";
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   using namespace autosp::cli;
+  // Before anything else: a CPU below the build's baseline, or a bad AUTOSP_ISA, is a clear
+  // error rather than an illegal instruction later.
+  if (std::string lacks; !autosp::cpu::cpu_runs_baseline(&lacks)) {
+    if (lead_process())
+      std::fprintf(stderr, "autosp: error: this CPU lacks %s; this build needs x86-64-v3 (AVX2, FMA, "
+                   "F16C, BMI2)\n", lacks.c_str());
+    return 1;
+  }
+  try {
+    autosp::cpu::active_isa();
+  } catch (const autosp::UserError& e) {
+    if (lead_process()) std::fprintf(stderr, "autosp: error: %s\n", e.what());
+    return 1;
+  }
   CLI::App app{"autosp: a training compiler and runtime for long-context language models"};
   app.require_subcommand(0, 1);
+  app.set_version_flag("--version", version_text, "Print the version, the CPU kernels chosen and what is built in");
 
   const auto kPositive = CLI::Range(int64_t{1}, INT64_MAX);
   const auto kNonNegative = CLI::Range(int64_t{0}, INT64_MAX);

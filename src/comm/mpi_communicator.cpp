@@ -264,6 +264,15 @@ bool MpiRuntime::launched_by_mpirun() {
   return false;
 }
 
+std::string MpiRuntime::library_version() {
+  char text[MPI_MAX_LIBRARY_VERSION_STRING];
+  int len = 0;
+  MPI_Get_library_version(text, &len);
+  std::string v(text, static_cast<size_t>(std::max(len, 0)));
+  v = v.substr(0, v.find_first_of(",\n"));  // "Open MPI v4.1.4, package: ..." -> "Open MPI v4.1.4"
+  return v;
+}
+
 ProcessGroups MpiRuntime::make_groups(int sp_size) const {
   if (sp_size < 1) user_error("sequence_parallel_size must be at least 1, got ", sp_size);
   if (world_size_ % sp_size != 0)

@@ -100,6 +100,8 @@ class MpiRuntime {
   // True when a launcher started this process (OpenMPI's mpirun, or a PMI/PMIx launcher
   // such as srun or hydra): the caller should then use MPI even for one rank.
   static bool launched_by_mpirun();
+  // The MPI library's own version line (callable before MPI starts), e.g. "Open MPI v4.1.4".
+  static std::string library_version();
 
   int world_rank() const { return world_rank_; }
   int world_size() const { return world_size_; }

@@ -62,7 +62,7 @@ extern const OpDef attention_op = {
       cpu::AttentionDims d = attention_dims({*a.in_types[0], *a.in_types[1], *a.in_types[2]});
       cpu::attention_forward(d, a.attrs->get_int("causal") != 0, float(a.attrs->get_float("scale")),
                              a.in(0), a.in(1), a.in(2), a.out(0), a.out(1),
-                             static_cast<float*>(a.workspace));
+                             static_cast<float*>(a.workspace), a.threads);
     },
     .cpu_workspace_bytes = [](const Types& in, const Attrs&, int threads) -> int64_t {
       return cpu::attention_forward_workspace_floats(attention_dims(in), threads) * 4;
@@ -100,7 +100,7 @@ extern const OpDef attention_backward_op = {
       cpu::AttentionDims d = attention_dims({*a.in_types[1], *a.in_types[2], *a.in_types[3]});
       cpu::attention_backward(d, a.attrs->get_int("causal") != 0, float(a.attrs->get_float("scale")),
                               a.in(1), a.in(2), a.in(3), a.in(4), a.in(5), a.in(0), a.out(0),
-                              a.out(1), a.out(2), static_cast<float*>(a.workspace));
+                              a.out(1), a.out(2), static_cast<float*>(a.workspace), a.threads);
     },
     .cpu_workspace_bytes = [](const Types& in, const Attrs&, int threads) -> int64_t {
       return cpu::attention_backward_workspace_floats(attention_dims({in[1], in[2], in[3]}), threads) * 4;

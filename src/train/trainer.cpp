@@ -131,6 +131,7 @@ Trainer::Trainer(const models::LlamaConfig& model, const TrainConfig& config, in
   malloc_trim(0);
 
   executor_ = std::make_unique<CpuExecutor>(joint_, allocator_, 0, groups_);
+  for (const Node& node : joint_.nodes()) graph_flops_ += node_cost(joint_, node).flops;
   // The compiled program itself (the graph and the executor's per-value tables) grows with
   // the graph's size, not the sequence's: counted as the allocator has it now, before the
   // first step (the arena excluded: it is in the plan already).
@@ -228,6 +229,7 @@ StepStats Trainer::train_step(const DataSource& data) {
   s.activation_bytes = allocator_.peak_bytes();
   s.model_state_bytes = state_.persistent_bytes() + optimizer_->bytes();
   s.planned_peak_bytes = planned_peak_;
+  s.flops = graph_flops_ * double(g);
   s.peak_bytes = s.activation_bytes + s.model_state_bytes;
   return s;
 }

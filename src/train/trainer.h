@@ -71,6 +71,9 @@ struct StepStats {
   // arena (plan_memory, workspaces included) + batch staging + the compiled program's host
   // tables + runtime_reserve_bytes().
   int64_t planned_peak_bytes = 0;
+  // Floating-point operations of this rank's step as the ops' cost rules count them (the
+  // compiled graph's nodes, once per micro batch; the optimizer update is not counted).
+  double flops = 0;
 };
 
 class Trainer {
@@ -127,6 +130,7 @@ class Trainer {
   Graph joint_;
   MemoryStrategy strategy_;
   int64_t arena_ = 0, planned_peak_ = 0, program_bytes_ = 0;
+  double graph_flops_ = 0;  // one micro batch of the compiled graph, this rank
   int threads_ = 1;  // the executor's kernel threads
   HeapAllocator allocator_;
   std::unique_ptr<CpuExecutor> executor_;

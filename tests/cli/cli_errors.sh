@@ -426,6 +426,12 @@ new_case cli_dump_unknown_stage &&
   expect_error cli_dump_unknown_stage "no_such_stage" -- "$AUTOSP" dump --model "$CASE" --seq-len 16 \
     --stage no_such_stage
 
+# The kernels' instruction set, chosen with AUTOSP_ISA (kernels/cpu/isa.h): an unknown name
+# is an error naming the variable, before anything runs.
+new_case env_isa_unknown &&
+  expect_error env_isa_unknown "AUTOSP_ISA=sse4" "expected avx2 or avx512" -- env AUTOSP_ISA=sse4 "$AUTOSP" train \
+    --config "$CASE/ds_config.json" --model "$CASE" --data "$CASE/tokens.bin" --seq-len 16 --steps 1
+
 # ---------------------------------------------------------------------------- summary
 if [ ${#FAILED[@]} -gt 0 ]; then
   echo "${#FAILED[@]} of $NUM_CASES cases failed: ${FAILED[*]}"

@@ -70,10 +70,10 @@ void run_kernels(const AttentionDims& d, bool causal, float scale, Tensors& t) {
                                  autosp::cpu::attention_backward_workspace_floats(d, threads)),
                         std::numeric_limits<float>::quiet_NaN());
   autosp::cpu::attention_forward(d, causal, scale, t.q.data(), t.k.data(), t.v.data(),
-                                 t.out.data(), t.lse.data(), ws.data());
+                                 t.out.data(), t.lse.data(), ws.data(), threads);
   autosp::cpu::attention_backward(d, causal, scale, t.q.data(), t.k.data(), t.v.data(),
                                   t.out.data(), t.lse.data(), t.dout.data(), t.dq.data(),
-                                  t.dk.data(), t.dv.data(), ws.data());
+                                  t.dk.data(), t.dv.data(), ws.data(), threads);
 }
 
 // Observed (fp32 kernel vs double reference, worst case over the matrix below):
@@ -136,25 +136,41 @@ INSTANTIATE_TEST_SUITE_P(AttentionKernel, AttentionKernelVsReference, ::testing:
                          case_name);
 
 // The backward pass reduces GQA's dk, dv in a fixed order and never lets the schedule
-// decide a sum, so results must be bitwise equal on 1 and on several threads.
-TEST(AttentionKernelDeterminism, BitwiseEqualAcrossThreadCounts) {
-  const AttentionDims d{2, 200, 8, 2, 64};
-  const float scale = 0.125f;
+// decide a sum, so results must be bitwise equal on 1 and on several threads, also where
+// the thread count switches attention_backward from its fused schedule (over heads) to
+// the split one (over key blocks, then query blocks).
+TEST(AttentionKernelDeterminism, BitwiseEqualAcrossThreadCountsAndSchedules) {
   const int saved = omp_get_max_threads();
-  Tensors one = make_inputs(d, 7), many = make_inputs(d, 7);
-  omp_set_num_threads(1);
-  run_kernels(d, true, scale, one);
-  omp_set_num_threads(std::max(saved, 3));
-  run_kernels(d, true, scale, many);
-  omp_set_num_threads(saved);
   auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
     return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
   };
-  EXPECT_TRUE(same(one.out, many.out));
-  EXPECT_TRUE(same(one.lse, many.lse));
-  EXPECT_TRUE(same(one.dq, many.dq));
-  EXPECT_TRUE(same(one.dk, many.dk));
-  EXPECT_TRUE(same(one.dv, many.dv));
+  bool saw_split = false, saw_fused = false;
+  for (const AttentionDims d : {AttentionDims{2, 200, 8, 2, 64}, AttentionDims{1, 200, 4, 2, 64},
+                                AttentionDims{1, 130, 2, 2, 40}, AttentionDims{1, 200, 3, 1, 32}}) {
+    for (bool causal : {true, false}) {
+      const std::string at = "B=" + std::to_string(d.B) + " NH=" + std::to_string(d.NH) + " NKV=" +
+                             std::to_string(d.NKV) + (causal ? " causal" : "");
+      Tensors one = make_inputs(d, 7);
+      omp_set_num_threads(1);
+      ASSERT_FALSE(autosp::cpu::attention_backward_is_split(d, 1));
+      run_kernels(d, causal, 0.125f, one);
+      for (int threads : {3, 16}) {
+        Tensors many = make_inputs(d, 7);
+        omp_set_num_threads(threads);
+        const bool split = autosp::cpu::attention_backward_is_split(d, threads);
+        (split ? saw_split : saw_fused) = true;
+        run_kernels(d, causal, 0.125f, many);
+        const std::string where = at + ", " + std::to_string(threads) + " threads" + (split ? " (split)" : " (fused)");
+        EXPECT_TRUE(same(one.out, many.out)) << where;
+        EXPECT_TRUE(same(one.lse, many.lse)) << where;
+        EXPECT_TRUE(same(one.dq, many.dq)) << where;
+        EXPECT_TRUE(same(one.dk, many.dk)) << where;
+        EXPECT_TRUE(same(one.dv, many.dv)) << where;
+      }
+    }
+  }
+  omp_set_num_threads(saved);
+  EXPECT_TRUE(saw_split && saw_fused) << "both backward schedules must be compared";
 }
 
 // The workspace must grow linearly in S, never as S^2.

@@ -10,7 +10,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <random>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -268,6 +270,35 @@ TEST(FusedKernelRope, ForwardMatchesReference) {
     // |x| <= 1; cos/sin rounded to float, two products and a sum: observed 9.6e-8
     // (forward) and 1.1e-7 (inverse).
     EXPECT_LT(max_abs_error(y, want), 5e-7) << "inverse = " << inverse;
+  }
+}
+
+// The cos/sin table itself (vectorised double sin/cos in simd.h, rounded to float): rotating
+// the unit vector e_i gives y[i] = cos and y[i + D/2] = sin exactly, which must equal
+// std::cos / std::sin in double rounded to float, to within one float ulp, for positions up
+// to 2^20 and every frequency of Llama 3's rope (theta 500000, D = 128) and a D = 40 one
+// (not a multiple of any vector width).
+TEST(FusedKernelRope, TableIsDoubleSinCosRoundedToFloat) {
+  for (const auto& [D, theta] : {std::pair<int64_t, double>{128, 500000.0}, {40, 10000.0}}) {
+    const int64_t half = D / 2, T = 2 * half;
+    auto pos = random_ints(T, 0, (1 << 20) - 1, 31);
+    pos[0] = 0, pos[1] = 1, pos[2] = (1 << 20) - 1;
+    const auto inv_freq = plain_inv_freq(D, theta);
+    std::vector<float> x(T * D, 0.0f), y(T * D);
+    for (int64_t t = 0; t < T; ++t) x[t * D + t % half] = 1.0f;  // row t rotates e_{t mod half}
+    for (bool inverse : {false, true}) {
+      rope_forward(x.data(), pos.data(), inv_freq.data(), T, 1, D, inverse, y.data());
+      double worst = 0.0;
+      for (int64_t t = 0; t < T; ++t) {
+        const int64_t i = t % half;
+        const double angle = double(pos[t]) * inv_freq[i];
+        const float want_c = float(std::cos(angle)), want_s = float((inverse ? -1 : 1) * std::sin(angle));
+        const float ulp = std::numeric_limits<float>::epsilon();
+        worst = std::max({worst, std::abs(double(y[t * D + i]) - want_c) / ulp,
+                          std::abs(double(y[t * D + i + half]) - want_s) / ulp});
+      }
+      EXPECT_LE(worst, 1.0) << "D=" << D << " inverse=" << inverse << ": worst error in float epsilons";
+    }
   }
 }
 

@@ -10,8 +10,11 @@
 //     on which thread runs it, and GQA's dk/dv sums over a group's query heads are reduced
 //     in a fixed order from per-head partials.
 //
-// The kernels run on omp_get_max_threads() threads; the workspace must have been sized
-// for at least that many (`threads` argument of the *_workspace_floats functions).
+// The kernels run on the `threads` they are given; the workspace must have been sized for
+// at least that many (`threads` argument of the *_workspace_floats functions).
+//
+// Compiled once per instruction set (isa.h): only the register tile of micro_kernel (and
+// the vector width W) differ between the copies.
 //
 // Maths (row i of a query head, keys j, s_ij = scale * q_i . k_j, masked j -> -inf):
 //   forward:  m_i = max_j s_ij, l_i = sum_j exp(s_ij - m_i), out_i = sum_j exp(s_ij - m_i) v_j / l_i,
@@ -19,22 +22,20 @@
 //   backward: P_ij = exp(s_ij - lse_i), delta_i = dout_i . out_i,
 //             dv_j = sum_i P_ij dout_i, dP_ij = dout_i . v_j, dS_ij = P_ij (dP_ij - delta_i),
 //             dq_i = scale sum_j dS_ij k_j, dk_j = scale sum_i dS_ij q_i.
-#include "kernels/cpu/attention.h"
-
 #include <omp.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
-#include <vector>
 
+#include "kernels/cpu/isa_kernels.h"
 #include "kernels/cpu/simd.h"
 
-namespace autosp::cpu {
+namespace autosp::cpu::AUTOSP_ISA {
 namespace {
 
-// The 16-wide vector helpers (vf, W, load/store/splat/fmadd/vmax/hmax, vexp).
+// The W-wide vector helpers (vf, W, load/store/splat/fmadd/vmax/hmax, vexp).
 using namespace simd;
 
 // ---- register-blocked C[M x N] (+)= A[M x K] B[K x N] --------------------------------
@@ -74,20 +75,30 @@ void panel(int64_t M, int64_t K, const float* A, int64_t ars, int64_t acs, const
   }
 }
 
+// The widest register tile: kMR rows x kNV vectors of accumulators, plus kNV vectors of B
+// and one broadcast of A, must fit the register file without spilling.
+#if defined(__AVX512F__)
+constexpr int kMR = 6, kNV = 4;  // 24 + 4 + 1 of 32 zmm: a 6 x 64 tile
+#else
+constexpr int kMR = 6, kNV = 2;  // 12 + 2 + 1 of 16 ymm: a 6 x 16 tile (Haswell sgemm's)
+#endif
+
 void gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t ars, int64_t acs,
           const float* B, int64_t ldb, float* C, int64_t ldc, bool accumulate) {
   int64_t n = 0;
-  for (; n + 4 * W <= N; n += 4 * W)
-    panel<6, 4>(M, K, A, ars, acs, B + n, ldb, C + n, ldc, accumulate);
-  if (n + 2 * W <= N) {
-    panel<8, 2>(M, K, A, ars, acs, B + n, ldb, C + n, ldc, accumulate);
-    n += 2 * W;
+  for (; n + kNV * W <= N; n += kNV * W)
+    panel<kMR, kNV>(M, K, A, ars, acs, B + n, ldb, C + n, ldc, accumulate);
+  if constexpr (kNV > 2) {
+    if (n + 2 * W <= N) {
+      panel<8, 2>(M, K, A, ars, acs, B + n, ldb, C + n, ldc, accumulate);
+      n += 2 * W;
+    }
   }
   if (n + W <= N) {
     panel<8, 1>(M, K, A, ars, acs, B + n, ldb, C + n, ldc, accumulate);
     n += W;
   }
-  if (n < N) {  // D not a multiple of 16: plain scalar columns
+  if (n < N) {  // D not a multiple of W: plain scalar columns
     for (int64_t i = 0; i < M; ++i)
       for (int64_t c = n; c < N; ++c) {
         float s = accumulate ? C[i * ldc + c] : 0.0f;
@@ -124,15 +135,42 @@ ForwardPlan plan_forward(const AttentionDims& d) {
   return p;
 }
 
+// Backward runs one of two schedules, chosen from the work items per thread (never from
+// the data), that give bitwise the same results (both are built from the same tile steps,
+// summing in the same order):
+//   fused: one work item per (batch, query head) walks key blocks j and, for each, the query
+//          blocks i: dK_j, dV_j complete in registers' worth of scratch, dQ accumulates in
+//          an S x D buffer. 5 tile products per (i, j).
+//   split: when there are too few heads to keep every thread busy (few heads per rank under
+//          sequence parallelism, many cores): items over (batch, kv head, key block j) make
+//          dK_j, dV_j, then items over (batch, query head, query block i) make dQ_i, each
+//          walking its own blocks in the same order as fused. P and dS are recomputed in
+//          the second phase: 7 tile products per (i, j) instead of 5.
 struct BackwardPlan {
   int64_t kT, vT, p, ds, dk, dv, dq, delta, per_thread;
   int64_t G;         // query heads per kv head
+  bool split;        // the split schedule (else fused)
+  // fused only:
   int64_t wave;      // kv groups processed at once when G > 1
   int64_t slot;      // floats of one query head's dk+dv partial (S x D each)
   int64_t slots;     // number of partial slots (0 when G == 1)
+  // split only:
+  int64_t dk_sum, dv_sum;  // per thread: a kv group's dK_j, dV_j summed over its heads
+  int64_t deltas;          // shared: delta of every (batch, query head, row), B x NH x S
 };
+
+// The fused schedule keeps threads busy when its B x NH equal items fill the threads'
+// rounds well; 0.75 is about where the split schedule's 7/5 work starts to cost less.
+bool use_split(const AttentionDims& d, int threads) {
+  const int64_t items = d.B * d.NH;
+  const int64_t rounds = ceil_div(items, std::max(threads, 1));
+  return double(items) / double(rounds * std::max(threads, 1)) < 0.75;
+}
+
 BackwardPlan plan_backward(const AttentionDims& d, int threads) {
   BackwardPlan p{};
+  p.G = d.NH / d.NKV;
+  p.split = use_split(d, threads);
   int64_t off = 0;
   p.kT = off, off += region(d.D * kBk);  // K_j^T, D x Bk (zero-padded columns)
   p.vT = off, off += region(d.D * kBk);  // V_j^T
@@ -140,13 +178,20 @@ BackwardPlan plan_backward(const AttentionDims& d, int threads) {
   p.ds = off, off += region(kBq * kBk);  // dP then dS tile
   p.dk = off, off += region(kBk * d.D);  // dK_j accumulator
   p.dv = off, off += region(kBk * d.D);  // dV_j accumulator
-  p.dq = off, off += region(d.S * d.D);  // dq accumulator of the whole head
-  p.delta = off, off += region(d.S);     // delta_i = dout_i . out_i
-  p.per_thread = off;
-  p.G = d.NH / d.NKV;
-  p.wave = std::max<int64_t>(1, ceil_div(std::max(threads, 1), p.G));
-  p.slot = 2 * region(d.S * d.D);
-  p.slots = p.G > 1 ? p.wave * p.G : 0;
+  if (!p.split) {
+    p.dq = off, off += region(d.S * d.D);  // dq accumulator of the whole head
+    p.delta = off, off += region(d.S);     // delta_i = dout_i . out_i
+    p.per_thread = off;
+    p.wave = std::max<int64_t>(1, ceil_div(std::max(threads, 1), p.G));
+    p.slot = 2 * region(d.S * d.D);
+    p.slots = p.G > 1 ? p.wave * p.G : 0;
+  } else {
+    p.dq = off, off += region(kBq * d.D);  // dq accumulator of one query block
+    p.dk_sum = off, off += region(kBk * d.D);
+    p.dv_sum = off, off += region(kBk * d.D);
+    p.per_thread = off;
+    p.deltas = region(d.B * d.NH * d.S);
+  }
   return p;
 }
 
@@ -221,84 +266,122 @@ void forward_block(const AttentionDims& d, bool causal, float scale, const float
 }
 
 // ---- backward --------------------------------------------------------------------------
-// One work item: every key block of query head h in batch b. Writes dq for (b, h) and the
-// head's dk, dv contribution (scaled) to dk_dst, dv_dst (rows of stride ld).
-void backward_head(const AttentionDims& d, bool causal, float scale, const float* q,
-                   const float* k, const float* v, const float* out, const float* lse,
-                   const float* dout, float* dq, float* dk_dst, float* dv_dst, int64_t ld,
-                   int64_t b, int64_t h, float* ws, const BackwardPlan& plan) {
-  const int64_t S = d.S, D = d.D, NH = d.NH, NKV = d.NKV;
-  const int64_t kvh = h / plan.G;
-  float* __restrict kT = ws + plan.kT;
-  float* __restrict vT = ws + plan.vT;
-  float* __restrict p = ws + plan.p;
-  float* __restrict ds = ws + plan.ds;
-  float* __restrict dka = ws + plan.dk;
-  float* __restrict dva = ws + plan.dv;
-  float* __restrict dqa = ws + plan.dq;
-  float* __restrict delta = ws + plan.delta;
-  const int64_t qs = NH * D;   // row stride of q, out, dout, dq
-  const int64_t ks = NKV * D;  // row stride of k, v
-  const float* qh = q + (b * S * NH + h) * D;
-  const float* doh = dout + (b * S * NH + h) * D;
-  const float* lh = lse + (b * NH + h) * S;
+// Both schedules are made of these steps, so they compute every tile identically.
 
+// Row strides and head bases of one (batch, query head) pair.
+struct HeadView {
+  const float *q, *dout, *lse, *delta;  // rows of q / dout (stride qs), lse / delta (stride 1)
+  int64_t qs;
+};
+
+// delta_i = dout_i . out_i for every row of head h in batch b.
+void head_deltas(const AttentionDims& d, const float* out, const float* dout, int64_t b,
+                 int64_t h, float* delta) {
+  const int64_t S = d.S, D = d.D, NH = d.NH;
   for (int64_t i = 0; i < S; ++i) {
     const float* o_i = out + ((b * S + i) * NH + h) * D;
-    const float* do_i = doh + i * qs;
+    const float* do_i = dout + ((b * S + i) * NH + h) * D;
     float s = 0.0f;
     for (int64_t dd = 0; dd < D; ++dd) s += o_i[dd] * do_i[dd];
     delta[i] = s;
   }
+}
+
+// K_j^T and V_j^T (D x kBk, columns past kb zero) of key block [j0, j0 + kb).
+void load_kv_transposed(const AttentionDims& d, const float* k, const float* v, int64_t b,
+                        int64_t kvh, int64_t j0, int64_t kb, float* __restrict kT,
+                        float* __restrict vT) {
+  const int64_t ks = d.NKV * d.D;
+  const float* kj = k + ((b * d.S + j0) * d.NKV + kvh) * d.D;
+  const float* vj = v + ((b * d.S + j0) * d.NKV + kvh) * d.D;
+  for (int64_t dd = 0; dd < d.D; ++dd) {
+    for (int64_t c = 0; c < kb; ++c) {
+      kT[dd * kBk + c] = kj[c * ks + dd];
+      vT[dd * kBk + c] = vj[c * ks + dd];
+    }
+    for (int64_t c = kb; c < kBk; ++c) kT[dd * kBk + c] = vT[dd * kBk + c] = 0.0f;
+  }
+}
+
+// P = exp(scale Q_i K_j^T - lse_i) (masked and padding keys 0) and dS = P (dO_i V_j^T - delta_i)
+// of tile (query block [i0, i0 + qb), key block [j0, j0 + kb)), into p and ds (qb x kBk).
+void tile_p_ds(const AttentionDims& d, bool causal, float scale, const HeadView& hv, int64_t i0,
+               int64_t qb, int64_t j0, int64_t kb, const float* kT, const float* vT, float* p,
+               float* ds) {
+  const float* qi = hv.q + i0 * hv.qs;
+  const float* doi = hv.dout + i0 * hv.qs;
+  gemm(qb, kBk, d.D, qi, hv.qs, 1, kT, kBk, p, kBk, false);
+  const bool diag = causal && j0 + kb - 1 > i0;
+  for (int64_t r = 0; r < qb; ++r) {
+    const vf lr = splat(hv.lse[i0 + r]);
+    const vf sc = splat(scale);
+    float* pr = p + r * kBk;
+    for (int64_t c = 0; c < kBk; c += W) store(pr + c, vexp(fmadd(load(pr + c), sc, -lr)));
+    // Masked keys (j > i) and padding columns (c >= kb) get probability 0.
+    const int64_t c_end = diag ? std::clamp<int64_t>(i0 + r - j0 + 1, 0, kb) : kb;
+    for (int64_t c = c_end; c < kBk; ++c) pr[c] = 0.0f;
+  }
+  // dP = dO_i V_j^T, then dS = P (dP - delta_i) in place
+  gemm(qb, kBk, d.D, doi, hv.qs, 1, vT, kBk, ds, kBk, false);
+  for (int64_t r = 0; r < qb; ++r) {
+    const vf dl = splat(hv.delta[i0 + r]);
+    float* dsr = ds + r * kBk;
+    const float* pr = p + r * kBk;
+    for (int64_t c = 0; c < kBk; c += W) store(dsr + c, load(pr + c) * (load(dsr + c) - dl));
+  }
+}
+
+// dV_j (+)= P^T dO_i and dK_j (+)= dS^T Q_i (unscaled) for one tile.
+void tile_dk_dv(const AttentionDims& d, const HeadView& hv, int64_t i0, int64_t qb, int64_t kb,
+                const float* p, const float* ds, float* dka, float* dva, bool accumulate) {
+  gemm(kb, d.D, qb, p, 1, kBk, hv.dout + i0 * hv.qs, hv.qs, dva, d.D, accumulate);
+  gemm(kb, d.D, qb, ds, 1, kBk, hv.q + i0 * hv.qs, hv.qs, dka, d.D, accumulate);
+}
+
+// dQ_i += dS K_j (unscaled) for one tile; dqa holds rows [i0, i0 + qb).
+void tile_dq(const AttentionDims& d, const float* k, int64_t b, int64_t kvh, int64_t j0,
+             int64_t qb, int64_t kb, const float* ds, float* dqa) {
+  const float* kj = k + ((b * d.S + j0) * d.NKV + kvh) * d.D;
+  gemm(qb, d.D, kb, ds, kBk, 1, kj, d.NKV * d.D, dqa, d.D, true);
+}
+
+// Causal: the query blocks before the diagonal see none of key block j0's keys; at least
+// one block (the one holding query j0) always remains, so dK_j, dV_j are always written.
+int64_t first_query_block(bool causal, int64_t j0) { return causal ? j0 / kBq * kBq : 0; }
+
+HeadView head_view(const AttentionDims& d, const float* q, const float* dout, const float* lse,
+                   const float* delta, int64_t b, int64_t h) {
+  return {q + (b * d.S * d.NH + h) * d.D, dout + (b * d.S * d.NH + h) * d.D,
+          lse + (b * d.NH + h) * d.S, delta, d.NH * d.D};
+}
+
+// Fused schedule, one work item: every key block of query head h in batch b. Writes dq for
+// (b, h) and the head's dk, dv contribution (scaled) to dk_dst, dv_dst (rows of stride ld).
+void backward_head(const AttentionDims& d, bool causal, float scale, const float* q,
+                   const float* k, const float* v, const float* out, const float* lse,
+                   const float* dout, float* dq, float* dk_dst, float* dv_dst, int64_t ld,
+                   int64_t b, int64_t h, float* ws, const BackwardPlan& plan) {
+  const int64_t S = d.S, D = d.D;
+  const int64_t kvh = h / plan.G;
+  float* __restrict dqa = ws + plan.dq;
+  float* __restrict delta = ws + plan.delta;
+  head_deltas(d, out, dout, b, h, delta);
+  const HeadView hv = head_view(d, q, dout, lse, delta, b, h);
   std::memset(dqa, 0, sizeof(float) * S * D);
 
   for (int64_t j0 = 0; j0 < S; j0 += kBk) {
     const int64_t kb = std::min(kBk, S - j0);
-    const float* kj = k + ((b * S + j0) * NKV + kvh) * D;
-    const float* vj = v + ((b * S + j0) * NKV + kvh) * D;
-    for (int64_t dd = 0; dd < D; ++dd) {
-      for (int64_t c = 0; c < kb; ++c) {
-        kT[dd * kBk + c] = kj[c * ks + dd];
-        vT[dd * kBk + c] = vj[c * ks + dd];
-      }
-      for (int64_t c = kb; c < kBk; ++c) kT[dd * kBk + c] = vT[dd * kBk + c] = 0.0f;
-    }
-    // Query blocks before the diagonal see none of these keys in causal mode; at least one
-    // block (the one holding query j0) always remains, so dka, dva are always written.
-    const int64_t i_begin = causal ? j0 / kBq * kBq : 0;
+    load_kv_transposed(d, k, v, b, kvh, j0, kb, ws + plan.kT, ws + plan.vT);
     bool first = true;
-    for (int64_t i0 = i_begin; i0 < S; i0 += kBq) {
+    for (int64_t i0 = first_query_block(causal, j0); i0 < S; i0 += kBq) {
       const int64_t qb = std::min(kBq, S - i0);
-      const float* qi = qh + i0 * qs;
-      const float* doi = doh + i0 * qs;
-      // P = exp(scale Q_i K_j^T - lse_i)
-      gemm(qb, kBk, D, qi, qs, 1, kT, kBk, p, kBk, false);
-      const bool diag = causal && j0 + kb - 1 > i0;
-      for (int64_t r = 0; r < qb; ++r) {
-        const vf lr = splat(lh[i0 + r]);
-        const vf sc = splat(scale);
-        float* pr = p + r * kBk;
-        for (int64_t c = 0; c < kBk; c += W) store(pr + c, vexp(fmadd(load(pr + c), sc, -lr)));
-        // Masked keys (j > i) and padding columns (c >= kb) get probability 0.
-        const int64_t c_end = diag ? std::clamp<int64_t>(i0 + r - j0 + 1, 0, kb) : kb;
-        for (int64_t c = c_end; c < kBk; ++c) pr[c] = 0.0f;
-      }
-      // dV_j += P^T dO_i
-      gemm(kb, D, qb, p, 1, kBk, doi, qs, dva, D, !first);
-      // dP = dO_i V_j^T, then dS = P (dP - delta_i) in place
-      gemm(qb, kBk, D, doi, qs, 1, vT, kBk, ds, kBk, false);
-      for (int64_t r = 0; r < qb; ++r) {
-        const vf dl = splat(delta[i0 + r]);
-        float* dsr = ds + r * kBk;
-        const float* pr = p + r * kBk;
-        for (int64_t c = 0; c < kBk; c += W) store(dsr + c, load(pr + c) * (load(dsr + c) - dl));
-      }
-      // dQ_i += dS K_j (scale applied once at the end)
-      gemm(qb, D, kb, ds, kBk, 1, kj, ks, dqa + i0 * D, D, true);
-      // dK_j += dS^T Q_i
-      gemm(kb, D, qb, ds, 1, kBk, qi, qs, dka, D, !first);
+      tile_p_ds(d, causal, scale, hv, i0, qb, j0, kb, ws + plan.kT, ws + plan.vT, ws + plan.p, ws + plan.ds);
+      tile_dk_dv(d, hv, i0, qb, kb, ws + plan.p, ws + plan.ds, ws + plan.dk, ws + plan.dv, !first);
+      tile_dq(d, k, b, kvh, j0, qb, kb, ws + plan.ds, dqa + i0 * D);
       first = false;
     }
+    const float* dka = ws + plan.dk;
+    const float* dva = ws + plan.dv;
     for (int64_t c = 0; c < kb; ++c) {
       float* dkr = dk_dst + (j0 + c) * ld;
       float* dvr = dv_dst + (j0 + c) * ld;
@@ -309,9 +392,79 @@ void backward_head(const AttentionDims& d, bool causal, float scale, const float
     }
   }
 
-  float* dqh = dq + (b * S * NH + h) * D;
+  float* dqh = dq + (b * S * d.NH + h) * D;
   for (int64_t i = 0; i < S; ++i)
-    for (int64_t dd = 0; dd < D; ++dd) dqh[i * qs + dd] = scale * dqa[i * D + dd];
+    for (int64_t dd = 0; dd < D; ++dd) dqh[i * hv.qs + dd] = scale * dqa[i * D + dd];
+}
+
+// Split schedule, phase 1 item: dK_j, dV_j of key block j0 of kv head kvh in batch b,
+// summed over the group's query heads in head order, as the fused schedule's partials are.
+void backward_key_block(const AttentionDims& d, bool causal, float scale, const float* q,
+                        const float* k, const float* v, const float* lse, const float* dout,
+                        const float* deltas, float* dk, float* dv, int64_t b, int64_t kvh,
+                        int64_t j0, float* ws, const BackwardPlan& plan) {
+  const int64_t S = d.S, D = d.D, G = plan.G;
+  const int64_t kb = std::min(kBk, S - j0);
+  load_kv_transposed(d, k, v, b, kvh, j0, kb, ws + plan.kT, ws + plan.vT);
+  const float* dka = ws + plan.dk;
+  const float* dva = ws + plan.dv;
+  float* __restrict dks = ws + plan.dk_sum;
+  float* __restrict dvs = ws + plan.dv_sum;
+  for (int64_t g = 0; g < G; ++g) {
+    const int64_t h = kvh * G + g;
+    const HeadView hv = head_view(d, q, dout, lse, deltas + (b * d.NH + h) * S, b, h);
+    bool first = true;
+    for (int64_t i0 = first_query_block(causal, j0); i0 < S; i0 += kBq) {
+      const int64_t qb = std::min(kBq, S - i0);
+      tile_p_ds(d, causal, scale, hv, i0, qb, j0, kb, ws + plan.kT, ws + plan.vT, ws + plan.p, ws + plan.ds);
+      tile_dk_dv(d, hv, i0, qb, kb, ws + plan.p, ws + plan.ds, ws + plan.dk, ws + plan.dv, !first);
+      first = false;
+    }
+    // G == 1: the head's values as they are; G > 1: 0 + head 0 + head 1 + ..., the fused
+    // schedule's reduction of its per-head partials.
+    if (G == 1 || g == 0) {
+      for (int64_t e = 0; e < kb * D; ++e) dks[e] = dvs[e] = 0.0f;
+    }
+    for (int64_t e = 0; e < kb * D; ++e) {
+      const float dk_e = scale * dka[e];
+      if (G == 1) {
+        dks[e] = dk_e, dvs[e] = dva[e];
+      } else {
+        dks[e] += dk_e, dvs[e] += dva[e];
+      }
+    }
+  }
+  for (int64_t c = 0; c < kb; ++c) {
+    float* dkr = dk + ((b * S + j0 + c) * d.NKV + kvh) * D;
+    float* dvr = dv + ((b * S + j0 + c) * d.NKV + kvh) * D;
+    std::memcpy(dkr, dks + c * D, sizeof(float) * D);
+    std::memcpy(dvr, dvs + c * D, sizeof(float) * D);
+  }
+}
+
+// Split schedule, phase 2 item: dQ_i of query block i0 of head h in batch b, over key
+// blocks in increasing order, as the fused schedule accumulates it.
+void backward_query_block(const AttentionDims& d, bool causal, float scale, const float* q,
+                          const float* k, const float* v, const float* lse, const float* dout,
+                          const float* deltas, float* dq, int64_t b, int64_t h, int64_t i0,
+                          float* ws, const BackwardPlan& plan) {
+  const int64_t S = d.S, D = d.D;
+  const int64_t kvh = h / plan.G;
+  const int64_t qb = std::min(kBq, S - i0);
+  const HeadView hv = head_view(d, q, dout, lse, deltas + (b * d.NH + h) * S, b, h);
+  float* __restrict dqa = ws + plan.dq;
+  std::memset(dqa, 0, sizeof(float) * qb * D);
+  for (int64_t j0 = 0; j0 < S; j0 += kBk) {
+    if (first_query_block(causal, j0) > i0) break;  // every later key is masked for block i0
+    const int64_t kb = std::min(kBk, S - j0);
+    load_kv_transposed(d, k, v, b, kvh, j0, kb, ws + plan.kT, ws + plan.vT);
+    tile_p_ds(d, causal, scale, hv, i0, qb, j0, kb, ws + plan.kT, ws + plan.vT, ws + plan.p, ws + plan.ds);
+    tile_dq(d, k, b, kvh, j0, qb, kb, ws + plan.ds, dqa);
+  }
+  for (int64_t r = 0; r < qb; ++r) {
+    float* dqr = dq + ((b * S + i0 + r) * d.NH + h) * D;
+    for (int64_t dd = 0; dd < D; ++dd) dqr[dd] = scale * dqa[r * D + dd];
+  }
 }
 
 }  // namespace
@@ -320,17 +473,22 @@ int64_t attention_forward_workspace_floats(const AttentionDims& dims, int thread
   return std::max(threads, 1) * plan_forward(dims).per_thread;
 }
 
+bool attention_backward_is_split(const AttentionDims& dims, int threads) {
+  return use_split(dims, threads);
+}
+
 int64_t attention_backward_workspace_floats(const AttentionDims& dims, int threads) {
   const BackwardPlan plan = plan_backward(dims, threads);
-  return std::max(threads, 1) * plan.per_thread + plan.slots * plan.slot;
+  return std::max(threads, 1) * plan.per_thread + plan.slots * plan.slot + plan.deltas;
 }
 
 void attention_forward(const AttentionDims& dims, bool causal, float scale, const float* q,
-                       const float* k, const float* v, float* out, float* lse, float* workspace) {
+                       const float* k, const float* v, float* out, float* lse, float* workspace,
+                       int threads) {
   const ForwardPlan plan = plan_forward(dims);
   const int64_t nq = ceil_div(dims.S, kBq);
   const int64_t items = dims.B * dims.NH * nq;
-#pragma omp parallel
+#pragma omp parallel num_threads(std::max(threads, 1))
   {
     float* ws = workspace + omp_get_thread_num() * plan.per_thread;
     // Causal: the last query blocks do the most work, so hand them out first.
@@ -346,14 +504,42 @@ void attention_forward(const AttentionDims& dims, bool causal, float scale, cons
 
 void attention_backward(const AttentionDims& dims, bool causal, float scale, const float* q,
                         const float* k, const float* v, const float* out, const float* lse,
-                        const float* dout, float* dq, float* dk, float* dv, float* workspace) {
-  const int threads = omp_get_max_threads();
+                        const float* dout, float* dq, float* dk, float* dv, float* workspace,
+                        int threads) {
+  threads = std::max(threads, 1);
   const BackwardPlan plan = plan_backward(dims, threads);
   const int64_t S = dims.S, D = dims.D, NKV = dims.NKV, G = plan.G;
   float* slots = workspace + threads * plan.per_thread;
+  if (plan.split) {
+    float* deltas = slots;
+    const int64_t nk = ceil_div(S, kBk), nq = ceil_div(S, kBq);
+#pragma omp parallel num_threads(threads)
+    {
+      float* ws = workspace + omp_get_thread_num() * plan.per_thread;
+#pragma omp for schedule(static)
+      for (int64_t bh = 0; bh < dims.B * dims.NH; ++bh)
+        head_deltas(dims, out, dout, bh / dims.NH, bh % dims.NH, deltas + bh * S);
+      // (implicit barrier) dK, dV by key block; causal: the first key blocks see the most
+      // queries, so they go first.
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t it = 0; it < dims.B * NKV * nk; ++it) {
+        const int64_t bkv = it % (dims.B * NKV), jblk = it / (dims.B * NKV);
+        backward_key_block(dims, causal, scale, q, k, v, lse, dout, deltas, dk, dv, bkv / NKV, bkv % NKV,
+                           jblk * kBk, ws, plan);
+      }
+      // dQ by query block, the last (most keys) first.
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t it = 0; it < dims.B * dims.NH * nq; ++it) {
+        const int64_t bh = it % (dims.B * dims.NH), iblk = nq - 1 - it / (dims.B * dims.NH);
+        backward_query_block(dims, causal, scale, q, k, v, lse, dout, deltas, dq, bh / dims.NH,
+                             bh % dims.NH, iblk * kBq, ws, plan);
+      }
+    }
+    return;
+  }
   if (G == 1) {
     // Each query head owns its kv head: write dk, dv directly.
-#pragma omp parallel
+#pragma omp parallel num_threads(threads)
     {
       float* ws = workspace + omp_get_thread_num() * plan.per_thread;
 #pragma omp for schedule(dynamic, 1)
@@ -370,7 +556,7 @@ void attention_backward(const AttentionDims& dims, bool causal, float scale, con
   // GQA: in waves of plan.wave kv groups, every query head writes its dk, dv partial into
   // its own slot; the group's slots are then summed in head order (deterministic).
   const int64_t groups = dims.B * NKV;
-#pragma omp parallel
+#pragma omp parallel num_threads(threads)
   {
     float* ws = workspace + omp_get_thread_num() * plan.per_thread;
     for (int64_t g0 = 0; g0 < groups; g0 += plan.wave) {
@@ -403,87 +589,4 @@ void attention_backward(const AttentionDims& dims, bool causal, float scale, con
   }
 }
 
-// ---- double-precision references (O(S^2) memory; tests only) ---------------------------
-void attention_forward_reference(const AttentionDims& d, bool causal, double scale,
-                                 const double* q, const double* k, const double* v, double* out,
-                                 double* lse) {
-  const int64_t S = d.S, D = d.D, NH = d.NH, NKV = d.NKV, G = NH / NKV;
-  std::vector<double> s(S);
-  for (int64_t b = 0; b < d.B; ++b)
-    for (int64_t h = 0; h < NH; ++h)
-      for (int64_t i = 0; i < S; ++i) {
-        const double* qi = q + ((b * S + i) * NH + h) * D;
-        const int64_t n = causal ? i + 1 : S;
-        double mx = -std::numeric_limits<double>::infinity();
-        for (int64_t j = 0; j < n; ++j) {
-          const double* kj = k + ((b * S + j) * NKV + h / G) * D;
-          double t = 0.0;
-          for (int64_t dd = 0; dd < D; ++dd) t += qi[dd] * kj[dd];
-          s[j] = scale * t;
-          mx = std::max(mx, s[j]);
-        }
-        double sum = 0.0;
-        for (int64_t j = 0; j < n; ++j) sum += (s[j] = std::exp(s[j] - mx));
-        double* oi = out + ((b * S + i) * NH + h) * D;
-        for (int64_t dd = 0; dd < D; ++dd) oi[dd] = 0.0;
-        for (int64_t j = 0; j < n; ++j) {
-          const double* vj = v + ((b * S + j) * NKV + h / G) * D;
-          for (int64_t dd = 0; dd < D; ++dd) oi[dd] += s[j] / sum * vj[dd];
-        }
-        lse[(b * NH + h) * S + i] = mx + std::log(sum);
-      }
-}
-
-void attention_backward_reference(const AttentionDims& d, bool causal, double scale,
-                                  const double* q, const double* k, const double* v,
-                                  const double* dout, double* dq, double* dk, double* dv) {
-  const int64_t S = d.S, D = d.D, NH = d.NH, NKV = d.NKV, G = NH / NKV;
-  std::fill(dq, dq + d.B * S * NH * D, 0.0);
-  std::fill(dk, dk + d.B * S * NKV * D, 0.0);
-  std::fill(dv, dv + d.B * S * NKV * D, 0.0);
-  std::vector<double> P(S * S), dP(S * S);
-  auto row = [&](auto* x, int64_t b, int64_t t, int64_t heads, int64_t hh) {
-    return x + ((b * S + t) * heads + hh) * D;
-  };
-  for (int64_t b = 0; b < d.B; ++b)
-    for (int64_t h = 0; h < NH; ++h) {
-      const int64_t kvh = h / G;
-      for (int64_t i = 0; i < S; ++i) {
-        const int64_t n = causal ? i + 1 : S;
-        double mx = -std::numeric_limits<double>::infinity();
-        for (int64_t j = 0; j < S; ++j) {
-          double t = 0.0;
-          for (int64_t dd = 0; dd < D; ++dd) t += row(q, b, i, NH, h)[dd] * row(k, b, j, NKV, kvh)[dd];
-          P[i * S + j] = j < n ? scale * t : -std::numeric_limits<double>::infinity();
-          mx = std::max(mx, P[i * S + j]);
-        }
-        double sum = 0.0;
-        for (int64_t j = 0; j < S; ++j) sum += (P[i * S + j] = std::exp(P[i * S + j] - mx));
-        for (int64_t j = 0; j < S; ++j) P[i * S + j] /= sum;
-      }
-      // dv_j = sum_i P_ij dout_i;  dP_ij = dout_i . v_j
-      for (int64_t i = 0; i < S; ++i)
-        for (int64_t j = 0; j < S; ++j) {
-          double t = 0.0;
-          for (int64_t dd = 0; dd < D; ++dd) {
-            row(dv, b, j, NKV, kvh)[dd] += P[i * S + j] * row(dout, b, i, NH, h)[dd];
-            t += row(dout, b, i, NH, h)[dd] * row(v, b, j, NKV, kvh)[dd];
-          }
-          dP[i * S + j] = t;
-        }
-      // softmax backward: dS_ij = P_ij (dP_ij - sum_l P_il dP_il); s = scale q.k
-      for (int64_t i = 0; i < S; ++i) {
-        double dot = 0.0;
-        for (int64_t j = 0; j < S; ++j) dot += P[i * S + j] * dP[i * S + j];
-        for (int64_t j = 0; j < S; ++j) {
-          const double dS = P[i * S + j] * (dP[i * S + j] - dot);
-          for (int64_t dd = 0; dd < D; ++dd) {
-            row(dq, b, i, NH, h)[dd] += scale * dS * row(k, b, j, NKV, kvh)[dd];
-            row(dk, b, j, NKV, kvh)[dd] += scale * dS * row(q, b, i, NH, h)[dd];
-          }
-        }
-      }
-    }
-}
-
-}  // namespace autosp::cpu
+}  // namespace autosp::cpu::AUTOSP_ISA

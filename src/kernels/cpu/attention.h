@@ -18,16 +18,26 @@ struct AttentionDims {
 
 // Workspace sizes in floats for a run on `threads` threads; the caller allocates them
 // (so the executor's allocator counts them) and passes them in. O(threads * (tile^2 + S*D)).
+// The tile shapes, and so the sizes, depend on the active instruction set (isa.h).
 int64_t attention_forward_workspace_floats(const AttentionDims& dims, int threads);
 int64_t attention_backward_workspace_floats(const AttentionDims& dims, int threads);
 
+// Both run on `threads` OpenMP threads (the count the workspace was sized for); the
+// results are bitwise the same for every thread count.
 void attention_forward(const AttentionDims& dims, bool causal, float scale, const float* q,
-                       const float* k, const float* v, float* out, float* lse, float* workspace);
+                       const float* k, const float* v, float* out, float* lse, float* workspace,
+                       int threads);
 
 // Writes (does not accumulate into) dq, dk, dv.
 void attention_backward(const AttentionDims& dims, bool causal, float scale, const float* q,
                         const float* k, const float* v, const float* out, const float* lse,
-                        const float* dout, float* dq, float* dk, float* dv, float* workspace);
+                        const float* dout, float* dq, float* dk, float* dv, float* workspace,
+                        int threads);
+
+// Which schedule attention_backward uses on `threads` threads (attention.cpp): the split
+// one (over key blocks, then query blocks) when B x NH heads are too few to keep every
+// thread busy, else the fused one (over heads). Both give bitwise the same results.
+bool attention_backward_is_split(const AttentionDims& dims, int threads);
 
 // The plain O(S^2)-memory reference, in double, for tests: same layouts.
 void attention_forward_reference(const AttentionDims& dims, bool causal, double scale,

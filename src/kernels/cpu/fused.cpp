@@ -15,15 +15,12 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <array>
 #include <cmath>
 #include <cstring>
-#include <vector>
-
+#include "kernels/cpu/isa_kernels.h"
 #include "kernels/cpu/simd.h"
-#include "util/error.h"
 
-namespace autosp::cpu {
+namespace autosp::cpu::AUTOSP_ISA {
 namespace {
 
 // Below this many elements of work a kernel runs on the calling thread: forking a team
@@ -141,8 +138,6 @@ void rms_norm_backward(const float* dy, const float* x, const float* w, const fl
                        int64_t T, int64_t H, float* dx, float* dw, double* scratch) {
   const int64_t chunks = std::max<int64_t>(1, std::min(T, kRowChunks));
   // Per-chunk partial dw in double: O(kRowChunks * H), small next to the T * H inputs.
-  std::vector<double> own;
-  if (!scratch) own.resize(static_cast<size_t>(chunks * H)), scratch = own.data();
   double* part = scratch;
   std::fill(part, part + chunks * H, 0.0);
   const bool par = parallel(T * H);
@@ -181,11 +176,8 @@ void rms_norm_backward(const float* dy, const float* x, const float* w, const fl
 
 void rope_forward(const float* x, const int32_t* pos, const double* inv_freq, int64_t T, int64_t NH,
                   int64_t D, bool inverse, float* y, float* table) {
-  AUTOSP_CHECK(D % 2 == 0, "rope head dim D = ", D, " must be even");
   const int64_t half = D / 2;
   // cos and sin of one row's angles, per thread: [threads][2][half].
-  std::vector<float> own;
-  if (!table) own.resize(static_cast<size_t>(omp_get_max_threads()) * 2 * half), table = own.data();
   const double sign = inverse ? -1.0 : 1.0;
 #pragma omp parallel if (parallel(T * NH * D))
   {
@@ -193,10 +185,15 @@ void rope_forward(const float* x, const int32_t* pos, const double* inv_freq, in
     float* sn = cs + half;
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < T; ++t) {
-      for (int64_t i = 0; i < half; ++i) {
-        const double angle = static_cast<double>(pos[t]) * inv_freq[i];
-        cs[i] = static_cast<float>(std::cos(angle));
-        sn[i] = static_cast<float>(sign * std::sin(angle));
+      const double p = static_cast<double>(pos[t]);
+      for (int64_t i = 0; i < half; i += simd::W) {
+        const int64_t len = std::min(simd::W, half - i);
+        simd::vd angle{};
+        for (int64_t l = 0; l < len; ++l) angle[l] = p * inv_freq[i + l];
+        simd::vd s, c;
+        simd::vsincos(angle, &s, &c);
+        simd::store(cs + i, len, __builtin_convertvector(c, vf));
+        simd::store(sn + i, len, __builtin_convertvector(s * sign, vf));
       }
       for (int64_t n = 0; n < NH; ++n) {
         const float* xr = x + (t * NH + n) * D;
@@ -210,29 +207,6 @@ void rope_forward(const float* x, const int32_t* pos, const double* inv_freq, in
         }
       }
     }
-  }
-}
-
-void rope_inv_freq(int64_t D, double theta, const RopeScaling& scaling, double* inv_freq) {
-  AUTOSP_CHECK(D % 2 == 0 && D > 0, "rope head dim D = ", D, " must be even and positive");
-  const double orig = scaling.original_max_position_embeddings;
-  const double low = scaling.low_freq_factor, high = scaling.high_freq_factor;
-  if (scaling.llama3) {
-    AUTOSP_CHECK(high != low, "llama3 rope scaling needs high_freq_factor != low_freq_factor");
-  }
-  constexpr double kPi = 3.14159265358979323846;
-  for (int64_t i = 0; i < D / 2; ++i) {
-    double f = 1.0 / std::pow(theta, static_cast<double>(2 * i) / static_cast<double>(D));
-    if (scaling.llama3) {
-      const double wavelen = 2.0 * kPi / f;
-      if (wavelen > orig / low) {
-        f = f / scaling.factor;
-      } else if (!(wavelen < orig / high)) {
-        const double smooth = (orig / wavelen - low) / (high - low);
-        f = (1.0 - smooth) * f / scaling.factor + smooth * f;
-      }
-    }
-    inv_freq[i] = f;
   }
 }
 
@@ -282,7 +256,7 @@ void swiglu_backward(const float* dy, const float* gate, const float* up, int64_
 void cross_entropy_forward(const float* logits, const int32_t* labels, int64_t T, int64_t V,
                            int32_t ignore_index, float* loss_sum, float* lse) {
   const int64_t chunks = std::min(T, kRowChunks);
-  std::array<double, kRowChunks> partial{};
+  double partial[kRowChunks] = {};
 #pragma omp parallel for schedule(static) if (parallel(T * V))
   for (int64_t c = 0; c < chunks; ++c) {
     double acc = 0.0;
@@ -337,4 +311,4 @@ void cross_entropy_backward(const float* dloss_sum, const float* logits, const i
   }
 }
 
-}  // namespace autosp::cpu
+}  // namespace autosp::cpu::AUTOSP_ISA

@@ -1,5 +1,7 @@
-// 16-wide fp32 vectors for the CPU kernels (GCC/Clang vector extensions; one zmm register
-// with AVX-512, two ymm otherwise), and a vectorised exp.
+// fp32 vectors of the target's width for the per-instruction-set kernels (isa.h): 16 lanes
+// (one zmm register) in the avx512 copy, 8 (one ymm) in the avx2 copy; GCC/Clang vector
+// extensions plus the few intrinsics they lack (masked tails, fused multiply-add), and a
+// vectorised exp.
 //
 // Every helper works lane by lane with no cross-lane arithmetic except the named horizontal
 // reductions (hmax, hsum_double), which reduce in a fixed lane order. So a value depends only
@@ -7,70 +9,141 @@
 // whether the block is a partial tail (load/store with a length).
 #pragma once
 
-#include <algorithm>
-#include <bit>
-#include <cstdint>
-#include <cstring>
-
-#if defined(__AVX512F__) || defined(__FMA__)
-#include <immintrin.h>
+#ifndef AUTOSP_ISA
+#error "simd.h is for the sources compiled once per instruction set (see kernels/cpu/isa.h)"
 #endif
 
-namespace autosp::cpu::simd {
+#include <immintrin.h>
 
-constexpr int64_t W = 16;
-typedef float vf __attribute__((vector_size(64)));
-typedef int32_t vi __attribute__((vector_size(64)));
+#include <bit>
+#include <cstdint>
+
+#if defined(__AVX512F__) != defined(AUTOSP_ISA_AVX512)
+#error "the avx512 kernels must be built with AVX-512 enabled, and only they"
+#endif
+#if !defined(__AVX2__) || !defined(__FMA__)
+#error "the CPU kernels need at least AVX2 and FMA"
+#endif
+
+// GCC warns that a 64-byte vector (vd in the avx2 copy) is passed differently with and
+// without AVX-512; these helpers are inline, within one instruction set's copy, so no call
+// crosses that boundary.
+#pragma GCC diagnostic ignored "-Wpsabi"
+
+namespace autosp::cpu::AUTOSP_ISA::simd {
+
+#if defined(__AVX512F__)
+#define AUTOSP_SIMD_BYTES 64
+#else
+#define AUTOSP_SIMD_BYTES 32
+#endif
+constexpr int64_t W = AUTOSP_SIMD_BYTES / 4;  // lanes
+typedef float vf __attribute__((vector_size(AUTOSP_SIMD_BYTES)));
+typedef int32_t vi __attribute__((vector_size(AUTOSP_SIMD_BYTES)));
 // Same vector, but loads/stores through it may be unaligned.
-typedef float vf_u __attribute__((vector_size(64), aligned(4)));
-// 16 doubles (two zmm registers): the lanes of a vf widened, for accurate long sums.
-typedef double vd __attribute__((vector_size(128)));
+typedef float vf_u __attribute__((vector_size(AUTOSP_SIMD_BYTES), aligned(4)));
+// W doubles: the lanes of a vf widened, for accurate long sums.
+typedef double vd __attribute__((vector_size(2 * AUTOSP_SIMD_BYTES)));
 
 inline vf load(const float* p) { return *reinterpret_cast<const vf_u*>(p); }
 inline void store(float* p, vf x) { *reinterpret_cast<vf_u*>(p) = x; }
 inline vf splat(float x) { return vf{} + x; }
 
+#if !defined(__AVX512F__)
+// Lanes [0, n) set (all bits), the others clear.
+inline __m256i first_lanes(int64_t n) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n)),
+                            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+#endif
+
 // The first min(n, W) floats at p (which may be unaligned); the other lanes are `fill`.
-// Memory past p + n is never touched.
+// Memory past p + n is never touched (masked loads do not fault on masked-off lanes).
 inline vf load(const float* p, int64_t n, float fill = 0.0f) {
   if (n >= W) return load(p);
+  if (n <= 0) return splat(fill);
 #if defined(__AVX512F__)
   return _mm512_mask_loadu_ps(splat(fill), static_cast<__mmask16>((1u << n) - 1u), p);
 #else
-  vf r = splat(fill);
-  std::memcpy(&r, p, sizeof(float) * static_cast<size_t>(std::max<int64_t>(n, 0)));
-  return r;
+  const __m256i m = first_lanes(n);
+  return _mm256_blendv_ps(splat(fill), _mm256_maskload_ps(p, m), _mm256_castsi256_ps(m));
 #endif
 }
 // Stores the first min(n, W) lanes of x at p; memory past p + n is never touched.
 inline void store(float* p, int64_t n, vf x) {
   if (n >= W) return store(p, x);
+  if (n <= 0) return;
 #if defined(__AVX512F__)
   _mm512_mask_storeu_ps(p, static_cast<__mmask16>((1u << n) - 1u), x);
 #else
-  std::memcpy(p, &x, sizeof(float) * static_cast<size_t>(std::max<int64_t>(n, 0)));
+  _mm256_maskstore_ps(p, first_lanes(n), x);
 #endif
 }
 
+// a * b + c with one rounding (ISO C++ mode does not contract a * b + c by itself).
 inline vf fmadd(vf a, vf b, vf c) {
 #if defined(__AVX512F__)
   return _mm512_fmadd_ps(a, b, c);
 #else
-  return a * b + c;
+  return _mm256_fmadd_ps(a, b, c);
 #endif
 }
 inline vf vmax(vf a, vf b) { return a > b ? a : b; }
 inline float hmax(vf x) {
   float r = x[0];
-  for (int t = 1; t < W; ++t) r = std::max(r, x[t]);
+  for (int t = 1; t < W; ++t) r = x[t] > r ? x[t] : r;
   return r;
 }
 inline vd widen(vf x) { return __builtin_convertvector(x, vd); }
-// Sum of the 16 lanes in double, lane 0 first.
+// Sum of the W lanes in double, lane 0 first.
 inline double hsum_double(const vd& x) {
   double r = x[0];
   for (int t = 1; t < W; ++t) r += x[t];
   return r;
+}
+
+// sin and cos of W angles in double (each within ~1e-16 of the exact value for |x| < 2^30):
+// Cephes' sin/cos: x reduced modulo pi/4 with a three-part pi/4 (Cody-Waite), then degree
+// 13/14 polynomials on [-pi/4, pi/4], the octant choosing which and the signs.
+typedef int64_t vl __attribute__((vector_size(2 * AUTOSP_SIMD_BYTES)));
+inline void vsincos(vd x, vd* sin_out, vd* cos_out) {
+  const vd zero{};
+  const vl negative = x < zero;  // all bits set in negative lanes
+  const vd ax = negative ? -x : x;
+  const vd two52 = zero + 4503599627370496.0;  // 2^52: adding it rounds to an integer
+  const vd t = ax * 1.27323954473516268615;    // 4 / pi
+  vd y = (t + two52) - two52;
+  y = y > t ? y - 1.0 : y;                     // floor (t >= 0)
+  vl j = std::bit_cast<vl>(y + two52) & 7;     // the octant, from the integer's low bits
+  const vl odd = j & 1;
+  j = (j + odd) & 7;                           // odd octants map to the next even one
+  y = odd != 0 ? y + 1.0 : y;
+  const vd z = ((ax - y * 7.85398125648498535156e-1) - y * 3.77489470793079817668e-8) -
+               y * 2.69515142907905952645e-15;
+  const vd zz = z * z;
+  vd ps = zero + 1.58962301576546568060e-10;
+  ps = ps * zz - 2.50507477628578072866e-8;
+  ps = ps * zz + 2.75573136213857245213e-6;
+  ps = ps * zz - 1.98412698295895385996e-4;
+  ps = ps * zz + 8.33333333332211858878e-3;
+  ps = ps * zz - 1.66666666666666307295e-1;
+  const vd sin_z = z + z * zz * ps;
+  vd pc = zero - 1.13585365213876817300e-11;
+  pc = pc * zz + 2.08757008419747316778e-9;
+  pc = pc * zz - 2.75573141792967388112e-7;
+  pc = pc * zz + 2.48015872888517045348e-5;
+  pc = pc * zz - 1.38888888888730564116e-3;
+  pc = pc * zz + 4.16666666666665929218e-2;
+  const vd cos_z = 1.0 - 0.5 * zz + zz * zz * pc;
+  // Octant j in {0, 2, 4, 6}: sin x = sin z, cos z, -sin z, -cos z; cos x = cos z, -sin z,
+  // -cos z, sin z. sin is odd in x, cos even.
+  const vl swap = (j == 2) | (j == 6);
+  const vd s_abs = swap ? cos_z : sin_z;
+  const vd c_abs = swap ? sin_z : cos_z;
+  const vl s_neg = (j >= 4) ^ negative;
+  const vl c_neg = (j == 2) | (j == 4);
+  *sin_out = s_neg ? -s_abs : s_abs;
+  *cos_out = c_neg ? -c_abs : c_abs;
 }
 
 // exp(x) for a vector, ~1 ulp on [-87, 88]; returns exactly 0 below -87.3 (and for -inf),
@@ -103,4 +176,4 @@ inline vf vexp(vf x) {
 // s is exactly 1.
 inline vf vsigmoid(vf x) { return 1.0f / (1.0f + vexp(-x)); }
 
-}  // namespace autosp::cpu::simd
+}  // namespace autosp::cpu::AUTOSP_ISA::simd

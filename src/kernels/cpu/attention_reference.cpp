@@ -1,0 +1,94 @@
+// The plain O(S^2)-memory attention in double (attention.h), for tests and benchmarks:
+// built for the baseline, not per instruction set.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "kernels/cpu/attention.h"
+
+namespace autosp::cpu {
+
+void attention_forward_reference(const AttentionDims& d, bool causal, double scale,
+                                 const double* q, const double* k, const double* v, double* out,
+                                 double* lse) {
+  const int64_t S = d.S, D = d.D, NH = d.NH, NKV = d.NKV, G = NH / NKV;
+  std::vector<double> s(S);
+  for (int64_t b = 0; b < d.B; ++b)
+    for (int64_t h = 0; h < NH; ++h)
+      for (int64_t i = 0; i < S; ++i) {
+        const double* qi = q + ((b * S + i) * NH + h) * D;
+        const int64_t n = causal ? i + 1 : S;
+        double mx = -std::numeric_limits<double>::infinity();
+        for (int64_t j = 0; j < n; ++j) {
+          const double* kj = k + ((b * S + j) * NKV + h / G) * D;
+          double t = 0.0;
+          for (int64_t dd = 0; dd < D; ++dd) t += qi[dd] * kj[dd];
+          s[j] = scale * t;
+          mx = std::max(mx, s[j]);
+        }
+        double sum = 0.0;
+        for (int64_t j = 0; j < n; ++j) sum += (s[j] = std::exp(s[j] - mx));
+        double* oi = out + ((b * S + i) * NH + h) * D;
+        for (int64_t dd = 0; dd < D; ++dd) oi[dd] = 0.0;
+        for (int64_t j = 0; j < n; ++j) {
+          const double* vj = v + ((b * S + j) * NKV + h / G) * D;
+          for (int64_t dd = 0; dd < D; ++dd) oi[dd] += s[j] / sum * vj[dd];
+        }
+        lse[(b * NH + h) * S + i] = mx + std::log(sum);
+      }
+}
+
+void attention_backward_reference(const AttentionDims& d, bool causal, double scale,
+                                  const double* q, const double* k, const double* v,
+                                  const double* dout, double* dq, double* dk, double* dv) {
+  const int64_t S = d.S, D = d.D, NH = d.NH, NKV = d.NKV, G = NH / NKV;
+  std::fill(dq, dq + d.B * S * NH * D, 0.0);
+  std::fill(dk, dk + d.B * S * NKV * D, 0.0);
+  std::fill(dv, dv + d.B * S * NKV * D, 0.0);
+  std::vector<double> P(S * S), dP(S * S);
+  auto row = [&](auto* x, int64_t b, int64_t t, int64_t heads, int64_t hh) {
+    return x + ((b * S + t) * heads + hh) * D;
+  };
+  for (int64_t b = 0; b < d.B; ++b)
+    for (int64_t h = 0; h < NH; ++h) {
+      const int64_t kvh = h / G;
+      for (int64_t i = 0; i < S; ++i) {
+        const int64_t n = causal ? i + 1 : S;
+        double mx = -std::numeric_limits<double>::infinity();
+        for (int64_t j = 0; j < S; ++j) {
+          double t = 0.0;
+          for (int64_t dd = 0; dd < D; ++dd) t += row(q, b, i, NH, h)[dd] * row(k, b, j, NKV, kvh)[dd];
+          P[i * S + j] = j < n ? scale * t : -std::numeric_limits<double>::infinity();
+          mx = std::max(mx, P[i * S + j]);
+        }
+        double sum = 0.0;
+        for (int64_t j = 0; j < S; ++j) sum += (P[i * S + j] = std::exp(P[i * S + j] - mx));
+        for (int64_t j = 0; j < S; ++j) P[i * S + j] /= sum;
+      }
+      // dv_j = sum_i P_ij dout_i;  dP_ij = dout_i . v_j
+      for (int64_t i = 0; i < S; ++i)
+        for (int64_t j = 0; j < S; ++j) {
+          double t = 0.0;
+          for (int64_t dd = 0; dd < D; ++dd) {
+            row(dv, b, j, NKV, kvh)[dd] += P[i * S + j] * row(dout, b, i, NH, h)[dd];
+            t += row(dout, b, i, NH, h)[dd] * row(v, b, j, NKV, kvh)[dd];
+          }
+          dP[i * S + j] = t;
+        }
+      // softmax backward: dS_ij = P_ij (dP_ij - sum_l P_il dP_il); s = scale q.k
+      for (int64_t i = 0; i < S; ++i) {
+        double dot = 0.0;
+        for (int64_t j = 0; j < S; ++j) dot += P[i * S + j] * dP[i * S + j];
+        for (int64_t j = 0; j < S; ++j) {
+          const double dS = P[i * S + j] * (dP[i * S + j] - dot);
+          for (int64_t dd = 0; dd < D; ++dd) {
+            row(dq, b, i, NH, h)[dd] += scale * dS * row(k, b, j, NKV, kvh)[dd];
+            row(dk, b, j, NKV, kvh)[dd] += scale * dS * row(q, b, i, NH, h)[dd];
+          }
+        }
+      }
+    }
+}
+
+}  // namespace autosp::cpu
