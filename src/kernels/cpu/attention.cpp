@@ -406,7 +406,7 @@ void backward_key_block(const AttentionDims& d, bool causal, float scale, const 
   const int64_t S = d.S, D = d.D, G = plan.G;
   const int64_t kb = std::min(kBk, S - j0);
   load_kv_transposed(d, k, v, b, kvh, j0, kb, ws + plan.kT, ws + plan.vT);
-  const float* dka = ws + plan.dk;
+  float* dka = ws + plan.dk;
   const float* dva = ws + plan.dv;
   float* __restrict dks = ws + plan.dk_sum;
   float* __restrict dvs = ws + plan.dv_sum;
@@ -421,17 +421,18 @@ void backward_key_block(const AttentionDims& d, bool causal, float scale, const 
       first = false;
     }
     // G == 1: the head's values as they are; G > 1: 0 + head 0 + head 1 + ..., the fused
-    // schedule's reduction of its per-head partials.
-    if (G == 1 || g == 0) {
-      for (int64_t e = 0; e < kb * D; ++e) dks[e] = dvs[e] = 0.0f;
-    }
-    for (int64_t e = 0; e < kb * D; ++e) {
-      const float dk_e = scale * dka[e];
-      if (G == 1) {
-        dks[e] = dk_e, dvs[e] = dva[e];
-      } else {
-        dks[e] += dk_e, dvs[e] += dva[e];
+    // schedule's reduction of its per-head partials. The partial dK is scaled (and rounded)
+    // in its own loop first, as the fused schedule stores it, so no compiler can contract
+    // the scaling into the sum (an FMA would round differently).
+    for (int64_t e = 0; e < kb * D; ++e) dka[e] *= scale;
+    if (G == 1) {
+      std::memcpy(dks, dka, sizeof(float) * kb * D);
+      std::memcpy(dvs, dva, sizeof(float) * kb * D);
+    } else {
+      if (g == 0) {
+        for (int64_t e = 0; e < kb * D; ++e) dks[e] = dvs[e] = 0.0f;
       }
+      for (int64_t e = 0; e < kb * D; ++e) dks[e] += dka[e], dvs[e] += dva[e];
     }
   }
   for (int64_t c = 0; c < kb; ++c) {

@@ -186,14 +186,18 @@ void rope_forward(const float* x, const int32_t* pos, const double* inv_freq, in
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < T; ++t) {
       const double p = static_cast<double>(pos[t]);
-      for (int64_t i = 0; i < half; i += simd::W) {
-        const int64_t len = std::min(simd::W, half - i);
-        simd::vd angle{};
-        for (int64_t l = 0; l < len; ++l) angle[l] = p * inv_freq[i + l];
-        simd::vd s, c;
-        simd::vsincos(angle, &s, &c);
-        simd::store(cs + i, len, __builtin_convertvector(c, vf));
-        simd::store(sn + i, len, __builtin_convertvector(s * sign, vf));
+      for (int64_t i = 0; i < half; i += simd::WD) {
+        const int64_t len = std::min(simd::WD, half - i);
+        simd::vdn f{};
+        if (len == simd::WD) {
+          f = *reinterpret_cast<const simd::vdn_u*>(inv_freq + i);
+        } else {
+          for (int64_t l = 0; l < len; ++l) f[l] = inv_freq[i + l];
+        }
+        simd::vdn s, c;
+        simd::vsincos(f * p, &s, &c);
+        s *= sign;
+        for (int64_t l = 0; l < len; ++l) cs[i + l] = static_cast<float>(c[l]), sn[i + l] = static_cast<float>(s[l]);
       }
       for (int64_t n = 0; n < NH; ++n) {
         const float* xr = x + (t * NH + n) * D;

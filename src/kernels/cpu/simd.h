@@ -47,7 +47,15 @@ typedef double vd __attribute__((vector_size(2 * AUTOSP_SIMD_BYTES)));
 
 inline vf load(const float* p) { return *reinterpret_cast<const vf_u*>(p); }
 inline void store(float* p, vf x) { *reinterpret_cast<vf_u*>(p) = x; }
-inline vf splat(float x) { return vf{} + x; }
+// x in every lane: one broadcast (vf{} + x would add 0.0f first, since -0.0f + 0.0f is
+// +0.0f: an extra dependent add in front of every broadcast in the micro-kernels).
+inline vf splat(float x) {
+#if defined(__AVX512F__)
+  return _mm512_set1_ps(x);
+#else
+  return _mm256_set1_ps(x);
+#endif
+}
 
 #if !defined(__AVX512F__)
 // Lanes [0, n) set (all bits), the others clear.
@@ -80,7 +88,8 @@ inline void store(float* p, int64_t n, vf x) {
 #endif
 }
 
-// a * b + c with one rounding (ISO C++ mode does not contract a * b + c by itself).
+// a * b + c with one rounding, explicitly: the micro-kernels' FMAs do not depend on the
+// compiler choosing to contract a * b + c.
 inline vf fmadd(vf a, vf b, vf c) {
 #if defined(__AVX512F__)
   return _mm512_fmadd_ps(a, b, c);
@@ -102,46 +111,52 @@ inline double hsum_double(const vd& x) {
   return r;
 }
 
-// sin and cos of W angles in double (each within ~1e-16 of the exact value for |x| < 2^30):
+// W / 2 doubles: one register, so comparisons and selects stay single instructions
+// (GCC lowers those of two-register generic vectors to scalar code).
+constexpr int64_t WD = W / 2;
+typedef double vdn __attribute__((vector_size(AUTOSP_SIMD_BYTES)));
+typedef int64_t vln __attribute__((vector_size(AUTOSP_SIMD_BYTES)));
+typedef double vdn_u __attribute__((vector_size(AUTOSP_SIMD_BYTES), aligned(8)));
+
+// sin and cos of WD angles in double (each within ~1e-16 of the exact value for |x| < 2^30):
 // Cephes' sin/cos: x reduced modulo pi/4 with a three-part pi/4 (Cody-Waite), then degree
 // 13/14 polynomials on [-pi/4, pi/4], the octant choosing which and the signs.
-typedef int64_t vl __attribute__((vector_size(2 * AUTOSP_SIMD_BYTES)));
-inline void vsincos(vd x, vd* sin_out, vd* cos_out) {
-  const vd zero{};
-  const vl negative = x < zero;  // all bits set in negative lanes
-  const vd ax = negative ? -x : x;
-  const vd two52 = zero + 4503599627370496.0;  // 2^52: adding it rounds to an integer
-  const vd t = ax * 1.27323954473516268615;    // 4 / pi
-  vd y = (t + two52) - two52;
-  y = y > t ? y - 1.0 : y;                     // floor (t >= 0)
-  vl j = std::bit_cast<vl>(y + two52) & 7;     // the octant, from the integer's low bits
-  const vl odd = j & 1;
-  j = (j + odd) & 7;                           // odd octants map to the next even one
+inline void vsincos(vdn x, vdn* sin_out, vdn* cos_out) {
+  const vdn zero{};
+  const vln negative = x < zero;  // all bits set in negative lanes
+  const vdn ax = negative ? -x : x;
+  const vdn two52 = zero + 4503599627370496.0;  // 2^52: adding it rounds to an integer
+  const vdn t = ax * 1.27323954473516268615;    // 4 / pi
+  vdn y = (t + two52) - two52;
+  y = y > t ? y - 1.0 : y;                      // floor (t >= 0)
+  vln j = std::bit_cast<vln>(y + two52) & 7;    // the octant, from the integer's low bits
+  const vln odd = j & 1;
+  j = (j + odd) & 7;                            // odd octants map to the next even one
   y = odd != 0 ? y + 1.0 : y;
-  const vd z = ((ax - y * 7.85398125648498535156e-1) - y * 3.77489470793079817668e-8) -
-               y * 2.69515142907905952645e-15;
-  const vd zz = z * z;
-  vd ps = zero + 1.58962301576546568060e-10;
+  const vdn z = ((ax - y * 7.85398125648498535156e-1) - y * 3.77489470793079817668e-8) -
+                y * 2.69515142907905952645e-15;
+  const vdn zz = z * z;
+  vdn ps = zero + 1.58962301576546568060e-10;
   ps = ps * zz - 2.50507477628578072866e-8;
   ps = ps * zz + 2.75573136213857245213e-6;
   ps = ps * zz - 1.98412698295895385996e-4;
   ps = ps * zz + 8.33333333332211858878e-3;
   ps = ps * zz - 1.66666666666666307295e-1;
-  const vd sin_z = z + z * zz * ps;
-  vd pc = zero - 1.13585365213876817300e-11;
+  const vdn sin_z = z + z * zz * ps;
+  vdn pc = zero - 1.13585365213876817300e-11;
   pc = pc * zz + 2.08757008419747316778e-9;
   pc = pc * zz - 2.75573141792967388112e-7;
   pc = pc * zz + 2.48015872888517045348e-5;
   pc = pc * zz - 1.38888888888730564116e-3;
   pc = pc * zz + 4.16666666666665929218e-2;
-  const vd cos_z = 1.0 - 0.5 * zz + zz * zz * pc;
+  const vdn cos_z = 1.0 - 0.5 * zz + zz * zz * pc;
   // Octant j in {0, 2, 4, 6}: sin x = sin z, cos z, -sin z, -cos z; cos x = cos z, -sin z,
   // -cos z, sin z. sin is odd in x, cos even.
-  const vl swap = (j == 2) | (j == 6);
-  const vd s_abs = swap ? cos_z : sin_z;
-  const vd c_abs = swap ? sin_z : cos_z;
-  const vl s_neg = (j >= 4) ^ negative;
-  const vl c_neg = (j == 2) | (j == 4);
+  const vln swap = (j == 2) | (j == 6);
+  const vdn s_abs = swap ? cos_z : sin_z;
+  const vdn c_abs = swap ? sin_z : cos_z;
+  const vln s_neg = (j >= 4) ^ negative;
+  const vln c_neg = (j == 2) | (j == 4);
   *sin_out = s_neg ? -s_abs : s_abs;
   *cos_out = c_neg ? -c_abs : c_abs;
 }
