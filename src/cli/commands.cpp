@@ -519,17 +519,15 @@ int run_train(const TrainArgs& args, MpiRuntime* mpi) {
 
 int run_verify(const std::string& dir) {
   try {
-    const std::string found = train::resolve_checkpoint_dir(dir);
-    std::vector<std::string> notes;
-    if (!train::verify_checkpoint_files(found, &notes))
-      user_error(found, ": has no manifest.json (a checkpoint of an older autosp, or not one): its files cannot be "
-                 "verified");
-    // The same load --resume does: every file parses and fits the model it describes.
-    const train::LoadedCheckpoint ckpt = train::load_checkpoint(found);
-    for (const std::string& note : notes) std::fprintf(stderr, "autosp: warning: %s\n", note.c_str());
+    // The load --resume does: the manifest check, then every file parses and fits the model
+    // it describes.
+    const train::LoadedCheckpoint ckpt = train::load_checkpoint(dir);
+    if (!ckpt.verified)
+      user_error(ckpt.dir, ": has no manifest.json (a checkpoint of an older autosp): its files cannot be verified");
+    for (const std::string& note : ckpt.notes) std::fprintf(stderr, "autosp: warning: %s\n", note.c_str());
     std::printf("%s: verified: every file matches its manifest; step %lld, %lld samples consumed%s\n",
                 ckpt.dir.c_str(), (long long)ckpt.state.step, (long long)ckpt.state.consumed_samples,
-                found == dir ? "" : str(" (", dir, " is missing: this is the previous checkpoint of an interrupted save)").c_str());
+                ckpt.dir == dir ? "" : str(" (", dir, " is missing: this is the previous checkpoint of an interrupted save)").c_str());
   } catch (const UserError& e) {
     user_error("autosp verify ", dir, ": ", e.what());
   }

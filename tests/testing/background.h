@@ -105,7 +105,7 @@ inline bool wait_for_lines(const std::string& path, int lines, Background& backg
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
   while (count_lines(path) < lines) {
     if (background.wait_for(0) >= 0 || std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
   return true;
 }
