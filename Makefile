@@ -2,7 +2,7 @@
 BUILD ?= build
 JOBS ?= $(shell nproc)
 
-.PHONY: all deps build demo test test-asan bench clean
+.PHONY: all deps build demo test test-asan fuzz bench clean
 
 all: build
 
@@ -33,6 +33,16 @@ test-asan: deps
 	ASAN_OPTIONS=exitcode=86 UBSAN_OPTIONS=halt_on_error=1:exitcode=87 OMP_NUM_THREADS=2 \
 	  bash tests/cli/cli_errors.sh build-asan/autosp
 
+# Fuzzing (fuzz/): every parser of untrusted input under libFuzzer with ASan and UBSan, in a
+# clang build of its own (build-fuzz), each target for FUZZ_SECONDS from its seed corpus.
+# `make test` replays the corpora without fuzzing (tests/fuzz/corpus_replay_test.cpp).
+FUZZ_SECONDS ?= 60
+FUZZ_TARGETS ?=
+fuzz: deps
+	cmake -S . -B build-fuzz -DAUTOSP_FUZZ=ON -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER=clang++-14
+	cmake --build build-fuzz --target fuzz_targets -j $(JOBS)
+	FUZZ_SECONDS=$(FUZZ_SECONDS) ./scripts/fuzz.sh build-fuzz $(FUZZ_TARGETS)
+
 # Benchmarks: ratios against baselines measured in the same run (sgemm and memcpy for the
 # kernels; PyTorch for the training step; checkpoint policy none for sac and full). Tables
 # on stdout, JSON in $(BUILD)/bench/. BENCH_ARGS=--quick for a few-minute training subset,
@@ -44,4 +54,4 @@ bench: deps build
 	/usr/bin/python3 bench/bench_train.py --autosp $(BUILD)/autosp --out $(BUILD)/bench/bench_train.json $(BENCH_ARGS)
 
 clean:
-	rm -rf $(BUILD) build-asan
+	rm -rf $(BUILD) build-asan build-fuzz

@@ -5,6 +5,7 @@ set -euo pipefail
 
 packages=(
   g++ cmake make pkg-config
+  clang-14 libclang-rt-14-dev libomp-14-dev
   libopenblas-dev
   libopenmpi-dev openmpi-bin
   nlohmann-json3-dev libcli11-dev

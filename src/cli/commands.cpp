@@ -22,6 +22,7 @@
 #include "util/atomic_file.h"
 #include "util/error.h"
 #include "util/rss.h"
+#include "util/stop_signal.h"
 
 namespace autosp::cli {
 
@@ -187,6 +188,7 @@ void on_lead(const Launch& launch, Communicator& world, const std::function<void
     }
   }
   if (world.size() > 1) {
+    const CommTimeoutSuspended io_wait;  // the lead's disk I/O may take long; it is not a hang
     int64_t n = static_cast<int64_t>(error.size());
     world.broadcast(&n, sizeof(n), 0);
     error.resize(static_cast<size_t>(n));
@@ -203,6 +205,29 @@ void save(const Launch& launch, train::Trainer& trainer, const std::optional<tra
   on_lead(launch, *groups.world, [&] { target->save(model, state, info); });
   trainer.release_gathered_state();
   say(launch, "saved %s at step %lld\n", target ? target->dir().c_str() : "", (long long)state.step);
+}
+
+// The stop signal (SIGTERM, SIGUSR1) any rank has received, or 0: every rank gets the same
+// answer (a collective), so all stop after the same step.
+int agreed_stop_signal(ProcessGroups& groups) {
+  for (int64_t signal : rank_peaks(groups, stop_signal()))
+    if (signal != 0) return static_cast<int>(signal);
+  return 0;
+}
+
+// After a stop signal: what the run did about it, and its exit status. With a checkpoint the
+// job did what a preempted job should (0: requeue it with --resume); without one, the steps
+// trained are lost and the status says the run was cut short (128 + the signal, as a shell
+// reports a process the signal ended).
+int stopped_by_signal(const Launch& launch, int signal, int64_t step, int64_t steps, const std::string& save_dir) {
+  if (save_dir.empty()) {
+    say(launch, "%s: stopped after step %lld of %lld; no --save was given, so no checkpoint was "
+        "written and this run's steps are lost\n", signal_name(signal), (long long)step, (long long)steps);
+    return 128 + signal;
+  }
+  say(launch, "%s: stopped after step %lld of %lld; checkpoint saved to %s (continue with --resume %s)\n",
+      signal_name(signal), (long long)step, (long long)steps, save_dir.c_str(), save_dir.c_str());
+  return 0;
 }
 
 // The built-in default: a small Llama learns passkey retrieval from scratch. Under mpirun
@@ -277,6 +302,10 @@ int run_demo(const TrainArgs& args, std::optional<uint64_t> seed, const Launch& 
                   rank_peaks(groups, rss_peak_bytes()));
     if (launch.lead() && (s.step % 50 == 0 || s.step == steps))
       print_step(s, steps, peaks, seconds_since(start), t + 1);
+    if (const int signal = agreed_stop_signal(groups)) {
+      if (!args.save.empty()) save(launch, trainer, target, model, {.seq_len = S, .seed = config.seed}, groups);
+      return stopped_by_signal(launch, signal, s.step, steps, args.save);
+    }
   }
   const double after = task.accuracy(predict, S, eval_samples, 20);
   say(launch, "\nretrieval accuracy after training:  %.1f%% (before %.1f%%, chance %.1f%%)\n", 100 * after,
@@ -341,12 +370,14 @@ void resume_data_position(const Launch& launch, const train::LoadedCheckpoint& c
 
 int run_train(const TrainArgs& args, MpiRuntime* mpi) {
   Launch launch{mpi, mpi ? mpi->world_size() : 1, mpi ? mpi->world_rank() : 0};
+  install_stop_signals(/*announce=*/launch.lead());  // after MPI_Init: ours, not MPI's
   const std::optional<uint64_t> seed = parse_seed(args.seed);
   if (mpi)  // every rank must run the same job
     mpi->check_same_on_all_ranks("the command line",
                                  str(args.config, "|", args.model, "|", args.data, "|", args.seq_len, "|",
                                      args.steps, "|", args.resume, "|", args.seed, "|", args.save, "|",
-                                     args.save_every, "|", args.allow_new_data));
+                                     args.save_every, "|", args.allow_new_data, "|", args.comm_timeout));
+  if (mpi) set_comm_timeout(args.comm_timeout);
   if (!args.any_given()) return run_demo(args, seed, launch);
   require_flag(!args.config.empty(), "--config");
   require_flag(!args.model.empty() || !args.resume.empty(), "--model (or --resume)");
@@ -372,7 +403,16 @@ int run_train(const TrainArgs& args, MpiRuntime* mpi) {
   std::optional<train::LoadedCheckpoint> ckpt;
   int64_t S = args.seq_len;
   if (!args.resume.empty()) {
-    ckpt = train::load_checkpoint(args.resume);
+    try {
+      ckpt = train::load_checkpoint(args.resume);
+    } catch (const UserError& e) {
+      user_error("--resume ", args.resume, ": ", e.what());
+    }
+    if (launch.lead())
+      for (const std::string& note : ckpt->notes) std::fprintf(stderr, "autosp: warning: --resume: %s\n", note.c_str());
+    if (!ckpt->verified && launch.lead())
+      std::fprintf(stderr, "autosp: warning: --resume %s: no manifest.json (a checkpoint of an older autosp): "
+                   "its files cannot be verified\n", ckpt->dir.c_str());
     if (!args.model.empty()) {
       models::LlamaConfig given = models::load_llama_config(args.model + "/config.json");
       if (models::llama_config_json(given) != models::llama_config_json(ckpt->model))
@@ -464,8 +504,10 @@ int run_train(const TrainArgs& args, MpiRuntime* mpi) {
         say(launch, "data: step %lld read past the end of %s (%lld samples): epoch %lld begins, samples repeat\n",
             (long long)s.step, args.data.c_str(), (long long)epoch_samples, (long long)now + 1);
     }
-    if (!args.save.empty() && (last || (args.save_every > 0 && s.step % args.save_every == 0)))
+    const int signal = agreed_stop_signal(groups);
+    if (!args.save.empty() && (last || signal || (args.save_every > 0 && s.step % args.save_every == 0)))
       save(launch, trainer, target, model, info, groups);
+    if (signal) return stopped_by_signal(launch, signal, s.step, args.steps, args.save);
   }
   if (to_train == 0) {
     save(launch, trainer, target, model, info, groups);
@@ -476,6 +518,23 @@ int run_train(const TrainArgs& args, MpiRuntime* mpi) {
   say(launch, "done: steps %lld..%lld, %.0f tokens in %s (%.0f tok/s) | final loss %.4f | peak %s\n",
       (long long)first_step, (long long)args.steps, tokens, human_seconds(elapsed).c_str(), tokens / elapsed, s.loss,
       peak_text(max_peaks).c_str());
+  return 0;
+}
+
+int run_verify(const std::string& dir) {
+  try {
+    // The load --resume does: the manifest check, then every file parses and fits the model
+    // it describes.
+    const train::LoadedCheckpoint ckpt = train::load_checkpoint(dir);
+    if (!ckpt.verified)
+      user_error(ckpt.dir, ": has no manifest.json (a checkpoint of an older autosp): its files cannot be verified");
+    for (const std::string& note : ckpt.notes) std::fprintf(stderr, "autosp: warning: %s\n", note.c_str());
+    std::printf("%s: verified: every file matches its manifest; step %lld, %lld samples consumed%s\n",
+                ckpt.dir.c_str(), (long long)ckpt.state.step, (long long)ckpt.state.consumed_samples,
+                ckpt.dir == dir ? "" : str(" (", dir, " is missing: this is the previous checkpoint of an interrupted save)").c_str());
+  } catch (const UserError& e) {
+    user_error("autosp verify ", dir, ": ", e.what());
+  }
   return 0;
 }
 

@@ -13,6 +13,7 @@ struct TrainArgs {
   std::string config, model, data, metrics, save, resume;
   int64_t seq_len = 0, steps = -1, save_every = 0;
   bool allow_new_data = false;  // resume on data other than the checkpoint's
+  double comm_timeout = 600;    // seconds a collective may make no progress (0: no limit)
   std::string seed;  // parsed strictly by run_train (CLI11 saturates out-of-range integers)
   bool any_given() const {
     return !config.empty() || !model.empty() || !data.empty() || !resume.empty();
@@ -34,6 +35,8 @@ struct PlanArgs {
 // mpi: the MPI runtime when launched by mpirun (else null: one process).
 int run_train(const TrainArgs& args, MpiRuntime* mpi);
 int run_dump(const DumpArgs& args);
+// `autosp verify CKPT`: checks a checkpoint against its manifest; 0 if whole, else 1.
+int run_verify(const std::string& dir);
 // `autosp plan`: the per-rank memory of a training step and the longest sequence that trains
 // under each strategy, compile-only (src/train/planner.h).
 int run_plan(const PlanArgs& args);

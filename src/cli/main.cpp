@@ -1,4 +1,4 @@
-// autosp: train | dump | plan. User errors print one clear line and exit 1; internal errors
+// autosp: train | dump | plan | verify. User errors print one clear line and exit 1; internal errors
 // (bugs) exit 2. Under mpirun, one line for the job, not one per rank.
 #include <unistd.h>
 
@@ -49,7 +49,7 @@ bool lead_process() {
 std::string subcommand_of(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "train" || a == "dump" || a == "plan") return a;
+    if (a == "train" || a == "dump" || a == "plan" || a == "verify") return a;
   }
   return "";
 }
@@ -85,6 +85,14 @@ int main(int argc, char** argv) {
 
   const auto kPositive = CLI::Range(int64_t{1}, INT64_MAX);
   const auto kNonNegative = CLI::Range(int64_t{0}, INT64_MAX);
+  // CLI::NonNegativeNumber lets "nan" through (nan < 0 is false).
+  const CLI::Validator kSeconds(
+      [](const std::string& text) {
+        double v = 0;
+        const bool parsed = CLI::detail::lexical_cast(text, v);
+        return parsed && v >= 0 ? std::string() : "expected a number of seconds >= 0 (0: no limit), got " + text;
+      },
+      "SECONDS>=0");
   TrainArgs train;
   CLI::App* train_cmd = app.add_subcommand(
       "train", "Train a model (with no options: the built-in long-context demo)");
@@ -110,6 +118,10 @@ int main(int argc, char** argv) {
   train_cmd->add_option("--resume", train.resume, "Continue from this checkpoint directory");
   train_cmd->add_flag("--allow-new-data", train.allow_new_data,
                       "On --resume, train on data other than the checkpoint's (from its data position)");
+  train_cmd->add_option("--comm-timeout", train.comm_timeout,
+                        "Under mpirun: seconds a collective may make no progress before the job is "
+                        "aborted, naming the rank, the collective and the group (0: wait forever)")
+      ->check(kSeconds)->default_val(600);
   train_cmd->add_option("--seed", train.seed, "Seed for initialisation (default: the config's seed)")
       ->type_name("INT");
 
@@ -128,6 +140,11 @@ int main(int argc, char** argv) {
   dump_cmd->add_option("--sp", dump.sp, "sequence_parallel_size P (the autosp pass runs when P > 1)")
       ->check(kPositive);
   dump_cmd->add_option("--rank", dump.rank, "Which rank of the sequence-parallel group")->check(kNonNegative);
+
+  std::string verify_dir;
+  CLI::App* verify_cmd = app.add_subcommand(
+      "verify", "Check a checkpoint against its manifest (every file's size and checksum): exit 0 if whole, 1 if not");
+  verify_cmd->add_option("CKPT", verify_dir, "Checkpoint directory (as given to --save)")->required();
 
   PlanArgs plan;
   CLI::App* plan_cmd = app.add_subcommand(
@@ -162,8 +179,14 @@ int main(int argc, char** argv) {
     if (*train_cmd) return run_train(train, mpi.get());
     if (*dump_cmd) return run_dump(dump);
     if (*plan_cmd) return run_plan(plan);
+    if (*verify_cmd) return run_verify(verify_dir);
     std::cout << app.help();
     return 0;
+  } catch (const autosp::CommTimeout& e) {
+    // Some rank is not responding, so no agreement with the others is possible: end the job.
+    std::fprintf(stderr, "autosp: rank %d: error: %s\n", mpi ? mpi->world_rank() : 0, e.what());
+    if (mpi) mpi->abort_all(1);
+    return 1;
   } catch (const autosp::UserError& e) {
     fail(mpi, std::string("error: ") + e.what(), 1);
   } catch (const autosp::InternalError& e) {

@@ -69,7 +69,18 @@ class StridedBlock {
   MPI_Datatype type_ = MPI_DATATYPE_NULL;
 };
 
+double timeout_seconds = 0;  // set once at start-up, read by the only MPI thread
+int timeout_suspended = 0;
+
 }  // namespace
+
+void set_comm_timeout(double seconds) {
+  AUTOSP_CHECK(seconds >= 0, "comm timeout ", seconds);
+  timeout_seconds = seconds;
+}
+double comm_timeout() { return timeout_seconds; }
+CommTimeoutSuspended::CommTimeoutSuspended() { ++timeout_suspended; }
+CommTimeoutSuspended::~CommTimeoutSuspended() { --timeout_suspended; }
 
 void check_mpi(int rc, const char* call, const std::string& group) {
   if (rc == MPI_SUCCESS) return;
@@ -103,6 +114,32 @@ std::unique_ptr<MpiCommunicator> MpiCommunicator::dup(MPI_Comm parent, std::stri
   return std::make_unique<MpiCommunicator>(comm, std::move(name));
 }
 
+void MpiCommunicator::wait(MPI_Request& request, const char* call, const std::string& what) const {
+  const double limit = timeout_suspended > 0 ? 0 : timeout_seconds;
+  if (limit <= 0) {
+    check(MPI_Wait(&request, MPI_STATUS_IGNORE), call);
+    return;
+  }
+  // Polls as MPI_Wait does (a collective of a step completes in microseconds); one that
+  // waits for a busy rank backs off to a test every 100 us, leaving the core to the ranks
+  // that have work.
+  using clock = std::chrono::steady_clock;
+  const auto start = clock::now();
+  for (int64_t polls = 1;; ++polls) {
+    int done = 0;
+    check(MPI_Test(&request, &done, MPI_STATUS_IGNORE), call);
+    if (done) return;
+    if (polls % 256 != 0) continue;
+    const double waited = std::chrono::duration<double>(clock::now() - start).count();
+    if (waited > limit)
+      throw CommTimeout(str(call, " (", what, ") on ", name_, " made no progress for ", limit,
+                            " s (--comm-timeout) on world rank ", world_rank_or_unknown(),
+                            ": another rank of ", name_, " is stuck (stopped, deadlocked or cut "
+                            "off) or died; aborting the job"));
+    if (waited > 0.01) std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+}
+
 void MpiCommunicator::set_max_call_bytes(int64_t bytes) {
   AUTOSP_CHECK(bytes >= 1 && bytes <= kDefaultMaxCallBytes, bytes);
   max_call_bytes_ = bytes;
@@ -117,12 +154,17 @@ void MpiCommunicator::all_reduce_sum_impl(T* data, int64_t n, MPI_Datatype type)
   AUTOSP_CHECK(n >= 0, n);
   const int64_t step = max_count(sizeof(T));
   if (n == 0) {
-    check(MPI_Allreduce(MPI_IN_PLACE, data, 0, type, MPI_SUM, comm_), "MPI_Allreduce");
+    MPI_Request request;
+    check(MPI_Iallreduce(MPI_IN_PLACE, data, 0, type, MPI_SUM, comm_, &request), "MPI_Iallreduce");
+    wait(request, "MPI_Iallreduce", "all_reduce_sum of 0 values");
     return;
   }
   for (int64_t off = 0; off < n; off += step) {
     const int count = static_cast<int>(std::min(step, n - off));
-    check(MPI_Allreduce(MPI_IN_PLACE, data + off, count, type, MPI_SUM, comm_), "MPI_Allreduce");
+    MPI_Request request;
+    check(MPI_Iallreduce(MPI_IN_PLACE, data + off, count, type, MPI_SUM, comm_, &request),
+          "MPI_Iallreduce");
+    wait(request, "MPI_Iallreduce", str("all_reduce_sum of ", n, sizeof(T) == 4 ? " floats" : " doubles"));
   }
 }
 
@@ -140,13 +182,17 @@ void MpiCommunicator::all_to_all(const float* send, float* recv, int64_t chunk) 
   const int64_t step = max_count(sizeof(float));
   if (chunk <= step) {
     const int count = static_cast<int>(chunk);
-    check(MPI_Alltoall(send, count, MPI_FLOAT, recv, count, MPI_FLOAT, comm_), "MPI_Alltoall");
+    MPI_Request request;
+    check(MPI_Ialltoall(send, count, MPI_FLOAT, recv, count, MPI_FLOAT, comm_, &request), "MPI_Ialltoall");
+    wait(request, "MPI_Ialltoall", str("all_to_all of ", chunk, " floats per rank"));
     return;
   }
   for (int64_t off = 0; off < chunk; off += step) {
     StridedBlock piece(MPI_FLOAT, std::min(step, chunk - off), chunk, name_);
-    check(MPI_Alltoall(send + off, 1, piece.type(), recv + off, 1, piece.type(), comm_),
-          "MPI_Alltoall");
+    MPI_Request request;
+    check(MPI_Ialltoall(send + off, 1, piece.type(), recv + off, 1, piece.type(), comm_, &request),
+          "MPI_Ialltoall");
+    wait(request, "MPI_Ialltoall", str("all_to_all of ", chunk, " floats per rank"));
   }
 }
 
@@ -157,15 +203,19 @@ void MpiCommunicator::all_gather(const float* send, float* recv, int64_t n) {
   const int64_t step = max_count(sizeof(float));
   if (n <= step) {
     const int count = static_cast<int>(n);
-    check(MPI_Allgather(send, count, MPI_FLOAT, recv, count, MPI_FLOAT, comm_), "MPI_Allgather");
+    MPI_Request request;
+    check(MPI_Iallgather(send, count, MPI_FLOAT, recv, count, MPI_FLOAT, comm_, &request), "MPI_Iallgather");
+    wait(request, "MPI_Iallgather", str("all_gather of ", n, " floats per rank"));
     return;
   }
   for (int64_t off = 0; off < n; off += step) {
     const int64_t count = std::min(step, n - off);
     StridedBlock piece(MPI_FLOAT, count, n, name_);
-    check(MPI_Allgather(send + off, static_cast<int>(count), MPI_FLOAT, recv + off, 1,
-                        piece.type(), comm_),
-          "MPI_Allgather");
+    MPI_Request request;
+    check(MPI_Iallgather(send + off, static_cast<int>(count), MPI_FLOAT, recv + off, 1,
+                         piece.type(), comm_, &request),
+          "MPI_Iallgather");
+    wait(request, "MPI_Iallgather", str("all_gather of ", n, " floats per rank"));
   }
 }
 
@@ -175,8 +225,10 @@ void MpiCommunicator::reduce_scatter_sum(const float* send, float* recv, int64_t
   AUTOSP_CHECK(!overlaps(send, size_ * bytes, recv, bytes), "reduce_scatter_sum buffers overlap");
   const int64_t step = max_count(sizeof(float));
   if (n <= step) {
-    check(MPI_Reduce_scatter_block(send, recv, static_cast<int>(n), MPI_FLOAT, MPI_SUM, comm_),
-          "MPI_Reduce_scatter_block");
+    MPI_Request request;
+    check(MPI_Ireduce_scatter_block(send, recv, static_cast<int>(n), MPI_FLOAT, MPI_SUM, comm_, &request),
+          "MPI_Ireduce_scatter_block");
+    wait(request, "MPI_Ireduce_scatter_block", str("reduce_scatter_sum of ", n, " floats per rank"));
     return;
   }
   // Reductions over non-contiguous derived datatypes are poorly supported by MPI
@@ -188,9 +240,11 @@ void MpiCommunicator::reduce_scatter_sum(const float* send, float* recv, int64_t
     const int64_t count = std::min(piece, n - off);
     for (int p = 0; p < size_; ++p)
       std::memcpy(packed.data() + p * count, send + p * n + off, count * sizeof(float));
-    check(MPI_Reduce_scatter_block(packed.data(), recv + off, static_cast<int>(count), MPI_FLOAT,
-                                   MPI_SUM, comm_),
-          "MPI_Reduce_scatter_block");
+    MPI_Request request;
+    check(MPI_Ireduce_scatter_block(packed.data(), recv + off, static_cast<int>(count), MPI_FLOAT,
+                                    MPI_SUM, comm_, &request),
+          "MPI_Ireduce_scatter_block");
+    wait(request, "MPI_Ireduce_scatter_block", str("reduce_scatter_sum of ", n, " floats per rank"));
   }
 }
 
@@ -199,16 +253,24 @@ void MpiCommunicator::broadcast(void* data, int64_t bytes, int root) {
   AUTOSP_CHECK(root >= 0 && root < size_, "broadcast root ", root, " in ", name_, " of ", size_);
   auto* p = static_cast<char*>(data);
   if (bytes == 0) {
-    check(MPI_Bcast(p, 0, MPI_BYTE, root, comm_), "MPI_Bcast");
+    MPI_Request request;
+    check(MPI_Ibcast(p, 0, MPI_BYTE, root, comm_, &request), "MPI_Ibcast");
+    wait(request, "MPI_Ibcast", str("broadcast of 0 bytes from rank ", root));
     return;
   }
   for (int64_t off = 0; off < bytes; off += max_call_bytes_) {
     const int count = static_cast<int>(std::min(max_call_bytes_, bytes - off));
-    check(MPI_Bcast(p + off, count, MPI_BYTE, root, comm_), "MPI_Bcast");
+    MPI_Request request;
+    check(MPI_Ibcast(p + off, count, MPI_BYTE, root, comm_, &request), "MPI_Ibcast");
+    wait(request, "MPI_Ibcast", str("broadcast of ", bytes, " bytes from rank ", root));
   }
 }
 
-void MpiCommunicator::barrier() { check(MPI_Barrier(comm_), "MPI_Barrier"); }
+void MpiCommunicator::barrier() {
+  MPI_Request request;
+  check(MPI_Ibarrier(comm_, &request), "MPI_Ibarrier");
+  wait(request, "MPI_Ibarrier", "barrier");
+}
 
 // ---------------------------------------------------------------------------------------
 // MpiRuntime

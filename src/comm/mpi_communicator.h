@@ -6,6 +6,9 @@
 //  - Counts of any size work: a collective moves at most max_call_bytes() per peer per MPI
 //    call and is split into several calls above that (derived datatypes keep the rank-major
 //    layouts without copies; reduce_scatter_sum packs its chunks into a bounded buffer).
+//  - Collectives are nonblocking MPI calls completed by a wait with a deadline
+//    (comm_timeout()): a rank that stops taking part ends the job with CommTimeout instead
+//    of hanging it.
 //  - MPI is initialised with MPI_THREAD_FUNNELED: only the thread that built the runtime
 //    calls MPI (OpenMP regions must not).
 //
@@ -36,6 +39,30 @@ namespace autosp {
 // mismatched collective calls. Neither the user's input nor (necessarily) an autosp bug.
 struct MpiError : std::runtime_error {
   using std::runtime_error::runtime_error;
+};
+
+// A collective that made no progress for comm_timeout() seconds: a rank of its group is
+// stopped, deadlocked or cut off. The pending request cannot be cancelled, so the only way
+// on is to end the job (MpiRuntime::abort_all); the message names this rank, the call and
+// the group.
+struct CommTimeout : MpiError {
+  using MpiError::MpiError;
+};
+
+// Seconds a collective of an MpiCommunicator may wait before it throws CommTimeout (torch's
+// NCCL watchdog, for MPI). 0 = wait forever. Process-wide; `autosp train --comm-timeout`.
+void set_comm_timeout(double seconds);
+double comm_timeout();
+
+// While one lives, collectives wait without a deadline: for waits on another rank's disk
+// I/O (rank 0 writing a checkpoint of any size while the others wait for its result),
+// which is slow, not stuck. Nests.
+class CommTimeoutSuspended {
+ public:
+  CommTimeoutSuspended();
+  ~CommTimeoutSuspended();
+  CommTimeoutSuspended(const CommTimeoutSuspended&) = delete;
+  CommTimeoutSuspended& operator=(const CommTimeoutSuspended&) = delete;
 };
 
 // Throws MpiError if `rc` is not MPI_SUCCESS: "<call> failed on <group>: <MPI's string>".
@@ -76,6 +103,9 @@ class MpiCommunicator final : public Communicator {
 
  private:
   void check(int rc, const char* call) const { check_mpi(rc, call, name_); }
+  // Completes `request` of `call` (a nonblocking collective); CommTimeout past the deadline.
+  // `what` says what it moves, for the message ("all_reduce_sum of 12 floats").
+  void wait(MPI_Request& request, const char* call, const std::string& what) const;
   template <typename T>
   void all_reduce_sum_impl(T* data, int64_t n, MPI_Datatype type);
   int64_t max_count(size_t element_bytes) const;

@@ -133,7 +133,7 @@ LlamaConfig load_llama_config(const std::string& path) {
   json j;
   try {
     j = json::parse(in);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for a number like 1e999
     user_error(path, ": not valid JSON: ", e.what());
   }
   return parse_llama_config(j, path);

@@ -15,6 +15,7 @@
 #include "io/safetensors.h"
 #include "util/atomic_file.h"
 #include "util/error.h"
+#include "util/hash.h"
 
 namespace autosp::train {
 
@@ -36,7 +37,49 @@ json read_json(const std::string& path) {
 }
 
 constexpr const char* kFormat = "autosp checkpoint";
-const char* const kFiles[] = {"config.json", "model.safetensors", "optimizer.safetensors", "trainer_state.json"};
+const char* const kFiles[] = {"config.json", "model.safetensors", "optimizer.safetensors", "trainer_state.json",
+                              "manifest.json"};
+
+// manifest.json: every other file of the checkpoint (any depth) with its size and checksum,
+// written last, after the files it lists are complete, inside the scratch directory that
+// is then swapped in whole. trainer_state.json's "manifest" key says that one must exist.
+constexpr const char* kManifest = "manifest.json";
+constexpr const char* kManifestFormat = "autosp checkpoint manifest";
+
+std::string hex64(uint64_t h) {
+  char buf[17];
+  std::snprintf(buf, sizeof(buf), "%016llx", (unsigned long long)h);
+  return buf;
+}
+
+// The files a manifest covers: every regular file under `dir` but the manifest, by path
+// relative to `dir`, sorted. Anything that is neither a file nor a directory is named.
+std::vector<std::string> manifest_candidates(const fs::path& dir) {
+  std::vector<std::string> files;
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::recursive_directory_iterator();
+       it.increment(ec)) {
+    const std::string rel = fs::relative(it->path(), dir).string();
+    if (it->is_directory()) continue;
+    if (!it->is_regular_file() || it->is_symlink())
+      user_error((dir / rel).string(), ": not a regular file (a checkpoint holds only files)");
+    if (rel != kManifest) files.push_back(rel);
+  }
+  if (ec) user_error("cannot list '", dir.string(), "': ", ec.message());
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+void write_manifest(const fs::path& dir) {
+  json files = json::object();
+  for (const std::string& rel : manifest_candidates(dir)) {
+    int64_t bytes = 0;
+    const uint64_t hash = fnv1a_file((dir / rel).string(), &bytes);
+    files[rel] = {{"bytes", bytes}, {"fnv1a64", hex64(hash)}};
+  }
+  const json manifest = {{"format", kManifestFormat}, {"version", 1}, {"files", files}};
+  write_file_atomic((dir / kManifest).string(), manifest.dump(2) + "\n");
+}
 
 // Scratch directories: DIR.autosp-tmp.<run> and DIR.autosp-old.<run>.
 std::string scratch_prefix(const fs::path& dir, const char* kind) {
@@ -145,7 +188,9 @@ void write_checkpoint_files(const fs::path& dir, const models::LlamaConfig& mode
     std::snprintf(hash, sizeof(hash), "%016llx", (unsigned long long)info.data->hash);
     st["data"] = {{"path", info.data_path}, {"bytes", info.data->bytes}, {"hash", hash}};
   }
+  st["manifest"] = kManifest;
   write_file_atomic((dir / "trainer_state.json").string(), st.dump(2) + "\n");
+  write_manifest(dir);  // last: it vouches for everything above
   fsync_dir(dir);
 }
 
@@ -293,15 +338,70 @@ std::string interrupted_save_fallback(const fs::path& dir) {
 
 }  // namespace
 
-LoadedCheckpoint load_checkpoint(const std::string& dir) {
-  LoadedCheckpoint c;
+bool verify_checkpoint_files(const std::string& dir, std::vector<std::string>* notes) {
+  const fs::path d(dir);
+  const std::string manifest_path = (d / kManifest).string();
+  std::error_code ec;
+  if (!fs::exists(manifest_path, ec)) {
+    const fs::path st_path = d / "trainer_state.json";
+    std::ifstream in(st_path);
+    const json st = in ? json::parse(in, nullptr, /*allow_exceptions=*/false) : json();
+    if (st.is_object() && st.contains("manifest"))
+      user_error(manifest_path, ": missing, but ", st_path.string(), " says the checkpoint has one: the checkpoint "
+                 "is incomplete or was altered (use an earlier checkpoint)");
+    return false;  // an older autosp's checkpoint: nothing to verify against
+  }
+  const json m = read_json(manifest_path);
+  if (!m.is_object() || m.value("format", "") != kManifestFormat || !m.contains("files") || !m["files"].is_object())
+    user_error(manifest_path, ": not an autosp checkpoint manifest (expected {\"format\": \"", kManifestFormat,
+               "\", \"files\": {...}})");
+  const json& files = m["files"];
+  for (const auto& [rel, entry] : files.items()) {
+    const std::string path = (d / rel).string();
+    if (rel.empty() || fs::path(rel).is_absolute() || rel.find("..") != std::string::npos)
+      user_error(manifest_path, ": lists '", rel, "', which is not a file inside the checkpoint");
+    const bool typed = entry.is_object() && entry.contains("bytes") && entry["bytes"].is_number_unsigned() &&
+                       entry.contains("fnv1a64") && entry["fnv1a64"].is_string();
+    if (!typed) user_error(manifest_path, ": entry for ", rel, " is not {\"bytes\": N, \"fnv1a64\": \"HEX\"}");
+    if (!fs::is_regular_file(path, ec))
+      user_error(path, ": missing (the manifest lists it): the checkpoint is incomplete (use an earlier checkpoint)");
+    const uint64_t want_bytes = entry["bytes"].get<uint64_t>();
+    const uint64_t size = fs::file_size(path, ec);
+    if (ec) user_error(path, ": cannot read its size: ", ec.message());
+    if (size != want_bytes)
+      user_error(path, ": ", size, " bytes, but the manifest says ", want_bytes, size < want_bytes ? " (truncated)" : "",
+                 ": the checkpoint is damaged (use an earlier checkpoint)");
+    int64_t read_bytes = 0;
+    const std::string hash = hex64(fnv1a_file(path, &read_bytes));
+    if (hash != entry["fnv1a64"].get<std::string>())
+      user_error(path, ": checksum ", hash, " differs from the manifest's ", entry["fnv1a64"].get<std::string>(),
+                 ": the file was altered or damaged (use an earlier checkpoint)");
+  }
+  // A file the user added (a model card, notes) is theirs: autosp never reads it, so it does
+  // not make the checkpoint invalid (the next --save refuses to replace the directory).
+  for (const std::string& rel : manifest_candidates(d))
+    if (!files.contains(rel) && notes)
+      notes->push_back(str((d / rel).string(), ": not listed in the checkpoint's manifest (added after the save); "
+                           "autosp does not read it"));
+  return true;
+}
+
+std::string resolve_checkpoint_dir(const std::string& dir) {
   fs::path given = fs::path(dir).lexically_normal();
   if (!given.has_filename()) given = given.parent_path();
-  c.dir = dir;
-  if (!fs::exists(given / "trainer_state.json")) {
-    c.dir = fs::exists(given) ? "" : interrupted_save_fallback(given);
-    if (c.dir.empty()) user_error("--resume ", dir, ": not an autosp checkpoint (no trainer_state.json)");
-  }
+  std::error_code ec;
+  if (fs::exists(given / "trainer_state.json", ec) || fs::exists(given / kManifest, ec)) return dir;
+  const std::string found = fs::exists(given, ec) ? "" : interrupted_save_fallback(given);
+  if (found.empty())
+    user_error(dir, ": not an autosp checkpoint (no trainer_state.json",
+               fs::is_directory(given, ec) ? ")" : fs::exists(given, ec) ? "; not a directory)" : "; no such directory)");
+  return found;
+}
+
+LoadedCheckpoint load_checkpoint(const std::string& dir) {
+  LoadedCheckpoint c;
+  c.dir = resolve_checkpoint_dir(dir);
+  c.verified = verify_checkpoint_files(c.dir, &c.notes);
   const fs::path d(c.dir);
   c.model = models::load_llama_config((d / "config.json").string());
   const std::string st_path = (d / "trainer_state.json").string();

@@ -1,6 +1,7 @@
 // Checkpoints: a directory that Hugging Face can load (config.json + model.safetensors),
-// plus autosp's optimizer state (optimizer.safetensors) and trainer_state.json (step, data
-// position, batch layout, seed, sequence length, the data file's fingerprint).
+// plus autosp's optimizer state (optimizer.safetensors), trainer_state.json (step, data
+// position, batch layout, seed, sequence length, the data file's fingerprint) and, written
+// last, manifest.json (every other file's size and checksum; verified on load).
 //
 // A save never costs the user a file, and never damages the previous checkpoint:
 //  - `--save DIR` only ever replaces an autosp checkpoint (a directory holding autosp's
@@ -15,6 +16,7 @@
 #pragma once
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "io/tokens.h"
 #include "models/llama.h"
@@ -64,14 +66,27 @@ class SaveTarget {
 
 struct LoadedCheckpoint {
   std::string dir;  // where it was found (DIR, or DIR.autosp-old.* after an interrupted save)
+  bool verified = false;  // against its manifest (false: an older autosp's, without one)
+  std::vector<std::string> notes;  // files in it that the manifest does not list
   models::LlamaConfig model;
   ModelState state;
   CheckpointInfo info;
 };
 
-// Loads everything SaveTarget::save wrote; any missing or malformed piece is a UserError
-// naming the file.
+// Loads everything SaveTarget::save wrote, after verify_checkpoint_files; any missing,
+// damaged or malformed piece is a UserError naming the file.
 LoadedCheckpoint load_checkpoint(const std::string& dir);
+
+// The directory a checkpoint named `dir` is in: dir, or after a save interrupted between
+// its two renames the complete previous one (DIR.autosp-old.*). UserError if neither.
+std::string resolve_checkpoint_dir(const std::string& dir);
+
+// Checks the checkpoint in `dir` against its manifest.json: every file it lists is present
+// with its size and FNV-1a 64 checksum. A mismatch is a UserError naming the file and what
+// is wrong; so is a missing or malformed manifest where trainer_state.json says there is
+// one. Files the manifest does not list (the user's) are named in *notes. Returns false
+// (nothing checked) for a checkpoint of an older autosp, written before manifests.
+bool verify_checkpoint_files(const std::string& dir, std::vector<std::string>* notes = nullptr);
 
 // Parameters from a model directory's model.safetensors (F32, BF16 or F16), validated
 // against the config: a missing or misshaped tensor is a UserError naming it. An

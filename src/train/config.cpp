@@ -533,7 +533,7 @@ TrainConfig load_train_config(const std::string& path, std::vector<std::string>*
   json parsed;
   try {
     parsed = json::parse(text.str(), callback);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for a number like 1e999
     user_error(path, ": invalid JSON: ", e.what());
   }
   if (!duplicate.empty()) user_error(path, ": duplicate key \"", duplicate, "\" in the JSON");

@@ -404,17 +404,51 @@ resume_case() {
     --resume "$CASE/checkpoint" --data "$CASE/tokens.bin" --steps 2
 }
 
-new_case resume_state_not_json && cp -r "$CHECKPOINT" "$CASE/checkpoint" &&
+# A checkpoint's manifest (each file's size and checksum) refuses any edit first ...
+new_case resume_manifest_flipped_byte && cp -r "$CHECKPOINT" "$CASE/checkpoint" &&
+  printf 'X' | dd of="$CASE/checkpoint/model.safetensors" bs=1 seek=100 conv=notrunc status=none &&
+  resume_case resume_manifest_flipped_byte "$CASE/checkpoint/model.safetensors" "differs from the manifest"
+
+new_case resume_manifest_truncated && cp -r "$CHECKPOINT" "$CASE/checkpoint" &&
+  mutate truncate "$CASE/checkpoint/optimizer.safetensors" mid-data &&
+  resume_case resume_manifest_truncated "$CASE/checkpoint/optimizer.safetensors" "(truncated)"
+
+new_case resume_manifest_missing && cp -r "$CHECKPOINT" "$CASE/checkpoint" &&
+  rm "$CASE/checkpoint/manifest.json" &&
+  resume_case resume_manifest_missing "$CASE/checkpoint/manifest.json" "missing"
+
+new_case verify_damaged && cp -r "$CHECKPOINT" "$CASE/checkpoint" &&
+  rm "$CASE/checkpoint/config.json" &&
+  expect_error verify_damaged "autosp verify" "$CASE/checkpoint/config.json: missing" -- "$AUTOSP" verify "$CASE/checkpoint"
+new_case verify_not_a_checkpoint &&
+  expect_error verify_not_a_checkpoint "$CASE: not an autosp checkpoint" -- "$AUTOSP" verify "$CASE"
+new_case verify_no_such_dir &&
+  expect_error verify_no_such_dir "no such directory" -- "$AUTOSP" verify "$CASE/nothing_here"
+run_expect verify_valid_checkpoint 0 -- "$AUTOSP" verify "$CHECKPOINT"
+
+# ... so the checks of each file's contents are those of a checkpoint without a manifest
+# (an older autosp's): the same edits with the manifest removed.
+without_manifest() {
+  rm "$CASE/checkpoint/manifest.json" && mutate json "$CASE/checkpoint/trainer_state.json" 'c.pop("manifest")'
+}
+new_case resume_state_not_json && cp -r "$CHECKPOINT" "$CASE/checkpoint" && rm "$CASE/checkpoint/manifest.json" &&
   printf '{"step": 1,' >"$CASE/checkpoint/trainer_state.json" &&
   resume_case resume_state_not_json "$CASE/checkpoint/trainer_state.json" "JSON"
 
-new_case resume_state_seq_len_0 && cp -r "$CHECKPOINT" "$CASE/checkpoint" &&
+new_case resume_state_seq_len_0 && cp -r "$CHECKPOINT" "$CASE/checkpoint" && without_manifest &&
   mutate json "$CASE/checkpoint/trainer_state.json" 'c["seq_len"] = 0' &&
   resume_case resume_state_seq_len_0 "$CASE/checkpoint/trainer_state.json" "seq_len"
 
-new_case resume_optimizer_truncated && cp -r "$CHECKPOINT" "$CASE/checkpoint" &&
+new_case resume_optimizer_truncated && cp -r "$CHECKPOINT" "$CASE/checkpoint" && without_manifest &&
   mutate truncate "$CASE/checkpoint/optimizer.safetensors" mid-data &&
   resume_case resume_optimizer_truncated "$CASE/checkpoint/optimizer.safetensors" "ends beyond the"
+
+# --comm-timeout: seconds, >= 0.
+for bad in -1 abc nan; do
+  new_case "cli_comm_timeout_$bad" &&
+    run_expect "cli_comm_timeout_$bad" 1 "--comm-timeout" -- "$AUTOSP" train --config "$CASE/ds_config.json" \
+      --model "$CASE" --data "$CASE/tokens.bin" --seq-len 16 --steps 1 --comm-timeout "$bad"
+done
 
 # Not an error: a checkpoint autosp wrote with the largest --seed must load again.
 new_case cli_seed_above_int64 &&

@@ -1,0 +1,166 @@
+#include "fuzz_entries.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+
+#include "io/safetensors.h"
+#include "io/tokens.h"
+#include "ir/graph.h"
+#include "models/llama.h"
+#include "ops/op.h"
+#include "train/config.h"
+#include "util/error.h"
+
+namespace autosp::fuzz {
+
+namespace {
+
+// The parsers take paths (they stat, size and pread the file as they would a user's), so
+// each input becomes the contents of one in-memory file, /proc/self/fd/N: no disk traffic,
+// and a regular file to fstat.
+class InputFile {
+ public:
+  InputFile() {
+    fd_ = ::memfd_create("autosp-fuzz-input", MFD_CLOEXEC);
+    if (fd_ < 0) {
+      std::perror("memfd_create");
+      std::abort();
+    }
+    path_ = "/proc/self/fd/" + std::to_string(fd_);
+  }
+  const std::string& write(const uint8_t* data, size_t size) {
+    if (::ftruncate(fd_, 0) != 0) std::abort();
+    size_t done = 0;
+    while (done < size) {
+      ssize_t n = ::pwrite(fd_, data + done, size - done, static_cast<off_t>(done));
+      if (n <= 0) std::abort();
+      done += static_cast<size_t>(n);
+    }
+    return path_;
+  }
+
+ private:
+  int fd_ = -1;
+  std::string path_;
+};
+
+const std::string& as_file(const uint8_t* data, size_t size) {
+  static InputFile file;
+  return file.write(data, size);
+}
+
+// A refusal is the expected outcome for most inputs; its message must say something.
+void refused(const UserError& e) {
+  if (std::string(e.what()).empty()) internal_error("a UserError with an empty message");
+}
+
+}  // namespace
+
+void safetensors(const uint8_t* data, size_t size) {
+  try {
+    std::map<std::string, std::string> metadata;
+    auto tensors = io::read_safetensors(as_file(data, size), &metadata);
+    // Accepted: every tensor's data matches its shape.
+    for (const auto& [name, t] : tensors) {
+      int64_t numel = 1;
+      for (int64_t d : t.shape) numel *= d;
+      AUTOSP_CHECK(static_cast<size_t>(numel) == t.data.size(), "tensor '", name, "'");
+    }
+  } catch (const UserError& e) {
+    refused(e);
+  }
+}
+
+void model_config(const uint8_t* data, size_t size) {
+  try {
+    models::LlamaConfig c = models::load_llama_config(as_file(data, size));
+    // What the trainer does first with an accepted config.
+    (void)models::llama_parameters(c);
+    (void)models::llama_num_parameters(c);
+    (void)models::llama_config_json(c).dump();
+  } catch (const UserError& e) {
+    refused(e);
+  }
+}
+
+void ds_config(const uint8_t* data, size_t size) {
+  try {
+    std::vector<std::string> warnings;
+    train::TrainConfig c = train::load_train_config(as_file(data, size), &warnings);
+    for (int dp : {1, 2, 3}) {
+      train::TrainConfig resolved = c;
+      try {
+        train::resolve_batch(resolved, dp, "fuzz");
+      } catch (const UserError& e) {
+        refused(e);
+      }
+    }
+  } catch (const UserError& e) {
+    refused(e);
+  }
+}
+
+void ir_text(const uint8_t* data, size_t size) {
+  const std::string text(reinterpret_cast<const char*>(data), size);
+  Graph g;
+  try {
+    g = parse_graph(text, "fuzz.ir");
+  } catch (const UserError& e) {
+    refused(e);
+    return;
+  }
+  // The printer is canonical: what it prints parses back to the same text.
+  const std::string printed = print_graph(g);
+  Graph again;
+  try {
+    again = parse_graph(printed, "printed.ir");
+  } catch (const UserError& e) {
+    internal_error("the printed form of a parsed graph does not parse: ", e.what(), "\n", printed);
+  }
+  AUTOSP_CHECK(print_graph(again) == printed, "print(parse(print(g))) != print(g):\n", printed);
+  // Types are taken as written; the verifier checks them against the op rules and reports
+  // what is wrong as an InternalError (a graph a pass built wrong), never by crashing.
+  try {
+    verify(g);
+  } catch (const InternalError&) {
+  } catch (const UserError& e) {
+    refused(e);
+  }
+}
+
+void tokens(const uint8_t* data, size_t size) {
+  try {
+    io::TokenFile file(as_file(data, size));
+    (void)file.fingerprint();
+    // The first input byte picks S and the vocabulary (so both paths, in range and out of
+    // range, are reached); every sample of the file is read, as training would.
+    const int64_t S = size > 0 ? 1 + data[0] % 7 : 1;
+    const int32_t vocab = size > 1 && data[1] % 2 ? 1 << 16 : INT32_MAX;
+    std::vector<int32_t> inputs(S), labels(S);
+    const int64_t samples = file.num_samples(S);
+    for (int64_t k = 0; k < std::max<int64_t>(samples, 1) + 1; ++k) {
+      try {
+        file.read_sample(k, S, vocab, inputs.data(), labels.data());
+      } catch (const UserError& e) {
+        refused(e);
+      }
+    }
+  } catch (const UserError& e) {
+    refused(e);
+  }
+}
+
+const std::vector<Target>& targets() {
+  static const std::vector<Target> all = {{"safetensors", safetensors},
+                                          {"model_config", model_config},
+                                          {"ds_config", ds_config},
+                                          {"ir_text", ir_text},
+                                          {"tokens", tokens}};
+  return all;
+}
+
+}  // namespace autosp::fuzz

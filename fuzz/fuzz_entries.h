@@ -1,0 +1,31 @@
+// The fuzz targets' entry functions: one per parser of untrusted input. Each feeds `data`
+// to the parser as the file (or text) a user would give it, then to the next stage that
+// consumes the parsed result.
+//
+// The contract every parser keeps, and each entry checks: an input is either accepted or
+// refused with a UserError (a clear message naming the file). Anything else escapes:
+// another exception (an InternalError is a bug), and, in the fuzz build (ASan + UBSan),
+// any out-of-bounds access, leak or undefined behaviour. libFuzzer drives these from
+// fuzz/<target>_fuzz.cpp (`make fuzz`); tests/fuzz/corpus_replay_test.cpp replays every
+// file of fuzz/corpus/<target>/ through them in the normal build (`make test`).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace autosp::fuzz {
+
+void safetensors(const uint8_t* data, size_t size);   // io::read_safetensors
+void model_config(const uint8_t* data, size_t size);  // models::load_llama_config (config.json)
+void ds_config(const uint8_t* data, size_t size);     // train::load_train_config + resolve_batch
+void ir_text(const uint8_t* data, size_t size);       // parse_graph, print round trip, verify
+void tokens(const uint8_t* data, size_t size);        // io::TokenFile: open, every sample, fingerprint
+
+struct Target {
+  const char* name;  // its corpus is fuzz/corpus/<name>/
+  void (*run)(const uint8_t*, size_t);
+};
+const std::vector<Target>& targets();
+
+}  // namespace autosp::fuzz
