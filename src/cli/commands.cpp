@@ -359,7 +359,8 @@ int run_train(const TrainArgs& args, MpiRuntime* mpi) {
   warn_all(launch, warnings);
   ProcessGroups groups = launch.groups(config.sequence_parallel_size);
   const std::vector<int64_t> rss_base = rank_peaks(groups, rss_bytes());  // before the model exists
-  train::resolve_batch(config, groups.dp_size, args.config);
+  std::vector<std::string> auto_notes;
+  train::resolve_batch(config, groups.dp_size, args.config, &auto_notes);
   if (seed) config.seed = *seed;
   const train::BatchLayout layout{*config.train_micro_batch_size_per_gpu, *config.gradient_accumulation_steps,
                                   groups.dp_size};
@@ -394,6 +395,9 @@ int run_train(const TrainArgs& args, MpiRuntime* mpi) {
       say(launch, "no %s: random init with seed %llu\n", weights.c_str(), (unsigned long long)config.seed);
     }
   }
+  train::resolve_model_auto(config, model.hidden_size, args.config, &auto_notes);
+  for (const std::string& n : auto_notes)
+    if (launch.lead()) std::fprintf(stderr, "autosp: %s\n", n.c_str());
   if (S > model.max_position_embeddings && launch.lead())
     std::fprintf(stderr, "autosp: warning: --seq-len %lld exceeds the model's max_position_embeddings %lld\n",
                  (long long)S, (long long)model.max_position_embeddings);

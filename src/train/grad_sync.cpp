@@ -35,17 +35,18 @@ void for_each_piece(const std::vector<int64_t>& offsets, int64_t lo, int64_t hi,
 
 }  // namespace
 
-int64_t ShardedAdamW::chunk_elements(int64_t shard, int64_t world) {
+int64_t ShardedAdamW::chunk_elements(int64_t shard, int64_t world, int64_t max_round) {
   if (world <= 1) return 0;
-  // At least one element per round, so a tiny model still makes progress.
-  const int64_t budget = std::min(shard * world / 8, kMaxScratchFloats);
+  // At least one element per round, so a tiny model still makes progress. A round moves
+  // world x chunk < budget elements, so max_round (DeepSpeed's bucket sizes) bounds it.
+  const int64_t budget = std::min({shard * world / 8, kMaxScratchFloats, max_round});
   return std::clamp<int64_t>(budget / (world + 1), 1, std::max<int64_t>(shard, 1));
 }
 
-int64_t ShardedAdamW::planned_bytes(int64_t num_params, int64_t world, int zero_stage) {
+int64_t ShardedAdamW::planned_bytes(int64_t num_params, int64_t world, int zero_stage, int64_t max_round) {
   if (zero_stage != 1) return 0;
   const int64_t shard = (num_params + world - 1) / world;
-  return 4 * (2 * shard + (world + 1) * chunk_elements(shard, world));
+  return 4 * (2 * shard + (world + 1) * chunk_elements(shard, world, max_round));
 }
 
 ShardedAdamW::ShardedAdamW(const TrainConfig& config, ProcessGroups& groups, const ModelState& state)
@@ -56,7 +57,7 @@ ShardedAdamW::ShardedAdamW(const TrainConfig& config, ProcessGroups& groups, con
   count_ = offsets_.back();
   const int64_t W = groups.world->size();
   shard_ = (count_ + W - 1) / W;
-  chunk_ = chunk_elements(shard_, W);
+  chunk_ = chunk_elements(shard_, W, std::min(config.zero.reduce_bucket_size, config.zero.allgather_bucket_size));
   scratch_floats_ = (W + 1) * chunk_;
   // This rank's slice of the (possibly resumed) moments.
   exp_avg_.assign(shard_, 0.0f);

@@ -14,8 +14,8 @@
 // written back into the gradient vectors at this rank's positions, so nothing full-size is
 // ever allocated here (gather_moments fills full-size moments into ModelState, for a
 // checkpoint, and the caller frees them). The scratch is (W + 1) x chunk floats, where
-// chunk is this rank's elements per round: at most min(total / 8, kMaxScratchFloats) floats
-// in all (total padded to W; but at least one element per rank and round, which only a
+// chunk is this rank's elements per round: at most min(total / 8, kMaxScratchFloats,
+// reduce_bucket_size, allgather_bucket_size) floats in all (total padded to W; but at least one element per rank and round, which only a
 // model of under 8 (W + 1) parameters exceeds), so it stays a small fraction of the model
 // and a step takes about 8 (W + 1) / W rounds per collective until the 4 MiB cap binds; at
 // W = 1 there are no collectives and no scratch.
@@ -42,10 +42,13 @@ class ShardedAdamW {
 
   // This rank's elements per round of a chunked collective over `world` ranks for a shard
   // of `shard` elements (0 at world 1: no collectives, no scratch).
-  static int64_t chunk_elements(int64_t shard, int64_t world);
+  // A round moves fewer than max_round elements in all (zero_optimization's
+  // reduce_bucket_size and allgather_bucket_size, the smaller of the two).
+  static int64_t chunk_elements(int64_t shard, int64_t world, int64_t max_round = kMaxScratchFloats);
   // What bytes() will be for `num_params` parameters on `world` ranks at `zero_stage`, for
   // planning without building one.
-  static int64_t planned_bytes(int64_t num_params, int64_t world, int zero_stage);
+  static int64_t planned_bytes(int64_t num_params, int64_t world, int zero_stage,
+                               int64_t max_round = kMaxScratchFloats);
 
   // grads: this rank's partial gradients (one per parameter), overwritten (under stage 1
   // only this rank's shard positions end up reduced). Updates state.params (and, under
