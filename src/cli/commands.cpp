@@ -492,6 +492,10 @@ int run_dump(const DumpArgs& args) {
   CompileOptions options{args.sp, {"autosp"}, true};
   options.checkpoint.policy = parse_checkpoint_policy(args.checkpoint, "--checkpoint");
   options.tile.tile_rows = args.tile_rows;
+  const int64_t world = args.world > 0 ? args.world : args.sp;
+  if (world % args.sp != 0) user_error("--world ", world, " is not a multiple of --sp ", args.sp);
+  if (args.zero > 2) user_error("--zero ", args.zero, ": autosp implements ZeRO stages 0, 1 and 2");
+  options.grad_sync = {.zero_stage = int(args.zero), .world_size = world, .bucket_elements = args.reduce_bucket_size};
   const SequenceSplit split = split_sequence(args.seq_len, args.sp);
   compile(forward, options, [&](const std::string& stage, const Graph& g) {
     if (stage != args.stage) return;

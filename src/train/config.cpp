@@ -347,9 +347,10 @@ ZeroConfig parse_zero(const Ctx& ctx, const json& section) {
       bad_value(ctx, "zero_optimization.stage", "0, 1, 2 or 3", v);
     z.stage = static_cast<int>(v.get<int64_t>());
   }
-  if (z.stage >= 2)
-    user_error(ctx.source, ": zero_optimization.stage: ZeRO stage ", z.stage, " is not implemented yet; autosp "
-               "implements stages 0 and 1");
+  if (z.stage == 3)
+    user_error(ctx.source, ": zero_optimization.stage: ZeRO stage 3 (sharded parameters) is not implemented yet; "
+               "autosp implements stages 0, 1 and 2 (stage 2 shards gradients and optimizer state 1/W over the "
+               "data x sequence world)");
   // DeepSpeed's defaults (deepspeed/runtime/zero/config.py).
   z.reduce_bucket_size = zero_size_at(ctx, section, "reduce_bucket_size", 500000000, 1, true, z);
   z.allgather_bucket_size = zero_size_at(ctx, section, "allgather_bucket_size", 500000000, 1, false, z);

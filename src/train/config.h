@@ -108,10 +108,13 @@ struct CompileConfig {
 // zero_optimization, with DeepSpeed's keys as DeepSpeed means them (deepspeed/runtime/zero/
 // config.py; sizes are element counts, defaults DeepSpeed's):
 //   stage                 0: gradients all-reduced, everything replicated; 1: AdamW moments
-//                         sharded 1/W over the whole DP x SP world; 2 and 3 are parsed with
-//                         their keys but not implemented yet (a UserError saying so)
-//   reduce_bucket_size    elements per gradient reduction: stage 1's rounds of the optimizer's
-//                         chunked reduce-scatter (capped by its 4 MiB scratch)
+//                         sharded 1/W over the whole DP x SP world; 2: also the gradients,
+//                         reduce-scattered inside the compiled step by the grad_sync pass
+//                         (passes/grad_sync.h); 3: also the parameters (not implemented yet:
+//                         a UserError saying so)
+//   reduce_bucket_size    elements per gradient reduction: stage 2's grad_sync buckets, stage
+//                         1's rounds of the optimizer's chunked reduce-scatter (capped by its
+//                         4 MiB scratch)
 //   allgather_bucket_size elements per round of the parameter all-gather after the step
 //                         (stages 1 and 2; capped the same way)
 //   overlap_comm          bool. grad_sync always issues each bucket's reduction as soon as its
@@ -153,7 +156,7 @@ struct TrainConfig {
   SchedulerConfig scheduler;
   CompileConfig compile;
   int64_t sequence_parallel_size = 1;
-  int zero_stage = 0;  // zero.stage: 0 or 1 (2 and 3 are rejected when parsing)
+  int zero_stage = 0;  // zero.stage: 0, 1 or 2 (3 is rejected when parsing)
   ZeroConfig zero;
   int64_t steps_per_print = 10;
   uint64_t seed = 42;

@@ -64,6 +64,36 @@ TEST(Plan, IsWhatTheTrainerPlans) {
   }
 }
 
+// ZeRO-2 in one process (its buckets reduce over one rank): the planner's model state and
+// arena are the trainer's, and at 8 ranks it plans longer sequences than ZeRO-1, which
+// plans longer ones than ZeRO-0 (the gradients it no longer keeps whole leave room for tokens).
+TEST(Plan, StageTwoIsWhatTheTrainerPlansAndGoesFurther) {
+  const models::LlamaConfig model = small_llama();
+  train::TrainConfig config;
+  config.train_micro_batch_size_per_gpu = 1;
+  config.compile.checkpoint = "sac";
+  config.zero_stage = config.zero.stage = 2;
+  train::resolve_batch(config, 1, "test");
+  train::Trainer trainer(model, config, 1024, train::ModelState::initial(model, 1));
+  train::PlanSetup setup{.model = model, .zero = 2, .threads = omp_get_max_threads()};
+  const train::MemoryStrategy sac{{CheckpointPolicy::sac}, {}};
+  const train::MemoryBreakdown b = train::plan_step(setup, sac, 1024);
+  EXPECT_EQ(b.total(), trainer.planned_peak_bytes() - trainer.program_bytes());
+  EXPECT_EQ(b.activations, trainer.planned_arena_bytes());
+  EXPECT_EQ(b.parameters + b.gradients + b.optimizer_state + b.communication, trainer.model_state_bytes());
+
+  int64_t longest[3];
+  for (int zero : {0, 1, 2}) {
+    // 6 MiB beside the 1 GiB GPU reserve: ZeRO-0's 3.4 MB of model state is a good part of it.
+    train::PlanSetup s{.model = model, .world = 8, .sp = 4, .zero = zero, .dtype = DType::bf16};
+    longest[zero] = train::longest_sequence(s, sac, (int64_t(1024) << 20) + (int64_t(6) << 20), 256).max_seq_len;
+  }
+  EXPECT_GT(longest[1], longest[0]);
+  EXPECT_GT(longest[2], longest[1]);
+  std::printf("small llama, 8 ranks, SP 4, sac, 1030 MiB: longest S ZeRO-0 %lld, ZeRO-1 %lld, ZeRO-2 %lld\n",
+              (long long)longest[0], (long long)longest[1], (long long)longest[2]);
+}
+
 TEST(Plan, TheCliOrdersStrategiesAsTheirMemory) {
   testing::TempDir dir("plan");
   std::ofstream(dir / "config.json") << models::llama_config_json(small_llama()).dump(2);
