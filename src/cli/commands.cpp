@@ -494,7 +494,7 @@ int run_dump(const DumpArgs& args) {
   options.tile.tile_rows = args.tile_rows;
   const int64_t world = args.world > 0 ? args.world : args.sp;
   if (world % args.sp != 0) user_error("--world ", world, " is not a multiple of --sp ", args.sp);
-  if (args.zero > 2) user_error("--zero ", args.zero, ": autosp implements ZeRO stages 0, 1 and 2");
+  if (args.zero > 3) user_error("--zero ", args.zero, ": ZeRO stages are 0, 1, 2 and 3");
   options.grad_sync = {.zero_stage = int(args.zero), .world_size = world, .bucket_elements = args.reduce_bucket_size};
   const SequenceSplit split = split_sequence(args.seq_len, args.sp);
   compile(forward, options, [&](const std::string& stage, const Graph& g) {

@@ -105,7 +105,7 @@ int main(int argc, char** argv) {
   dump_cmd->add_option("--sp", dump.sp, "sequence_parallel_size P (the autosp pass runs when P > 1)")
       ->check(kPositive);
   dump_cmd->add_option("--rank", dump.rank, "Which rank of the sequence-parallel group")->check(kNonNegative);
-  dump_cmd->add_option("--zero", dump.zero, "ZeRO stage 0-2 (2: the grad_sync pass reduce-scatters the gradients)")
+  dump_cmd->add_option("--zero", dump.zero, "ZeRO stage 0-3 (2: the grad_sync pass reduce-scatters the gradients; 3: it gathers the parameters too)")
       ->check(kNonNegative);
   dump_cmd->add_option("--world", dump.world, "Ranks in all, data x sequence parallel (default: --sp)")
       ->check(kPositive);
@@ -120,7 +120,7 @@ int main(int argc, char** argv) {
   plan_cmd->add_option("--world", plan.world, "Ranks W (data parallel x sequence parallel)")->check(kPositive);
   plan_cmd->add_option("--sp", plan.sp, "sequence_parallel_size P")->check(kPositive);
   plan_cmd->add_option("--device-memory", plan.device_memory, "Memory per rank, e.g. 80GiB")->required();
-  plan_cmd->add_option("--zero", plan.zero, "ZeRO stage: 0, 1 or 2")->check(CLI::Range(int64_t{0}, int64_t{2}));
+  plan_cmd->add_option("--zero", plan.zero, "ZeRO stage: 0, 1, 2 or 3")->check(CLI::Range(int64_t{0}, int64_t{3}));
   plan_cmd->add_option("--dtype", plan.dtype, "bf16 (a GPU run: bf16 compute, fp32 master state) or f32 (the CPU runtime)");
   plan_cmd->add_option("--micro-batch", plan.micro_batch, "Micro batch size")->check(kPositive);
   plan_cmd->add_option("--tile-rows", plan.tile_rows,

@@ -347,10 +347,6 @@ ZeroConfig parse_zero(const Ctx& ctx, const json& section) {
       bad_value(ctx, "zero_optimization.stage", "0, 1, 2 or 3", v);
     z.stage = static_cast<int>(v.get<int64_t>());
   }
-  if (z.stage == 3)
-    user_error(ctx.source, ": zero_optimization.stage: ZeRO stage 3 (sharded parameters) is not implemented yet; "
-               "autosp implements stages 0, 1 and 2 (stage 2 shards gradients and optimizer state 1/W over the "
-               "data x sequence world)");
   // DeepSpeed's defaults (deepspeed/runtime/zero/config.py).
   z.reduce_bucket_size = zero_size_at(ctx, section, "reduce_bucket_size", 500000000, 1, true, z);
   z.allgather_bucket_size = zero_size_at(ctx, section, "allgather_bucket_size", 500000000, 1, false, z);
@@ -359,6 +355,20 @@ ZeroConfig parse_zero(const Ctx& ctx, const json& section) {
       zero_size_at(ctx, section, "stage3_param_persistence_threshold", 100000, 0, true, z);
   for (const char* key : {"stage3_max_live_parameters", "stage3_max_reuse_distance", "sub_group_size"})
     zero_size_at(ctx, section, key, 0, 0, false, z);
+  if (z.stage == 3) {
+    // autosp's stage 3 partitions every parameter and keeps gathered only what its layer
+    // schedule needs; these DeepSpeed knobs have no counterpart, so a given value is named.
+    if (section.contains("stage3_param_persistence_threshold") && z.stage3_param_persistence_threshold > 0)
+      warn(ctx, "zero_optimization.stage3_param_persistence_threshold",
+           "ignored: autosp's stage 3 shards every parameter (as with threshold 0), small ones included; they are "
+           "gathered with their layer");
+    for (const char* key : {"stage3_max_live_parameters", "stage3_max_reuse_distance"})
+      if (section.contains(key))
+        warn(ctx, child(path, key),
+             "ignored: autosp's stage 3 gathers each layer's parameters before its first use (prefetching one layer "
+             "ahead within stage3_prefetch_bucket_size) and frees them after its last use, in forward and again in "
+             "backward");
+  }
   if (section.contains("zero_hpz_partition_size") &&
       zero_size_at(ctx, section, "zero_hpz_partition_size", 1, 1, false, z) != 1)
     user_error(ctx.source, ": zero_optimization.zero_hpz_partition_size: ZeRO++'s hierarchical partitioning is "

@@ -110,8 +110,8 @@ struct CompileConfig {
 //   stage                 0: gradients all-reduced, everything replicated; 1: AdamW moments
 //                         sharded 1/W over the whole DP x SP world; 2: also the gradients,
 //                         reduce-scattered inside the compiled step by the grad_sync pass
-//                         (passes/grad_sync.h); 3: also the parameters (not implemented yet:
-//                         a UserError saying so)
+//                         (passes/grad_sync.h); 3: also the parameters, gathered per layer
+//                         inside the step by the same pass
 //   reduce_bucket_size    elements per gradient reduction: stage 2's grad_sync buckets, stage
 //                         1's rounds of the optimizer's chunked reduce-scatter (capped by its
 //                         4 MiB scratch)
@@ -122,9 +122,14 @@ struct CompileConfig {
 //                         true warns that nothing overlaps on this backend
 //   contiguous_gradients  bool. grad_sync always copies a bucket's gradients into one
 //                         contiguous buffer (it is what is reduced); false warns so
-//   stage3_prefetch_bucket_size, stage3_param_persistence_threshold, stage3_max_live_parameters,
-//   stage3_max_reuse_distance, stage3_gather_16bit_weights_on_model_save (and its old name
-//   stage3_gather_fp16_weights_on_model_save): parsed and range-checked (stage 3 only)
+//   stage3_prefetch_bucket_size  stage 3: a layer's gather is issued one layer early (at the
+//                         first use of the layer before it) when the layer has at most this
+//                         many elements
+//   stage3_param_persistence_threshold, stage3_max_live_parameters, stage3_max_reuse_distance:
+//                         range-checked; under stage 3 a given value warns that it is ignored
+//                         (autosp shards every parameter and gathers per layer)
+//   stage3_gather_16bit_weights_on_model_save (and its old name ..._fp16_...): accepted; a
+//                         checkpoint is always the consolidated model
 //   reduce_scatter, allgather_partitions, round_robin_gradients, sub_group_size,
 //   elastic_checkpoint, load_from_fp32_weights, ignore_unused_parameters: accepted (they
 //   choose between implementations of the same sums)
@@ -156,7 +161,7 @@ struct TrainConfig {
   SchedulerConfig scheduler;
   CompileConfig compile;
   int64_t sequence_parallel_size = 1;
-  int zero_stage = 0;  // zero.stage: 0, 1 or 2 (3 is rejected when parsing)
+  int zero_stage = 0;  // zero.stage: 0, 1, 2 or 3
   ZeroConfig zero;
   int64_t steps_per_print = 10;
   uint64_t seed = 42;

@@ -51,17 +51,19 @@ int64_t ShardedAdamW::planned_bytes(int64_t num_params, int64_t world, int zero_
 }
 
 int64_t ShardedAdamW::planned_bytes_stage2(const std::vector<GradBucket>& buckets, int64_t world,
-                                           int64_t allgather_bucket_size) {
+                                           int64_t allgather_bucket_size, int zero_stage) {
   int64_t total = 0;
   for (const GradBucket& b : buckets) total += b.shard;
+  // Stage 3 also holds the parameters' shards, and gathers nothing after the step.
+  if (zero_stage == 3) return 4 * 4 * total;
   return 4 * (3 * total + (world + 1) * chunk_elements(total, world, allgather_bucket_size));
 }
 
 ShardedAdamW::ShardedAdamW(const TrainConfig& config, ProcessGroups& groups, const ModelState& state,
                            const std::vector<GradBucket>& buckets)
     : config_(config), groups_(groups) {
-  if (config.zero_stage == 2) {
-    AUTOSP_CHECK(!buckets.empty(), "ZeRO stage 2 needs the compiled step's gradient buckets");
+  if (config.zero_stage >= 2) {
+    AUTOSP_CHECK(!buckets.empty(), "ZeRO stage ", config.zero_stage, " needs the compiled step's gradient buckets");
     std::map<std::string, size_t> index;
     for (size_t i = 0; i < state.specs.size(); ++i) index[state.specs[i].name] = i;
     const int64_t W = groups.world->size(), r = groups.world->rank();
@@ -84,13 +86,15 @@ ShardedAdamW::ShardedAdamW(const TrainConfig& config, ProcessGroups& groups, con
       bucket_shard_.push_back(b.shard);
       acc_.emplace_back(b.shard, 0.0f);
       // This rank's slice of the (possibly resumed) moments.
-      std::vector<float> m(b.shard, 0.0f), v(b.shard, 0.0f);
+      std::vector<float> m(b.shard, 0.0f), v(b.shard, 0.0f), w(config.zero_stage == 3 ? b.shard : 0, 0.0f);
       const int64_t begin = r * b.shard;
       for_each_piece(bucket_offsets_.back(), begin, begin + b.shard, [&](size_t i, int64_t e, int64_t at, int64_t len) {
         const size_t t = bucket_params_.back()[i];
         std::copy_n(state.exp_avg[t].begin() + e, len, m.begin() + (at - begin));
         std::copy_n(state.exp_avg_sq[t].begin() + e, len, v.begin() + (at - begin));
+        if (config.zero_stage == 3) std::copy_n(state.params[t].begin() + e, len, w.begin() + (at - begin));
       });
+      if (config.zero_stage == 3) param_shard_.push_back(std::move(w));
       bucket_avg_.push_back(std::move(m));
       bucket_avg_sq_.push_back(std::move(v));
     }
@@ -98,7 +102,8 @@ ShardedAdamW::ShardedAdamW(const TrainConfig& config, ProcessGroups& groups, con
     for (const auto& p : state.params) count += static_cast<int64_t>(p.size());
     AUTOSP_CHECK(covered == count, "gradient buckets cover ", covered, " of ", count, " parameters");
     chunk_ = chunk_elements(total, W, config.zero.allgather_bucket_size);
-    scratch_floats_ = W > 1 ? (W + 1) * chunk_ : 0;
+    // Stage 3 gathers only to write a checkpoint (gather_moments), outside the step.
+    scratch_floats_ = W > 1 && config.zero_stage == 2 ? (W + 1) * chunk_ : 0;
     return;
   }
   if (config.zero_stage != 1) return;
@@ -181,11 +186,14 @@ double ShardedAdamW::step_stage2(ModelState& state, double lr) {
       float* g = acc_[k].data() + (at - begin);
       if (config_.gradient_clipping > 0)
         for (int64_t j = 0; j < len; ++j) g[j] *= coef;
-      adamw_step(state.params[bucket_params_[k][i]].data() + e, g, bucket_avg_[k].data() + (at - begin),
-                 bucket_avg_sq_[k].data() + (at - begin), len, config_.optimizer, t, lr);
+      float* param = config_.zero_stage == 3 ? param_shard_[k].data() + (at - begin)
+                                             : state.params[bucket_params_[k][i]].data() + e;
+      adamw_step(param, g, bucket_avg_[k].data() + (at - begin), bucket_avg_sq_[k].data() + (at - begin), len,
+                 config_.optimizer, t, lr);
     });
   }
-  if (W > 1) {
+  // Stage 3: the next step gathers each layer's parameters where it needs them.
+  if (W > 1 && config_.zero_stage == 2) {
     std::vector<float> scratch(static_cast<size_t>(scratch_floats_));  // freed when the step returns
     float* wide = scratch.data();
     float* narrow = scratch.data() + W * chunk_;
@@ -203,7 +211,7 @@ double ShardedAdamW::step_stage2(ModelState& state, double lr) {
 }
 
 double ShardedAdamW::step(ModelState& state, std::vector<std::vector<float>>& grads, double lr) {
-  if (config_.zero_stage == 2) return step_stage2(state, lr);
+  if (config_.zero_stage >= 2) return step_stage2(state, lr);
   const int64_t t = state.step + 1;  // AdamW's 1-based step
   const float inv_dp = 1.0f / float(groups_.dp_size);
   if (config_.zero_stage == 0) {
@@ -275,13 +283,17 @@ double ShardedAdamW::step(ModelState& state, std::vector<std::vector<float>>& gr
 }
 
 void ShardedAdamW::gather_moments(ModelState& state) {
-  if (config_.zero_stage == 2) {
+  if (config_.zero_stage >= 2) {
     const int W = groups_.world->size();
     const int64_t r = groups_.world->rank();
     std::vector<float> wide(static_cast<size_t>(W > 1 ? W * chunk_ : 0));
-    for (auto [shards, full] : {std::pair{&bucket_avg_, &state.exp_avg}, std::pair{&bucket_avg_sq_, &state.exp_avg_sq}}) {
-      full->resize(state.params.size());
-      for (size_t i = 0; i < state.params.size(); ++i) (*full)[i].resize(state.params[i].size());
+    std::vector<std::pair<std::vector<std::vector<float>>*, std::vector<std::vector<float>>*>> what = {
+        {&bucket_avg_, &state.exp_avg}, {&bucket_avg_sq_, &state.exp_avg_sq}};
+    if (config_.zero_stage == 3) what.push_back({&param_shard_, &state.params});
+    for (auto [shards, full] : what) {
+      // Sized from the specs: under stage 3 state.params is empty between checkpoints.
+      full->resize(state.specs.size());
+      for (size_t i = 0; i < state.specs.size(); ++i) (*full)[i].resize(numel(state.specs[i].shape));
       for (size_t k = 0; k < shards->size(); ++k) {
         const int64_t c = bucket_shard_[k];
         if (W == 1) {

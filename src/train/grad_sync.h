@@ -33,6 +33,15 @@
 //                a rank holds 3/W of the parameter count (plus padding to W per bucket) and
 //                the parameters themselves.
 //
+//  ZeRO stage 3: as stage 2, with the buckets the compiled step's parameter groups
+//                (passes/grad_sync.h): this object also holds rank r's shard of every
+//                group's parameters (bound as the step's "param_shard:<k>" inputs); the
+//                step updates them in place and gathers nothing (the next step gathers each
+//                group where it needs it). Between steps a rank holds 4/W of the parameter
+//                count (plus padding): parameters, accumulated gradients, two moments.
+//                gather_moments also gathers the parameters into ModelState, for a
+//                checkpoint.
+//
 // Scaling: the sequence ranks of one replica hold parts of one loss (their gradients add
 // up); data-parallel replicas average, as DeepSpeed does. So grad = (sum over the world) / D.
 #pragma once
@@ -59,7 +68,11 @@ class ShardedAdamW {
 
   // What bytes() will be under stage 2 for these buckets on `world` ranks.
   static int64_t planned_bytes_stage2(const std::vector<GradBucket>& buckets, int64_t world,
-                                      int64_t allgather_bucket_size);
+                                      int64_t allgather_bucket_size, int zero_stage = 2);
+
+  // Stage 3: this rank's shard of parameter group k (the compiled step's "param_shard:<k>"
+  // input, updated in place by step()).
+  const float* param_shard(size_t k) const { return param_shard_.at(k).data(); }
 
   // Stage 2: adds one micro batch's reduced shards (shard(k): bucket k's "grad_shard:<k>"
   // output) times `scale` into the accumulation; `first` overwrites it instead.
@@ -104,6 +117,7 @@ class ShardedAdamW {
     int64_t n = static_cast<int64_t>(exp_avg_.size() + exp_avg_sq_.size()) + scratch_floats_;
     for (const auto& b : acc_) n += static_cast<int64_t>(b.size());
     for (const auto& b : bucket_avg_) n += 2 * static_cast<int64_t>(b.size());  // exp_avg and exp_avg_sq
+    for (const auto& b : param_shard_) n += static_cast<int64_t>(b.size());
     return 4 * n;
   }
 
@@ -135,6 +149,7 @@ class ShardedAdamW {
   std::vector<std::vector<int64_t>> bucket_offsets_;
   std::vector<int64_t> bucket_shard_;
   std::vector<std::vector<float>> acc_, bucket_avg_, bucket_avg_sq_;
+  std::vector<std::vector<float>> param_shard_;  // stage 3: the parameters' shards (their master copy)
 };
 
 }  // namespace autosp::train

@@ -92,6 +92,8 @@ Trainer::Trainer(const models::LlamaConfig& model, const TrainConfig& config, in
     if (config_.zero_stage == 2)
       return 4 * num_params + ShardedAdamW::planned_bytes_stage2(read_grad_buckets(joint), W,
                                                                  config_.zero.allgather_bucket_size);
+    if (config_.zero_stage == 3)  // the parameters too are shards the optimizer holds
+      return ShardedAdamW::planned_bytes_stage2(read_grad_buckets(joint), W, config_.zero.allgather_bucket_size, 3);
     return 4 * num_params * (config_.zero_stage == 0 ? 4 : 2) +
            ShardedAdamW::planned_bytes(num_params, W, config_.zero_stage,
                                        std::min(config_.zero.reduce_bucket_size, config_.zero.allgather_bucket_size));
@@ -107,7 +109,8 @@ Trainer::Trainer(const models::LlamaConfig& model, const TrainConfig& config, in
   Graph forward = models::llama_forward(model_, {.batch = micro_batch_, .seq_len = seq_len_});
   CompileOptions options{config.sequence_parallel_size, config.compile.passes, config.compile.deepcompile};
   options.grad_sync = {.zero_stage = config.zero_stage, .world_size = W,
-                       .bucket_elements = config.zero.reduce_bucket_size};
+                       .bucket_elements = config.zero.reduce_bucket_size,
+                       .prefetch_elements = config.zero.stage3_prefetch_bucket_size};
   const double budget = config.compile.memory_budget_gb.value_or(0) * double(1 << 30);  // 0: none
   std::string tried;
   int64_t smallest = INT64_MAX;
@@ -154,6 +157,7 @@ Trainer::Trainer(const models::LlamaConfig& model, const TrainConfig& config, in
     state_.exp_avg.clear();
     state_.exp_avg_sq.clear();
   }
+  if (config_.zero_stage == 3) state_.params = {};  // the optimizer holds this rank's shards of them
   AUTOSP_CHECK(model_state_bytes() == model_state, "planned model state ", model_state, " != held ",
                model_state_bytes());
   // Under stage 2 no full-size gradient is kept: the step's reduced shards accumulate in
@@ -179,6 +183,12 @@ int64_t Trainer::staging_bytes() const {
 }
 
 void Trainer::bind_parameters(CpuExecutor& ex) const {
+  if (config_.zero_stage == 3 && &ex == executor_.get()) {
+    for (size_t k = 0; k < read_grad_buckets(joint_).size(); ++k)
+      ex.bind(str(kParamShardPrefix, k), optimizer_->param_shard(k));
+    return;
+  }
+  AUTOSP_CHECK(state_.params.size() == state_.specs.size(), "the parameters are sharded (ZeRO-3): gather_state first");
   for (size_t i = 0; i < state_.specs.size(); ++i) ex.bind(state_.specs[i].name, state_.params[i].data());
 }
 
@@ -213,7 +223,7 @@ StepStats Trainer::train_step(const DataSource& data) {
     loss_sum += executor_->output("loss")[0];  // this rank's part of its replica's loss
     // DeepSpeed scales each micro batch's loss by 1/g: the step's gradient is the mean.
     const float inv_g = 1.0f / float(g);
-    if (config_.zero_stage == 2)
+    if (config_.zero_stage >= 2)
       optimizer_->accumulate([&](size_t k) { return executor_->output(str(kGradShardPrefix, k)); },
                              g == 1 ? 1.0f : inv_g, m == 0);
     for (size_t i = 0; i < grads_.size(); ++i) {
@@ -264,8 +274,9 @@ const ModelState& Trainer::gather_state() {
 }
 
 int64_t Trainer::model_state_bytes() const {
-  // Under stage 2 ModelState holds the parameters alone (no full gradients, no moments).
-  if (config_.zero_stage == 2) {
+  // Under stage 2 ModelState holds the parameters alone (no full gradients, no moments);
+  // under stage 3 not even those (the optimizer holds their shards).
+  if (config_.zero_stage >= 2) {
     int64_t n = 0;
     for (const auto& p : state_.params) n += static_cast<int64_t>(p.size());
     return 4 * n + optimizer_->bytes();
@@ -277,6 +288,7 @@ void Trainer::release_gathered_state() {
   if (config_.zero_stage < 1) return;
   state_.exp_avg.clear();
   state_.exp_avg_sq.clear();
+  if (config_.zero_stage == 3) state_.params = {};
 }
 
 std::vector<float> Trainer::logits(const int32_t* inputs, int64_t B, int64_t S) {

@@ -307,8 +307,12 @@ new_case ds_lr_negative && mutate json "$CASE/ds_config.json" 'c["optimizer"]["p
 new_case ds_lr_string && mutate json "$CASE/ds_config.json" 'c["optimizer"]["params"]["lr"] = "0.01"' &&
   train_case ds_lr_string "$CASE/ds_config.json" "optimizer.params.lr"
 
-new_case ds_zero_stage_3 && mutate json "$CASE/ds_config.json" 'c["zero_optimization"] = {"stage": 3}' &&
-  train_case ds_zero_stage_3 "$CASE/ds_config.json" "zero_optimization.stage"
+new_case ds_zero_stage_5 && mutate json "$CASE/ds_config.json" 'c["zero_optimization"] = {"stage": 5}' &&
+  train_case ds_zero_stage_5 "$CASE/ds_config.json" "zero_optimization.stage" "0, 1, 2 or 3"
+
+new_case ds_zero3_offload_param_cpu &&
+  mutate json "$CASE/ds_config.json" 'c["zero_optimization"] = {"stage": 3, "offload_param": {"device": "cpu", "pin_memory": True}}' &&
+  train_case ds_zero3_offload_param_cpu "$CASE/ds_config.json" "zero_optimization.offload_param.device" "CPU backend"
 
 new_case ds_offload_optimizer_cpu &&
   mutate json "$CASE/ds_config.json" 'c["zero_optimization"] = {"stage": 1, "offload_optimizer": {"device": "cpu"}}' &&

@@ -1,10 +1,12 @@
-// ZeRO stage 2 under sequence and data parallelism, against the float64 PyTorch reference
+// ZeRO stages 2 and 3 under sequence and data parallelism, against the float64 PyTorch reference
 // (tests/reference/llama_reference.py) of the same global batch on one device, under real
 // mpirun: for (W, SP) in (1, 1), (2, 2), (4, 2), (4, 4), (4, 1), with gradient accumulation
 // (2 micro batches per rank) and clipping (1.0), S = 15 (divisible by neither 2 nor 4: the
 // last rank's slice is padded), NKV = 2 < SP = 4 (kv heads repeated), and each checkpoint
 // policy (none, sac, full) across the layouts. Small reduce and all-gather buckets, so the
-// gradients travel in many buckets and the parameters come back in many rounds. The loss,
+// gradients travel in many buckets and the parameters come back in many rounds (stage 2);
+// under stage 3 each layer's parameters are gathered in forward and again in backward (and
+// for recomputation), prefetched one layer ahead. The loss,
 // gradient-norm and lr curves and the final parameters are held to the reference at the
 // tolerances of tests/reference/llama_reference_test.cpp.
 //
@@ -115,17 +117,24 @@ TEST_P(ZeroSequenceParallel, EqualsTheFloat64Reference) {
 INSTANTIATE_TEST_SUITE_P(Layouts, ZeroSequenceParallel,
                          ::testing::Values(Layout{1, 1, 2, "none"}, Layout{2, 2, 2, "sac"}, Layout{4, 2, 2, "full"},
                                            Layout{4, 4, 2, "none"}, Layout{4, 1, 2, "sac"}, Layout{4, 4, 2, "full"},
-                                           Layout{2, 2, 2, "none"}, Layout{4, 2, 2, "sac"}),
+                                           Layout{2, 2, 2, "none"}, Layout{4, 2, 2, "sac"},
+                                           Layout{1, 1, 3, "sac"}, Layout{2, 2, 3, "full"}, Layout{4, 2, 3, "none"},
+                                           Layout{4, 4, 3, "sac"}, Layout{4, 1, 3, "full"}, Layout{4, 4, 3, "full"},
+                                           Layout{2, 2, 3, "none"}, Layout{4, 2, 3, "sac"}),
                          [](const auto& info) {
                            return str("W", info.param.world, "_SP", info.param.sp, "_zero", info.param.zero, "_",
                                       info.param.checkpoint);
                          });
 
-// A ZeRO-2 checkpoint holds the consolidated model (model.safetensors, Hugging Face names)
-// and the full optimizer state, gathered from the shards; resuming at the same layout
-// continues bitwise, and at another world size and stage (W = 2, SP 2, ZeRO-1, the same
-// global batch through more accumulation) with the same curve up to fp32 reordering.
-TEST(ZeroSequenceParallelResume, StageTwoCheckpointResumesAtTheSameAndAnotherLayout) {
+// A ZeRO-2 or ZeRO-3 checkpoint saved at W = 4 holds the consolidated model
+// (model.safetensors, Hugging Face names and shapes) and the full optimizer state, gathered
+// from the shards; resuming at the same layout continues bitwise, and at another world size
+// and stage (W = 2, SP 2, ZeRO-1, the same global batch) with the same curve up to fp32
+// reordering.
+class ZeroSequenceParallelResume : public ::testing::TestWithParam<int> {};
+
+TEST_P(ZeroSequenceParallelResume, CheckpointResumesAtTheSameAndAnotherLayout) {
+  const int stage = GetParam();
   TempDir dir("zero_resume");
   auto gen = run_command(str("/usr/bin/python3 ", testing::source_path("tests/reference/llama_reference.py"),
                              " --out ", dir.path(), " --steps 1 --seq-len ", kSeqLen));
@@ -141,7 +150,7 @@ TEST(ZeroSequenceParallelResume, StageTwoCheckpointResumesAtTheSameAndAnotherLay
     std::ofstream(dir / name) << c.dump(2);
     return dir / name;
   };
-  const std::string z2 = config("z2.json", 4, 1, 2), z1 = config("z1_w2.json", 2, 2, 1);
+  const std::string z2 = config("z2.json", 4, 1, stage), z1 = config("z1_w2.json", 2, 2, 1);
   auto mpi = [&](int world, const std::string& cfg, const std::string& args) {
     const std::string cmd = str(kMpiEnv, "timeout 300 ", AUTOSP_MPIEXEC, " -np ", world, " --oversubscribe ",
                                 AUTOSP_BINARY, " train --config ", cfg, " --data ", dir / "tokens.bin", " ", args);
@@ -154,6 +163,7 @@ TEST(ZeroSequenceParallelResume, StageTwoCheckpointResumesAtTheSameAndAnotherLay
   // Loads as a plain checkpoint: the consolidated parameters, Hugging Face names.
   const auto weights = io::read_safetensors(dir / "ckpt/model.safetensors");
   EXPECT_EQ(weights.count("model.layers.1.self_attn.k_proj.weight"), 1u);
+  EXPECT_EQ(weights.at("model.layers.1.mlp.down_proj.weight").shape, (Shape{32, 48}));
   mpi(4, z2, str("--resume ", dir / "ckpt", " --steps ", kSteps, " --metrics ", dir / "same.jsonl"));
   mpi(2, z1, str("--resume ", dir / "ckpt", " --steps ", kSteps, " --metrics ", dir / "other.jsonl"));
   ASSERT_FALSE(HasFailure());
@@ -173,6 +183,9 @@ TEST(ZeroSequenceParallelResume, StageTwoCheckpointResumesAtTheSameAndAnotherLay
                 1e-5 * full[t]["grad_norm"].get<double>()) << "step " << t + 1;
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Stages, ZeroSequenceParallelResume, ::testing::Values(2, 3),
+                         [](const auto& info) { return str("zero", info.param); });
 
 // DeepSpeed's AutoSP benchmark config (DeepSpeedExamples), with "train_batch_size": "auto" as
 // the issue quotes it: bf16 runs fp32 (a warning says so), the "auto" values are printed.

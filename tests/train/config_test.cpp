@@ -180,9 +180,7 @@ TEST(TrainConfig, UnsupportedOptimizerSchedulerAndZeroStage) {
   EXPECT_PARSE_ERROR(R"({"scheduler": {"type": "WarmupCosineLR", "params": {}}})",
                      "scheduler.params.total_num_steps: missing");
   EXPECT_EQ(parse(R"({"zero_optimization": {"stage": 2}})").zero_stage, 2);
-  EXPECT_PARSE_ERROR(R"({"zero_optimization": {"stage": 3}})",
-                     "config.json: zero_optimization.stage: ZeRO stage 3 (sharded parameters) is not implemented",
-                     "stages 0, 1 and 2");
+  EXPECT_EQ(parse(R"({"zero_optimization": {"stage": 3}})").zero_stage, 3);
   EXPECT_PARSE_ERROR(R"({"zero_optimization": {"stage": 4}})",
                      "zero_optimization.stage: expected 0, 1, 2 or 3, got 4");
   EXPECT_EQ(parse(R"({"zero_optimization": true})").zero_stage, 1);  // DeepSpeed's legacy form
@@ -570,6 +568,23 @@ TEST(TrainConfig, ZeroKeysTakeDeepSpeedsMeaningAndDefaults) {
   warnings = warnings_of(R"({"zero_optimization": {"stage": 1, "contiguous_gradients": false}})");
   ASSERT_EQ(warnings.size(), 1u) << joined(warnings);
   EXPECT_NE(warnings[0].find("zero_optimization.contiguous_gradients: false has no effect"), std::string::npos);
+}
+
+// Stage 3's knobs without a counterpart in autosp are named when given.
+TEST(TrainConfig, StageThreeKnobsAutospDoesNotHaveAreWarnedByName) {
+  TrainConfig c;
+  std::vector<std::string> warnings = warnings_of(R"({"zero_optimization": {"stage": 3,
+      "stage3_prefetch_bucket_size": 1000, "stage3_param_persistence_threshold": 1e4,
+      "stage3_max_live_parameters": 1e9, "stage3_max_reuse_distance": 1e9}})", &c);
+  EXPECT_EQ(c.zero.stage3_prefetch_bucket_size, 1000);
+  ASSERT_EQ(warnings.size(), 3u) << joined(warnings);
+  EXPECT_NE(warnings[0].find("zero_optimization.stage3_param_persistence_threshold: ignored: autosp's stage 3 "
+                             "shards every parameter"), std::string::npos) << warnings[0];
+  EXPECT_NE(warnings[1].find("zero_optimization.stage3_max_live_parameters: ignored"), std::string::npos);
+  EXPECT_NE(warnings[2].find("zero_optimization.stage3_max_reuse_distance: ignored"), std::string::npos);
+  // Threshold 0 is what autosp does: no warning; under stage 2 none of them matter.
+  EXPECT_TRUE(warnings_of(R"({"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}})").empty());
+  EXPECT_TRUE(warnings_of(R"({"zero_optimization": {"stage": 2, "stage3_max_live_parameters": 1e9}})").empty());
 }
 
 TEST(TrainConfig, ZeroKeysOutOfRangeOrOffloadAreErrors) {

@@ -125,7 +125,7 @@ TEST(ZeroMemory, StageOneHoldsLessPerRankAndTrainsTheSameNumbers) {
 }
 
 // W = 4 ranks (SP 2 x DP 2, the autosp pass), global batch 4 (micro 2, no accumulation):
-// per-rank model state under stages 0, 1 and 2, and the same loss curve under each.
+// per-rank model state under stages 0 to 3, and the same loss curve under each.
 TrainRun train_w4(const TempDir& dir, int zero) {
   const json c = {{"train_micro_batch_size_per_gpu", 2},
                   {"gradient_accumulation_steps", 1},
@@ -153,10 +153,10 @@ TrainRun train_w4(const TempDir& dir, int zero) {
   return run;
 }
 
-TEST(ZeroMemory, StageTwoAtFourRanksHoldsUnderHalfOfStageZero) {
+TEST(ZeroMemory, StagesTwoAndThreeAtFourRanksHoldAFractionOfStageZero) {
   TempDir dir("zero_memory_w4");
   write_model_and_data(dir);
-  const TrainRun z0 = train_w4(dir, 0), z1 = train_w4(dir, 1), z2 = train_w4(dir, 2);
+  const TrainRun z0 = train_w4(dir, 0), z1 = train_w4(dir, 1), z2 = train_w4(dir, 2), z3 = train_w4(dir, 3);
   ASSERT_FALSE(HasFailure());
   for (int t = 0; t < kSteps; ++t) {
     ASSERT_EQ(z2.model_state[t].size(), 4u);
@@ -173,16 +173,25 @@ TEST(ZeroMemory, StageTwoAtFourRanksHoldsUnderHalfOfStageZero) {
       // gradient kept between micro batches (+4 N) would break it.
       EXPECT_LE(double(b2), 7.5 * N + 28) << "step " << t + 1 << " rank " << r;
       EXPECT_LT(b2, b1) << "step " << t + 1 << " rank " << r;
+      // ZeRO-3: 16 bytes per element of this rank's shard of each parameter group
+      // (parameters, accumulated gradients, two moments; ceil(n / 4) of each of the 5
+      // groups): <= 4 N + 16 x 5 bytes, the bound 0.3 x ZeRO-0 with room to spare.
+      // (Each layer's gathered parameters live in the step's arena, not here: see
+      // tests/passes/zero3_test.cpp.)
+      const int64_t b3 = z3.model_state[t][r];
+      EXPECT_LE(double(b3), 4 * N + 80) << "step " << t + 1 << " rank " << r;
+      EXPECT_LE(double(b3), 0.3 * double(b0)) << "step " << t + 1 << " rank " << r;
     }
     // The same global batch: the same loss up to fp32 reordering (as above).
     EXPECT_NEAR(z1.loss[t], z0.loss[t], 2e-6 * std::abs(z0.loss[t])) << "step " << t + 1;
     EXPECT_NEAR(z2.loss[t], z0.loss[t], 2e-6 * std::abs(z0.loss[t])) << "step " << t + 1;
+    EXPECT_NEAR(z3.loss[t], z0.loss[t], 2e-6 * std::abs(z0.loss[t])) << "step " << t + 1;
   }
   const double b0 = double(z0.model_state[0][0]);
   std::printf("model_state_bytes per rank at W=4 (SP 2 x DP 2), N = %.0f parameters: ZeRO-0 %lld, ZeRO-1 %lld "
-              "(%.3fx), ZeRO-2 %lld (%.3fx)\n", b0 / 16, (long long)z0.model_state[0][0],
+              "(%.3fx), ZeRO-2 %lld (%.3fx), ZeRO-3 %lld (%.3fx)\n", b0 / 16, (long long)z0.model_state[0][0],
               (long long)z1.model_state[0][0], double(z1.model_state[0][0]) / b0, (long long)z2.model_state[0][0],
-              double(z2.model_state[0][0]) / b0);
+              double(z2.model_state[0][0]) / b0, (long long)z3.model_state[0][0], double(z3.model_state[0][0]) / b0);
 }
 
 }  // namespace
