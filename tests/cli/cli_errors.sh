@@ -331,6 +331,15 @@ new_case ds_auto_total_num_steps &&
   mutate json "$CASE/ds_config.json" 'c["scheduler"] = {"type": "WarmupDecayLR", "params": {"total_num_steps": "auto"}}' &&
   train_case ds_auto_total_num_steps "$CASE/ds_config.json" "scheduler.params.total_num_steps" '"auto"'
 
+# ZeRO stages 2 and 3 in one process train (and, in make test, run under the sanitizers:
+# the grad_sync pass's buckets and gathers, the sharded optimizer, a checkpoint gather).
+for stage in 2 3; do
+  new_case "ds_zero${stage}_trains" &&
+    mutate json "$CASE/ds_config.json" "c['zero_optimization'] = {'stage': $stage, 'reduce_bucket_size': 3000}" &&
+    run_expect "ds_zero${stage}_trains" 0 -- "$AUTOSP" train --config "$CASE/ds_config.json" --model "$CASE" \
+      --data "$CASE/tokens.bin" --seq-len 16 --steps 2 --save "$TMP/zero${stage}_ckpt"
+done
+
 # "auto" as Hugging Face resolves it, printed: the batch from the micro batch and accumulation.
 new_case ds_auto_batch_and_clipping &&
   mutate json "$CASE/ds_config.json" 'c["train_batch_size"] = "auto"; c["gradient_clipping"] = "auto"' &&
