@@ -285,7 +285,6 @@ double ShardedAdamW::step(ModelState& state, std::vector<std::vector<float>>& gr
 void ShardedAdamW::gather_moments(ModelState& state) {
   if (config_.zero_stage >= 2) {
     const int W = groups_.world->size();
-    const int64_t r = groups_.world->rank();
     std::vector<float> wide(static_cast<size_t>(W > 1 ? W * chunk_ : 0));
     std::vector<std::pair<std::vector<std::vector<float>>*, std::vector<std::vector<float>>*>> what = {
         {&bucket_avg_, &state.exp_avg}, {&bucket_avg_sq_, &state.exp_avg_sq}};
@@ -307,7 +306,6 @@ void ShardedAdamW::gather_moments(ModelState& state) {
         }
       }
     }
-    (void)r;
     return;
   }
   if (config_.zero_stage != 1) return;
