@@ -393,7 +393,8 @@ int run_train(const TrainArgs& args, MpiRuntime* mpi) {
   warn_all(launch, warnings);
   ProcessGroups groups = launch.groups(config.sequence_parallel_size);
   const std::vector<int64_t> rss_base = rank_peaks(groups, rss_bytes());  // before the model exists
-  train::resolve_batch(config, groups.dp_size, args.config);
+  std::vector<std::string> auto_notes;
+  train::resolve_batch(config, groups.dp_size, args.config, &auto_notes);
   if (seed) config.seed = *seed;
   const train::BatchLayout layout{*config.train_micro_batch_size_per_gpu, *config.gradient_accumulation_steps,
                                   groups.dp_size};
@@ -437,6 +438,9 @@ int run_train(const TrainArgs& args, MpiRuntime* mpi) {
       say(launch, "no %s: random init with seed %llu\n", weights.c_str(), (unsigned long long)config.seed);
     }
   }
+  train::resolve_model_auto(config, model.hidden_size, args.config, &auto_notes);
+  for (const std::string& n : auto_notes)
+    if (launch.lead()) std::fprintf(stderr, "autosp: %s\n", n.c_str());
   if (S > model.max_position_embeddings && launch.lead())
     std::fprintf(stderr, "autosp: warning: --seq-len %lld exceeds the model's max_position_embeddings %lld\n",
                  (long long)S, (long long)model.max_position_embeddings);
@@ -551,6 +555,10 @@ int run_dump(const DumpArgs& args) {
   CompileOptions options{args.sp, {"autosp"}, true};
   options.checkpoint.policy = parse_checkpoint_policy(args.checkpoint, "--checkpoint");
   options.tile.tile_rows = args.tile_rows;
+  const int64_t world = args.world > 0 ? args.world : args.sp;
+  if (world % args.sp != 0) user_error("--world ", world, " is not a multiple of --sp ", args.sp);
+  if (args.zero > 3) user_error("--zero ", args.zero, ": ZeRO stages are 0, 1, 2 and 3");
+  options.grad_sync = {.zero_stage = int(args.zero), .world_size = world, .bucket_elements = args.reduce_bucket_size};
   const SequenceSplit split = split_sequence(args.seq_len, args.sp);
   compile(forward, options, [&](const std::string& stage, const Graph& g) {
     if (stage != args.stage) return;

@@ -23,6 +23,7 @@ struct TrainArgs {
 struct DumpArgs {
   std::string model, stage, checkpoint = "sac";
   int64_t seq_len = 0, batch = 1, sp = 1, rank = 0, tile_rows = 0;
+  int64_t zero = 0, world = 0, reduce_bucket_size = 500000000;  // world 0: the SP size
 };
 
 struct PlanArgs {

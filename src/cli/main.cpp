@@ -70,7 +70,7 @@ int main(int argc, char** argv) {
   if (std::string lacks; !autosp::cpu::cpu_runs_baseline(&lacks)) {
     if (lead_process())
       std::fprintf(stderr, "autosp: error: this CPU lacks %s; this build needs x86-64-v3 (AVX2, FMA, "
-                   "F16C, BMI2)\n", lacks.c_str());
+                   "BMI2)\n", lacks.c_str());
     return 1;
   }
   try {
@@ -132,7 +132,7 @@ int main(int argc, char** argv) {
   dump_cmd->add_option("--seq-len", dump.seq_len, "Sequence length S")->required()->check(kPositive);
   dump_cmd->add_option("--batch", dump.batch, "Micro batch size")->check(kPositive);
   dump_cmd->add_option("--stage", dump.stage,
-                       "forward | autosp | tile | joint | checkpoint | schedule | plan_memory")
+                       "forward | autosp | tile | joint | checkpoint | schedule | grad_sync | plan_memory")
       ->required();
   dump_cmd->add_option("--checkpoint", dump.checkpoint, "Checkpoint policy: none | full | sac (default sac)");
   dump_cmd->add_option("--tile-rows", dump.tile_rows, "Sequence rows per MLP tile (default 0: no tiling)")
@@ -140,6 +140,12 @@ int main(int argc, char** argv) {
   dump_cmd->add_option("--sp", dump.sp, "sequence_parallel_size P (the autosp pass runs when P > 1)")
       ->check(kPositive);
   dump_cmd->add_option("--rank", dump.rank, "Which rank of the sequence-parallel group")->check(kNonNegative);
+  dump_cmd->add_option("--zero", dump.zero, "ZeRO stage 0-3 (2: the grad_sync pass reduce-scatters the gradients; 3: it gathers the parameters too)")
+      ->check(kNonNegative);
+  dump_cmd->add_option("--world", dump.world, "Ranks in all, data x sequence parallel (default: --sp)")
+      ->check(kPositive);
+  dump_cmd->add_option("--reduce-bucket-size", dump.reduce_bucket_size,
+                       "Elements per gradient bucket (zero_optimization.reduce_bucket_size)")->check(kPositive);
 
   std::string verify_dir;
   CLI::App* verify_cmd = app.add_subcommand(
@@ -154,7 +160,7 @@ int main(int argc, char** argv) {
   plan_cmd->add_option("--world", plan.world, "Ranks W (data parallel x sequence parallel)")->check(kPositive);
   plan_cmd->add_option("--sp", plan.sp, "sequence_parallel_size P")->check(kPositive);
   plan_cmd->add_option("--device-memory", plan.device_memory, "Memory per rank, e.g. 80GiB")->required();
-  plan_cmd->add_option("--zero", plan.zero, "ZeRO stage: 0 or 1")->check(CLI::Range(int64_t{0}, int64_t{1}));
+  plan_cmd->add_option("--zero", plan.zero, "ZeRO stage: 0, 1, 2 or 3")->check(CLI::Range(int64_t{0}, int64_t{3}));
   plan_cmd->add_option("--dtype", plan.dtype, "bf16 (a GPU run: bf16 compute, fp32 master state) or f32 (the CPU runtime)");
   plan_cmd->add_option("--micro-batch", plan.micro_batch, "Micro batch size")->check(kPositive);
   plan_cmd->add_option("--tile-rows", plan.tile_rows,

@@ -145,14 +145,22 @@ extern const OpDef reduce_scatter_op = {
     .grad = [](GradContext& c) { c.din[0] = c.b.emit1(OpKind::all_gather, {c.dout[0]}, c.attrs()); },
     .cpu = [](const KernelArgs& a) {
       const int64_t P = a.attrs->get_int("size"), d = a.attrs->get_int("dim");
-      float* send = static_cast<float*>(a.workspace);
       const Slab xs = slab_of(a.in_shape(0), d);
       const int64_t c = xs.len / P, chunk = a.out_numel(0);
+      // Cut along the outermost dim (grad_sync's flat buckets), rank p's block is already
+      // contiguous: reduce straight from the operand.
+      if (xs.outer == 1) {
+        a.comm->reduce_scatter_sum(a.in(0), a.out(0), chunk);
+        return;
+      }
+      float* send = static_cast<float*>(a.workspace);
       for (int64_t p = 0; p < P; ++p)
         cpu::copy_slab(a.in(0), xs.outer, xs.len, p * c, xs.inner, c, send + p * chunk, c, 0);
       a.comm->reduce_scatter_sum(send, a.out(0), chunk);
     },
-    .cpu_workspace_bytes = [](const Types& in, const Attrs&, int) -> int64_t { return in[0].bytes(); },
+    .cpu_workspace_bytes = [](const Types& in, const Attrs& attrs, int) -> int64_t {
+      return slab_of(in[0].shape, dim_attr(attrs, "dim", in[0])).outer == 1 ? 0 : in[0].bytes();
+    },
 };
 
 }  // namespace autosp

@@ -18,7 +18,7 @@ namespace autosp {
 
 const std::vector<std::string>& pipeline_stages() {
   static const std::vector<std::string> stages = {"forward", "autosp", "tile", "joint", "checkpoint", "schedule",
-                                                  "plan_memory"};
+                                                  "grad_sync", "plan_memory"};
   return stages;
 }
 
@@ -69,6 +69,13 @@ Graph compile(const Graph& forward, const CompileOptions& options,
   });
   const int threads = options.threads > 0 ? options.threads : omp_get_max_threads();
   g = run("schedule", [&] { return schedule(g, {.threads = threads}); });
+  // After schedule: it would issue each stage-3 parameter gather (ready from the start)
+  // first (passes/grad_sync.h).
+  g = run("grad_sync", [&] {
+    Graph synced = grad_sync(g, options.grad_sync);
+    verify(synced);
+    return synced;
+  });
   g = run("plan_memory", [&] { return plan_memory(g, {.threads = threads}); });
   return g;
 }

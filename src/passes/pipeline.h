@@ -1,14 +1,16 @@
 // The compiler pipeline, as one straight list of passes (DESIGN.md "The pipeline"):
 //
-//   forward --autosp--> --tile--> --autodiff--> joint --grad_sync--> --checkpoint-->
-//   --schedule--> --plan_memory--> lowered
+//   forward --autosp--> --tile--> --autodiff--> joint --checkpoint--> --schedule-->
+//   --grad_sync--> --plan_memory--> lowered
 //
-// Built so far: autosp, tile, autodiff, checkpoint, schedule and plan_memory (stages
-// "forward", "autosp", "tile", "joint", "checkpoint", "schedule", "plan_memory"); tile runs
-// before autodiff (see passes/tile.h). Gradient reduction over the data x sequence group is
-// done by the trainer's optimizer step (train/grad_sync.h) until it moves into a grad_sync
-// pass, and checkpoint runs right after autodiff. Asking for a pass that does not exist is a
-// clear error, not a silent no-op. AUTOSP_PASS_TIMES=1 prints each pass's time.
+// Built so far: autosp, tile, autodiff, checkpoint, schedule, grad_sync and plan_memory
+// (stages "forward", "autosp", "tile", "joint", "checkpoint", "schedule", "grad_sync",
+// "plan_memory"); tile runs before autodiff (see passes/tile.h) and checkpoint right after
+// it. grad_sync reduce-scatters the gradients inside the step under ZeRO stages 2 and 3 and
+// gathers the parameters under stage 3 (passes/grad_sync.h), after schedule so that the
+// gathers stay where it put them; under stages 0 and 1 it leaves the graph as it is and the
+// trainer's optimizer step reduces the gradients (train/grad_sync.h). Asking for a pass that does not exist is
+// a clear error, not a silent no-op. AUTOSP_PASS_TIMES=1 prints each pass's time.
 #pragma once
 #include <functional>
 #include <string>
@@ -16,6 +18,7 @@
 
 #include "ir/graph.h"
 #include "passes/checkpoint.h"
+#include "passes/grad_sync.h"
 #include "passes/tile.h"
 
 namespace autosp {
@@ -29,6 +32,7 @@ struct CompileOptions {
   int threads = 0;
   CheckpointOptions checkpoint;  // which activations backward keeps (none: all of them)
   TileOptions tile;              // sequence tiles of row-wise regions (default: none)
+  GradSyncOptions grad_sync;     // ZeRO stage, world size and bucket (default: stage 0, unchanged)
 };
 
 // The stage names `autosp dump --stage` accepts, in pipeline order.

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <limits>
@@ -38,6 +39,9 @@ std::string shown(const json& value) {
 
 [[noreturn]] void bad_value(const Ctx& ctx, const std::string& path, std::string_view expected,
                             const json& got) {
+  if (got == "auto")
+    user_error(ctx.source, ": ", path, ": expected ", expected, ", got \"auto\" (Hugging Face's Trainer fills this "
+               "key in from its own arguments, which autosp does not have: give a value)");
   user_error(ctx.source, ": ", path, ": expected ", expected, ", got ", shown(got));
 }
 
@@ -283,25 +287,120 @@ CompileConfig parse_compile(const Ctx& ctx, const json& section) {
   return c;
 }
 
-int parse_zero(const Ctx& ctx, const json& section) {
+// An element count >= min, or "auto" (recorded in zero.auto_keys) where `auto_ok`.
+int64_t zero_size_at(const Ctx& ctx, const json& section, const char* key, int64_t fallback, int64_t min,
+                     bool auto_ok, ZeroConfig& z) {
+  if (!section.contains(key)) return fallback;
+  const json& v = section[key];
+  const std::string path = child("zero_optimization", key);
+  if (auto_ok && v == "auto") {
+    z.auto_keys.push_back(key);
+    return fallback;
+  }
+  // DeepSpeed configs write sizes as 5e8: a float with an integral value is an integer here.
+  if (v.is_number_float() && v.get<double>() == std::floor(v.get<double>()) && v.get<double>() >= double(min) &&
+      v.get<double>() < 9.2e18)
+    return static_cast<int64_t>(v.get<double>());
+  return int_at(ctx, v, path, min);
+}
+
+// offload_optimizer / offload_param: the CPU backend keeps everything in host memory already.
+void check_offload(const Ctx& ctx, const json& section, const char* key) {
+  const std::string path = child("zero_optimization", key);
+  const json& s = object_at(ctx, section[key], path);
+  warn_unknown(ctx, s, path, {"device", "pin_memory", "nvme_path", "buffer_count", "buffer_size", "max_in_cpu",
+                              "fast_init", "ratio", "pipeline_read", "pipeline_write", "pipeline"});
+  if (!s.contains("device")) return;
+  const std::string device = lower(string_at(ctx, s["device"], child(path, "device")));
+  if (device == "none") return;
+  if (device == "cpu" || device == "nvme")
+    user_error(ctx.source, ": ", child(path, "device"), ": \"", s["device"].get<std::string>(),
+               "\" is not supported on the CPU backend: parameters, gradients and optimizer state already live in "
+               "host memory, so there is nothing to offload ",
+               device == "nvme" ? "(and autosp has no NVMe offload)" : "to", "; remove ", path,
+               " or set its device to \"none\"");
+  bad_value(ctx, child(path, "device"), "\"none\", \"cpu\" or \"nvme\"", s["device"]);
+}
+
+ZeroConfig parse_zero(const Ctx& ctx, const json& section) {
+  ZeroConfig z;
   if (section.is_boolean()) {
     // DeepSpeed's deprecated form: true means stage 1.
     warn(ctx, "zero_optimization", "boolean form is deprecated, use {\"stage\": N}");
-    return section.get<bool>() ? 1 : 0;
+    z.stage = section.get<bool>() ? 1 : 0;
+    return z;
   }
   const std::string path = "zero_optimization";
   if (!section.is_object()) bad_value(ctx, path, "an object", section);
-  warn_unknown(ctx, section, path, {"stage"});
-  if (!section.contains("stage")) return 0;
-  const json& v = section["stage"];
-  if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > 3 ||
-      (v.is_number_unsigned() && v.get<uint64_t>() > 3))
-    bad_value(ctx, "zero_optimization.stage", "0, 1, 2 or 3", v);
-  const int stage = static_cast<int>(v.get<int64_t>());
-  if (stage > 1)
-    user_error(ctx.source, ": zero_optimization.stage: ZeRO stage ", stage,
-               " is not supported; autosp implements stages 0 and 1");
-  return stage;
+  warn_unknown(ctx, section, path,
+               {"stage", "reduce_bucket_size", "allgather_bucket_size", "stage3_prefetch_bucket_size",
+                "stage3_param_persistence_threshold", "stage3_max_live_parameters", "stage3_max_reuse_distance",
+                "stage3_gather_16bit_weights_on_model_save", "stage3_gather_fp16_weights_on_model_save",
+                "overlap_comm", "contiguous_gradients", "reduce_scatter", "allgather_partitions",
+                "round_robin_gradients", "sub_group_size", "elastic_checkpoint", "load_from_fp32_weights",
+                "ignore_unused_parameters", "offload_optimizer", "offload_param", "cpu_offload",
+                "zero_quantized_weights", "zero_quantized_gradients", "zero_hpz_partition_size"});
+  if (section.contains("stage")) {
+    const json& v = section["stage"];
+    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > 3 ||
+        (v.is_number_unsigned() && v.get<uint64_t>() > 3))
+      bad_value(ctx, "zero_optimization.stage", "0, 1, 2 or 3", v);
+    z.stage = static_cast<int>(v.get<int64_t>());
+  }
+  // DeepSpeed's defaults (deepspeed/runtime/zero/config.py).
+  z.reduce_bucket_size = zero_size_at(ctx, section, "reduce_bucket_size", 500000000, 1, true, z);
+  z.allgather_bucket_size = zero_size_at(ctx, section, "allgather_bucket_size", 500000000, 1, false, z);
+  z.stage3_prefetch_bucket_size = zero_size_at(ctx, section, "stage3_prefetch_bucket_size", 50000000, 0, true, z);
+  z.stage3_param_persistence_threshold =
+      zero_size_at(ctx, section, "stage3_param_persistence_threshold", 100000, 0, true, z);
+  for (const char* key : {"stage3_max_live_parameters", "stage3_max_reuse_distance", "sub_group_size"})
+    zero_size_at(ctx, section, key, 0, 0, false, z);
+  if (z.stage == 3) {
+    // autosp's stage 3 partitions every parameter and keeps gathered only what its layer
+    // schedule needs; these DeepSpeed knobs have no counterpart, so a given value is named.
+    if (section.contains("stage3_param_persistence_threshold") && z.stage3_param_persistence_threshold > 0)
+      warn(ctx, "zero_optimization.stage3_param_persistence_threshold",
+           "ignored: autosp's stage 3 shards every parameter (as with threshold 0), small ones included; they are "
+           "gathered with their layer");
+    for (const char* key : {"stage3_max_live_parameters", "stage3_max_reuse_distance"})
+      if (section.contains(key))
+        warn(ctx, child(path, key),
+             "ignored: autosp's stage 3 gathers each layer's parameters before its first use (prefetching one layer "
+             "ahead within stage3_prefetch_bucket_size) and frees them after its last use, in forward and again in "
+             "backward");
+  }
+  if (section.contains("zero_hpz_partition_size") &&
+      zero_size_at(ctx, section, "zero_hpz_partition_size", 1, 1, false, z) != 1)
+    user_error(ctx.source, ": zero_optimization.zero_hpz_partition_size: ZeRO++'s hierarchical partitioning is "
+               "not implemented; autosp partitions over the whole data x sequence world (use 1)");
+  auto flag = [&](const char* key, bool fallback) {
+    return section.contains(key) ? bool_at(ctx, section[key], child(path, key)) : fallback;
+  };
+  z.overlap_comm = flag("overlap_comm", false);
+  z.contiguous_gradients = flag("contiguous_gradients", true);
+  if (z.overlap_comm && z.stage >= 2)
+    warn(ctx, "zero_optimization.overlap_comm",
+         "true: the grad_sync pass issues each bucket's reduce-scatter as soon as its gradients are final, but the "
+         "CPU executor runs one node at a time, so on this backend communication does not overlap backward");
+  if (!z.contiguous_gradients)
+    warn(ctx, "zero_optimization.contiguous_gradients",
+         "false has no effect: autosp plans every buffer in one arena, and stage 2 copies each bucket's gradients "
+         "into one contiguous buffer to reduce it");
+  for (const char* key : {"reduce_scatter", "allgather_partitions", "round_robin_gradients", "elastic_checkpoint",
+                          "load_from_fp32_weights", "ignore_unused_parameters",
+                          "stage3_gather_16bit_weights_on_model_save", "stage3_gather_fp16_weights_on_model_save",
+                          "cpu_offload"})
+    if (section.contains(key)) flag(key, false);
+  if (flag("cpu_offload", false))
+    user_error(ctx.source, ": zero_optimization.cpu_offload: true is not supported on the CPU backend: the "
+               "optimizer state already lives in host memory, so there is nothing to offload to");
+  for (const char* key : {"offload_optimizer", "offload_param"})
+    if (section.contains(key)) check_offload(ctx, section, key);
+  for (const char* key : {"zero_quantized_weights", "zero_quantized_gradients"})
+    if (flag(key, false))
+      user_error(ctx.source, ": ", child(path, key), ": true is not supported: ZeRO++ quantizes what it "
+                 "communicates, which changes the numbers; autosp communicates in fp32");
+  return z;
 }
 
 // `section.enabled` as a bool, false when absent (DeepSpeed's default for every section that
@@ -457,13 +556,67 @@ void check_no_effect_keys(const Ctx& ctx, const json& config) {
     bool_at(ctx, config["zero_allow_untested_optimizer"], "zero_allow_untested_optimizer");
 }
 
+// Hugging Face's "auto" values (config.h), filled in before parsing as its integration
+// does with a default TrainingArguments; the batch keys become absent (resolve_batch derives
+// them) and are listed in `auto_batch_keys`. Each filled value is reported.
+json fill_auto(const Ctx& ctx, const json& config, std::vector<std::string>& auto_batch_keys) {
+  if (!config.is_object()) return config;
+  json c = config;
+  auto note = [&](const std::string& path, const json& value, std::string_view why) {
+    warn(ctx, path, str("\"auto\" -> ", value.dump(), " (", why, ")"));
+  };
+  for (const char* key : {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"})
+    if (c.contains(key) && c[key] == "auto") {
+      c.erase(key);
+      auto_batch_keys.push_back(key);
+    }
+  if (c.contains("gradient_clipping") && c["gradient_clipping"] == "auto") {
+    c["gradient_clipping"] = 1.0;
+    note("gradient_clipping", 1.0, "Hugging Face's max_grad_norm default");
+  }
+  double lr = 5e-5;  // TrainingArguments.learning_rate's default
+  if (c.contains("optimizer") && c["optimizer"].is_object() && c["optimizer"].contains("params") &&
+      c["optimizer"]["params"].is_object()) {
+    json& p = c["optimizer"]["params"];
+    const std::pair<const char*, json> defaults[] = {
+        {"lr", 5e-5}, {"betas", json::array({0.9, 0.999})}, {"eps", 1e-8}, {"weight_decay", 0.0}};
+    for (const auto& [key, value] : defaults)
+      if (p.contains(key) && p[key] == "auto") {
+        p[key] = value;
+        note(str("optimizer.params.", key), value, "Hugging Face's TrainingArguments default");
+      }
+    if (p.contains("lr") && p["lr"].is_number()) lr = p["lr"].get<double>();
+  }
+  if (c.contains("scheduler") && c["scheduler"].is_object() && c["scheduler"].contains("params") &&
+      c["scheduler"]["params"].is_object()) {
+    json& p = c["scheduler"]["params"];
+    if (p.contains("warmup_min_lr") && p["warmup_min_lr"] == "auto") {
+      p["warmup_min_lr"] = 0.0;
+      note("scheduler.params.warmup_min_lr", 0.0, "as Hugging Face's integration sets it");
+    }
+    if (p.contains("warmup_max_lr") && p["warmup_max_lr"] == "auto") {
+      p["warmup_max_lr"] = lr;
+      note("scheduler.params.warmup_max_lr", lr, "the optimizer's learning rate");
+    }
+  }
+  for (const char* key : {"bf16", "bfloat16", "fp16"})
+    if (c.contains(key) && c[key].is_object() && c[key].contains("enabled") && c[key]["enabled"] == "auto") {
+      c[key]["enabled"] = false;
+      note(str(key, ".enabled"), false, str("Hugging Face's --", std::string_view(key) == "fp16" ? "fp16" : "bf16",
+                                            " flag defaults to off"));
+    }
+  return c;
+}
+
 }  // namespace
 
-TrainConfig parse_train_config(const nlohmann::json& json, const std::string& source,
+TrainConfig parse_train_config(const nlohmann::json& json_in, const std::string& source,
                                std::vector<std::string>* warnings) {
   const Ctx ctx{source, warnings};
-  if (!json.is_object())
-    user_error(source, ": expected a JSON object at the top level, got ", shown(json));
+  if (!json_in.is_object())
+    user_error(source, ": expected a JSON object at the top level, got ", shown(json_in));
+  std::vector<std::string> auto_batch_keys;
+  const nlohmann::json json = fill_auto(ctx, json_in, auto_batch_keys);
   warn_unknown(ctx, json, "",
                {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
                 "gradient_clipping", "optimizer", "scheduler", "compile", "sequence_parallel_size",
@@ -481,6 +634,7 @@ TrainConfig parse_train_config(const nlohmann::json& json, const std::string& so
   refuse_math_changes(ctx, json);
   check_no_effect_keys(ctx, json);
   TrainConfig c;
+  c.auto_batch_keys = auto_batch_keys;
   c.requested_precision = parse_precision(ctx, json);
   auto has = [&](const char* key) { return json.contains(key); };
   for (const char* key :
@@ -498,7 +652,10 @@ TrainConfig parse_train_config(const nlohmann::json& json, const std::string& so
   if (has("compile")) c.compile = parse_compile(ctx, json["compile"]);
   if (has("sequence_parallel_size"))
     c.sequence_parallel_size = int_at(ctx, json["sequence_parallel_size"], "sequence_parallel_size", 1);
-  if (has("zero_optimization")) c.zero_stage = parse_zero(ctx, json["zero_optimization"]);
+  if (has("zero_optimization")) {
+    c.zero = parse_zero(ctx, json["zero_optimization"]);
+    c.zero_stage = c.zero.stage;
+  }
   if (has("steps_per_print"))
     c.steps_per_print = int_at(ctx, json["steps_per_print"], "steps_per_print", 1);
   if (has("seed")) c.seed = static_cast<uint64_t>(int_at(ctx, json["seed"], "seed", 0));
@@ -540,12 +697,17 @@ TrainConfig load_train_config(const std::string& path, std::vector<std::string>*
   return parse_train_config(parsed, path, warnings);
 }
 
-void resolve_batch(TrainConfig& c, int dp_size, const std::string& source) {
+void resolve_batch(TrainConfig& c, int dp_size, const std::string& source, std::vector<std::string>* notes) {
   AUTOSP_CHECK(dp_size >= 1, "resolve_batch: dp_size = ", dp_size);
   const int64_t dp = dp_size;
   std::optional<int64_t>& batch = c.train_batch_size;
   std::optional<int64_t>& micro = c.train_micro_batch_size_per_gpu;
   std::optional<int64_t>& accum = c.gradient_accumulation_steps;
+  auto is_auto = [&](std::string_view key) {
+    return std::find(c.auto_batch_keys.begin(), c.auto_batch_keys.end(), key) != c.auto_batch_keys.end();
+  };
+  // Nothing to derive the micro batch from: Hugging Face's per_device_train_batch_size default.
+  if (!batch && !micro && is_auto("train_micro_batch_size_per_gpu")) micro = 8;
   if (!batch && !micro)
     user_error(source, ": train_batch_size or train_micro_batch_size_per_gpu must be set");
   // DeepSpeed's order of cases; integer division where it uses //, and the check at the end
@@ -582,6 +744,37 @@ void resolve_batch(TrainConfig& c, int dp_size, const std::string& source) {
                ") must equal train_micro_batch_size_per_gpu (", *micro,
                ") x gradient_accumulation_steps (", *accum, ") x data-parallel size (", dp,
                ") = ", product, derived.empty() ? "" : str(" (derived ", derived, ")"));
+  if (notes)
+    for (const std::string& key : c.auto_batch_keys) {
+      const int64_t v = key == "train_batch_size" ? *batch : key == "train_micro_batch_size_per_gpu" ? *micro : *accum;
+      notes->push_back(str(source, ": ", key, ": \"auto\" -> ", v, " (train_batch_size ", *batch,
+                           " = train_micro_batch_size_per_gpu ", *micro, " x gradient_accumulation_steps ", *accum,
+                           " x data-parallel size ", dp, ")"));
+    }
+}
+
+void resolve_model_auto(TrainConfig& c, int64_t hidden, const std::string& source, std::vector<std::string>* notes) {
+  // transformers.integrations.deepspeed: HfDeepSpeedConfig.trainer_config_finalize.
+  for (const std::string& key : c.zero.auto_keys) {
+    int64_t v = 0;
+    std::string how;
+    if (key == "reduce_bucket_size") {
+      v = c.zero.reduce_bucket_size = hidden * hidden;
+      how = "hidden_size^2";
+    } else if (key == "stage3_prefetch_bucket_size") {
+      v = c.zero.stage3_prefetch_bucket_size = int64_t(0.9 * double(hidden) * double(hidden));
+      how = "0.9 x hidden_size^2";
+    } else if (key == "stage3_param_persistence_threshold") {
+      v = c.zero.stage3_param_persistence_threshold = 10 * hidden;
+      how = "10 x hidden_size";
+    } else {
+      internal_error("resolve_model_auto: zero_optimization.", key);
+    }
+    if (notes)
+      notes->push_back(str(source, ": zero_optimization.", key, ": \"auto\" -> ", v, " (", how, ", hidden_size ",
+                           hidden, ", as Hugging Face's integration)"));
+  }
+  c.zero.auto_keys.clear();
 }
 
 }  // namespace autosp::train

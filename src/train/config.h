@@ -25,7 +25,8 @@
 //                         (GiB per rank; "auto" needs it), tile_rows: integer >= 0, rows of
 //                         this rank's sequence per MLP tile (passes/tile.h; default 0 = off)}
 //   sequence_parallel_size integer >= 1 (default 1)
-//   zero_optimization     {stage: 0..3} (or DeepSpeed's legacy bool); autosp runs 0 and 1
+//   zero_optimization     {stage: 0..3} (or DeepSpeed's legacy bool; see ZeroConfig for the
+//                         other keys, their meaning in autosp, and what is refused)
 //   steps_per_print       integer >= 1 (default 10, as DeepSpeed)
 //   seed                  integer >= 0 (autosp's own key; default 42)
 //
@@ -53,6 +54,25 @@
 //   dump_state (bools); flops_profiler, tensorboard, wandb, csv_monitor, comms_logger
 //   (enabled: true); prescale_gradients true and gradient_predivide_factor != 1 (number
 //   > 0; in fp32 they only move rounding).
+//
+// "auto" (Hugging Face's Trainer fills these in from its TrainingArguments before DeepSpeed
+// sees the file; autosp has no TrainingArguments, so it uses their defaults, as
+// transformers.integrations.deepspeed.HfTrainerDeepSpeedConfig would with a default Trainer,
+// and each choice is reported through the warnings sink as `<key>: "auto" -> <value> (...)`):
+//   train_batch_size, train_micro_batch_size_per_gpu, gradient_accumulation_steps
+//                         "auto" is as if absent: derived from the others (resolve_batch);
+//                         where neither train_batch_size nor the micro batch is a number, the
+//                         micro batch is per_device_train_batch_size's default 8 and the
+//                         accumulation gradient_accumulation_steps' default 1
+//   gradient_clipping     1.0 (max_grad_norm's default)
+//   optimizer.params      lr 5e-5, betas [0.9, 0.999], eps 1e-8, weight_decay 0.0
+//   scheduler.params      warmup_min_lr 0, warmup_max_lr = the optimizer's lr
+//   bf16/fp16.enabled     false (bf16 and fp16 default to off)
+//   zero_optimization     reduce_bucket_size hidden^2, stage3_prefetch_bucket_size
+//                         0.9 hidden^2, stage3_param_persistence_threshold 10 hidden (from the
+//                         model: resolve_model_auto)
+// Any other "auto" is a UserError naming the key (e.g. scheduler.params.total_num_steps,
+// which Hugging Face derives from its own step count).
 //
 // A value of the wrong type or out of range is a UserError naming the file and key path,
 // e.g. `config.json: optimizer.params.betas: expected an array of 2 numbers, got "x"`.
@@ -85,18 +105,64 @@ struct CompileConfig {
   int64_t tile_rows = 0;
 };
 
+// zero_optimization, with DeepSpeed's keys as DeepSpeed means them (deepspeed/runtime/zero/
+// config.py; sizes are element counts, defaults DeepSpeed's):
+//   stage                 0: gradients all-reduced, everything replicated; 1: AdamW moments
+//                         sharded 1/W over the whole DP x SP world; 2: also the gradients,
+//                         reduce-scattered inside the compiled step by the grad_sync pass
+//                         (passes/grad_sync.h); 3: also the parameters, gathered per layer
+//                         inside the step by the same pass
+//   reduce_bucket_size    elements per gradient reduction: stage 2's grad_sync buckets, stage
+//                         1's rounds of the optimizer's chunked reduce-scatter (capped by its
+//                         4 MiB scratch)
+//   allgather_bucket_size elements per round of the parameter all-gather after the step
+//                         (stages 1 and 2; capped the same way)
+//   overlap_comm          bool. grad_sync always issues each bucket's reduction as soon as its
+//                         gradients are final; the CPU executor runs nodes one at a time, so
+//                         true warns that nothing overlaps on this backend
+//   contiguous_gradients  bool. grad_sync always copies a bucket's gradients into one
+//                         contiguous buffer (it is what is reduced); false warns so
+//   stage3_prefetch_bucket_size  stage 3: a layer's gather is issued one layer early (at the
+//                         first use of the layer before it) when the layer has at most this
+//                         many elements
+//   stage3_param_persistence_threshold, stage3_max_live_parameters, stage3_max_reuse_distance:
+//                         range-checked; under stage 3 a given value warns that it is ignored
+//                         (autosp shards every parameter and gathers per layer)
+//   stage3_gather_16bit_weights_on_model_save (and its old name ..._fp16_...): accepted; a
+//                         checkpoint is always the consolidated model
+//   reduce_scatter, allgather_partitions, round_robin_gradients, sub_group_size,
+//   elastic_checkpoint, load_from_fp32_weights, ignore_unused_parameters: accepted (they
+//   choose between implementations of the same sums)
+//   offload_optimizer, offload_param: {device: "none" | "cpu" | "nvme", ...}; "cpu" and "nvme"
+//   are a UserError: on the CPU backend the state already lives in host memory
+//   zero_quantized_weights, zero_quantized_gradients (ZeRO++): refused when true (they round
+//   what is communicated); zero_hpz_partition_size other than 1 refused
+struct ZeroConfig {
+  int stage = 0;
+  int64_t reduce_bucket_size = 500000000;
+  int64_t allgather_bucket_size = 500000000;
+  int64_t stage3_prefetch_bucket_size = 50000000;
+  int64_t stage3_param_persistence_threshold = 100000;
+  bool overlap_comm = false;
+  bool contiguous_gradients = true;
+  // Keys given as "auto", filled in from the model by resolve_model_auto.
+  std::vector<std::string> auto_keys;
+};
+
 struct TrainConfig {
   // As given; resolve_batch fills in the missing ones and checks
   // train_batch_size == micro x accumulation x data-parallel size.
   std::optional<int64_t> train_batch_size;
   std::optional<int64_t> train_micro_batch_size_per_gpu;
   std::optional<int64_t> gradient_accumulation_steps;
+  std::vector<std::string> auto_batch_keys;  // batch keys given as "auto", for resolve_batch's notes
   double gradient_clipping = 0.0;  // max global grad norm; 0 = no clipping
   AdamWParams optimizer;           // optimizer.type and params (Adam or AdamW)
   SchedulerConfig scheduler;
   CompileConfig compile;
   int64_t sequence_parallel_size = 1;
-  int zero_stage = 0;  // 0 or 1 (2 and 3 are rejected when parsing)
+  int zero_stage = 0;  // zero.stage: 0, 1, 2 or 3
+  ZeroConfig zero;
   int64_t steps_per_print = 10;
   uint64_t seed = 42;
   // "fp32", or the mixed precision a section asked for ("bf16", "fp16", "amp",
@@ -123,6 +189,13 @@ TrainConfig load_train_config(const std::string& path, std::vector<std::string>*
 //   micro only                      -> accumulation = 1, batch = micro * dp
 //   neither batch nor micro         -> UserError
 // then every value must be >= 1 and batch == micro * accumulation * dp, else a UserError.
-void resolve_batch(TrainConfig& config, int dp_size, const std::string& source);
+// When `notes` is given, a note per batch key the config gave as "auto" says what it became.
+void resolve_batch(TrainConfig& config, int dp_size, const std::string& source,
+                   std::vector<std::string>* notes = nullptr);
+
+// Fills the zero_optimization keys given as "auto" from the model's hidden size, as Hugging
+// Face's integration does; a note per key says what it became.
+void resolve_model_auto(TrainConfig& config, int64_t hidden_size, const std::string& source,
+                        std::vector<std::string>* notes);
 
 }  // namespace autosp::train

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 
 #include "train/adamw.h"
 #include "util/error.h"
@@ -35,28 +36,83 @@ void for_each_piece(const std::vector<int64_t>& offsets, int64_t lo, int64_t hi,
 
 }  // namespace
 
-int64_t ShardedAdamW::chunk_elements(int64_t shard, int64_t world) {
+int64_t ShardedAdamW::chunk_elements(int64_t shard, int64_t world, int64_t max_round) {
   if (world <= 1) return 0;
-  // At least one element per round, so a tiny model still makes progress.
-  const int64_t budget = std::min(shard * world / 8, kMaxScratchFloats);
+  // At least one element per round, so a tiny model still makes progress. A round moves
+  // world x chunk < budget elements, so max_round (DeepSpeed's bucket sizes) bounds it.
+  const int64_t budget = std::min({shard * world / 8, kMaxScratchFloats, max_round});
   return std::clamp<int64_t>(budget / (world + 1), 1, std::max<int64_t>(shard, 1));
 }
 
-int64_t ShardedAdamW::planned_bytes(int64_t num_params, int64_t world, int zero_stage) {
+int64_t ShardedAdamW::planned_bytes(int64_t num_params, int64_t world, int zero_stage, int64_t max_round) {
   if (zero_stage != 1) return 0;
   const int64_t shard = (num_params + world - 1) / world;
-  return 4 * (2 * shard + (world + 1) * chunk_elements(shard, world));
+  return 4 * (2 * shard + (world + 1) * chunk_elements(shard, world, max_round));
 }
 
-ShardedAdamW::ShardedAdamW(const TrainConfig& config, ProcessGroups& groups, const ModelState& state)
+int64_t ShardedAdamW::planned_bytes_stage2(const std::vector<GradBucket>& buckets, int64_t world,
+                                           int64_t allgather_bucket_size, int zero_stage) {
+  int64_t total = 0;
+  for (const GradBucket& b : buckets) total += b.shard;
+  // Stage 3 also holds the parameters' shards, and gathers nothing after the step.
+  if (zero_stage == 3) return 4 * 4 * total;
+  return 4 * (3 * total + (world + 1) * chunk_elements(total, world, allgather_bucket_size));
+}
+
+ShardedAdamW::ShardedAdamW(const TrainConfig& config, ProcessGroups& groups, const ModelState& state,
+                           const std::vector<GradBucket>& buckets)
     : config_(config), groups_(groups) {
+  if (config.zero_stage >= 2) {
+    AUTOSP_CHECK(!buckets.empty(), "ZeRO stage ", config.zero_stage, " needs the compiled step's gradient buckets");
+    std::map<std::string, size_t> index;
+    for (size_t i = 0; i < state.specs.size(); ++i) index[state.specs[i].name] = i;
+    const int64_t W = groups.world->size(), r = groups.world->rank();
+    int64_t total = 0, covered = 0;
+    for (const GradBucket& b : buckets) {
+      std::vector<size_t> params;
+      std::vector<int64_t> offsets{0};
+      for (size_t j = 0; j < b.params.size(); ++j) {
+        const auto it = index.find(b.params[j]);
+        AUTOSP_CHECK(it != index.end(), "gradient bucket names an unknown parameter ", b.params[j]);
+        AUTOSP_CHECK(int64_t(state.params[it->second].size()) == b.numel[j], "bucket size of ", b.params[j]);
+        params.push_back(it->second);
+        offsets.push_back(offsets.back() + b.numel[j]);
+      }
+      AUTOSP_CHECK(b.shard * W >= offsets.back() && (b.shard - 1) * W < offsets.back(), "bucket shard ", b.shard);
+      covered += offsets.back();
+      total += b.shard;
+      bucket_params_.push_back(std::move(params));
+      bucket_offsets_.push_back(std::move(offsets));
+      bucket_shard_.push_back(b.shard);
+      acc_.emplace_back(b.shard, 0.0f);
+      // This rank's slice of the (possibly resumed) moments.
+      std::vector<float> m(b.shard, 0.0f), v(b.shard, 0.0f), w(config.zero_stage == 3 ? b.shard : 0, 0.0f);
+      const int64_t begin = r * b.shard;
+      for_each_piece(bucket_offsets_.back(), begin, begin + b.shard, [&](size_t i, int64_t e, int64_t at, int64_t len) {
+        const size_t t = bucket_params_.back()[i];
+        std::copy_n(state.exp_avg[t].begin() + e, len, m.begin() + (at - begin));
+        std::copy_n(state.exp_avg_sq[t].begin() + e, len, v.begin() + (at - begin));
+        if (config.zero_stage == 3) std::copy_n(state.params[t].begin() + e, len, w.begin() + (at - begin));
+      });
+      if (config.zero_stage == 3) param_shard_.push_back(std::move(w));
+      bucket_avg_.push_back(std::move(m));
+      bucket_avg_sq_.push_back(std::move(v));
+    }
+    int64_t count = 0;
+    for (const auto& p : state.params) count += static_cast<int64_t>(p.size());
+    AUTOSP_CHECK(covered == count, "gradient buckets cover ", covered, " of ", count, " parameters");
+    chunk_ = chunk_elements(total, W, config.zero.allgather_bucket_size);
+    // Stage 3 gathers only to write a checkpoint (gather_moments), outside the step.
+    scratch_floats_ = W > 1 && config.zero_stage == 2 ? (W + 1) * chunk_ : 0;
+    return;
+  }
   if (config.zero_stage != 1) return;
   offsets_.push_back(0);
   for (const auto& p : state.params) offsets_.push_back(offsets_.back() + static_cast<int64_t>(p.size()));
   count_ = offsets_.back();
   const int64_t W = groups.world->size();
   shard_ = (count_ + W - 1) / W;
-  chunk_ = chunk_elements(shard_, W);
+  chunk_ = chunk_elements(shard_, W, std::min(config.zero.reduce_bucket_size, config.zero.allgather_bucket_size));
   scratch_floats_ = (W + 1) * chunk_;
   // This rank's slice of the (possibly resumed) moments.
   exp_avg_.assign(shard_, 0.0f);
@@ -86,7 +142,76 @@ void ShardedAdamW::copy_flat(std::vector<std::vector<float>>& tensors, int64_t a
   });
 }
 
+void ShardedAdamW::copy_bucket(size_t k, std::vector<std::vector<float>>& tensors, int64_t at, int64_t len,
+                               float* buf, bool to_tensors) const {
+  const std::vector<int64_t>& offsets = bucket_offsets_[k];
+  if (!to_tensors) {
+    const int64_t real = std::clamp<int64_t>(offsets.back() - at, 0, len);
+    std::fill(buf + real, buf + len, 0.0f);
+  }
+  for_each_piece(offsets, at, at + len, [&](size_t i, int64_t e, int64_t pos, int64_t n) {
+    float* t = tensors[bucket_params_[k][i]].data() + e;
+    float* b = buf + (pos - at);
+    if (to_tensors) {
+      std::copy_n(b, n, t);
+    } else {
+      std::copy_n(t, n, b);
+    }
+  });
+}
+
+// Stage 2: the same per-element operations as stage 1 on this rank's elements of each
+// bucket (the sums over ranks were done in the compiled step, per micro batch).
+double ShardedAdamW::step_stage2(ModelState& state, double lr) {
+  const int64_t t = state.step + 1;
+  const float inv_dp = 1.0f / float(groups_.dp_size);
+  const int W = groups_.world->size();
+  const int64_t r = groups_.world->rank();
+  double sq = 0;
+  for (size_t k = 0; k < acc_.size(); ++k) {
+    const int64_t begin = r * bucket_shard_[k];
+    for_each_piece(bucket_offsets_[k], begin, begin + bucket_shard_[k], [&](size_t, int64_t, int64_t at, int64_t len) {
+      for (float* g = acc_[k].data() + (at - begin); g != acc_[k].data() + (at - begin) + len; ++g) {
+        if (groups_.dp_size > 1) *g *= inv_dp;
+        sq += double(*g) * double(*g);
+      }
+    });
+  }
+  groups_.world->all_reduce_sum(&sq, 1);
+  const double norm = std::sqrt(sq);
+  const float coef = clip_coef(norm, config_.gradient_clipping);
+  for (size_t k = 0; k < acc_.size(); ++k) {
+    const int64_t begin = r * bucket_shard_[k];
+    for_each_piece(bucket_offsets_[k], begin, begin + bucket_shard_[k], [&](size_t i, int64_t e, int64_t at, int64_t len) {
+      float* g = acc_[k].data() + (at - begin);
+      if (config_.gradient_clipping > 0)
+        for (int64_t j = 0; j < len; ++j) g[j] *= coef;
+      float* param = config_.zero_stage == 3 ? param_shard_[k].data() + (at - begin)
+                                             : state.params[bucket_params_[k][i]].data() + e;
+      adamw_step(param, g, bucket_avg_[k].data() + (at - begin), bucket_avg_sq_[k].data() + (at - begin), len,
+                 config_.optimizer, t, lr);
+    });
+  }
+  // Stage 3: the next step gathers each layer's parameters where it needs them.
+  if (W > 1 && config_.zero_stage == 2) {
+    std::vector<float> scratch(static_cast<size_t>(scratch_floats_));  // freed when the step returns
+    float* wide = scratch.data();
+    float* narrow = scratch.data() + W * chunk_;
+    for (size_t k = 0; k < acc_.size(); ++k) {
+      const int64_t c = bucket_shard_[k];
+      for (int64_t j = 0; j < c; j += chunk_) {
+        const int64_t len = std::min(chunk_, c - j);
+        copy_bucket(k, state.params, r * c + j, len, narrow, false);
+        groups_.world->all_gather(narrow, wide, len);
+        for (int p = 0; p < W; ++p) copy_bucket(k, state.params, p * c + j, len, wide + p * len, true);
+      }
+    }
+  }
+  return norm;
+}
+
 double ShardedAdamW::step(ModelState& state, std::vector<std::vector<float>>& grads, double lr) {
+  if (config_.zero_stage >= 2) return step_stage2(state, lr);
   const int64_t t = state.step + 1;  // AdamW's 1-based step
   const float inv_dp = 1.0f / float(groups_.dp_size);
   if (config_.zero_stage == 0) {
@@ -158,6 +283,31 @@ double ShardedAdamW::step(ModelState& state, std::vector<std::vector<float>>& gr
 }
 
 void ShardedAdamW::gather_moments(ModelState& state) {
+  if (config_.zero_stage >= 2) {
+    const int W = groups_.world->size();
+    std::vector<float> wide(static_cast<size_t>(W > 1 ? W * chunk_ : 0));
+    std::vector<std::pair<std::vector<std::vector<float>>*, std::vector<std::vector<float>>*>> what = {
+        {&bucket_avg_, &state.exp_avg}, {&bucket_avg_sq_, &state.exp_avg_sq}};
+    if (config_.zero_stage == 3) what.push_back({&param_shard_, &state.params});
+    for (auto [shards, full] : what) {
+      // Sized from the specs: under stage 3 state.params is empty between checkpoints.
+      full->resize(state.specs.size());
+      for (size_t i = 0; i < state.specs.size(); ++i) (*full)[i].resize(numel(state.specs[i].shape));
+      for (size_t k = 0; k < shards->size(); ++k) {
+        const int64_t c = bucket_shard_[k];
+        if (W == 1) {
+          copy_bucket(k, *full, 0, c, (*shards)[k].data(), true);
+          continue;
+        }
+        for (int64_t j = 0; j < c; j += chunk_) {
+          const int64_t len = std::min(chunk_, c - j);
+          groups_.world->all_gather((*shards)[k].data() + j, wide.data(), len);
+          for (int p = 0; p < W; ++p) copy_bucket(k, *full, p * c + j, len, wide.data() + p * len, true);
+        }
+      }
+    }
+    return;
+  }
   if (config_.zero_stage != 1) return;
   const int W = groups_.world->size();
   const int64_t begin = groups_.world->rank() * shard_;

@@ -20,10 +20,13 @@ constexpr int64_t kGpuRuntimeReserveBytes = int64_t{1} << 30;
 std::string describe_precision(const PlanSetup& setup) {
   if (setup.dtype == DType::bf16)
     return "bf16 parameters and activations; fp32 master weights, gradient accumulation and AdamW moments "
-           "(the master weights and moments sharded 1/W under ZeRO-1); runtime reserve 1 GiB per GPU "
+           "(the master weights and moments sharded 1/W under ZeRO-1, the gradient accumulation too under "
+           "ZeRO-2, the bf16 parameters too under ZeRO-3, each layer's gathered in the plan's arena); runtime reserve "
+           "1 GiB per GPU "
            "(CUDA context, cuBLAS and NCCL buffers)";
   return "fp32 parameters, activations, gradients and AdamW moments (the CPU runtime; moments sharded 1/W under "
-         "ZeRO-1); runtime reserve as measured for the CPU runtime";
+         "ZeRO-1, gradients too under ZeRO-2, parameters too under ZeRO-3); runtime reserve as measured for the CPU "
+         "runtime";
 }
 
 MemoryBreakdown plan_step(const PlanSetup& setup, const MemoryStrategy& strategy, int64_t S) {
@@ -32,22 +35,34 @@ MemoryBreakdown plan_step(const PlanSetup& setup, const MemoryStrategy& strategy
   CompileOptions options{setup.sp, {"autosp"}, true, setup.threads};
   options.checkpoint = strategy.checkpoint;
   options.tile = strategy.tile;
+  const int64_t N = models::llama_num_parameters(setup.model), W = setup.world;
+  // DeepSpeed's default bucket sizes (reduce_bucket_size, allgather_bucket_size).
+  constexpr int64_t kBucket = 500000000;
+  options.grad_sync = {.zero_stage = setup.zero, .world_size = W, .bucket_elements = kBucket,
+                       .prefetch_elements = 50000000};  // stage3_prefetch_bucket_size's default
   const Graph step = compile(forward, options);
 
   MemoryBreakdown b;
-  const int64_t N = models::llama_num_parameters(setup.model), W = setup.world;
-  const int64_t shard = (N + W - 1) / W;
-  const int64_t sharded = setup.zero == 1 ? shard : N;  // what each rank keeps of the optimizer state
+  int64_t shard = (N + W - 1) / W;
+  if (setup.zero >= 2) {  // this rank's elements of the step's gradient buckets (stage 3: parameter groups)
+    shard = 0;
+    for (const GradBucket& bucket : read_grad_buckets(step)) shard += bucket.shard;
+  }
+  const int64_t sharded = setup.zero >= 1 ? shard : N;  // what each rank keeps of the optimizer state
+  const int64_t accumulated = setup.zero >= 2 ? shard : N;  // of the gradient accumulation
+  const int64_t params = setup.zero == 3 ? shard : N;       // of the parameters
   b.activations = read_memory_plan(step).arena_bytes;
-  b.communication = setup.zero == 1 ? ShardedAdamW::planned_bytes(N, W, 1) - 8 * shard : 0;
+  b.communication = setup.zero == 1   ? ShardedAdamW::planned_bytes(N, W, 1) - 8 * shard
+                    : setup.zero == 2 ? 4 * (W + 1) * ShardedAdamW::chunk_elements(shard, W, kBucket)
+                                      : 0;
   if (setup.dtype == DType::bf16) {
-    b.parameters = 2 * N;
-    b.gradients = 4 * N;             // fp32 accumulation of the graph's bf16 gradients
+    b.parameters = 2 * params;
+    b.gradients = 4 * accumulated;     // fp32 accumulation of the graph's bf16 gradients (stage 2: of the shards)
     b.optimizer_state = 12 * sharded;  // fp32 master weights + two moments
     b.runtime_reserve = kGpuRuntimeReserveBytes;
   } else {
-    b.parameters = 4 * N;
-    b.gradients = 4 * N;
+    b.parameters = 4 * params;
+    b.gradients = 4 * accumulated;
     b.optimizer_state = 8 * sharded;
     const int64_t local = split_sequence(S, setup.sp).local;
     b.runtime_reserve = runtime_reserve_bytes(setup.threads) +

@@ -25,7 +25,7 @@ struct PlanSetup {
 struct MemoryBreakdown {
   int64_t parameters = 0, gradients = 0, optimizer_state = 0;  // model state
   int64_t activations = 0;     // plan_memory's arena: activations, collectives' buffers, workspaces
-  int64_t communication = 0;   // ZeRO-1's bounded scratch for reduce-scatter and all-gather
+  int64_t communication = 0;   // ZeRO-1's and ZeRO-2's bounded scratch for the optimizer's collectives
   int64_t runtime_reserve = 0; // what the runtime holds beside the plan (see describe_precision)
   int64_t total() const {
     return parameters + gradients + optimizer_state + activations + communication + runtime_reserve;

@@ -83,12 +83,22 @@ Trainer::Trainer(const models::LlamaConfig& model, const TrainConfig& config, in
   }
   AUTOSP_CHECK(groups_->sp_size == config.sequence_parallel_size, "groups were made for sp_size ",
                groups_->sp_size, ", the config says ", config.sequence_parallel_size);
-  optimizer_ = std::make_unique<ShardedAdamW>(config_, *groups_, state_);
-  if (config_.zero_stage == 1) {  // the optimizer holds this rank's shard of the moments
-    state_.exp_avg.clear();
-    state_.exp_avg_sq.clear();
-  }
-  const int64_t model_state = state_.persistent_bytes() + optimizer_->bytes();
+  int64_t num_params = 0;
+  for (const auto& p : state_.params) num_params += static_cast<int64_t>(p.size());
+  const int64_t W = groups_->world->size();
+  // Model state as it will be once the optimizer holds its shards (built after compiling).
+  // Stage 2's depends on the buckets of the compiled step; stages 0 and 1 on the count alone.
+  auto model_state_of = [&](const Graph& joint) -> int64_t {
+    if (config_.zero_stage == 2)
+      return 4 * num_params + ShardedAdamW::planned_bytes_stage2(read_grad_buckets(joint), W,
+                                                                 config_.zero.allgather_bucket_size);
+    if (config_.zero_stage == 3)  // the parameters too are shards the optimizer holds
+      return ShardedAdamW::planned_bytes_stage2(read_grad_buckets(joint), W, config_.zero.allgather_bucket_size, 3);
+    return 4 * num_params * (config_.zero_stage == 0 ? 4 : 2) +
+           ShardedAdamW::planned_bytes(num_params, W, config_.zero_stage,
+                                       std::min(config_.zero.reduce_bucket_size, config_.zero.allgather_bucket_size));
+  };
+  int64_t model_state = 0;
   threads_ = omp_get_max_threads();  // what the executor (threads 0) and the plan use
   local_len_ = split_sequence(seq_len_, groups_->sp_size).local;
 
@@ -98,6 +108,9 @@ Trainer::Trainer(const models::LlamaConfig& model, const TrainConfig& config, in
   const size_t heap_before = mallinfo2().uordblks;
   Graph forward = models::llama_forward(model_, {.batch = micro_batch_, .seq_len = seq_len_});
   CompileOptions options{config.sequence_parallel_size, config.compile.passes, config.compile.deepcompile};
+  options.grad_sync = {.zero_stage = config.zero_stage, .world_size = W,
+                       .bucket_elements = config.zero.reduce_bucket_size,
+                       .prefetch_elements = config.zero.stage3_prefetch_bucket_size};
   const double budget = config.compile.memory_budget_gb.value_or(0) * double(1 << 30);  // 0: none
   std::string tried;
   int64_t smallest = INT64_MAX;
@@ -106,6 +119,7 @@ Trainer::Trainer(const models::LlamaConfig& model, const TrainConfig& config, in
     options.tile = candidate.tile;
     Graph joint = compile(forward, options);
     const int64_t arena = read_memory_plan(joint).arena_bytes;
+    model_state = model_state_of(joint);
     const int64_t planned = model_state + arena + staging_bytes() + runtime_reserve();
     tried += str(tried.empty() ? "" : ", ", strategy_name(candidate), " ", double(planned) / double(1 << 30), " GiB");
     smallest = std::min(smallest, planned);
@@ -137,7 +151,20 @@ Trainer::Trainer(const models::LlamaConfig& model, const TrainConfig& config, in
   // first step (the arena excluded: it is in the plan already).
   program_bytes_ = std::max<int64_t>(0, int64_t(mallinfo2().uordblks - heap_before) - arena_);
   planned_peak_ += program_bytes_;
-  for (const auto& p : state_.params) grads_.emplace_back(p.size(), 0.0f);
+  // The optimizer takes this rank's shards of the moments (and, under stage 2, the layout
+  // of the step's gradient buckets); the full moments are dropped.
+  optimizer_ = std::make_unique<ShardedAdamW>(config_, *groups_, state_, read_grad_buckets(joint_));
+  if (config_.zero_stage >= 1) {
+    state_.exp_avg.clear();
+    state_.exp_avg_sq.clear();
+  }
+  if (config_.zero_stage == 3) state_.params = {};  // the optimizer holds this rank's shards of them
+  AUTOSP_CHECK(model_state_bytes() == model_state, "planned model state ", model_state, " != held ",
+               model_state_bytes());
+  // Under stage 2 no full-size gradient is kept: the step's reduced shards accumulate in
+  // the optimizer.
+  if (config_.zero_stage < 2)
+    for (const auto& p : state_.params) grads_.emplace_back(p.size(), 0.0f);
   const int64_t n = micro_batch_ * local_len_;
   inputs_.resize(n);
   labels_.resize(n);
@@ -157,6 +184,12 @@ int64_t Trainer::staging_bytes() const {
 }
 
 void Trainer::bind_parameters(CpuExecutor& ex) const {
+  if (config_.zero_stage == 3 && &ex == executor_.get()) {
+    for (size_t k = 0; k < read_grad_buckets(joint_).size(); ++k)
+      ex.bind(str(kParamShardPrefix, k), optimizer_->param_shard(k));
+    return;
+  }
+  AUTOSP_CHECK(state_.params.size() == state_.specs.size(), "the parameters are sharded (ZeRO-3): gather_state first");
   for (size_t i = 0; i < state_.specs.size(); ++i) ex.bind(state_.specs[i].name, state_.params[i].data());
 }
 
@@ -191,6 +224,9 @@ StepStats Trainer::train_step(const DataSource& data) {
     loss_sum += executor_->output("loss")[0];  // this rank's part of its replica's loss
     // DeepSpeed scales each micro batch's loss by 1/g: the step's gradient is the mean.
     const float inv_g = 1.0f / float(g);
+    if (config_.zero_stage >= 2)
+      optimizer_->accumulate([&](size_t k) { return executor_->output(str(kGradShardPrefix, k)); },
+                             g == 1 ? 1.0f : inv_g, m == 0);
     for (size_t i = 0; i < grads_.size(); ++i) {
       const float* d = executor_->output(kGradPrefix + state_.specs[i].name);
       float* acc = grads_[i].data();
@@ -227,7 +263,7 @@ StepStats Trainer::train_step(const DataSource& data) {
   s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   s.tokens_per_s = double(g * micro_batch_ * seq_len_ * groups_->dp_size) / s.seconds;
   s.activation_bytes = allocator_.peak_bytes();
-  s.model_state_bytes = state_.persistent_bytes() + optimizer_->bytes();
+  s.model_state_bytes = model_state_bytes();
   s.planned_peak_bytes = planned_peak_;
   s.flops = graph_flops_ * double(g);
   s.peak_bytes = s.activation_bytes + s.model_state_bytes;
@@ -239,10 +275,22 @@ const ModelState& Trainer::gather_state() {
   return state_;
 }
 
+int64_t Trainer::model_state_bytes() const {
+  // Under stage 2 ModelState holds the parameters alone (no full gradients, no moments);
+  // under stage 3 not even those (the optimizer holds their shards).
+  if (config_.zero_stage >= 2) {
+    int64_t n = 0;
+    for (const auto& p : state_.params) n += static_cast<int64_t>(p.size());
+    return 4 * n + optimizer_->bytes();
+  }
+  return state_.persistent_bytes() + optimizer_->bytes();
+}
+
 void Trainer::release_gathered_state() {
-  if (config_.zero_stage != 1) return;
+  if (config_.zero_stage < 1) return;
   state_.exp_avg.clear();
   state_.exp_avg_sq.clear();
+  if (config_.zero_stage == 3) state_.params = {};
 }
 
 std::vector<float> Trainer::logits(const int32_t* inputs, int64_t B, int64_t S) {
@@ -279,6 +327,7 @@ void Trainer::predict(const int32_t* inputs, int64_t B, int64_t S, int32_t* argm
 double Trainer::loss_and_grads(const int32_t* inputs, const int32_t* labels,
                                std::vector<std::vector<float>>& grads) {
   AUTOSP_CHECK(groups_->world->size() == 1, "loss_and_grads is for one process");
+  AUTOSP_CHECK(config_.zero_stage < 2, "loss_and_grads reads full gradients, which ZeRO stage 2 does not output");
   std::copy(inputs, inputs + inputs_.size(), inputs_.begin());
   std::copy(labels, labels + labels_.size(), labels_.begin());
   for (size_t i = 0; i < positions_.size(); ++i) positions_[i] = static_cast<int32_t>(i % seq_len_);

@@ -113,6 +113,9 @@ class Trainer {
   int64_t staging_bytes() const;
   int64_t runtime_reserve() const { return runtime_reserve_bytes(threads_); }
   int64_t program_bytes() const { return program_bytes_; }  // the compiled graph and executor tables
+  // Parameters, gradients kept between micro batches, optimizer state and its scratch, on
+  // this rank (StepStats::model_state_bytes).
+  int64_t model_state_bytes() const;
   const models::LlamaConfig& model() const { return model_; }
 
  private:

@@ -307,8 +307,44 @@ new_case ds_lr_negative && mutate json "$CASE/ds_config.json" 'c["optimizer"]["p
 new_case ds_lr_string && mutate json "$CASE/ds_config.json" 'c["optimizer"]["params"]["lr"] = "0.01"' &&
   train_case ds_lr_string "$CASE/ds_config.json" "optimizer.params.lr"
 
-new_case ds_zero_stage_3 && mutate json "$CASE/ds_config.json" 'c["zero_optimization"] = {"stage": 3}' &&
-  train_case ds_zero_stage_3 "$CASE/ds_config.json" "zero_optimization.stage"
+new_case ds_zero_stage_5 && mutate json "$CASE/ds_config.json" 'c["zero_optimization"] = {"stage": 5}' &&
+  train_case ds_zero_stage_5 "$CASE/ds_config.json" "zero_optimization.stage" "0, 1, 2 or 3"
+
+new_case ds_zero3_offload_param_cpu &&
+  mutate json "$CASE/ds_config.json" 'c["zero_optimization"] = {"stage": 3, "offload_param": {"device": "cpu", "pin_memory": True}}' &&
+  train_case ds_zero3_offload_param_cpu "$CASE/ds_config.json" "zero_optimization.offload_param.device" "CPU backend"
+
+new_case ds_offload_optimizer_cpu &&
+  mutate json "$CASE/ds_config.json" 'c["zero_optimization"] = {"stage": 1, "offload_optimizer": {"device": "cpu"}}' &&
+  train_case ds_offload_optimizer_cpu "$CASE/ds_config.json" "zero_optimization.offload_optimizer.device" \
+    "nothing to offload"
+
+new_case ds_offload_param_cpu &&
+  mutate json "$CASE/ds_config.json" 'c["zero_optimization"] = {"stage": 1, "offload_param": {"device": "cpu"}}' &&
+  train_case ds_offload_param_cpu "$CASE/ds_config.json" "zero_optimization.offload_param.device"
+
+new_case ds_reduce_bucket_size_0 &&
+  mutate json "$CASE/ds_config.json" 'c["zero_optimization"] = {"stage": 1, "reduce_bucket_size": 0}' &&
+  train_case ds_reduce_bucket_size_0 "$CASE/ds_config.json" "zero_optimization.reduce_bucket_size"
+
+new_case ds_auto_total_num_steps &&
+  mutate json "$CASE/ds_config.json" 'c["scheduler"] = {"type": "WarmupDecayLR", "params": {"total_num_steps": "auto"}}' &&
+  train_case ds_auto_total_num_steps "$CASE/ds_config.json" "scheduler.params.total_num_steps" '"auto"'
+
+# ZeRO stages 2 and 3 in one process train (and, in make test, run under the sanitizers:
+# the grad_sync pass's buckets and gathers, the sharded optimizer, a checkpoint gather).
+for stage in 2 3; do
+  new_case "ds_zero${stage}_trains" &&
+    mutate json "$CASE/ds_config.json" "c['zero_optimization'] = {'stage': $stage, 'reduce_bucket_size': 3000}" &&
+    run_expect "ds_zero${stage}_trains" 0 -- "$AUTOSP" train --config "$CASE/ds_config.json" --model "$CASE" \
+      --data "$CASE/tokens.bin" --seq-len 16 --steps 2 --save "$TMP/zero${stage}_ckpt"
+done
+
+# "auto" as Hugging Face resolves it, printed: the batch from the micro batch and accumulation.
+new_case ds_auto_batch_and_clipping &&
+  mutate json "$CASE/ds_config.json" 'c["train_batch_size"] = "auto"; c["gradient_clipping"] = "auto"' &&
+  run_expect ds_auto_batch_and_clipping 0 'train_batch_size: "auto" -> 4' 'gradient_clipping: "auto" -> 1.0' -- \
+    "$AUTOSP" train --config "$CASE/ds_config.json" --model "$CASE" --data "$CASE/tokens.bin" --seq-len 16 --steps 1
 
 # Without train_batch_size, so the only thing wrong is the accumulation count itself.
 new_case ds_grad_accum_0 &&

@@ -64,6 +64,47 @@ TEST(Plan, IsWhatTheTrainerPlans) {
   }
 }
 
+// ZeRO-2 and ZeRO-3 in one process (their collectives run over one rank): the planner's
+// model state and arena are the trainer's, and at 8 ranks ZeRO-3 plans longer sequences
+// than ZeRO-2, ZeRO-2 than ZeRO-1, ZeRO-1 than ZeRO-0 (the gradients it no longer keeps whole leave room for tokens).
+TEST(Plan, StagesTwoAndThreeAreWhatTheTrainerPlansAndGoFurther) {
+  const models::LlamaConfig model = small_llama();
+  train::TrainConfig config;
+  config.train_micro_batch_size_per_gpu = 1;
+  config.compile.checkpoint = "sac";
+  config.zero_stage = config.zero.stage = 2;
+  train::resolve_batch(config, 1, "test");
+  train::Trainer trainer(model, config, 1024, train::ModelState::initial(model, 1));
+  train::PlanSetup setup{.model = model, .zero = 2, .threads = omp_get_max_threads()};
+  const train::MemoryStrategy sac{{CheckpointPolicy::sac}, {}};
+  const train::MemoryBreakdown b = train::plan_step(setup, sac, 1024);
+  EXPECT_EQ(b.total(), trainer.planned_peak_bytes() - trainer.program_bytes());
+  EXPECT_EQ(b.activations, trainer.planned_arena_bytes());
+  EXPECT_EQ(b.parameters + b.gradients + b.optimizer_state + b.communication, trainer.model_state_bytes());
+
+  // ZeRO-3 too: parameters sharded, each layer's gathered ones in the arena.
+  config.zero_stage = config.zero.stage = 3;
+  train::Trainer trainer3(model, config, 1024, train::ModelState::initial(model, 1));
+  setup.zero = 3;
+  const train::MemoryBreakdown b3 = train::plan_step(setup, sac, 1024);
+  EXPECT_EQ(b3.total(), trainer3.planned_peak_bytes() - trainer3.program_bytes());
+  EXPECT_EQ(b3.activations, trainer3.planned_arena_bytes());
+  EXPECT_EQ(b3.parameters + b3.gradients + b3.optimizer_state + b3.communication, trainer3.model_state_bytes());
+
+  int64_t longest[4];
+  for (int zero : {0, 1, 2, 3}) {
+    // 6 MiB beside the 1 GiB GPU reserve: ZeRO-0's 3.4 MB of model state is a good part of it.
+    train::PlanSetup s{.model = model, .world = 8, .sp = 4, .zero = zero, .dtype = DType::bf16};
+    longest[zero] = train::longest_sequence(s, sac, (int64_t(1024) << 20) + (int64_t(6) << 20), 256).max_seq_len;
+  }
+  EXPECT_GT(longest[1], longest[0]);
+  EXPECT_GT(longest[2], longest[1]);
+  EXPECT_GT(longest[3], longest[2]);
+  std::printf("small llama, 8 ranks, SP 4, sac, 1030 MiB: longest S ZeRO-0 %lld, ZeRO-1 %lld, ZeRO-2 %lld, "
+              "ZeRO-3 %lld\n", (long long)longest[0], (long long)longest[1], (long long)longest[2],
+              (long long)longest[3]);
+}
+
 TEST(Plan, TheCliOrdersStrategiesAsTheirMemory) {
   testing::TempDir dir("plan");
   std::ofstream(dir / "config.json") << models::llama_config_json(small_llama()).dump(2);

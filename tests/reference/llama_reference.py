@@ -3,7 +3,12 @@
 
 Usage:
   /usr/bin/python3 tests/reference/llama_reference.py --out DIR
-      [--tied 0|1] [--rope llama3|default] [--steps N] [--seed K]
+      [--tied 0|1] [--rope llama3|default] [--steps N] [--seed K] [--seq-len S] [--accum G]
+
+--seq-len and --accum (defaults 16 and 2) change S and the micro batches per step: a
+single device with accumulation G sees the samples that D data-parallel ranks with
+accumulation G / D see (tests/sp, tests/train/zero_test.cpp), so one float64 run is the
+reference for every layout of the same global batch.
 
 Writes into DIR the files a user brings (DESIGN.md "Files users bring") and what autosp must
 reproduce from them:
@@ -314,8 +319,15 @@ def main():
     ap.add_argument("--rope", choices=["llama3", "default"], default="llama3")
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--seq-len", type=int, default=16)
+    ap.add_argument("--accum", type=int, default=2)
     args = ap.parse_args()
-    assert args.steps >= 1
+    assert args.steps >= 1 and args.seq_len >= 1 and args.accum >= 1
+    global S, NUM_TOKENS, GRAD_ACCUM
+    S, GRAD_ACCUM = args.seq_len, args.accum
+    NUM_TOKENS = 13 * S + 1
+    DS_CONFIG["gradient_accumulation_steps"] = GRAD_ACCUM
+    DS_CONFIG["train_batch_size"] = MICRO_BATCH * GRAD_ACCUM * DP_WORLD
     tied = bool(args.tied)
 
     torch.set_default_dtype(torch.float64)

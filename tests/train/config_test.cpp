@@ -179,10 +179,8 @@ TEST(TrainConfig, UnsupportedOptimizerSchedulerAndZeroStage) {
                      "scheduler.params.total_num_steps: missing", "WarmupDecayLR");
   EXPECT_PARSE_ERROR(R"({"scheduler": {"type": "WarmupCosineLR", "params": {}}})",
                      "scheduler.params.total_num_steps: missing");
-  EXPECT_PARSE_ERROR(R"({"zero_optimization": {"stage": 2}})",
-                     "config.json: zero_optimization.stage: ZeRO stage 2 is not supported",
-                     "stages 0 and 1");
-  EXPECT_PARSE_ERROR(R"({"zero_optimization": {"stage": 3}})", "zero_optimization.stage", "stage 3");
+  EXPECT_EQ(parse(R"({"zero_optimization": {"stage": 2}})").zero_stage, 2);
+  EXPECT_EQ(parse(R"({"zero_optimization": {"stage": 3}})").zero_stage, 3);
   EXPECT_PARSE_ERROR(R"({"zero_optimization": {"stage": 4}})",
                      "zero_optimization.stage: expected 0, 1, 2 or 3, got 4");
   EXPECT_EQ(parse(R"({"zero_optimization": true})").zero_stage, 1);  // DeepSpeed's legacy form
@@ -195,7 +193,7 @@ TEST(TrainConfig, UnknownKeysWarnWithTheirPath) {
     "not_a_deepspeed_key": {"enabled": true},
     "optimizer": {"type": "AdamW", "params": {"lr": 0.1, "set_grad_none": true}},
     "scheduler": {"type": "WarmupLR", "params": {"cos_min_ratio": 0.1}},
-    "zero_optimization": {"stage": 0, "overlap_comm": true},
+    "zero_optimization": {"stage": 0, "overlap_comm": true, "stage3_no_such_key": 1},
     "compile": {"deepcompile": true, "free_activation": true}
   })", &warnings);
   EXPECT_EQ(c.optimizer.lr, 0.1);
@@ -203,7 +201,7 @@ TEST(TrainConfig, UnknownKeysWarnWithTheirPath) {
       "config.json: not_a_deepspeed_key: unknown key, ignored",
       "config.json: optimizer.params.set_grad_none: unknown key, ignored",
       "config.json: scheduler.params.cos_min_ratio: not a parameter of WarmupLR, ignored",
-      "config.json: zero_optimization.overlap_comm: unknown key, ignored",
+      "config.json: zero_optimization.stage3_no_such_key: unknown key, ignored",
       "config.json: compile.free_activation: unknown key, ignored",
   };
   for (const std::string& w : expected)
@@ -320,8 +318,10 @@ TEST(TrainConfig, MixedPrecisionRunsFp32AndSaysSo) {
   }
   EXPECT_NE(warnings_of(R"({"fp16": {"enabled": true}})")[0].find("without loss scaling"), std::string::npos);
 
-  EXPECT_PARSE_ERROR(R"({"bf16": {"enabled": "auto"}})",
-                     "config.json: bf16.enabled: expected true or false, got \"auto\"");
+  // "auto" is Hugging Face's: its --bf16 flag, off by default (AutoValuesResolveAsHuggingFace).
+  EXPECT_EQ(parse(R"({"bf16": {"enabled": "auto"}})").requested_precision, "fp32");
+  EXPECT_PARSE_ERROR(R"({"torch_autocast": {"enabled": "auto"}})",
+                     "config.json: torch_autocast.enabled: expected true or false, got \"auto\"");
   EXPECT_PARSE_ERROR(R"({"fp16": true})", "config.json: fp16: expected an object, got true");
   EXPECT_PARSE_ERROR(R"({"bf16": {"enabled": true}, "fp16": {"enabled": true}})",
                      "config.json: bf16.enabled and fp16.enabled are both true");
@@ -538,6 +538,168 @@ TEST(TrainConfig, FileErrorsNameThePath) {
   EXPECT_NE(m.find(path + ": gradient_clipping: expected a number >= 0, got \"big\""),
             std::string::npos) << m;
   std::remove(path.c_str());
+}
+
+// ---- zero_optimization: DeepSpeed's keys ---------------------------------------------------
+
+TEST(TrainConfig, ZeroKeysTakeDeepSpeedsMeaningAndDefaults) {
+  TrainConfig c = parse(R"({"zero_optimization": {"stage": 1}})");
+  // deepspeed/runtime/zero/config.py's defaults.
+  EXPECT_EQ(c.zero.stage, 1);
+  EXPECT_EQ(c.zero.reduce_bucket_size, 500000000);
+  EXPECT_EQ(c.zero.allgather_bucket_size, 500000000);
+  EXPECT_EQ(c.zero.stage3_prefetch_bucket_size, 50000000);
+  EXPECT_EQ(c.zero.stage3_param_persistence_threshold, 100000);
+  EXPECT_FALSE(c.zero.overlap_comm);
+  EXPECT_TRUE(c.zero.contiguous_gradients);
+  // DeepSpeed configs write sizes as floats (2e8); accepted when integral.
+  std::vector<std::string> warnings = warnings_of(R"({"zero_optimization": {"stage": 1,
+      "reduce_bucket_size": 2e8, "allgather_bucket_size": 1000, "overlap_comm": false,
+      "contiguous_gradients": true, "reduce_scatter": true, "allgather_partitions": true,
+      "round_robin_gradients": false, "sub_group_size": 1e9, "stage3_prefetch_bucket_size": 5e7,
+      "stage3_param_persistence_threshold": 1e5, "stage3_max_live_parameters": 1e9,
+      "stage3_max_reuse_distance": 1e9, "stage3_gather_16bit_weights_on_model_save": true,
+      "offload_optimizer": {"device": "none"}, "offload_param": {"device": "none", "pin_memory": true},
+      "zero_quantized_weights": false, "zero_quantized_gradients": false, "zero_hpz_partition_size": 1}})", &c);
+  EXPECT_TRUE(warnings.empty()) << joined(warnings);
+  EXPECT_EQ(c.zero.reduce_bucket_size, 200000000);
+  EXPECT_EQ(c.zero.allgather_bucket_size, 1000);
+  // contiguous_gradients false cannot be honoured: warned by name.
+  warnings = warnings_of(R"({"zero_optimization": {"stage": 1, "contiguous_gradients": false}})");
+  ASSERT_EQ(warnings.size(), 1u) << joined(warnings);
+  EXPECT_NE(warnings[0].find("zero_optimization.contiguous_gradients: false has no effect"), std::string::npos);
+}
+
+// Stage 3's knobs without a counterpart in autosp are named when given.
+TEST(TrainConfig, StageThreeKnobsAutospDoesNotHaveAreWarnedByName) {
+  TrainConfig c;
+  std::vector<std::string> warnings = warnings_of(R"({"zero_optimization": {"stage": 3,
+      "stage3_prefetch_bucket_size": 1000, "stage3_param_persistence_threshold": 1e4,
+      "stage3_max_live_parameters": 1e9, "stage3_max_reuse_distance": 1e9}})", &c);
+  EXPECT_EQ(c.zero.stage3_prefetch_bucket_size, 1000);
+  ASSERT_EQ(warnings.size(), 3u) << joined(warnings);
+  EXPECT_NE(warnings[0].find("zero_optimization.stage3_param_persistence_threshold: ignored: autosp's stage 3 "
+                             "shards every parameter"), std::string::npos) << warnings[0];
+  EXPECT_NE(warnings[1].find("zero_optimization.stage3_max_live_parameters: ignored"), std::string::npos);
+  EXPECT_NE(warnings[2].find("zero_optimization.stage3_max_reuse_distance: ignored"), std::string::npos);
+  // Threshold 0 is what autosp does: no warning; under stage 2 none of them matter.
+  EXPECT_TRUE(warnings_of(R"({"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}})").empty());
+  EXPECT_TRUE(warnings_of(R"({"zero_optimization": {"stage": 2, "stage3_max_live_parameters": 1e9}})").empty());
+}
+
+TEST(TrainConfig, ZeroKeysOutOfRangeOrOffloadAreErrors) {
+  EXPECT_PARSE_ERROR(R"({"zero_optimization": {"reduce_bucket_size": 0}})",
+                     "config.json: zero_optimization.reduce_bucket_size: expected an integer >= 1, got 0");
+  EXPECT_PARSE_ERROR(R"({"zero_optimization": {"allgather_bucket_size": 2.5}})",
+                     "zero_optimization.allgather_bucket_size: expected an integer >= 1, got 2.5");
+  EXPECT_PARSE_ERROR(R"({"zero_optimization": {"overlap_comm": "yes"}})",
+                     "zero_optimization.overlap_comm: expected true or false");
+  EXPECT_PARSE_ERROR(R"({"zero_optimization": {"stage": 1, "offload_optimizer": {"device": "cpu"}}})",
+                     "config.json: zero_optimization.offload_optimizer.device: \"cpu\" is not supported on the "
+                     "CPU backend", "nothing to offload", "\"none\"");
+  EXPECT_PARSE_ERROR(R"({"zero_optimization": {"offload_param": {"device": "nvme", "nvme_path": "/x"}}})",
+                     "zero_optimization.offload_param.device: \"nvme\" is not supported");
+  EXPECT_PARSE_ERROR(R"({"zero_optimization": {"offload_param": {"device": "gpu"}}})",
+                     "zero_optimization.offload_param.device: expected \"none\", \"cpu\" or \"nvme\"");
+  EXPECT_PARSE_ERROR(R"({"zero_optimization": {"cpu_offload": true}})", "zero_optimization.cpu_offload");
+  EXPECT_PARSE_ERROR(R"({"zero_optimization": {"zero_quantized_gradients": true}})",
+                     "zero_optimization.zero_quantized_gradients: true is not supported");
+  EXPECT_PARSE_ERROR(R"({"zero_optimization": {"zero_hpz_partition_size": 8}})",
+                     "zero_optimization.zero_hpz_partition_size");
+  // "auto" only where Hugging Face fills it in.
+  EXPECT_PARSE_ERROR(R"({"zero_optimization": {"allgather_bucket_size": "auto"}})",
+                     "zero_optimization.allgather_bucket_size: expected an integer >= 1, got \"auto\"",
+                     "give a value");
+}
+
+// ---- "auto": Hugging Face's integration -----------------------------------------------------
+
+TEST(TrainConfig, AutoValuesResolveAsHuggingFaceAndSaySo) {
+  TrainConfig c;
+  std::vector<std::string> warnings = warnings_of(R"({
+    "train_batch_size": "auto", "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": "auto",
+    "gradient_clipping": "auto",
+    "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"}},
+    "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": "auto", "warmup_max_lr": "auto",
+                                                 "warmup_num_steps": 10}},
+    "bf16": {"enabled": "auto"},
+    "zero_optimization": {"stage": 1, "reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto",
+                          "stage3_param_persistence_threshold": "auto"}
+  })", &c);
+  EXPECT_EQ(c.gradient_clipping, 1.0);
+  EXPECT_EQ(c.optimizer.lr, 5e-5);
+  EXPECT_EQ(c.optimizer.beta1, 0.9);
+  EXPECT_EQ(c.optimizer.beta2, 0.999);
+  EXPECT_EQ(c.optimizer.eps, 1e-8);
+  EXPECT_EQ(c.optimizer.weight_decay, 0.0);
+  EXPECT_EQ(c.scheduler.warmup_min_lr, 0.0);
+  EXPECT_EQ(c.scheduler.warmup_max_lr, 5e-5);
+  EXPECT_EQ(c.requested_precision, "fp32");
+  const std::string all = joined(warnings);
+  for (const char* part : {"gradient_clipping: \"auto\" -> 1.0", "optimizer.params.lr: \"auto\" -> 5e-05",
+                           "optimizer.params.betas: \"auto\" -> [0.9,0.999]",
+                           "optimizer.params.weight_decay: \"auto\" -> 0.0",
+                           "scheduler.params.warmup_max_lr: \"auto\" -> 5e-05", "bf16.enabled: \"auto\" -> false"})
+    EXPECT_NE(all.find(part), std::string::npos) << "missing " << part << " in\n" << all;
+  // The batch: from the others, with DP 3; each "auto" key is reported.
+  std::vector<std::string> notes;
+  resolve_batch(c, 3, "config.json", &notes);
+  EXPECT_EQ(c.train_batch_size, 6);
+  EXPECT_EQ(c.gradient_accumulation_steps, 1);
+  ASSERT_EQ(notes.size(), 2u);
+  EXPECT_NE(notes[0].find("config.json: train_batch_size: \"auto\" -> 6"), std::string::npos) << notes[0];
+  EXPECT_NE(notes[1].find("gradient_accumulation_steps: \"auto\" -> 1"), std::string::npos) << notes[1];
+  // ZeRO's sizes from the hidden size, as transformers' trainer_config_finalize.
+  notes.clear();
+  resolve_model_auto(c, 64, "config.json", &notes);
+  EXPECT_EQ(c.zero.reduce_bucket_size, 64 * 64);
+  EXPECT_EQ(c.zero.stage3_prefetch_bucket_size, int64_t(0.9 * 64 * 64));
+  EXPECT_EQ(c.zero.stage3_param_persistence_threshold, 640);
+  ASSERT_EQ(notes.size(), 3u);
+  EXPECT_NE(notes[0].find("zero_optimization.reduce_bucket_size: \"auto\" -> 4096"), std::string::npos);
+
+  // Everything "auto": Hugging Face's per_device_train_batch_size (8) and accumulation (1).
+  c = parse(R"({"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto",
+               "gradient_accumulation_steps": "auto"})");
+  resolve_batch(c, 2, "config.json");
+  EXPECT_EQ(c.train_micro_batch_size_per_gpu, 8);
+  EXPECT_EQ(c.gradient_accumulation_steps, 1);
+  EXPECT_EQ(c.train_batch_size, 16);
+  // A number given with "auto" for the rest: derived from it.
+  c = parse(R"({"train_batch_size": 8, "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": 2})");
+  resolve_batch(c, 2, "config.json");
+  EXPECT_EQ(c.train_micro_batch_size_per_gpu, 2);
+}
+
+TEST(TrainConfig, AutoWhereHuggingFaceNeedsItsOwnArgumentsIsAnError) {
+  EXPECT_PARSE_ERROR(R"({"scheduler": {"type": "WarmupDecayLR", "params": {"total_num_steps": "auto"}}})",
+                     "scheduler.params.total_num_steps: expected an integer >= 1, got \"auto\"",
+                     "Hugging Face's Trainer");
+  EXPECT_PARSE_ERROR(R"({"steps_per_print": "auto"})", "steps_per_print", "\"auto\"");
+}
+
+// DeepSpeed's AutoSP example (DeepSpeedExamples' benchmark config, with "auto" as the issue
+// quotes it) parses: bf16 runs fp32 with a warning, wall_clock_breakdown false is silent.
+TEST(TrainConfig, DeepSpeedAutoSpExampleParses) {
+  TrainConfig c;
+  const std::vector<std::string> warnings = warnings_of(R"({
+    "bf16": {"enabled": true},
+    "zero_optimization": {"stage": 1},
+    "gradient_accumulation_steps": 1,
+    "gradient_clipping": "auto",
+    "steps_per_print": 2000,
+    "train_batch_size": "auto",
+    "train_micro_batch_size_per_gpu": 1,
+    "wall_clock_breakdown": false,
+    "sequence_parallel_size": 2,
+    "compile": {"deepcompile": true, "passes": ["autosp"]}
+  })", &c);
+  EXPECT_EQ(c.gradient_clipping, 1.0);
+  EXPECT_EQ(c.requested_precision, "bf16");
+  EXPECT_EQ(c.steps_per_print, 2000);
+  ASSERT_EQ(warnings.size(), 2u) << joined(warnings);  // bf16 runs fp32; clipping "auto" -> 1.0
+  resolve_batch(c, 2, "config.json");
+  EXPECT_EQ(c.train_batch_size, 2);
 }
 
 }  // namespace

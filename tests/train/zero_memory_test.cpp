@@ -1,4 +1,4 @@
-// ZeRO-1 exists to save memory: under mpirun -np 2 (data parallel 2) its per-rank model
+// ZeRO-1 and ZeRO-2 exist to save memory: under mpirun -np 2 (data parallel 2) ZeRO-1's per-rank model
 // state (parameters, gradients, AdamW moments and the optimizer's scratch, the CLI's
 // model_state_bytes_per_rank metric) must be below ZeRO-0's, and as one process (nothing
 // to shard) the same, while every run trains the same numbers.
@@ -122,6 +122,76 @@ TEST(ZeroMemory, StageOneHoldsLessPerRankAndTrainsTheSameNumbers) {
   std::printf("model_state_bytes per rank: DP 1 ZeRO-0 %lld, ZeRO-1 %lld; DP 2 ZeRO-0 %lld, ZeRO-1 %lld\n",
               (long long)z0_dp1.model_state[0][0], (long long)z1_dp1.model_state[0][0],
               (long long)z0_dp2.model_state[0][0], (long long)z1_dp2.model_state[0][0]);
+}
+
+// W = 4 ranks (SP 2 x DP 2, the autosp pass), global batch 4 (micro 2, no accumulation):
+// per-rank model state under stages 0 to 3, and the same loss curve under each.
+TrainRun train_w4(const TempDir& dir, int zero) {
+  const json c = {{"train_micro_batch_size_per_gpu", 2},
+                  {"gradient_accumulation_steps", 1},
+                  {"train_batch_size", 4},
+                  {"gradient_clipping", 1.0},
+                  {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-2}, {"weight_decay", 0.1}}}}},
+                  {"sequence_parallel_size", 2},
+                  {"compile", {{"deepcompile", true}, {"passes", {"autosp"}}}},
+                  {"zero_optimization", {{"stage", zero}}}};
+  const std::string config = dir / str("w4_zero", zero, ".json"), metrics = dir / str("m_w4_zero", zero, ".jsonl");
+  std::ofstream(config) << c.dump(2);
+  const std::string cmd = str(kMpiEnv, "timeout 300 ", AUTOSP_MPIEXEC, " -np 4 --oversubscribe ", AUTOSP_BINARY,
+                              " train --config ", config, " --model ", dir.path(), " --data ", dir / "tokens.bin",
+                              " --seq-len ", kSeqLen, " --steps ", kSteps, " --metrics ", metrics);
+  const auto r = run_command(cmd);
+  EXPECT_EQ(r.exit_code, 0) << cmd << "\n" << r.output;
+  TrainRun run;
+  std::ifstream in(metrics);
+  for (std::string line; std::getline(in, line);) {
+    const json m = json::parse(line);
+    run.loss.push_back(m["loss"].get<double>());
+    run.model_state.push_back(m["model_state_bytes_per_rank"].get<std::vector<int64_t>>());
+  }
+  EXPECT_EQ(run.loss.size(), size_t(kSteps)) << cmd << "\n" << r.output;
+  return run;
+}
+
+TEST(ZeroMemory, StagesTwoAndThreeAtFourRanksHoldAFractionOfStageZero) {
+  TempDir dir("zero_memory_w4");
+  write_model_and_data(dir);
+  const TrainRun z0 = train_w4(dir, 0), z1 = train_w4(dir, 1), z2 = train_w4(dir, 2), z3 = train_w4(dir, 3);
+  ASSERT_FALSE(HasFailure());
+  for (int t = 0; t < kSteps; ++t) {
+    ASSERT_EQ(z2.model_state[t].size(), 4u);
+    for (int r = 0; r < 4; ++r) {
+      // ZeRO-0 holds 16 N bytes: parameters, gradients and two moments, all full.
+      const int64_t b0 = z0.model_state[t][r], b1 = z1.model_state[t][r], b2 = z2.model_state[t][r];
+      const double N = double(b0) / 16;
+      // ZeRO-1: 8 N (parameters, gradients) + 8 ceil(N / 4) + at most (N + 4) / 8 scratch
+      // floats (grad_sync.h): <= 10.5 N + 16 bytes.
+      EXPECT_LE(double(b1), 10.5 * N + 16) << "step " << t + 1 << " rank " << r;
+      // ZeRO-2: 4 N parameters + 12 bytes per element of this rank's shard of each bucket
+      // (ceil(n / 4); one bucket at the default reduce_bucket_size) + at most (N + 4) / 8
+      // all-gather scratch floats: <= 7.5 N + 28 bytes, 0.47 of ZeRO-0. A full-size
+      // gradient kept between micro batches (+4 N) would break it.
+      EXPECT_LE(double(b2), 7.5 * N + 28) << "step " << t + 1 << " rank " << r;
+      EXPECT_LT(b2, b1) << "step " << t + 1 << " rank " << r;
+      // ZeRO-3: 16 bytes per element of this rank's shard of each parameter group
+      // (parameters, accumulated gradients, two moments; ceil(n / 4) of each of the 5
+      // groups): <= 4 N + 16 x 5 bytes, the bound 0.3 x ZeRO-0 with room to spare.
+      // (Each layer's gathered parameters live in the step's arena, not here: see
+      // tests/passes/zero3_test.cpp.)
+      const int64_t b3 = z3.model_state[t][r];
+      EXPECT_LE(double(b3), 4 * N + 80) << "step " << t + 1 << " rank " << r;
+      EXPECT_LE(double(b3), 0.3 * double(b0)) << "step " << t + 1 << " rank " << r;
+    }
+    // The same global batch: the same loss up to fp32 reordering (as above).
+    EXPECT_NEAR(z1.loss[t], z0.loss[t], 2e-6 * std::abs(z0.loss[t])) << "step " << t + 1;
+    EXPECT_NEAR(z2.loss[t], z0.loss[t], 2e-6 * std::abs(z0.loss[t])) << "step " << t + 1;
+    EXPECT_NEAR(z3.loss[t], z0.loss[t], 2e-6 * std::abs(z0.loss[t])) << "step " << t + 1;
+  }
+  const double b0 = double(z0.model_state[0][0]);
+  std::printf("model_state_bytes per rank at W=4 (SP 2 x DP 2), N = %.0f parameters: ZeRO-0 %lld, ZeRO-1 %lld "
+              "(%.3fx), ZeRO-2 %lld (%.3fx), ZeRO-3 %lld (%.3fx)\n", b0 / 16, (long long)z0.model_state[0][0],
+              (long long)z1.model_state[0][0], double(z1.model_state[0][0]) / b0, (long long)z2.model_state[0][0],
+              double(z2.model_state[0][0]) / b0, (long long)z3.model_state[0][0], double(z3.model_state[0][0]) / b0);
 }
 
 }  // namespace

@@ -32,7 +32,7 @@ void set_active_isa(Isa isa);
 // "avx2" or "avx512" -> the set; UserError naming `what` (e.g. "AUTOSP_ISA") otherwise.
 Isa parse_isa(const std::string& name, const std::string& what);
 
-// Whether this CPU has what the baseline build needs (AVX2, FMA, F16C, BMI2), and a
+// Whether this CPU has what the baseline build needs (AVX2, FMA, BMI2), and a
 // one-line description of what it lacks otherwise.
 bool cpu_runs_baseline(std::string* missing = nullptr);
 
