@@ -43,15 +43,23 @@ fuzz: deps
 	cmake --build build-fuzz --target fuzz_targets -j $(JOBS)
 	FUZZ_SECONDS=$(FUZZ_SECONDS) ./scripts/fuzz.sh build-fuzz $(FUZZ_TARGETS)
 
-# Benchmarks: ratios against baselines measured in the same run (sgemm and memcpy for the
-# kernels; PyTorch for the training step; checkpoint policy none for sac and full). Tables
-# on stdout, JSON in $(BUILD)/bench/. BENCH_ARGS=--quick for a few-minute training subset,
-# BENCH_ARGS=--sections=policies,policy-cap for one part. docs/PERFORMANCE.md has the latest.
+# Benchmarks: ratios against baselines measured in the same run: sgemm, memcpy and each
+# instruction set's FMA peak for the kernels; PyTorch for the training step; sgemm for the
+# step's achieved FLOP/s; checkpoint policy none for sac and full. The kernel table and the
+# training section `isa` run once per kernel set this CPU supports (avx2, and avx512 where
+# present). Tables on stdout, JSON in $(BUILD)/bench/.
+#   KERNEL_ARGS="--isa avx2" runs the kernel table for one set; KERNEL_ARGS="--only
+#   sgemm,attention" the named parts (sgemm linear memcpy fma_peak attention rms_norm rope
+#   swiglu cross_entropy embedding; a part's baselines run with it).
+#   BENCH_ARGS=--quick for a training subset of under 10 minutes; BENCH_ARGS=--sections=isa
+#   (or sweep,cap,sp,policies,policy-cap) for some parts; BENCH_ARGS="--isas avx2" for one
+#   set in the isa section. docs/PERFORMANCE.md has the latest.
 bench: deps build
 	cmake --build $(BUILD) --target bench_kernels -j $(JOBS)
 	mkdir -p $(BUILD)/bench
-	$(BUILD)/bench_kernels $(BUILD)/bench/bench_kernels.json
-	/usr/bin/python3 bench/bench_train.py --autosp $(BUILD)/autosp --out $(BUILD)/bench/bench_train.json $(BENCH_ARGS)
+	$(BUILD)/bench_kernels $(KERNEL_ARGS) $(BUILD)/bench/bench_kernels.json
+	/usr/bin/python3 bench/bench_train.py --autosp $(BUILD)/autosp \
+	  --bench-kernels $(BUILD)/bench_kernels --out $(BUILD)/bench/bench_train.json $(BENCH_ARGS)
 
 clean:
 	rm -rf $(BUILD) build-asan build-fuzz

@@ -1,19 +1,35 @@
 // Kernel benchmark: every CPU kernel against a baseline measured in the same run, as a
 // ratio (STYLE.md rule 10). Compute-bound kernels (linear, attention) are compared with
-// OpenBLAS sgemm's FLOP/s; memory-bound kernels with a parallel memcpy's bandwidth.
+// OpenBLAS sgemm's FLOP/s and, per instruction set, with that set's peak FMA throughput;
+// memory-bound kernels with a parallel memcpy's bandwidth.
 //
-//   bench_kernels [out.json]          (default bench_kernels.json)
+//   bench_kernels [--isa avx2|avx512] [--only NAME[,NAME...]] [out.json]
+//                                     (default bench_kernels.json)
+//
+// The kernels autosp compiles once per instruction set (attention, embedding, rms_norm,
+// rope, swiglu, cross_entropy; src/kernels/cpu/isa.h) run once per set this CPU supports
+// (cpu::set_active_isa before each; rows and JSON carry the set), so an AVX-512 machine
+// measures the AVX2 kernels too (STYLE.md rule 13). --isa runs one set only. The baselines
+// (sgemm 2048 and memcpy, at the start and the end) and linear (cpu::gemm, i.e. OpenBLAS)
+// do not depend on the set and run once.
+//
+// --only runs the named parts: sgemm, linear, memcpy, fma_peak, attention, rms_norm, rope,
+// swiglu, cross_entropy, embedding (e.g. --only sgemm,attention). A part's baselines run
+// with it (attention: sgemm and fma_peak; linear: sgemm; the memory-bound kernels: memcpy),
+// so every ratio printed is against a baseline of this run.
 //
 // Threads: OMP_NUM_THREADS (default all cores); OpenBLAS is set to the same count.
 // OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE are read from the environment, never changed.
 //
 // Before a kernel is timed, its output is checked (finite everywhere; gemm and attention
 // spot rows against double sums; attention at a small size against attention.h's double
-// references), so a broken kernel exits non-zero instead of reporting a fast time.
-// The first (checked) run is also the warm-up; the time reported is the median of the
-// timed repetitions, whose number shrinks for slow cases to keep the run near 2 minutes
-// on 2 cores.
+// references, for every instruction set), so a broken kernel exits non-zero instead of
+// reporting a fast time. The first (checked) run is also the warm-up; the time reported is
+// the median of the timed repetitions, whose number shrinks for slow cases to keep the run
+// near 3 minutes per instruction set on 2 cores.
+#include <CLI/CLI.hpp>
 #include <cblas.h>
+#include <immintrin.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -26,8 +42,11 @@
 #include <fstream>
 #include <functional>
 #include <limits>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <set>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <ctime>
@@ -36,6 +55,7 @@
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/basic.h"
 #include "kernels/cpu/fused.h"
+#include "kernels/cpu/isa.h"
 
 namespace {
 
@@ -155,6 +175,7 @@ struct Row {
   bool flops;            // work counts FLOPs (else bytes read + written)
   std::string baseline;  // what `vs_baseline` divides by
   double baseline_rate;  // GFLOP/s or GB/s of that baseline
+  std::string isa;       // the instruction set of the kernel copy timed; empty: not dispatched
   double rate() const { return work / t.median_s * 1e-9; }
 };
 
@@ -167,6 +188,25 @@ struct Bench {
   double sgemm_gflops = 0.0;  // square 2048, the reference for every "vs sgemm" column
   double copy_gbs = 0.0;
   std::vector<double> sgemm_runs, copy_runs;
+  // Peak fp32 FMA GFLOP/s on all threads, per instruction set, the reference of "vs peak":
+  // like the other baselines, the mean of a run at the start and one at the end.
+  std::map<std::string, double> fma_peak_gflops;
+  std::map<std::string, std::vector<double>> fma_peak_runs;
+  // The instruction set rows added now are for ("": the kernel is not dispatched).
+  std::string isa;
+  // The attention fwd+bwd rows, for the summary.
+  struct AttentionPoint {
+    std::string isa;
+    int64_t S, D;
+    size_t row;
+  };
+  std::vector<AttentionPoint> attention_fwd_bwd;
+
+  // rate / the row's instruction set's FMA peak; 0 when it has none (or it was not measured).
+  double vs_peak(const Row& r) const {
+    const auto it = fma_peak_gflops.find(r.isa);
+    return r.flops && it != fma_peak_gflops.end() ? r.rate() / it->second : 0.0;
+  }
 
   double baseline_of(const Row& r) const {
     if (r.baseline_rate > 0.0) return r.baseline_rate;
@@ -174,10 +214,11 @@ struct Bench {
   }
 
   const Row& add(Row r) {
+    r.isa = isa;
     rows.push_back(std::move(r));
     const Row& x = rows.back();
-    std::fprintf(stderr, "  %-26s %-34s %9.2f ms  x%d\n", x.name.c_str(), x.shape.c_str(),
-                 x.t.median_s * 1e3, x.t.reps);
+    std::fprintf(stderr, "  %-6s %-26s %-34s %9.2f ms  x%d\n", x.isa.c_str(), x.name.c_str(),
+                 x.shape.c_str(), x.t.median_s * 1e3, x.t.reps);
     return x;
   }
 };
@@ -267,6 +308,87 @@ void bench_copy(Bench& bench, const char* when) {
   bench.copy_runs.push_back(work / t.median_s * 1e-9);
   bench.copy_gbs = mean(bench.copy_runs);
   bench.add({std::string("memcpy ") + when, "256 MiB, parallel", t, work, false, "memcpy", 0.0});
+}
+
+// ---- FMA peak, per instruction set ------------------------------------------------------
+// acc = acc * m + c on kPeakAcc independent registers per thread. An FMA has 4-5 cycles of
+// latency and current x86 cores issue 2 a cycle, so 8-10 chains in flight saturate the
+// ports; 12 leave margin. With m + c = 1 every chain converges to 1: values stay normal.
+constexpr int kPeakAcc = 12;
+constexpr int64_t kPeakIters = int64_t{1} << 22;
+constexpr float kPeakM = 0.999f, kPeakC = 0.001f;
+
+// ymm: 12 accumulators + m + c = 14 of AVX2's 16 registers.
+__attribute__((noinline)) float fma_loop_avx2(int64_t iters) {
+  const __m256 m = _mm256_set1_ps(kPeakM), c = _mm256_set1_ps(kPeakC);
+  __m256 acc[kPeakAcc];
+  for (int i = 0; i < kPeakAcc; ++i) acc[i] = _mm256_set1_ps(0.01f * i);
+  for (int64_t it = 0; it < iters; ++it) {
+#pragma GCC unroll 12
+    for (int i = 0; i < kPeakAcc; ++i) acc[i] = _mm256_fmadd_ps(acc[i], m, c);
+  }
+  __m256 sum = acc[0];
+  for (int i = 1; i < kPeakAcc; ++i) sum = _mm256_add_ps(sum, acc[i]);
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, sum);
+  float total = 0.0f;
+  for (float x : lanes) total += x;
+  return total;
+}
+
+// zmm. The file is built for the x86-64-v3 baseline; only this function may use AVX-512,
+// and it is called only when the CPU has it.
+__attribute__((target("avx512f"), noinline)) float fma_loop_avx512(int64_t iters) {
+  const __m512 m = _mm512_set1_ps(kPeakM), c = _mm512_set1_ps(kPeakC);
+  __m512 acc[kPeakAcc];
+  for (int i = 0; i < kPeakAcc; ++i) acc[i] = _mm512_set1_ps(0.01f * i);
+  for (int64_t it = 0; it < iters; ++it) {
+#pragma GCC unroll 12
+    for (int i = 0; i < kPeakAcc; ++i) acc[i] = _mm512_fmadd_ps(acc[i], m, c);
+  }
+  __m512 sum = acc[0];
+  for (int i = 1; i < kPeakAcc; ++i) sum = _mm512_add_ps(sum, acc[i]);
+  // Not _mm512_reduce_add_ps: GCC 12's version warns about an uninitialised temporary.
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, sum);
+  float total = 0.0f;
+  for (float x : lanes) total += x;
+  return total;
+}
+
+int vector_floats(cpu::Isa isa) { return isa == cpu::Isa::avx512 ? 16 : 8; }
+
+// The peak fp32 FMA rate of `isa`'s vectors on all threads at once (2 FLOPs per lane per
+// FMA): what that instruction set's kernels could reach at best.
+void bench_fma_peak(Bench& bench, cpu::Isa isa, const char* when) {
+  const int threads = omp_get_max_threads();
+  std::vector<float> sums(threads);
+  const Timing t = measure(
+      [&] {
+#pragma omp parallel num_threads(threads)
+        sums[omp_get_thread_num()] = isa == cpu::Isa::avx512 ? fma_loop_avx512(kPeakIters)
+                                                             : fma_loop_avx2(kPeakIters);
+      },
+      [&] {
+        // Each lane converged to 1: the sum is the lane count, up to fp32 rounding.
+        const double lanes = double(kPeakAcc) * vector_floats(isa);
+        for (float x : sums)
+          if (!(std::abs(x - lanes) < 1e-3 * lanes))
+            fail(std::string("fma peak ") + cpu::isa_name(isa) + ": thread sum " +
+                 std::to_string(x) + ", expected " + std::to_string(lanes));
+      },
+      0.5, 5);
+  const double work = 2.0 * vector_floats(isa) * kPeakAcc * kPeakIters * threads;
+  const double rate = work / t.median_s * 1e-9;
+  auto& runs = bench.fma_peak_runs[cpu::isa_name(isa)];
+  runs.push_back(rate);
+  bench.fma_peak_gflops[cpu::isa_name(isa)] = mean(runs);
+  const std::string shape = std::to_string(kPeakAcc) +
+                            (isa == cpu::Isa::avx512 ? " zmm" : " ymm") + " FMA chains x " +
+                            std::to_string(threads) + " threads";
+  // Its own row's ratio is to this run alone (1.0 only if start and end agree).
+  bench.add({std::string("fma peak ") + when, shape, t, work, true, "fma peak (this)", rate});
+  settle();
 }
 
 // ---- linear: y[T, N] = x[T, H] W[N, H]^T ---------------------------------------------------
@@ -422,7 +544,7 @@ void bench_attention(Bench& bench, int64_t S, int64_t D) {
   const std::string shape = dims({1, S, 8, 4, D}, "B S NH NKV D") + " causal";
   const double fwd = attention_flops(a.d, 4), bwd = attention_flops(a.d, 10);
   // Repetitions: ~1 s of timing per case; at S = 8192 (seconds per call) the checked run
-  // is the only one, to keep the whole program near 2 minutes on 2 cores.
+  // is the only one, to keep the whole program near 3 minutes per instruction set.
   const double budget = 1.0;
   const int min_reps = S >= 8192 ? 0 : 3;
   const Timing tf = measure([&] { a.forward(); }, [&] { check_attention_rows(a, false); }, budget, min_reps);
@@ -432,6 +554,7 @@ void bench_attention(Bench& bench, int64_t S, int64_t D) {
   const Timing tfb = measure([&] { a.forward(); a.backward(); }, [&] { check_attention_rows(a, true); },
                              budget, min_reps);
   bench.add({"attention fwd+bwd", shape, tfb, fwd + bwd, true, "sgemm 2048", 0.0});
+  bench.attention_fwd_bwd.push_back({bench.isa, S, D, bench.rows.size() - 1});
 }
 
 // ---- memory-bound fused kernels (bytes = minimal traffic: each input read once, each
@@ -542,25 +665,85 @@ nlohmann::json env_json(const char* name) {
 }
 
 void print_table(const Bench& b) {
-  std::printf("\n%-22s %-40s %10s %4s %4s %9s %-7s %7s  %-16s %8s\n", "kernel", "shape", "ms",
-              "reps", "cpu", "rate", "unit", "ratio", "(ratio to)", "vs sgemm");
-  std::printf("%s\n", std::string(140, '-').c_str());
+  std::printf("\n%-6s %-22s %-40s %10s %4s %4s %9s %-7s %7s  %-16s %9s %7s\n", "isa", "kernel",
+              "shape", "ms", "reps", "cpu", "rate", "unit", "ratio", "(ratio to)", "vs sgemm",
+              "vs peak");
+  std::printf("%s\n", std::string(155, '-').c_str());
   for (const Row& r : b.rows) {
     const double rate = r.rate();
     // Memory-bound rows: GB/s over sgemm's GFLOP/s, a different unit; see the notes.
-    const double vs_sgemm = rate / b.sgemm_gflops;
-    std::printf("%-22s %-40s %10.3f %4d %4.2f %9.2f %-7s %7.3f  %-16s %8.3f%s\n", r.name.c_str(),
-                r.shape.c_str(), r.t.median_s * 1e3, r.t.reps, r.t.cpu_share, rate,
-                r.flops ? "GFLOP/s" : "GB/s", rate / b.baseline_of(r), r.baseline.c_str(), vs_sgemm,
-                r.flops ? "" : "*");
+    // "-": that baseline was not run (--only).
+    char vs_sgemm[16] = "-", vs_peak[16] = "-";
+    if (b.sgemm_gflops > 0.0)
+      std::snprintf(vs_sgemm, sizeof vs_sgemm, "%.3f%s", rate / b.sgemm_gflops, r.flops ? " " : "*");
+    if (b.vs_peak(r) > 0.0) std::snprintf(vs_peak, sizeof vs_peak, "%.3f", b.vs_peak(r));
+    std::printf("%-6s %-22s %-40s %10.3f %4d %4.2f %9.2f %-7s %7.3f  %-16s %9s %7s\n",
+                r.isa.empty() ? "-" : r.isa.c_str(), r.name.c_str(), r.shape.c_str(),
+                r.t.median_s * 1e3, r.t.reps, r.t.cpu_share, rate, r.flops ? "GFLOP/s" : "GB/s",
+                rate / b.baseline_of(r), r.baseline.c_str(), vs_sgemm, vs_peak);
   }
+}
+
+// Attention fwd+bwd at S >= 2048 per instruction set, as issue 9 asks: rate / sgemm 2048
+// (and / the set's FMA peak), and the time of the AVX2 kernels over the AVX-512 ones.
+nlohmann::json print_summary(const Bench& b, const std::vector<cpu::Isa>& isas) {
+  nlohmann::json out = nlohmann::json::array();
+  if (b.attention_fwd_bwd.empty()) return out;
+  std::map<std::pair<int64_t, int64_t>, std::map<std::string, const Row*>> at;  // (D, S)
+  for (const auto& p : b.attention_fwd_bwd)
+    if (p.S >= 2048) at[{p.D, p.S}][p.isa] = &b.rows[p.row];
+  std::printf("\nSummary: attention fwd+bwd (B=1 NH=8 NKV=4 causal) at S >= 2048: GFLOP/s over "
+              "sgemm 2048's (%.1f GFLOP/s), in brackets over the instruction set's FMA peak; "
+              "issue 9 asks >= 0.50 of sgemm.\n\n",
+              b.sgemm_gflops);
+  std::printf("%5s %6s", "D", "S");
+  for (cpu::Isa isa : isas) std::printf(" | %-14s", cpu::isa_name(isa));
+  const bool both = isas.size() == 2;
+  if (both) std::printf(" | time avx2 / avx512");
+  std::printf("\n");
+  std::map<std::string, std::pair<double, std::string>> lowest;
+  for (const auto& [key, by_isa] : at) {
+    const auto [D, S] = key;
+    nlohmann::json j = {{"D", D}, {"S", S}};
+    std::printf("%5lld %6lld", static_cast<long long>(D), static_cast<long long>(S));
+    for (cpu::Isa isa : isas) {
+      const auto it = by_isa.find(cpu::isa_name(isa));
+      if (it == by_isa.end()) {
+        std::printf(" | %-14s", "-");
+        continue;
+      }
+      const Row& r = *it->second;
+      const double vs_sgemm = r.rate() / b.sgemm_gflops, vs_peak = b.vs_peak(r);
+      std::printf(" | %6.3f (%5.3f)", vs_sgemm, vs_peak);
+      j[cpu::isa_name(isa)] = {{"median_ms", r.t.median_s * 1e3}, {"gflops", r.rate()},
+                               {"ratio_to_sgemm_2048", vs_sgemm}, {"ratio_to_fma_peak", vs_peak}};
+      auto& low = lowest[cpu::isa_name(isa)];
+      if (low.second.empty() || vs_sgemm < low.first)
+        low = {vs_sgemm, "D=" + std::to_string(D) + " S=" + std::to_string(S)};
+    }
+    if (both && by_isa.count("avx2") && by_isa.count("avx512")) {
+      const double ratio = by_isa.at("avx2")->t.median_s / by_isa.at("avx512")->t.median_s;
+      std::printf(" | %6.3f", ratio);
+      j["time_avx2_over_avx512"] = ratio;
+    }
+    std::printf("\n");
+    out.push_back(j);
+  }
+  std::printf("\nlowest over sgemm:");
+  for (const auto& [isa, low] : lowest) std::printf("  %s %.3f (%s)", isa.c_str(), low.first, low.second.c_str());
+  std::printf("\nFMA peak:");
+  for (const auto& [isa, rate] : b.fma_peak_gflops)
+    std::printf("  %s %.1f GFLOP/s (sgemm 2048 = %.3f of it)", isa.c_str(), rate, b.sgemm_gflops / rate);
+  std::printf("\n");
+  return out;
 }
 
 const char* kNotes[] = {
     "ms: median of `reps` timed runs after one checked warm-up run (reps = 1 at S = 8192: the "
     "checked run itself). cpu: process CPU time / (wall x threads); well below 1 = the cores "
     "were shared with other load, rerun.",
-    "Baselines (sgemm 2048, memcpy) run at the start and the end; ratios use their mean.",
+    "Baselines (sgemm 2048, memcpy, each set's FMA peak) run at the start and the end; ratios "
+    "use their mean.",
     "GFLOP/s: 2MNK for gemm. Attention is causal and counted as HALF the dense FLOPs: "
     "fwd 0.5 * 4 S^2 D NH B, bwd 0.5 * 10 S^2 D NH B, fwd+bwd their sum; exp/softmax not counted.",
     "GB/s: minimal traffic (each input read once, each output written once, no write-allocate), "
@@ -568,12 +751,21 @@ const char* kNotes[] = {
     "ratio: GFLOP/s or GB/s over the baseline named in '(ratio to)', measured in this run.",
     "vs sgemm: rate over sgemm 2048 GFLOP/s. For GB/s rows (*) this is GB/s per GFLOP/s, a "
     "different unit: not a meaningful comparison for memory-bound ops, reported as asked.",
-    "cross_entropy is not chunked yet: it reads/writes full T x V logits (a chunked fused "
-    "linear + cross-entropy is future work).",
+    "isa: the instruction set whose kernel copy ran (cpu::set_active_isa); '-' = not "
+    "dispatched per set (OpenBLAS, memcpy), run once.",
+    "vs peak: GFLOP/s over the FMA peak of the row's instruction set (fma peak rows: 12 "
+    "independent FMA chains per thread on every thread, ymm for avx2, zmm for avx512).",
+    "cross_entropy here is the plain kernel over full T x V logits; training uses the fused "
+    "chunked linear + cross-entropy op.",
 };
 
-void write_json(const Bench& b, const std::string& path, int threads) {
+void write_json(const Bench& b, const std::string& path, int threads,
+                const std::vector<cpu::Isa>& isas, const std::set<std::string>& parts,
+                const nlohmann::json& summary) {
   nlohmann::json j;
+  std::vector<std::string> supported, ran;
+  for (cpu::Isa isa : cpu::supported_isas()) supported.push_back(cpu::isa_name(isa));
+  for (cpu::Isa isa : isas) ran.push_back(cpu::isa_name(isa));
   j["machine"] = {
       {"cpu_model", cpu_model()},
       {"hardware_threads", std::thread::hardware_concurrency()},
@@ -585,13 +777,21 @@ void write_json(const Bench& b, const std::string& path, int threads) {
       {"openblas_parallel", openblas_get_parallel()},  // 0 sequential, 1 pthreads, 2 OpenMP
       {"openblas_core", openblas_get_corename()},
       {"openblas_config", openblas_get_config()},
+      {"cpu_supports_isas", supported},
   };
+  j["isas"] = ran;
+  j["parts"] = parts;
   j["baselines"] = {{"sgemm_2048_gflops", b.sgemm_gflops}, {"memcpy_gbs", b.copy_gbs},
                     {"sgemm_2048_gflops_start_end", b.sgemm_runs},
-                    {"memcpy_gbs_start_end", b.copy_runs}};
+                    {"memcpy_gbs_start_end", b.copy_runs},
+                    {"fma_peak_gflops", b.fma_peak_gflops},
+                    {"fma_peak_gflops_start_end", b.fma_peak_runs}};
   j["notes"] = kNotes;
+  j["summary"] = {{"attention_fwd_bwd_S_ge_2048", summary}};
+  j["rows"] = nlohmann::json::array();
   for (const Row& r : b.rows) {
-    j["rows"].push_back({
+    nlohmann::json row = {
+        {"isa", r.isa.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.isa)},
         {"kernel", r.name},
         {"shape", r.shape},
         {"median_ms", r.t.median_s * 1e3},
@@ -603,8 +803,12 @@ void write_json(const Bench& b, const std::string& path, int threads) {
         {"cpu_share", r.t.cpu_share},
         {"ratio", r.rate() / b.baseline_of(r)},
         {"ratio_to", r.baseline},
-        {r.flops ? "ratio_to_sgemm_2048" : "gbs_per_sgemm_gflops_not_comparable", r.rate() / b.sgemm_gflops},
-    });
+    };
+    if (b.sgemm_gflops > 0.0)
+      row[r.flops ? "ratio_to_sgemm_2048" : "gbs_per_sgemm_gflops_not_comparable"] =
+          r.rate() / b.sgemm_gflops;
+    if (b.vs_peak(r) > 0.0) row["ratio_to_fma_peak"] = b.vs_peak(r);
+    j["rows"].push_back(row);
   }
   std::ofstream f(path);
   if (!f) fail("cannot open " + path + " for writing; pass a writable path as the first argument");
@@ -612,51 +816,135 @@ void write_json(const Bench& b, const std::string& path, int threads) {
   if (!f) fail("cannot write " + path);
 }
 
+// The parts --only can name, in the order they run. The per-set ones run once per
+// instruction set.
+const char* const kParts[] = {"sgemm", "linear", "memcpy", "fma_peak", "attention", "rms_norm",
+                              "rope", "swiglu", "cross_entropy", "embedding"};
+const std::set<std::string> kMemoryParts = {"rms_norm", "rope", "swiglu", "cross_entropy",
+                                            "embedding"};
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  const std::string json_path = argc > 1 ? argv[1] : "bench_kernels.json";
+  CLI::App app{"bench_kernels: every CPU kernel against sgemm, memcpy and FMA-peak baselines "
+               "measured in the same run, once per instruction set this CPU supports"};
+  std::string json_path = "bench_kernels.json", isa_opt;
+  std::string only;
+  app.add_option("out", json_path, "JSON output (default bench_kernels.json)");
+  app.add_option("--isa", isa_opt, "run the kernels of this instruction set only (default: "
+                                   "every one this CPU supports)")
+      ->check(CLI::IsMember({"avx2", "avx512"}));
+  app.add_option("--only", only, "comma list of parts to run (default all): sgemm, linear, "
+                                 "memcpy, fma_peak, attention, rms_norm, rope, swiglu, "
+                                 "cross_entropy, embedding; a part's baselines run with it")
+      ->check([](const std::string& list) {
+        // One comma list (CLI11's delimiter would also take the JSON path as a part).
+        std::string bad;
+        std::stringstream in(list);
+        for (std::string p; std::getline(in, p, ',');)
+          if (std::find(std::begin(kParts), std::end(kParts), p) == std::end(kParts))
+            bad += (bad.empty() ? "" : ", ") + p;
+        return bad.empty() ? std::string() : "unknown part(s): " + bad;
+      });
+  CLI11_PARSE(app, argc, argv);
+
+  std::set<std::string> parts;
+  std::stringstream only_list(only);
+  for (std::string p; std::getline(only_list, p, ',');) parts.insert(p);
+  if (parts.empty()) parts.insert(std::begin(kParts), std::end(kParts));
+  if (parts.count("attention")) parts.insert({"sgemm", "fma_peak"});
+  if (parts.count("linear")) parts.insert("sgemm");
+  for (const auto& p : kMemoryParts)
+    if (parts.count(p)) parts.insert("memcpy");
+  auto want = [&](const char* p) { return parts.count(p) > 0; };
+
+  std::vector<cpu::Isa> isas;
+  try {
+    if (!isa_opt.empty()) {
+      const cpu::Isa isa = cpu::parse_isa(isa_opt, "--isa");
+      cpu::set_active_isa(isa);  // a UserError if this CPU cannot run it
+      isas = {isa};
+    } else {
+      isas = cpu::supported_isas();
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_kernels: %s\n", e.what());
+    return 1;
+  }
+  if (isas.empty()) fail("this CPU runs none of the kernel sets autosp is built with");
+  std::string isa_list;
+  for (cpu::Isa isa : isas) isa_list += std::string(isa_list.empty() ? "" : " ") + cpu::isa_name(isa);
+
   const int threads = omp_get_max_threads();
   openblas_set_num_threads(threads);
-  std::fprintf(stderr, "bench_kernels: %s, %d threads, OPENBLAS_CORETYPE=%s (core %s)\n",
+  std::fprintf(stderr, "bench_kernels: %s, %d threads, OPENBLAS_CORETYPE=%s (core %s), kernels: %s\n",
                cpu_model().c_str(), threads, env_or("OPENBLAS_CORETYPE", "unset").c_str(),
-               openblas_get_corename());
+               openblas_get_corename(), isa_list.c_str());
   const auto t0 = Clock::now();
 
-  std::fprintf(stderr, "checking attention against the double reference (S=130)\n");
-  check_attention_reference(64);
-  check_attention_reference(128);
+  if (want("attention"))
+    for (cpu::Isa isa : isas) {
+      std::fprintf(stderr, "checking %s attention against the double reference (S=130)\n",
+                   cpu::isa_name(isa));
+      cpu::set_active_isa(isa);
+      for (int64_t D : {32, 64, 128}) check_attention_reference(D);
+    }
 
   Bench bench;
-  bench_sgemm_square(bench, "(start)");
-  bench_linear(bench, kT, kH, kH);
-  bench_linear(bench, kT, kH, kF);
-  bench_copy(bench, "(start)");
-  for (int64_t D : {64, 128})
-    for (int64_t S : {1024, 2048, 4096, 8192}) bench_attention(bench, S, D);
-  bench_rms_norm(bench);
-  bench_rope(bench);
-  bench_swiglu(bench);
-  bench_cross_entropy(bench);
-  bench_embedding(bench);
-  bench_copy(bench, "(end)");
+  if (want("sgemm")) bench_sgemm_square(bench, "(start)");
+  if (want("linear")) {
+    bench_linear(bench, kT, kH, kH);
+    bench_linear(bench, kT, kH, kF);
+  }
+  if (want("memcpy")) bench_copy(bench, "(start)");
+  // The FMA peaks are baselines too: every set's at the start and at the end.
+  auto fma_peaks = [&](const char* when) {
+    for (cpu::Isa isa : isas) {
+      bench.isa = cpu::isa_name(isa);
+      if (want("fma_peak")) bench_fma_peak(bench, isa, when);
+    }
+    bench.isa.clear();
+  };
+  fma_peaks("(start)");
+  for (cpu::Isa isa : isas) {
+    cpu::set_active_isa(isa);
+    bench.isa = cpu::isa_name(isa);
+    if (want("attention"))
+      for (int64_t D : {32, 64, 128})
+        for (int64_t S : {1024, 2048, 4096, 8192}) bench_attention(bench, S, D);
+    if (want("rms_norm")) bench_rms_norm(bench);
+    if (want("rope")) bench_rope(bench);
+    if (want("swiglu")) bench_swiglu(bench);
+    if (want("cross_entropy")) bench_cross_entropy(bench);
+    if (want("embedding")) bench_embedding(bench);
+    settle();
+  }
+  bench.isa.clear();
+  fma_peaks("(end)");
+  if (want("memcpy")) bench_copy(bench, "(end)");
   settle();
-  bench_sgemm_square(bench, "(end)");
+  if (want("sgemm")) bench_sgemm_square(bench, "(end)");
 
   print_table(bench);
-  auto drift = [](const std::vector<double>& x) { return std::abs(x[0] - x[1]) / std::max(x[0], x[1]); };
-  if (drift(bench.sgemm_runs) > 0.1 || drift(bench.copy_runs) > 0.1)
-    std::printf("\nWARNING: baselines moved between start and end (sgemm %.1f -> %.1f GFLOP/s, "
-                "memcpy %.1f -> %.1f GB/s): the machine is shared; rerun for stable ratios.\n",
-                bench.sgemm_runs[0], bench.sgemm_runs[1], bench.copy_runs[0], bench.copy_runs[1]);
+  // A baseline --only left out has no runs and no drift.
+  auto warn_drift = [](const char* what, const std::vector<double>& x, const char* unit) {
+    if (x.size() == 2 && std::abs(x[0] - x[1]) / std::max(x[0], x[1]) > 0.1)
+      std::printf("\nWARNING: the %s baseline moved between start and end (%.1f -> %.1f %s): "
+                  "the machine is shared; rerun for stable ratios.\n", what, x[0], x[1], unit);
+  };
+  warn_drift("sgemm", bench.sgemm_runs, "GFLOP/s");
+  warn_drift("memcpy", bench.copy_runs, "GB/s");
+  for (const auto& [isa, runs] : bench.fma_peak_runs)
+    warn_drift((isa + " FMA peak").c_str(), runs, "GFLOP/s");
+  const nlohmann::json summary = print_summary(bench, isas);
   std::printf("\n");
   for (const char* n : kNotes) std::printf("  - %s\n", n);
   std::printf("\nmachine: %s; %d OpenMP threads; OpenBLAS %d threads, core %s; "
-              "OPENBLAS_CORETYPE=%s OPENBLAS_L2_SIZE=%s; total %.0f s\n",
+              "OPENBLAS_CORETYPE=%s OPENBLAS_L2_SIZE=%s; kernels: %s; total %.0f s\n",
               cpu_model().c_str(), threads, openblas_get_num_threads(), openblas_get_corename(),
               env_or("OPENBLAS_CORETYPE", "unset").c_str(), env_or("OPENBLAS_L2_SIZE", "unset").c_str(),
-              seconds_since(t0));
-  write_json(bench, json_path, threads);
+              isa_list.c_str(), seconds_since(t0));
+  write_json(bench, json_path, threads, isas, parts, summary);
   std::printf("wrote %s\n", json_path.c_str());
   return 0;
 }
