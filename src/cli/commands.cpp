@@ -86,6 +86,7 @@ class MetricsWriter {
               {"consumed_samples", s.consumed_samples},
               {"tokens_per_s", s.tokens_per_s}, {"step_time_s", s.seconds},
               {"step_flops", s.flops}, {"step_gflops_per_s", s.flops / s.seconds * 1e-9},
+              {"cpu_kernels", cpu::isa_name(cpu::active_isa())},
               {"peak_bytes", *std::max_element(peaks.begin(), peaks.end())},
               {"peak_bytes_per_rank", peaks},
               {"activation_peak_bytes", s.activation_bytes},
