@@ -241,9 +241,12 @@ std::string dims(std::initializer_list<int64_t> d, const char* names) {
 }
 
 // ---- baselines ---------------------------------------------------------------------------
-// C = op(A) op(B) through cblas directly (cpu::gemm is the same call, plus nothing).
+// C = op(A) op(B) through cblas directly, on OpenBLAS's own threads (as many as OpenMP's).
+// cpu::gemm instead runs OpenBLAS single-threaded inside autosp's OpenMP team and sets
+// OpenBLAS to one thread when it runs, so the count is set again before every call.
 void sgemm(bool trans_b, int64_t M, int64_t N, int64_t K, const float* A, const float* B,
            float* C) {
+  if (openblas_get_num_threads() != omp_get_max_threads()) openblas_set_num_threads(omp_get_max_threads());
   cblas_sgemm(CblasRowMajor, CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, M, N, K, 1.0f,
               A, K, B, trans_b ? K : N, 0.0f, C, N);
 }
