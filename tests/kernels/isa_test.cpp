@@ -13,12 +13,14 @@
 #include <vector>
 
 #include "kernels/cpu/isa_kernels.h"
+#include "testing/compare.h"
 #include "util/error.h"
 
 namespace {
 
 namespace cpu = autosp::cpu;
 using autosp::UserError;
+using autosp::testing::normalised_error;
 
 std::vector<float> random_floats(size_t n, uint32_t seed, float lo, float hi) {
   std::mt19937 gen(seed);
@@ -26,16 +28,6 @@ std::vector<float> random_floats(size_t n, uint32_t seed, float lo, float hi) {
   std::vector<float> x(n);
   for (auto& e : x) e = dist(gen);
   return x;
-}
-
-// max |a - b| / max |b|.
-double normalised_difference(const std::vector<float>& a, const std::vector<float>& b) {
-  double err = 0.0, scale = 0.0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    err = std::max(err, std::abs(double(a[i]) - double(b[i])));
-    scale = std::max(scale, std::abs(double(b[i])));
-  }
-  return err / std::max(scale, 1e-30);
 }
 
 bool both_run() { return cpu::cpu_supports(cpu::Isa::avx2) && cpu::cpu_supports(cpu::Isa::avx512); }
@@ -102,11 +94,11 @@ TEST(Isa, Avx2AndAvx512AttentionAgree) {
     const Result b = run(cpu::avx512::attention_forward_workspace_floats,
                          cpu::avx512::attention_backward_workspace_floats, cpu::avx512::attention_forward,
                          cpu::avx512::attention_backward);
-    EXPECT_LT(normalised_difference(a.out, b.out), 4e-6) << "D=" << D;
-    EXPECT_LT(normalised_difference(a.lse, b.lse), 4e-6) << "D=" << D;
-    EXPECT_LT(normalised_difference(a.dq, b.dq), 4e-6) << "D=" << D;
-    EXPECT_LT(normalised_difference(a.dk, b.dk), 4e-6) << "D=" << D;
-    EXPECT_LT(normalised_difference(a.dv, b.dv), 4e-6) << "D=" << D;
+    EXPECT_LT(normalised_error(a.out, b.out), 4e-6) << "D=" << D;
+    EXPECT_LT(normalised_error(a.lse, b.lse), 4e-6) << "D=" << D;
+    EXPECT_LT(normalised_error(a.dq, b.dq), 4e-6) << "D=" << D;
+    EXPECT_LT(normalised_error(a.dk, b.dk), 4e-6) << "D=" << D;
+    EXPECT_LT(normalised_error(a.dv, b.dv), 4e-6) << "D=" << D;
   }
 }
 
@@ -117,8 +109,8 @@ TEST(Isa, Avx2AndAvx512RowKernelsAgree) {
   std::vector<float> y2(T * H), y5(T * H), r2(T), r5(T);
   cpu::avx2::rms_norm_forward(x.data(), w.data(), T, H, 1e-6f, y2.data(), r2.data());
   cpu::avx512::rms_norm_forward(x.data(), w.data(), T, H, 1e-6f, y5.data(), r5.data());
-  EXPECT_LT(normalised_difference(y2, y5), 1e-6);
-  EXPECT_LT(normalised_difference(r2, r5), 1e-6);
+  EXPECT_LT(normalised_error(y2, y5), 1e-6);
+  EXPECT_LT(normalised_error(r2, r5), 1e-6);
 
   const auto logits = random_floats(T * V, 7, -8, 8);
   std::vector<int32_t> labels(T);
@@ -126,12 +118,12 @@ TEST(Isa, Avx2AndAvx512RowKernelsAgree) {
   std::vector<float> loss2(1), loss5(1), lse2(T), lse5(T), g2(T * V), g5(T * V);
   cpu::avx2::cross_entropy_forward(logits.data(), labels.data(), T, V, -100, loss2.data(), lse2.data());
   cpu::avx512::cross_entropy_forward(logits.data(), labels.data(), T, V, -100, loss5.data(), lse5.data());
-  EXPECT_LT(normalised_difference(lse2, lse5), 1e-6);
-  EXPECT_LT(normalised_difference(loss2, loss5), 1e-6);
+  EXPECT_LT(normalised_error(lse2, lse5), 1e-6);
+  EXPECT_LT(normalised_error(loss2, loss5), 1e-6);
   const float one = 1.0f;
   cpu::avx2::cross_entropy_backward(&one, logits.data(), labels.data(), lse2.data(), T, V, -100, g2.data());
   cpu::avx512::cross_entropy_backward(&one, logits.data(), labels.data(), lse5.data(), T, V, -100, g5.data());
-  EXPECT_LT(normalised_difference(g2, g5), 1e-5);
+  EXPECT_LT(normalised_error(g2, g5), 1e-5);
 }
 
 }  // namespace

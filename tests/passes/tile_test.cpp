@@ -19,9 +19,12 @@
 #include "train/config.h"
 #include "train/trainer.h"
 #include "testing/tiny_llama.h"
+#include "testing/compare.h"
 
 namespace autosp {
 namespace {
+
+using testing::normalised_error;
 
 using testing::tiny_llama;  // F = 12: a value with 12 in its shape is an MLP value
 
@@ -299,16 +302,6 @@ class Counting final : public train::DataSource {
  private:
   int64_t V_;
 };
-
-// max |a - b| / max |b|
-double normalised_error(const std::vector<float>& a, const std::vector<float>& b) {
-  double err = 0, scale = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    err = std::max(err, std::abs(double(a[i]) - double(b[i])));
-    scale = std::max(scale, std::abs(double(b[i])));
-  }
-  return err / std::max(scale, 1e-30);
-}
 
 // Tiling changes no forward value and reorders the sums over rows of parameter gradients;
 // every checkpoint policy gives bitwise the numbers of `none` with the same tiles.

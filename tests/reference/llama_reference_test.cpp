@@ -16,9 +16,12 @@
 #include "train/config.h"
 #include "train/trainer.h"
 #include "testing/process.h"
+#include "testing/compare.h"
 
 namespace autosp {
 namespace {
+
+using testing::normalised_error;
 
 using testing::run_command;
 using testing::TempDir;
@@ -34,17 +37,6 @@ struct Setting {
   int64_t tile_rows;
 };
 constexpr Setting kPolicies[] = {{"none", 0}, {"full", 0}, {"sac", 0}, {"none", 5}, {"full", 5}, {"sac", 5}};
-
-// max |a - b| / max |b|: the error relative to the tensor's scale.
-double normalised_error(const std::vector<float>& a, const std::vector<float>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  double err = 0, scale = 0;
-  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
-    err = std::max(err, std::abs(double(a[i]) - double(b[i])));
-    scale = std::max(scale, std::abs(double(b[i])));
-  }
-  return err / std::max(scale, 1e-30);
-}
 
 struct Reference {
   TempDir dir{"llama_ref"};

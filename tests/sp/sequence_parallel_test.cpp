@@ -17,9 +17,12 @@
 #include "models/llama.h"
 #include "testing/process.h"
 #include "train/checkpoint.h"
+#include "testing/compare.h"
 
 namespace autosp {
 namespace {
+
+using testing::read_metrics;
 
 using nlohmann::json;
 using testing::run_command;
@@ -28,13 +31,6 @@ using testing::TempDir;
 constexpr int kSeqLen = 15;
 constexpr int kSteps = 6;
 const char* kMpiEnv = "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 ";
-
-std::vector<json> read_metrics(const std::string& path) {
-  std::vector<json> lines;
-  std::ifstream in(path);
-  for (std::string line; std::getline(in, line);) lines.push_back(json::parse(line));
-  return lines;
-}
 
 // A copy of the reference DeepSpeed config with the given layout.
 std::string write_config(const TempDir& dir, const std::string& name, int micro, int accum, int dp, int sp,

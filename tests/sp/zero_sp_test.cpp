@@ -21,9 +21,14 @@
 #include "models/llama.h"
 #include "testing/process.h"
 #include "train/checkpoint.h"
+#include "testing/compare.h"
 
 namespace autosp {
 namespace {
+
+using testing::normalised_error;
+
+using testing::read_metrics;
 
 using nlohmann::json;
 using testing::run_command;
@@ -32,23 +37,6 @@ using testing::TempDir;
 constexpr int kSeqLen = 15;
 constexpr int kSteps = 5;  // steps 1 and 2 run at lr 0 (WarmupLR from 0): 3 real updates
 const char* kMpiEnv = "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 ";
-
-std::vector<json> read_metrics(const std::string& path) {
-  std::vector<json> lines;
-  std::ifstream in(path);
-  for (std::string line; std::getline(in, line);) lines.push_back(json::parse(line));
-  return lines;
-}
-
-double normalised_error(const std::vector<float>& a, const std::vector<float>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  double err = 0, scale = 0;
-  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
-    err = std::max(err, std::abs(double(a[i]) - double(b[i])));
-    scale = std::max(scale, std::abs(double(b[i])));
-  }
-  return err / std::max(scale, 1e-30);
-}
 
 struct Layout {
   int world, sp, zero;

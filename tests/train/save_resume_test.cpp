@@ -13,9 +13,12 @@
 #include "train/checkpoint.h"
 #include "train/trainer.h"
 #include "testing/tiny_llama.h"
+#include "testing/compare.h"
 
 namespace autosp {
 namespace {
+
+using testing::read_metrics;
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -27,13 +30,6 @@ const char* kMpiEnv = "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 std::string slurp(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-std::vector<json> read_metrics(const std::string& path) {
-  std::vector<json> lines;
-  std::ifstream in(path);
-  for (std::string line; std::getline(in, line);) lines.push_back(json::parse(line));
-  return lines;
 }
 
 // The reference setup (tests/reference): model dir with config.json, model.safetensors,
