@@ -149,6 +149,20 @@ struct ZeroConfig {
   std::vector<std::string> auto_keys;
 };
 
+// data (autosp's own key): {pack: bool, eos_token_id: integer >= 0}: how --data's tokens
+// become samples. An indexed dataset (PREFIX.bin + PREFIX.idx) packs its documents unless
+// pack is false; a flat token file packs when eos_token_id is given (each such token ends
+// a document) unless pack is false. Packed samples restart positions at each document,
+// give a document's last token no label and keep attention within documents
+// (DataSource::packed, read_layout).
+struct DataConfig {
+  std::optional<bool> pack;
+  std::optional<int64_t> eos_token_id;
+  // Resolved from the data source (DataSource::packed()) before the trainer compiles: the
+  // step's graph then takes document ids.
+  bool packed = false;
+};
+
 struct TrainConfig {
   // As given; resolve_batch fills in the missing ones and checks
   // train_batch_size == micro x accumulation x data-parallel size.
@@ -165,6 +179,7 @@ struct TrainConfig {
   ZeroConfig zero;
   int64_t steps_per_print = 10;
   uint64_t seed = 42;
+  DataConfig data;
   // "fp32", or the mixed precision a section asked for ("bf16", "fp16", "amp",
   // "torch_autocast"). The CPU backend runs fp32 either way; parsing warns when they differ.
   std::string requested_precision = "fp32";
