@@ -201,6 +201,13 @@ struct Bench {
     size_t row;
   };
   std::vector<AttentionPoint> attention_fwd_bwd;
+  // Document-masked attention fwd+bwd: rows of one S with 1, 4, 16 documents, per set.
+  struct DocumentsPoint {
+    std::string isa;
+    int64_t S, D, documents;
+    size_t row;
+  };
+  std::vector<DocumentsPoint> documents;
 
   // rate / the row's instruction set's FMA peak; 0 when it has none (or it was not measured).
   double vs_peak(const Row& r) const {
@@ -423,6 +430,7 @@ double attention_flops(const cpu::AttentionDims& d, double per_s2d) {
 struct AttentionData {
   cpu::AttentionDims d;
   std::vector<float> q, k, v, dout, out, lse, dq, dk, dv, ws;
+  std::vector<int32_t> docs;  // document ids (B = 1), empty: one document
   float scale;
   explicit AttentionData(const cpu::AttentionDims& dims) : d(dims) {
     const int64_t nq = d.B * d.S * d.NH * d.D, nk = d.B * d.S * d.NKV * d.D;
@@ -442,12 +450,18 @@ struct AttentionData {
   }
   void forward() {
     cpu::attention_forward(d, true, scale, q.data(), k.data(), v.data(), out.data(), lse.data(),
-                           ws.data(), omp_get_max_threads());
+                           ws.data(), omp_get_max_threads(), docs.empty() ? nullptr : docs.data());
   }
   void backward() {
     cpu::attention_backward(d, true, scale, q.data(), k.data(), v.data(), out.data(), lse.data(),
                             dout.data(), dq.data(), dk.data(), dv.data(), ws.data(),
-                            omp_get_max_threads());
+                            omp_get_max_threads(), docs.empty() ? nullptr : docs.data());
+  }
+  // The first key query i sees: its document's start (0 for one document).
+  int64_t first_key(int64_t i) const {
+    int64_t j = i;
+    while (!docs.empty() && j > 0 && docs[j - 1] == docs[i]) --j;
+    return docs.empty() ? 0 : j;
   }
 };
 
@@ -487,9 +501,10 @@ RowRef attention_row(const AttentionData& a, int64_t h, int64_t i) {
   const int64_t kvh = h / (d.NH / d.NKV), D = d.D;
   const float* qi = a.q.data() + (i * d.NH + h) * D;
   const float* doi = a.dout.data() + (i * d.NH + h) * D;
+  const int64_t j0 = a.first_key(i);
   std::vector<double> s(i + 1);
   double m = -1e300;
-  for (int64_t j = 0; j <= i; ++j) {
+  for (int64_t j = j0; j <= i; ++j) {
     const float* kj = a.k.data() + (j * d.NKV + kvh) * D;
     double x = 0.0;
     for (int64_t dd = 0; dd < D; ++dd) x += static_cast<double>(qi[dd]) * kj[dd];
@@ -497,10 +512,10 @@ RowRef attention_row(const AttentionData& a, int64_t h, int64_t i) {
     m = std::max(m, s[j]);
   }
   double l = 0.0;
-  for (int64_t j = 0; j <= i; ++j) l += std::exp(s[j] - m);
+  for (int64_t j = j0; j <= i; ++j) l += std::exp(s[j] - m);
   RowRef r{m + std::log(l), std::vector<double>(D, 0.0), std::vector<double>(D, 0.0)};
   std::vector<double> dp(i + 1);
-  for (int64_t j = 0; j <= i; ++j) {
+  for (int64_t j = j0; j <= i; ++j) {
     const float* vj = a.v.data() + (j * d.NKV + kvh) * D;
     const double p = std::exp(s[j] - r.lse);
     double x = 0.0;
@@ -509,7 +524,7 @@ RowRef attention_row(const AttentionData& a, int64_t h, int64_t i) {
   }
   double delta = 0.0;
   for (int64_t dd = 0; dd < D; ++dd) delta += r.out[dd] * doi[dd];
-  for (int64_t j = 0; j <= i; ++j) {
+  for (int64_t j = j0; j <= i; ++j) {
     const float* kj = a.k.data() + (j * d.NKV + kvh) * D;
     const double ds = std::exp(s[j] - r.lse) * (dp[j] - delta);
     for (int64_t dd = 0; dd < D; ++dd) r.dq[dd] += a.scale * ds * kj[dd];
@@ -558,6 +573,27 @@ void bench_attention(Bench& bench, int64_t S, int64_t D) {
                              budget, min_reps);
   bench.add({"attention fwd+bwd", shape, tfb, fwd + bwd, true, "sgemm 2048", 0.0});
   bench.attention_fwd_bwd.push_back({bench.isa, S, D, bench.rows.size() - 1});
+}
+
+// Document-masked attention (packed samples): S tokens in n equal documents. The tiles
+// across documents are skipped, so the work is n (S/n)^2 / 2: the time should fall as 1/n
+// (plus the tiles on the diagonal of each document). Every row's work counts the FLOPs of
+// one document, so its GFLOP/s over the 1-document row's is t(1) / t(n).
+void bench_documents(Bench& bench, int64_t S, int64_t D) {
+  const double work = attention_flops({1, S, 4, 2, D}, 14);
+  size_t one = 0;
+  for (int64_t n : {1, 4, 16}) {
+    AttentionData a({1, S, 4, 2, D});
+    a.docs.resize(S);
+    for (int64_t i = 0; i < S; ++i) a.docs[i] = static_cast<int32_t>(i * n / S);
+    const std::string shape = dims({1, S, 4, 2, D}, "B S NH NKV D") + " causal, " + std::to_string(n) +
+                              (n == 1 ? " document" : " documents");
+    const Timing t = measure([&] { a.forward(); a.backward(); }, [&] { check_attention_rows(a, true); }, 1.0, 0);
+    const double base = n == 1 ? 0.0 : bench.rows[one].rate();
+    bench.add({"attention fwd+bwd, documents", shape, t, work, true, n == 1 ? "sgemm 2048" : "1 document", base});
+    if (n == 1) one = bench.rows.size() - 1;
+    bench.documents.push_back({bench.isa, S, D, n, bench.rows.size() - 1});
+  }
 }
 
 // ---- memory-bound fused kernels (bytes = minimal traffic: each input read once, each
@@ -762,9 +798,29 @@ const char* kNotes[] = {
     "chunked linear + cross-entropy op.",
 };
 
+// Issue 11: document-masked attention time per number of documents, over one document's.
+nlohmann::json print_documents(const Bench& b) {
+  nlohmann::json out = nlohmann::json::array();
+  if (b.documents.empty()) return out;
+  std::printf("\nSummary: document-masked attention fwd+bwd (B=1 NH=4 NKV=2 causal), time over the "
+              "1-document time of the same set (ideal 1/n, plus each document's diagonal tiles)\n\n");
+  std::printf("%-7s %6s %4s %10s %12s %10s\n", "isa", "S", "D", "documents", "median ms", "t / t(1)");
+  double t1 = 0;
+  for (const auto& p : b.documents) {
+    const Row& r = b.rows[p.row];
+    if (p.documents == 1) t1 = r.t.median_s;
+    const double ratio = r.t.median_s / t1;
+    std::printf("%-7s %6lld %4lld %10lld %12.1f %10.3f\n", p.isa.c_str(), (long long)p.S, (long long)p.D,
+                (long long)p.documents, r.t.median_s * 1e3, ratio);
+    out.push_back({{"isa", p.isa}, {"S", p.S}, {"D", p.D}, {"documents", p.documents},
+                   {"median_ms", r.t.median_s * 1e3}, {"time_over_one_document", ratio}});
+  }
+  return out;
+}
+
 void write_json(const Bench& b, const std::string& path, int threads,
                 const std::vector<cpu::Isa>& isas, const std::set<std::string>& parts,
-                const nlohmann::json& summary) {
+                const nlohmann::json& summary, const nlohmann::json& documents) {
   nlohmann::json j;
   std::vector<std::string> supported, ran;
   for (cpu::Isa isa : cpu::supported_isas()) supported.push_back(cpu::isa_name(isa));
@@ -790,7 +846,7 @@ void write_json(const Bench& b, const std::string& path, int threads,
                     {"fma_peak_gflops", b.fma_peak_gflops},
                     {"fma_peak_gflops_start_end", b.fma_peak_runs}};
   j["notes"] = kNotes;
-  j["summary"] = {{"attention_fwd_bwd_S_ge_2048", summary}};
+  j["summary"] = {{"attention_fwd_bwd_S_ge_2048", summary}, {"documents", documents}};
   j["rows"] = nlohmann::json::array();
   for (const Row& r : b.rows) {
     nlohmann::json row = {
@@ -821,8 +877,8 @@ void write_json(const Bench& b, const std::string& path, int threads,
 
 // The parts --only can name, in the order they run. The per-set ones run once per
 // instruction set.
-const char* const kParts[] = {"sgemm", "linear", "memcpy", "fma_peak", "attention", "rms_norm",
-                              "rope", "swiglu", "cross_entropy", "embedding"};
+const char* const kParts[] = {"sgemm", "linear", "memcpy", "fma_peak", "attention", "documents",
+                              "rms_norm", "rope", "swiglu", "cross_entropy", "embedding"};
 const std::set<std::string> kMemoryParts = {"rms_norm", "rope", "swiglu", "cross_entropy",
                                             "embedding"};
 
@@ -838,7 +894,7 @@ int main(int argc, char** argv) {
                                    "every one this CPU supports)")
       ->check(CLI::IsMember({"avx2", "avx512"}));
   app.add_option("--only", only, "comma list of parts to run (default all): sgemm, linear, "
-                                 "memcpy, fma_peak, attention, rms_norm, rope, swiglu, "
+                                 "memcpy, fma_peak, attention, documents, rms_norm, rope, swiglu, "
                                  "cross_entropy, embedding; a part's baselines run with it")
       ->check([](const std::string& list) {
         // One comma list (CLI11's delimiter would also take the JSON path as a part).
@@ -855,7 +911,7 @@ int main(int argc, char** argv) {
   std::stringstream only_list(only);
   for (std::string p; std::getline(only_list, p, ',');) parts.insert(p);
   if (parts.empty()) parts.insert(std::begin(kParts), std::end(kParts));
-  if (parts.count("attention")) parts.insert({"sgemm", "fma_peak"});
+  if (parts.count("attention") || parts.count("documents")) parts.insert({"sgemm", "fma_peak"});
   if (parts.count("linear")) parts.insert("sgemm");
   for (const auto& p : kMemoryParts)
     if (parts.count(p)) parts.insert("memcpy");
@@ -915,6 +971,7 @@ int main(int argc, char** argv) {
     if (want("attention"))
       for (int64_t D : {32, 64, 128})
         for (int64_t S : {1024, 2048, 4096, 8192}) bench_attention(bench, S, D);
+    if (want("documents")) bench_documents(bench, 16384, 64);
     if (want("rms_norm")) bench_rms_norm(bench);
     if (want("rope")) bench_rope(bench);
     if (want("swiglu")) bench_swiglu(bench);
@@ -940,6 +997,7 @@ int main(int argc, char** argv) {
   for (const auto& [isa, runs] : bench.fma_peak_runs)
     warn_drift((isa + " FMA peak").c_str(), runs, "GFLOP/s");
   const nlohmann::json summary = print_summary(bench, isas);
+  const nlohmann::json documents = print_documents(bench);
   std::printf("\n");
   for (const char* n : kNotes) std::printf("  - %s\n", n);
   std::printf("\nmachine: %s; %d OpenMP threads; OpenBLAS %d threads, core %s; "
@@ -947,7 +1005,7 @@ int main(int argc, char** argv) {
               cpu_model().c_str(), threads, openblas_get_num_threads(), openblas_get_corename(),
               env_or("OPENBLAS_CORETYPE", "unset").c_str(), env_or("OPENBLAS_L2_SIZE", "unset").c_str(),
               isa_list.c_str(), seconds_since(t0));
-  write_json(bench, json_path, threads, isas, parts, summary);
+  write_json(bench, json_path, threads, isas, parts, summary, documents);
   std::printf("wrote %s\n", json_path.c_str());
   return 0;
 }

@@ -57,6 +57,10 @@ Tensor Tracer::attention(Tensor q, Tensor k, Tensor v, bool causal, double scale
   return op(OpKind::attention, {q, k, v}, {{"causal", int64_t{causal}}, {"scale", scale}});
 }
 
+Tensor Tracer::attention(Tensor q, Tensor k, Tensor v, Tensor documents, bool causal, double scale) {
+  return op(OpKind::attention, {q, k, v, documents}, {{"causal", int64_t{causal}}, {"scale", scale}});
+}
+
 Tensor Tracer::cross_entropy(Tensor logits, Tensor labels, int64_t ignore_index) {
   Attrs attrs{{"ignore_index", ignore_index}};
   Tensor loss_sum = op(OpKind::cross_entropy, {logits, labels}, attrs);

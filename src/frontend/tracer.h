@@ -49,6 +49,9 @@ class Tracer {
   Tensor rms_norm(Tensor x, Tensor weight, double eps);
   Tensor rope(Tensor x, Tensor positions, const RopeOptions& options);
   Tensor attention(Tensor q, Tensor k, Tensor v, bool causal, double scale);
+  // Attention within documents: `documents` (i32 [B, S], non-decreasing) keeps each query to
+  // the keys of its own document (packed samples).
+  Tensor attention(Tensor q, Tensor k, Tensor v, Tensor documents, bool causal, double scale);
   // Mean over labelled tokens (label != ignore_index) of -log softmax(logits)[label].
   Tensor cross_entropy(Tensor logits, Tensor labels, int64_t ignore_index = -100);
   // cross_entropy(linear(x, weight), labels) as one fused op that never holds the

@@ -65,12 +65,13 @@ const char* role_name(Role role) {
     case Role::positions: return "positions";
     case Role::mask: return "mask";
     case Role::constant: return "constant";
+    case Role::documents: return "documents";
   }
   internal_error("bad role ", int(role));
 }
 
 std::optional<Role> parse_role(std::string_view name) {
-  for (Role r : {Role::parameter, Role::tokens, Role::labels, Role::positions, Role::mask,
+  for (Role r : {Role::parameter, Role::tokens, Role::labels, Role::positions, Role::mask, Role::documents,
                  Role::constant})
     if (name == role_name(r)) return r;
   return std::nullopt;

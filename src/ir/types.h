@@ -38,7 +38,8 @@ struct Sharding {
 std::string sharding_str(const Sharding& sharding);  // "", "@replicated", "@shard(1)", "@partial"
 
 // What a graph input stands for; the trainer binds inputs by role.
-enum class Role : uint8_t { parameter, tokens, labels, positions, mask, constant };
+// documents: per-token document ids of packed samples (i32 [B, S]), for attention.
+enum class Role : uint8_t { parameter, tokens, labels, positions, mask, constant, documents };
 const char* role_name(Role role);
 std::optional<Role> parse_role(std::string_view name);
 

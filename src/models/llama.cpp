@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <random>
 
@@ -231,6 +232,8 @@ Graph llama_forward(const LlamaConfig& c, const LlamaTraceOptions& o) {
   Tracer t;
   Tensor input_ids = t.input(Role::tokens, "input_ids", DType::i32, {B, S});
   Tensor position_ids = t.input(Role::positions, "position_ids", DType::i32, {B, S});
+  std::optional<Tensor> document_ids;
+  if (o.documents) document_ids = t.input(Role::documents, "document_ids", DType::i32, {B, S});
   std::map<std::string, Tensor> w;
   for (const ParameterSpec& p : llama_parameters(c)) w[p.name] = t.parameter(p.name, p.shape, o.dtype);
 
@@ -244,7 +247,9 @@ Graph llama_forward(const LlamaConfig& c, const LlamaTraceOptions& o) {
     Tensor v = t.reshape(t.linear(h, w[p + "self_attn.v_proj.weight"]), {B, S, NKV, D});
     q = t.rope(q, position_ids, c.rope);
     k = t.rope(k, position_ids, c.rope);
-    Tensor a = t.reshape(t.attention(q, k, v, /*causal=*/true, scale), {B, S, NH * D});
+    Tensor attn = document_ids ? t.attention(q, k, v, *document_ids, /*causal=*/true, scale)
+                               : t.attention(q, k, v, /*causal=*/true, scale);
+    Tensor a = t.reshape(attn, {B, S, NH * D});
     x = t.add(x, t.linear(a, w[p + "self_attn.o_proj.weight"]));
 
     h = t.rms_norm(x, w[p + "post_attention_layernorm.weight"], eps);

@@ -51,10 +51,13 @@ struct LlamaTraceOptions {
   // The parameters' and activations' dtype: f32 (CPU training), or bf16 (the graph a bf16
   // GPU run executes, for `autosp plan`; the CPU executor refuses it).
   DType dtype = DType::f32;
+  // Packed samples: an input "document_ids" (i32 [B, S], each token's document, non-decreasing)
+  // keeps attention within documents.
+  bool documents = false;
 };
 
 // The forward graph of one micro batch: inputs "input_ids", "position_ids", "labels"
-// (i32 [B, S]) and the parameters (of options.dtype); output "loss" (mean cross-entropy
+// (i32 [B, S]), "document_ids" with options.documents, and the parameters (of options.dtype); output "loss" (mean cross-entropy
 // over labelled tokens, f32 whatever the dtype) and/or "logits" (of options.dtype). With
 // bf16 every activation is bf16 but what the op rules keep in f32 (norm rstd, attention
 // and loss log-sum-exp, the loss sum and count; src/ops/op.h "Types").

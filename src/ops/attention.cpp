@@ -1,5 +1,7 @@
 // Causal (or full) attention with grouped KV heads, flash-style: the forward saves only
-// the log-sum-exp of each query row, and neither direction holds an S x S matrix.
+// the log-sum-exp of each query row, and neither direction holds an S x S matrix. An
+// optional last operand, document ids i32 [B, S] (packed samples), keeps each query within
+// its own document.
 #include "kernels/cpu/attention.h"
 #include "ops/op.h"
 
@@ -23,6 +25,27 @@ cpu::AttentionDims attention_dims(const Types& in) {
   return {q[0], q[1], q[2], k[2], q[3]};
 }
 
+// The optional document ids (operand `at` when present): i32 [B, S] of q's B and S.
+bool check_documents(const Types& in, size_t at, const cpu::AttentionDims& d) {
+  require(in.size() == at || in.size() == at + 1, "expected ", at, " operands, or ", at + 1,
+          " with document ids, got ", in.size());
+  if (in.size() == at) return false;
+  require_dtype(in[at], DType::i32, "documents");
+  require(in[at].shape == Shape{d.B, d.S}, "documents must be i32[", d.B, ", ", d.S, "] (q's B and S), got ",
+          shape_str(in[at].shape));
+  return true;
+}
+
+// The kernels need each sequence's document ids non-decreasing (packing gives them so).
+const int32_t* documents_operand(const KernelArgs& a, size_t at, const cpu::AttentionDims& d) {
+  if (a.inputs.size() <= at) return nullptr;
+  const int32_t* docs = a.in<int32_t>(static_cast<int>(at));
+  if (const int64_t bad = cpu::first_unsorted_document(d, docs); bad >= 0)
+    user_error("attention: document ids must not decrease along the sequence, but batch row ", bad / d.S,
+               " has ", docs[bad - 1], " then ", docs[bad], " at position ", bad % d.S);
+  return docs;
+}
+
 void check_attrs(const Attrs& attrs) {
   require(attrs.has("scale") && attrs.get_float("scale") > 0, "needs a positive 'scale'");
   require(attrs.has("causal"), "needs 'causal' (0 or 1)");
@@ -35,15 +58,20 @@ double attention_flops(const cpu::AttentionDims& d, bool causal, double matmuls)
 
 }  // namespace
 
-// attention(q, k, v) {causal, scale} -> (out [B, S, NH, D], lse [B, NH, S])
+// attention(q, k, v[, documents]) {causal, scale} -> (out [B, S, NH, D], lse [B, NH, S])
+// documents (i32 [B, S], non-decreasing along S): query i sees key j only when both are in
+// one document. The cost rule counts the S^2 work of one document (an upper bound: it does
+// not see the ids).
 // out has q's dtype; lse is f32 for bf16 operands too, as FlashAttention's softmax_lse: the
 // backward rebuilds the probabilities exp(s - lse) from it, and an lse near 10 rounded to
 // bf16 (8 significant bits) is off by up to 0.03, scaling its row's probabilities by 3%.
 extern const OpDef attention_op = {
-    .num_inputs = 3,
+    .num_inputs = -1,
     .num_outputs = 2,
     .infer = [](const Types& in, const Attrs& attrs) -> Types {
+      require(in.size() >= 3, "expected q, k, v and optional document ids, got ", in.size(), " operands");
       cpu::AttentionDims d = attention_dims(in);
+      check_documents(in, 3, d);
       check_attrs(attrs);
       return {in[0], {DType::f32, {d.B, d.NH, d.S}}};
     },
@@ -53,8 +81,9 @@ extern const OpDef attention_op = {
     // FlashAttention backward: recomputes the probabilities from q, k and lse.
     .grad = [](GradContext& c) {
       AUTOSP_CHECK(c.dout[1] < 0, "nothing differentiates through the log-sum-exp");
-      auto d = c.b.emit(OpKind::attention_backward,
-                        {c.dout[0], c.in(0), c.in(1), c.in(2), c.out(0), c.out(1)}, c.attrs());
+      std::vector<ValueId> ins = {c.dout[0], c.in(0), c.in(1), c.in(2), c.out(0), c.out(1)};
+      if (c.node.inputs.size() == 4) ins.push_back(c.in(3));  // document ids
+      auto d = c.b.emit(OpKind::attention_backward, ins, c.attrs());
       for (int i = 0; i < 3; ++i)
         if (c.needs[i]) c.din[i] = d[i];
     },
@@ -62,30 +91,38 @@ extern const OpDef attention_op = {
       cpu::AttentionDims d = attention_dims({*a.in_types[0], *a.in_types[1], *a.in_types[2]});
       cpu::attention_forward(d, a.attrs->get_int("causal") != 0, float(a.attrs->get_float("scale")),
                              a.in(0), a.in(1), a.in(2), a.out(0), a.out(1),
-                             static_cast<float*>(a.workspace), a.threads);
+                             static_cast<float*>(a.workspace), a.threads, documents_operand(a, 3, d));
     },
     .cpu_workspace_bytes = [](const Types& in, const Attrs&, int threads) -> int64_t {
       return cpu::attention_forward_workspace_floats(attention_dims(in), threads) * 4;
     },
     // Every query needs every key: the sequence must be whole, so heads are split instead
-    // (the autosp pass exchanges q, k, v to shard(2) before and the output back after).
+    // (the autosp pass exchanges q, k, v to shard(2) before and the output back after, and
+    // gathers the document ids whole).
     .shard = [](const Shardings& in, const Types&, const Attrs&) -> Shardings {
-      for (const Sharding& s : in)
-        require(s == in[0] && !is_partial(s) && (!is_shard(s) || s.dim == 0 || s.dim == 2),
+      for (size_t i = 0; i < 3; ++i)
+        require(in[i] == in[0] && !is_partial(in[i]) && (!is_shard(in[i]) || in[i].dim == 0 || in[i].dim == 2),
                 "attention needs the whole sequence: q, k, v must be split alike on B or heads, got ",
-                sharding_str(s));
+                sharding_str(in[i]));
+      if (in.size() == 4)
+        require(is_replicated(in[3]) || (in[3] == in[0] && in[0].dim == 0),
+                "attention needs the whole sequence's document ids: replicated, or split on B as q is, got ",
+                sharding_str(in[3]));
       if (is_shard(in[0])) return {in[0], shard(in[0].dim == 2 ? 1 : 0)};  // lse is [B, NH, S]
       return {in[0], in[0]};
     },
 };
 
-// attention_backward(dout, q, k, v, out, lse) {causal, scale} -> (dq, dk, dv), each of its
-// operand's type (so of q's dtype); lse is f32.
+// attention_backward(dout, q, k, v, out, lse[, documents]) {causal, scale} -> (dq, dk, dv),
+// each of its operand's type (so of q's dtype); lse is f32; documents as the forward's.
 extern const OpDef attention_backward_op = {
-    .num_inputs = 6,
+    .num_inputs = -1,
     .num_outputs = 3,
     .infer = [](const Types& in, const Attrs& attrs) -> Types {
+      require(in.size() >= 6, "expected dout, q, k, v, out, lse and optional document ids, got ", in.size(),
+              " operands");
       cpu::AttentionDims d = attention_dims({in[1], in[2], in[3]});
+      check_documents(in, 6, d);
       check_attrs(attrs);
       require(in[0] == in[1] && in[4] == in[1], "dout and out must have q's type");
       require(in[5] == TensorType{DType::f32, {d.B, d.NH, d.S}}, "lse must be f32[B, NH, S]");
@@ -100,7 +137,8 @@ extern const OpDef attention_backward_op = {
       cpu::AttentionDims d = attention_dims({*a.in_types[1], *a.in_types[2], *a.in_types[3]});
       cpu::attention_backward(d, a.attrs->get_int("causal") != 0, float(a.attrs->get_float("scale")),
                               a.in(1), a.in(2), a.in(3), a.in(4), a.in(5), a.in(0), a.out(0),
-                              a.out(1), a.out(2), static_cast<float*>(a.workspace), a.threads);
+                              a.out(1), a.out(2), static_cast<float*>(a.workspace), a.threads,
+                              documents_operand(a, 6, d));
     },
     .cpu_workspace_bytes = [](const Types& in, const Attrs&, int threads) -> int64_t {
       return cpu::attention_backward_workspace_floats(attention_dims({in[1], in[2], in[3]}), threads) * 4;

@@ -100,7 +100,8 @@ extern const OpDef all_gather_op = {
     .num_outputs = 1,
     .infer = [](const Types& in, const Attrs& attrs) -> Types {
       check_group(attrs);
-      require_floating(in[0], "x");
+      // i32 too: the autosp pass gathers packed samples' document ids (bytes are bytes).
+      if (in[0].dtype != DType::i32) require_floating(in[0], "x");
       Shape out = in[0].shape;
       out[dim_attr(attrs, "dim", in[0])] *= attrs.get_int("size");
       return {{in[0].dtype, out}};

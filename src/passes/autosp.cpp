@@ -1,5 +1,7 @@
 #include "passes/autosp.h"
 
+#include <map>
+
 #include "ops/op.h"
 
 namespace autosp {
@@ -13,7 +15,8 @@ SequenceSplit split_sequence(int64_t S, int64_t P) {
 namespace {
 
 bool is_sequence_role(Role r) {
-  return r == Role::tokens || r == Role::labels || r == Role::positions || r == Role::mask;
+  return r == Role::tokens || r == Role::labels || r == Role::positions || r == Role::mask ||
+         r == Role::documents;
 }
 
 class AutospPass {
@@ -77,9 +80,11 @@ class AutospPass {
       add_op(n, node);  // not sequence-sharded: the op's own rule decides
       return;
     }
-    // Padding sits after every real token; only causal attention keeps real queries from
-    // seeing it, so padded full attention would silently change the result.
-    if (node.attrs.get_int("causal") == 0 && split_.padded != split_.global)
+    // Padding sits after every real token; only causal attention, or document ids that put
+    // it in a document of its own, keep real queries from seeing it, so padded full
+    // attention without them would silently change the result.
+    const bool documents = node.inputs.size() == 4;
+    if (node.attrs.get_int("causal") == 0 && split_.padded != split_.global && !documents)
       user_error("autosp: attention (node ", n, ") is not causal and S=", split_.global,
                  " is not divisible by sequence_parallel_size P=", P_,
                  ": the padding would be attended to; use a sequence length divisible by P");
@@ -97,11 +102,26 @@ class AutospPass {
     q = all_to_all(q, 2, 1);
     k = all_to_all(k, 2, 1);
     v = all_to_all(v, 2, 1);
-    auto outs = b_.emit(OpKind::attention, {q, k, v}, node.attrs);
+    std::vector<ValueId> ins = {q, k, v};
+    if (documents) ins.push_back(whole_documents(node.inputs[3]));
+    auto outs = b_.emit(OpKind::attention, ins, node.attrs);
     g_.mutable_value(outs[0]).sharding = shard(2);
     g_.mutable_value(outs[1]).sharding = shard(1);  // lse [B, NH, S]: its head dim
     map_[node.outputs[0]] = all_to_all(outs[0], 1, 2);
     map_[node.outputs[1]] = outs[1];
+  }
+
+  // After the exchange a rank attends over the whole sequence, so it needs the document
+  // ids of the whole (padded) sequence: one all_gather of the sharded ids, shared by every
+  // attention that reads them.
+  ValueId whole_documents(ValueId forward_docs) {
+    const ValueId local = map_[forward_docs];
+    if (!is_shard(g_.value(local).sharding)) return local;
+    auto [it, fresh] = gathered_docs_.try_emplace(local, -1);
+    if (fresh)
+      it->second = emit1(OpKind::all_gather, {local}, {{"group", std::string("sp")}, {"size", P_}, {"dim", int64_t{1}}},
+                         replicated());
+    return it->second;
   }
 
   // [B, s, NKV, D] -> [B, s, NKV * r, D], each kv head repeated r times in place, so query
@@ -160,6 +180,7 @@ class AutospPass {
   Graph g_;
   GraphBuilder b_;
   std::vector<ValueId> map_;
+  std::map<ValueId, ValueId> gathered_docs_;  // local document ids -> their all_gather
   SequenceSplit split_;
 };
 
@@ -168,10 +189,12 @@ class AutospPass {
 SequenceBatch prepare_autosp_inputs(const SequenceBatch& full, int64_t sp_rank, int64_t sp_size) {
   AUTOSP_CHECK(0 <= sp_rank && sp_rank < sp_size, "rank ", sp_rank, " of ", sp_size);
   const auto n = static_cast<size_t>(full.B * full.S);
-  AUTOSP_CHECK(full.input_ids.size() == n && full.labels.size() == n && full.position_ids.size() == n,
+  const bool documents = !full.document_ids.empty();
+  AUTOSP_CHECK(full.input_ids.size() == n && full.labels.size() == n && full.position_ids.size() == n &&
+                   (!documents || full.document_ids.size() == n),
                "a batch's tensors must all be [B, S]");
   const SequenceSplit split = split_sequence(full.S, sp_size);
-  SequenceBatch local{full.B, split.local, {}, {}, {}};
+  SequenceBatch local{full.B, split.local, {}, {}, {}, {}};
   constexpr int32_t kIgnore = -100;
   for (int64_t b = 0; b < full.B; ++b)
     for (int64_t i = 0; i < split.local; ++i) {
@@ -181,6 +204,8 @@ SequenceBatch prepare_autosp_inputs(const SequenceBatch& full, int64_t sp_rank, 
       local.input_ids.push_back(real ? full.input_ids[at] : 0);
       local.labels.push_back(real ? full.labels[at] : kIgnore);
       local.position_ids.push_back(real ? full.position_ids[at] : static_cast<int32_t>(pos));
+      if (documents)
+        local.document_ids.push_back(real ? full.document_ids[at] : full.document_ids[b * full.S + full.S - 1] + 1);
     }
   return local;
 }

@@ -47,17 +47,19 @@ SequenceSplit split_sequence(int64_t S, int64_t P);
 Graph autosp(const Graph& forward, const AutospOptions& options);
 
 // The batch of one micro step, [B, S] each, row-major: what the graph's sequence inputs
-// (roles tokens, labels, positions) are fed.
+// (roles tokens, labels, positions, documents) are fed. document_ids may be empty (a graph
+// without documents).
 struct SequenceBatch {
   int64_t B = 0, S = 0;
-  std::vector<int32_t> input_ids, labels, position_ids;
+  std::vector<int32_t> input_ids, labels, position_ids, document_ids;
 };
 
 // The counterpart of DeepSpeed's prepare_autosp_inputs: this rank's slice [B, S_local] of
 // a full batch, as the autosp graph expects it. Every rank of an SP group gets the same
 // full batch; rank r keeps positions [r * S_local, (r + 1) * S_local). Positions past S are
 // padding: token 0, label -100 (ignored), position ids continuing (so RoPE sees global
-// positions everywhere).
+// positions everywhere), and a document of its own (the last real id + 1), so that no real
+// query sees it whatever the attention's mask.
 SequenceBatch prepare_autosp_inputs(const SequenceBatch& full, int64_t sp_rank, int64_t sp_size);
 
 }  // namespace autosp

@@ -106,7 +106,8 @@ Trainer::Trainer(const models::LlamaConfig& model, const TrainConfig& config, in
   // budget. Every rank compiles the same graphs (the last SP rank's slice is padded to the
   // others' size), so all ranks choose alike, or all fail here, before the first step.
   const size_t heap_before = mallinfo2().uordblks;
-  Graph forward = models::llama_forward(model_, {.batch = micro_batch_, .seq_len = seq_len_});
+  Graph forward = models::llama_forward(model_, {.batch = micro_batch_, .seq_len = seq_len_,
+                                                 .documents = config_.data.packed});
   CompileOptions options{config.sequence_parallel_size, config.compile.passes, config.compile.deepcompile};
   options.grad_sync = {.zero_stage = config.zero_stage, .world_size = W,
                        .bucket_elements = config.zero.reduce_bucket_size,
@@ -173,6 +174,10 @@ Trainer::Trainer(const models::LlamaConfig& model, const TrainConfig& config, in
   executor_->bind("input_ids", inputs_.data());
   executor_->bind("labels", labels_.data());
   executor_->bind("position_ids", positions_.data());
+  if (config_.data.packed) {
+    documents_.resize(n);
+    executor_->bind("document_ids", documents_.data());
+  }
 }
 
 Trainer::~Trainer() = default;
@@ -180,7 +185,8 @@ Trainer::~Trainer() = default;
 int64_t Trainer::staging_bytes() const {
   // load_micro_batch: the full batch and this rank's slice (3 int32 each per token), the
   // trainer's bound inputs (3 per local token), one sample's S + 1 token ids being read.
-  return 4 * (micro_batch_ * (3 * seq_len_ + 6 * local_len_) + seq_len_ + 1);
+  const int64_t per_token = config_.data.packed ? 4 : 3;  // + document ids
+  return 4 * (micro_batch_ * per_token * (seq_len_ + 2 * local_len_) + seq_len_ + 1);
 }
 
 void Trainer::bind_parameters(CpuExecutor& ex) const {
@@ -196,20 +202,25 @@ void Trainer::bind_parameters(CpuExecutor& ex) const {
 // Every rank of an SP group reads the same samples and keeps its slice of the sequence;
 // the tail past S (when P does not divide S) is padding: token 0, no label.
 void Trainer::load_micro_batch(const DataSource& data, int64_t micro) {
-  SequenceBatch full{micro_batch_, seq_len_, {}, {}, {}};
+  AUTOSP_CHECK(data.packed() == config_.data.packed, "the step was compiled for ",
+               config_.data.packed ? "packed" : "unpacked", " samples");
+  SequenceBatch full{micro_batch_, seq_len_, {}, {}, {}, {}};
   full.input_ids.resize(micro_batch_ * seq_len_);
   full.labels.resize(micro_batch_ * seq_len_);
   full.position_ids.resize(micro_batch_ * seq_len_);
+  full.document_ids.resize(micro_batch_ * seq_len_);
   for (int64_t j = 0; j < micro_batch_; ++j) {
     const int64_t k = io::TokenFile::sample_index(state_.consumed_samples, micro, groups_->dp_rank,
                                                   groups_->dp_size, j, micro_batch_);
-    data.read_sample(k, seq_len_, full.input_ids.data() + j * seq_len_, full.labels.data() + j * seq_len_);
-    for (int64_t i = 0; i < seq_len_; ++i) full.position_ids[j * seq_len_ + i] = static_cast<int32_t>(i);
+    const int64_t row = j * seq_len_;
+    data.read_sample(k, seq_len_, full.input_ids.data() + row, full.labels.data() + row);
+    data.read_layout(k, seq_len_, full.position_ids.data() + row, full.document_ids.data() + row);
   }
   SequenceBatch local = prepare_autosp_inputs(full, groups_->sp_rank, groups_->sp_size);
   std::copy(local.input_ids.begin(), local.input_ids.end(), inputs_.begin());
   std::copy(local.labels.begin(), local.labels.end(), labels_.begin());
   std::copy(local.position_ids.begin(), local.position_ids.end(), positions_.begin());
+  if (config_.data.packed) std::copy(local.document_ids.begin(), local.document_ids.end(), documents_.begin());
 }
 
 StepStats Trainer::train_step(const DataSource& data) {
@@ -331,6 +342,7 @@ double Trainer::loss_and_grads(const int32_t* inputs, const int32_t* labels,
   std::copy(inputs, inputs + inputs_.size(), inputs_.begin());
   std::copy(labels, labels + labels_.size(), labels_.begin());
   for (size_t i = 0; i < positions_.size(); ++i) positions_[i] = static_cast<int32_t>(i % seq_len_);
+  std::fill(documents_.begin(), documents_.end(), 0);  // packed: one document
   executor_->run();
   grads.clear();
   for (const auto& spec : state_.specs) grads.push_back(executor_->output_vector(kGradPrefix + spec.name));

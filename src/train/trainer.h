@@ -108,8 +108,8 @@ class Trainer {
   const MemoryStrategy& strategy() const { return strategy_; }
   int64_t planned_peak_bytes() const { return planned_peak_; }
   int64_t planned_arena_bytes() const { return arena_; }
-  // Host buffers a step stages its micro batch in (token ids, labels, positions of the whole
-  // sequence and of this rank's slice), outside the arena.
+  // Host buffers a step stages its micro batch in (token ids, labels, positions and, packed,
+  // document ids of the whole sequence and of this rank's slice), outside the arena.
   int64_t staging_bytes() const;
   int64_t runtime_reserve() const { return runtime_reserve_bytes(threads_); }
   int64_t program_bytes() const { return program_bytes_; }  // the compiled graph and executor tables
@@ -138,7 +138,7 @@ class Trainer {
   HeapAllocator allocator_;
   std::unique_ptr<CpuExecutor> executor_;
   std::vector<std::vector<float>> grads_;
-  std::vector<int32_t> inputs_, labels_, positions_;
+  std::vector<int32_t> inputs_, labels_, positions_, documents_;
   // Forward-only executors for predict/logits, compiled on first use per batch size.
   Graph eval_graph_;
   int64_t eval_batch_ = 0;

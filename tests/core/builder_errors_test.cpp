@@ -72,6 +72,11 @@ TEST(BuilderErrors, AttentionHeadsAndShapes) {
   expect_user_error([&] { t.attention(q, k2, k2, true, 0.5); }, {"agree on B, S and D"});
   Tensor k3 = t.parameter("k3", {1, 8, 2, 4});
   expect_user_error([&] { t.attention(q, k3, k3, true, 0.0); }, {"positive 'scale'"});
+  Tensor docs = t.input(Role::documents, "docs", DType::i32, {1, 7});
+  expect_user_error([&] { t.attention(q, k3, k3, docs, true, 0.5); },
+                    {"documents must be i32[1, 8] (q's B and S), got [1, 7]"});
+  Tensor fdocs = t.parameter("fdocs", {1, 8});
+  expect_user_error([&] { t.attention(q, k3, k3, fdocs, true, 0.5); }, {"documents"});
 }
 
 TEST(BuilderErrors, CrossEntropyLabelsShape) {

@@ -90,6 +90,28 @@ TEST(Executor, OutOfRangeTokenIsAUserErrorAndLeaksNothing) {
   }
 }
 
+// The attention kernels skip tiles by the document ids' order, so ids that decrease along
+// the sequence (not what packing makes) are refused, naming where, not silently misread.
+TEST(Executor, DecreasingDocumentIdsAreAUserError) {
+  Tracer t;
+  Tensor q = t.input(Role::constant, "q", DType::f32, {1, 4, 1, 2});
+  Tensor docs = t.input(Role::documents, "docs", DType::i32, {1, 4});
+  t.output("y", t.attention(q, q, q, docs, true, 1.0));
+  Graph g = t.finish();
+  std::vector<float> qs(8, 0.5f);
+  std::vector<int32_t> ids = {0, 1, 1, 0};
+  HeapAllocator alloc;
+  CpuExecutor ex(g, alloc);
+  ex.bind("q", qs.data());
+  ex.bind("docs", ids.data());
+  try {
+    ex.run();
+    FAIL() << "decreasing document ids were accepted";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("batch row 0 has 1 then 0 at position 3"), std::string::npos) << e.what();
+  }
+}
+
 // Peak bytes the allocator sees for attention forward + backward at sequence length S.
 // q, k, v and dout are bound (caller memory); counted are out, lse, dq, dk, dv and the
 // kernels' workspace.

@@ -159,6 +159,32 @@ TEST(OpGrad, AttentionCausalGqa) {
     }
 }
 
+// Packed samples: document ids keep each query within its document. S = 70 puts a boundary
+// on the 64-row tile edge and others inside tiles, and has one-token documents.
+TEST(OpGrad, AttentionWithDocuments) {
+  for (bool causal : {true, false})
+    for (auto [S, nkv, ids] : {std::tuple<int64_t, int64_t, std::vector<int32_t>>{9, 2, {0, 0, 0, 1, 2, 2, 2, 2, 3}},
+                               {70, 1, {}}}) {
+      SCOPED_TRACE(str("causal=", causal, " S=", S));
+      const int64_t B = 2, NH = 2, D = 4;
+      Tracer t;
+      Tensor q = t.parameter("q", {B, S, NH, D});
+      Tensor k = t.parameter("k", {B, S, nkv, D});
+      Tensor v = t.parameter("v", {B, S, nkv, D});
+      Tensor docs = t.input(Role::documents, "documents", DType::i32, {B, S});
+      t.output("y0", t.attention(q, k, v, docs, causal, 1.0 / std::sqrt(double(D))));
+      Feed feed;
+      if (ids.empty())  // row 0: boundaries at 1, 30 and 64; row 1: at 63 and 64
+        for (int64_t b = 0; b < B; ++b)
+          for (int64_t i = 0; i < S; ++i)
+            ids.push_back(b == 0 ? (i >= 1) + (i >= 30) + (i >= 64) : (i >= 63) + (i >= 64));
+      else
+        ids.insert(ids.end(), ids.begin(), ids.end());
+      feed.i["documents"] = ids;
+      check_gradients(t.finish(), feed);
+    }
+}
+
 TEST(OpGrad, CrossEntropyMeanWithIgnoredLabels) {
   Tracer t;
   Tensor logits = t.parameter("logits", {2, 3, 6});

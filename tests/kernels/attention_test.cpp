@@ -1,7 +1,8 @@
 // The flash-style CPU attention kernels against the plain double-precision reference:
 // forward (out, lse) and backward (dq, dk, dv) over sequence lengths that are and are not
-// multiples of the tile, GQA ratios, head dims, causal and not; bitwise determinism across
-// thread counts; and the O(S) workspace, including one long run at S = 16384.
+// multiples of the tile, GQA ratios, head dims, causal and not, with and without document
+// ids (packed samples); bitwise determinism across thread counts; and the O(S) workspace,
+// including one long run at S = 16384.
 #include "kernels/cpu/attention.h"
 
 #include <gtest/gtest.h>
@@ -58,7 +59,8 @@ Tensors make_inputs(const AttentionDims& d, uint32_t seed) {
 }
 
 // Runs forward then backward with a workspace of exactly the advertised size.
-void run_kernels(const AttentionDims& d, bool causal, float scale, Tensors& t) {
+void run_kernels(const AttentionDims& d, bool causal, float scale, Tensors& t,
+                 const int32_t* documents = nullptr) {
   const int threads = omp_get_max_threads();
   t.out.assign(d.B * d.S * d.NH * d.D, 0.0f);
   t.lse.assign(d.B * d.NH * d.S, 0.0f);
@@ -70,10 +72,26 @@ void run_kernels(const AttentionDims& d, bool causal, float scale, Tensors& t) {
                                  autosp::cpu::attention_backward_workspace_floats(d, threads)),
                         std::numeric_limits<float>::quiet_NaN());
   autosp::cpu::attention_forward(d, causal, scale, t.q.data(), t.k.data(), t.v.data(),
-                                 t.out.data(), t.lse.data(), ws.data(), threads);
+                                 t.out.data(), t.lse.data(), ws.data(), threads, documents);
   autosp::cpu::attention_backward(d, causal, scale, t.q.data(), t.k.data(), t.v.data(),
                                   t.out.data(), t.lse.data(), t.dout.data(), t.dq.data(),
-                                  t.dk.data(), t.dv.data(), ws.data(), threads);
+                                  t.dk.data(), t.dv.data(), ws.data(), threads, documents);
+}
+
+// Document ids [B, S]: row b holds documents of lengths[b % lengths.size()] in order; the
+// tokens after them form one more document.
+std::vector<int32_t> documents_of(const AttentionDims& d, const std::vector<std::vector<int64_t>>& lengths) {
+  std::vector<int32_t> ids(d.B * d.S);
+  for (int64_t b = 0; b < d.B; ++b) {
+    int64_t i = 0;
+    int32_t doc = 0;
+    for (int64_t len : lengths[b % lengths.size()]) {
+      for (int64_t e = 0; e < len && i < d.S; ++e) ids[b * d.S + i++] = doc;
+      ++doc;
+    }
+    for (; i < d.S; ++i) ids[b * d.S + i] = doc;
+  }
+  return ids;
 }
 
 // Observed (fp32 kernel vs double reference, worst case over the matrix below):
@@ -134,6 +152,118 @@ std::vector<Case> all_cases() {
 
 INSTANTIATE_TEST_SUITE_P(AttentionKernel, AttentionKernelVsReference, ::testing::ValuesIn(all_cases()),
                          case_name);
+
+// ---- documents (packed samples) ------------------------------------------------------
+// Document layouts per batch row: boundaries inside tiles and on tile edges (64, 128),
+// one-token documents, a document per token, one document whose id is not 0.
+const std::vector<std::pair<std::string, std::vector<std::vector<int64_t>>>>& document_layouts() {
+  static const std::vector<std::pair<std::string, std::vector<std::vector<int64_t>>>> layouts = {
+      {"inside_tiles", {{37, 27, 100}, {1, 90}}},
+      {"tile_edges", {{64, 64}, {128, 1, 1}}},
+      {"one_token_docs", {{1, 1, 1, 60, 1, 3}, {5, 1, 1, 1, 1, 1, 70}}},
+      {"every_token", {std::vector<int64_t>(300, 1)}},
+      {"one_document", {{}}},
+  };
+  return layouts;
+}
+
+TEST(AttentionKernelDocuments, ForwardAndBackwardMatchDouble) {
+  for (const auto& [layout, lengths] : document_layouts())
+    for (int64_t S : {100, 257})
+      for (auto [NH, NKV] : {std::pair<int64_t, int64_t>{4, 2}, {2, 2}, {4, 1}})
+        for (int64_t D : {16, 40})
+          for (bool causal : {true, false}) {
+            const AttentionDims d{2, S, NH, NKV, D};
+            std::vector<int32_t> docs = documents_of(d, lengths);
+            if (layout == "one_document")
+              for (int32_t& id : docs) id = 7;
+            const std::string at = layout + " S=" + std::to_string(S) + " NH=" + std::to_string(NH) +
+                                   " NKV=" + std::to_string(NKV) + " D=" + std::to_string(D) +
+                                   (causal ? " causal" : " full");
+            const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+            Tensors t = make_inputs(d, static_cast<uint32_t>(S + NH + D));
+            run_kernels(d, causal, scale, t, docs.data());
+            std::vector<double> out(t.out.size()), lse(t.lse.size());
+            std::vector<double> dq(t.dq.size()), dk(t.dk.size()), dv(t.dv.size());
+            const auto q = to_double(t.q), k = to_double(t.k), v = to_double(t.v), dout = to_double(t.dout);
+            autosp::cpu::attention_forward_reference(d, causal, scale, q.data(), k.data(), v.data(), out.data(),
+                                                     lse.data(), docs.data());
+            autosp::cpu::attention_backward_reference(d, causal, scale, q.data(), k.data(), v.data(), dout.data(),
+                                                      dq.data(), dk.data(), dv.data(), docs.data());
+            EXPECT_LE(normalised_max_error(t.out, out), kTolerance) << "out, " << at;
+            EXPECT_LE(normalised_max_error(t.lse, lse), kTolerance) << "lse, " << at;
+            EXPECT_LE(normalised_max_error(t.dq, dq), kTolerance) << "dq, " << at;
+            EXPECT_LE(normalised_max_error(t.dk, dk), kTolerance) << "dk, " << at;
+            EXPECT_LE(normalised_max_error(t.dv, dv), kTolerance) << "dv, " << at;
+          }
+}
+
+// The reference itself is checked by what packing means: attending over a packed row equals
+// attending over each of its documents alone (a [1, L] run per document), forward and
+// backward; boundaries at 37, 128 (a tile edge), 129.
+TEST(AttentionKernelDocuments, PackedRowEqualsEachDocumentAlone) {
+  const int64_t S = 230, NH = 4, NKV = 2, D = 40;
+  const std::vector<int64_t> lengths = {37, 91, 1, 101};
+  const AttentionDims packed{1, S, NH, NKV, D};
+  const std::vector<int32_t> docs = documents_of(packed, {lengths});
+  for (bool causal : {true, false}) {
+    Tensors whole = make_inputs(packed, 11);
+    run_kernels(packed, causal, 0.2f, whole, docs.data());
+    int64_t start = 0;
+    for (int64_t L : lengths) {
+      const AttentionDims alone{1, L, NH, NKV, D};
+      Tensors part;
+      auto rows = [&](const std::vector<float>& x, int64_t heads) {
+        return std::vector<float>(x.begin() + start * heads * D, x.begin() + (start + L) * heads * D);
+      };
+      part.q = rows(whole.q, NH), part.k = rows(whole.k, NKV), part.v = rows(whole.v, NKV);
+      part.dout = rows(whole.dout, NH);
+      run_kernels(alone, causal, 0.2f, part);
+      const std::string at = "document at " + std::to_string(start) + " of " + std::to_string(L) +
+                             (causal ? " causal" : " full");
+      auto close = [&](const std::vector<float>& got, const std::vector<float>& want, const char* what) {
+        EXPECT_LE(normalised_max_error(got, to_double(want)), kTolerance) << what << ", " << at;
+      };
+      close(rows(whole.out, NH), part.out, "out");
+      close(rows(whole.dq, NH), part.dq, "dq");
+      close(rows(whole.dk, NKV), part.dk, "dk");
+      close(rows(whole.dv, NKV), part.dv, "dv");
+      std::vector<float> lse_rows;
+      for (int64_t h = 0; h < NH; ++h)
+        lse_rows.insert(lse_rows.end(), whole.lse.begin() + h * S + start, whole.lse.begin() + h * S + start + L);
+      close(lse_rows, part.lse, "lse");
+      start += L;
+    }
+  }
+}
+
+// With documents too, results are bitwise the same on any thread count and schedule.
+TEST(AttentionKernelDocuments, BitwiseEqualAcrossThreadCountsAndSchedules) {
+  const int saved = omp_get_max_threads();
+  bool saw_split = false, saw_fused = false;
+  for (const AttentionDims d : {AttentionDims{2, 200, 8, 2, 64}, AttentionDims{1, 200, 4, 2, 40}}) {
+    const std::vector<int32_t> docs = documents_of(d, {{37, 27, 100}, {64, 1, 70}});
+    for (bool causal : {true, false}) {
+      Tensors one = make_inputs(d, 5);
+      omp_set_num_threads(1);
+      run_kernels(d, causal, 0.125f, one, docs.data());
+      for (int threads : {3, 16}) {
+        Tensors many = make_inputs(d, 5);
+        omp_set_num_threads(threads);
+        const bool split = autosp::cpu::attention_backward_is_split(d, threads);
+        (split ? saw_split : saw_fused) = true;
+        run_kernels(d, causal, 0.125f, many, docs.data());
+        const std::string where = "B=" + std::to_string(d.B) + (causal ? " causal " : " full ") +
+                                  std::to_string(threads) + " threads";
+        for (auto [a, b, name] : {std::tuple{&one.out, &many.out, "out"}, {&one.lse, &many.lse, "lse"},
+                                  {&one.dq, &many.dq, "dq"}, {&one.dk, &many.dk, "dk"}, {&one.dv, &many.dv, "dv"}})
+          EXPECT_EQ(0, std::memcmp(a->data(), b->data(), a->size() * sizeof(float))) << name << ", " << where;
+      }
+    }
+  }
+  omp_set_num_threads(saved);
+  EXPECT_TRUE(saw_split && saw_fused) << "both backward schedules must be compared";
+}
 
 // The backward pass reduces GQA's dk, dv in a fixed order and never lets the schedule
 // decide a sum, so results must be bitwise equal on 1 and on several threads, also where

@@ -67,14 +67,21 @@ TEST(Isa, AnInstructionSetThisCpuLacksIsRefused) {
 // The two attention copies use different register tiles and vector widths, so they sum in
 // different orders; they must agree to fp32 rounding (each is within 2e-6 of the double
 // reference in attention_test.cpp). S = 200 is not a multiple of the tile, D = 40 not of
-// either vector width, NH / NKV = 3.
+// either vector width, NH / NKV = 3; also with documents (packed samples) whose boundaries
+// fall inside tiles and on a tile edge.
 TEST(Isa, Avx2AndAvx512AttentionAgree) {
   if (!both_run()) GTEST_SKIP() << "needs a CPU with AVX-512 to run both copies";
-  for (int64_t D : {40, 64}) {
+  for (auto [D, packed] : {std::pair{int64_t{40}, false}, {64, false}, {40, true}, {64, true}}) {
     const cpu::AttentionDims d{2, 200, 6, 2, D};
     const size_t nq = d.B * d.S * d.NH * d.D, nk = d.B * d.S * d.NKV * d.D;
     const auto q = random_floats(nq, 1, -2, 2), k = random_floats(nk, 2, -2, 2);
     const auto v = random_floats(nk, 3, -1, 1), dout = random_floats(nq, 4, -1, 1);
+    std::vector<int32_t> documents(d.B * d.S);
+    for (int64_t i = 0; i < d.S; ++i) {
+      documents[i] = (i >= 37) + (i >= 64) + (i >= 150);  // row 0: 4 documents
+      documents[d.S + i] = (i >= 128);                    // row 1: 2, split on a tile edge
+    }
+    const int32_t* docs = packed ? documents.data() : nullptr;
     struct Result {
       std::vector<float> out, lse, dq, dk, dv;
     };
@@ -84,9 +91,9 @@ TEST(Isa, Avx2AndAvx512AttentionAgree) {
                std::vector<float>(nk), std::vector<float>(nk)};
       std::vector<float> ws(std::max(fwd_ws(d, threads), bwd_ws(d, threads)), NAN);
       const float scale = 1.0f / std::sqrt(float(D));
-      fwd(d, true, scale, q.data(), k.data(), v.data(), r.out.data(), r.lse.data(), ws.data(), threads);
+      fwd(d, true, scale, q.data(), k.data(), v.data(), r.out.data(), r.lse.data(), ws.data(), threads, docs);
       bwd(d, true, scale, q.data(), k.data(), v.data(), r.out.data(), r.lse.data(), dout.data(),
-          r.dq.data(), r.dk.data(), r.dv.data(), ws.data(), threads);
+          r.dq.data(), r.dk.data(), r.dv.data(), ws.data(), threads, docs);
       return r;
     };
     const Result a = run(cpu::avx2::attention_forward_workspace_floats, cpu::avx2::attention_backward_workspace_floats,
@@ -94,11 +101,11 @@ TEST(Isa, Avx2AndAvx512AttentionAgree) {
     const Result b = run(cpu::avx512::attention_forward_workspace_floats,
                          cpu::avx512::attention_backward_workspace_floats, cpu::avx512::attention_forward,
                          cpu::avx512::attention_backward);
-    EXPECT_LT(normalised_error(a.out, b.out), 4e-6) << "D=" << D;
-    EXPECT_LT(normalised_error(a.lse, b.lse), 4e-6) << "D=" << D;
-    EXPECT_LT(normalised_error(a.dq, b.dq), 4e-6) << "D=" << D;
-    EXPECT_LT(normalised_error(a.dk, b.dk), 4e-6) << "D=" << D;
-    EXPECT_LT(normalised_error(a.dv, b.dv), 4e-6) << "D=" << D;
+    EXPECT_LT(normalised_error(a.out, b.out), 4e-6) << "D=" << D << " packed=" << packed;
+    EXPECT_LT(normalised_error(a.lse, b.lse), 4e-6) << "D=" << D << " packed=" << packed;
+    EXPECT_LT(normalised_error(a.dq, b.dq), 4e-6) << "D=" << D << " packed=" << packed;
+    EXPECT_LT(normalised_error(a.dk, b.dk), 4e-6) << "D=" << D << " packed=" << packed;
+    EXPECT_LT(normalised_error(a.dv, b.dv), 4e-6) << "D=" << D << " packed=" << packed;
   }
 }
 

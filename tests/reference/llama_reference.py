@@ -4,11 +4,19 @@
 Usage:
   /usr/bin/python3 tests/reference/llama_reference.py --out DIR
       [--tied 0|1] [--rope llama3|default] [--steps N] [--seed K] [--seq-len S] [--accum G]
+      [--eos ID]
 
 --seq-len and --accum (defaults 16 and 2) change S and the micro batches per step: a
 single device with accumulation G sees the samples that D data-parallel ranks with
 accumulation G / D see (tests/sp, tests/train/zero_test.cpp), so one float64 run is the
 reference for every layout of the same global batch.
+
+--eos ID packs documents (DESIGN.md "Files users bring"): token ID ends a document in
+tokens.bin (documents of 1 to 2S tokens, so some are cut by a sample's start or end and some
+hold several per sample), ds_config.json gets "data": {"eos_token_id": ID}, and training
+restarts position ids at each document start (a document cut by the sample's start
+continues its own count), gives a document's last token no label, and masks attention to
+the causal part of each token's own document.
 
 Writes into DIR the files a user brings (DESIGN.md "Files users bring") and what autosp must
 reproduce from them:
@@ -211,12 +219,11 @@ def rope_inv_freq(rope):
     return torch.where(is_medium, smoothed, inv_freq_llama)
 
 
-def rope_cos_sin(rope):
-    """cos, sin: [S, D] for positions 0..S-1; angle(p, j) = p * inv_freq[j mod D/2]."""
-    pos = torch.arange(S, dtype=torch.float64)
-    freqs = torch.outer(pos, rope_inv_freq(rope))       # [S, D/2]
-    emb = torch.cat((freqs, freqs), dim=-1)              # [S, D]
-    return emb.cos(), emb.sin()
+def rope_cos_sin(rope, positions):
+    """cos, sin: [B, 1, S, D] for positions [B, S]; angle(p, j) = p * inv_freq[j mod D/2]."""
+    freqs = positions.to(torch.float64)[..., None] * rope_inv_freq(rope)  # [B, S, D/2]
+    emb = torch.cat((freqs, freqs), dim=-1)                               # [B, S, D]
+    return emb.cos()[:, None], emb.sin()[:, None]
 
 
 def rotate_half(x):
@@ -229,9 +236,10 @@ def rms_norm(x, w):
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + EPS) * w
 
 
-def attention(x, P, p, cos, sin):
-    """x: [B, S, H] (already normed). Causal softmax attention, scale 1/sqrt(D), rotate-half
-    RoPE on q and k, GQA: query head h reads kv head h // (NH / NKV)."""
+def attention(x, P, p, cos, sin, docs):
+    """x: [B, S, H] (already normed). Causal softmax attention within documents (docs: [B, S]
+    document ids), scale 1/sqrt(D), rotate-half RoPE on q and k, GQA: query head h reads kv
+    head h // (NH / NKV)."""
     B = x.shape[0]
     q = F.linear(x, P[p + "self_attn.q_proj.weight"]).view(B, S, NH, D).transpose(1, 2)
     k = F.linear(x, P[p + "self_attn.k_proj.weight"]).view(B, S, NKV, D).transpose(1, 2)
@@ -243,7 +251,8 @@ def attention(x, P, p, cos, sin):
     v = v.repeat_interleave(rep, dim=1)
     scores = q @ k.transpose(-1, -2) / math.sqrt(D)      # [B, NH, S, S]
     causal = torch.ones(S, S, dtype=torch.bool).triu(1)  # key position > query position
-    scores = scores.masked_fill(causal, float("-inf"))
+    other_doc = docs[:, None, :, None] != docs[:, None, None, :]  # [B, 1, S, S]
+    scores = scores.masked_fill(causal | other_doc, float("-inf"))
     out = torch.softmax(scores, dim=-1) @ v              # [B, NH, S, D]
     out = out.transpose(1, 2).reshape(B, S, NH * D)
     return F.linear(out, P[p + "self_attn.o_proj.weight"])
@@ -256,12 +265,14 @@ def mlp(x, P, p):
     return F.linear(F.silu(g) * u, P[p + "mlp.down_proj.weight"])
 
 
-def forward(P, inputs, tied, cos, sin):
-    """P: {hf name: float64 tensor}; inputs: [B, S] int64. Returns logits [B, S, V]."""
+def forward(P, inputs, tied, rope, positions, docs):
+    """P: {hf name: float64 tensor}; inputs, positions, docs: [B, S] int64. Returns logits
+    [B, S, V]."""
+    cos, sin = rope_cos_sin(rope, positions)
     x = P["model.embed_tokens.weight"][inputs]
     for i in range(L):
         p = f"model.layers.{i}."
-        x = x + attention(rms_norm(x, P[p + "input_layernorm.weight"]), P, p, cos, sin)
+        x = x + attention(rms_norm(x, P[p + "input_layernorm.weight"]), P, p, cos, sin, docs)
         x = x + mlp(rms_norm(x, P[p + "post_attention_layernorm.weight"]), P, p)
     x = rms_norm(x, P["model.norm.weight"])
     head = P["model.embed_tokens.weight"] if tied else P["lm_head.weight"]
@@ -273,14 +284,39 @@ def forward(P, inputs, tied, cos, sin):
 # Row j of micro batch m of optimizer step t on data-parallel rank r reads sample
 #   k = ((t * g + m) * dp_world + r) * b + j.
 
-def micro_batch(tokens, t, m):
+#
+# Packed (eos given): token eos ends its document. Position ids count from the document's
+# start in the stream; document ids count the documents of the sample from 0; a token that
+# ends a document (== eos) has label -100 (ignored).
+
+def micro_batch(tokens, t, m, eos):
     num_samples = (len(tokens) - 1) // S
-    rows_in, rows_lab = [], []
+    rows_in, rows_lab, rows_pos, rows_doc = [], [], [], []
     for j in range(MICRO_BATCH):
         k = (((t * GRAD_ACCUM + m) * DP_WORLD + DP_RANK) * MICRO_BATCH + j) % num_samples
-        rows_in.append(tokens[k * S: k * S + S])
-        rows_lab.append(tokens[k * S + 1: k * S + S + 1])
-    return torch.stack(rows_in), torch.stack(rows_lab)
+        inputs = tokens[k * S: k * S + S]
+        labels = tokens[k * S + 1: k * S + S + 1].clone()
+        if eos is None:
+            pos, doc = torch.arange(S), torch.zeros(S, dtype=torch.int64)
+        else:
+            start = k * S  # back to the start of the first token's document
+            while start > 0 and tokens[start - 1] != eos:
+                start -= 1
+            pos, doc = [], []
+            p, d = k * S - start, 0
+            for i in range(S):
+                pos.append(p)
+                doc.append(d)
+                p += 1
+                if inputs[i] == eos:  # the document ends here: no label, next one starts
+                    labels[i] = -100
+                    p, d = 0, d + 1
+            pos, doc = torch.tensor(pos), torch.tensor(doc)
+        rows_in.append(inputs)
+        rows_lab.append(labels)
+        rows_pos.append(pos)
+        rows_doc.append(doc)
+    return torch.stack(rows_in), torch.stack(rows_lab), torch.stack(rows_pos), torch.stack(rows_doc)
 
 
 # ----------------------------------------------------------------------------------------
@@ -321,7 +357,9 @@ def main():
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--seq-len", type=int, default=16)
     ap.add_argument("--accum", type=int, default=2)
+    ap.add_argument("--eos", type=int, default=None, help="pack documents ended by this token id")
     args = ap.parse_args()
+    assert args.eos is None or 0 <= args.eos < V
     assert args.steps >= 1 and args.seq_len >= 1 and args.accum >= 1
     global S, NUM_TOKENS, GRAD_ACCUM
     S, GRAD_ACCUM = args.seq_len, args.accum
@@ -339,6 +377,20 @@ def main():
     gen = torch.Generator().manual_seed(args.seed)
     init = init_params(tied, gen)                                  # fp32
     tokens32 = torch.randint(0, V, (NUM_TOKENS,), generator=gen, dtype=torch.int64)
+    if args.eos is not None:
+        DS_CONFIG["data"] = {"eos_token_id": args.eos}
+        tokens32[tokens32 == args.eos] = (args.eos + 1) % V
+        # Sample 0's documents start at 4, 8 and 12: on every rank chunk boundary of S = 15
+        # at SP 2 (chunks of 8) and SP 4 (chunks of 4); then documents of 1 to 2S tokens,
+        # inside chunks, across chunks and samples, the last one running to the end.
+        for at in (3, 7, 11):
+            tokens32[at] = args.eos
+        at = 12
+        while True:
+            at += int(torch.randint(1, 2 * S + 1, (1,), generator=gen))
+            if at > NUM_TOKENS:
+                break
+            tokens32[at - 1] = args.eos
     with open(out("config.json"), "w") as f:
         json.dump(hf_config(tied, args.rope), f, indent=2)
         f.write("\n")
@@ -355,7 +407,6 @@ def main():
     opt_cfg = DS_CONFIG["optimizer"]["params"]
     opt = torch.optim.AdamW(params, lr=opt_cfg["lr"], betas=tuple(opt_cfg["betas"]),
                             eps=opt_cfg["eps"], weight_decay=opt_cfg["weight_decay"])
-    cos, sin = rope_cos_sin(args.rope)
     tokens = tokens32.clone()
 
     losses, norms, lrs = [], [], []
@@ -366,11 +417,11 @@ def main():
         # is the gradient of the step loss = mean of the micro losses.
         step_loss = 0.0
         for m in range(GRAD_ACCUM):
-            inputs, labels = micro_batch(tokens, t, m)
-            logits = forward(P, inputs, tied, cos, sin)
+            inputs, labels, positions, docs = micro_batch(tokens, t, m, args.eos)
+            logits = forward(P, inputs, tied, args.rope, positions, docs)
             if t == 0 and m == 0:
                 logits0 = logits.detach().clone()
-            loss = F.cross_entropy(logits.reshape(-1, V), labels.reshape(-1))
+            loss = F.cross_entropy(logits.reshape(-1, V), labels.reshape(-1), ignore_index=-100)
             (loss / GRAD_ACCUM).backward()
             step_loss += loss.item() / GRAD_ACCUM
         if t == 0:

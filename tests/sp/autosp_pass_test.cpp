@@ -77,6 +77,55 @@ TEST(AutospPass, FourAllToAllPerAttentionAndOneLossCountAllReduce) {
   }
 }
 
+// Packed samples: the document ids are a sequence input, split like the others, and one
+// all_gather (dim 1, over the group) makes them whole for every attention, which then runs
+// on head shards over the whole padded sequence; tokens, positions and labels stay sharded.
+TEST(AutospPass, GoldenPackedLlamaGathersDocumentIdsOnce) {
+  const int64_t layers = 2, P = 2;
+  Graph fwd = models::llama_forward(small_llama(layers, 2, 1), {.batch = 1, .seq_len = 5, .documents = true});
+  Graph g = autosp(fwd, {.sp_size = P});
+  testing::expect_golden(print_graph(g), "autosp_packed_llama2_p2.ir");
+  const ValueId docs = g.find_input("document_ids");
+  EXPECT_EQ(g.value(docs).sharding, shard(1));
+  EXPECT_EQ(g.shape(docs), (Shape{1, 3}));
+  int gathers = 0, attentions = 0;
+  ValueId whole = -1;
+  for (const Node& n : g.nodes()) {
+    if (n.op == OpKind::all_gather) {
+      ++gathers;
+      EXPECT_EQ(n.inputs[0], docs);
+      EXPECT_EQ(n.attrs.get_int("dim"), 1);
+      EXPECT_EQ(n.attrs.get_str("group"), "sp");
+      whole = n.outputs[0];
+      EXPECT_EQ(g.shape(whole), (Shape{1, 6}));  // S = 5 padded to P * 3
+    }
+    if (n.op == OpKind::attention) {
+      ++attentions;
+      ASSERT_EQ(n.inputs.size(), 4u);
+      EXPECT_EQ(n.inputs[3], whole);
+      EXPECT_EQ(g.value(n.inputs[0]).sharding, shard(2));
+    }
+  }
+  EXPECT_EQ(gathers, 1);
+  EXPECT_EQ(attentions, layers);
+  // Through autodiff: each attention_backward reads the same gathered ids.
+  Graph joint = autodiff(g);
+  for (const Node& n : joint.nodes())
+    if (n.op == OpKind::attention_backward) {
+      ASSERT_EQ(n.inputs.size(), 7u);
+      EXPECT_EQ(joint.node(joint.value(n.inputs[6]).producer).op, OpKind::all_gather);
+    }
+}
+
+// Padding gets a document of its own (the last real id + 1), so no query sees it.
+TEST(AutospPass, PaddingIsADocumentOfItsOwn) {
+  SequenceBatch full{1, 5, {1, 2, 3, 4, 5}, {2, 3, 4, 5, -100}, {7, 8, 0, 1, 2}, {0, 0, 1, 1, 1}};
+  SequenceBatch r1 = prepare_autosp_inputs(full, 1, 2);
+  EXPECT_EQ(r1.document_ids, (std::vector<int32_t>{1, 1, 2}));
+  EXPECT_EQ(r1.position_ids, (std::vector<int32_t>{1, 2, 5}));
+  EXPECT_EQ(r1.labels, (std::vector<int32_t>{5, -100, -100}));
+}
+
 TEST(AutospPass, SplitsSequenceInputsWithPaddingAndKeepsParametersWhole) {
   Graph fwd = models::llama_forward(small_llama(1, 4, 4), {.batch = 2, .seq_len = 13});
   Graph g = autosp(fwd, {.sp_size = 4});

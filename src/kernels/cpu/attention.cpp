@@ -119,6 +119,31 @@ constexpr int64_t region(int64_t floats) { return round_up(floats, W); }
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// ---- document masks --------------------------------------------------------------------
+// The document ids of one sequence of the batch, or none (one document). Ids are
+// non-decreasing, so rows [r0, r0 + n) hold documents ids[r0] .. ids[r0 + n - 1], and a tile
+// of queries [i0, i0 + qb) and keys [j0, j0 + kb) is
+//   skip:  no query sees any key (their id ranges are disjoint): not computed at all;
+//   whole: every row in one document: no mask beyond the causal one;
+//   mixed: some pairs cross documents: those scores are masked one by one.
+struct Docs {
+  enum Tile { skip, whole, mixed };
+  const int32_t* ids = nullptr;
+
+  Tile tile(int64_t i0, int64_t qb, int64_t j0, int64_t kb) const {
+    if (!ids) return whole;
+    const int32_t qlo = ids[i0], qhi = ids[i0 + qb - 1], klo = ids[j0], khi = ids[j0 + kb - 1];
+    if (qhi < klo || khi < qlo) return skip;
+    return qlo == qhi && klo == khi ? whole : mixed;
+  }
+  // The ids a tile must mask by, or null when it needs none.
+  const int32_t* mask(Tile t) const { return t == mixed ? ids : nullptr; }
+};
+
+Docs docs_of(const int32_t* documents, int64_t S, int64_t b) {
+  return {documents ? documents + b * S : nullptr};
+}
+
 struct ForwardPlan {
   int64_t qT, st, o, m, l, corr, per_thread;
 };
@@ -199,7 +224,7 @@ BackwardPlan plan_backward(const AttentionDims& d, int threads) {
 // One work item: query block [i0, i0 + qb) of head h in batch b.
 void forward_block(const AttentionDims& d, bool causal, float scale, const float* q,
                    const float* k, const float* v, float* out, float* lse, int64_t b, int64_t h,
-                   int64_t i0, float* ws, const ForwardPlan& plan) {
+                   int64_t i0, const Docs& docs, float* ws, const ForwardPlan& plan) {
   const int64_t S = d.S, D = d.D, NH = d.NH, NKV = d.NKV;
   const int64_t kvh = h / (NH / NKV);
   const int64_t qb = std::min(kBq, S - i0);
@@ -218,8 +243,11 @@ void forward_block(const AttentionDims& d, bool causal, float scale, const float
   for (int64_t r = 0; r < kBq; ++r) m[r] = -std::numeric_limits<float>::infinity(), l[r] = 0.0f;
 
   const int64_t j_end = causal ? i0 + qb : S;  // keys at or past j_end are masked for all rows
+  bool first = true;
   for (int64_t j0 = 0; j0 < j_end; j0 += kBk) {
     const int64_t kb = std::min(kBk, j_end - j0);
+    const Docs::Tile tile = docs.tile(i0, qb, j0, kb);
+    if (tile == Docs::skip) continue;
     const float* krow = k + ((b * S + j0) * NKV + kvh) * D;
     const float* vrow = v + ((b * S + j0) * NKV + kvh) * D;
     // S^T = K_j (scale Q_i)^T: rows are keys, the vector dimension is queries, so the
@@ -230,23 +258,31 @@ void forward_block(const AttentionDims& d, bool causal, float scale, const float
         for (int64_t r = 0; r < std::min(kBq, j0 + c - i0); ++r)
           st[c * kBq + r] = -std::numeric_limits<float>::infinity();
     }
+    if (const int32_t* ids = docs.mask(tile)) {
+      for (int64_t c = 0; c < kb; ++c)
+        for (int64_t r = 0; r < qb; ++r)
+          if (ids[i0 + r] != ids[j0 + c]) st[c * kBq + r] = -std::numeric_limits<float>::infinity();
+    }
     for (int64_t r = 0; r < kBq; r += W) {
       vf mx = load(m + r);
       const vf m_old = mx;
       for (int64_t c = 0; c < kb; ++c) mx = vmax(mx, load(st + c * kBq + r));
+      // A row that has seen no key yet (documents) still has max -inf; subtracting the
+      // lowest float instead makes its exp(-inf - max) 0, not NaN. Otherwise ms = mx.
+      const vf ms = vmax(mx, splat(-std::numeric_limits<float>::max()));
       vf sum{};
       for (int64_t c = 0; c < kb; ++c) {
-        const vf pc = vexp(load(st + c * kBq + r) - mx);
+        const vf pc = vexp(load(st + c * kBq + r) - ms);
         store(st + c * kBq + r, pc);
         sum += pc;
       }
-      // m_old = -inf on the first tile: exp(-inf) = 0 wipes the (zero) running sums.
-      const vf cr = vexp(m_old - mx);
+      // m_old = -inf on the row's first tile: exp(-inf) = 0 wipes the (zero) running sums.
+      const vf cr = vexp(m_old - ms);
       store(corr + r, cr);
       store(l + r, load(l + r) * cr + sum);
       store(m + r, mx);
     }
-    if (j0 == 0) {
+    if (first) {
       gemm(qb, D, kb, st, 1, kBq, vrow, NKV * D, o, D, false);
     } else {
       for (int64_t r = 0; r < qb; ++r) {
@@ -255,6 +291,7 @@ void forward_block(const AttentionDims& d, bool causal, float scale, const float
       }
       gemm(qb, D, kb, st, 1, kBq, vrow, NKV * D, o, D, true);
     }
+    first = false;
   }
 
   for (int64_t r = 0; r < qb; ++r) {
@@ -305,9 +342,10 @@ void load_kv_transposed(const AttentionDims& d, const float* k, const float* v, 
 
 // P = exp(scale Q_i K_j^T - lse_i) (masked and padding keys 0) and dS = P (dO_i V_j^T - delta_i)
 // of tile (query block [i0, i0 + qb), key block [j0, j0 + kb)), into p and ds (qb x kBk).
+// mask_ids (a mixed tile's document ids, else null): pairs across documents get P = 0.
 void tile_p_ds(const AttentionDims& d, bool causal, float scale, const HeadView& hv, int64_t i0,
-               int64_t qb, int64_t j0, int64_t kb, const float* kT, const float* vT, float* p,
-               float* ds) {
+               int64_t qb, int64_t j0, int64_t kb, const int32_t* mask_ids, const float* kT,
+               const float* vT, float* p, float* ds) {
   const float* qi = hv.q + i0 * hv.qs;
   const float* doi = hv.dout + i0 * hv.qs;
   gemm(qb, kBk, d.D, qi, hv.qs, 1, kT, kBk, p, kBk, false);
@@ -320,6 +358,10 @@ void tile_p_ds(const AttentionDims& d, bool causal, float scale, const HeadView&
     // Masked keys (j > i) and padding columns (c >= kb) get probability 0.
     const int64_t c_end = diag ? std::clamp<int64_t>(i0 + r - j0 + 1, 0, kb) : kb;
     for (int64_t c = c_end; c < kBk; ++c) pr[c] = 0.0f;
+    if (mask_ids) {
+      for (int64_t c = 0; c < c_end; ++c)
+        if (mask_ids[j0 + c] != mask_ids[i0 + r]) pr[c] = 0.0f;
+    }
   }
   // dP = dO_i V_j^T, then dS = P (dP - delta_i) in place
   gemm(qb, kBk, d.D, doi, hv.qs, 1, vT, kBk, ds, kBk, false);
@@ -360,7 +402,7 @@ HeadView head_view(const AttentionDims& d, const float* q, const float* dout, co
 void backward_head(const AttentionDims& d, bool causal, float scale, const float* q,
                    const float* k, const float* v, const float* out, const float* lse,
                    const float* dout, float* dq, float* dk_dst, float* dv_dst, int64_t ld,
-                   int64_t b, int64_t h, float* ws, const BackwardPlan& plan) {
+                   int64_t b, int64_t h, const Docs& docs, float* ws, const BackwardPlan& plan) {
   const int64_t S = d.S, D = d.D;
   const int64_t kvh = h / plan.G;
   float* __restrict dqa = ws + plan.dq;
@@ -375,7 +417,10 @@ void backward_head(const AttentionDims& d, bool causal, float scale, const float
     bool first = true;
     for (int64_t i0 = first_query_block(causal, j0); i0 < S; i0 += kBq) {
       const int64_t qb = std::min(kBq, S - i0);
-      tile_p_ds(d, causal, scale, hv, i0, qb, j0, kb, ws + plan.kT, ws + plan.vT, ws + plan.p, ws + plan.ds);
+      const Docs::Tile tile = docs.tile(i0, qb, j0, kb);
+      if (tile == Docs::skip) continue;
+      tile_p_ds(d, causal, scale, hv, i0, qb, j0, kb, docs.mask(tile), ws + plan.kT, ws + plan.vT, ws + plan.p,
+                ws + plan.ds);
       tile_dk_dv(d, hv, i0, qb, kb, ws + plan.p, ws + plan.ds, ws + plan.dk, ws + plan.dv, !first);
       tile_dq(d, k, b, kvh, j0, qb, kb, ws + plan.ds, dqa + i0 * D);
       first = false;
@@ -402,7 +447,7 @@ void backward_head(const AttentionDims& d, bool causal, float scale, const float
 void backward_key_block(const AttentionDims& d, bool causal, float scale, const float* q,
                         const float* k, const float* v, const float* lse, const float* dout,
                         const float* deltas, float* dk, float* dv, int64_t b, int64_t kvh,
-                        int64_t j0, float* ws, const BackwardPlan& plan) {
+                        int64_t j0, const Docs& docs, float* ws, const BackwardPlan& plan) {
   const int64_t S = d.S, D = d.D, G = plan.G;
   const int64_t kb = std::min(kBk, S - j0);
   load_kv_transposed(d, k, v, b, kvh, j0, kb, ws + plan.kT, ws + plan.vT);
@@ -416,7 +461,10 @@ void backward_key_block(const AttentionDims& d, bool causal, float scale, const 
     bool first = true;
     for (int64_t i0 = first_query_block(causal, j0); i0 < S; i0 += kBq) {
       const int64_t qb = std::min(kBq, S - i0);
-      tile_p_ds(d, causal, scale, hv, i0, qb, j0, kb, ws + plan.kT, ws + plan.vT, ws + plan.p, ws + plan.ds);
+      const Docs::Tile tile = docs.tile(i0, qb, j0, kb);
+      if (tile == Docs::skip) continue;
+      tile_p_ds(d, causal, scale, hv, i0, qb, j0, kb, docs.mask(tile), ws + plan.kT, ws + plan.vT, ws + plan.p,
+                ws + plan.ds);
       tile_dk_dv(d, hv, i0, qb, kb, ws + plan.p, ws + plan.ds, ws + plan.dk, ws + plan.dv, !first);
       first = false;
     }
@@ -448,7 +496,7 @@ void backward_key_block(const AttentionDims& d, bool causal, float scale, const 
 void backward_query_block(const AttentionDims& d, bool causal, float scale, const float* q,
                           const float* k, const float* v, const float* lse, const float* dout,
                           const float* deltas, float* dq, int64_t b, int64_t h, int64_t i0,
-                          float* ws, const BackwardPlan& plan) {
+                          const Docs& docs, float* ws, const BackwardPlan& plan) {
   const int64_t S = d.S, D = d.D;
   const int64_t kvh = h / plan.G;
   const int64_t qb = std::min(kBq, S - i0);
@@ -458,8 +506,11 @@ void backward_query_block(const AttentionDims& d, bool causal, float scale, cons
   for (int64_t j0 = 0; j0 < S; j0 += kBk) {
     if (first_query_block(causal, j0) > i0) break;  // every later key is masked for block i0
     const int64_t kb = std::min(kBk, S - j0);
+    const Docs::Tile tile = docs.tile(i0, qb, j0, kb);
+    if (tile == Docs::skip) continue;
     load_kv_transposed(d, k, v, b, kvh, j0, kb, ws + plan.kT, ws + plan.vT);
-    tile_p_ds(d, causal, scale, hv, i0, qb, j0, kb, ws + plan.kT, ws + plan.vT, ws + plan.p, ws + plan.ds);
+    tile_p_ds(d, causal, scale, hv, i0, qb, j0, kb, docs.mask(tile), ws + plan.kT, ws + plan.vT, ws + plan.p,
+              ws + plan.ds);
     tile_dq(d, k, b, kvh, j0, qb, kb, ws + plan.ds, dqa);
   }
   for (int64_t r = 0; r < qb; ++r) {
@@ -485,7 +536,7 @@ int64_t attention_backward_workspace_floats(const AttentionDims& dims, int threa
 
 void attention_forward(const AttentionDims& dims, bool causal, float scale, const float* q,
                        const float* k, const float* v, float* out, float* lse, float* workspace,
-                       int threads) {
+                       int threads, const int32_t* documents) {
   const ForwardPlan plan = plan_forward(dims);
   const int64_t nq = ceil_div(dims.S, kBq);
   const int64_t items = dims.B * dims.NH * nq;
@@ -497,8 +548,9 @@ void attention_forward(const AttentionDims& dims, bool causal, float scale, cons
     for (int64_t it = 0; it < items; ++it) {
       const int64_t qblk = nq - 1 - it % nq;
       const int64_t bh = it / nq;
-      forward_block(dims, causal, scale, q, k, v, out, lse, bh / dims.NH, bh % dims.NH,
-                    qblk * kBq, ws, plan);
+      const int64_t b = bh / dims.NH;
+      forward_block(dims, causal, scale, q, k, v, out, lse, b, bh % dims.NH, qblk * kBq,
+                    docs_of(documents, dims.S, b), ws, plan);
     }
   }
 }
@@ -506,7 +558,7 @@ void attention_forward(const AttentionDims& dims, bool causal, float scale, cons
 void attention_backward(const AttentionDims& dims, bool causal, float scale, const float* q,
                         const float* k, const float* v, const float* out, const float* lse,
                         const float* dout, float* dq, float* dk, float* dv, float* workspace,
-                        int threads) {
+                        int threads, const int32_t* documents) {
   threads = std::max(threads, 1);
   const BackwardPlan plan = plan_backward(dims, threads);
   const int64_t S = dims.S, D = dims.D, NKV = dims.NKV, G = plan.G;
@@ -525,15 +577,17 @@ void attention_backward(const AttentionDims& dims, bool causal, float scale, con
 #pragma omp for schedule(dynamic, 1)
       for (int64_t it = 0; it < dims.B * NKV * nk; ++it) {
         const int64_t bkv = it % (dims.B * NKV), jblk = it / (dims.B * NKV);
-        backward_key_block(dims, causal, scale, q, k, v, lse, dout, deltas, dk, dv, bkv / NKV, bkv % NKV,
-                           jblk * kBk, ws, plan);
+        const int64_t b = bkv / NKV;
+        backward_key_block(dims, causal, scale, q, k, v, lse, dout, deltas, dk, dv, b, bkv % NKV, jblk * kBk,
+                           docs_of(documents, S, b), ws, plan);
       }
       // dQ by query block, the last (most keys) first.
 #pragma omp for schedule(dynamic, 1)
       for (int64_t it = 0; it < dims.B * dims.NH * nq; ++it) {
         const int64_t bh = it % (dims.B * dims.NH), iblk = nq - 1 - it / (dims.B * dims.NH);
-        backward_query_block(dims, causal, scale, q, k, v, lse, dout, deltas, dq, bh / dims.NH,
-                             bh % dims.NH, iblk * kBq, ws, plan);
+        const int64_t b = bh / dims.NH;
+        backward_query_block(dims, causal, scale, q, k, v, lse, dout, deltas, dq, b, bh % dims.NH, iblk * kBq,
+                             docs_of(documents, S, b), ws, plan);
       }
     }
     return;
@@ -549,7 +603,7 @@ void attention_backward(const AttentionDims& dims, bool causal, float scale, con
         float* dk_bh = dk + (b * S * NKV + h) * D;
         float* dv_bh = dv + (b * S * NKV + h) * D;
         backward_head(dims, causal, scale, q, k, v, out, lse, dout, dq, dk_bh, dv_bh, NKV * D, b,
-                      h, ws, plan);
+                      h, docs_of(documents, S, b), ws, plan);
       }
     }
     return;
@@ -569,7 +623,7 @@ void attention_backward(const AttentionDims& dims, bool causal, float scale, con
         float* dk_part = slots + it * plan.slot;
         float* dv_part = dk_part + plan.slot / 2;
         backward_head(dims, causal, scale, q, k, v, out, lse, dout, dq, dk_part, dv_part, D, b, h,
-                      ws, plan);
+                      docs_of(documents, S, b), ws, plan);
       }
       // (implicit barrier) reduce rows of the wave's groups
 #pragma omp for schedule(static)

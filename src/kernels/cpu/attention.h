@@ -6,7 +6,11 @@
 //   q, out, dq, dout : [B, S, NH, D]
 //   k, v, dk, dv     : [B, S, NKV, D]      NH % NKV == 0; query head h reads kv head h / (NH / NKV)
 //   lse              : [B, NH, S]          lse[b,h,i] = log sum_j exp(scale * q_i . k_j) over allowed j
-// causal: query i attends to keys j <= i.
+//   documents        : [B, S] int32, optional (null: one document), non-decreasing along S
+// causal: query i attends to keys j <= i. With documents, query i attends only to keys of
+// its own document (documents[b, j] == documents[b, i]): packed samples. Tiles whose query
+// and key rows lie in different documents are skipped, so the work is the sum over
+// documents of their squared lengths, not S^2.
 #pragma once
 #include <cstdint>
 
@@ -26,25 +30,30 @@ int64_t attention_backward_workspace_floats(const AttentionDims& dims, int threa
 // results are bitwise the same for every thread count.
 void attention_forward(const AttentionDims& dims, bool causal, float scale, const float* q,
                        const float* k, const float* v, float* out, float* lse, float* workspace,
-                       int threads);
+                       int threads, const int32_t* documents = nullptr);
 
 // Writes (does not accumulate into) dq, dk, dv.
 void attention_backward(const AttentionDims& dims, bool causal, float scale, const float* q,
                         const float* k, const float* v, const float* out, const float* lse,
                         const float* dout, float* dq, float* dk, float* dv, float* workspace,
-                        int threads);
+                        int threads, const int32_t* documents = nullptr);
 
 // Which schedule attention_backward uses on `threads` threads (attention.cpp): the split
 // one (over key blocks, then query blocks) when B x NH heads are too few to keep every
 // thread busy, else the fused one (over heads). Both give bitwise the same results.
 bool attention_backward_is_split(const AttentionDims& dims, int threads);
 
+// The first (b, i) with documents[b, i] < documents[b, i - 1], or -1 when every row is
+// non-decreasing (what the kernels require).
+int64_t first_unsorted_document(const AttentionDims& dims, const int32_t* documents);
+
 // The plain O(S^2)-memory reference, in double, for tests: same layouts.
 void attention_forward_reference(const AttentionDims& dims, bool causal, double scale,
                                  const double* q, const double* k, const double* v, double* out,
-                                 double* lse);
+                                 double* lse, const int32_t* documents = nullptr);
 void attention_backward_reference(const AttentionDims& dims, bool causal, double scale,
                                   const double* q, const double* k, const double* v,
-                                  const double* dout, double* dq, double* dk, double* dv);
+                                  const double* dout, double* dq, double* dk, double* dv,
+                                  const int32_t* documents = nullptr);
 
 }  // namespace autosp::cpu
