@@ -7,12 +7,14 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "io/indexed_dataset.h"
 #include "io/safetensors.h"
 #include "io/tokens.h"
 #include "ir/graph.h"
 #include "models/llama.h"
 #include "ops/op.h"
 #include "train/config.h"
+#include "train/data.h"
 #include "util/error.h"
 
 namespace autosp::fuzz {
@@ -49,6 +51,12 @@ class InputFile {
 };
 
 const std::string& as_file(const uint8_t* data, size_t size) {
+  static InputFile file;
+  return file.write(data, size);
+}
+
+// A second file, for inputs that are two (an indexed dataset's .bin beside its .idx).
+const std::string& as_second_file(const uint8_t* data, size_t size) {
   static InputFile file;
   return file.write(data, size);
 }
@@ -154,12 +162,63 @@ void tokens(const uint8_t* data, size_t size) {
   }
 }
 
+// The input is both files of an indexed dataset: a little-endian u16 n, a byte that picks
+// S, the vocabulary and pack, n bytes of .idx, then the .bin (fuzz/corpus/indexed_dataset/
+// holds Megatron-layout pairs so). Every sample is read as training would, and an accepted
+// sample's layout must be what data.h promises.
+void indexed_dataset(const uint8_t* data, size_t size) {
+  const size_t head = std::min<size_t>(size, 3);
+  const uint8_t knobs = size > 2 ? data[2] : 0;
+  const size_t idx_bytes = size >= 2 ? std::min<size_t>(data[0] | data[1] << 8, size - head) : 0;
+  const uint8_t* idx = data + head;
+  const uint8_t* bin = idx + idx_bytes;
+  const size_t bin_bytes = size - head - idx_bytes;
+  const int64_t S = 1 + knobs % 7;
+  const int32_t vocab = knobs & 8 ? 64 : INT32_MAX;
+  const bool pack = !(knobs & 16);
+  try {
+    train::IndexedDatasetSource source(as_file(idx, idx_bytes), as_second_file(bin, bin_bytes), vocab, pack);
+    (void)source.fingerprint();
+    (void)source.describe(S);
+    const io::IndexedDataset& d = source.dataset();
+    const std::vector<int64_t>& starts = d.document_starts();
+    AUTOSP_CHECK(static_cast<int64_t>(starts.size()) == d.num_documents() + 1 && starts.front() == 0 &&
+                     starts.back() == d.num_tokens() && std::is_sorted(starts.begin(), starts.end()),
+                 "document starts");
+    std::vector<int32_t> inputs(S), labels(S), positions(S), documents(S);
+    const int64_t samples = std::min<int64_t>(source.num_samples(S), 64);
+    for (int64_t k = 0; k < std::max<int64_t>(samples, 1) + 1; ++k) {
+      try {
+        source.read_sample(k, S, inputs.data(), labels.data());
+        source.read_layout(k, S, positions.data(), documents.data());
+      } catch (const UserError& e) {
+        refused(e);
+        continue;
+      }
+      for (int64_t i = 0; i < S; ++i) {
+        AUTOSP_CHECK(inputs[i] >= 0 && inputs[i] < vocab, "input ", inputs[i]);
+        const bool first = i == 0 || documents[i] != documents[i - 1];
+        AUTOSP_CHECK(i > 0 || documents[0] == 0, "document ", documents[0]);
+        AUTOSP_CHECK(i == 0 || documents[i] == documents[i - 1] || documents[i] == documents[i - 1] + 1, "documents");
+        AUTOSP_CHECK(first ? (i == 0 || positions[i] == 0) : positions[i] == positions[i - 1] + 1, "positions");
+        // A document's last token inside the sample has no label; the others have the next token.
+        if (i + 1 < S && documents[i + 1] != documents[i]) AUTOSP_CHECK(labels[i] == train::kIgnoreLabel, "label");
+        if (i + 1 < S && documents[i + 1] == documents[i]) AUTOSP_CHECK(labels[i] == inputs[i + 1], "label");
+        AUTOSP_CHECK(pack || (positions[i] == i && documents[i] == 0), "unpacked layout");
+      }
+    }
+  } catch (const UserError& e) {
+    refused(e);
+  }
+}
+
 const std::vector<Target>& targets() {
   static const std::vector<Target> all = {{"safetensors", safetensors},
                                           {"model_config", model_config},
                                           {"ds_config", ds_config},
                                           {"ir_text", ir_text},
-                                          {"tokens", tokens}};
+                                          {"tokens", tokens},
+                                          {"indexed_dataset", indexed_dataset}};
   return all;
 }
 
