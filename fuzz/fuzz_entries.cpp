@@ -68,6 +68,25 @@ void refused(const UserError& e) {
 
 }  // namespace
 
+// What data.h promises of a sample a packed (or unpacked) source accepted.
+void check_packed_sample(const std::vector<int32_t>& inputs, const std::vector<int32_t>& labels,
+                         const std::vector<int32_t>& positions, const std::vector<int32_t>& documents, int32_t vocab,
+                         bool packed) {
+  const size_t S = inputs.size();
+  for (size_t i = 0; i < S; ++i) {
+    AUTOSP_CHECK(inputs[i] >= 0 && inputs[i] < vocab, "input ", inputs[i]);
+    AUTOSP_CHECK(i > 0 || documents[0] == 0, "first document ", documents[0]);
+    const bool starts = i > 0 && documents[i] != documents[i - 1];
+    AUTOSP_CHECK(i == 0 || documents[i] == documents[i - 1] || documents[i] == documents[i - 1] + 1, "documents");
+    AUTOSP_CHECK(i == 0 || (starts ? positions[i] == 0 : positions[i] == positions[i - 1] + 1), "positions");
+    AUTOSP_CHECK(positions[i] >= 0, "position ", positions[i]);
+    // A document's last token inside the sample has no label; the others have the next token.
+    if (i + 1 < S) AUTOSP_CHECK(labels[i] == (documents[i + 1] != documents[i] ? train::kIgnoreLabel : inputs[i + 1]),
+                                "label ", i);
+    AUTOSP_CHECK(packed || (positions[i] == static_cast<int32_t>(i) && documents[i] == 0), "unpacked layout");
+  }
+}
+
 void safetensors(const uint8_t* data, size_t size) {
   try {
     std::map<std::string, std::string> metadata;
@@ -157,6 +176,20 @@ void tokens(const uint8_t* data, size_t size) {
         refused(e);
       }
     }
+    // Packed by an EOS id the third byte picks (ids 0..3 are common in small inputs).
+    const int32_t eos = size > 2 ? data[2] % 4 : 0;
+    const train::TokenFileSource source(as_file(data, size), vocab, eos);
+    std::vector<int32_t> positions(S), documents(S);
+    for (int64_t k = 0; k < std::min<int64_t>(std::max<int64_t>(samples, 1), 64) + 1; ++k) {
+      try {
+        source.read_sample(k, S, inputs.data(), labels.data());
+        source.read_layout(k, S, positions.data(), documents.data());
+      } catch (const UserError& e) {
+        refused(e);
+        continue;
+      }
+      check_packed_sample(inputs, labels, positions, documents, vocab, true);
+    }
   } catch (const UserError& e) {
     refused(e);
   }
@@ -195,17 +228,7 @@ void indexed_dataset(const uint8_t* data, size_t size) {
         refused(e);
         continue;
       }
-      for (int64_t i = 0; i < S; ++i) {
-        AUTOSP_CHECK(inputs[i] >= 0 && inputs[i] < vocab, "input ", inputs[i]);
-        const bool first = i == 0 || documents[i] != documents[i - 1];
-        AUTOSP_CHECK(i > 0 || documents[0] == 0, "document ", documents[0]);
-        AUTOSP_CHECK(i == 0 || documents[i] == documents[i - 1] || documents[i] == documents[i - 1] + 1, "documents");
-        AUTOSP_CHECK(first ? (i == 0 || positions[i] == 0) : positions[i] == positions[i - 1] + 1, "positions");
-        // A document's last token inside the sample has no label; the others have the next token.
-        if (i + 1 < S && documents[i + 1] != documents[i]) AUTOSP_CHECK(labels[i] == train::kIgnoreLabel, "label");
-        if (i + 1 < S && documents[i + 1] == documents[i]) AUTOSP_CHECK(labels[i] == inputs[i + 1], "label");
-        AUTOSP_CHECK(pack || (positions[i] == i && documents[i] == 0), "unpacked layout");
-      }
+      check_packed_sample(inputs, labels, positions, documents, vocab, pack);
     }
   } catch (const UserError& e) {
     refused(e);

@@ -96,10 +96,13 @@ TEST_F(IndexedDatasetTest, ReadsEveryIntegerDtype) {
 }
 
 TEST_F(IndexedDatasetTest, LargeIdsOfEachDtypeAndNegativeIdsAreChecked) {
-  // The largest id each dtype holds that int32 token ids can: read exactly.
-  const std::pair<TokenDType, int64_t> largest[] = {{TokenDType::kUint8, 255}, {TokenDType::kInt8, 127},
-                                                    {TokenDType::kInt16, 32767}, {TokenDType::kUint16, 65535},
-                                                    {TokenDType::kInt32, INT32_MAX}, {TokenDType::kInt64, INT32_MAX}};
+  // The largest id of each dtype that a vocabulary (at most INT32_MAX ids) has: read exactly.
+  const std::pair<TokenDType, int64_t> largest[] = {{TokenDType::kUint8, 255},
+                                                    {TokenDType::kInt8, 127},
+                                                    {TokenDType::kInt16, 32767},
+                                                    {TokenDType::kUint16, 65535},
+                                                    {TokenDType::kInt32, INT32_MAX - 1},
+                                                    {TokenDType::kInt64, INT32_MAX - 1}};
   for (const auto& [dtype, id] : largest) {
     write_indexed_dataset(prefix(), dtype, {{{id, 0}}});
     IndexedDataset d(prefix());
