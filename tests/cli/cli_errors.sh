@@ -454,6 +454,16 @@ indexed_case idx_token_out_of_range && "$PYTHON" -c "
 import sys; b = bytearray(open(sys.argv[1], 'rb').read()); b[10:12] = (67).to_bytes(2, 'little')
 open(sys.argv[1], 'wb').write(bytes(b))" "$CASE/ds.bin" &&
   idx_case idx_token_out_of_range "$CASE/ds.bin" "token id 67" "byte offset 10" "vocab_size 67"
+# Resume checks the data by both files: a checkpoint trained on the dataset resumes on it,
+# and refuses the same dataset with one document boundary moved (an .idx of the same size).
+indexed_case data_indexed_resume &&
+  run_expect data_indexed_resume_save 0 -- "$AUTOSP" train --config "$CASE/ds_config.json" --model "$CASE" \
+    --data "$CASE/ds" --seq-len 16 --steps 1 --save "$CASE/ckpt" &&
+  run_expect data_indexed_resume_same 0 -- "$AUTOSP" train --config "$CASE/ds_config.json" \
+    --resume "$CASE/ckpt" --data "$CASE/ds" --steps 2 &&
+  mutate idx "$CASE/ds.idx" "doc[1]" 2 &&
+  expect_error data_indexed_resume_other_documents "not the data the checkpoint" "--allow-new-data" -- \
+    "$AUTOSP" train --config "$CASE/ds_config.json" --resume "$CASE/ckpt" --data "$CASE/ds" --steps 3
 # The config's data section: refused values, and eos_token_id outside the vocabulary.
 new_case data_eos_out_of_vocab && mutate json "$CASE/ds_config.json" 'c["data"] = {"eos_token_id": 67}' &&
   train_case data_eos_out_of_vocab "data.eos_token_id: 67" "vocab_size is 67"
