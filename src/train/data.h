@@ -1,4 +1,4 @@
-// Where training samples come from: a user's token file or the built-in passkey task.
+// Where training samples come from: a user's token file or indexed dataset, or the built-in passkey task.
 // A sample is S input tokens and S labels; label -100 (kIgnoreLabel) is not scored.
 // A packed source (packed()) holds several documents per sample (DESIGN.md "Files users
 // bring"): its layout gives each token's position id and document, and attention stays
