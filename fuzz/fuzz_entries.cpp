@@ -7,12 +7,14 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "io/indexed_dataset.h"
 #include "io/safetensors.h"
 #include "io/tokens.h"
 #include "ir/graph.h"
 #include "models/llama.h"
 #include "ops/op.h"
 #include "train/config.h"
+#include "train/data.h"
 #include "util/error.h"
 
 namespace autosp::fuzz {
@@ -53,12 +55,37 @@ const std::string& as_file(const uint8_t* data, size_t size) {
   return file.write(data, size);
 }
 
+// A second file, for inputs that are two (an indexed dataset's .bin beside its .idx).
+const std::string& as_second_file(const uint8_t* data, size_t size) {
+  static InputFile file;
+  return file.write(data, size);
+}
+
 // A refusal is the expected outcome for most inputs; its message must say something.
 void refused(const UserError& e) {
   if (std::string(e.what()).empty()) internal_error("a UserError with an empty message");
 }
 
 }  // namespace
+
+// What data.h promises of a sample a packed (or unpacked) source accepted.
+void check_packed_sample(const std::vector<int32_t>& inputs, const std::vector<int32_t>& labels,
+                         const std::vector<int32_t>& positions, const std::vector<int32_t>& documents, int32_t vocab,
+                         bool packed) {
+  const size_t S = inputs.size();
+  for (size_t i = 0; i < S; ++i) {
+    AUTOSP_CHECK(inputs[i] >= 0 && inputs[i] < vocab, "input ", inputs[i]);
+    AUTOSP_CHECK(i > 0 || documents[0] == 0, "first document ", documents[0]);
+    const bool starts = i > 0 && documents[i] != documents[i - 1];
+    AUTOSP_CHECK(i == 0 || documents[i] == documents[i - 1] || documents[i] == documents[i - 1] + 1, "documents");
+    AUTOSP_CHECK(i == 0 || (starts ? positions[i] == 0 : positions[i] == positions[i - 1] + 1), "positions");
+    AUTOSP_CHECK(positions[i] >= 0, "position ", positions[i]);
+    // A document's last token inside the sample has no label; the others have the next token.
+    if (i + 1 < S) AUTOSP_CHECK(labels[i] == (documents[i + 1] != documents[i] ? train::kIgnoreLabel : inputs[i + 1]),
+                                "label ", i);
+    AUTOSP_CHECK(packed || (positions[i] == static_cast<int32_t>(i) && documents[i] == 0), "unpacked layout");
+  }
+}
 
 void safetensors(const uint8_t* data, size_t size) {
   try {
@@ -149,6 +176,60 @@ void tokens(const uint8_t* data, size_t size) {
         refused(e);
       }
     }
+    // Packed by an EOS id the third byte picks (ids 0..3 are common in small inputs).
+    const int32_t eos = size > 2 ? data[2] % 4 : 0;
+    const train::TokenFileSource source(as_file(data, size), vocab, eos);
+    std::vector<int32_t> positions(S), documents(S);
+    for (int64_t k = 0; k < std::min<int64_t>(std::max<int64_t>(samples, 1), 64) + 1; ++k) {
+      try {
+        source.read_sample(k, S, inputs.data(), labels.data());
+        source.read_layout(k, S, positions.data(), documents.data());
+      } catch (const UserError& e) {
+        refused(e);
+        continue;
+      }
+      check_packed_sample(inputs, labels, positions, documents, vocab, true);
+    }
+  } catch (const UserError& e) {
+    refused(e);
+  }
+}
+
+// The input is both files of an indexed dataset: a little-endian u16 n, a byte that picks
+// S, the vocabulary and pack, n bytes of .idx, then the .bin (fuzz/corpus/indexed_dataset/
+// holds Megatron-layout pairs so). Every sample is read as training would, and an accepted
+// sample's layout must be what data.h promises.
+void indexed_dataset(const uint8_t* data, size_t size) {
+  const size_t head = std::min<size_t>(size, 3);
+  const uint8_t knobs = size > 2 ? data[2] : 0;
+  const size_t idx_bytes = size >= 2 ? std::min<size_t>(data[0] | data[1] << 8, size - head) : 0;
+  const uint8_t* idx = data + head;
+  const uint8_t* bin = idx + idx_bytes;
+  const size_t bin_bytes = size - head - idx_bytes;
+  const int64_t S = 1 + knobs % 7;
+  const int32_t vocab = knobs & 8 ? 64 : INT32_MAX;
+  const bool pack = !(knobs & 16);
+  try {
+    train::IndexedDatasetSource source(as_file(idx, idx_bytes), as_second_file(bin, bin_bytes), vocab, pack);
+    (void)source.fingerprint();
+    (void)source.describe(S);
+    const io::IndexedDataset& d = source.dataset();
+    const std::vector<int64_t>& starts = d.document_starts();
+    AUTOSP_CHECK(static_cast<int64_t>(starts.size()) == d.num_documents() + 1 && starts.front() == 0 &&
+                     starts.back() == d.num_tokens() && std::is_sorted(starts.begin(), starts.end()),
+                 "document starts");
+    std::vector<int32_t> inputs(S), labels(S), positions(S), documents(S);
+    const int64_t samples = std::min<int64_t>(source.num_samples(S), 64);
+    for (int64_t k = 0; k < std::max<int64_t>(samples, 1) + 1; ++k) {
+      try {
+        source.read_sample(k, S, inputs.data(), labels.data());
+        source.read_layout(k, S, positions.data(), documents.data());
+      } catch (const UserError& e) {
+        refused(e);
+        continue;
+      }
+      check_packed_sample(inputs, labels, positions, documents, vocab, pack);
+    }
   } catch (const UserError& e) {
     refused(e);
   }
@@ -159,7 +240,8 @@ const std::vector<Target>& targets() {
                                           {"model_config", model_config},
                                           {"ds_config", ds_config},
                                           {"ir_text", ir_text},
-                                          {"tokens", tokens}};
+                                          {"tokens", tokens},
+                                          {"indexed_dataset", indexed_dataset}};
   return all;
 }
 

@@ -20,7 +20,10 @@ void safetensors(const uint8_t* data, size_t size);   // io::read_safetensors
 void model_config(const uint8_t* data, size_t size);  // models::load_llama_config (config.json)
 void ds_config(const uint8_t* data, size_t size);     // train::load_train_config + resolve_batch
 void ir_text(const uint8_t* data, size_t size);       // parse_graph, print round trip, verify
-void tokens(const uint8_t* data, size_t size);        // io::TokenFile: open, every sample, fingerprint
+// io::TokenFile: open, every sample, fingerprint; train::TokenFileSource packed by an eos_token_id
+void tokens(const uint8_t* data, size_t size);
+// io::IndexedDataset (.idx and .bin) and train::IndexedDatasetSource: every sample and layout
+void indexed_dataset(const uint8_t* data, size_t size);
 
 struct Target {
   const char* name;  // its corpus is fuzz/corpus/<name>/

@@ -11,7 +11,7 @@ build=${1:?usage: scripts/fuzz.sh BUILD_DIR [TARGET...]}
 shift
 seconds=${FUZZ_SECONDS:-60}
 targets=("$@")
-[ ${#targets[@]} -eq 0 ] && targets=(safetensors model_config ds_config ir_text tokens)
+[ ${#targets[@]} -eq 0 ] && targets=(safetensors model_config ds_config ir_text tokens indexed_dataset)
 root=$(cd "$(dirname "$0")/.." && pwd)
 failed=()
 summary=""

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <functional>
 #include <iostream>
+#include <memory>
 #include <nlohmann/json.hpp>
 
 #include "comm/mpi_communicator.h"
@@ -17,6 +18,7 @@
 #include "passes/pipeline.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
+#include "train/data.h"
 #include "train/passkey.h"
 #include "train/trainer.h"
 #include "util/atomic_file.h"
@@ -447,7 +449,14 @@ int run_train(const TrainArgs& args, MpiRuntime* mpi) {
                  (long long)S, (long long)model.max_position_embeddings);
 
   // Everything that can refuse the run does so before the first step.
-  train::TokenFileSource data(args.data, static_cast<int32_t>(model.vocab_size));
+  // --data: a flat token file or an indexed dataset (train::open_data_source says how it
+  // tells them apart); the step's graph takes document ids when its samples are packed.
+  std::vector<std::string> data_notes;
+  const std::unique_ptr<train::DataSource> source =
+      train::open_data_source(args.data, static_cast<int32_t>(model.vocab_size), config.data, args.config, &data_notes);
+  warn_all(launch, data_notes);
+  const train::DataSource& data = *source;
+  config.data.packed = data.packed();
   const io::DataFingerprint fingerprint = *data.fingerprint();
   const int64_t epoch_samples = data.num_samples(S);
   if (ckpt) resume_data_position(launch, *ckpt, state, layout, args, fingerprint);

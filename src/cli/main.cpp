@@ -102,8 +102,11 @@ int main(int argc, char** argv) {
   train_cmd->add_option("--model", train.model,
                         "REQUIRED unless --resume. Model directory (config.json, optional model.safetensors)")
       ->check(CLI::ExistingDirectory);
-  train_cmd->add_option("--data", train.data, "REQUIRED. Token file (little-endian uint32 ids)")
-      ->check(CLI::ExistingFile);
+  // Not CLI::ExistingFile: an indexed dataset is named by its prefix (open_data_source).
+  train_cmd->add_option("--data", train.data,
+                        "REQUIRED. Flat token file (little-endian uint32 ids), or a Megatron/NeMo indexed dataset: "
+                        "PREFIX (or PREFIX.bin, PREFIX.idx) of PREFIX.bin + PREFIX.idx. Packing: the config's "
+                        "\"data\" section (pack, eos_token_id)");
   train_cmd->add_option("--seq-len", train.seq_len, "REQUIRED unless --resume. Sequence length S")->check(kPositive);
   train_cmd->add_option("--steps", train.steps,
                         "REQUIRED. Train until this optimizer step (total, also when resuming)")

@@ -1,12 +1,7 @@
 #include "io/safetensors.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <bit>
-#include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -16,6 +11,7 @@
 #include <system_error>
 #include <tuple>
 
+#include "io/file.h"
 #include "util/atomic_file.h"
 #include "util/error.h"
 
@@ -34,56 +30,6 @@ using json = nlohmann::json;
 constexpr uint64_t kMaxHeaderBytes = 100'000'000;
 // Root object, tensor entry, shape array: 3 levels; a little slack for metadata writers.
 constexpr int kMaxHeaderDepth = 8;
-
-std::string errno_text(int err) { return std::error_code(err, std::generic_category()).message(); }
-
-class ReadOnlyFile {
- public:
-  explicit ReadOnlyFile(const std::string& path) : path_(path) {
-    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd_ < 0) user_error(path, ": cannot open: ", errno_text(errno));
-    struct stat st;
-    if (::fstat(fd_, &st) != 0) {
-      int err = errno;
-      ::close(fd_);
-      user_error(path, ": cannot stat: ", errno_text(err));
-    }
-    if (!S_ISREG(st.st_mode)) {
-      ::close(fd_);
-      user_error(path, ": not a regular file");
-    }
-    size_ = static_cast<uint64_t>(st.st_size);
-  }
-  ReadOnlyFile(const ReadOnlyFile&) = delete;
-  ReadOnlyFile& operator=(const ReadOnlyFile&) = delete;
-  ~ReadOnlyFile() { ::close(fd_); }
-
-  uint64_t size() const { return size_; }
-
-  // Reads exactly `n` bytes at `offset`; a short read means the file shrank under us.
-  void read(uint64_t offset, void* out, size_t n) const {
-    auto* p = static_cast<char*>(out);
-    while (n > 0) {
-      ssize_t got = ::pread(fd_, p, n, static_cast<off_t>(offset));
-      if (got < 0) {
-        if (errno == EINTR) continue;
-        user_error(path_, ": cannot read ", n, " bytes at offset ", offset, ": ",
-                   errno_text(errno));
-      }
-      if (got == 0)
-        user_error(path_, ": unexpected end of file at offset ", offset,
-                   " (was the file truncated while being read?)");
-      p += got;
-      n -= static_cast<size_t>(got);
-      offset += static_cast<uint64_t>(got);
-    }
-  }
-
- private:
-  std::string path_;
-  int fd_ = -1;
-  uint64_t size_ = 0;
-};
 
 enum class DType { F32, BF16, F16 };
 

@@ -82,8 +82,23 @@ void TokenFile::read_sample(int64_t k, int64_t S, int32_t vocab_size, int32_t* i
   int64_t first = (k % samples) * S;
 
   std::vector<uint32_t> tokens(static_cast<size_t>(S + 1));
-  auto* p = reinterpret_cast<char*>(tokens.data());
-  size_t left = tokens.size() * 4;
+  read_tokens(first, S + 1, tokens.data());
+  for (size_t i = 0; i < tokens.size(); ++i)
+    if (tokens[i] >= static_cast<uint32_t>(vocab_size))
+      user_error(path_, ": token id ", tokens[i], " at byte offset ",
+                 (first + static_cast<int64_t>(i)) * 4, " is out of range for vocab_size ",
+                 vocab_size);
+  for (int64_t i = 0; i < S; ++i) {
+    inputs[i] = static_cast<int32_t>(tokens[i]);
+    labels[i] = static_cast<int32_t>(tokens[i + 1]);
+  }
+}
+
+void TokenFile::read_tokens(int64_t first, int64_t n, uint32_t* out) const {
+  AUTOSP_CHECK(fd_ >= 0, "read from a moved-from TokenFile");
+  AUTOSP_CHECK(first >= 0 && n >= 0 && first <= num_tokens_ - n, "tokens [", first, ", +", n, ") of ", num_tokens_);
+  auto* p = reinterpret_cast<char*>(out);
+  size_t left = static_cast<size_t>(n) * 4;
   off_t at = static_cast<off_t>(first * 4);
   while (left > 0) {
     ssize_t got = ::pread(fd_, p, left, at);
@@ -97,15 +112,6 @@ void TokenFile::read_sample(int64_t k, int64_t S, int32_t vocab_size, int32_t* i
     p += got;
     left -= static_cast<size_t>(got);
     at += got;
-  }
-  for (size_t i = 0; i < tokens.size(); ++i)
-    if (tokens[i] >= static_cast<uint32_t>(vocab_size))
-      user_error(path_, ": token id ", tokens[i], " at byte offset ",
-                 (first + static_cast<int64_t>(i)) * 4, " is out of range for vocab_size ",
-                 vocab_size);
-  for (int64_t i = 0; i < S; ++i) {
-    inputs[i] = static_cast<int32_t>(tokens[i]);
-    labels[i] = static_cast<int32_t>(tokens[i + 1]);
   }
 }
 

@@ -42,6 +42,10 @@ class TokenFile {
   void read_sample(int64_t k, int64_t S, int32_t vocab_size, int32_t* inputs,
                    int32_t* labels) const;
 
+  // Tokens [first, first + n) as they are in the file, unchecked against any vocabulary.
+  // UserError if the file cannot be read (it shrank). Safe from several threads.
+  void read_tokens(int64_t first, int64_t n, uint32_t* out) const;
+
   // The sample that row `row` of micro-batch `micro` of an optimizer step reads on
   // data-parallel rank `dp_rank`, when `consumed` samples were read before the step:
   // consecutive micro-batches, ranks and rows read consecutive samples, so every rank sees

@@ -403,6 +403,22 @@ ZeroConfig parse_zero(const Ctx& ctx, const json& section) {
   return z;
 }
 
+DataConfig parse_data(const Ctx& ctx, const json& section) {
+  const std::string path = "data";
+  object_at(ctx, section, path);
+  warn_unknown(ctx, section, path, {"pack", "eos_token_id"});
+  DataConfig d;
+  if (section.contains("pack")) d.pack = bool_at(ctx, section["pack"], "data.pack");
+  if (section.contains("eos_token_id")) {
+    // A token id: the model's ids are int32 (and the vocabulary is checked when the data is opened).
+    const int64_t eos = int_at(ctx, section["eos_token_id"], "data.eos_token_id", 0);
+    if (eos > std::numeric_limits<int32_t>::max())
+      bad_value(ctx, "data.eos_token_id", "an integer in [0, 2^31)", section["eos_token_id"]);
+    d.eos_token_id = eos;
+  }
+  return d;
+}
+
 // `section.enabled` as a bool, false when absent (DeepSpeed's default for every section that
 // has the key). `section` must be an object.
 bool enabled_at(const Ctx& ctx, const json& section, const std::string& path) {
@@ -620,7 +636,7 @@ TrainConfig parse_train_config(const nlohmann::json& json_in, const std::string&
   warn_unknown(ctx, json, "",
                {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
                 "gradient_clipping", "optimizer", "scheduler", "compile", "sequence_parallel_size",
-                "zero_optimization", "steps_per_print", "seed",
+                "zero_optimization", "steps_per_print", "seed", "data",
                 // mixed precision (parse_precision)
                 "bf16", "bfloat16", "fp16", "amp", "torch_autocast",
                 // refused when on (refuse_math_changes)
@@ -659,6 +675,7 @@ TrainConfig parse_train_config(const nlohmann::json& json_in, const std::string&
   if (has("steps_per_print"))
     c.steps_per_print = int_at(ctx, json["steps_per_print"], "steps_per_print", 1);
   if (has("seed")) c.seed = static_cast<uint64_t>(int_at(ctx, json["seed"], "seed", 0));
+  if (has("data")) c.data = parse_data(ctx, json["data"]);
   return c;
 }
 

@@ -1,5 +1,10 @@
 #include "train/data.h"
 
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <climits>
+
 #include "util/error.h"
 
 namespace autosp::train {
@@ -11,9 +16,214 @@ void DataSource::read_layout(int64_t /*sample*/, int64_t S, int32_t* positions, 
   }
 }
 
+// ---------------------------------------------------------------------------- documents
+
+DocumentStarts::DocumentStarts(std::vector<int64_t> starts) : starts_(std::move(starts)) {
+  AUTOSP_CHECK(!starts_.empty() && starts_[0] == 0, "document starts must begin with 0");
+  for (size_t d = 1; d < starts_.size(); ++d)
+    AUTOSP_CHECK(starts_[d] > starts_[d - 1], "document starts not increasing at ", d);
+}
+
+void DocumentStarts::mask_labels(int64_t first, int64_t S, int32_t* labels) const {
+  // Token first + i ends its document when first + i + 1 is a start, for starts in
+  // (first, first + S].
+  for (auto it = std::upper_bound(starts_.begin(), starts_.end(), first); it != starts_.end() && *it <= first + S;
+       ++it)
+    labels[*it - first - 1] = kIgnoreLabel;
+}
+
+void DocumentStarts::layout(int64_t first, int64_t S, int32_t* positions, int32_t* documents) const {
+  AUTOSP_CHECK(!starts_.empty(), "layout of a stream without documents");
+  auto next = std::upper_bound(starts_.begin(), starts_.end(), first);  // the first start after `first`
+  int64_t start = *(next - 1);  // of token first's document, which may begin before the sample
+  int32_t document = 0;
+  for (int64_t i = 0; i < S; ++i) {
+    const int64_t t = first + i;
+    if (next != starts_.end() && *next == t) {
+      start = t;
+      ++document;
+      ++next;
+    }
+    // A document cut by the sample's start continues its count, so a position can exceed S.
+    const int64_t position = t - start;
+    if (position > INT32_MAX)
+      user_error("stream token ", t, " is ", position, " tokens into its document: position ids are int32");
+    positions[i] = static_cast<int32_t>(position);
+    documents[i] = document;
+  }
+}
+
+// ---------------------------------------------------------------------------- token file
+
+namespace {
+
+// Where each document of a flat token file starts: after every EOS token but the last one.
+std::vector<int64_t> eos_document_starts(const io::TokenFile& file, uint32_t eos) {
+  std::vector<int64_t> starts{0};
+  constexpr int64_t kChunk = int64_t{1} << 20;
+  std::vector<uint32_t> tokens(static_cast<size_t>(std::min(kChunk, file.num_tokens())));
+  for (int64_t first = 0; first < file.num_tokens(); first += kChunk) {
+    const int64_t n = std::min(kChunk, file.num_tokens() - first);
+    file.read_tokens(first, n, tokens.data());
+    for (int64_t i = 0; i < n; ++i)
+      if (tokens[static_cast<size_t>(i)] == eos && first + i + 1 < file.num_tokens()) starts.push_back(first + i + 1);
+  }
+  return starts;
+}
+
+}  // namespace
+
+TokenFileSource::TokenFileSource(const std::string& path, int32_t vocab_size, std::optional<int32_t> eos_token_id)
+    : file_(path), vocab_size_(vocab_size), eos_token_id_(eos_token_id) {
+  if (eos_token_id_) {
+    AUTOSP_CHECK(*eos_token_id_ >= 0 && *eos_token_id_ < vocab_size_, "eos_token_id ", *eos_token_id_);
+    documents_ = DocumentStarts(eos_document_starts(file_, static_cast<uint32_t>(*eos_token_id_)));
+  }
+}
+
+void TokenFileSource::read_sample(int64_t sample, int64_t S, int32_t* inputs, int32_t* labels) const {
+  file_.read_sample(sample, S, vocab_size_, inputs, labels);
+  if (eos_token_id_) documents_.mask_labels((sample % file_.num_samples(S)) * S, S, labels);
+}
+
+void TokenFileSource::read_layout(int64_t sample, int64_t S, int32_t* positions, int32_t* documents) const {
+  if (!eos_token_id_) return DataSource::read_layout(sample, S, positions, documents);
+  const int64_t samples = file_.num_samples(S);
+  if (samples == 0)
+    user_error(file_.path(), ": token file has ", file_.num_tokens(), " tokens, but one sample of sequence length S=",
+               S, " needs S + 1 = ", S + 1);
+  documents_.layout((sample % samples) * S, S, positions, documents);
+}
+
 std::string TokenFileSource::describe(int64_t S) const {
-  return str(file_.path(), ": ", file_.num_tokens(), " tokens, ", file_.num_samples(S),
-             " samples of ", S, " tokens");
+  std::string text = str(file_.path(), ": ", file_.num_tokens(), " tokens, ");
+  if (eos_token_id_)
+    text += str(documents_.count(), " documents (each ending at eos_token_id ", *eos_token_id_, ", packed), ");
+  return text + str(file_.num_samples(S), " samples of ", S, " tokens");
+}
+
+// ---------------------------------------------------------------------------- indexed dataset
+
+namespace {
+
+// Megatron's document starts without the empty documents (and without the end), as the
+// strictly increasing starts DocumentStarts takes.
+std::vector<int64_t> nonempty_document_starts(const io::IndexedDataset& dataset) {
+  std::vector<int64_t> starts;
+  for (int64_t s : dataset.document_starts())
+    if (s < dataset.num_tokens() && (starts.empty() || s > starts.back())) starts.push_back(s);
+  if (starts.empty()) starts.push_back(0);  // no tokens at all: no sample reads it
+  return starts;
+}
+
+}  // namespace
+
+IndexedDatasetSource::IndexedDatasetSource(const std::string& idx_path, const std::string& bin_path,
+                                           int32_t vocab_size, bool pack)
+    : dataset_(idx_path, bin_path), vocab_size_(vocab_size), pack_(pack) {
+  if (pack_) documents_ = DocumentStarts(nonempty_document_starts(dataset_));
+}
+
+int64_t IndexedDatasetSource::num_samples(int64_t S) const {
+  AUTOSP_CHECK(S > 0, "sequence length ", S);
+  return dataset_.num_tokens() < 1 ? 0 : (dataset_.num_tokens() - 1) / S;
+}
+
+int64_t IndexedDatasetSource::first_token(int64_t sample, int64_t S) const {
+  AUTOSP_CHECK(sample >= 0 && S > 0, "sample ", sample, " S=", S);
+  const int64_t samples = num_samples(S);
+  if (samples == 0)
+    user_error(dataset_.bin_path(), ": the indexed dataset has ", dataset_.num_tokens(),
+               " tokens, but one sample of sequence length S=", S, " needs S + 1 = ", S + 1);
+  return (sample % samples) * S;
+}
+
+void IndexedDatasetSource::read_sample(int64_t sample, int64_t S, int32_t* inputs, int32_t* labels) const {
+  const int64_t first = first_token(sample, S);
+  std::vector<int32_t> tokens(static_cast<size_t>(S + 1));
+  dataset_.read_tokens(first, S + 1, vocab_size_, tokens.data());
+  std::copy(tokens.begin(), tokens.end() - 1, inputs);
+  std::copy(tokens.begin() + 1, tokens.end(), labels);
+  if (pack_) documents_.mask_labels(first, S, labels);
+}
+
+void IndexedDatasetSource::read_layout(int64_t sample, int64_t S, int32_t* positions, int32_t* documents) const {
+  if (!pack_) return DataSource::read_layout(sample, S, positions, documents);
+  documents_.layout(first_token(sample, S), S, positions, documents);
+}
+
+std::string IndexedDatasetSource::describe(int64_t S) const {
+  const int64_t empty = dataset_.num_documents() - (dataset_.num_tokens() > 0 ? documents_.count() : 0);
+  const std::string& bin = dataset_.bin_path();
+  const std::string name = bin.size() > 4 && bin.compare(bin.size() - 4, 4, ".bin") == 0
+                               ? bin.substr(0, bin.size() - 4) + ".{bin,idx}"
+                               : bin + " + " + dataset_.idx_path();
+  std::string text = str(name, ": Megatron indexed dataset of ", dataset_.dtype_name(),
+                         " ids, ", dataset_.num_documents(), " documents");
+  if (pack_ && empty > 0) text += str(" (", empty, " empty)");
+  text += str(" in ", dataset_.num_sequences(), " sequences, ", dataset_.num_tokens(), " tokens, ", num_samples(S),
+              " samples of ", S, " tokens");
+  return text + (pack_ ? ", packed" : ", not packed (data.pack false: one token stream)");
+}
+
+// ---------------------------------------------------------------------------- --data
+
+namespace {
+
+bool is_file(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+bool exists(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+bool ends_with(const std::string& s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+}  // namespace
+
+std::unique_ptr<DataSource> open_data_source(const std::string& path, int32_t vocab_size, const DataConfig& config,
+                                             const std::string& config_source, std::vector<std::string>* warnings) {
+  auto warn = [&](const std::string& what) {
+    if (warnings) warnings->push_back(str(config_source, ": ", what));
+  };
+  if (config.eos_token_id && *config.eos_token_id >= vocab_size)
+    user_error(config_source, ": data.eos_token_id: ", *config.eos_token_id, " is not a token of the model, whose "
+               "vocab_size is ", vocab_size);
+
+  // Which files `path` names.
+  std::string prefix;
+  if (!is_file(path) && (exists(path + ".bin") || exists(path + ".idx"))) {
+    prefix = path;
+  } else if (ends_with(path, ".idx")) {
+    prefix = path.substr(0, path.size() - 4);
+  } else if (ends_with(path, ".bin") && exists(path.substr(0, path.size() - 4) + ".idx")) {
+    prefix = path.substr(0, path.size() - 4);
+  }
+  if (!prefix.empty()) {
+    for (const char* ext : {".idx", ".bin"})
+      if (!exists(prefix + ext))
+        user_error(path, ": an indexed dataset is PREFIX.bin + PREFIX.idx, and ", prefix, ext, " does not exist");
+    if (config.eos_token_id)
+      warn("data.eos_token_id: ignored: the documents of an indexed dataset are those of its .idx");
+    return std::make_unique<IndexedDatasetSource>(prefix + ".idx", prefix + ".bin", vocab_size,
+                                                  config.pack.value_or(true));
+  }
+  if (!exists(path))
+    user_error(path, ": no such file (--data takes a flat token file, or the PREFIX of an indexed dataset's "
+               "PREFIX.bin and PREFIX.idx)");
+  if (config.pack == true && !config.eos_token_id)
+    user_error(config_source, ": data.pack: true, but ", path, " is a flat token file, whose documents end at "
+               "data.eos_token_id: give data.eos_token_id (or use an indexed dataset)");
+  if (config.pack == false && config.eos_token_id)
+    warn("data.eos_token_id: ignored: data.pack is false, so the token file is one stream");
+  std::optional<int32_t> eos;
+  if (config.eos_token_id && config.pack != false) eos = static_cast<int32_t>(*config.eos_token_id);
+  return std::make_unique<TokenFileSource>(path, vocab_size, eos);
 }
 
 }  // namespace autosp::train

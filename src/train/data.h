@@ -1,4 +1,4 @@
-// Where training samples come from: a user's token file or the built-in passkey task.
+// Where training samples come from: a user's token file or indexed dataset, or the built-in passkey task.
 // A sample is S input tokens and S labels; label -100 (kIgnoreLabel) is not scored.
 // A packed source (packed()) holds several documents per sample (DESIGN.md "Files users
 // bring"): its layout gives each token's position id and document, and attention stays
@@ -10,8 +10,11 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
+#include "io/indexed_dataset.h"
 #include "io/tokens.h"
+#include "train/config.h"
 
 namespace autosp::train {
 
@@ -38,15 +41,38 @@ class DataSource {
   virtual std::optional<io::DataFingerprint> fingerprint() const { return std::nullopt; }
 };
 
+// Where documents begin in a token stream, and what that makes of a sample's labels and
+// layout (packed(), read_layout). Sample k is stream tokens [first, first + S + 1) with
+// first = k * S; stream token t is in the document d with starts[d] <= t < starts[d + 1].
+// Each sample finds its documents by binary search: O(log documents + its documents).
+class DocumentStarts {
+ public:
+  DocumentStarts() = default;
+  // `starts`: strictly increasing, the first 0 (the documents of a stream; none empty).
+  explicit DocumentStarts(std::vector<int64_t> starts);
+  int64_t count() const { return static_cast<int64_t>(starts_.size()); }
+  // labels[i] = kIgnoreLabel for each i in [0, S) whose token first + i ends its document
+  // (first + i + 1 starts another): its next token is not its document's.
+  void mask_labels(int64_t first, int64_t S, int32_t* labels) const;
+  // positions[i] = first + i - (start of its document); documents[i] = its document's
+  // index minus that of token `first`.
+  void layout(int64_t first, int64_t S, int32_t* positions, int32_t* documents) const;
+
+ private:
+  std::vector<int64_t> starts_;
+};
+
 // The DESIGN.md token file: sample k is tokens [k*S, k*S + S + 1), taken modulo the number
-// of whole samples; ids >= vocab_size are an error naming the offset.
+// of whole samples; ids >= vocab_size are an error naming the offset. With an
+// `eos_token_id` the file is packed documents: each token equal to it ends one (the EOS is
+// its document's last token, so it has no label), found in one pass over the file when the
+// source is made.
 class TokenFileSource final : public DataSource {
  public:
-  TokenFileSource(const std::string& path, int32_t vocab_size)
-      : file_(path), vocab_size_(vocab_size) {}
-  void read_sample(int64_t sample, int64_t S, int32_t* inputs, int32_t* labels) const override {
-    file_.read_sample(sample, S, vocab_size_, inputs, labels);
-  }
+  TokenFileSource(const std::string& path, int32_t vocab_size, std::optional<int32_t> eos_token_id = std::nullopt);
+  void read_sample(int64_t sample, int64_t S, int32_t* inputs, int32_t* labels) const override;
+  bool packed() const override { return eos_token_id_.has_value(); }
+  void read_layout(int64_t sample, int64_t S, int32_t* positions, int32_t* documents) const override;
   std::string describe(int64_t S) const override;
   int64_t num_samples(int64_t S) const override { return file_.num_samples(S); }
   std::optional<io::DataFingerprint> fingerprint() const override { return file_.fingerprint(); }
@@ -55,6 +81,44 @@ class TokenFileSource final : public DataSource {
  private:
   io::TokenFile file_;
   int32_t vocab_size_;
+  std::optional<int32_t> eos_token_id_;
+  DocumentStarts documents_;
 };
+
+// A Megatron-LM / NeMo indexed dataset (io::IndexedDataset): its sequences in order are
+// the token stream, sample k its tokens [k*S, k*S + S + 1) modulo the whole samples.
+// Packed (the default), its documents are Megatron's (the sequences between consecutive
+// document_indices; empty ones drop out); `pack` false reads one flat stream.
+class IndexedDatasetSource final : public DataSource {
+ public:
+  IndexedDatasetSource(const std::string& idx_path, const std::string& bin_path, int32_t vocab_size,
+                       bool pack = true);
+  void read_sample(int64_t sample, int64_t S, int32_t* inputs, int32_t* labels) const override;
+  bool packed() const override { return pack_; }
+  void read_layout(int64_t sample, int64_t S, int32_t* positions, int32_t* documents) const override;
+  std::string describe(int64_t S) const override;
+  int64_t num_samples(int64_t S) const override;
+  std::optional<io::DataFingerprint> fingerprint() const override { return dataset_.fingerprint(); }
+  const io::IndexedDataset& dataset() const { return dataset_; }
+
+ private:
+  // The first stream token of sample k; a dataset shorter than one sample is a UserError.
+  int64_t first_token(int64_t sample, int64_t S) const;
+  io::IndexedDataset dataset_;
+  int32_t vocab_size_;
+  bool pack_;
+  DocumentStarts documents_;
+};
+
+// What `--data PATH` names, and the source that reads it with the config's data section:
+//  - PATH.bin and PATH.idx exist (PATH itself not a file): the indexed dataset PATH;
+//  - PATH ends in .idx, or ends in .bin with the .idx beside it: that indexed dataset;
+//  - otherwise PATH is a flat token file, packed when data.eos_token_id is given.
+// Refused, naming `config_source` and the key: data.pack true for a flat file without
+// data.eos_token_id, and an eos_token_id >= vocab_size. Keys that do nothing for this
+// source (eos_token_id for an indexed dataset or with pack false) add to `warnings`.
+std::unique_ptr<DataSource> open_data_source(const std::string& path, int32_t vocab_size, const DataConfig& config,
+                                             const std::string& config_source,
+                                             std::vector<std::string>* warnings = nullptr);
 
 }  // namespace autosp::train

@@ -117,6 +117,28 @@ elif op == "token":  # token FILE INDEX VALUE
     b = bytearray(open(path, "rb").read())
     b[4 * int(args[0]) : 4 * int(args[0]) + 4] = struct.pack("<I", int(args[1]))
     open(path, "wb").write(bytes(b))
+elif op == "idx":  # idx FILE FIELD VALUE: sets a field of a Megatron .idx (FIELD: magic, version,
+    # dtype, seqcount, doccount, length[i], pointer[i], doc[j]), the offsets from its own counts
+    b = bytearray(open(path, "rb").read())
+    (n,) = struct.unpack_from("<Q", b, 18)
+    field, value = args[0], args[1]
+    name, _, index = field.rstrip("]").partition("[")
+    at, fmt = {"magic": (0, "9s"), "version": (9, "<Q"), "dtype": (17, "<B"), "seqcount": (18, "<Q"),
+               "doccount": (26, "<Q"), "length": (34, "<i"), "pointer": (34 + 4 * n, "<q"),
+               "doc": (34 + 12 * n, "<q")}[name]
+    at += int(index or 0) * struct.calcsize(fmt)
+    struct.pack_into(fmt, b, at, value.encode() if fmt == "9s" else int(value, 0))
+    open(path, "wb").write(bytes(b))
+elif op == "indexed":  # indexed TOKENS PREFIX DOC_LEN: the token file as an indexed dataset of
+    # DOC_LEN-token documents, written by scripts/make_indexed_dataset.py
+    import subprocess
+    ids = list(struct.unpack("<%dI" % (len(open(path, "rb").read()) // 4), open(path, "rb").read()))
+    doc = int(args[1])
+    with open(args[0] + ".jsonl", "w") as f:
+        for i in range(0, len(ids), doc):
+            f.write(json.dumps(ids[i : i + doc]) + "\n")
+    subprocess.run([sys.executable, args[2], "--jsonl", args[0] + ".jsonl", "--vocab-size", "67",
+                    "--output-prefix", args[0]], check=True, stdout=subprocess.DEVNULL)
 else:
     sys.exit("mutate.py: unknown op " + op)
 EOF
@@ -370,6 +392,87 @@ new_case data_size_not_multiple_of_4 && truncate -s 837 "$CASE/tokens.bin" &&
 new_case data_missing_file &&
   expect_error data_missing_file "$CASE/no_such_tokens.bin" -- "$AUTOSP" train \
     --config "$CASE/ds_config.json" --model "$CASE" --data "$CASE/no_such_tokens.bin" --seq-len 16 --steps 1
+
+# ---------------------------------------------------------------------------- indexed dataset
+# The valid setup's tokens as a Megatron indexed dataset ($CASE/ds.bin + ds.idx, uint16 ids,
+# 17 documents of 13 tokens but the last: 17 sequences), packed by default.
+indexed_case() {
+  new_case "$1" && mutate indexed "$CASE/tokens.bin" "$CASE/ds" 13 "$ROOT/scripts/make_indexed_dataset.py"
+}
+# idx_case NAME NEEDLE...: trains on $CASE/ds one step, expecting an error.
+idx_case() {
+  local name=$1
+  shift
+  expect_error "$name" "$@" -- "$AUTOSP" train --config "$CASE/ds_config.json" --model "$CASE" \
+    --data "$CASE/ds" --seq-len 16 --steps 1
+}
+# expect_stdout NAME TEXT: the stdout of case NAME (a run that succeeded) has the line part TEXT.
+expect_stdout() {
+  if ! grep -qF -- "$2" "$TMP/$1.stdout" 2>/dev/null; then
+    echo "FAIL $1: no '$2' on stdout"
+    FAILED+=("$1_stdout")
+  fi
+}
+indexed_case data_indexed_trains &&
+  run_expect data_indexed_trains 0 -- "$AUTOSP" train \
+    --config "$CASE/ds_config.json" --model "$CASE" --data "$CASE/ds" --seq-len 16 --steps 1 &&
+  run_expect data_indexed_as_idx_path 0 -- "$AUTOSP" train \
+    --config "$CASE/ds_config.json" --model "$CASE" --data "$CASE/ds.idx" --seq-len 16 --steps 1
+expect_stdout data_indexed_trains "Megatron indexed dataset of uint16 ids, 17 documents in 17 sequences, 209 tokens"
+expect_stdout data_indexed_trains "step 1/1"
+expect_stdout data_indexed_as_idx_path "step 1/1"
+for len in 0 20 33 100 300; do
+  indexed_case "idx_truncated_$len" && truncate -s "$len" "$CASE/ds.idx" &&
+    idx_case "idx_truncated_$len" "$CASE/ds.idx" "truncated"
+done
+indexed_case idx_wrong_magic && mutate idx "$CASE/ds.idx" magic "NOTANIDX!" &&
+  idx_case idx_wrong_magic "$CASE/ds.idx" 'magic is "NOTANIDX!"' "MMIDIDX"
+indexed_case idx_wrong_version && mutate idx "$CASE/ds.idx" version 3 && idx_case idx_wrong_version "version 3"
+indexed_case idx_float_dtype && mutate idx "$CASE/ds.idx" dtype 7 && idx_case idx_float_dtype "dtype code 7 (float32)"
+indexed_case idx_unknown_dtype && mutate idx "$CASE/ds.idx" dtype 42 && idx_case idx_unknown_dtype "unknown dtype code 42"
+indexed_case idx_seqcount_past_file && mutate idx "$CASE/ds.idx" seqcount 0x7fffffffffffffff &&
+  idx_case idx_seqcount_past_file "$CASE/ds.idx" "sequence count 9223372036854775807" "corrupt count"
+indexed_case idx_doccount_past_file && mutate idx "$CASE/ds.idx" doccount 1000 &&
+  idx_case idx_doccount_past_file "$CASE/ds.idx" "document count 1000" "corrupt count"
+indexed_case idx_pointer_out_of_range && mutate idx "$CASE/ds.idx" "pointer[3]" 1000000 &&
+  idx_case idx_pointer_out_of_range "sequence_pointers[3] = 1000000 is outside" "$CASE/ds.bin"
+indexed_case idx_pointer_inconsistent && mutate idx "$CASE/ds.idx" "pointer[3]" 2 &&
+  idx_case idx_pointer_inconsistent "sequence_pointers[3] = 2" "sequence 2 ends at byte 78"
+indexed_case idx_length_overflow && mutate idx "$CASE/ds.idx" "length[1]" 2147483647 &&
+  idx_case idx_length_overflow "sequence_lengths[1] = 2147483647" "past the end of"
+indexed_case idx_length_negative && mutate idx "$CASE/ds.idx" "length[0]" -1 &&
+  idx_case idx_length_negative "sequence_lengths[0] = -1 is negative"
+indexed_case idx_document_not_monotone && mutate idx "$CASE/ds.idx" "doc[2]" 0 &&
+  idx_case idx_document_not_monotone "document_indices[2] = 0 is less than document_indices[1] = 1"
+indexed_case idx_document_last && mutate idx "$CASE/ds.idx" "doc[17]" 16 &&
+  idx_case idx_document_last "document_indices[17] = 16, expected the sequence count 17"
+indexed_case idx_bin_truncated && truncate -s 100 "$CASE/ds.bin" &&
+  idx_case idx_bin_truncated "$CASE/ds.idx" "past the end of $CASE/ds.bin (100 bytes)"
+indexed_case idx_bin_missing && rm "$CASE/ds.bin" && idx_case idx_bin_missing "$CASE/ds.bin does not exist"
+# Token 5 of the .bin (uint16: byte offset 10), in the first sample.
+indexed_case idx_token_out_of_range && "$PYTHON" -c "
+import sys; b = bytearray(open(sys.argv[1], 'rb').read()); b[10:12] = (67).to_bytes(2, 'little')
+open(sys.argv[1], 'wb').write(bytes(b))" "$CASE/ds.bin" &&
+  idx_case idx_token_out_of_range "$CASE/ds.bin" "token id 67" "byte offset 10" "vocab_size 67"
+# Resume checks the data by both files: a checkpoint trained on the dataset resumes on it,
+# and refuses the same dataset with one document boundary moved (an .idx of the same size).
+indexed_case data_indexed_resume &&
+  run_expect data_indexed_resume_save 0 -- "$AUTOSP" train --config "$CASE/ds_config.json" --model "$CASE" \
+    --data "$CASE/ds" --seq-len 16 --steps 1 --save "$CASE/ckpt" &&
+  run_expect data_indexed_resume_same 0 -- "$AUTOSP" train --config "$CASE/ds_config.json" \
+    --resume "$CASE/ckpt" --data "$CASE/ds" --steps 2 &&
+  mutate idx "$CASE/ds.idx" "doc[1]" 2 &&
+  expect_error data_indexed_resume_other_documents "not the data the checkpoint" "--allow-new-data" -- \
+    "$AUTOSP" train --config "$CASE/ds_config.json" --resume "$CASE/ckpt" --data "$CASE/ds" --steps 3
+# The config's data section: refused values, and eos_token_id outside the vocabulary.
+new_case data_eos_out_of_vocab && mutate json "$CASE/ds_config.json" 'c["data"] = {"eos_token_id": 67}' &&
+  train_case data_eos_out_of_vocab "data.eos_token_id: 67" "vocab_size is 67"
+new_case data_pack_flat_without_eos && mutate json "$CASE/ds_config.json" 'c["data"] = {"pack": True}' &&
+  train_case data_pack_flat_without_eos "data.pack: true" "data.eos_token_id"
+new_case data_eos_packs_a_flat_file && mutate json "$CASE/ds_config.json" 'c["data"] = {"eos_token_id": 3}' &&
+  run_expect data_eos_packs_a_flat_file 0 -- "$AUTOSP" train \
+    --config "$CASE/ds_config.json" --model "$CASE" --data "$CASE/tokens.bin" --seq-len 16 --steps 1 &&
+  expect_stdout data_eos_packs_a_flat_file "documents (each ending at eos_token_id 3, packed)"
 
 # ---------------------------------------------------------------------------- command line
 run_expect cli_help_exits_0 0 -- "$AUTOSP" train --help

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <unistd.h>
 #include <vector>
@@ -209,6 +210,46 @@ TEST(TrainConfig, UnknownKeysWarnWithTheirPath) {
   EXPECT_EQ(warnings.size(), expected.size());
   // A null sink is allowed.
   EXPECT_NO_THROW(parse(R"({"whatever": 1})", nullptr));
+}
+
+// ---- data: how --data's tokens become samples ---------------------------------------------
+
+TEST(TrainConfig, DataSectionPackAndEosTokenId) {
+  // Absent: nothing given, the data source decides (an indexed dataset packs).
+  const TrainConfig none = parse(R"({"train_micro_batch_size_per_gpu": 1})");
+  EXPECT_FALSE(none.data.pack.has_value());
+  EXPECT_FALSE(none.data.eos_token_id.has_value());
+  EXPECT_FALSE(none.data.packed);
+  const TrainConfig c = parse(R"({"data": {"pack": false, "eos_token_id": 2}})");
+  EXPECT_EQ(c.data.pack, std::optional<bool>(false));
+  EXPECT_EQ(c.data.eos_token_id, std::optional<int64_t>(2));
+  EXPECT_FALSE(c.data.packed);  // resolved from the source, never parsed
+  EXPECT_EQ(parse(R"({"data": {"pack": true}})").data.pack, std::optional<bool>(true));
+  EXPECT_EQ(parse(R"({"data": {"eos_token_id": 0}})").data.eos_token_id, std::optional<int64_t>(0));
+  EXPECT_EQ(parse(R"({"data": {"eos_token_id": 2147483647}})").data.eos_token_id,
+            std::optional<int64_t>(2147483647));
+  EXPECT_EQ(parse(R"({"data": {}})").data.pack, std::nullopt);
+}
+
+TEST(TrainConfig, DataSectionBadValuesNameTheKey) {
+  EXPECT_PARSE_ERROR(R"({"data": true})", "config.json: data: expected an object, got true");
+  EXPECT_PARSE_ERROR(R"({"data": {"pack": 1}})", "data.pack", "expected true or false, got 1");
+  EXPECT_PARSE_ERROR(R"({"data": {"pack": "yes"}})", "data.pack", "true or false");
+  EXPECT_PARSE_ERROR(R"({"data": {"eos_token_id": -1}})", "data.eos_token_id", "an integer >= 0, got -1");
+  EXPECT_PARSE_ERROR(R"({"data": {"eos_token_id": 2.5}})", "data.eos_token_id", "an integer >= 0");
+  EXPECT_PARSE_ERROR(R"({"data": {"eos_token_id": "2"}})", "data.eos_token_id", "an integer >= 0");
+  EXPECT_PARSE_ERROR(R"({"data": {"eos_token_id": 2147483648}})", "data.eos_token_id",
+                     "an integer in [0, 2^31), got 2147483648");
+  EXPECT_PARSE_ERROR(R"({"data": {"eos_token_id": 18446744073709551615}})", "data.eos_token_id");
+  EXPECT_PARSE_ERROR(R"({"data": {"eos_token_id": "auto"}})", "data.eos_token_id", "\"auto\"");
+}
+
+TEST(TrainConfig, DataSectionUnknownKeysWarn) {
+  std::vector<std::string> warnings;
+  const TrainConfig c = parse(R"({"data": {"pack": true, "seq_length": 4096}})", &warnings);
+  EXPECT_EQ(c.data.pack, std::optional<bool>(true));
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_EQ(warnings[0], "config.json: data.seq_length: unknown key, ignored");
 }
 
 // ---- keys that change the maths: implemented, or refused by name --------------------------
