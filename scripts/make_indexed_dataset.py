@@ -22,7 +22,11 @@ import json
 import struct
 import sys
 
-import numpy as np
+try:
+    import numpy as np
+except ImportError:
+    sys.exit(f"make_indexed_dataset.py: {sys.executable} has no numpy; install it "
+             "(Debian: apt-get install python3-numpy, then run with /usr/bin/python3)")
 
 INDEX_HEADER = b"MMIDIDX\x00\x00"
 DTYPE_CODES = {"uint8": 1, "int8": 2, "int16": 3, "int32": 4, "int64": 5, "uint16": 8}
