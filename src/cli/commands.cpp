@@ -437,10 +437,11 @@ int run_train(const TrainArgs& args, MpiRuntime* mpi) {
     model = models::load_llama_config(args.model + "/config.json");
     train::require_host_memory(16.0 * double(models::llama_num_parameters(model)),
                                "the parameters, gradients and AdamW state of this model");
-    state = train::ModelState::initial(model, config.seed);
+    // Not read yet: each rank reads what its ZeRO stage keeps when the trainer is built.
     const std::string weights = args.model + "/model.safetensors";
-    if (fs::exists(weights)) {
-      state.params = train::load_weights(weights, model);
+    const bool have_weights = fs::exists(weights);
+    state = train::fresh_state(model, config.seed, have_weights ? weights : "");
+    if (have_weights) {
       say(launch, "loaded %s\n", weights.c_str());
     } else {
       say(launch, "no %s: random init with seed %llu\n", weights.c_str(), (unsigned long long)config.seed);

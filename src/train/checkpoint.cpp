@@ -12,6 +12,7 @@
 #include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
 #include <set>
 #include <system_error>
@@ -376,6 +377,67 @@ SaveStats save_checkpoint(const SaveTarget* target, Communicator& world, const m
   return stats;
 }
 
+namespace {
+
+// The unexpected tensor of a model file, named as load_weights names it.
+void refuse_unexpected_tensors(const io::SafetensorsReader& file, const models::LlamaConfig& model,
+                               const std::vector<models::ParameterSpec>& specs) {
+  std::set<std::string> expected;
+  for (const auto& spec : specs) expected.insert(spec.name);
+  for (const std::string& name : file.names())
+    if (!expected.count(name))
+      user_error(file.path(), ": unexpected tensor '", name, "' (",
+                 model.tie_word_embeddings ? "tie_word_embeddings is true, so there is no lm_head; " : "",
+                 "is this the model the config describes?)");
+}
+
+// A run's starting state: parameters from a Hugging Face model file, or the seeded init;
+// zero moments.
+class FreshState final : public StoredState {
+ public:
+  FreshState(const models::LlamaConfig& model, uint64_t seed, const std::string& weights,
+             const std::vector<models::ParameterSpec>& specs)
+      : model_(model), seed_(seed), specs_(specs) {
+    if (weights.empty()) return;
+    file_.emplace(weights);
+    for (const auto& spec : specs) file_->expect(spec.name, spec.shape);
+    refuse_unexpected_tensors(*file_, model, specs);
+  }
+
+  void read(StateKind kind, size_t index, int64_t begin, int64_t n, float* out) const override {
+    if (kind != StateKind::params) {
+      std::fill_n(out, n, 0.0f);
+      return;
+    }
+    const models::ParameterSpec& spec = specs_.at(index);
+    if (file_) return file_->read(spec.name, begin, n, out);
+    // The init makes a tensor whole; a rank reads each tensor in one piece per kind, so this
+    // is the transient of one tensor, made again only if asked for again.
+    if (made_index_ != index) {
+      made_ = models::llama_init(model_, spec, seed_);
+      made_index_ = index;
+    }
+    std::copy_n(made_.begin() + begin, n, out);
+  }
+
+ private:
+  models::LlamaConfig model_;
+  uint64_t seed_;
+  std::vector<models::ParameterSpec> specs_;
+  std::optional<io::SafetensorsReader> file_;
+  mutable std::vector<float> made_;
+  mutable size_t made_index_ = SIZE_MAX;
+};
+
+}  // namespace
+
+ModelState fresh_state(const models::LlamaConfig& model, uint64_t seed, const std::string& weights) {
+  ModelState s;
+  s.specs = models::llama_parameters(model);
+  s.stored = std::make_shared<FreshState>(model, seed, weights, s.specs);
+  return s;
+}
+
 std::vector<std::vector<float>> load_weights(const std::string& path, const models::LlamaConfig& model) {
   auto tensors = io::read_safetensors(path);
   std::vector<std::vector<float>> params;
@@ -400,18 +462,12 @@ class StoredCheckpoint final : public StoredState {
  public:
   StoredCheckpoint(const fs::path& dir, const models::LlamaConfig& model, const std::vector<models::ParameterSpec>& specs)
       : specs_(specs), model_((dir / "model.safetensors").string()), moments_((dir / "optimizer.safetensors").string()) {
-    std::set<std::string> expected;
     for (const auto& spec : specs) {
       model_.expect(spec.name, spec.shape);
       moments_.expect("exp_avg." + spec.name, spec.shape);
       moments_.expect("exp_avg_sq." + spec.name, spec.shape);
-      expected.insert(spec.name);
     }
-    for (const std::string& name : model_.names())
-      if (!expected.count(name))
-        user_error(model_.path(), ": unexpected tensor '", name, "' (",
-                   model.tie_word_embeddings ? "tie_word_embeddings is true, so there is no lm_head; " : "",
-                   "is this the model the config describes?)");
+    refuse_unexpected_tensors(model_, model, specs);
   }
 
   void read(StateKind kind, size_t index, int64_t begin, int64_t n, float* out) const override {

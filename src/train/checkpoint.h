@@ -120,6 +120,13 @@ std::string resolve_checkpoint_dir(const std::string& dir);
 // (nothing checked) for a checkpoint of an older autosp, written before manifests.
 bool verify_checkpoint_files(const std::string& dir, std::vector<std::string>* notes = nullptr);
 
+// The state a run starts from without a checkpoint, not yet read (ModelState::stored, as
+// load_checkpoint's): the parameters of `weights` (a model directory's model.safetensors,
+// validated as load_weights validates it, read by range) or, with `weights` empty, the
+// seeded init (each tensor made when a rank reads from it); zero moments. The trainer reads
+// what each rank keeps, so under ZeRO-3 no rank ever holds the whole model.
+ModelState fresh_state(const models::LlamaConfig& model, uint64_t seed, const std::string& weights);
+
 // Parameters from a model directory's model.safetensors (F32, BF16 or F16), validated
 // against the config: a missing or misshaped tensor is a UserError naming it. An
 // unexpected extra tensor is an error too (it would be silently ignored otherwise).

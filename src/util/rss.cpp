@@ -1,5 +1,7 @@
 #include "util/rss.h"
 
+#include <malloc.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -32,6 +34,7 @@ int64_t rss_bytes() { return status_kib("VmRSS"); }
 int64_t rss_peak_bytes() { return std::max(peak_before_reset, status_kib("VmHWM")); }
 
 RssPhase::RssPhase() {
+  malloc_trim(0);
   peak_before_reset = rss_peak_bytes();
   if (FILE* f = std::fopen("/proc/self/clear_refs", "w")) {
     std::fputs("5", f);

@@ -12,7 +12,9 @@ int64_t rss_bytes();
 int64_t rss_peak_bytes();
 
 // The resident high-water mark of one phase of the process (writing or reading a
-// checkpoint): starting one resets the kernel's mark to the resident set now (Linux
+// checkpoint): starting one hands the heap's free pages back to the OS (malloc_trim: the
+// training step leaves its freed buffers resident, HeapAllocator, and a phase reusing them
+// would not show), then resets the kernel's mark to the resident set now (Linux
 // /proc/self/clear_refs "5"; rss_peak_bytes() keeps the peak from before). Where the mark
 // cannot be reset, the growth it reports is an upper bound (the peak since the start).
 class RssPhase {
