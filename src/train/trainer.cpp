@@ -353,11 +353,39 @@ std::vector<float> Trainer::logits(const int32_t* inputs, int64_t B, int64_t S) 
   }
   std::vector<int32_t> positions(B * S);
   for (int64_t i = 0; i < B * S; ++i) positions[i] = static_cast<int32_t>(i % S);
+  const bool sharded = config_.zero_stage == 3;
+  if (sharded) gather_parameters();
   bind_parameters(*eval_executor_);
   eval_executor_->bind("input_ids", inputs);
   eval_executor_->bind("position_ids", positions.data());
   eval_executor_->run();
-  return eval_executor_->output_vector("logits");
+  std::vector<float> out = eval_executor_->output_vector("logits");
+  if (sharded) state_.params = {};
+  return out;
+}
+
+void Trainer::gather_parameters() {
+  const ShardLayout layout = optimizer_->layout();
+  const std::vector<const float*> shards = optimizer_->shards(StateKind::params);
+  AUTOSP_CHECK(shards.size() == layout.buckets.size(), "parameter shards");
+  state_.params.clear();
+  for (const auto& spec : state_.specs) state_.params.emplace_back(numel(spec.shape), 0.0f);
+  const int W = groups_->world->size();
+  const int64_t round = checkpoint_shards().round_elements;
+  std::vector<float> wide(static_cast<size_t>(W * round));
+  for (size_t k = 0; k < layout.buckets.size(); ++k) {
+    const ShardLayout::Bucket& b = layout.buckets[k];
+    for (int64_t j = 0; j < b.shard; j += round) {
+      const int64_t len = std::min(round, b.shard - j);
+      groups_->world->all_gather(shards[k] + j, wide.data(), len);
+      for (int p = 0; p < W; ++p) {
+        const int64_t lo = p * b.shard + j;
+        for_each_piece(b.offsets, lo, lo + len, [&](size_t i, int64_t e, int64_t at, int64_t n) {
+          std::copy_n(wide.data() + p * len + (at - lo), n, state_.params[b.tensors[i]].data() + e);
+        });
+      }
+    }
+  }
 }
 
 void Trainer::predict(const int32_t* inputs, int64_t B, int64_t S, int32_t* argmax) {

@@ -108,7 +108,9 @@ class Trainer {
 
   // Forward only: the argmax of the logits at every position, for B x S inputs.
   void predict(const int32_t* inputs, int64_t B, int64_t S, int32_t* argmax);
-  // Forward only, for tests: logits [B, S, V] and the loss of one micro batch.
+  // Forward only, for tests: logits [B, S, V] and the loss of one micro batch. Under ZeRO-3
+  // a collective (every rank calls it): the parameters are all-gathered whole for it, in
+  // bounded rounds, and dropped after: a transient copy of the model on each rank.
   std::vector<float> logits(const int32_t* inputs, int64_t B, int64_t S);
   // Runs the joint graph once on one micro batch (one process, no sequence parallelism);
   // returns its loss and fills `grads` (one vector per parameter), for tests.
@@ -144,6 +146,7 @@ class Trainer {
 
  private:
   void bind_parameters(CpuExecutor& ex) const;
+  void gather_parameters();  // ZeRO-3: the whole parameters into state_.params (collective)
   void load_micro_batch(const DataSource& data, int64_t micro);
 
   models::LlamaConfig model_;
