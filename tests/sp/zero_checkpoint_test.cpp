@@ -215,6 +215,46 @@ TEST(ZeroCheckpointFailure, ARank0WriteFailureMidSaveStopsEveryRankAndKeepsThePr
     EXPECT_NE(r.output.find(str("rank ", rank, " exited 0")), std::string::npos) << "rank " << rank << "\n" << r.output;
 }
 
+// Stages 0 and 1 under mpirun (stages 2 and 3: tests/sp/zero_sp_test.cpp): a checkpoint saved
+// at W = 2 (DP 2) after 3 steps resumes with bitwise the uninterrupted run's next steps, so
+// the moments streamed from the shards (stage 1: one flat shard per rank, in rounds of 350
+// elements) and the parameters rank 0 writes from its own copy are exactly the state.
+class ZeroCheckpointResume : public ::testing::TestWithParam<int> {};
+
+TEST_P(ZeroCheckpointResume, AtW2ContinuesBitwise) {
+  TempDir dir("zero_ckpt_resume");
+  auto gen = run_command(str("/usr/bin/python3 ", testing::source_path("tests/reference/llama_reference.py"),
+                             " --out ", dir.path(), " --steps 1"));
+  ASSERT_EQ(gen.exit_code, 0) << gen.output;
+  json c = json::parse(std::ifstream(dir / "ds_config.json"));
+  c["train_micro_batch_size_per_gpu"] = 1;
+  c["gradient_accumulation_steps"] = 1;
+  c["train_batch_size"] = 2;
+  c["sequence_parallel_size"] = 1;
+  c["zero_optimization"] = {{"stage", GetParam()}, {"allgather_bucket_size", 700}, {"reduce_bucket_size", 700}};
+  std::ofstream(dir / "z.json") << c.dump(2);
+  auto run = [&](const std::string& args) {
+    auto r = run_command(str(kMpiEnv, "timeout 120 ", AUTOSP_MPIEXEC, " -np 2 --oversubscribe ", AUTOSP_BINARY,
+                             " train --config ", dir / "z.json", " --data ", dir / "tokens.bin", " ", args));
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+  };
+  const std::string model = str("--model ", dir.path(), " --seq-len 16");
+  run(str(model, " --steps 5 --metrics ", dir / "full.jsonl"));
+  run(str(model, " --steps 3 --save ", dir / "ck"));
+  run(str("--resume ", dir / "ck", " --steps 5 --metrics ", dir / "resumed.jsonl"));
+  ASSERT_FALSE(HasFailure());
+  const auto full = read_metrics(dir / "full.jsonl"), resumed = read_metrics(dir / "resumed.jsonl");
+  ASSERT_EQ(full.size(), 5u);
+  ASSERT_EQ(resumed.size(), 2u);
+  for (int t = 3; t < 5; ++t) {
+    EXPECT_EQ(resumed[t - 3]["loss"].get<double>(), full[t]["loss"].get<double>()) << "step " << t + 1;
+    EXPECT_EQ(resumed[t - 3]["grad_norm"].get<double>(), full[t]["grad_norm"].get<double>()) << "step " << t + 1;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Stages, ZeroCheckpointResume, ::testing::Values(0, 1),
+                         [](const auto& info) { return str("zero", info.param); });
+
 // The tensor files are untrusted input: opening a checkpoint validates both headers against
 // the model, naming the file, the tensor and the shapes (here in a checkpoint without a
 // manifest, as an older autosp wrote them, so nothing else stops the damage first).
