@@ -200,14 +200,21 @@ void on_lead(const Launch& launch, Communicator& world, const std::function<void
   if (!error.empty()) throw UserError(error);
 }
 
-// Saves a checkpoint from rank 0 once every rank has gathered its state (a collective:
-// every rank calls it; `target` is rank 0's, empty on the others).
+// Saves a checkpoint (a collective: every rank calls it; `target` is rank 0's, empty on the
+// others): rank 0 writes, receiving the other ranks' shards in bounded rounds. Says how
+// much the resident set's peak rose on each rank while saving (RssPhase).
 void save(const Launch& launch, train::Trainer& trainer, const std::optional<train::SaveTarget>& target,
           const models::LlamaConfig& model, const train::CheckpointInfo& info, ProcessGroups& groups) {
-  const train::ModelState& state = trainer.gather_state();
-  on_lead(launch, *groups.world, [&] { target->save(model, state, info); });
-  trainer.release_gathered_state();
-  say(launch, "saved %s at step %lld\n", target ? target->dir().c_str() : "", (long long)state.step);
+  const CommTimeoutSuspended io_wait;  // rank 0's disk I/O may take long; it is not a hang
+  const RssPhase phase;
+  const train::SaveStats stats = train::save_checkpoint(target ? &*target : nullptr, *groups.world, model,
+                                                        trainer.state(), trainer.checkpoint_shards(), info);
+  const std::vector<int64_t> growth = rank_peaks(groups, phase.peak_growth());
+  std::string per_rank;
+  for (int64_t g : growth) per_rank += " +" + human_bytes(double(g));
+  say(launch, "saved %s at step %lld (%s of tensors in %.2f s; resident peak while saving, per rank:%s)\n",
+      target ? target->dir().c_str() : "", (long long)trainer.state().step, human_bytes(double(stats.bytes)).c_str(),
+      stats.seconds, per_rank.c_str());
 }
 
 // The stop signal (SIGTERM, SIGUSR1) any rank has received, or 0: every rank gets the same
@@ -432,10 +439,11 @@ int run_train(const TrainArgs& args, MpiRuntime* mpi) {
     model = models::load_llama_config(args.model + "/config.json");
     train::require_host_memory(16.0 * double(models::llama_num_parameters(model)),
                                "the parameters, gradients and AdamW state of this model");
-    state = train::ModelState::initial(model, config.seed);
+    // Not read yet: each rank reads what its ZeRO stage keeps when the trainer is built.
     const std::string weights = args.model + "/model.safetensors";
-    if (fs::exists(weights)) {
-      state.params = train::load_weights(weights, model);
+    const bool have_weights = fs::exists(weights);
+    state = train::fresh_state(model, config.seed, have_weights ? weights : "");
+    if (have_weights) {
       say(launch, "loaded %s\n", weights.c_str());
     } else {
       say(launch, "no %s: random init with seed %llu\n", weights.c_str(), (unsigned long long)config.seed);
@@ -492,6 +500,12 @@ int run_train(const TrainArgs& args, MpiRuntime* mpi) {
 
   const train::CheckpointInfo info{S, config.seed, layout, args.data, fingerprint};
   train::Trainer trainer(model, config, S, std::move(state), &groups);
+  if (ckpt) {
+    std::string per_rank;
+    for (int64_t g : rank_peaks(groups, trainer.state_load().rss_growth)) per_rank += " +" + human_bytes(double(g));
+    say(launch, "read this rank's part of the checkpoint in %.2f s (resident peak while reading, per rank:%s)\n",
+        trainer.state_load().seconds, per_rank.c_str());
+  }
   const int64_t runtime = trainer.staging_bytes() + trainer.program_bytes() + trainer.runtime_reserve();
   say(launch, "memory plan per rank: %s; planned peak %s = model state %s + activations %s + batch "
       "staging, program and runtime reserve %s\n", train::strategy_name(trainer.strategy()).c_str(),

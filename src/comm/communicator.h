@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace autosp {
 
@@ -26,6 +27,15 @@ class Communicator {
   virtual void all_to_all(const float* send, float* recv, int64_t chunk) = 0;
   // recv (size() * n) = every rank's send (n), in rank order.
   virtual void all_gather(const float* send, float* recv, int64_t n) = 0;
+  // On `root`: recv (size() * n) = every rank's send (n), in rank order; recv is not used on
+  // the other ranks (may be null). Only the root receives: what a checkpoint's writer needs.
+  // This fallback, for communicators without a rooted gather, all-gathers through a
+  // scratch of size() * n floats on the other ranks.
+  virtual void gather(const float* send, float* recv, int64_t n, int root) {
+    if (rank() == root) return all_gather(send, recv, n);
+    std::vector<float> scratch(static_cast<size_t>(size() * n));
+    all_gather(send, scratch.data(), n);
+  }
   // recv (n) = sum over ranks of their send's chunk number rank() (send has size() * n).
   virtual void reduce_scatter_sum(const float* send, float* recv, int64_t n) = 0;
   // bytes from rank `root` to every rank.

@@ -219,6 +219,32 @@ void MpiCommunicator::all_gather(const float* send, float* recv, int64_t n) {
   }
 }
 
+void MpiCommunicator::gather(const float* send, float* recv, int64_t n, int root) {
+  AUTOSP_CHECK(n >= 0, n);
+  AUTOSP_CHECK(root >= 0 && root < size_, "gather root ", root, " in ", name_, " of ", size_);
+  const bool is_root = rank_ == root;
+  const int64_t bytes = n * int64_t{sizeof(float)};
+  AUTOSP_CHECK(!is_root || !overlaps(send, bytes, recv, size_ * bytes), "gather buffers overlap");
+  const int64_t step = max_count(sizeof(float));
+  if (n <= step) {
+    const int count = static_cast<int>(n);
+    MPI_Request request;
+    check(MPI_Igather(send, count, MPI_FLOAT, is_root ? recv : nullptr, count, MPI_FLOAT, root, comm_, &request),
+          "MPI_Igather");
+    wait(request, "MPI_Igather", str("gather of ", n, " floats per rank to rank ", root));
+    return;
+  }
+  for (int64_t off = 0; off < n; off += step) {
+    const int64_t count = std::min(step, n - off);
+    StridedBlock piece(MPI_FLOAT, count, n, name_);
+    MPI_Request request;
+    check(MPI_Igather(send + off, static_cast<int>(count), MPI_FLOAT, is_root ? recv + off : nullptr, 1, piece.type(),
+                      root, comm_, &request),
+          "MPI_Igather");
+    wait(request, "MPI_Igather", str("gather of ", n, " floats per rank to rank ", root));
+  }
+}
+
 void MpiCommunicator::reduce_scatter_sum(const float* send, float* recv, int64_t n) {
   AUTOSP_CHECK(n >= 0, n);
   const int64_t bytes = n * int64_t{sizeof(float)};

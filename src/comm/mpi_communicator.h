@@ -90,6 +90,7 @@ class MpiCommunicator final : public Communicator {
   void all_reduce_sum(double* data, int64_t n) override;
   void all_to_all(const float* send, float* recv, int64_t chunk) override;
   void all_gather(const float* send, float* recv, int64_t n) override;
+  void gather(const float* send, float* recv, int64_t n, int root) override;
   void reduce_scatter_sum(const float* send, float* recv, int64_t n) override;
   void broadcast(void* data, int64_t bytes, int root) override;
   void barrier() override;

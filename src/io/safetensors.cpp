@@ -176,10 +176,19 @@ std::string shape_string(const std::vector<int64_t>& shape) {
   return s + "]";
 }
 
-std::map<std::string, HostTensor> read_safetensors(const std::string& path,
-                                                   std::map<std::string, std::string>* metadata) {
-  if (metadata) metadata->clear();
-  ReadOnlyFile file(path);
+struct SafetensorsReader::Impl {
+  explicit Impl(const std::string& p) : path(p), file(p) {}
+  std::string path;
+  ReadOnlyFile file;
+  std::map<std::string, std::string> metadata;
+  std::map<std::string, Entry> entries;
+  std::vector<const Entry*> by_offset;  // entries in data order
+  uint64_t data_start = 0;
+};
+
+SafetensorsReader::SafetensorsReader(const std::string& path) : impl_(std::make_unique<Impl>(path)) {
+  const ReadOnlyFile& file = impl_->file;
+  std::map<std::string, std::string>* metadata = &impl_->metadata;
   if (file.size() < 8)
     user_error(path, ": file is ", file.size(),
                " bytes, too short for the 8-byte header length of a safetensors file");
@@ -261,60 +270,130 @@ std::map<std::string, HostTensor> read_safetensors(const std::string& path,
                covered, " (trailing bytes after ",
                previous ? "tensor '" + previous->name + "'" : std::string("the header"), ")");
 
+  impl_->data_start = data_start;
+  for (Entry& e : entries) impl_->entries.emplace(e.name, std::move(e));
+  for (const auto& [name, e] : impl_->entries) impl_->by_offset.push_back(&e);
+  std::sort(impl_->by_offset.begin(), impl_->by_offset.end(),
+            [](const Entry* a, const Entry* b) { return a->begin < b->begin; });
+}
+
+SafetensorsReader::~SafetensorsReader() = default;
+SafetensorsReader::SafetensorsReader(SafetensorsReader&&) noexcept = default;
+SafetensorsReader& SafetensorsReader::operator=(SafetensorsReader&&) noexcept = default;
+
+const std::string& SafetensorsReader::path() const { return impl_->path; }
+const std::map<std::string, std::string>& SafetensorsReader::metadata() const { return impl_->metadata; }
+
+std::vector<std::string> SafetensorsReader::names() const {
+  std::vector<std::string> names;
+  for (const auto& [name, e] : impl_->entries) names.push_back(name);
+  return names;
+}
+
+void SafetensorsReader::expect(const std::string& name, const std::vector<int64_t>& shape) const {
+  auto it = impl_->entries.find(name);
+  if (it == impl_->entries.end()) user_error(impl_->path, ": missing tensor '", name, "'");
+  if (it->second.shape != shape)
+    user_error(impl_->path, ": tensor '", name, "' has shape ", shape_string(it->second.shape), ", expected ",
+               shape_string(shape));
+}
+
+void SafetensorsReader::read(const std::string& name, int64_t begin, int64_t n, float* out) const {
+  auto it = impl_->entries.find(name);
+  AUTOSP_CHECK(it != impl_->entries.end(), impl_->path, ": no tensor ", name);
+  const Entry& e = it->second;
+  AUTOSP_CHECK(begin >= 0 && n >= 0 && begin + n <= e.numel, name, ": elements [", begin, ", ", begin + n, ") of ",
+               e.numel);
+  if (n == 0) return;
+  const uint64_t at = impl_->data_start + e.begin + static_cast<uint64_t>(begin) * item_size(e.dtype);
+  if (e.dtype == DType::F32)
+    impl_->file.read(at, out, static_cast<size_t>(n) * sizeof(float));
+  else
+    read_16bit(impl_->file, at, e.dtype, out, n);
+}
+
+std::map<std::string, HostTensor> read_safetensors(const std::string& path,
+                                                   std::map<std::string, std::string>* metadata) {
+  SafetensorsReader reader(path);
+  if (metadata) *metadata = reader.metadata();
   std::map<std::string, HostTensor> tensors;
-  for (const Entry& e : entries) {
-    HostTensor& t = tensors[e.name];
-    t.shape = e.shape;
-    t.data.resize(static_cast<size_t>(e.numel));
-    if (e.dtype == DType::F32)
-      file.read(data_start + e.begin, t.data.data(), t.data.size() * sizeof(float));
-    else
-      read_16bit(file, data_start + e.begin, e.dtype, t.data.data(), e.numel);
+  for (const Entry* e : reader.impl_->by_offset) {
+    HostTensor& t = tensors[e->name];
+    t.shape = e->shape;
+    t.data.resize(static_cast<size_t>(e->numel));
+    reader.read(e->name, 0, e->numel, t.data.data());
   }
   return tensors;
+}
+
+SafetensorsWriter::SafetensorsWriter(const std::string& path,
+                                     const std::vector<std::pair<std::string, std::vector<int64_t>>>& tensors,
+                                     const std::map<std::string, std::string>& metadata) {
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  uint64_t offset = 0;
+  for (const auto& [name, shape] : tensors) {
+    AUTOSP_CHECK(name != "__metadata__", "a tensor cannot be named __metadata__");
+    AUTOSP_CHECK(!header.contains(name), "tensor '", name, "' is written twice");
+    int64_t numel = 1;
+    for (int64_t d : shape) {
+      AUTOSP_CHECK(d >= 0, "tensor '", name, "' has shape ", shape_string(shape));
+      numel *= d;
+    }
+    const uint64_t bytes = static_cast<uint64_t>(numel) * sizeof(float);
+    header[name] = {{"dtype", "F32"}, {"shape", shape}, {"data_offsets", {offset, offset + bytes}}};
+    numel_.push_back(numel);
+    offset_.push_back(offset);
+    offset += bytes;
+  }
+  data_bytes_ = offset;
+  std::string text;
+  try {
+    text = header.dump();
+  } catch (const nlohmann::json::exception& e) {
+    user_error("cannot write '", path, "': a tensor name or metadata string is not valid UTF-8: ", e.what());
+  }
+  text.append((8 - text.size() % 8) % 8, ' ');
+  data_start_ = 8 + text.size();
+  for (uint64_t& o : offset_) o += data_start_;
+  file_ = std::make_unique<AtomicFileWriter>(path);
+  char len_bytes[8];
+  for (int i = 0; i < 8; ++i) len_bytes[i] = static_cast<char>(text.size() >> (8 * i) & 0xff);
+  file_->append({len_bytes, 8});
+  file_->append(text);
+}
+
+SafetensorsWriter::~SafetensorsWriter() = default;
+
+void SafetensorsWriter::write(size_t index, int64_t begin, const float* data, int64_t n) {
+  AUTOSP_CHECK(index < numel_.size() && begin >= 0 && n >= 0 && begin + n <= numel_[index], "tensor ", index,
+               ": elements [", begin, ", ", begin + n, ")");
+  file_->write_at(offset_[index] + static_cast<uint64_t>(begin) * sizeof(float),
+                  {reinterpret_cast<const char*>(data), static_cast<size_t>(n) * sizeof(float)});
+  written_ += static_cast<uint64_t>(n) * sizeof(float);
+}
+
+void SafetensorsWriter::commit() {
+  AUTOSP_CHECK(written_ == data_bytes_, file_->path(), ": ", written_, " data bytes written of ", data_bytes_);
+  file_->commit();
 }
 
 void write_safetensors(const std::string& path,
                        const std::vector<std::pair<std::string, const HostTensor*>>& tensors,
                        const std::map<std::string, std::string>& metadata) {
-  nlohmann::ordered_json header = nlohmann::ordered_json::object();
-  if (!metadata.empty()) header["__metadata__"] = metadata;
-  uint64_t offset = 0;
+  std::vector<std::pair<std::string, std::vector<int64_t>>> shapes;
   for (const auto& [name, t] : tensors) {
     AUTOSP_CHECK(t != nullptr, "tensor '", name, "' is null");
-    AUTOSP_CHECK(name != "__metadata__", "a tensor cannot be named __metadata__");
-    AUTOSP_CHECK(!header.contains(name), "tensor '", name, "' is written twice");
     int64_t numel = 1;
-    for (int64_t d : t->shape) {
-      AUTOSP_CHECK(d >= 0, "tensor '", name, "' has shape ", shape_string(t->shape));
-      numel *= d;
-    }
+    for (int64_t d : t->shape) numel *= d;
     AUTOSP_CHECK(static_cast<size_t>(numel) == t->data.size(), "tensor '", name, "' has shape ",
                  shape_string(t->shape), " but ", t->data.size(), " values");
-    uint64_t bytes = t->data.size() * sizeof(float);
-    header[name] = {
-        {"dtype", "F32"}, {"shape", t->shape}, {"data_offsets", {offset, offset + bytes}}};
-    offset += bytes;
+    shapes.emplace_back(name, t->shape);
   }
-  std::string text;
-  try {
-    text = header.dump();
-  } catch (const nlohmann::json::exception& e) {
-    user_error("cannot write '", path,
-               "': a tensor name or metadata string is not valid UTF-8: ", e.what());
-  }
-  text.append((8 - text.size() % 8) % 8, ' ');
-
-  write_file_atomic_streaming(path, [&](const ByteSink& sink) {
-    char len_bytes[8];
-    for (int i = 0; i < 8; ++i) len_bytes[i] = static_cast<char>(text.size() >> (8 * i) & 0xff);
-    sink({len_bytes, 8});
-    sink(text);
-    for (const auto& entry : tensors) {
-      const std::vector<float>& data = entry.second->data;
-      sink({reinterpret_cast<const char*>(data.data()), data.size() * sizeof(float)});
-    }
-  });
+  SafetensorsWriter writer(path, shapes, metadata);
+  for (size_t i = 0; i < tensors.size(); ++i)
+    writer.write(i, 0, tensors[i].second->data.data(), static_cast<int64_t>(tensors[i].second->data.size()));
+  writer.commit();
 }
 
 const HostTensor& expect_tensor(const std::map<std::string, HostTensor>& tensors,

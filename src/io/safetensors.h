@@ -13,9 +13,14 @@
 #pragma once
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
+
+namespace autosp {
+class AtomicFileWriter;
+}
 
 namespace autosp::io {
 
@@ -38,6 +43,54 @@ std::map<std::string, HostTensor> read_safetensors(
 void write_safetensors(const std::string& path,
                        const std::vector<std::pair<std::string, const HostTensor*>>& tensors,
                        const std::map<std::string, std::string>& metadata = {});
+
+// A safetensors file opened to read parts of its tensors: the header is read and validated
+// in full when it is opened (everything read_safetensors checks but the data themselves),
+// and each read() then reads only the bytes of the elements asked for. For a rank that
+// needs its shard of every tensor and nothing else.
+class SafetensorsReader {
+ public:
+  explicit SafetensorsReader(const std::string& path);
+  ~SafetensorsReader();
+  SafetensorsReader(SafetensorsReader&&) noexcept;
+  SafetensorsReader& operator=(SafetensorsReader&&) noexcept;
+
+  const std::string& path() const;
+  const std::map<std::string, std::string>& metadata() const;
+  std::vector<std::string> names() const;  // sorted
+  // UserError "FILE: missing tensor 'NAME'" or "FILE: tensor 'NAME' has shape [a, b],
+  // expected [c, d]", as expect_tensor says it.
+  void expect(const std::string& name, const std::vector<int64_t>& shape) const;
+  // Elements [begin, begin + n) of tensor `name` (row-major) as fp32 (internal check: in range).
+  void read(const std::string& name, int64_t begin, int64_t n, float* out) const;
+
+ private:
+  friend std::map<std::string, HostTensor> read_safetensors(const std::string&, std::map<std::string, std::string>*);
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// A safetensors file written in pieces, in any order, without any tensor whole in memory:
+// the header follows from the names and shapes given up front (F32, in that order, padded
+// as write_safetensors pads it), and write() puts elements at their place in the data.
+// Atomic as write_safetensors is: the file appears, complete, at commit(), which checks
+// that as many elements were written as the tensors have (the caller writes each once).
+class SafetensorsWriter {
+ public:
+  SafetensorsWriter(const std::string& path, const std::vector<std::pair<std::string, std::vector<int64_t>>>& tensors,
+                    const std::map<std::string, std::string>& metadata = {});
+  ~SafetensorsWriter();
+  // Elements [begin, begin + n) of tensor number `index` (of the constructor's list).
+  void write(size_t index, int64_t begin, const float* data, int64_t n);
+  void commit();
+  uint64_t file_bytes() const { return data_start_ + data_bytes_; }
+
+ private:
+  std::unique_ptr<AtomicFileWriter> file_;
+  std::vector<int64_t> numel_;
+  std::vector<uint64_t> offset_;  // of each tensor's first byte in the file
+  uint64_t data_start_ = 0, data_bytes_ = 0, written_ = 0;
+};
 
 // Returns tensors[name] after checking its shape; otherwise a UserError
 // "FILE: missing tensor 'NAME'" or "FILE: tensor 'NAME' has shape [a, b], expected [c, d]".

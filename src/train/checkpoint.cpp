@@ -5,11 +5,16 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
+#include <set>
 #include <system_error>
 
 #include "io/safetensors.h"
@@ -142,35 +147,9 @@ void fsync_dir(const fs::path& dir) {
   ::close(fd);
 }
 
-void write_tensors(const std::string& path, const std::vector<std::string>& names,
-                   const std::vector<std::vector<float>>& values, const std::vector<Shape>& shapes,
-                   int64_t step) {
-  std::vector<io::HostTensor> tensors(names.size());
-  std::vector<std::pair<std::string, const io::HostTensor*>> list;
-  for (size_t i = 0; i < names.size(); ++i) {
-    tensors[i].shape = shapes[i];
-    tensors[i].data = values[i];
-    list.emplace_back(names[i], &tensors[i]);
-  }
-  io::write_safetensors(path, list, {{"format", "pt"}, {"step", std::to_string(step)}});
-}
-
-void write_checkpoint_files(const fs::path& dir, const models::LlamaConfig& model, const ModelState& state,
-                            const CheckpointInfo& info) {
-  std::vector<std::string> names, moment_names;
-  std::vector<Shape> shapes, moment_shapes;
-  std::vector<std::vector<float>> moments;
-  for (size_t i = 0; i < state.specs.size(); ++i) {
-    names.push_back(state.specs[i].name);
-    shapes.push_back(state.specs[i].shape);
-    moment_names.push_back("exp_avg." + state.specs[i].name);
-    moment_names.push_back("exp_avg_sq." + state.specs[i].name);
-    moment_shapes.insert(moment_shapes.end(), 2, state.specs[i].shape);
-    moments.push_back(state.exp_avg[i]);
-    moments.push_back(state.exp_avg_sq[i]);
-  }
-  write_tensors((dir / "model.safetensors").string(), names, state.params, shapes, state.step);
-  write_tensors((dir / "optimizer.safetensors").string(), moment_names, moments, moment_shapes, state.step);
+// The files beside the tensor files, manifest.json last (it vouches for everything).
+void write_other_files(const fs::path& dir, const models::LlamaConfig& model, const ModelState& state,
+                       const CheckpointInfo& info) {
   write_file_atomic((dir / "config.json").string(), models::llama_config_json(model).dump(2) + "\n");
   json st = {{"format", kFormat},
              {"version", 1},
@@ -250,17 +229,28 @@ SaveTarget::SaveTarget(std::string dir, std::vector<std::string>* warnings) {
     }
 }
 
-void SaveTarget::save(const models::LlamaConfig& model, const ModelState& state, const CheckpointInfo& info) const {
+std::string SaveTarget::begin_save() const {
   std::error_code ec;
   fs::remove_all(tmp_, ec);  // this run's own, from a save that failed earlier
   if (::mkdir(tmp_.c_str(), 0777) != 0)
     user_error("--save ", dir_, ": cannot create ", tmp_, ": ", errno_text(errno), "; the previous checkpoint is untouched");
+  return tmp_;
+}
+
+void SaveTarget::abandon_save() const {
+  std::error_code ec;
+  fs::remove_all(tmp_, ec);
+}
+
+void SaveTarget::finish_save(const models::LlamaConfig& model, const ModelState& state,
+                             const CheckpointInfo& info) const {
   try {
-    write_checkpoint_files(tmp_, model, state, info);
+    write_other_files(tmp_, model, state, info);
   } catch (const UserError& e) {
-    fs::remove_all(tmp_, ec);
+    abandon_save();
     user_error(e.what(), "; the previous checkpoint ", dir_, " is untouched");
   }
+  std::error_code ec;
   const std::string kept = str("; the new checkpoint is complete in ", tmp_);
   struct stat st {};
   if (::lstat(dir_.c_str(), &st) != 0) {
@@ -286,6 +276,168 @@ void SaveTarget::save(const models::LlamaConfig& model, const ModelState& state,
   fsync_dir(fs::absolute(dir_).parent_path());
 }
 
+namespace {
+
+// Runs `work` on rank 0 unless it has failed already; a UserError becomes its error.
+void on_lead_until_failed(bool lead, std::string& error, const std::function<void()>& work) {
+  if (!lead || !error.empty()) return;
+  try {
+    work();
+  } catch (const UserError& e) {
+    error = e.what();
+  }
+}
+
+// One tensor file of the state, written by rank 0 from what every rank holds: the tensors
+// of `kinds`, named prefix + the parameter's name, in that order. A collective: the rounds
+// are the same on every rank (they follow the layout, which is the same everywhere), and
+// each begins with rank 0 saying whether it is still writing, so that after a failure all
+// ranks stop at the same round.
+void write_state_file(Communicator& world, const std::string& path, const ModelState& state, const StateShards& shards,
+                      const std::vector<std::pair<StateKind, std::string>>& kinds, std::string& error,
+                      int64_t* bytes) {
+  const bool lead = world.rank() == 0;
+  const int W = world.size();
+  const size_t T = state.specs.size();
+  std::unique_ptr<io::SafetensorsWriter> writer;
+  on_lead_until_failed(lead, error, [&] {
+    std::vector<std::pair<std::string, std::vector<int64_t>>> tensors;
+    for (const auto& [kind, prefix] : kinds)
+      for (const auto& spec : state.specs) tensors.emplace_back(prefix + spec.name, spec.shape);
+    writer = std::make_unique<io::SafetensorsWriter>(
+        path, tensors, std::map<std::string, std::string>{{"format", "pt"}, {"step", std::to_string(state.step)}});
+  });
+  const int64_t round = shards.round_elements;
+  std::vector<float> received(lead ? static_cast<size_t>(W * round) : 0);
+  for (size_t q = 0; q < kinds.size(); ++q) {
+    const size_t kind = static_cast<size_t>(kinds[q].first), base = q * T;  // file index of tensor i: base + i
+    if (!shards.whole[kind].empty()) {  // every rank holds these whole: rank 0 writes its own
+      on_lead_until_failed(lead, error, [&] {
+        for (size_t i = 0; i < T; ++i) writer->write(base + i, 0, shards.whole[kind][i], numel(state.specs[i].shape));
+      });
+      continue;
+    }
+    AUTOSP_CHECK(shards.shards[kind].size() == shards.layout.buckets.size(), "state kind ", kind, ": ",
+                 shards.shards[kind].size(), " shards for ", shards.layout.buckets.size(), " buckets");
+    for (size_t k = 0; k < shards.layout.buckets.size(); ++k) {
+      const ShardLayout::Bucket& b = shards.layout.buckets[k];
+      for (int64_t j = 0; j < b.shard; j += round) {
+        int32_t writing = error.empty() ? 1 : 0;
+        if (W > 1) world.broadcast(&writing, sizeof(writing), 0);
+        if (!writing) return;
+        const int64_t len = std::min(round, b.shard - j);
+        // received[p len + x] = rank p's shard element j + x = bucket position p c + j + x.
+        world.gather(shards.shards[kind][k] + j, lead ? received.data() : nullptr, len, 0);
+        on_lead_until_failed(lead, error, [&] {
+          for (int p = 0; p < W; ++p) {
+            const int64_t lo = p * b.shard + j;
+            for_each_piece(b.offsets, lo, lo + len, [&](size_t i, int64_t e, int64_t at, int64_t n) {
+              writer->write(base + b.tensors[i], e, received.data() + p * len + (at - lo), n);
+            });
+          }
+        });
+      }
+    }
+  }
+  on_lead_until_failed(lead, error, [&] {
+    writer->commit();
+    *bytes += static_cast<int64_t>(writer->file_bytes());
+  });
+}
+
+}  // namespace
+
+SaveStats save_checkpoint(const SaveTarget* target, Communicator& world, const models::LlamaConfig& model,
+                          const ModelState& state, const StateShards& shards, const CheckpointInfo& info) {
+  const bool lead = world.rank() == 0;
+  AUTOSP_CHECK(lead == (target != nullptr), "the save target is rank 0's");
+  const auto start = std::chrono::steady_clock::now();
+  SaveStats stats;
+  std::string error;
+  fs::path tmp;
+  on_lead_until_failed(lead, error, [&] { tmp = target->begin_save(); });
+  write_state_file(world, (tmp / "model.safetensors").string(), state, shards, {{StateKind::params, ""}}, error,
+                   &stats.bytes);
+  write_state_file(world, (tmp / "optimizer.safetensors").string(), state, shards,
+                   {{StateKind::exp_avg, "exp_avg."}, {StateKind::exp_avg_sq, "exp_avg_sq."}}, error, &stats.bytes);
+  if (lead && !error.empty() && !tmp.empty()) {
+    target->abandon_save();
+    error += str("; the previous checkpoint ", target->dir(), " is untouched");
+  }
+  on_lead_until_failed(lead, error, [&] { target->finish_save(model, state, info); });
+  // Rank 0's verdict, every rank's (as its length, then its text).
+  if (world.size() > 1) {
+    int64_t n = static_cast<int64_t>(error.size());
+    world.broadcast(&n, sizeof(n), 0);
+    error.resize(static_cast<size_t>(n));
+    world.broadcast(error.data(), n, 0);
+  }
+  if (!error.empty()) throw UserError(error);
+  stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return stats;
+}
+
+namespace {
+
+// The unexpected tensor of a model file, named as load_weights names it.
+void refuse_unexpected_tensors(const io::SafetensorsReader& file, const models::LlamaConfig& model,
+                               const std::vector<models::ParameterSpec>& specs) {
+  std::set<std::string> expected;
+  for (const auto& spec : specs) expected.insert(spec.name);
+  for (const std::string& name : file.names())
+    if (!expected.count(name))
+      user_error(file.path(), ": unexpected tensor '", name, "' (",
+                 model.tie_word_embeddings ? "tie_word_embeddings is true, so there is no lm_head; " : "",
+                 "is this the model the config describes?)");
+}
+
+// A run's starting state: parameters from a Hugging Face model file, or the seeded init;
+// zero moments.
+class FreshState final : public StoredState {
+ public:
+  FreshState(const models::LlamaConfig& model, uint64_t seed, const std::string& weights,
+             const std::vector<models::ParameterSpec>& specs)
+      : model_(model), seed_(seed), specs_(specs) {
+    if (weights.empty()) return;
+    file_.emplace(weights);
+    for (const auto& spec : specs) file_->expect(spec.name, spec.shape);
+    refuse_unexpected_tensors(*file_, model, specs);
+  }
+
+  void read(StateKind kind, size_t index, int64_t begin, int64_t n, float* out) const override {
+    if (kind != StateKind::params) {
+      std::fill_n(out, n, 0.0f);
+      return;
+    }
+    const models::ParameterSpec& spec = specs_.at(index);
+    if (file_) return file_->read(spec.name, begin, n, out);
+    // The init makes a tensor whole; a rank reads each tensor in one piece per kind, so this
+    // is the transient of one tensor, made again only if asked for again.
+    if (made_index_ != index) {
+      made_ = models::llama_init(model_, spec, seed_);
+      made_index_ = index;
+    }
+    std::copy_n(made_.begin() + begin, n, out);
+  }
+
+ private:
+  models::LlamaConfig model_;
+  uint64_t seed_;
+  std::vector<models::ParameterSpec> specs_;
+  std::optional<io::SafetensorsReader> file_;
+  mutable std::vector<float> made_;
+  mutable size_t made_index_ = SIZE_MAX;
+};
+
+}  // namespace
+
+ModelState fresh_state(const models::LlamaConfig& model, uint64_t seed, const std::string& weights) {
+  ModelState s;
+  s.specs = models::llama_parameters(model);
+  s.stored = std::make_shared<FreshState>(model, seed, weights, s.specs);
+  return s;
+}
+
 std::vector<std::vector<float>> load_weights(const std::string& path, const models::LlamaConfig& model) {
   auto tensors = io::read_safetensors(path);
   std::vector<std::vector<float>> params;
@@ -303,6 +455,31 @@ std::vector<std::vector<float>> load_weights(const std::string& path, const mode
 }
 
 namespace {
+
+// A checkpoint's tensor files, open, their headers validated against the model; each rank
+// reads the elements it keeps.
+class StoredCheckpoint final : public StoredState {
+ public:
+  StoredCheckpoint(const fs::path& dir, const models::LlamaConfig& model, const std::vector<models::ParameterSpec>& specs)
+      : specs_(specs), model_((dir / "model.safetensors").string()), moments_((dir / "optimizer.safetensors").string()) {
+    for (const auto& spec : specs) {
+      model_.expect(spec.name, spec.shape);
+      moments_.expect("exp_avg." + spec.name, spec.shape);
+      moments_.expect("exp_avg_sq." + spec.name, spec.shape);
+    }
+    refuse_unexpected_tensors(model_, model, specs);
+  }
+
+  void read(StateKind kind, size_t index, int64_t begin, int64_t n, float* out) const override {
+    const std::string& name = specs_.at(index).name;
+    if (kind == StateKind::params) return model_.read(name, begin, n, out);
+    moments_.read((kind == StateKind::exp_avg ? "exp_avg." : "exp_avg_sq.") + name, begin, n, out);
+  }
+
+ private:
+  std::vector<models::ParameterSpec> specs_;
+  io::SafetensorsReader model_, moments_;
+};
 
 // A non-negative integer at st[key] (UserError naming the file and key otherwise).
 int64_t state_int(const json& st, const std::string& key, const std::string& path, int64_t min = 0) {
@@ -436,13 +613,7 @@ LoadedCheckpoint load_checkpoint(const std::string& dir) {
   }
 
   c.state.specs = models::llama_parameters(c.model);
-  c.state.params = load_weights((d / "model.safetensors").string(), c.model);
-  const std::string opt_path = (d / "optimizer.safetensors").string();
-  auto moments = io::read_safetensors(opt_path);
-  for (const auto& spec : c.state.specs) {
-    c.state.exp_avg.push_back(io::expect_tensor(moments, "exp_avg." + spec.name, spec.shape, opt_path).data);
-    c.state.exp_avg_sq.push_back(io::expect_tensor(moments, "exp_avg_sq." + spec.name, spec.shape, opt_path).data);
-  }
+  c.state.stored = std::make_shared<StoredCheckpoint>(d, c.model, c.state.specs);
   return c;
 }
 

@@ -3,6 +3,15 @@
 // position, batch layout, seed, sequence length, the data file's fingerprint) and, written
 // last, manifest.json (every other file's size and checksum; verified on load).
 //
+// Whatever the ZeRO stage and world size, the files are consolidated: model.safetensors
+// holds each parameter whole under its Hugging Face name, optimizer.safetensors each
+// moment whole ("exp_avg.NAME", "exp_avg_sq.NAME", the parameter's shape), all F32. So a
+// checkpoint resumes at any world size and stage (each rank reads the byte ranges of the
+// elements its new layout keeps), and loads as a plain Hugging Face checkpoint. Neither
+// saving nor loading ever holds a whole extra copy of the state on a rank: rank 0 writes
+// each file's header up front and receives the shards in bounded rounds (a gather), writing
+// each piece at its place; a loading rank reads only its own elements.
+//
 // A save never costs the user a file, and never damages the previous checkpoint:
 //  - `--save DIR` only ever replaces an autosp checkpoint (a directory holding autosp's
 //    files and nothing else) or an empty directory, or creates DIR. Anything else is refused
@@ -54,15 +63,35 @@ class SaveTarget {
   // `warnings` receives notes about stale scratch directories of earlier runs.
   SaveTarget(std::string dir, std::vector<std::string>* warnings);
 
-  // Writes the checkpoint and swaps it in. Checks again that DIR holds only autosp's files
-  // (a file the user put there during training makes the save fail, keeping both).
-  void save(const models::LlamaConfig& model, const ModelState& state, const CheckpointInfo& info) const;
-
   const std::string& dir() const { return dir_; }
+
+  // save_checkpoint's parts on rank 0: a fresh scratch directory (returned), and after the
+  // tensor files, the other files and the swap. Checks again that DIR holds only autosp's
+  // files (a file the user put there during training makes the save fail, keeping both).
+  std::string begin_save() const;
+  void finish_save(const models::LlamaConfig& model, const ModelState& state, const CheckpointInfo& info) const;
+  void abandon_save() const;  // removes the scratch directory
 
  private:
   std::string dir_, tmp_, old_;  // old_: only used where RENAME_EXCHANGE is not supported
 };
+
+struct SaveStats {
+  int64_t bytes = 0;  // of the tensor files
+  double seconds = 0;
+};
+
+// Writes a checkpoint of the state spread over `world` and swaps it in at target->dir(): a
+// collective, every rank calls it; `target` is rank 0's (null on the others), `state` this
+// rank's ModelState (its specs, step and data position) and `shards` its part of the
+// tensors (Trainer::checkpoint_shards). Rank 0 writes every file. Tensors it holds whole it
+// writes from where they are; sharded ones reach it in rounds of world x
+// shards.round_elements elements (Communicator::gather), each piece written at its place:
+// beyond their own state, rank 0 holds one round and the others nothing. A failure on rank
+// 0 (a full disk, a directory made read-only) stops every rank at the next round and
+// becomes every rank's UserError, saying that the previous checkpoint is untouched.
+SaveStats save_checkpoint(const SaveTarget* target, Communicator& world, const models::LlamaConfig& model,
+                          const ModelState& state, const StateShards& shards, const CheckpointInfo& info);
 
 struct LoadedCheckpoint {
   std::string dir;  // where it was found (DIR, or DIR.autosp-old.* after an interrupted save)
@@ -73,8 +102,11 @@ struct LoadedCheckpoint {
   CheckpointInfo info;
 };
 
-// Loads everything SaveTarget::save wrote, after verify_checkpoint_files; any missing,
-// damaged or malformed piece is a UserError naming the file.
+// Loads what save_checkpoint wrote, after verify_checkpoint_files; any missing, damaged or
+// malformed piece is a UserError naming the file (and the tensor, with its shape). The
+// tensors are not read: state.stored validates both files' headers against the model (every
+// tensor present, with its shape, in a dtype autosp reads; no unexpected one in
+// model.safetensors) and reads any element range on demand.
 LoadedCheckpoint load_checkpoint(const std::string& dir);
 
 // The directory a checkpoint named `dir` is in: dir, or after a save interrupted between
@@ -87,6 +119,13 @@ std::string resolve_checkpoint_dir(const std::string& dir);
 // one. Files the manifest does not list (the user's) are named in *notes. Returns false
 // (nothing checked) for a checkpoint of an older autosp, written before manifests.
 bool verify_checkpoint_files(const std::string& dir, std::vector<std::string>* notes = nullptr);
+
+// The state a run starts from without a checkpoint, not yet read (ModelState::stored, as
+// load_checkpoint's): the parameters of `weights` (a model directory's model.safetensors,
+// validated as load_weights validates it, read by range) or, with `weights` empty, the
+// seeded init (each tensor made when a rank reads from it); zero moments. The trainer reads
+// what each rank keeps, so under ZeRO-3 no rank ever holds the whole model.
+ModelState fresh_state(const models::LlamaConfig& model, uint64_t seed, const std::string& weights);
 
 // Parameters from a model directory's model.safetensors (F32, BF16 or F16), validated
 // against the config: a missing or misshaped tensor is a UserError naming it. An

@@ -18,22 +18,6 @@ float clip_coef(double norm, double max_norm) {
   return coef < 1.0 ? float(coef) : 1.0f;
 }
 
-// Calls f(i, e, at, len) for each piece of the flat range [lo, hi) inside parameter tensor i:
-// its elements [e, e + len) are flat positions [at, at + len). `offsets` holds each tensor's
-// first flat position and then the total; positions past the total (padding) are skipped.
-template <class F>
-void for_each_piece(const std::vector<int64_t>& offsets, int64_t lo, int64_t hi, F&& f) {
-  hi = std::min(hi, offsets.back());
-  if (lo >= hi) return;
-  // The last tensor starting at or before lo (with empty tensors, several start there).
-  size_t i = static_cast<size_t>(std::upper_bound(offsets.begin(), offsets.end(), lo) - offsets.begin()) - 1;
-  for (int64_t at = lo; at < hi; ++i) {
-    const int64_t end = std::min(hi, offsets[i + 1]);
-    if (end > at) f(i, at - offsets[i], at, end - at);
-    at = std::max(at, end);
-  }
-}
-
 }  // namespace
 
 int64_t ShardedAdamW::chunk_elements(int64_t shard, int64_t world, int64_t max_round) {
@@ -59,14 +43,16 @@ int64_t ShardedAdamW::planned_bytes_stage2(const std::vector<GradBucket>& bucket
   return 4 * (3 * total + (world + 1) * chunk_elements(total, world, allgather_bucket_size));
 }
 
-ShardedAdamW::ShardedAdamW(const TrainConfig& config, ProcessGroups& groups, const ModelState& state,
-                           const std::vector<GradBucket>& buckets)
-    : config_(config), groups_(groups) {
+ShardedAdamW::ShardedAdamW(const TrainConfig& config, ProcessGroups& groups,
+                           const std::vector<models::ParameterSpec>& specs, const std::vector<GradBucket>& buckets)
+    : config_(config), groups_(groups), tensors_(specs.size()) {
+  int64_t count = 0;
+  for (const auto& spec : specs) count += numel(spec.shape);
   if (config.zero_stage >= 2) {
     AUTOSP_CHECK(!buckets.empty(), "ZeRO stage ", config.zero_stage, " needs the compiled step's gradient buckets");
     std::map<std::string, size_t> index;
-    for (size_t i = 0; i < state.specs.size(); ++i) index[state.specs[i].name] = i;
-    const int64_t W = groups.world->size(), r = groups.world->rank();
+    for (size_t i = 0; i < specs.size(); ++i) index[specs[i].name] = i;
+    const int64_t W = groups.world->size();
     int64_t total = 0, covered = 0;
     for (const GradBucket& b : buckets) {
       std::vector<size_t> params;
@@ -74,7 +60,7 @@ ShardedAdamW::ShardedAdamW(const TrainConfig& config, ProcessGroups& groups, con
       for (size_t j = 0; j < b.params.size(); ++j) {
         const auto it = index.find(b.params[j]);
         AUTOSP_CHECK(it != index.end(), "gradient bucket names an unknown parameter ", b.params[j]);
-        AUTOSP_CHECK(int64_t(state.params[it->second].size()) == b.numel[j], "bucket size of ", b.params[j]);
+        AUTOSP_CHECK(numel(specs[it->second].shape) == b.numel[j], "bucket size of ", b.params[j]);
         params.push_back(it->second);
         offsets.push_back(offsets.back() + b.numel[j]);
       }
@@ -85,43 +71,71 @@ ShardedAdamW::ShardedAdamW(const TrainConfig& config, ProcessGroups& groups, con
       bucket_offsets_.push_back(std::move(offsets));
       bucket_shard_.push_back(b.shard);
       acc_.emplace_back(b.shard, 0.0f);
-      // This rank's slice of the (possibly resumed) moments.
-      std::vector<float> m(b.shard, 0.0f), v(b.shard, 0.0f), w(config.zero_stage == 3 ? b.shard : 0, 0.0f);
-      const int64_t begin = r * b.shard;
-      for_each_piece(bucket_offsets_.back(), begin, begin + b.shard, [&](size_t i, int64_t e, int64_t at, int64_t len) {
-        const size_t t = bucket_params_.back()[i];
-        std::copy_n(state.exp_avg[t].begin() + e, len, m.begin() + (at - begin));
-        std::copy_n(state.exp_avg_sq[t].begin() + e, len, v.begin() + (at - begin));
-        if (config.zero_stage == 3) std::copy_n(state.params[t].begin() + e, len, w.begin() + (at - begin));
-      });
-      if (config.zero_stage == 3) param_shard_.push_back(std::move(w));
-      bucket_avg_.push_back(std::move(m));
-      bucket_avg_sq_.push_back(std::move(v));
+      bucket_avg_.emplace_back(b.shard, 0.0f);
+      bucket_avg_sq_.emplace_back(b.shard, 0.0f);
+      if (config.zero_stage == 3) param_shard_.emplace_back(b.shard, 0.0f);
     }
-    int64_t count = 0;
-    for (const auto& p : state.params) count += static_cast<int64_t>(p.size());
     AUTOSP_CHECK(covered == count, "gradient buckets cover ", covered, " of ", count, " parameters");
     chunk_ = chunk_elements(total, W, config.zero.allgather_bucket_size);
-    // Stage 3 gathers only to write a checkpoint (gather_moments), outside the step.
-    scratch_floats_ = W > 1 && config.zero_stage == 2 ? (W + 1) * chunk_ : 0;
+    scratch_floats_ = W > 1 && config.zero_stage == 2 ? (W + 1) * chunk_ : 0;  // stage 3 gathers in the step
     return;
   }
   if (config.zero_stage != 1) return;
   offsets_.push_back(0);
-  for (const auto& p : state.params) offsets_.push_back(offsets_.back() + static_cast<int64_t>(p.size()));
+  for (const auto& spec : specs) offsets_.push_back(offsets_.back() + numel(spec.shape));
   count_ = offsets_.back();
   const int64_t W = groups.world->size();
   shard_ = (count_ + W - 1) / W;
   chunk_ = chunk_elements(shard_, W, std::min(config.zero.reduce_bucket_size, config.zero.allgather_bucket_size));
   scratch_floats_ = (W + 1) * chunk_;
-  // This rank's slice of the (possibly resumed) moments.
   exp_avg_.assign(shard_, 0.0f);
   exp_avg_sq_.assign(shard_, 0.0f);
-  const int64_t begin = groups.world->rank() * shard_;
+}
+
+void ShardedAdamW::load(const ModelState& state) {
+  AUTOSP_CHECK(state.specs.size() == tensors_, "state of ", state.specs.size(), " tensors for ", tensors_);
+  const int64_t r = groups_.world->rank();
+  if (config_.zero_stage >= 2) {
+    for (size_t k = 0; k < bucket_shard_.size(); ++k) {
+      const int64_t begin = r * bucket_shard_[k];
+      for_each_piece(bucket_offsets_[k], begin, begin + bucket_shard_[k], [&](size_t i, int64_t e, int64_t at, int64_t len) {
+        const size_t t = bucket_params_[k][i];
+        state.read(StateKind::exp_avg, t, e, len, bucket_avg_[k].data() + (at - begin));
+        state.read(StateKind::exp_avg_sq, t, e, len, bucket_avg_sq_[k].data() + (at - begin));
+        if (config_.zero_stage == 3) state.read(StateKind::params, t, e, len, param_shard_[k].data() + (at - begin));
+      });
+    }
+    return;
+  }
+  if (config_.zero_stage != 1) return;
+  const int64_t begin = r * shard_;
   for_each_piece(offsets_, begin, begin + shard_, [&](size_t i, int64_t e, int64_t at, int64_t len) {
-    std::copy_n(state.exp_avg[i].begin() + e, len, exp_avg_.begin() + (at - begin));
-    std::copy_n(state.exp_avg_sq[i].begin() + e, len, exp_avg_sq_.begin() + (at - begin));
+    state.read(StateKind::exp_avg, i, e, len, exp_avg_.data() + (at - begin));
+    state.read(StateKind::exp_avg_sq, i, e, len, exp_avg_sq_.data() + (at - begin));
   });
+}
+
+ShardLayout ShardedAdamW::layout() const {
+  ShardLayout layout;
+  if (config_.zero_stage == 1) {
+    ShardLayout::Bucket b{{}, offsets_, shard_};
+    for (size_t i = 0; i < tensors_; ++i) b.tensors.push_back(i);
+    layout.buckets.push_back(std::move(b));
+  }
+  for (size_t k = 0; k < bucket_shard_.size(); ++k)
+    layout.buckets.push_back({bucket_params_[k], bucket_offsets_[k], bucket_shard_[k]});
+  return layout;
+}
+
+std::vector<const float*> ShardedAdamW::shards(StateKind kind) const {
+  if (config_.zero_stage == 1) {
+    if (kind == StateKind::params) return {};
+    return {kind == StateKind::exp_avg ? exp_avg_.data() : exp_avg_sq_.data()};
+  }
+  const auto& of = kind == StateKind::params ? param_shard_ : kind == StateKind::exp_avg ? bucket_avg_ : bucket_avg_sq_;
+  std::vector<const float*> shards;
+  for (const auto& s : of) shards.push_back(s.data());
+  return shards;  // empty at stage 0, and for the parameters at stage 2
 }
 
 void ShardedAdamW::copy_flat(std::vector<std::vector<float>>& tensors, int64_t at, int64_t len, float* buf,
@@ -280,51 +294,6 @@ double ShardedAdamW::step(ModelState& state, std::vector<std::vector<float>>& gr
     }
   }
   return norm;
-}
-
-void ShardedAdamW::gather_moments(ModelState& state) {
-  if (config_.zero_stage >= 2) {
-    const int W = groups_.world->size();
-    std::vector<float> wide(static_cast<size_t>(W > 1 ? W * chunk_ : 0));
-    std::vector<std::pair<std::vector<std::vector<float>>*, std::vector<std::vector<float>>*>> what = {
-        {&bucket_avg_, &state.exp_avg}, {&bucket_avg_sq_, &state.exp_avg_sq}};
-    if (config_.zero_stage == 3) what.push_back({&param_shard_, &state.params});
-    for (auto [shards, full] : what) {
-      // Sized from the specs: under stage 3 state.params is empty between checkpoints.
-      full->resize(state.specs.size());
-      for (size_t i = 0; i < state.specs.size(); ++i) (*full)[i].resize(numel(state.specs[i].shape));
-      for (size_t k = 0; k < shards->size(); ++k) {
-        const int64_t c = bucket_shard_[k];
-        if (W == 1) {
-          copy_bucket(k, *full, 0, c, (*shards)[k].data(), true);
-          continue;
-        }
-        for (int64_t j = 0; j < c; j += chunk_) {
-          const int64_t len = std::min(chunk_, c - j);
-          groups_.world->all_gather((*shards)[k].data() + j, wide.data(), len);
-          for (int p = 0; p < W; ++p) copy_bucket(k, *full, p * c + j, len, wide.data() + p * len, true);
-        }
-      }
-    }
-    return;
-  }
-  if (config_.zero_stage != 1) return;
-  const int W = groups_.world->size();
-  const int64_t begin = groups_.world->rank() * shard_;
-  std::vector<float> wide(static_cast<size_t>(W > 1 ? W * chunk_ : 0));
-  for (auto [shard, full] : {std::pair{&exp_avg_, &state.exp_avg}, std::pair{&exp_avg_sq_, &state.exp_avg_sq}}) {
-    full->resize(state.params.size());
-    for (size_t i = 0; i < state.params.size(); ++i) (*full)[i].resize(state.params[i].size());
-    if (W == 1) {
-      copy_flat(*full, begin, shard_, shard->data(), true);
-      continue;
-    }
-    for (int64_t k = 0; k < shard_; k += chunk_) {
-      const int64_t len = std::min(chunk_, shard_ - k);
-      groups_.world->all_gather(shard->data() + k, wide.data(), len);
-      for (int p = 0; p < W; ++p) copy_flat(*full, p * shard_ + k, len, wide.data() + p * len, true);
-    }
-  }
 }
 
 }  // namespace autosp::train

@@ -12,8 +12,8 @@
 // the parameter count). The collectives run in rounds over the flattened space through a
 // scratch buffer allocated for the step and freed after it; the reduced gradient shard is
 // written back into the gradient vectors at this rank's positions, so nothing full-size is
-// ever allocated here (gather_moments fills full-size moments into ModelState, for a
-// checkpoint, and the caller frees them). The scratch is (W + 1) x chunk floats, where
+// ever allocated here (a checkpoint streams the shards to rank 0 in bounded rounds,
+// train/checkpoint.h). The scratch is (W + 1) x chunk floats, where
 // chunk is this rank's elements per round: at most min(total / 8, kMaxScratchFloats,
 // reduce_bucket_size, allgather_bucket_size) floats in all (total padded to W; but at least one element per rank and round, which only a
 // model of under 8 (W + 1) parameters exceeds), so it stays a small fraction of the model
@@ -39,8 +39,6 @@
 //                step updates them in place and gathers nothing (the next step gathers each
 //                group where it needs it). Between steps a rank holds 4/W of the parameter
 //                count (plus padding): parameters, accumulated gradients, two moments.
-//                gather_moments also gathers the parameters into ModelState, for a
-//                checkpoint.
 //
 // Scaling: the sequence ranks of one replica hold parts of one loss (their gradients add
 // up); data-parallel replicas average, as DeepSpeed does. So grad = (sum over the world) / D.
@@ -61,10 +59,20 @@ class ShardedAdamW {
   // cluster, small next to any model worth sharding.
   static constexpr int64_t kMaxScratchFloats = int64_t{1} << 20;
 
-  // Under stage 2, `buckets` is the layout of the compiled step's gradient buckets
-  // (read_grad_buckets); other stages ignore it.
-  ShardedAdamW(const TrainConfig& config, ProcessGroups& groups, const ModelState& state,
+  // Under stages 2 and 3, `buckets` is the layout of the compiled step's gradient buckets
+  // (read_grad_buckets); other stages ignore it. The shards start at zero: load() fills them.
+  ShardedAdamW(const TrainConfig& config, ProcessGroups& groups, const std::vector<models::ParameterSpec>& specs,
                const std::vector<GradBucket>& buckets = {});
+
+  // Fills this rank's shards (moments; under stage 3 also the parameters) from `state`: its
+  // whole tensors, or what it has stored (a checkpoint: only this rank's elements are read).
+  void load(const ModelState& state);
+
+  // For a checkpoint (stages 1-3): how the shards map to the parameters, and this rank's
+  // shard of each bucket of `kind` (empty where this object does not shard that kind: the
+  // parameters below stage 3, everything at stage 0).
+  ShardLayout layout() const;
+  std::vector<const float*> shards(StateKind kind) const;
 
   // What bytes() will be under stage 2 for these buckets on `world` ranks.
   static int64_t planned_bytes_stage2(const std::vector<GradBucket>& buckets, int64_t world,
@@ -106,10 +114,6 @@ class ShardedAdamW {
   // moments in state). Returns the global gradient norm before clipping.
   double step(ModelState& state, std::vector<std::vector<float>>& grads, double lr);
 
-  // Under stage 1 the moments live here, sharded; this gathers them into `state` (a
-  // collective: every rank calls it) so a checkpoint can be written.
-  void gather_moments(ModelState& state);
-
   // Bytes this object holds at its peak: under stage 1 the moment shards plus the scratch
   // each step allocates for its collectives; under stage 0 none (the moments live in
   // ModelState).
@@ -137,6 +141,7 @@ class ShardedAdamW {
   TrainConfig config_;
   ProcessGroups& groups_;
   std::vector<int64_t> offsets_;  // flat position of each parameter tensor, then the count
+  size_t tensors_ = 0;            // parameter tensors
   int64_t count_ = 0;             // parameters in all (flattened, unpadded)
   int64_t shard_ = 0;             // flattened elements per rank (count_ padded to W, / W)
   int64_t chunk_ = 0;             // this rank's elements per round of a chunked collective

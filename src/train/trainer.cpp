@@ -15,6 +15,7 @@
 #include "train/grad_sync.h"
 #include "train/lr_schedule.h"
 #include "util/error.h"
+#include "util/rss.h"
 
 namespace autosp::train {
 
@@ -59,6 +60,18 @@ ModelState ModelState::initial(const models::LlamaConfig& config, uint64_t seed)
   return s;
 }
 
+void ModelState::read(StateKind kind, size_t i, int64_t begin, int64_t n, float* out) const {
+  const auto& whole = kind == StateKind::params ? params : kind == StateKind::exp_avg ? exp_avg : exp_avg_sq;
+  if (i < whole.size()) {
+    AUTOSP_CHECK(begin >= 0 && begin + n <= int64_t(whole[i].size()), specs.at(i).name, ": [", begin, ", ", begin + n,
+                 ") of ", whole[i].size());
+    std::copy_n(whole[i].begin() + begin, n, out);
+    return;
+  }
+  AUTOSP_CHECK(stored != nullptr, "tensor ", i, " of the state is neither held nor stored");
+  stored->read(kind, i, begin, n, out);
+}
+
 int64_t ModelState::persistent_bytes() const {
   int64_t n = 0, moments = 0;
   for (const auto& p : params) n += static_cast<int64_t>(p.size());
@@ -84,7 +97,7 @@ Trainer::Trainer(const models::LlamaConfig& model, const TrainConfig& config, in
   AUTOSP_CHECK(groups_->sp_size == config.sequence_parallel_size, "groups were made for sp_size ",
                groups_->sp_size, ", the config says ", config.sequence_parallel_size);
   int64_t num_params = 0;
-  for (const auto& p : state_.params) num_params += static_cast<int64_t>(p.size());
+  for (const auto& spec : state_.specs) num_params += numel(spec.shape);
   const int64_t W = groups_->world->size();
   // Model state as it will be once the optimizer holds its shards (built after compiling).
   // Stage 2's depends on the buckets of the compiled step; stages 0 and 1 on the count alone.
@@ -152,14 +165,41 @@ Trainer::Trainer(const models::LlamaConfig& model, const TrainConfig& config, in
   // first step (the arena excluded: it is in the plan already).
   program_bytes_ = std::max<int64_t>(0, int64_t(mallinfo2().uordblks - heap_before) - arena_);
   planned_peak_ += program_bytes_;
-  // The optimizer takes this rank's shards of the moments (and, under stage 2, the layout
-  // of the step's gradient buckets); the full moments are dropped.
-  optimizer_ = std::make_unique<ShardedAdamW>(config_, *groups_, state_, read_grad_buckets(joint_));
+  // The optimizer takes this rank's shards of the moments (and, under stages 2 and 3, the
+  // layout of the step's gradient buckets); the full moments are dropped. A resumed state
+  // is read here, each rank reading only what it keeps: the whole parameters below stage 3,
+  // the whole moments at stage 0, else its shards. Every buffer it fills exists before the
+  // reading starts, so the resident peak while reading measures what reading itself costs.
+  optimizer_ = std::make_unique<ShardedAdamW>(config_, *groups_, state_.specs, read_grad_buckets(joint_));
+  if (state_.stored) {
+    std::vector<std::pair<StateKind, std::vector<std::vector<float>>*>> whole;
+    if (config_.zero_stage < 3) whole.emplace_back(StateKind::params, &state_.params);
+    if (config_.zero_stage == 0) {
+      whole.emplace_back(StateKind::exp_avg, &state_.exp_avg);
+      whole.emplace_back(StateKind::exp_avg_sq, &state_.exp_avg_sq);
+    }
+    for (auto& [kind, tensors] : whole)
+      for (const auto& spec : state_.specs) tensors->emplace_back(numel(spec.shape), 0.0f);
+    const RssPhase phase;
+    const auto start = std::chrono::steady_clock::now();
+    for (auto& [kind, tensors] : whole)
+      for (size_t i = 0; i < tensors->size(); ++i)
+        state_.stored->read(kind, i, 0, int64_t((*tensors)[i].size()), (*tensors)[i].data());
+    optimizer_->load(state_);
+    state_load_.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    state_load_.rss_growth = phase.peak_growth();
+    state_.stored.reset();  // closes the checkpoint's files
+  } else {
+    optimizer_->load(state_);
+  }
   if (config_.zero_stage >= 1) {
     state_.exp_avg.clear();
     state_.exp_avg_sq.clear();
   }
   if (config_.zero_stage == 3) state_.params = {};  // the optimizer holds this rank's shards of them
+  // A fresh state was whole on every rank until here: glibc keeps what was freed resident
+  // (HeapAllocator turns trimming off), so it is handed back.
+  malloc_trim(0);
   AUTOSP_CHECK(model_state_bytes() == model_state, "planned model state ", model_state, " != held ",
                model_state_bytes());
   // Under stage 2 no full-size gradient is kept: the step's reduced shards accumulate in
@@ -195,7 +235,7 @@ void Trainer::bind_parameters(CpuExecutor& ex) const {
       ex.bind(str(kParamShardPrefix, k), optimizer_->param_shard(k));
     return;
   }
-  AUTOSP_CHECK(state_.params.size() == state_.specs.size(), "the parameters are sharded (ZeRO-3): gather_state first");
+  AUTOSP_CHECK(state_.params.size() == state_.specs.size(), "the parameters are sharded (ZeRO-3)");
   for (size_t i = 0; i < state_.specs.size(); ++i) ex.bind(state_.specs[i].name, state_.params[i].data());
 }
 
@@ -281,9 +321,24 @@ StepStats Trainer::train_step(const DataSource& data) {
   return s;
 }
 
-const ModelState& Trainer::gather_state() {
-  optimizer_->gather_moments(state_);
-  return state_;
+StateShards Trainer::checkpoint_shards() const {
+  StateShards out;
+  if (config_.zero_stage >= 1) out.layout = optimizer_->layout();
+  for (StateKind kind : kStateKinds) {
+    const size_t q = static_cast<size_t>(kind);
+    out.shards[q] = optimizer_->shards(kind);
+    if (!out.shards[q].empty()) continue;
+    const auto& whole = kind == StateKind::params ? state_.params : kind == StateKind::exp_avg ? state_.exp_avg
+                                                                                               : state_.exp_avg_sq;
+    AUTOSP_CHECK(whole.size() == state_.specs.size(), "state kind ", q, " is neither whole nor sharded");
+    for (const auto& t : whole) out.whole[q].push_back(t.data());
+  }
+  // A round brings rank 0 world x round elements: DeepSpeed's all-gather bucket, at most
+  // ShardedAdamW's 4 MiB of scratch.
+  const int64_t W = groups_->world->size();
+  out.round_elements =
+      std::max<int64_t>(1, std::min(config_.zero.allgather_bucket_size, ShardedAdamW::kMaxScratchFloats) / W);
+  return out;
 }
 
 int64_t Trainer::model_state_bytes() const {
@@ -295,13 +350,6 @@ int64_t Trainer::model_state_bytes() const {
     return 4 * n + optimizer_->bytes();
   }
   return state_.persistent_bytes() + optimizer_->bytes();
-}
-
-void Trainer::release_gathered_state() {
-  if (config_.zero_stage < 1) return;
-  state_.exp_avg.clear();
-  state_.exp_avg_sq.clear();
-  if (config_.zero_stage == 3) state_.params = {};
 }
 
 std::vector<float> Trainer::logits(const int32_t* inputs, int64_t B, int64_t S) {
@@ -316,11 +364,39 @@ std::vector<float> Trainer::logits(const int32_t* inputs, int64_t B, int64_t S) 
   }
   std::vector<int32_t> positions(B * S);
   for (int64_t i = 0; i < B * S; ++i) positions[i] = static_cast<int32_t>(i % S);
+  const bool sharded = config_.zero_stage == 3;
+  if (sharded) gather_parameters();
   bind_parameters(*eval_executor_);
   eval_executor_->bind("input_ids", inputs);
   eval_executor_->bind("position_ids", positions.data());
   eval_executor_->run();
-  return eval_executor_->output_vector("logits");
+  std::vector<float> out = eval_executor_->output_vector("logits");
+  if (sharded) state_.params = {};
+  return out;
+}
+
+void Trainer::gather_parameters() {
+  const ShardLayout layout = optimizer_->layout();
+  const std::vector<const float*> shards = optimizer_->shards(StateKind::params);
+  AUTOSP_CHECK(shards.size() == layout.buckets.size(), "parameter shards");
+  state_.params.clear();
+  for (const auto& spec : state_.specs) state_.params.emplace_back(numel(spec.shape), 0.0f);
+  const int W = groups_->world->size();
+  const int64_t round = checkpoint_shards().round_elements;
+  std::vector<float> wide(static_cast<size_t>(W * round));
+  for (size_t k = 0; k < layout.buckets.size(); ++k) {
+    const ShardLayout::Bucket& b = layout.buckets[k];
+    for (int64_t j = 0; j < b.shard; j += round) {
+      const int64_t len = std::min(round, b.shard - j);
+      groups_->world->all_gather(shards[k] + j, wide.data(), len);
+      for (int p = 0; p < W; ++p) {
+        const int64_t lo = p * b.shard + j;
+        for_each_piece(b.offsets, lo, lo + len, [&](size_t i, int64_t e, int64_t at, int64_t n) {
+          std::copy_n(wide.data() + p * len + (at - lo), n, state_.params[b.tensors[i]].data() + e);
+        });
+      }
+    }
+  }
 }
 
 void Trainer::predict(const int32_t* inputs, int64_t B, int64_t S, int32_t* argmax) {

@@ -14,8 +14,18 @@
 #include "runtime/executor.h"
 #include "train/config.h"
 #include "train/data.h"
+#include "train/state_shards.h"
 
 namespace autosp::train {
+
+// Tensors of the model state read on demand, by element range (a checkpoint's files,
+// train/checkpoint.h): each rank reads only the elements it keeps.
+class StoredState {
+ public:
+  virtual ~StoredState() = default;
+  // Elements [begin, begin + n) of tensor `index` (of ModelState::specs) of `kind`.
+  virtual void read(StateKind kind, size_t index, int64_t begin, int64_t n, float* out) const = 0;
+};
 
 // Parameters and optimizer state, one entry per models::llama_parameters() tensor.
 struct ModelState {
@@ -23,6 +33,13 @@ struct ModelState {
   std::vector<std::vector<float>> params, exp_avg, exp_avg_sq;
   int64_t step = 0;              // optimizer steps taken so far
   int64_t consumed_samples = 0;  // global samples read so far: where the data continues
+  // A checkpoint being resumed: params and the moments are empty, and the trainer reads from
+  // here what this rank keeps (whole tensors or its shards), then drops it.
+  std::shared_ptr<const StoredState> stored;
+
+  // Elements [begin, begin + n) of tensor i of `kind`: from the vectors above when they hold
+  // it, else from `stored`.
+  void read(StateKind kind, size_t i, int64_t begin, int64_t n, float* out) const;
 
   // Fresh state: seeded init, zero moments.
   static ModelState initial(const models::LlamaConfig& config, uint64_t seed);
@@ -91,7 +108,9 @@ class Trainer {
 
   // Forward only: the argmax of the logits at every position, for B x S inputs.
   void predict(const int32_t* inputs, int64_t B, int64_t S, int32_t* argmax);
-  // Forward only, for tests: logits [B, S, V] and the loss of one micro batch.
+  // Forward only, for tests: logits [B, S, V] and the loss of one micro batch. Under ZeRO-3
+  // a collective (every rank calls it): the parameters are all-gathered whole for it, in
+  // bounded rounds, and dropped after: a transient copy of the model on each rank.
   std::vector<float> logits(const int32_t* inputs, int64_t B, int64_t S);
   // Runs the joint graph once on one micro batch (one process, no sequence parallelism);
   // returns its loss and fills `grads` (one vector per parameter), for tests.
@@ -99,10 +118,17 @@ class Trainer {
                         std::vector<std::vector<float>>& grads);
 
   const ModelState& state() const { return state_; }
-  // The full state for a checkpoint (under ZeRO-1 a collective: every rank calls it, and
-  // release_gathered_state() frees the gathered moments again after saving).
-  const ModelState& gather_state();
-  void release_gathered_state();
+  // This rank's part of the state for a checkpoint (train::save_checkpoint): the tensors it
+  // holds whole, and its shards with their layout.
+  StateShards checkpoint_shards() const;
+  // Reading a resumed state (ModelState::stored) into what this rank keeps, in the
+  // constructor: how long it took and how far the resident set's peak rose above the
+  // buffers it filled (RssPhase; they are allocated first). Zero when nothing was stored.
+  struct StateLoad {
+    double seconds = 0;
+    int64_t rss_growth = 0;
+  };
+  const StateLoad& state_load() const { return state_load_; }
   const ProcessGroups& groups() const { return *groups_; }
   const Graph& joint_graph() const { return joint_; }
   const MemoryStrategy& strategy() const { return strategy_; }
@@ -120,6 +146,7 @@ class Trainer {
 
  private:
   void bind_parameters(CpuExecutor& ex) const;
+  void gather_parameters();  // ZeRO-3: the whole parameters into state_.params (collective)
   void load_micro_batch(const DataSource& data, int64_t micro);
 
   models::LlamaConfig model_;
@@ -144,6 +171,7 @@ class Trainer {
   int64_t eval_batch_ = 0;
   HeapAllocator eval_allocator_;
   std::unique_ptr<CpuExecutor> eval_executor_;
+  StateLoad state_load_;
 };
 
 }  // namespace autosp::train

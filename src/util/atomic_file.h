@@ -7,11 +7,37 @@
 // reported failure the temporary is removed; the target is untouched unless the failure
 // came after the rename (fsyncing the directory), when it already holds the new bytes.
 #pragma once
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <string_view>
 
 namespace autosp {
+
+// A file being written to replace `path`, with bytes at any offsets (a safetensors file
+// whose header is known before its data arrive in pieces), then commit(). Destroyed without
+// a commit (an error on the way), it removes the temporary: `path` is untouched. Errors are
+// UserErrors "cannot write 'PATH': cannot write temporary file 'TMP': <errno text>".
+class AtomicFileWriter {
+ public:
+  explicit AtomicFileWriter(std::string path);
+  ~AtomicFileWriter();
+  AtomicFileWriter(const AtomicFileWriter&) = delete;
+  AtomicFileWriter& operator=(const AtomicFileWriter&) = delete;
+
+  void append(std::string_view bytes);                   // after the last append
+  void write_at(uint64_t offset, std::string_view bytes);  // pwrite: any offset, any order
+  // fsync, rename over the target, fsync its directory.
+  void commit();
+  const std::string& path() const { return target_; }
+
+ private:
+  [[noreturn]] void fail(const std::string& what1, const std::string& name, const char* what2, int err) const;
+
+  std::string target_, tmp_, dir_;
+  int fd_ = -1;
+  bool renamed_ = false;
+};
 
 // Receives the next piece of the file's contents.
 using ByteSink = std::function<void(std::string_view)>;

@@ -201,6 +201,25 @@ Finding check_all_gather(Group& g, const std::vector<int64_t>& sizes) {
   return first;
 }
 
+// Every root; the other ranks' recv stays untouched (they pass null).
+Finding check_gather(Group& g, const std::vector<int64_t>& sizes) {
+  Finding first;  // the first mismatch; later calls still run, as on the other ranks
+  const int P = static_cast<int>(g.members.size()), me = g.my_group_rank();
+  for (int root = 0; root < P; ++root) {
+    for (int64_t n : sizes) {
+      std::vector<float> send(static_cast<size_t>(n)), recv(static_cast<size_t>(P * n), -1.0f);
+      for (int64_t j = 0; j < n; ++j) send[static_cast<size_t>(j)] = gather_value(g.me, j);
+      g.comm->gather(send.data(), me == root ? recv.data() : nullptr, n, root);
+      if (me != root) continue;
+      Finding f = first_mismatch<float>(str("gather root ", root).c_str(), n, recv, [&](int64_t i) {
+        return gather_value(g.members[static_cast<size_t>(i / n)], i % n);
+      });
+      if (first.empty()) first = f;
+    }
+  }
+  return first;
+}
+
 Finding check_reduce_scatter(Group& g, const std::vector<int64_t>& sizes) {
   Finding first;  // the first mismatch; later calls still run, as on the other ranks
   const int P = static_cast<int>(g.members.size()), me = g.my_group_rank();
@@ -300,6 +319,7 @@ void check_group(Checker& checker, Group& g, int64_t max_call_bytes) {
               [&] { return check_all_reduce_same_bits(g, sizes); });
   checker.run(at + " all_to_all", [&] { return check_all_to_all(g, sizes); });
   checker.run(at + " all_gather", [&] { return check_all_gather(g, sizes); });
+  checker.run(at + " gather", [&] { return check_gather(g, sizes); });
   checker.run(at + " reduce_scatter_sum", [&] { return check_reduce_scatter(g, sizes); });
   checker.run(at + " broadcast", [&] { return check_broadcast(g, byte_sizes); });
   checker.run(at + " barrier", [&] {

@@ -189,6 +189,75 @@ TEST_F(SafetensorsTest, ReadsF16IncludingSubnormalsAndInf) {
   EXPECT_TRUE(t.data[9] == 0.f && std::signbit(t.data[9]));
 }
 
+// The writer a sharded checkpoint uses: pieces in any order, each at its place; the file
+// equals what write_safetensors writes at once, byte for byte.
+TEST_F(SafetensorsTest, PiecewiseWriterInAnyOrderEqualsTheWholeWriter) {
+  HostTensor a{{3, 4}, {}}, b{{5}, {}}, empty{{0}, {}};
+  for (int i = 0; i < 12; ++i) a.data.push_back(0.5f * float(i) - 2.f);
+  for (int i = 0; i < 5; ++i) b.data.push_back(float(100 + i));
+  const std::string whole = file("whole.safetensors"), pieces = file("pieces.safetensors");
+  autosp::io::write_safetensors(whole, {{"a", &a}, {"empty", &empty}, {"b", &b}}, {{"step", "3"}});
+  {
+    autosp::io::SafetensorsWriter w(pieces, {{"a", a.shape}, {"empty", empty.shape}, {"b", b.shape}}, {{"step", "3"}});
+    w.write(2, 3, b.data.data() + 3, 2);
+    w.write(0, 7, a.data.data() + 7, 5);
+    w.write(2, 0, b.data.data(), 3);
+    w.write(0, 0, a.data.data(), 7);
+    EXPECT_EQ(w.file_bytes(), fs::file_size(whole));
+    EXPECT_FALSE(fs::exists(pieces)) << "visible before commit";
+    w.commit();
+  }
+  std::ifstream x(whole, std::ios::binary), y(pieces, std::ios::binary);
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(x), {}), std::string(std::istreambuf_iterator<char>(y), {}));
+  {  // Not committed (an error on the way): nothing appears, no temporary stays.
+    autosp::io::SafetensorsWriter w(file("abandoned.safetensors"), {{"a", a.shape}});
+    w.write(0, 0, a.data.data(), 12);
+  }
+  EXPECT_FALSE(fs::exists(file("abandoned.safetensors")));
+  for (const auto& e : fs::directory_iterator(dir_)) EXPECT_EQ(e.path().filename().string().find(".tmp."), std::string::npos);
+}
+
+// What a loading rank does: validate the header, then read only its element ranges, of
+// F32 and of 16-bit tensors.
+TEST_F(SafetensorsTest, ReaderReadsElementRangesAfterValidatingTheHeader) {
+  std::string path = file("mixed.safetensors");
+  std::string f32(16, '\0');
+  const float fv[4] = {1.f, -2.f, 3.5f, 8.f};
+  std::memcpy(f32.data(), fv, 16);
+  write_raw(path, st_bytes(R"({"f":{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]},)"
+                           R"("h":{"dtype":"BF16","shape":[3],"data_offsets":[16,22]}})",
+                           f32 + u16_bytes({0x3f80, 0xc020, 0x4000})));
+  const autosp::io::SafetensorsReader r(path);
+  EXPECT_EQ(r.names(), (std::vector<std::string>{"f", "h"}));
+  float out[3] = {0, 0, 0};
+  r.read("f", 1, 2, out);
+  EXPECT_EQ(out[0], -2.f);
+  EXPECT_EQ(out[1], 3.5f);
+  r.read("h", 1, 2, out);
+  EXPECT_EQ(out[0], -2.5f);
+  EXPECT_EQ(out[1], 2.f);
+  r.expect("f", {2, 2});
+  auto message = [&](const std::string& name, const std::vector<int64_t>& shape) {
+    try {
+      r.expect(name, shape);
+    } catch (const UserError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(message("f", {4}), path + ": tensor 'f' has shape [2, 2], expected [4]");
+  EXPECT_EQ(message("g", {1}), path + ": missing tensor 'g'");
+  // A damaged header is refused when the file is opened, before anything is read.
+  write_raw(file("bad.safetensors"), st_bytes(R"({"f":{"dtype":"F32","shape":[2,2],"data_offsets":[0,12]}})",
+                                              std::string(12, '\0')));
+  try {
+    autosp::io::SafetensorsReader bad(file("bad.safetensors"));
+    ADD_FAILURE() << "opened";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("tensor 'f': data_offsets [0,12] span 12 bytes"), std::string::npos) << e.what();
+  }
+}
+
 TEST(SafetensorsConvert, F16MatchesDefinitionForEveryValue) {
   for (uint32_t h = 0; h < 0x10000; ++h) {
     int sign = h >> 15 ? -1 : 1;
