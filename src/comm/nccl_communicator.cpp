@@ -128,8 +128,10 @@ void NcclCommunicator::reduce_scatter_sum_async(const void* send, void* recv, in
 namespace {
 
 std::unique_ptr<Communicator> nccl_over(const Communicator* group, const std::string& what) {
+  AUTOSP_CHECK(group, "make_nccl_groups: no ", what, " group");
+  if (group->size() == 1) return NcclCommunicator::single("nccl " + what + " group of one");
   const auto* mpi = dynamic_cast<const MpiCommunicator*>(group);
-  AUTOSP_CHECK(mpi, "make_nccl_groups: the ", what, " group is not an MpiCommunicator");
+  AUTOSP_CHECK(mpi, "make_nccl_groups: the ", what, " group (", group->size(), " ranks) is not an MpiCommunicator");
   return std::make_unique<NcclCommunicator>(mpi->comm(), "nccl " + mpi->name());
 }
 

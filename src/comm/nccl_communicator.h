@@ -83,7 +83,8 @@ class NcclCommunicator final : public Communicator {
 };
 
 // NCCL groups beside the MPI ones: world, sp and dp as in `mpi_groups` (whose
-// communicators must be MpiCommunicators), each bootstrapped over its MPI group.
+// communicators of more than one rank must be MpiCommunicators), each bootstrapped over
+// its MPI group; a group of one needs no MPI.
 // Collective over the world.
 ProcessGroups make_nccl_groups(const ProcessGroups& mpi_groups);
 

@@ -43,6 +43,10 @@ int32_t ignore_index(const Attrs& attrs) {
   return static_cast<int32_t>(attrs.get_int("ignore_index", kDefaultIgnoreIndex));
 }
 
+// Workspace pieces start at 256-byte boundaries (cudaMalloc's alignment), as cuBLAS's
+// fastest kernels want their operands.
+int64_t aligned256(int64_t bytes) { return (bytes + 255) / 256 * 256; }
+
 cudaDataType_t cublas_type(Dt dt) { return dt == Dt::bf16 ? CUDA_R_16BF : CUDA_R_32F; }
 
 // C[M, N] (of c_dt) = op(A) op(B) (+ C when accumulate), row-major, A and B of ab_dt, fp32
@@ -268,10 +272,11 @@ void run_linear_cross_entropy_backward(const KernelArgs& a, const CudaContext& c
   const int64_t T = rows_of(a.in_shape(1)), V = w[0], H = w[1], chunk = lce_chunk(*a.attrs, T, V);
   const Dt dt = in_dt(a, 1);
   const int64_t es = cuda::dt_size(dt);
-  float* logits = static_cast<float*>(a.workspace);
-  void* dz = dt == Dt::f32 ? static_cast<void*>(logits) : static_cast<void*>(logits + chunk * V);
+  char* ws = static_cast<char*>(a.workspace);
+  float* logits = reinterpret_cast<float*>(ws);
+  void* dz = dt == Dt::f32 ? static_cast<void*>(logits) : static_cast<void*>(ws + aligned256(4 * chunk * V));
   float* dw_acc = dt == Dt::f32 ? a.out<float>(1)
-                                : reinterpret_cast<float*>(static_cast<char*>(dz) + ((chunk * V * 2 + 63) / 64) * 64);
+                                : reinterpret_cast<float*>(ws + aligned256(4 * chunk * V) + aligned256(2 * chunk * V));
   if (T == 0) check_cuda(cudaMemsetAsync(dw_acc, 0, size_t(4 * V * H), c.stream), "cudaMemsetAsync",
                          "linear_cross_entropy_backward");
   for (int64_t t0 = 0; t0 < T; t0 += chunk) {
@@ -289,7 +294,7 @@ void run_linear_cross_entropy_backward(const KernelArgs& a, const CudaContext& c
 int64_t ws_linear_cross_entropy_backward(const Types& in, const Types&, const Attrs& attrs) {
   const int64_t T = rows_of(in[1].shape), V = in[2].shape[0], H = in[2].shape[1], chunk = lce_chunk(attrs, T, V);
   if (in[1].dtype == DType::f32) return 4 * chunk * V;
-  return 4 * chunk * V + ((chunk * V * 2 + 63) / 64) * 64 + 4 * V * H;
+  return aligned256(4 * chunk * V) + aligned256(2 * chunk * V) + 4 * V * H;
 }
 void run_count_valid(const KernelArgs& a, const CudaContext& c) {
   cuda::count_valid(a.in<int32_t>(0), a.in_numel(0), ignore_index(*a.attrs), a.out<float>(0), c.stream);

@@ -164,7 +164,7 @@ void CudaExecutor::run() {
   }
   for (size_t i = 0; i < graph_.outputs().size(); ++i) {
     const ValueId v = graph_.outputs()[i].value;
-    if (host_outputs_[i].empty()) continue;
+    if (host_outputs_[i].empty() || !copy_outputs_) continue;
     check_cuda(cudaMemcpyAsync(host_outputs_[i].data(), data_[v], host_outputs_[i].size(), cudaMemcpyDeviceToHost,
                                ctx_.stream),
                "cudaMemcpyAsync", str("copying output '", graph_.outputs()[i].name, "' to the host"));
@@ -181,6 +181,7 @@ void CudaExecutor::run() {
 }
 
 const void* CudaExecutor::output_data(const std::string& name) const {
+  AUTOSP_CHECK(copy_outputs_, "output_data('", name, "'): this executor leaves its outputs on the device");
   for (size_t i = 0; i < graph_.outputs().size(); ++i)
     if (graph_.outputs()[i].name == name) return host_outputs_[i].data();
   internal_error("graph has no output named '", name, "'");

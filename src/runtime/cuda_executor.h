@@ -48,6 +48,9 @@ class CudaExecutor final : public Executor {
   void run() override;
   const void* output_data(const std::string& name) const override;
   const void* output_device(const std::string& name) const;
+  // false: run() leaves the outputs on the device (output_device; output_data is refused),
+  // for a training loop that keeps gradients there.
+  void set_copy_outputs(bool copy) { copy_outputs_ = copy; }
   const Graph& graph() const override { return graph_; }
   int64_t arena_bytes() const override { return arena_bytes_; }
   int64_t input_bytes() const { return input_bytes_; }
@@ -72,6 +75,7 @@ class CudaExecutor final : public Executor {
   char* arena_ = nullptr;
   char* inputs_ = nullptr;
   int64_t arena_bytes_ = 0, input_bytes_ = 0;
+  bool copy_outputs_ = true;
 };
 
 std::unique_ptr<Executor> make_cuda_executor(const Graph& graph, const ProcessGroups* groups);

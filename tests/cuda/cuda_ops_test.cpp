@@ -20,6 +20,8 @@
 #include "comm/nccl_communicator.h"
 #include "kernels/cpu/basic.h"
 #include "kernels/cuda/kernels.h"
+#include "models/llama.h"
+#include "passes/plan_memory.h"
 #include "ops/cuda_kernels.h"
 #include "ops/op.h"
 #include "passes/autodiff.h"
@@ -385,6 +387,50 @@ TEST(CudaKernelTable, EveryOpHasAKernel) {
   std::string missing;
   for (OpKind op : cuda_missing_kernels()) missing += str(op_name(op), " ");
   EXPECT_EQ(missing, "") << "ops without a CUDA kernel";
+}
+
+// Without a GPU (this test runs only there): asking for the backend is a UserError that
+// says why and what to do, not a crash.
+TEST(CudaExecutorNoDevice, IsAClearUserError) {
+  std::string why;
+  if (cuda_device_count(&why) > 0) GTEST_SKIP() << "a CUDA device is present";
+  Graph g;
+  ValueId x = g.add_input(Role::constant, {DType::f32, {4}}, "x");
+  GraphBuilder b(g);
+  g.add_output("y", b.emit1(OpKind::scale, {x}, {{"alpha", 2.0}}));
+  HeapAllocator alloc;
+  try {
+    make_executor(Backend::cuda, g, alloc);
+    ADD_FAILURE() << "a cuda executor was made without a device";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("no CUDA device"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("--backend cpu"), std::string::npos) << e.what();
+  }
+}
+
+// The bf16 Llama step plans with the CUDA kernels' workspaces (no device needed): every
+// node that needs scratch gets it, and the arena holds it.
+TEST(CudaPlan, Bf16LlamaStepPlansWithCudaWorkspaces) {
+  models::LlamaConfig c;
+  c.vocab_size = 64;
+  c.hidden_size = 32;
+  c.intermediate_size = 48;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.head_dim = 8;
+  const Graph joint = autodiff(models::llama_forward(c, {.batch = 2, .seq_len = 32, .dtype = DType::bf16}));
+  const MemoryPlan plan = read_memory_plan(plan_memory(joint, {.threads = 1, .workspace_bytes = cuda_node_workspace_bytes}));
+  int with_workspace = 0;
+  for (NodeId n = 0; n < static_cast<NodeId>(joint.nodes().size()); ++n) {
+    const int64_t need = cuda_node_workspace_bytes(joint, joint.node(n));
+    EXPECT_GE(plan.workspace_bytes[n], need) << op_name(joint.node(n).op);
+    if (need > 0) {
+      ++with_workspace;
+      EXPECT_LE(plan.workspace_offsets[n] + need, plan.arena_bytes);
+    }
+  }
+  EXPECT_GT(with_workspace, 0) << "attention_backward, rms_norm_backward and the loss need scratch";
 }
 
 // ---- attention with document ids, at the kernel (the op takes them as a 4th operand) -------

@@ -9,8 +9,9 @@
 // result is rounded once, to nearest even, when it is stored. Statistics (lse, rstd, the
 // loss) are f32, as the op rules say (src/ops/op.h, "Types").
 //
-// Every launcher enqueues on `stream` and returns without waiting; launch errors are
-// checked by the caller (cudaGetLastError after each node). Kernels that find bad data
+// Every launcher enqueues on `stream` and returns without waiting; errors of its launches
+// and of the memsets and copies it enqueues are checked by the caller (the runtime records
+// every failing call as its last error: cudaGetLastError after each node). Kernels that find bad data
 // (a token id or label out of range) set *error (a device int) to an ErrorCode and skip
 // the element; the executor reads it once per run and reports it as a UserError.
 //
