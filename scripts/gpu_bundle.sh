@@ -7,7 +7,7 @@
 #   scripts/gpu_bundle.sh [BUILD_DIR] [BUNDLE_DIR]     (defaults: build, .gpu-bundle)
 #
 # Then, on the GPU machine: scripts/gpu_check.sh --bundle .gpu-bundle
-# (.gpu-bundle is listed in .git/info/exclude here so that it travels only when carried.)
+# (.gitignore lists .gpu-bundle, so it travels only when carried.)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
@@ -25,5 +25,5 @@ done | sort -u | while read -r lib; do
     *) cp -L "$lib" "$bundle/lib/" ;;
   esac
 done
-grep -qx '/.gpu-bundle/' .git/info/exclude 2>/dev/null || echo '/.gpu-bundle/' >> "$(git rev-parse --git-path info/exclude)"
+# (.gitignore lists .gpu-bundle: it travels to a GPU machine only when carried.)
 du -sh "$bundle"
