@@ -15,6 +15,7 @@
 // what the device reports used (cudaMemGetInfo, which adds the CUDA context and cuBLAS's
 // workspace). The torch side reports torch.cuda.max_memory_allocated: compare the first.
 //
+// --plan-only: compile and plan, print the planned device bytes (no device needed).
 // --max-seq: for the checkpoint policy given, the longest S (doubling from --seq-len) whose
 // planned device memory fits in 95% of the free memory, and whether its arena then
 // allocates. The step at that S is not run (the reference attention kernel is O(S^2) and
@@ -126,11 +127,20 @@ int run(int argc, char** argv) {
   app.add_option("--peak-tflops", peak_tflops, "The GPU's dense bf16 peak, for MFU");
   app.add_flag("--max-seq", max_seq, "Find the longest S that fits (planned, allocated, not run)");
   app.add_option("--out", out_path, "Write the result as JSON here");
+  bool plan_only = false;
+  app.add_flag("--plan-only", plan_only, "Compile and plan the step's device memory; no device needed");
   CLI11_PARSE(app, argc, argv);
   const models::LlamaConfig model = models::load_llama_config(model_dir + "/config.json");
   const CheckpointPolicy policy = parse_checkpoint_policy(policy_name, "--checkpoint");
   nlohmann::json result = {{"model", model_dir}, {"parameters", models::llama_num_parameters(model)},
                            {"checkpoint", policy_name}, {"batch", B}};
+  if (plan_only) {
+    const int64_t need = planned_device_bytes(compile_step(model, B, S, policy));
+    const int64_t state = 18 * models::llama_num_parameters(model);
+    std::printf("S %lld, %s: planned arena + inputs %.2f GiB, model state %.2f GiB (18 bytes per parameter)\n",
+                (long long)S, policy_name.c_str(), double(need) / double(1 << 30), double(state) / double(1 << 30));
+    return 0;
+  }
   std::string why;
   if (cuda_device_count(&why) == 0) user_error("bench_cuda: no CUDA device (", why, ")");
   cudaDeviceProp prop{};
