@@ -15,7 +15,10 @@ bundle=${2:-.gpu-bundle}
 cmake --build "$build" -j 2 --target autosp cuda_ops_test bench_cuda
 rm -rf "$bundle"
 mkdir -p "$bundle/bin" "$bundle/lib"
-for b in autosp cuda_ops_test bench_cuda; do cp "$build/$b" "$bundle/bin/"; done
+for b in autosp cuda_ops_test bench_cuda; do
+  cp "$build/$b" "$bundle/bin/"
+  strip --strip-unneeded "$bundle/bin/$b"  # symbols would double the bundle
+done
 for b in "$bundle"/bin/*; do
   ldd "$b" | awk '/=> \// {print $3}'
 done | sort -u | while read -r lib; do
@@ -27,3 +30,8 @@ done | sort -u | while read -r lib; do
 done
 # (.gitignore lists .gpu-bundle: it travels to a GPU machine only when carried.)
 du -sh "$bundle"
+# A device run carries at most 64 MiB with the working tree (.library/device/README.md).
+kib=$(du -sk "$bundle" | cut -f1)
+if [ "$kib" -gt 58000 ]; then
+  echo "gpu_bundle: $bundle is ${kib} KiB: with the working tree it may exceed the 64 MiB a device run carries" >&2
+fi
