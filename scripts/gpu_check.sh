@@ -105,6 +105,14 @@ run_stage() {
 
 write_result "running"
 
+# Without a GPU the stages still run (a dry run of this script), but nothing is verified:
+# the result is "failed" whatever they say.
+if ! nvidia-smi -L > /dev/null 2>&1; then
+  echo "gpu_check: no GPU (nvidia-smi -L failed): a dry run, the result will be 'failed'"
+  echo '{"reason": "nvidia-smi found no GPU: a dry run verifies nothing"}' > "$logs/gpu.json"
+  record gpu failed 0 "$logs/gpu.json"
+fi
+
 # ---- build ---------------------------------------------------------------------------------
 if [ -n "$bundle" ]; then
   bin="$bundle/bin"
@@ -116,6 +124,7 @@ if [ -n "$bundle" ]; then
 else
   bin="$root/build-gpu"
   build() {
+    set -euo pipefail  # exported functions run in a fresh bash: no inherited -e
     cmake -S "$root" -B "$root/build-gpu" -DCMAKE_BUILD_TYPE=Release -DAUTOSP_CUDA=ON
     cmake --build "$root/build-gpu" -j "$(nproc)" --target autosp cuda_ops_test bench_cuda
     "$root/build-gpu/autosp" --version
@@ -139,7 +148,8 @@ def count(tag):
 errors = re.findall(r"^\S+ +\S+ +y\d+ normalised error .*$|^.* d\S+: \|fd - cuda\|.*$|^cuda \S+ vs float64.*$",
                     text, re.M)
 failed = re.findall(r"^\[  FAILED  \] (\S+)", text, re.M)
-print(json.dumps({"passed": count("PASSED"), "skipped": len(re.findall(r"^\[  SKIPPED \] \S", text, re.M)),
+skipped = set(re.findall(r"^\[  SKIPPED \] (\S+)$", text, re.M))
+print(json.dumps({"passed": count("PASSED"), "skipped": len(skipped),
                   "failed": sorted(set(failed)), "measured": errors[:400]}))
 EOF
 }
@@ -153,6 +163,7 @@ record llama_bf16 "$STAGE_STATUS" "$STAGE_SECONDS" "$logs/llama_bf16.json"
 
 # ---- the CLI trains on cuda as on the CPU ---------------------------------------------------
 train_cli() {
+  set -euo pipefail  # exported functions run in a fresh bash: no inherited -e
   local dir="$logs/train_cli"
   rm -rf "$dir"
   mkdir -p "$dir"
@@ -183,6 +194,7 @@ seq=4096
 steps=5
 [ "$quick" -eq 1 ] && steps=2
 bench() {
+  set -euo pipefail  # exported functions run in a fresh bash: no inherited -e
   "$bin/bench_cuda" --model "$model" --seq-len "$seq" --steps "$steps" --checkpoint none --out "$logs/bench_autosp.json"
   "$AUTOSP_PYTHON" bench/bench_cuda_torch.py --config "$model/config.json" --seq-len "$seq" --steps "$steps" \
     --checkpoint none --out "$logs/bench_torch.json"
@@ -206,17 +218,22 @@ record bench "$STAGE_STATUS" "$STAGE_SECONDS" "$logs/bench.json"
 
 # ---- the longest sequence per checkpoint policy ------------------------------------------------
 max_seq() {
-  local out="{"
+  set -uo pipefail
+  # Every policy is tried; one that fails leaves the others' results and fails the stage.
+  local out="{" failed=0 f
   for policy in none full sac; do
-    "$bin/bench_cuda" --model "$model" --seq-len 4096 --checkpoint "$policy" --max-seq --out "$logs/maxseq_autosp_$policy.json"
-    out="$out\"autosp_$policy\": $(cat "$logs/maxseq_autosp_$policy.json"),"
+    f="$logs/maxseq_autosp_$policy.json"
+    "$bin/bench_cuda" --model "$model" --seq-len 4096 --checkpoint "$policy" --max-seq --out "$f" || failed=1
+    [ -s "$f" ] && out="$out\"autosp_$policy\": $(cat "$f"),"
   done
   for policy in none full; do
+    f="$logs/maxseq_torch_$policy.json"
     "$AUTOSP_PYTHON" bench/bench_cuda_torch.py --config "$model/config.json" --seq-len 4096 --checkpoint "$policy" \
-      --max-seq --out "$logs/maxseq_torch_$policy.json"
-    out="$out\"torch_$policy\": $(cat "$logs/maxseq_torch_$policy.json"),"
+      --max-seq --out "$f" || failed=1
+    [ -s "$f" ] && out="$out\"torch_$policy\": $(cat "$f"),"
   done
   echo "${out%,}}" > "$logs/max_seq.json"
+  [ "$failed" -eq 0 ]
 }
 export -f max_seq
 run_stage max_seq 150 bash -c max_seq
