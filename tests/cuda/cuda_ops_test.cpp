@@ -260,6 +260,27 @@ std::vector<OpCase> op_cases() {
                        return b.emit(OpKind::attention_backward, {in[3], in[0], in[1], in[2], f[0], f[1]}, a);
                      }, {}, {}, false});
   }
+  // attention(q, k, v, doc): once the op takes document ids (an optional 4th operand,
+  // attention_backward's 7th), the matrix covers them at the op level too; until then the
+  // kernel tests below do.
+  if (op_def(OpKind::attention).num_inputs != 3) {
+    std::vector<int32_t> doc;
+    for (int64_t b = 0; b < Bt; ++b)
+      for (int64_t i = 0; i < S; ++i) doc.push_back(static_cast<int32_t>(b == 0 ? i / 3 : (i < 5 ? 0 : 1)));
+    const Attrs a{{"causal", int64_t{1}}, {"scale", scale}};
+    cases.push_back({"attention_documents",
+                     {{"q", DType::f32, {Bt, S, NH, D}}, {"k", DType::f32, {Bt, S, NKV, D}},
+                      {"v", DType::f32, {Bt, S, NKV, D}}, {"doc", DType::i32, {Bt, S}}},
+                     [a](B& b, const Ins& in) { return b.emit(OpKind::attention, in, a); }, {{"doc", doc}}, {}, true, 1});
+    cases.push_back({"attention_and_backward_documents",
+                     {{"q", DType::f32, {Bt, S, NH, D}}, {"k", DType::f32, {Bt, S, NKV, D}},
+                      {"v", DType::f32, {Bt, S, NKV, D}}, {"dout", DType::f32, {Bt, S, NH, D}},
+                      {"doc", DType::i32, {Bt, S}}},
+                     [a](B& b, const Ins& in) {
+                       auto f = b.emit(OpKind::attention, {in[0], in[1], in[2], in[4]}, a);
+                       return b.emit(OpKind::attention_backward, {in[3], in[0], in[1], in[2], f[0], f[1], in[4]}, a);
+                     }, {{"doc", doc}}, {}, false});
+  }
   cases.push_back({"cross_entropy", {{"z", DType::f32, {2, 5, V}}, {"l", DType::i32, {2, 5}}},
                    one(OpKind::cross_entropy), {{"l", labels_with_ignored(10, V, 3)}}, {}, true, 1});
   cases.push_back({"cross_entropy_and_backward",
