@@ -274,6 +274,7 @@ int run_demo(const TrainArgs& args, std::optional<uint64_t> seed, const Launch& 
   config.scheduler.cos_min_ratio = 0.1;
   config.sequence_parallel_size = launch.world_size;
   config.compile = {.deepcompile = true, .passes = {"autosp"}};
+  config.backend = backend_name(parse_backend(args.backend));
   train::resolve_batch(config, 1, "<built-in demo>");
   ProcessGroups groups = launch.groups(config.sequence_parallel_size);
   const std::vector<int64_t> rss_base = rank_peaks(groups, rss_bytes());
@@ -406,6 +407,7 @@ int run_train(const TrainArgs& args, MpiRuntime* mpi) {
   std::vector<std::string> auto_notes;
   train::resolve_batch(config, groups.dp_size, args.config, &auto_notes);
   if (seed) config.seed = *seed;
+  config.backend = backend_name(parse_backend(args.backend));
   const train::BatchLayout layout{*config.train_micro_batch_size_per_gpu, *config.gradient_accumulation_steps,
                                   groups.dp_size};
 

@@ -15,6 +15,7 @@ struct TrainArgs {
   bool allow_new_data = false;  // resume on data other than the checkpoint's
   double comm_timeout = 600;    // seconds a collective may make no progress (0: no limit)
   std::string seed;  // parsed strictly by run_train (CLI11 saturates out-of-range integers)
+  std::string backend = "cpu";  // cpu | cuda
   bool any_given() const {
     return !config.empty() || !model.empty() || !data.empty() || !resume.empty();
   }

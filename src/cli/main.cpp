@@ -12,6 +12,7 @@
 #include "cli/commands.h"
 #include "comm/mpi_communicator.h"
 #include "kernels/cpu/isa.h"
+#include "runtime/backend_info.h"
 #include "util/error.h"
 
 namespace {
@@ -57,8 +58,8 @@ std::string subcommand_of(int argc, char** argv) {
 // `autosp --version`: the build, the kernels this CPU runs, what is built in.
 std::string version_text() {
   return std::string("autosp ") + AUTOSP_VERSION + "\n" + autosp::cpu::kernels_summary() +
-         "\nbackends: cpu\ncommunicators: single process, mpi (" +
-         autosp::MpiRuntime::library_version() + ")";
+         "\nbackends: " + autosp::backends_summary() + "\ncommunicators: single process, mpi (" +
+         autosp::MpiRuntime::library_version() + ")" + autosp::nccl_summary();
 }
 
 }  // namespace
@@ -125,6 +126,9 @@ int main(int argc, char** argv) {
                         "Under mpirun: seconds a collective may make no progress before the job is "
                         "aborted, naming the rank, the collective and the group (0: wait forever)")
       ->check(kSeconds)->default_val(600);
+  train_cmd->add_option("--backend", train.backend,
+                        "Where the step runs: cpu (default) or cuda (one GPU per rank; see autosp --version)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   train_cmd->add_option("--seed", train.seed, "Seed for initialisation (default: the config's seed)")
       ->type_name("INT");
 

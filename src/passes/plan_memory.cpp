@@ -78,7 +78,9 @@ Buffers find_buffers(const Graph& g, const PlanMemoryOptions& options) {
       }
       r.of_value[out] = b;
     }
-    if (const int64_t ws = node_workspace_bytes(g, node, options.threads); ws > 0) {
+    if (const int64_t ws = options.workspace_bytes ? options.workspace_bytes(g, node)
+                                                   : node_workspace_bytes(g, node, options.threads);
+        ws > 0) {
       r.of_workspace[n] = static_cast<int>(r.buffers.size());
       r.buffers.push_back({ws, n, n});
     }

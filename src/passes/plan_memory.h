@@ -27,6 +27,7 @@
 // Replanning a planned graph replaces its plan.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "ir/graph.h"
@@ -38,6 +39,10 @@ inline constexpr int64_t kArenaAlignment = 64;
 struct PlanMemoryOptions {
   int threads = 1;       // the executor's kernel threads (workspace sizes depend on them)
   bool inplace = true;   // reuse a dying operand's buffer where the kernel allows it
+  // The scratch bytes of a node's kernel; empty: the CPU kernel's at `threads`
+  // (node_workspace_bytes). The cuda executor plans with its kernels' (ops/cuda_kernels.h),
+  // whose in-place rules are the CPU's (OpDef::cpu_inplace).
+  std::function<int64_t(const Graph&, const Node&)> workspace_bytes;
 };
 
 Graph plan_memory(const Graph& graph, const PlanMemoryOptions& options);

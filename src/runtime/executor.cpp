@@ -10,6 +10,9 @@
 
 #include "ops/op.h"
 #include "passes/plan_memory.h"
+#ifdef AUTOSP_HAVE_CUDA
+#include "runtime/cuda_executor.h"
+#endif
 #include "util/error.h"
 
 namespace autosp {
@@ -126,8 +129,8 @@ void CpuExecutor::bind(ValueId input, const void* data) {
   data_[input] = data;
 }
 
-void CpuExecutor::bind(const std::string& input_name, const void* data) {
-  ValueId v = graph_.find_input(input_name);
+void Executor::bind(const std::string& input_name, const void* data) {
+  ValueId v = graph().find_input(input_name);
   if (v < 0) internal_error("graph has no input named '", input_name, "'");
   bind(v, data);
 }
@@ -212,11 +215,38 @@ const void* CpuExecutor::output_data(const std::string& name) const {
   return data_[v];
 }
 
-std::vector<float> CpuExecutor::output_vector(const std::string& name) const {
-  ValueId v = graph_.output(name);
-  AUTOSP_CHECK(graph_.type(v).dtype == DType::f32, "output '", name, "' is not f32");
-  const auto* p = static_cast<const float*>(data_[v]);
-  return std::vector<float>(p, p + numel(graph_.shape(v)));
+std::vector<float> Executor::output_vector(const std::string& name) const {
+  ValueId v = graph().output(name);
+  AUTOSP_CHECK(graph().type(v).dtype == DType::f32, "output '", name, "' is not f32");
+  const auto* p = static_cast<const float*>(output_data(name));
+  return std::vector<float>(p, p + numel(graph().shape(v)));
+}
+
+Backend parse_backend(const std::string& name) {
+  if (name == "cpu") return Backend::cpu;
+  if (name == "cuda") return Backend::cuda;
+  user_error("unknown backend '", name, "' (cpu or cuda)");
+}
+
+const char* backend_name(Backend backend) { return backend == Backend::cuda ? "cuda" : "cpu"; }
+
+bool cuda_backend_built() {
+#ifdef AUTOSP_HAVE_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+std::unique_ptr<Executor> make_executor(Backend backend, const Graph& graph, Allocator& allocator, int threads,
+                                        const ProcessGroups* groups) {
+  if (backend == Backend::cpu) return std::make_unique<CpuExecutor>(graph, allocator, threads, groups);
+#ifdef AUTOSP_HAVE_CUDA
+  return make_cuda_executor(graph, groups);
+#else
+  user_error("backend cuda: this autosp was built without the cuda backend (no nvcc at configure time, or "
+             "-DAUTOSP_CUDA=OFF); rebuild with the CUDA toolkit installed, or use --backend cpu");
+#endif
 }
 
 }  // namespace autosp

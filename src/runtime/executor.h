@@ -15,6 +15,7 @@
 // CPU kernels are fp32: a graph that gives a bf16 value to an op without a bf16 kernel
 // (every op but convert, reshape and transpose) is refused at construction.
 #pragma once
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -26,7 +27,35 @@ namespace autosp {
 
 enum class BufferMode { arena, heap };
 
-class CpuExecutor {
+// What the trainer and the tests run a compiled graph with, whatever the backend: bind the
+// inputs (host memory), run, read the outputs (host memory).
+class Executor {
+ public:
+  virtual ~Executor() = default;
+  // Binds a graph input to host memory holding its type's bytes; it must outlive run().
+  virtual void bind(ValueId input, const void* data) = 0;
+  void bind(const std::string& input_name, const void* data);
+  virtual void run() = 0;
+  // A graph output's bytes in host memory after run().
+  virtual const void* output_data(const std::string& name) const = 0;
+  const float* output(const std::string& name) const { return static_cast<const float*>(output_data(name)); }
+  std::vector<float> output_vector(const std::string& name) const;
+  virtual const Graph& graph() const = 0;
+  virtual int64_t arena_bytes() const = 0;
+};
+
+// The backends (`autosp train --backend`): cpu, and cuda where it is built (AUTOSP_CUDA).
+enum class Backend { cpu, cuda };
+Backend parse_backend(const std::string& name);  // UserError for another name
+const char* backend_name(Backend backend);
+bool cuda_backend_built();
+// An executor of `backend` for `graph` (threads and mode are the CPU's; the cuda backend
+// runs in its own device arena). UserError when cuda is asked for and not built, or when no
+// CUDA device is present.
+std::unique_ptr<Executor> make_executor(Backend backend, const Graph& graph, Allocator& allocator,
+                                        int threads = 0, const ProcessGroups* groups = nullptr);
+
+class CpuExecutor final : public Executor {
  public:
   // threads: OpenMP threads for the kernels (0 = OpenMP's default). groups: the
   // communicators collectives run on (none: a graph without collectives).
@@ -37,23 +66,19 @@ class CpuExecutor {
   CpuExecutor& operator=(const CpuExecutor&) = delete;
 
   // Binds a graph input to memory holding its type's bytes; it must outlive run().
-  void bind(ValueId input, const void* data);
-  void bind(const std::string& input_name, const void* data);
+  void bind(ValueId input, const void* data) override;
+  using Executor::bind;
 
   // Runs the whole graph. A UserError (e.g. an out-of-range token) leaves no leak.
-  void run();
+  void run() override;
 
   // A graph output's buffer after run().
-  const void* output_data(const std::string& name) const;
-  const float* output(const std::string& name) const {
-    return static_cast<const float*>(output_data(name));
-  }
-  std::vector<float> output_vector(const std::string& name) const;
+  const void* output_data(const std::string& name) const override;
 
-  const Graph& graph() const { return graph_; }
+  const Graph& graph() const override { return graph_; }
   // The arena allocated for the whole step (plan_memory's planned peak, workspaces
   // included); 0 in heap mode.
-  int64_t arena_bytes() const { return arena_bytes_; }
+  int64_t arena_bytes() const override { return arena_bytes_; }
 
  private:
   void release_all();

@@ -183,6 +183,9 @@ struct TrainConfig {
   // "fp32", or the mixed precision a section asked for ("bf16", "fp16", "amp",
   // "torch_autocast"). The CPU backend runs fp32 either way; parsing warns when they differ.
   std::string requested_precision = "fp32";
+  // Where the step runs: "cpu" or "cuda" (runtime/executor.h, make_executor). Not a
+  // DeepSpeed key: `autosp train --backend` sets it.
+  std::string backend = "cpu";
 };
 
 // Reads a DeepSpeed config object. `source` names it in messages (usually the file path).

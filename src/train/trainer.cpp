@@ -158,7 +158,9 @@ Trainer::Trainer(const models::LlamaConfig& model, const TrainConfig& config, in
   // beside the arena, outside the plan (measured: +0.75 MB for a tiled graph of 9k nodes).
   malloc_trim(0);
 
-  executor_ = std::make_unique<CpuExecutor>(joint_, allocator_, 0, groups_);
+  // The backend runs the step the plan was made for (the cuda executor replans its arena
+  // with its own kernels' workspaces: runtime/cuda_executor.h).
+  executor_ = make_executor(parse_backend(config_.backend), joint_, allocator_, 0, groups_);
   for (const Node& node : joint_.nodes()) graph_flops_ += node_cost(joint_, node).flops;
   // The compiled program itself (the graph and the executor's per-value tables) grows with
   // the graph's size, not the sequence's: counted as the allocator has it now, before the
@@ -229,7 +231,7 @@ int64_t Trainer::staging_bytes() const {
   return 4 * (micro_batch_ * per_token * (seq_len_ + 2 * local_len_) + seq_len_ + 1);
 }
 
-void Trainer::bind_parameters(CpuExecutor& ex) const {
+void Trainer::bind_parameters(Executor& ex) const {
   if (config_.zero_stage == 3 && &ex == executor_.get()) {
     for (size_t k = 0; k < read_grad_buckets(joint_).size(); ++k)
       ex.bind(str(kParamShardPrefix, k), optimizer_->param_shard(k));
@@ -360,7 +362,7 @@ std::vector<float> Trainer::logits(const int32_t* inputs, int64_t B, int64_t S) 
                                                  .output_logits = true});
     verify(eval_graph_);
     eval_batch_ = B;
-    eval_executor_ = std::make_unique<CpuExecutor>(eval_graph_, eval_allocator_);
+    eval_executor_ = make_executor(parse_backend(config_.backend), eval_graph_, eval_allocator_);
   }
   std::vector<int32_t> positions(B * S);
   for (int64_t i = 0; i < B * S; ++i) positions[i] = static_cast<int32_t>(i % S);

@@ -145,7 +145,7 @@ class Trainer {
   const models::LlamaConfig& model() const { return model_; }
 
  private:
-  void bind_parameters(CpuExecutor& ex) const;
+  void bind_parameters(Executor& ex) const;
   void gather_parameters();  // ZeRO-3: the whole parameters into state_.params (collective)
   void load_micro_batch(const DataSource& data, int64_t micro);
 
@@ -163,14 +163,14 @@ class Trainer {
   double graph_flops_ = 0;  // one micro batch of the compiled graph, this rank
   int threads_ = 1;  // the executor's kernel threads
   HeapAllocator allocator_;
-  std::unique_ptr<CpuExecutor> executor_;
+  std::unique_ptr<Executor> executor_;
   std::vector<std::vector<float>> grads_;
   std::vector<int32_t> inputs_, labels_, positions_, documents_;
   // Forward-only executors for predict/logits, compiled on first use per batch size.
   Graph eval_graph_;
   int64_t eval_batch_ = 0;
   HeapAllocator eval_allocator_;
-  std::unique_ptr<CpuExecutor> eval_executor_;
+  std::unique_ptr<Executor> eval_executor_;
   StateLoad state_load_;
 };
 

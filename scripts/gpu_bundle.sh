@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Packs what scripts/gpu_check.sh needs onto a GPU machine that has CUDA and PyTorch but not
+# autosp's build dependencies (OpenBLAS, Open MPI, ...): the binaries of a cuda build made
+# here, and the shared libraries they load that are not CUDA's (the GPU machine brings the
+# driver, cuBLAS and NCCL) nor the C library's.
+#
+#   scripts/gpu_bundle.sh [BUILD_DIR] [BUNDLE_DIR]     (defaults: build, .gpu-bundle)
+#
+# Then, on the GPU machine: scripts/gpu_check.sh --bundle .gpu-bundle
+# (.gitignore lists .gpu-bundle, so it travels only when carried.)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${1:-build}
+bundle=${2:-.gpu-bundle}
+cmake --build "$build" -j 2 --target autosp cuda_ops_test bench_cuda
+rm -rf "$bundle"
+mkdir -p "$bundle/bin" "$bundle/lib"
+for b in autosp cuda_ops_test bench_cuda; do
+  cp "$build/$b" "$bundle/bin/"
+  strip --strip-unneeded "$bundle/bin/$b"  # symbols would double the bundle
+done
+for b in "$bundle"/bin/*; do
+  ldd "$b" | awk '/=> \// {print $3}'
+done | sort -u | while read -r lib; do
+  case "$(basename "$lib")" in
+    libc.so*|libm.so*|libdl.so*|libpthread.so*|librt.so*|ld-linux*|libstdc++.so*|libgcc_s.so*) ;;
+    libcuda.so*|libcudart.so*|libcublas*|libnccl.so*|libnvidia*) ;;
+    *) cp -L "$lib" "$bundle/lib/" ;;
+  esac
+done
+# (.gitignore lists .gpu-bundle: it travels to a GPU machine only when carried.)
+du -sh "$bundle"
+# A device run carries at most 64 MiB with the working tree (.library/device/README.md).
+kib=$(du -sk "$bundle" | cut -f1)
+if [ "$kib" -gt 58000 ]; then
+  echo "gpu_bundle: $bundle is ${kib} KiB: with the working tree it may exceed the 64 MiB a device run carries" >&2
+fi

@@ -1,0 +1,244 @@
+#!/usr/bin/env bash
+# The cuda backend's GPU check (issue 13): one command, under 8 minutes on one H200.
+#
+#   scripts/gpu_check.sh [--bundle DIR] [--out FILE] [--quick]
+#
+# Stages, each under its own timeout; the result JSON is rewritten after every stage, so a
+# stage that fails or times out leaves the others' results and its own status in it:
+#   build       configure and build autosp, cuda_ops_test and bench_cuda (build-gpu/), or,
+#               with --bundle DIR, use the binaries scripts/gpu_bundle.sh made on a build
+#               machine (for a GPU machine without autosp's build dependencies)
+#   op_tests    cuda_ops_test: every op on cuda vs the CPU backend (f32 and bf16) and vs
+#               finite differences, the attention kernels with document ids, AdamW, NCCL
+#   llama_bf16  the Llama reference test in f32 and bf16 (in the same binary)
+#   train_cli   `autosp train --backend cuda` vs `--backend cpu` on the reference model: the
+#               same losses (f32, to 1e-4 relative)
+#   bench       bench_cuda vs bench/bench_cuda_torch.py, Llama 3.2 1B shape, S = 4096: step
+#               time ratio, peak memory ratio, MFU of each
+#   max_seq     the longest S per checkpoint policy: autosp none/full/sac (planned and
+#               allocated), torch none/full (trained one step, doubling until OOM)
+# Writes FILE (default docs/gpu_check.json; also $OUT/gpu_check.json when $OUT is set).
+# "status" is "passed" only when every stage passed; `autosp --version` reports it after
+# the file is committed and the build reconfigured.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+
+bundle=""
+result="docs/gpu_check.json"
+quick=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --bundle) bundle="$2"; shift 2 ;;
+    --out) result="$2"; shift 2 ;;
+    --quick) quick=1; shift ;;
+    *) echo "gpu_check: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+
+python=${AUTOSP_PYTHON:-python3}
+export AUTOSP_PYTHON="$python"
+logs="${OUT:-$root/build-gpu}/gpu_check_logs"
+mkdir -p "$logs" "$(dirname "$result")"
+stages_file="$logs/stages.jsonl"
+: > "$stages_file"
+started=$(date -u +%Y-%m-%dT%H:%M:%SZ)
+commit=$(git rev-parse HEAD 2>/dev/null || echo unknown)
+gpu=$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1 || true)
+[ -n "$gpu" ] || gpu="no GPU found by nvidia-smi"
+overall="passed"
+
+# Rewrites the result file from the stages so far (python: the JSON is built, not pasted).
+write_result() {
+  local status="$1"
+  "$python" - "$result" "$stages_file" "$status" "$gpu" "$commit" "$started" <<'EOF'
+import json, sys, datetime
+out, stages_file, status, gpu, commit, started = sys.argv[1:7]
+stages = {}
+for line in open(stages_file):
+    line = line.strip()
+    if line:
+        s = json.loads(line)
+        stages[s["stage"]] = s
+doc = {"status": status, "gpu": gpu, "commit": commit, "started": started,
+       "finished": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+       "stages": stages}
+with open(out, "w") as f:
+    json.dump(doc, f, indent=2)
+    f.write("\n")
+EOF
+  if [ -n "${OUT:-}" ]; then cp "$result" "$OUT/gpu_check.json"; fi
+}
+
+# record STAGE STATUS SECONDS [JSON-FILE-WITH-DETAILS]
+record() {
+  local details="{}"
+  if [ $# -ge 4 ] && [ -s "$4" ]; then details=$(cat "$4"); fi
+  "$python" - "$1" "$2" "$3" "$details" >> "$stages_file" <<'EOF'
+import json, sys
+stage, status, seconds, details = sys.argv[1:5]
+try:
+    d = json.loads(details)
+except ValueError:
+    d = {"unparsed": details[:2000]}
+print(json.dumps({"stage": stage, "status": status, "seconds": float(seconds), "details": d}))
+EOF
+  [ "$2" = "passed" ] || overall="failed"
+  write_result "running"
+}
+
+# run_stage NAME TIMEOUT_SECONDS COMMAND...: status passed / failed / timeout.
+run_stage() {
+  local name="$1" limit="$2"
+  shift 2
+  local t0 rc=0
+  t0=$(date +%s)
+  echo "== gpu_check: $name (limit ${limit}s)"
+  timeout --kill-after=10 "$limit" "$@" > "$logs/$name.log" 2>&1 || rc=$?
+  local status="passed"
+  if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then status="timeout"; elif [ "$rc" -ne 0 ]; then status="failed"; fi
+  echo "   $status (rc $rc, $(( $(date +%s) - t0 )) s); log: $logs/$name.log"
+  tail -n 5 "$logs/$name.log" || true
+  STAGE_STATUS="$status"
+  STAGE_SECONDS=$(( $(date +%s) - t0 ))
+}
+
+write_result "running"
+
+# Without a GPU the stages still run (a dry run of this script), but nothing is verified:
+# the result is "failed" whatever they say.
+if ! nvidia-smi -L > /dev/null 2>&1; then
+  echo "gpu_check: no GPU (nvidia-smi -L failed): a dry run, the result will be 'failed'"
+  echo '{"reason": "nvidia-smi found no GPU: a dry run verifies nothing"}' > "$logs/gpu.json"
+  record gpu failed 0 "$logs/gpu.json"
+fi
+
+# ---- build ---------------------------------------------------------------------------------
+if [ -n "$bundle" ]; then
+  bin="$bundle/bin"
+  # NCCL and cuBLAS from the machine: the CUDA toolkit's, and PyTorch's pip wheels'.
+  nccl_dir=$("$python" -c 'import os, nvidia.nccl as n; print(os.path.join(list(n.__path__)[0], "lib"))' 2>/dev/null || true)
+  cublas_dir=$("$python" -c 'import os, nvidia.cublas as n; print(os.path.join(list(n.__path__)[0], "lib"))' 2>/dev/null || true)
+  export LD_LIBRARY_PATH="$bundle/lib:/usr/local/cuda/lib64:${nccl_dir}:${cublas_dir}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  run_stage build 60 "$bin/autosp" --version
+else
+  bin="$root/build-gpu"
+  build() {
+    set -euo pipefail  # exported functions run in a fresh bash: no inherited -e
+    cmake -S "$root" -B "$root/build-gpu" -DCMAKE_BUILD_TYPE=Release -DAUTOSP_CUDA=ON
+    cmake --build "$root/build-gpu" -j "$(nproc)" --target autosp cuda_ops_test bench_cuda
+    "$root/build-gpu/autosp" --version
+  }
+  export -f build
+  export root
+  run_stage build 300 bash -c build
+fi
+echo "{\"bin\": \"$bin\"}" > "$logs/build.json"
+record build "$STAGE_STATUS" "$STAGE_SECONDS" "$logs/build.json"
+if [ "$STAGE_STATUS" != "passed" ]; then write_result "failed"; echo "gpu_check: build failed"; exit 1; fi
+
+# ---- the op-test matrix, then the Llama reference test --------------------------------------
+gtest_summary() {  # LOG -> JSON counts
+  "$python" - "$1" <<'EOF'
+import json, re, sys
+text = open(sys.argv[1], errors="replace").read()
+def count(tag):
+    m = re.search(r"\[  " + tag + r"  \] (\d+) test", text)
+    return int(m.group(1)) if m else 0
+errors = re.findall(r"^\S+ +\S+ +y\d+ normalised error .*$|^.* d\S+: \|fd - cuda\|.*$|^cuda \S+ vs float64.*$",
+                    text, re.M)
+failed = re.findall(r"^\[  FAILED  \] (\S+)", text, re.M)
+skipped = set(re.findall(r"^\[  SKIPPED \] (\S+)$", text, re.M))
+print(json.dumps({"passed": count("PASSED"), "skipped": len(skipped),
+                  "failed": sorted(set(failed)), "measured": errors[:400]}))
+EOF
+}
+run_stage op_tests 120 "$bin/cuda_ops_test" --gtest_filter='-CudaLlamaReference.*'
+gtest_summary "$logs/op_tests.log" > "$logs/op_tests.json" || echo '{}' > "$logs/op_tests.json"
+record op_tests "$STAGE_STATUS" "$STAGE_SECONDS" "$logs/op_tests.json"
+
+run_stage llama_bf16 120 "$bin/cuda_ops_test" --gtest_filter='CudaLlamaReference.*'
+gtest_summary "$logs/llama_bf16.log" > "$logs/llama_bf16.json" || echo '{}' > "$logs/llama_bf16.json"
+record llama_bf16 "$STAGE_STATUS" "$STAGE_SECONDS" "$logs/llama_bf16.json"
+
+# ---- the CLI trains on cuda as on the CPU ---------------------------------------------------
+train_cli() {
+  set -euo pipefail  # exported functions run in a fresh bash: no inherited -e
+  local dir="$logs/train_cli"
+  rm -rf "$dir"
+  mkdir -p "$dir"
+  "$AUTOSP_PYTHON" tests/reference/llama_reference.py --out "$dir/ref" --tied 0 --rope llama3 --steps 4
+  for backend in cpu cuda; do
+    "$bin/autosp" train --backend "$backend" --config "$dir/ref/ds_config.json" --model "$dir/ref" \
+      --data "$dir/ref/tokens.bin" --seq-len 16 --steps 4 --metrics "$dir/$backend.jsonl"
+  done
+  "$AUTOSP_PYTHON" - "$dir/cpu.jsonl" "$dir/cuda.jsonl" > "$logs/train_cli.json" <<'EOF'
+import json, sys
+cpu = [json.loads(l)["loss"] for l in open(sys.argv[1]) if l.strip()]
+gpu = [json.loads(l)["loss"] for l in open(sys.argv[2]) if l.strip()]
+worst = max(abs(a - b) / max(abs(a), 1e-30) for a, b in zip(cpu, gpu))
+print(json.dumps({"cpu_losses": cpu, "cuda_losses": gpu, "worst_relative": worst}))
+# f32 on both backends, the same graph: differences are summation order only (~1e-6);
+# 1e-4 relative over 4 AdamW steps leaves room for their growth.
+sys.exit(0 if len(cpu) == len(gpu) == 4 and worst < 1e-4 else 1)
+EOF
+}
+export -f train_cli
+export bin logs
+run_stage train_cli 90 bash -c train_cli
+record train_cli "$STAGE_STATUS" "$STAGE_SECONDS" "$logs/train_cli.json"
+
+# ---- the benchmark against PyTorch ------------------------------------------------------------
+model=bench/models/llama-3.2-1b
+seq=4096
+steps=5
+[ "$quick" -eq 1 ] && steps=2
+bench() {
+  set -euo pipefail  # exported functions run in a fresh bash: no inherited -e
+  "$bin/bench_cuda" --model "$model" --seq-len "$seq" --steps "$steps" --checkpoint none --out "$logs/bench_autosp.json"
+  "$AUTOSP_PYTHON" bench/bench_cuda_torch.py --config "$model/config.json" --seq-len "$seq" --steps "$steps" \
+    --checkpoint none --out "$logs/bench_torch.json"
+  "$AUTOSP_PYTHON" - "$logs/bench_autosp.json" "$logs/bench_torch.json" > "$logs/bench.json" <<'EOF'
+import json, sys
+a, t = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+print(json.dumps({
+    "seq_len": a["seq_len"], "batch": a["batch"],
+    "autosp": {k: a[k] for k in ("step_seconds", "allocated_bytes", "device_used_bytes", "mfu", "losses")},
+    "torch": {k: t[k] for k in ("step_seconds", "peak_bytes", "mfu", "losses", "torch")},
+    # > 1: autosp slower / uses more memory than torch
+    "step_time_ratio": a["step_seconds"] / t["step_seconds"],
+    "peak_memory_ratio": a["allocated_bytes"] / t["peak_bytes"],
+}))
+EOF
+}
+export -f bench
+export model seq steps
+run_stage bench 150 bash -c bench
+record bench "$STAGE_STATUS" "$STAGE_SECONDS" "$logs/bench.json"
+
+# ---- the longest sequence per checkpoint policy ------------------------------------------------
+max_seq() {
+  set -uo pipefail
+  # Every policy is tried; one that fails leaves the others' results and fails the stage.
+  local out="{" failed=0 f
+  for policy in none full sac; do
+    f="$logs/maxseq_autosp_$policy.json"
+    "$bin/bench_cuda" --model "$model" --seq-len 4096 --checkpoint "$policy" --max-seq --out "$f" || failed=1
+    [ -s "$f" ] && out="$out\"autosp_$policy\": $(cat "$f"),"
+  done
+  for policy in none full; do
+    f="$logs/maxseq_torch_$policy.json"
+    "$AUTOSP_PYTHON" bench/bench_cuda_torch.py --config "$model/config.json" --seq-len 4096 --checkpoint "$policy" \
+      --max-seq --out "$f" || failed=1
+    [ -s "$f" ] && out="$out\"torch_$policy\": $(cat "$f"),"
+  done
+  echo "${out%,}}" > "$logs/max_seq.json"
+  [ "$failed" -eq 0 ]
+}
+export -f max_seq
+run_stage max_seq 150 bash -c max_seq
+record max_seq "$STAGE_STATUS" "$STAGE_SECONDS" "$logs/max_seq.json"
+
+write_result "$overall"
+echo "gpu_check: $overall; results in $result"
+[ "$overall" = "passed" ]

@@ -1,0 +1,240 @@
+// Flash-style attention, the reference version: one thread per query row (forward, dq) or
+// per key row (dk, dv), key or query tiles staged in shared memory for the whole block, an
+// online softmax in fp32, and only the f32 log-sum-exp saved. No S x S matrix exists in
+// either direction, and there are no atomics: every result element has one writer, so the
+// results are deterministic. The fast version (tensor cores, warp-level tiles) comes beside
+// it, checked against it.
+//
+// visible(i, j) = (!causal || j <= i) && (doc == null || doc[b, j] == doc[b, i])
+//   forward:  s_j = scale q_i . k_j,  lse_i = log sum_visible exp(s_j),
+//             out_i = sum_visible exp(s_j - lse_i) v_j
+//   backward: p_ij = exp(s_ij - lse_i),  delta_i = dout_i . out_i,
+//             ds_ij = p_ij (dout_i . v_j - delta_i)
+//             dq_i = scale sum_j ds_ij k_j,  dk_j = scale sum_i ds_ij q_i,  dv_j = sum_i p_ij dout_i
+//   (GQA: dk, dv of kv head g sum over the NH / NKV query heads that read it.)
+#include "kernels/cuda/common.cuh"
+
+namespace autosp::cuda {
+
+namespace {
+
+constexpr int kRows = 64;  // query (or key) rows per block, one per thread
+constexpr int kMaxD = static_cast<int>(kAttentionMaxD);
+
+// Rows per shared-memory tile: two tiles of tile x D floats in 32 KiB.
+int tile_rows(int64_t D) {
+  const int64_t t = 4096 / D;
+  return static_cast<int>(t < 1 ? 1 : (t > 64 ? 64 : t));
+}
+
+__device__ __forceinline__ bool visible(bool causal, const int32_t* doc, int64_t i, int64_t j, int32_t doc_i,
+                                        int32_t doc_j) {
+  return (!causal || j <= i) && (doc == nullptr || doc_i == doc_j);
+}
+
+template <typename T>
+__global__ void forward_kernel(AttentionDims d, bool causal, float scale, const T* q, const T* k, const T* v,
+                               const int32_t* doc, T* out, float* lse, int tile) {
+  extern __shared__ float smem[];
+  float* ks = smem;
+  float* vs = ks + tile * d.D;
+  int32_t* docs = reinterpret_cast<int32_t*>(vs + tile * d.D);
+  const int64_t b = blockIdx.z, h = blockIdx.y, g = h / (d.NH / d.NKV), D = d.D;
+  const int64_t i0 = int64_t(blockIdx.x) * kRows, i = i0 + threadIdx.x;
+  const bool active = i < d.S;
+  float qr[kMaxD], acc[kMaxD];
+  int32_t doc_i = 0;
+  if (active) {
+    const T* qi = q + ((b * d.S + i) * d.NH + h) * D;
+    for (int64_t e = 0; e < D; ++e) qr[e] = to_f(qi[e]), acc[e] = 0.0f;
+    if (doc) doc_i = doc[b * d.S + i];
+  }
+  float m = -INFINITY, l = 0.0f;
+  const int64_t last = i0 + kRows < d.S ? i0 + kRows : d.S;  // keys past the block's last query
+  const int64_t key_end = causal ? last : d.S;                 // are never visible when causal
+  for (int64_t j0 = 0; j0 < key_end; j0 += tile) {
+    const int64_t n = j0 + tile < key_end ? tile : key_end - j0;
+    __syncthreads();
+    for (int64_t e = threadIdx.x; e < n * D; e += blockDim.x) {
+      const int64_t jj = e / D, dd = e % D, at = ((b * d.S + j0 + jj) * d.NKV + g) * D + dd;
+      ks[e] = to_f(k[at]);
+      vs[e] = to_f(v[at]);
+    }
+    if (doc)
+      for (int64_t jj = threadIdx.x; jj < n; jj += blockDim.x) docs[jj] = doc[b * d.S + j0 + jj];
+    __syncthreads();
+    if (!active) continue;
+    for (int64_t jj = 0; jj < n; ++jj) {
+      const int64_t j = j0 + jj;
+      if (!visible(causal, doc, i, j, doc_i, doc ? docs[jj] : 0)) continue;
+      float s = 0.0f;
+      for (int64_t e = 0; e < D; ++e) s += qr[e] * ks[jj * D + e];
+      s *= scale;
+      if (s > m) {  // a new row maximum: rescale what was summed so far
+        const float f = expf(m - s);
+        l *= f;
+        for (int64_t e = 0; e < D; ++e) acc[e] *= f;
+        m = s;
+      }
+      const float p = expf(s - m);
+      l += p;
+      for (int64_t e = 0; e < D; ++e) acc[e] += p * vs[jj * D + e];
+    }
+  }
+  if (!active) return;
+  T* oi = out + ((b * d.S + i) * d.NH + h) * D;
+  for (int64_t e = 0; e < D; ++e) oi[e] = from_f<T>(acc[e] / l);
+  lse[(b * d.NH + h) * d.S + i] = m + logf(l);
+}
+
+// delta[b, h, i] = dout_i . out_i
+template <typename T>
+__global__ void delta_kernel(AttentionDims d, const T* out, const T* dout, float* delta) {
+  AUTOSP_GRID_STRIDE(r, d.B * d.S * d.NH) {
+    const int64_t h = r % d.NH, bi = r / d.NH, b = bi / d.S, i = bi % d.S;
+    float s = 0.0f;
+    for (int64_t e = 0; e < d.D; ++e) s += to_f(out[r * d.D + e]) * to_f(dout[r * d.D + e]);
+    delta[(b * d.NH + h) * d.S + i] = s;
+  }
+}
+
+template <typename T>
+__global__ void dq_kernel(AttentionDims d, bool causal, float scale, const T* q, const T* k, const T* v,
+                          const float* lse, const float* delta, const T* dout, const int32_t* doc, T* dq, int tile) {
+  extern __shared__ float smem[];
+  float* ks = smem;
+  float* vs = ks + tile * d.D;
+  int32_t* docs = reinterpret_cast<int32_t*>(vs + tile * d.D);
+  const int64_t b = blockIdx.z, h = blockIdx.y, g = h / (d.NH / d.NKV), D = d.D;
+  const int64_t i0 = int64_t(blockIdx.x) * kRows, i = i0 + threadIdx.x;
+  const bool active = i < d.S;
+  float qr[kMaxD], dor[kMaxD], acc[kMaxD];
+  int32_t doc_i = 0;
+  float lse_i = 0.0f, delta_i = 0.0f;
+  if (active) {
+    const int64_t at = ((b * d.S + i) * d.NH + h) * D;
+    for (int64_t e = 0; e < D; ++e) qr[e] = to_f(q[at + e]), dor[e] = to_f(dout[at + e]), acc[e] = 0.0f;
+    if (doc) doc_i = doc[b * d.S + i];
+    lse_i = lse[(b * d.NH + h) * d.S + i];
+    delta_i = delta[(b * d.NH + h) * d.S + i];
+  }
+  const int64_t last = i0 + kRows < d.S ? i0 + kRows : d.S;
+  const int64_t key_end = causal ? last : d.S;
+  for (int64_t j0 = 0; j0 < key_end; j0 += tile) {
+    const int64_t n = j0 + tile < key_end ? tile : key_end - j0;
+    __syncthreads();
+    for (int64_t e = threadIdx.x; e < n * D; e += blockDim.x) {
+      const int64_t jj = e / D, dd = e % D, at = ((b * d.S + j0 + jj) * d.NKV + g) * D + dd;
+      ks[e] = to_f(k[at]);
+      vs[e] = to_f(v[at]);
+    }
+    if (doc)
+      for (int64_t jj = threadIdx.x; jj < n; jj += blockDim.x) docs[jj] = doc[b * d.S + j0 + jj];
+    __syncthreads();
+    if (!active) continue;
+    for (int64_t jj = 0; jj < n; ++jj) {
+      const int64_t j = j0 + jj;
+      if (!visible(causal, doc, i, j, doc_i, doc ? docs[jj] : 0)) continue;
+      float s = 0.0f, dp = 0.0f;
+      for (int64_t e = 0; e < D; ++e) s += qr[e] * ks[jj * D + e], dp += dor[e] * vs[jj * D + e];
+      const float p = expf(s * scale - lse_i), ds = p * (dp - delta_i);
+      for (int64_t e = 0; e < D; ++e) acc[e] += ds * ks[jj * D + e];
+    }
+  }
+  if (!active) return;
+  T* out = dq + ((b * d.S + i) * d.NH + h) * D;
+  for (int64_t e = 0; e < D; ++e) out[e] = from_f<T>(scale * acc[e]);
+}
+
+// One thread per key row j of kv head g; loops over the group's query heads and the query
+// tiles that can see j.
+template <typename T>
+__global__ void dkdv_kernel(AttentionDims d, bool causal, float scale, const T* q, const T* k, const T* v,
+                            const float* lse, const float* delta, const T* dout, const int32_t* doc, T* dk, T* dv,
+                            int tile) {
+  extern __shared__ float smem[];
+  float* qs = smem;
+  float* dos = qs + tile * d.D;
+  float* lses = dos + tile * d.D;
+  float* deltas = lses + tile;
+  int32_t* docs = reinterpret_cast<int32_t*>(deltas + tile);
+  const int64_t b = blockIdx.z, g = blockIdx.y, G = d.NH / d.NKV, D = d.D;
+  const int64_t j0 = int64_t(blockIdx.x) * kRows, j = j0 + threadIdx.x;
+  const bool active = j < d.S;
+  float kr[kMaxD], vr[kMaxD], dka[kMaxD], dva[kMaxD];
+  int32_t doc_j = 0;
+  if (active) {
+    const int64_t at = ((b * d.S + j) * d.NKV + g) * D;
+    for (int64_t e = 0; e < D; ++e) kr[e] = to_f(k[at + e]), vr[e] = to_f(v[at + e]), dka[e] = 0.0f, dva[e] = 0.0f;
+    if (doc) doc_j = doc[b * d.S + j];
+  }
+  const int64_t query_begin = causal ? j0 : 0;  // queries before the block's first key see none of it
+  for (int64_t h = g * G; h < (g + 1) * G; ++h) {
+    for (int64_t i0 = query_begin; i0 < d.S; i0 += tile) {
+      const int64_t n = i0 + tile < d.S ? tile : d.S - i0;
+      __syncthreads();
+      for (int64_t e = threadIdx.x; e < n * D; e += blockDim.x) {
+        const int64_t ii = e / D, dd = e % D, at = ((b * d.S + i0 + ii) * d.NH + h) * D + dd;
+        qs[e] = to_f(q[at]);
+        dos[e] = to_f(dout[at]);
+      }
+      for (int64_t ii = threadIdx.x; ii < n; ii += blockDim.x) {
+        lses[ii] = lse[(b * d.NH + h) * d.S + i0 + ii];
+        deltas[ii] = delta[(b * d.NH + h) * d.S + i0 + ii];
+        if (doc) docs[ii] = doc[b * d.S + i0 + ii];
+      }
+      __syncthreads();
+      if (!active) continue;
+      for (int64_t ii = 0; ii < n; ++ii) {
+        const int64_t i = i0 + ii;
+        if (!visible(causal, doc, i, j, doc ? docs[ii] : 0, doc_j)) continue;
+        float s = 0.0f, dp = 0.0f;
+        for (int64_t e = 0; e < D; ++e) s += qs[ii * D + e] * kr[e], dp += dos[ii * D + e] * vr[e];
+        const float p = expf(s * scale - lses[ii]), ds = p * (dp - deltas[ii]);
+        for (int64_t e = 0; e < D; ++e) dva[e] += p * dos[ii * D + e], dka[e] += ds * qs[ii * D + e];
+      }
+    }
+  }
+  if (!active) return;
+  const int64_t at = ((b * d.S + j) * d.NKV + g) * D;
+  for (int64_t e = 0; e < D; ++e) dk[at + e] = from_f<T>(scale * dka[e]), dv[at + e] = from_f<T>(dva[e]);
+}
+
+dim3 grid_of(int64_t S, int64_t heads, int64_t B) {
+  return dim3(static_cast<unsigned>((S + kRows - 1) / kRows), static_cast<unsigned>(heads), static_cast<unsigned>(B));
+}
+
+}  // namespace
+
+void attention_forward(Dt dt, const AttentionDims& d, bool causal, float scale, const void* q, const void* k,
+                       const void* v, const int32_t* doc, void* out, float* lse, cudaStream_t stream) {
+  if (d.B * d.S * d.NH == 0) return;
+  const int tile = tile_rows(d.D);
+  const size_t smem = sizeof(float) * (2 * tile * d.D + tile);
+  dispatch(dt, [&]<typename T>() {
+    forward_kernel<T><<<grid_of(d.S, d.NH, d.B), kRows, smem, stream>>>(
+        d, causal, scale, static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), doc,
+        static_cast<T*>(out), lse, tile);
+  });
+}
+
+void attention_backward(Dt dt, const AttentionDims& d, bool causal, float scale, const void* q, const void* k,
+                        const void* v, const void* out, const float* lse, const void* dout, const int32_t* doc,
+                        void* dq, void* dk, void* dv, float* delta, cudaStream_t stream) {
+  if (d.B * d.S * d.NH == 0) return;
+  const int tile = tile_rows(d.D);
+  const size_t smem_q = sizeof(float) * (2 * tile * d.D + tile);
+  const size_t smem_kv = sizeof(float) * (2 * tile * d.D + 3 * tile);
+  dispatch(dt, [&]<typename T>() {
+    delta_kernel<T><<<blocks_for(d.B * d.S * d.NH), kThreads, 0, stream>>>(d, static_cast<const T*>(out),
+                                                                            static_cast<const T*>(dout), delta);
+    dq_kernel<T><<<grid_of(d.S, d.NH, d.B), kRows, smem_q, stream>>>(
+        d, causal, scale, static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), lse, delta,
+        static_cast<const T*>(dout), doc, static_cast<T*>(dq), tile);
+    dkdv_kernel<T><<<grid_of(d.S, d.NKV, d.B), kRows, smem_kv, stream>>>(
+        d, causal, scale, static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), lse, delta,
+        static_cast<const T*>(dout), doc, static_cast<T*>(dk), static_cast<T*>(dv), tile);
+  });
+}
+
+}  // namespace autosp::cuda

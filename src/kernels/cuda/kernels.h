@@ -1,0 +1,134 @@
+// The cuda backend's reference kernels: one plain, obviously correct kernel per op (llm.c's
+// rule: a reference first, a fast one beside it later, checked against it). They take raw
+// device pointers and sizes, as the CPU kernels do, and know nothing of the IR; the per-op
+// table in src/ops/cuda_kernels.cpp binds them to nodes. Matmuls are not here: they are
+// cuBLAS calls made by that table (cuda_kernels.cpp, gemm()).
+//
+// Types: every floating buffer is of the dtype passed as `dt` (f32 or bf16) unless its
+// parameter is typed float*; arithmetic is fp32 (sums of many terms in double), and a bf16
+// result is rounded once, to nearest even, when it is stored. Statistics (lse, rstd, the
+// loss) are f32, as the op rules say (src/ops/op.h, "Types").
+//
+// Every launcher enqueues on `stream` and returns without waiting; errors of its launches
+// and of the memsets and copies it enqueues are checked by the caller (the runtime records
+// every failing call as its last error: cudaGetLastError after each node). Kernels that find bad data
+// (a token id or label out of range) set *error (a device int) to an ErrorCode and skip
+// the element; the executor reads it once per run and reports it as a UserError.
+//
+// In place: the elementwise kernels, rope and all_reduce's copy read element i of every
+// operand before writing element i of the result, so a result may be one of its operands
+// (plan_memory reuses a dying operand's buffer for the ops marked cpu_inplace).
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace autosp::cuda {
+
+enum class Dt : int { f32 = 0, bf16 = 1 };
+inline int64_t dt_size(Dt dt) { return dt == Dt::f32 ? 4 : 2; }
+
+// What *error holds after a run: 0 = none, else the first code set.
+enum ErrorCode : int { kErrorNone = 0, kErrorTokenId = 1, kErrorLabel = 2 };
+
+// ---- elementwise and reductions ----------------------------------------------------------
+void fill(Dt dt, void* y, int64_t n, float value, cudaStream_t stream);
+void expand(Dt dt, const void* x /* [] */, void* y, int64_t n, cudaStream_t stream);
+void add(Dt dt, const void* a, const void* b, int64_t n, void* y, cudaStream_t stream);
+void mul(Dt dt, const void* a, const void* b, int64_t n, void* y, cudaStream_t stream);
+void scale(Dt dt, const void* x, int64_t n, float alpha, void* y, cudaStream_t stream);
+void div_scalar(Dt dt, const void* x, int64_t n, const void* s /* [] */, void* y, cudaStream_t stream);
+// y[] = sum of x, accumulated in double by one block in a fixed order (deterministic).
+void sum(Dt dt, const void* x, int64_t n, void* y, cudaStream_t stream);
+void convert(Dt from, Dt to, const void* x, int64_t n, void* y, cudaStream_t stream);
+void silu_forward(Dt dt, const void* x, int64_t n, void* y, cudaStream_t stream);
+void silu_backward(Dt dt, const void* dy, const void* x, int64_t n, void* dx, cudaStream_t stream);
+void swiglu_forward(Dt dt, const void* gate, const void* up, int64_t n, void* out, cudaStream_t stream);
+void swiglu_backward(Dt dt, const void* dy, const void* gate, const void* up, int64_t n, void* dgate,
+                     void* dup, cudaStream_t stream);
+void count_valid(const int32_t* labels, int64_t n, int32_t ignore_index, float* out /* [] */,
+                 cudaStream_t stream);
+
+// ---- layout (any element size: 1, 2, 4 or 8 bytes) ----------------------------------------
+constexpr int kMaxRank = 8;
+// y = x permuted: y's dim i is x's dim perm[i].
+void permute(const void* x, const int64_t* shape, const int64_t* perm, int rank, int64_t esize,
+             void* y, cudaStream_t stream);
+// x viewed as [outer, x_dim, inner], y as [outer, y_dim, inner]:
+// y[o, y_off + i, :] = x[o, x_off + i, :] for i < count.
+void copy_slab(const void* x, int64_t outer, int64_t x_dim, int64_t x_off, int64_t inner,
+               int64_t count, void* y, int64_t y_dim, int64_t y_off, int64_t esize,
+               cudaStream_t stream);
+
+// ---- embedding ---------------------------------------------------------------------------
+void embedding_forward(Dt dt, const void* W, const int32_t* tokens, int64_t T, int64_t H,
+                       int64_t V, void* out, int* error, cudaStream_t stream);
+// dW[v, :] = sum of dy[t, :] over t with tokens[t] == v: a scatter-add with fp32 atomicAdd
+// into acc (V x H floats; for f32, acc may be dW itself), then rounded into dW.
+void embedding_backward(Dt dt, const void* dy, const int32_t* tokens, int64_t T, int64_t H,
+                        int64_t V, void* dW, float* acc, int* error, cudaStream_t stream);
+
+// ---- rms_norm ----------------------------------------------------------------------------
+void rms_norm_forward(Dt dt, const void* x, const void* w, int64_t T, int64_t H, float eps, void* y,
+                      float* rstd, cudaStream_t stream);
+// acc: H floats (dw's fp32 sums; for f32, may be dw itself).
+void rms_norm_backward(Dt dt, const void* dy, const void* x, const void* w, const float* rstd,
+                       int64_t T, int64_t H, void* dx, void* dw, float* acc, cudaStream_t stream);
+
+// ---- rope (rotate-half; see kernels/cpu/fused.h for the maths) ---------------------------
+// inv_freq: D/2 doubles in host memory (cpu::rope_inv_freq's), passed to the kernel by value
+// (no copy, no synchronisation); D <= kRopeMaxD.
+constexpr int64_t kRopeMaxD = 256;
+void rope_forward(Dt dt, const void* x, const int32_t* pos, const double* inv_freq, int64_t T,
+                  int64_t NH, int64_t D, bool inverse, void* y, cudaStream_t stream);
+
+// ---- attention (flash-style: online softmax, f32 lse saved, never S x S) ------------------
+// Layouts as kernels/cpu/attention.h: q, out [B, S, NH, D]; k, v [B, S, NKV, D]; lse
+// [B, NH, S]. Key j is visible to query i iff (!causal || j <= i) and, when doc is not null
+// (document ids, i32 [B, S]), doc[b, j] == doc[b, i].
+struct AttentionDims {
+  int64_t B, S, NH, NKV, D;
+};
+constexpr int64_t kAttentionMaxD = 256;
+void attention_forward(Dt dt, const AttentionDims& d, bool causal, float scale, const void* q,
+                       const void* k, const void* v, const int32_t* doc, void* out, float* lse,
+                       cudaStream_t stream);
+// delta: B * NH * S floats of scratch (rowsum(dout * out)). Writes dq, dk, dv.
+void attention_backward(Dt dt, const AttentionDims& d, bool causal, float scale, const void* q,
+                        const void* k, const void* v, const void* out, const float* lse,
+                        const void* dout, const int32_t* doc, void* dq, void* dk, void* dv,
+                        float* delta, cudaStream_t stream);
+
+// ---- cross entropy over rows of V logits (of dtype logits_dt: the op's, or f32 for a
+// chunk of linear_cross_entropy's logits) ----------------------------------------------------
+// lse[t] for every row; row_loss[t] = lse - logit[label] for labelled rows, else 0.
+void cross_entropy_rows(Dt logits_dt, const void* logits, const int32_t* labels, int64_t T,
+                        int64_t V, int32_t ignore_index, float* lse, float* row_loss, int* error,
+                        cudaStream_t stream);
+// loss_sum[] = sum of row_loss (double, fixed order).
+void sum_rows(const float* row_loss, int64_t T, float* loss_sum, cudaStream_t stream);
+// dlogits[t, :] = dloss (softmax(logits[t]) - onehot(label[t])) on labelled rows, 0 else.
+// dlogits (of out_dt) may be logits itself when the dtypes match.
+void cross_entropy_backward_rows(Dt logits_dt, const void* logits, const int32_t* labels,
+                                 const float* lse, const float* dloss /* [] */, int64_t T, int64_t V,
+                                 int32_t ignore_index, Dt out_dt, void* dlogits, cudaStream_t stream);
+
+// ---- optimizer (fp32 master weights and moments; src/train/adamw.h has the maths) ---------
+// One AdamW (decoupled) or Adam (L2) step on n elements, in torch's operation order with
+// the same fused multiply-adds as train::adamw_step; the scalars (1 - lr wd, -lr / bc1,
+// sqrt(bc2), ...) come computed in double and rounded to fp32 by the caller. compute_copy,
+// if not null, receives the updated parameter rounded to bf16 (the copy the step reads).
+struct AdamWScalars {
+  float decay;        // 1 - lr * wd (decoupled), or 1
+  float beta1, one_minus_beta1, beta2, one_minus_beta2;
+  float step_size;    // -lr / bc1
+  float sqrt_bc2;     // sqrt(1 - beta2^step)
+  float eps;
+  float l2;           // wd for Adam's L2 term (decoupled = false), else 0
+};
+void adamw_step(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n,
+                const AdamWScalars& s, void* compute_copy_bf16, cudaStream_t stream);
+// acc[i] (+)= g[i] in fp32: a step's bf16 (or f32) gradient into its fp32 accumulator.
+void accumulate_grad(Dt dt, const void* g, int64_t n, float* acc, bool overwrite, cudaStream_t stream);
+
+}  // namespace autosp::cuda

@@ -1,0 +1,196 @@
+#include "runtime/cuda_executor.h"
+
+#include "comm/mpi_communicator.h"
+#include "comm/nccl_communicator.h"
+#include "kernels/cuda/kernels.h"
+#include "passes/plan_memory.h"
+#include "util/error.h"
+
+namespace autosp {
+
+namespace {
+
+int64_t aligned(int64_t bytes) { return (bytes + kArenaAlignment - 1) / kArenaAlignment * kArenaAlignment; }
+
+bool has_collectives(const Graph& g) {
+  for (const Node& node : g.nodes())
+    if (node.attrs.has("group")) return true;
+  return false;
+}
+
+}  // namespace
+
+int cuda_device_count(std::string* why) {
+  int count = 0;
+  const cudaError_t rc = cudaGetDeviceCount(&count);
+  if (rc != cudaSuccess) {
+    if (why) *why = str(cudaGetErrorName(rc), ": ", cudaGetErrorString(rc));
+    cudaGetLastError();  // clear it: later calls should not see this one
+    return 0;
+  }
+  if (count == 0 && why) *why = "no CUDA devices";
+  return count;
+}
+
+CudaExecutor::CudaExecutor(const Graph& graph, const ProcessGroups* groups)
+    : graph_(graph),
+      groups_(groups),
+      root_(graph.values().size(), -1),
+      input_offsets_(graph.values().size(), -1),
+      host_input_(graph.values().size(), nullptr),
+      device_input_(graph.values().size(), nullptr),
+      data_(graph.values().size(), nullptr) {
+  std::string why;
+  if (cuda_device_count(&why) == 0)
+    user_error("backend cuda: no CUDA device is usable here (", why,
+               "); run on a machine with an NVIDIA GPU and its driver, or use --backend cpu");
+  device_ = select_local_device();
+
+  for (NodeId n = 0; n < static_cast<NodeId>(graph.nodes().size()); ++n) {
+    const Node& node = graph.node(n);
+    if (node.op != OpKind::input && !cuda_kernel(node.op).run)
+      user_error("backend cuda: ", op_name(node.op), " (node ", n,
+                 ") has no CUDA kernel yet; run this graph with --backend cpu");
+    for (size_t i = 0; i < node.outputs.size(); ++i)
+      root_[node.outputs[i]] = node.op == OpKind::reshape ? root_[node.inputs[0]] : node.outputs[i];
+  }
+  if (has_collectives(graph)) {
+    AUTOSP_CHECK(groups_, "the graph has collectives but the executor has no communicators");
+    if (!dynamic_cast<NcclCommunicator*>(groups_->world.get())) {
+      nccl_ = make_nccl_groups(*groups_);
+      groups_ = &nccl_;
+    }
+    for (const Node& node : graph.nodes())
+      if (node.attrs.has("group"))
+        AUTOSP_CHECK(communicator(node.attrs.get_str("group"))->size() == node.attrs.get_int("size"),
+                     op_name(node.op), " expects group '", node.attrs.get_str("group"), "' of size ",
+                     node.attrs.get_int("size"));
+  }
+
+  // The plan for this backend's workspaces (a plan the graph carries is the CPU's).
+  const Graph planned = plan_memory(graph, {.threads = 1, .workspace_bytes = cuda_node_workspace_bytes});
+  const MemoryPlan plan = read_memory_plan(planned);
+  offsets_ = plan.offsets;
+  workspace_offsets_ = plan.workspace_offsets;
+  arena_bytes_ = plan.arena_bytes;
+  for (ValueId v : graph.inputs()) {
+    input_offsets_[v] = input_bytes_;
+    input_bytes_ += aligned(graph.type(v).bytes());
+  }
+  const int64_t error_offset = input_bytes_;
+  input_bytes_ += kArenaAlignment;  // the kernels' error flag
+
+  check_cuda(cudaStreamCreateWithFlags(&ctx_.stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags",
+             "the cuda executor");
+  check_cublas(cublasCreate(&ctx_.cublas), "cublasCreate", "the cuda executor");
+  check_cublas(cublasSetStream(ctx_.cublas, ctx_.stream), "cublasSetStream", "the cuda executor");
+  if (arena_bytes_ > 0)
+    check_cuda(cudaMalloc(reinterpret_cast<void**>(&arena_), size_t(arena_bytes_)), "cudaMalloc",
+               str("the step's arena (", arena_bytes_, " bytes, plan_memory's peak)"));
+  check_cuda(cudaMalloc(reinterpret_cast<void**>(&inputs_), size_t(input_bytes_)), "cudaMalloc",
+             str("the graph inputs (", input_bytes_, " bytes)"));
+  ctx_.error = reinterpret_cast<int*>(inputs_ + error_offset);
+  host_outputs_.resize(graph.outputs().size());
+  for (size_t i = 0; i < graph.outputs().size(); ++i)
+    host_outputs_[i].resize(size_t(graph.type(graph.outputs()[i].value).bytes()));
+}
+
+CudaExecutor::~CudaExecutor() {
+  // Destructors cannot throw: a failure to free is ignored (the process is ending or the
+  // device is already broken, and the error was reported where it happened).
+  if (ctx_.stream) cudaStreamSynchronize(ctx_.stream);
+  if (arena_) cudaFree(arena_);
+  if (inputs_) cudaFree(inputs_);
+  if (ctx_.cublas) cublasDestroy(ctx_.cublas);
+  if (ctx_.stream) cudaStreamDestroy(ctx_.stream);
+}
+
+Communicator* CudaExecutor::communicator(const std::string& group) const {
+  Communicator* c = group == "sp" ? groups_->sp.get() : group == "dp" ? groups_->dp.get()
+                    : group == "world" ? groups_->world.get() : nullptr;
+  AUTOSP_CHECK(c, "no communicator for group '", group, "'");
+  return c;
+}
+
+void CudaExecutor::bind(ValueId input, const void* host_data) {
+  AUTOSP_CHECK(graph_.is_input(input), "%", input, " is not a graph input");
+  host_input_[input] = host_data;
+  device_input_[input] = nullptr;
+}
+
+void CudaExecutor::bind_device(ValueId input, const void* device_data) {
+  AUTOSP_CHECK(graph_.is_input(input), "%", input, " is not a graph input");
+  device_input_[input] = device_data;
+  host_input_[input] = nullptr;
+}
+
+void CudaExecutor::run() {
+  const std::string where = "the cuda executor's run";
+  check_cuda(cudaMemsetAsync(ctx_.error, 0, sizeof(int), ctx_.stream), "cudaMemsetAsync", where);
+  for (ValueId v : graph_.inputs()) {
+    const int64_t bytes = graph_.type(v).bytes();
+    if (device_input_[v]) {
+      data_[v] = const_cast<void*>(device_input_[v]);
+      continue;
+    }
+    if (!host_input_[v] && bytes > 0) internal_error("input %", v, " '", graph_.value(v).name, "' is not bound");
+    data_[v] = inputs_ + input_offsets_[v];
+    if (bytes > 0)
+      check_cuda(cudaMemcpyAsync(data_[v], host_input_[v], size_t(bytes), cudaMemcpyHostToDevice, ctx_.stream),
+                 "cudaMemcpyAsync", str("copying input '", graph_.value(v).name, "' to the device"));
+  }
+  for (NodeId n = 0; n < static_cast<NodeId>(graph_.nodes().size()); ++n) {
+    const Node& node = graph_.node(n);
+    if (node.op == OpKind::input) continue;
+    if (node.op == OpKind::reshape) {  // a view
+      data_[node.outputs[0]] = data_[node.inputs[0]];
+      continue;
+    }
+    KernelArgs args;
+    args.attrs = &node.attrs;
+    if (node.attrs.has("group")) args.comm = communicator(node.attrs.get_str("group"));
+    for (ValueId v : node.inputs) {
+      args.inputs.push_back(data_[v]);
+      args.in_types.push_back(&graph_.type(v));
+    }
+    for (ValueId v : node.outputs) {
+      data_[v] = offsets_[v] >= 0 ? arena_ + offsets_[v] : nullptr;
+      args.outputs.push_back(data_[v]);
+      args.out_types.push_back(&graph_.type(v));
+    }
+    args.workspace = workspace_offsets_[n] >= 0 ? arena_ + workspace_offsets_[n] : nullptr;
+    cuda_kernel(node.op).run(args, ctx_);
+    check_cuda(cudaGetLastError(), "a kernel launch", str(op_name(node.op), " (node ", n, ")"));
+  }
+  for (size_t i = 0; i < graph_.outputs().size(); ++i) {
+    const ValueId v = graph_.outputs()[i].value;
+    if (host_outputs_[i].empty() || !copy_outputs_) continue;
+    check_cuda(cudaMemcpyAsync(host_outputs_[i].data(), data_[v], host_outputs_[i].size(), cudaMemcpyDeviceToHost,
+                               ctx_.stream),
+               "cudaMemcpyAsync", str("copying output '", graph_.outputs()[i].name, "' to the host"));
+  }
+  int error = 0;
+  check_cuda(cudaMemcpyAsync(&error, ctx_.error, sizeof(int), cudaMemcpyDeviceToHost, ctx_.stream), "cudaMemcpyAsync",
+             where);
+  check_cuda(cudaStreamSynchronize(ctx_.stream), "cudaStreamSynchronize (the step's kernels)", where);
+  if (error == cuda::kErrorTokenId)
+    user_error("embedding: a token id is outside [0, vocab_size) (found by the cuda backend's embedding kernel)");
+  if (error == cuda::kErrorLabel)
+    user_error("cross_entropy: a label is outside [0, V) and is not the ignore index (found by the cuda backend)");
+  AUTOSP_CHECK(error == 0, "unknown cuda kernel error code ", error);
+}
+
+const void* CudaExecutor::output_data(const std::string& name) const {
+  AUTOSP_CHECK(copy_outputs_, "output_data('", name, "'): this executor leaves its outputs on the device");
+  for (size_t i = 0; i < graph_.outputs().size(); ++i)
+    if (graph_.outputs()[i].name == name) return host_outputs_[i].data();
+  internal_error("graph has no output named '", name, "'");
+}
+
+const void* CudaExecutor::output_device(const std::string& name) const { return data_[graph_.output(name)]; }
+
+std::unique_ptr<Executor> make_cuda_executor(const Graph& graph, const ProcessGroups* groups) {
+  return std::make_unique<CudaExecutor>(graph, groups);
+}
+
+}  // namespace autosp

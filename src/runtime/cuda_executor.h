@@ -1,0 +1,83 @@
+// Runs a graph on one CUDA device, node by node in graph order on one stream, as the
+// CpuExecutor does on the host (runtime/executor.h), with the kernels of the cuda backend
+// (ops/cuda_kernels.h).
+//
+// Memory: plan_memory plans the step with the CUDA kernels' workspaces (and the CPU's
+// in-place rules, which the CUDA kernels keep), and the executor makes ONE cudaMalloc of
+// that arena when it is made; every result and workspace lives at its planned offset. Graph
+// inputs live in a second device block (their staging area, sized by the inputs' types):
+// bind() gives host memory, copied in at the start of every run(); bind_device() gives
+// device memory, used where it is. After run() every graph output is copied back to host
+// memory (output_data), so the executor is a drop-in for the CPU one; output_device() reads
+// it where it is.
+//
+// Refused at construction, with the op named: an op without a CUDA kernel, a collective
+// whose group has no NCCL communicator (MPI groups given are turned into NCCL ones here,
+// collectively over the world), and no CUDA device at all.
+//
+// Data errors the kernels find (a token id or a label out of range) are reported by run()
+// as a UserError after the step, not at the element (kernels/cuda/kernels.h).
+#pragma once
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ops/cuda_kernels.h"
+#include "runtime/executor.h"
+
+namespace autosp {
+
+// Devices present, 0 when there is no device or no driver; `why` gets CUDA's reason.
+int cuda_device_count(std::string* why = nullptr);
+
+class CudaExecutor final : public Executor {
+ public:
+  // groups: the communicators collectives run on (NcclCommunicators, or MPI ones to make
+  // NCCL groups from); none: a graph without collectives.
+  explicit CudaExecutor(const Graph& graph, const ProcessGroups* groups = nullptr);
+  ~CudaExecutor() override;
+  CudaExecutor(const CudaExecutor&) = delete;
+  CudaExecutor& operator=(const CudaExecutor&) = delete;
+
+  void bind(ValueId input, const void* host_data) override;
+  using Executor::bind;
+  void bind_device(ValueId input, const void* device_data);
+  void run() override;
+  const void* output_data(const std::string& name) const override;
+  const void* output_device(const std::string& name) const;
+  // false: run() leaves the outputs on the device (output_device; output_data is refused),
+  // for a training loop that keeps gradients there.
+  void set_copy_outputs(bool copy) { copy_outputs_ = copy; }
+  const Graph& graph() const override { return graph_; }
+  int64_t arena_bytes() const override { return arena_bytes_; }
+  int64_t input_bytes() const { return input_bytes_; }
+  cudaStream_t stream() const { return ctx_.stream; }
+  int device() const { return device_; }
+
+ private:
+  Communicator* communicator(const std::string& group) const;
+
+  const Graph& graph_;
+  const ProcessGroups* groups_;
+  ProcessGroups nccl_;  // made here from MPI groups, when the graph has collectives
+  int device_ = 0;
+  CudaContext ctx_;
+  std::vector<ValueId> root_;             // per value: the value whose buffer it uses
+  std::vector<int64_t> offsets_, workspace_offsets_;
+  std::vector<int64_t> input_offsets_;    // per value: offset in the input block, or -1
+  std::vector<const void*> host_input_;   // per value: bound host memory
+  std::vector<const void*> device_input_; // per value: bound device memory
+  std::vector<void*> data_;               // per value: its device buffer this run
+  std::vector<std::vector<char>> host_outputs_;  // per graph output, after run()
+  char* arena_ = nullptr;
+  char* inputs_ = nullptr;
+  int64_t arena_bytes_ = 0, input_bytes_ = 0;
+  bool copy_outputs_ = true;
+};
+
+std::unique_ptr<Executor> make_cuda_executor(const Graph& graph, const ProcessGroups* groups);
+
+}  // namespace autosp

@@ -1,0 +1,674 @@
+// The cuda backend's op-test matrix (ggml's test-backend-ops): every op on the cuda backend
+// against the CPU backend, in f32 and in bf16, by normalised error per result, and every
+// differentiable op's CUDA gradient against central differences of its CUDA forward.
+// Also: the kernels the op graphs cannot reach yet (attention with document ids while the
+// op takes three operands, AdamW, NCCL on one rank).
+//
+// Without a GPU every test is skipped with the reason (GTEST_SKIP), and ctest lists them as
+// skipped. NOTHING HERE HAS RUN ON A GPU YET: the tolerances below are set from the
+// arithmetic, not from observed failures; the first run of scripts/gpu_check.sh on a GPU
+// should replace each reason with the worst error it saw.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "comm/nccl_communicator.h"
+#include "kernels/cpu/basic.h"
+#include "kernels/cuda/kernels.h"
+#include "models/llama.h"
+#include "passes/plan_memory.h"
+#include "ops/cuda_kernels.h"
+#include "ops/op.h"
+#include "passes/autodiff.h"
+#include "runtime/cuda_executor.h"
+#include "runtime/executor.h"
+#include "testing/compare.h"
+#include "testing/gradcheck.h"
+#include "train/adamw.h"
+#include "train/cuda_adamw.h"
+
+namespace autosp {
+namespace {
+
+using testing::normalised_error;
+
+// Skips the test, visibly, where there is no GPU.
+#define SKIP_WITHOUT_GPU()                                                                          \
+  do {                                                                                              \
+    std::string why;                                                                                \
+    if (cuda_device_count(&why) == 0)                                                               \
+      GTEST_SKIP() << "no CUDA device here (" << why                                                \
+                   << "): the cuda backend is built but not run; scripts/gpu_check.sh runs this on a GPU"; \
+  } while (0)
+
+// ---- tolerances --------------------------------------------------------------------------
+// f32 on cuda vs f32 on the CPU: the same maths in another summation order (cuBLAS's
+// blocking, one-block tree reductions, fp32 atomics in the scatter-adds) and expf/logf of
+// the CUDA math library (<= 2 ulp) against the CPU's: a few ulp per element of a sum of up
+// to ~100 terms here, i.e. ~1e-6 relative; 2e-5 leaves 20x, and a wrong kernel is off by
+// O(1).
+constexpr double kF32Tol = 2e-5;
+// bf16 on cuda vs f32 on the CPU from the same (bf16-rounded) inputs: the kernels compute in
+// fp32 and round each result once to bf16 (8 significant bits: |error| <= 2^-9 of the
+// element, <= 2^-9 = 2e-3 of the tensor's largest), and the composite graphs (forward ->
+// backward) round their intermediate results too (out and lse feed attention_backward,
+// dz feeds linear_cross_entropy_backward's gemms): two or three roundings compound to about
+// 6e-3. 1.5e-2 leaves 2x; a wrong kernel is off by O(1).
+constexpr double kBf16Tol = 1.5e-2;
+
+std::vector<float> random_normal(int64_t n, uint32_t seed, float stddev = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, stddev);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+std::vector<uint16_t> to_bf16(const std::vector<float>& x) {
+  std::vector<uint16_t> y(x.size());
+  cpu::f32_to_bf16(x.data(), static_cast<int64_t>(x.size()), y.data());
+  return y;
+}
+std::vector<float> from_bf16(const uint16_t* x, int64_t n) {
+  std::vector<float> y(static_cast<size_t>(n));
+  cpu::bf16_to_f32(x, n, y.data());
+  return y;
+}
+std::vector<float> round_bf16(const std::vector<float>& x) {
+  auto b = to_bf16(x);
+  return from_bf16(b.data(), static_cast<int64_t>(b.size()));
+}
+
+// One test case: a small graph built from its inputs, whose results are the outputs
+// y0, y1, ... Floating inputs are made with `dtype` (f32 or bf16) unless `keep_f32` names
+// them (statistics and scalars the op rules keep in f32); i32 inputs get `ints`.
+struct InputSpec {
+  std::string name;
+  DType dtype;  // f32 (floating, follows the case's dtype unless keep_f32) or i32
+  Shape shape;
+  bool keep_f32 = false;
+  bool differentiate = true;  // a parameter, for the finite-difference check
+};
+
+struct OpCase {
+  std::string name;
+  std::vector<InputSpec> inputs;
+  std::function<std::vector<ValueId>(GraphBuilder&, const std::vector<ValueId>&)> build;
+  std::map<std::string, std::vector<int32_t>> ints;
+  std::map<std::string, std::vector<float>> floats;  // fixed values (else random normal)
+  bool fd = true;  // check gradients against finite differences
+  // Results the finite-difference probe differentiates (-1: all): not the log-sum-exp
+  // results, through which nothing differentiates.
+  int fd_outputs = -1;
+};
+
+Graph build_graph(const OpCase& c, DType dtype, int max_outputs = -1) {
+  Graph g;
+  std::vector<ValueId> ins;
+  for (const InputSpec& s : c.inputs) {
+    const DType t = s.dtype == DType::i32 ? DType::i32 : (s.keep_f32 ? DType::f32 : dtype);
+    const Role role = s.dtype == DType::i32 || !s.differentiate ? Role::constant : Role::parameter;
+    ins.push_back(g.add_input(role, {t, s.shape}, s.name));
+  }
+  GraphBuilder b(g);
+  std::vector<ValueId> outs = c.build(b, ins);
+  for (size_t i = 0; i < outs.size(); ++i)
+    if (max_outputs < 0 || static_cast<int>(i) < max_outputs) g.add_output(str("y", i), outs[i]);
+  verify(g);
+  return g;
+}
+
+// Host data for every input, f32 (bf16-rounded where the bf16 graph will see bf16).
+std::map<std::string, std::vector<float>> case_floats(const OpCase& c, bool round) {
+  std::map<std::string, std::vector<float>> f;
+  uint32_t seed = 7;
+  for (const InputSpec& s : c.inputs) {
+    if (s.dtype == DType::i32) continue;
+    std::vector<float> v = c.floats.count(s.name) ? c.floats.at(s.name) : random_normal(numel(s.shape), seed++);
+    f[s.name] = round && !s.keep_f32 ? round_bf16(v) : v;
+  }
+  return f;
+}
+
+// Runs `g` and returns every y output as f32.
+std::vector<std::vector<float>> run_outputs(Executor& ex, const Graph& g, const OpCase& c,
+                                            const std::map<std::string, std::vector<float>>& floats) {
+  std::vector<std::vector<uint16_t>> bf16_inputs;
+  bf16_inputs.reserve(g.inputs().size());
+  for (ValueId v : g.inputs()) {
+    const std::string& name = g.value(v).name;
+    const DType t = g.type(v).dtype;
+    if (t == DType::i32) ex.bind(v, c.ints.at(name).data());
+    else if (t == DType::f32) ex.bind(v, floats.at(name).data());
+    else {
+      bf16_inputs.push_back(to_bf16(floats.at(name)));
+      ex.bind(v, bf16_inputs.back().data());
+    }
+  }
+  ex.run();
+  std::vector<std::vector<float>> outs;
+  for (const GraphOutput& o : g.outputs()) {
+    const TensorType& t = g.type(o.value);
+    const void* p = ex.output_data(o.name);
+    if (t.dtype == DType::bf16) outs.push_back(from_bf16(static_cast<const uint16_t*>(p), numel(t.shape)));
+    else if (t.dtype == DType::f32) {
+      const auto* f = static_cast<const float*>(p);
+      outs.emplace_back(f, f + numel(t.shape));
+    } else {
+      const auto* i = static_cast<const int32_t*>(p);
+      outs.emplace_back(i, i + numel(t.shape));
+    }
+  }
+  return outs;
+}
+
+// ---- the cases ---------------------------------------------------------------------------
+
+std::vector<int32_t> ids(int64_t n, int32_t vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> v(static_cast<size_t>(n));
+  for (auto& x : v) x = static_cast<int32_t>(rng() % uint32_t(vocab));
+  return v;
+}
+std::vector<int32_t> positions(int64_t B, int64_t S, int32_t offset = 0) {
+  std::vector<int32_t> v;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t s = 0; s < S; ++s) v.push_back(static_cast<int32_t>(s) + offset + int32_t(b) * 3);
+  return v;
+}
+std::vector<int32_t> labels_with_ignored(int64_t n, int32_t V, uint32_t seed) {
+  std::vector<int32_t> v = ids(n, V, seed);
+  for (size_t i = 0; i < v.size(); i += 4) v[i] = -100;
+  return v;
+}
+
+using B = GraphBuilder;
+using Ins = std::vector<ValueId>;
+
+std::vector<OpCase> op_cases() {
+  const int64_t Bt = 2, S = 9, NH = 4, NKV = 2, D = 8, H = 16, V = 13;
+  std::vector<OpCase> cases;
+  auto one = [](OpKind op, Attrs attrs = {}) {
+    return [op, attrs](B& b, const Ins& in) { return b.emit(op, in, attrs); };
+  };
+  const double scale = 1.0 / std::sqrt(double(D));
+  cases.push_back({"fill", {}, [](B& b, const Ins&) { return b.emit(OpKind::fill, {}, {{"shape", Shape{3, 5}}, {"value", 1.5}}); },
+                   {}, {}, false});
+  cases.push_back({"expand", {{"x", DType::f32, {}}}, one(OpKind::expand, {{"shape", Shape{4, 3}}})});
+  cases.push_back({"embedding", {{"w", DType::f32, {11, 8}}, {"t", DType::i32, {2, 5}}}, one(OpKind::embedding),
+                   {{"t", ids(10, 11, 1)}}});
+  cases.push_back({"embedding_backward", {{"dy", DType::f32, {2, 5, 8}}, {"t", DType::i32, {2, 5}}},
+                   one(OpKind::embedding_backward, {{"vocab", int64_t{11}}}), {{"t", ids(10, 4, 2)}}, {}, false});
+  cases.push_back({"linear", {{"x", DType::f32, {2, 5, H}}, {"w", DType::f32, {12, H}}}, one(OpKind::linear)});
+  cases.push_back({"matmul", {{"a", DType::f32, {6, 7}}, {"b", DType::f32, {7, 5}}}, one(OpKind::matmul)});
+  cases.push_back({"matmul_ta", {{"a", DType::f32, {7, 6}}, {"b", DType::f32, {7, 5}}},
+                   one(OpKind::matmul, {{"trans_a", int64_t{1}}})});
+  cases.push_back({"matmul_tb", {{"a", DType::f32, {2, 6, 7}}, {"b", DType::f32, {5, 7}}},
+                   one(OpKind::matmul, {{"trans_b", int64_t{1}}})});
+  cases.push_back({"matmul_ta_tb", {{"a", DType::f32, {7, 6}}, {"b", DType::f32, {5, 7}}},
+                   one(OpKind::matmul, {{"trans_a", int64_t{1}}, {"trans_b", int64_t{1}}})});
+  cases.push_back({"add", {{"a", DType::f32, {4, 33}}, {"b", DType::f32, {4, 33}}}, one(OpKind::add)});
+  cases.push_back({"mul", {{"a", DType::f32, {4, 33}}, {"b", DType::f32, {4, 33}}}, one(OpKind::mul)});
+  cases.push_back({"scale", {{"x", DType::f32, {4, 33}}}, one(OpKind::scale, {{"alpha", 0.7}})});
+  cases.push_back({"sum", {{"x", DType::f32, {3000}}}, one(OpKind::sum)});
+  cases.push_back({"div_scalar", {{"x", DType::f32, {4, 5}}, {"s", DType::f32, {}}}, one(OpKind::div_scalar), {},
+                   {{"s", {2.5f}}}});
+  cases.push_back({"convert_roundtrip", {{"x", DType::f32, {5, 7}}},
+                   [](B& b, const Ins& in) {
+                     ValueId h = b.emit1(OpKind::convert, {in[0]}, {{"dtype", std::string("bf16")}});
+                     return std::vector<ValueId>{b.emit1(OpKind::convert, {h}, {{"dtype", std::string("f32")}})};
+                   }, {}, {}, false});
+  cases.push_back({"silu", {{"x", DType::f32, {4, 33}}}, one(OpKind::silu)});
+  cases.push_back({"silu_backward", {{"dy", DType::f32, {4, 33}}, {"x", DType::f32, {4, 33}}}, one(OpKind::silu_backward),
+                   {}, {}, false});
+  cases.push_back({"swiglu", {{"g", DType::f32, {4, 33}}, {"u", DType::f32, {4, 33}}}, one(OpKind::swiglu)});
+  cases.push_back({"swiglu_backward",
+                   {{"dy", DType::f32, {4, 33}}, {"g", DType::f32, {4, 33}}, {"u", DType::f32, {4, 33}}},
+                   one(OpKind::swiglu_backward), {}, {}, false});
+  cases.push_back({"rms_norm", {{"x", DType::f32, {2, 5, H}}, {"w", DType::f32, {H}}},
+                   [](B& b, const Ins& in) {
+                     return std::vector<ValueId>{b.emit(OpKind::rms_norm, in, {{"eps", 1e-5}})[0]};
+                   }});
+  cases.push_back({"rms_norm_and_backward", {{"x", DType::f32, {2, 5, H}}, {"w", DType::f32, {H}}, {"dy", DType::f32, {2, 5, H}}},
+                   [](B& b, const Ins& in) {
+                     auto f = b.emit(OpKind::rms_norm, {in[0], in[1]}, {{"eps", 1e-5}});
+                     auto d = b.emit(OpKind::rms_norm_backward, {in[2], in[0], in[1], f[1]});
+                     return std::vector<ValueId>{f[0], f[1], d[0], d[1]};
+                   }, {}, {}, false});
+  cases.push_back({"rope", {{"x", DType::f32, {Bt, 6, 3, D}}, {"p", DType::i32, {Bt, 6}}},
+                   one(OpKind::rope, {{"theta", 10000.0}}), {{"p", positions(Bt, 6)}}});
+  cases.push_back({"rope_inverse_llama3", {{"x", DType::f32, {Bt, 6, 3, D}}, {"p", DType::i32, {Bt, 6}}},
+                   one(OpKind::rope, {{"theta", 500000.0}, {"inverse", int64_t{1}}, {"rope_type", std::string("llama3")},
+                                      {"factor", 8.0}, {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0},
+                                      {"original_max_position_embeddings", 8.0}}),
+                   {{"p", positions(Bt, 6, 100)}}});
+  for (int causal : {1, 0}) {
+    const Attrs a{{"causal", int64_t{causal}}, {"scale", scale}};
+    cases.push_back({str("attention_", causal ? "causal" : "full"),
+                     {{"q", DType::f32, {Bt, S, NH, D}}, {"k", DType::f32, {Bt, S, NKV, D}}, {"v", DType::f32, {Bt, S, NKV, D}}},
+                     [a](B& b, const Ins& in) { return b.emit(OpKind::attention, in, a); }, {}, {}, true, 1});
+    cases.push_back({str("attention_and_backward_", causal ? "causal" : "full"),
+                     {{"q", DType::f32, {Bt, S, NH, D}}, {"k", DType::f32, {Bt, S, NKV, D}},
+                      {"v", DType::f32, {Bt, S, NKV, D}}, {"dout", DType::f32, {Bt, S, NH, D}}},
+                     [a](B& b, const Ins& in) {
+                       auto f = b.emit(OpKind::attention, {in[0], in[1], in[2]}, a);
+                       return b.emit(OpKind::attention_backward, {in[3], in[0], in[1], in[2], f[0], f[1]}, a);
+                     }, {}, {}, false});
+  }
+  // attention(q, k, v, doc): once the op takes document ids (an optional 4th operand,
+  // attention_backward's 7th), the matrix covers them at the op level too; until then the
+  // kernel tests below do.
+  if (op_def(OpKind::attention).num_inputs != 3) {
+    std::vector<int32_t> doc;
+    for (int64_t b = 0; b < Bt; ++b)
+      for (int64_t i = 0; i < S; ++i) doc.push_back(static_cast<int32_t>(b == 0 ? i / 3 : (i < 5 ? 0 : 1)));
+    const Attrs a{{"causal", int64_t{1}}, {"scale", scale}};
+    cases.push_back({"attention_documents",
+                     {{"q", DType::f32, {Bt, S, NH, D}}, {"k", DType::f32, {Bt, S, NKV, D}},
+                      {"v", DType::f32, {Bt, S, NKV, D}}, {"doc", DType::i32, {Bt, S}}},
+                     [a](B& b, const Ins& in) { return b.emit(OpKind::attention, in, a); }, {{"doc", doc}}, {}, true, 1});
+    cases.push_back({"attention_and_backward_documents",
+                     {{"q", DType::f32, {Bt, S, NH, D}}, {"k", DType::f32, {Bt, S, NKV, D}},
+                      {"v", DType::f32, {Bt, S, NKV, D}}, {"dout", DType::f32, {Bt, S, NH, D}},
+                      {"doc", DType::i32, {Bt, S}}},
+                     [a](B& b, const Ins& in) {
+                       auto f = b.emit(OpKind::attention, {in[0], in[1], in[2], in[4]}, a);
+                       return b.emit(OpKind::attention_backward, {in[3], in[0], in[1], in[2], f[0], f[1], in[4]}, a);
+                     }, {{"doc", doc}}, {}, false});
+  }
+  cases.push_back({"cross_entropy", {{"z", DType::f32, {2, 5, V}}, {"l", DType::i32, {2, 5}}},
+                   one(OpKind::cross_entropy), {{"l", labels_with_ignored(10, V, 3)}}, {}, true, 1});
+  cases.push_back({"cross_entropy_and_backward",
+                   {{"z", DType::f32, {2, 5, V}}, {"l", DType::i32, {2, 5}}, {"d", DType::f32, {}, true}},
+                   [](B& b, const Ins& in) {
+                     auto f = b.emit(OpKind::cross_entropy, {in[0], in[1]});
+                     auto d = b.emit1(OpKind::cross_entropy_backward, {in[2], in[0], in[1], f[1]});
+                     return std::vector<ValueId>{f[0], f[1], d};
+                   }, {{"l", labels_with_ignored(10, V, 4)}}, {{"d", {0.75f}}}, false});
+  cases.push_back({"linear_cross_entropy", {{"x", DType::f32, {2, 5, H}}, {"w", DType::f32, {V, H}}, {"l", DType::i32, {2, 5}}},
+                   one(OpKind::linear_cross_entropy, {{"chunk", int64_t{3}}}), {{"l", labels_with_ignored(10, V, 5)}}, {},
+                   true, 1});
+  cases.push_back({"linear_cross_entropy_and_backward",
+                   {{"x", DType::f32, {2, 5, H}}, {"w", DType::f32, {V, H}}, {"l", DType::i32, {2, 5}},
+                    {"d", DType::f32, {}, true}},
+                   [](B& b, const Ins& in) {
+                     const Attrs a{{"chunk", int64_t{3}}};
+                     auto f = b.emit(OpKind::linear_cross_entropy, {in[0], in[1], in[2]}, a);
+                     auto d = b.emit(OpKind::linear_cross_entropy_backward, {in[3], in[0], in[1], in[2], f[1]}, a);
+                     return std::vector<ValueId>{f[0], f[1], d[0], d[1]};
+                   }, {{"l", labels_with_ignored(10, V, 6)}}, {{"d", {1.25f}}}, false});
+  cases.push_back({"count_valid", {{"l", DType::i32, {2, 5}}},
+                   one(OpKind::count_valid), {{"l", labels_with_ignored(10, V, 7)}}, {}, false});
+  cases.push_back({"reshape_then_scale", {{"x", DType::f32, {2, 3, 4}}},
+                   [](B& b, const Ins& in) {
+                     ValueId r = b.emit1(OpKind::reshape, in, {{"shape", Shape{6, 4}}});
+                     return std::vector<ValueId>{b.emit1(OpKind::scale, {r}, {{"alpha", 2.0}})};
+                   }});
+  cases.push_back({"transpose", {{"x", DType::f32, {2, 3, 4, 5}}}, one(OpKind::transpose, {{"perm", Shape{2, 0, 3, 1}}})});
+  cases.push_back({"slice", {{"x", DType::f32, {2, 7, 3}}}, one(OpKind::slice, {{"dim", int64_t{1}}, {"start", int64_t{1}}, {"end", int64_t{5}}})});
+  cases.push_back({"slice_backward", {{"x", DType::f32, {2, 3, 3}}},
+                   one(OpKind::slice_backward, {{"dim", int64_t{1}}, {"start", int64_t{2}}, {"size", int64_t{7}}})});
+  cases.push_back({"concat", {{"a", DType::f32, {2, 3, 4}}, {"b", DType::f32, {2, 2, 4}}}, one(OpKind::concat, {{"dim", int64_t{1}}})});
+  return cases;
+}
+
+class CudaOps : public ::testing::TestWithParam<OpCase> {};
+
+// Every result of every case: cuda f32 and cuda bf16 against the CPU's f32.
+TEST_P(CudaOps, MatchesTheCpuBackend) {
+  SKIP_WITHOUT_GPU();
+  const OpCase& c = GetParam();
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    const bool bf16 = dtype == DType::bf16;
+    const auto floats = case_floats(c, bf16);
+    const Graph cpu_graph = build_graph(c, DType::f32), cuda_graph = build_graph(c, dtype);
+    HeapAllocator alloc;
+    CpuExecutor cpu(cpu_graph, alloc);
+    CudaExecutor gpu(cuda_graph);
+    const auto want = run_outputs(cpu, cpu_graph, c, floats);
+    const auto got = run_outputs(gpu, cuda_graph, c, floats);
+    ASSERT_EQ(want.size(), got.size());
+    for (size_t i = 0; i < want.size(); ++i) {
+      const double err = normalised_error(got[i], want[i]);
+      std::printf("%-36s %-4s y%zu normalised error %.2e\n", c.name.c_str(), dtype_name(dtype), i, err);
+      EXPECT_LT(err, bf16 ? kBf16Tol : kF32Tol) << c.name << " y" << i;
+    }
+  }
+}
+
+// The CUDA gradient (the joint graph on cuda, f32) against central differences of the CUDA
+// forward, at up to 12 elements of every differentiated input. L = sum_i <y_i, r_i> in
+// double on the host; step 1e-2 * max(1, |x|): truncation O(step^2) ~ 1e-4 relative, fp32
+// rounding of y ~ 1e-7 |L| / step: |fd - analytic| <= 2e-3 + 5e-3 max|fd| (gradcheck.h's
+// CPU tolerance, whose reasoning is the same on the device).
+TEST_P(CudaOps, GradientsMatchFiniteDifferences) {
+  SKIP_WITHOUT_GPU();
+  const OpCase& c = GetParam();
+  if (!c.fd) GTEST_SKIP() << c.name << ": a backward op or one without a gradient (checked against the CPU above)";
+  const Graph forward = build_graph(c, DType::f32, c.fd_outputs);
+  if (forward.inputs_with_role(Role::parameter).empty()) GTEST_SKIP() << c.name << ": no floating input";
+  Graph probed = testing::with_probe_loss(forward);
+  auto floats = case_floats(c, false);
+  uint32_t seed = 100;
+  for (const std::string& y : testing::y_outputs(forward))
+    floats["r_" + y] = random_normal(numel(forward.type(forward.output(y)).shape), seed++);
+  OpCase probe_case = c;
+  for (const auto& [name, v] : floats) probe_case.floats[name] = v;
+  const Graph joint = autodiff(probed);
+  CudaExecutor grad_ex(joint);
+  run_outputs(grad_ex, joint, probe_case, floats);
+
+  CudaExecutor fwd(forward);
+  auto L = [&](const std::map<std::string, std::vector<float>>& f) {
+    const auto ys = run_outputs(fwd, forward, c, f);
+    double sum = 0;
+    const auto names = testing::y_outputs(forward);
+    for (size_t i = 0; i < names.size(); ++i) {
+      const auto& r = floats.at("r_" + names[i]);
+      for (size_t k = 0; k < ys[i].size(); ++k) sum += double(ys[i][k]) * double(r[k]);
+    }
+    return sum;
+  };
+  for (ValueId p : forward.inputs_with_role(Role::parameter)) {
+    const std::string& name = forward.value(p).name;
+    const float* g = static_cast<const float*>(grad_ex.output_data(kGradPrefix + name));
+    std::vector<float>& x = floats.at(name);
+    std::vector<double> fd, an;
+    const size_t stride = std::max<size_t>(1, x.size() / 12);
+    for (size_t k = 0; k < x.size(); k += stride) {
+      const float x0 = x[k];
+      const float h = 1e-2f * std::max(1.0f, std::abs(x0));
+      x[k] = x0 + h;
+      const double up = L(floats);
+      x[k] = x0 - h;
+      const double down = L(floats);
+      x[k] = x0;
+      fd.push_back((up - down) / (double(x0 + h) - double(x0 - h)));
+      an.push_back(g[k]);
+    }
+    double worst = 0, scale = 0;
+    for (size_t k = 0; k < fd.size(); ++k) worst = std::max(worst, std::abs(fd[k] - an[k])), scale = std::max(scale, std::abs(fd[k]));
+    std::printf("%-36s d%s: |fd - cuda| %.2e (max |fd| %.2e)\n", c.name.c_str(), name.c_str(), worst, scale);
+    EXPECT_LE(worst, 2e-3 + 5e-3 * scale) << c.name << " d" << name;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(EveryOp, CudaOps, ::testing::ValuesIn(op_cases()),
+                         [](const auto& info) { return info.param.name; });
+
+// Every op kind has a CUDA kernel (the executor refuses a graph with one that has not).
+// This holds without a GPU: it reads the table.
+TEST(CudaKernelTable, EveryOpHasAKernel) {
+  std::string missing;
+  for (OpKind op : cuda_missing_kernels()) missing += str(op_name(op), " ");
+  EXPECT_EQ(missing, "") << "ops without a CUDA kernel";
+}
+
+// Without a GPU (this test runs only there): asking for the backend is a UserError that
+// says why and what to do, not a crash.
+TEST(CudaExecutorNoDevice, IsAClearUserError) {
+  std::string why;
+  if (cuda_device_count(&why) > 0) GTEST_SKIP() << "a CUDA device is present";
+  Graph g;
+  ValueId x = g.add_input(Role::constant, {DType::f32, {4}}, "x");
+  GraphBuilder b(g);
+  g.add_output("y", b.emit1(OpKind::scale, {x}, {{"alpha", 2.0}}));
+  HeapAllocator alloc;
+  try {
+    make_executor(Backend::cuda, g, alloc);
+    ADD_FAILURE() << "a cuda executor was made without a device";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("no CUDA device"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("--backend cpu"), std::string::npos) << e.what();
+  }
+}
+
+// The bf16 Llama step plans with the CUDA kernels' workspaces (no device needed): every
+// node that needs scratch gets it, and the arena holds it.
+TEST(CudaPlan, Bf16LlamaStepPlansWithCudaWorkspaces) {
+  models::LlamaConfig c;
+  c.vocab_size = 64;
+  c.hidden_size = 32;
+  c.intermediate_size = 48;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.head_dim = 8;
+  const Graph joint = autodiff(models::llama_forward(c, {.batch = 2, .seq_len = 32, .dtype = DType::bf16}));
+  const MemoryPlan plan = read_memory_plan(plan_memory(joint, {.threads = 1, .workspace_bytes = cuda_node_workspace_bytes}));
+  int with_workspace = 0;
+  for (NodeId n = 0; n < static_cast<NodeId>(joint.nodes().size()); ++n) {
+    const int64_t need = cuda_node_workspace_bytes(joint, joint.node(n));
+    EXPECT_GE(plan.workspace_bytes[n], need) << op_name(joint.node(n).op);
+    if (need > 0) {
+      ++with_workspace;
+      EXPECT_LE(plan.workspace_offsets[n] + need, plan.arena_bytes);
+    }
+  }
+  EXPECT_GT(with_workspace, 0) << "attention_backward, rms_norm_backward and the loss need scratch";
+}
+
+// ---- attention with document ids, at the kernel (the op takes them as a 4th operand) -------
+
+// visible(i, j) = (!causal || j <= i) && doc[i] == doc[j]; plain O(S^2) in double.
+struct AttnRef {
+  std::vector<double> out, lse, dq, dk, dv;
+};
+AttnRef attention_reference(const cuda::AttentionDims& d, bool causal, double scale, const std::vector<float>& q,
+                            const std::vector<float>& k, const std::vector<float>& v, const std::vector<float>& dout,
+                            const std::vector<int32_t>& doc) {
+  AttnRef r;
+  r.out.assign(q.size(), 0);
+  r.dq.assign(q.size(), 0);
+  r.dk.assign(k.size(), 0);
+  r.dv.assign(v.size(), 0);
+  r.lse.assign(size_t(d.B * d.NH * d.S), 0);
+  const int64_t G = d.NH / d.NKV;
+  auto Q = [&](int64_t b, int64_t i, int64_t h) { return ((b * d.S + i) * d.NH + h) * d.D; };
+  auto K = [&](int64_t b, int64_t j, int64_t g) { return ((b * d.S + j) * d.NKV + g) * d.D; };
+  for (int64_t b = 0; b < d.B; ++b)
+    for (int64_t h = 0; h < d.NH; ++h)
+      for (int64_t i = 0; i < d.S; ++i) {
+        const int64_t g = h / G;
+        std::vector<double> s(size_t(d.S), -INFINITY), p(size_t(d.S), 0);
+        double m = -INFINITY;
+        for (int64_t j = 0; j < d.S; ++j) {
+          if ((causal && j > i) || doc[size_t(b * d.S + j)] != doc[size_t(b * d.S + i)]) continue;
+          double dot = 0;
+          for (int64_t e = 0; e < d.D; ++e) dot += double(q[size_t(Q(b, i, h) + e)]) * k[size_t(K(b, j, g) + e)];
+          s[size_t(j)] = scale * dot;
+          m = std::max(m, s[size_t(j)]);
+        }
+        double l = 0;
+        for (int64_t j = 0; j < d.S; ++j) l += std::isinf(s[size_t(j)]) ? 0 : std::exp(s[size_t(j)] - m);
+        const double lse = m + std::log(l);
+        r.lse[size_t((b * d.NH + h) * d.S + i)] = lse;
+        for (int64_t j = 0; j < d.S; ++j) p[size_t(j)] = std::isinf(s[size_t(j)]) ? 0 : std::exp(s[size_t(j)] - lse);
+        for (int64_t j = 0; j < d.S; ++j)
+          for (int64_t e = 0; e < d.D; ++e) r.out[size_t(Q(b, i, h) + e)] += p[size_t(j)] * v[size_t(K(b, j, g) + e)];
+        double delta = 0;
+        for (int64_t e = 0; e < d.D; ++e) delta += double(dout[size_t(Q(b, i, h) + e)]) * r.out[size_t(Q(b, i, h) + e)];
+        for (int64_t j = 0; j < d.S; ++j) {
+          if (p[size_t(j)] == 0) continue;
+          double dp = 0;
+          for (int64_t e = 0; e < d.D; ++e) dp += double(dout[size_t(Q(b, i, h) + e)]) * v[size_t(K(b, j, g) + e)];
+          const double ds = p[size_t(j)] * (dp - delta);
+          for (int64_t e = 0; e < d.D; ++e) {
+            r.dq[size_t(Q(b, i, h) + e)] += scale * ds * k[size_t(K(b, j, g) + e)];
+            r.dk[size_t(K(b, j, g) + e)] += scale * ds * q[size_t(Q(b, i, h) + e)];
+            r.dv[size_t(K(b, j, g) + e)] += p[size_t(j)] * dout[size_t(Q(b, i, h) + e)];
+          }
+        }
+      }
+  return r;
+}
+
+template <typename T>
+struct DeviceBuffer {
+  T* p = nullptr;
+  size_t n = 0;
+  explicit DeviceBuffer(size_t count) : n(count) { check_cuda(cudaMalloc(&p, sizeof(T) * (n ? n : 1)), "cudaMalloc", "test"); }
+  explicit DeviceBuffer(const std::vector<T>& host) : DeviceBuffer(host.size()) {
+    check_cuda(cudaMemcpy(p, host.data(), sizeof(T) * n, cudaMemcpyHostToDevice), "cudaMemcpy", "test");
+  }
+  ~DeviceBuffer() { cudaFree(p); }
+  std::vector<T> host() const {
+    std::vector<T> h(n);
+    check_cuda(cudaMemcpy(h.data(), p, sizeof(T) * n, cudaMemcpyDeviceToHost), "cudaMemcpy", "test");
+    return h;
+  }
+};
+
+std::vector<float> as_float(const std::vector<double>& x) { return std::vector<float>(x.begin(), x.end()); }
+
+// f32 kernels against the double reference, packed documents (ids non-decreasing), causal
+// and not, one tile and several (S = 150 > the 64-row blocks and the tile of 4096 / D keys).
+TEST(CudaAttentionKernel, DocumentIdsMaskAcrossDocuments) {
+  SKIP_WITHOUT_GPU();
+  for (int64_t S : {9, 150}) {
+    for (bool causal : {true, false}) {
+      SCOPED_TRACE(str("S=", S, causal ? " causal" : " full"));
+      const cuda::AttentionDims d{2, S, 4, 2, 16};
+      const double scale = 1.0 / std::sqrt(16.0);
+      const auto q = random_normal(d.B * S * d.NH * d.D, 1), k = random_normal(d.B * S * d.NKV * d.D, 2),
+                 v = random_normal(d.B * S * d.NKV * d.D, 3), dout = random_normal(d.B * S * d.NH * d.D, 4);
+      std::vector<int32_t> doc;
+      for (int64_t b = 0; b < d.B; ++b)
+        for (int64_t i = 0; i < S; ++i) doc.push_back(static_cast<int32_t>(b == 0 ? i / 4 : (i < S / 2 ? 0 : 1)));
+      const AttnRef ref = attention_reference(d, causal, scale, q, k, v, dout, doc);
+      DeviceBuffer<float> dq_(q), dk_(k), dv_(v), ddout(dout), out(q.size()), lse(ref.lse.size()), gq(q.size()),
+          gk(k.size()), gv(v.size()), delta(ref.lse.size());
+      DeviceBuffer<int32_t> ddoc(doc);
+      cuda::attention_forward(cuda::Dt::f32, d, causal, float(scale), dq_.p, dk_.p, dv_.p, ddoc.p, out.p, lse.p, nullptr);
+      cuda::attention_backward(cuda::Dt::f32, d, causal, float(scale), dq_.p, dk_.p, dv_.p, out.p, lse.p, ddout.p,
+                               ddoc.p, gq.p, gk.p, gv.p, delta.p, nullptr);
+      check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize", "attention kernels");
+      // f32 against double over sums of <= S terms: ~S * 2^-24; 2e-5 as kF32Tol.
+      EXPECT_LT(normalised_error(out.host(), as_float(ref.out)), kF32Tol);
+      EXPECT_LT(normalised_error(lse.host(), as_float(ref.lse)), kF32Tol);
+      EXPECT_LT(normalised_error(gq.host(), as_float(ref.dq)), kF32Tol);
+      EXPECT_LT(normalised_error(gk.host(), as_float(ref.dk)), kF32Tol);
+      EXPECT_LT(normalised_error(gv.host(), as_float(ref.dv)), kF32Tol);
+    }
+  }
+}
+
+// Without document ids the kernels equal the CPU backend's on a sequence of several tiles
+// (the op cases above use S = 9, inside one tile).
+TEST(CudaAttentionKernel, LongSequenceMatchesTheDoubleReference) {
+  SKIP_WITHOUT_GPU();
+  const cuda::AttentionDims d{1, 300, 2, 1, 64};
+  const double scale = 0.125;
+  const auto q = random_normal(d.S * d.NH * d.D, 5), k = random_normal(d.S * d.NKV * d.D, 6),
+             v = random_normal(d.S * d.NKV * d.D, 7), dout = random_normal(d.S * d.NH * d.D, 8);
+  const std::vector<int32_t> doc(size_t(d.S), 0);  // one document: no mask beyond causality
+  const AttnRef ref = attention_reference(d, true, scale, q, k, v, dout, doc);
+  DeviceBuffer<float> dq_(q), dk_(k), dv_(v), ddout(dout), out(q.size()), lse(ref.lse.size()), gq(q.size()),
+      gk(k.size()), gv(v.size()), delta(ref.lse.size());
+  cuda::attention_forward(cuda::Dt::f32, d, true, float(scale), dq_.p, dk_.p, dv_.p, nullptr, out.p, lse.p, nullptr);
+  cuda::attention_backward(cuda::Dt::f32, d, true, float(scale), dq_.p, dk_.p, dv_.p, out.p, lse.p, ddout.p, nullptr,
+                           gq.p, gk.p, gv.p, delta.p, nullptr);
+  check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize", "attention kernels");
+  EXPECT_LT(normalised_error(out.host(), as_float(ref.out)), kF32Tol);
+  EXPECT_LT(normalised_error(gq.host(), as_float(ref.dq)), kF32Tol);
+  EXPECT_LT(normalised_error(gk.host(), as_float(ref.dk)), kF32Tol);
+  EXPECT_LT(normalised_error(gv.host(), as_float(ref.dv)), kF32Tol);
+}
+
+// ---- AdamW on the device against train::adamw_step -------------------------------------------
+
+// The same fp32 operations in the same order with the same fused multiply-adds (explicit
+// __fmaf_rn / std::fma, IEEE division and square root on both sides): equal to fp32
+// rounding; 1e-6 normalised allows one ulp where a compiler contracts differently.
+TEST(CudaAdamW, EqualsTheHostUpdateAndWritesTheBf16Copy) {
+  SKIP_WITHOUT_GPU();
+  const int64_t n = 5000;
+  for (bool decoupled : {true, false}) {
+    SCOPED_TRACE(decoupled ? "AdamW" : "Adam (L2)");
+    train::AdamWParams params{.lr = 1e-2, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1,
+                              .decoupled_weight_decay = decoupled};
+    auto p = random_normal(n, 1), g = random_normal(n, 2), m = random_normal(n, 3, 0.1f), v = random_normal(n, 4, 0.1f);
+    for (float& x : v) x = x * x;
+    DeviceBuffer<float> dp(p), dg(g), dm(m), dv(v);
+    DeviceBuffer<uint16_t> copy{static_cast<size_t>(n)};
+    for (int64_t step = 1; step <= 3; ++step) {
+      train::adamw_step(p.data(), g.data(), m.data(), v.data(), n, params, step, params.lr);
+      train::cuda_adamw_step(dp.p, dg.p, dm.p, dv.p, n, params, step, params.lr, copy.p, nullptr);
+    }
+    check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize", "adamw");
+    EXPECT_LT(normalised_error(dp.host(), p), 1e-6);
+    EXPECT_LT(normalised_error(dm.host(), m), 1e-6);
+    EXPECT_LT(normalised_error(dv.host(), v), 1e-6);
+    const auto c = copy.host();
+    EXPECT_EQ(from_bf16(c.data(), n), round_bf16(dp.host())) << "the bf16 copy is the fp32 weight rounded once";
+  }
+}
+
+// ---- NCCL on one rank, and the collectives as graph ops on it ----------------------------
+
+TEST(CudaNccl, OneRankCollectivesAreCopiesAndSums) {
+  SKIP_WITHOUT_GPU();
+  auto comm = NcclCommunicator::single("test group");
+  ASSERT_EQ(comm->size(), 1);
+  const auto x = random_normal(100, 9);
+  DeviceBuffer<float> a(x), b(x.size());
+  comm->all_reduce_sum(a.p, 100);
+  EXPECT_EQ(a.host(), x);
+  comm->all_gather(a.p, b.p, 100);
+  EXPECT_EQ(b.host(), x);
+  comm->all_to_all(a.p, b.p, 100);
+  EXPECT_EQ(b.host(), x);
+  comm->reduce_scatter_sum(a.p, b.p, 100);
+  EXPECT_EQ(b.host(), x);
+  comm->barrier();
+}
+
+TEST(CudaNccl, CollectiveOpsRunInTheExecutor) {
+  SKIP_WITHOUT_GPU();
+  ProcessGroups groups;
+  groups.world = NcclCommunicator::single("world");
+  groups.sp = NcclCommunicator::single("sp");
+  groups.dp = NcclCommunicator::single("dp");
+  Graph g;
+  ValueId x = g.add_input(Role::constant, {DType::f32, {2, 4, 3}}, "x");
+  GraphBuilder b(g);
+  const Attrs group{{"group", std::string("sp")}, {"size", int64_t{1}}};
+  Attrs a2a = group, ag = group;
+  a2a.set("scatter_dim", int64_t{2});
+  a2a.set("gather_dim", int64_t{1});
+  ag.set("dim", int64_t{1});
+  g.add_output("y0", b.emit1(OpKind::all_to_all, {x}, a2a));
+  g.add_output("y1", b.emit1(OpKind::all_reduce, {x}, group));
+  g.add_output("y2", b.emit1(OpKind::all_gather, {x}, ag));
+  g.add_output("y3", b.emit1(OpKind::reduce_scatter, {x}, ag));
+  CudaExecutor ex(g, &groups);
+  const auto data = random_normal(24, 10);
+  ex.bind("x", data.data());
+  ex.run();
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(ex.output_vector(str("y", i)), data) << "y" << i;
+}
+
+// A bad token id is a UserError after the step, naming the op.
+TEST(CudaExecutor, OutOfRangeTokenIsAUserError) {
+  SKIP_WITHOUT_GPU();
+  Graph g;
+  ValueId w = g.add_input(Role::parameter, {DType::f32, {5, 4}}, "w");
+  ValueId t = g.add_input(Role::tokens, {DType::i32, {3}}, "t");
+  GraphBuilder b(g);
+  g.add_output("y", b.emit1(OpKind::embedding, {w, t}));
+  CudaExecutor ex(g);
+  const auto wd = random_normal(20, 1);
+  const std::vector<int32_t> ids{0, 7, 1};
+  ex.bind("w", wd.data());
+  ex.bind("t", ids.data());
+  EXPECT_THROW(ex.run(), UserError);
+}
+
+}  // namespace
+}  // namespace autosp
