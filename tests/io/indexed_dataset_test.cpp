@@ -13,6 +13,7 @@
 
 #include "testing/process.h"
 #include "util/error.h"
+#include "testing/errors.h"
 
 namespace autosp::io {
 namespace {
@@ -34,21 +35,8 @@ void put(std::string& bytes, size_t at, T v) {
   std::memcpy(bytes.data() + at, &v, sizeof v);
 }
 
-template <typename F>
-std::string user_error_of(F&& f) {
-  try {
-    f();
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "no UserError";
-  return "";
-}
-
-void expect_contains(const std::string& message, const std::vector<std::string>& parts) {
-  for (const std::string& p : parts)
-    EXPECT_NE(message.find(p), std::string::npos) << "'" << p << "' not in: " << message;
-}
+using autosp::testing::expect_contains;
+using autosp::testing::user_error_of;
 
 // Three documents: two sequences, none (empty, as preprocess_data.py writes an empty text),
 // and one; 7 tokens.

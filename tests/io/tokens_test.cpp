@@ -11,6 +11,7 @@
 #include <set>
 
 #include "util/error.h"
+#include "testing/errors.h"
 
 namespace {
 
@@ -60,21 +61,8 @@ std::vector<int32_t> range(int32_t begin, int32_t end) {
   return v;
 }
 
-template <typename F>
-std::string user_error_of(F&& f) {
-  try {
-    f();
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "no UserError";
-  return "";
-}
-
-void expect_contains(const std::string& message, const std::vector<std::string>& parts) {
-  for (const std::string& p : parts)
-    EXPECT_NE(message.find(p), std::string::npos) << "'" << p << "' not in: " << message;
-}
+using autosp::testing::expect_contains;
+using autosp::testing::user_error_of;
 
 TEST_F(TokenFileTest, WritesLittleEndianUint32) {
   std::string path = file("t.bin");

@@ -13,6 +13,7 @@
 #include "io/indexed_dataset.h"
 #include "testing/process.h"
 #include "util/error.h"
+#include "testing/errors.h"
 
 namespace autosp::train {
 namespace {
@@ -30,21 +31,8 @@ Sample read(const DataSource& data, int64_t k, int64_t S) {
   return s;
 }
 
-template <typename F>
-std::string user_error_of(F&& f) {
-  try {
-    f();
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "no UserError";
-  return "";
-}
-
-void expect_contains(const std::string& message, const std::vector<std::string>& parts) {
-  for (const std::string& p : parts)
-    EXPECT_NE(message.find(p), std::string::npos) << "'" << p << "' not in: " << message;
-}
+using autosp::testing::expect_contains;
+using autosp::testing::user_error_of;
 
 constexpr int32_t X = kIgnoreLabel;
 
