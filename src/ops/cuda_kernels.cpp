@@ -1,4 +1,5 @@
 #include "ops/cuda_kernels.h"
+#include "ops/rope.h"
 
 #include <algorithm>
 #include <climits>
@@ -105,18 +106,6 @@ constexpr int64_t kChunkLogitsBytes = int64_t{256} << 20;
 int64_t lce_chunk(const Attrs& attrs, int64_t T, int64_t V) {
   const int64_t fit = std::max<int64_t>(kChunkLogitsBytes / (4 * std::max<int64_t>(V, 1)), 1);
   return std::max<int64_t>(std::min(attrs.get_int("chunk", fit), std::max<int64_t>(T, 1)), 1);
-}
-
-cpu::RopeScaling rope_scaling(const Attrs& attrs) {
-  cpu::RopeScaling s;
-  s.llama3 = attrs.has("rope_type") && attrs.get_str("rope_type") == "llama3";
-  if (s.llama3) {
-    s.factor = attrs.get_float("factor");
-    s.low_freq_factor = attrs.get_float("low_freq_factor");
-    s.high_freq_factor = attrs.get_float("high_freq_factor");
-    s.original_max_position_embeddings = attrs.get_float("original_max_position_embeddings");
-  }
-  return s;
 }
 
 using Run = void (*)(const KernelArgs&, const CudaContext&);

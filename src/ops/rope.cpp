@@ -3,12 +3,11 @@
 
 #include "kernels/cpu/fused.h"
 #include "ops/op.h"
+#include "ops/rope.h"
 
 namespace autosp {
 
-namespace {
-
-cpu::RopeScaling scaling_of(const Attrs& attrs) {
+cpu::RopeScaling rope_scaling(const Attrs& attrs) {
   cpu::RopeScaling s;
   s.llama3 = attrs.has("rope_type") && attrs.get_str("rope_type") == "llama3";
   if (s.llama3) {
@@ -19,8 +18,6 @@ cpu::RopeScaling scaling_of(const Attrs& attrs) {
   }
   return s;
 }
-
-}  // namespace
 
 // rope(x[B, S, NH, D], positions i32[B, S]) {theta, inverse, rope_type, llama3 params}
 // inverse=1 rotates by minus the angle: the transpose, hence the gradient. The result has
@@ -61,7 +58,7 @@ extern const OpDef rope_op = {
       const int64_t D = x[3];
       // Workspace: inv_freq [D/2] doubles, then each thread's cos/sin table.
       double* inv_freq = static_cast<double*>(a.workspace);
-      cpu::rope_inv_freq(D, a.attrs->get_float("theta"), scaling_of(*a.attrs), inv_freq);
+      cpu::rope_inv_freq(D, a.attrs->get_float("theta"), rope_scaling(*a.attrs), inv_freq);
       cpu::rope_forward(a.in(0), a.in<int32_t>(1), inv_freq, x[0] * x[1], x[2], D,
                         a.attrs->get_int("inverse", 0) != 0, a.out(0), reinterpret_cast<float*>(inv_freq + D / 2));
     },
