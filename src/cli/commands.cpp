@@ -584,7 +584,9 @@ int run_dump(const DumpArgs& args) {
   const int64_t world = args.world > 0 ? args.world : args.sp;
   if (world % args.sp != 0) user_error("--world ", world, " is not a multiple of --sp ", args.sp);
   if (args.zero > 3) user_error("--zero ", args.zero, ": ZeRO stages are 0, 1, 2 and 3");
-  options.grad_sync = {.zero_stage = int(args.zero), .world_size = world, .bucket_elements = args.reduce_bucket_size};
+  // The program the trainer runs for a step's last micro batch (passes/pipeline.h).
+  options.grad_sync = {.zero_stage = int(args.zero), .reduce = true, .accumulated = args.accumulation > 1,
+                       .world_size = world, .bucket_elements = args.reduce_bucket_size};
   const SequenceSplit split = split_sequence(args.seq_len, args.sp);
   compile(forward, options, [&](const std::string& stage, const Graph& g) {
     if (stage != args.stage) return;

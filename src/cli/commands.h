@@ -25,11 +25,12 @@ struct DumpArgs {
   std::string model, stage, checkpoint = "sac";
   int64_t seq_len = 0, batch = 1, sp = 1, rank = 0, tile_rows = 0;
   int64_t zero = 0, world = 0, reduce_bucket_size = 500000000;  // world 0: the SP size
+  int64_t accumulation = 1;  // gradient_accumulation_steps: > 1 dumps the last micro batch's program
 };
 
 struct PlanArgs {
   std::string model, device_memory, dtype = "bf16", plot;
-  int64_t world = 1, sp = 1, zero = 0, micro_batch = 1;
+  int64_t world = 1, sp = 1, zero = 0, micro_batch = 1, accumulation = 1;
   int64_t tile_rows = 0;  // tiled strategies: rows per tile (0: the compiler's choice from the memory)
   bool json = false;
 };

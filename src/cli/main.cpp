@@ -147,8 +147,12 @@ int main(int argc, char** argv) {
   dump_cmd->add_option("--sp", dump.sp, "sequence_parallel_size P (the autosp pass runs when P > 1)")
       ->check(kPositive);
   dump_cmd->add_option("--rank", dump.rank, "Which rank of the sequence-parallel group")->check(kNonNegative);
-  dump_cmd->add_option("--zero", dump.zero, "ZeRO stage 0-3 (2: the grad_sync pass reduce-scatters the gradients; 3: it gathers the parameters too)")
+  dump_cmd->add_option("--zero", dump.zero, "ZeRO stage 0-3 (the grad_sync pass all-reduces the gradients at 0 and "
+                       "reduce-scatters them at 1-3; at 3 it gathers the parameters too)")
       ->check(kNonNegative);
+  dump_cmd->add_option("--gradient-accumulation-steps", dump.accumulation,
+                       "Micro batches per step (> 1 at ZeRO 0/1: the last one's program, which adds the earlier "
+                       "ones' summed gradients before reducing)")->check(kPositive);
   dump_cmd->add_option("--world", dump.world, "Ranks in all, data x sequence parallel (default: --sp)")
       ->check(kPositive);
   dump_cmd->add_option("--reduce-bucket-size", dump.reduce_bucket_size,
@@ -170,6 +174,8 @@ int main(int argc, char** argv) {
   plan_cmd->add_option("--zero", plan.zero, "ZeRO stage: 0, 1, 2 or 3")->check(CLI::Range(int64_t{0}, int64_t{3}));
   plan_cmd->add_option("--dtype", plan.dtype, "bf16 (a GPU run: bf16 compute, fp32 master state) or f32 (the CPU runtime)");
   plan_cmd->add_option("--micro-batch", plan.micro_batch, "Micro batch size")->check(kPositive);
+  plan_cmd->add_option("--gradient-accumulation-steps", plan.accumulation,
+                       "Micro batches per step (ZeRO-1 keeps their whole gradient sum)")->check(kPositive);
   plan_cmd->add_option("--tile-rows", plan.tile_rows,
                        "Rows per MLP tile in the tiled strategies (default: chosen from the device memory)")
       ->check(kPositive);

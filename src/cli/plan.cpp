@@ -112,6 +112,7 @@ int run_plan(const PlanArgs& args) {
   setup.sp = static_cast<int>(args.sp);
   setup.zero = static_cast<int>(args.zero);
   setup.micro_batch = args.micro_batch;
+  setup.accumulation_steps = args.accumulation;
   if (args.dtype == "bf16") setup.dtype = DType::bf16;
   else if (args.dtype == "f32") setup.dtype = DType::f32;
   else user_error("--dtype ", args.dtype, ": expected bf16 or f32");
@@ -191,6 +192,7 @@ int run_plan(const PlanArgs& args) {
                       {"dtype", args.dtype},
                       {"precision", train::describe_precision(setup)},
                       {"micro_batch", setup.micro_batch},
+                      {"gradient_accumulation_steps", setup.accumulation_steps},
                       {"device_memory_bytes", device},
                       {"strategies", strategies},
                       {"breakdown", breakdown},
@@ -199,9 +201,11 @@ int run_plan(const PlanArgs& args) {
               << "\n";
   } else {
     std::printf("autosp plan: %s, %.2fB parameters; %d ranks (data parallel %d x sequence parallel %d), ZeRO-%d, "
-                "micro batch %lld, %s per rank\n%s: %s\n\n",
+                "micro batch %lld%s, %s per rank\n%s: %s\n\n",
                 config.c_str(), double(N) / 1e9, setup.world, setup.world / setup.sp, setup.sp, setup.zero,
-                (long long)setup.micro_batch, gib(device).c_str(), args.dtype.c_str(),
+                (long long)setup.micro_batch,
+                setup.accumulation_steps > 1 ? str(" x ", setup.accumulation_steps, " accumulated").c_str() : "",
+                gib(device).c_str(), args.dtype.c_str(),
                 train::describe_precision(setup).c_str());
     std::printf("| strategy | SP | ZeRO | checkpoint | tiled | longest S | planned peak per rank |\n"
                 "|---|---:|---:|---|---|---:|---:|\n");

@@ -66,13 +66,14 @@ const char* role_name(Role role) {
     case Role::mask: return "mask";
     case Role::constant: return "constant";
     case Role::documents: return "documents";
+    case Role::gradient: return "gradient";
   }
   internal_error("bad role ", int(role));
 }
 
 std::optional<Role> parse_role(std::string_view name) {
   for (Role r : {Role::parameter, Role::tokens, Role::labels, Role::positions, Role::mask, Role::documents,
-                 Role::constant})
+                 Role::constant, Role::gradient})
     if (name == role_name(r)) return r;
   return std::nullopt;
 }

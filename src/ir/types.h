@@ -39,7 +39,9 @@ std::string sharding_str(const Sharding& sharding);  // "", "@replicated", "@sha
 
 // What a graph input stands for; the trainer binds inputs by role.
 // documents: per-token document ids of packed samples (i32 [B, S]), for attention.
-enum class Role : uint8_t { parameter, tokens, labels, positions, mask, constant, documents };
+// gradient: a parameter's gradient summed over earlier micro batches, which the step adds to
+// its own before reducing (passes/grad_sync.h).
+enum class Role : uint8_t { parameter, tokens, labels, positions, mask, constant, documents, gradient };
 const char* role_name(Role role);
 std::optional<Role> parse_role(std::string_view name);
 

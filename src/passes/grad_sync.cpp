@@ -30,10 +30,11 @@ std::string parameter_group(const std::string& name) {
 
 namespace {
 
-// Emits the concat + reduce_scatter of one bucket's gradients (flattened views `grads`, in
-// order) padded to W c; returns the shard.
-ValueId reduce_scatter_bucket(Graph& g, GraphBuilder& b, const std::vector<std::pair<ValueId, std::string>>& grads,
-                              int64_t W, size_t k) {
+// Emits the concat + reduction of one bucket's gradients (flattened views `grads`, in
+// order): a reduce_scatter of them padded to W c, or with `whole` (stage 0) an all_reduce.
+// Returns the reduced value.
+ValueId reduce_bucket(Graph& g, GraphBuilder& b, const std::vector<std::pair<ValueId, std::string>>& grads,
+                      int64_t W, size_t k, bool whole) {
   std::vector<ValueId> parts;
   int64_t elements = 0;
   for (const auto& [value, name] : grads) {
@@ -43,16 +44,17 @@ ValueId reduce_scatter_bucket(Graph& g, GraphBuilder& b, const std::vector<std::
     parts.push_back(flat);
     elements += n;
   }
-  const int64_t shard = (elements + W - 1) / W, pad = shard * W - elements;
+  const int64_t shard = (elements + W - 1) / W, pad = whole ? 0 : shard * W - elements;
   const DType dtype = g.type(parts[0]).dtype;
   if (pad > 0) {
     Attrs zeros{{"shape", Shape{pad}}, {"value", 0.0}};
     if (dtype != DType::f32) zeros.set("dtype", std::string(dtype_name(dtype)));
     parts.push_back(b.emit1(OpKind::fill, {}, zeros));
   }
-  const ValueId whole = parts.size() == 1 ? parts[0] : b.emit1(OpKind::concat, parts, {{"dim", int64_t{0}}});
-  if (parts.size() > 1) g.mutable_value(whole).name = str(kBucketPrefix, k);
-  return b.emit1(OpKind::reduce_scatter, {whole}, {{"dim", int64_t{0}}, {"group", std::string("world")}, {"size", W}});
+  const ValueId all = parts.size() == 1 ? parts[0] : b.emit1(OpKind::concat, parts, {{"dim", int64_t{0}}});
+  if (parts.size() > 1) g.mutable_value(all).name = str(kBucketPrefix, k);
+  if (whole) return b.emit1(OpKind::all_reduce, {all}, {{"group", std::string("world")}, {"size", W}});
+  return b.emit1(OpKind::reduce_scatter, {all}, {{"dim", int64_t{0}}, {"group", std::string("world")}, {"size", W}});
 }
 
 struct ParamGroup {
@@ -82,11 +84,13 @@ Graph zero3(const Graph& joint, const GradSyncOptions& options) {
   }
   for (ParamGroup& grp : groups) grp.shard = (grp.offsets.back() + W - 1) / W;
 
-  // Forward nodes: those the loss depends on. Every other node is backward (recomputation
-  // included).
+  // Forward nodes: those the outputs other than gradients (the loss; an evaluation graph's
+  // logits) depend on. Every other node is backward (recomputation included).
   std::vector<bool> fwd(N, false);
   {
-    std::vector<NodeId> stack{joint.value(joint.output("loss")).producer};
+    std::vector<NodeId> stack;
+    for (const GraphOutput& out : joint.outputs())
+      if (!out.name.starts_with(kGradPrefix)) stack.push_back(joint.value(out.value).producer);
     while (!stack.empty()) {
       const NodeId n = stack.back();
       stack.pop_back();
@@ -185,12 +189,16 @@ Graph zero3(const Graph& joint, const GradSyncOptions& options) {
       if (last_grad[k] == n) {
         std::vector<std::pair<ValueId, std::string>> grads;
         for (const auto& [v, name] : grads_of[k]) grads.emplace_back(map[v], name);
-        shard_out[k] = reduce_scatter_bucket(g, b, grads, W, k);
+        shard_out[k] = reduce_bucket(g, b, grads, W, k, false);
       }
   }
   for (const GraphOutput& out : joint.outputs())
     if (!out.name.starts_with(kGradPrefix)) g.add_output(out.name, map[out.value]);
-  for (size_t k = 0; k < G; ++k) {
+  // A forward-only graph (evaluation) has no gradients to reduce; a training graph has every
+  // group's.
+  const bool training = std::any_of(joint.outputs().begin(), joint.outputs().end(),
+                                    [](const GraphOutput& o) { return o.name.starts_with(kGradPrefix); });
+  for (size_t k = 0; training && k < G; ++k) {
     AUTOSP_CHECK(shard_out[k] >= 0, "grad_sync: group ", k, " has no gradients");
     g.add_output(str(kGradShardPrefix, k), shard_out[k]);
   }
@@ -200,11 +208,17 @@ Graph zero3(const Graph& joint, const GradSyncOptions& options) {
 }  // namespace
 
 Graph grad_sync(const Graph& joint, const GradSyncOptions& options) {
-  if (options.zero_stage < 2) return joint;
+  AUTOSP_CHECK(options.zero_stage >= 0 && options.zero_stage <= 3, "grad_sync: ZeRO stage ", options.zero_stage);
   if (options.zero_stage == 3) return zero3(joint, options);
+  const bool accumulated = options.zero_stage < 2 && options.accumulated;
+  if (options.zero_stage < 2 && !options.reduce) {
+    AUTOSP_CHECK(!accumulated, "grad_sync: an accumulated step reduces");
+    return joint;
+  }
   AUTOSP_CHECK(options.world_size >= 1 && options.bucket_elements >= 1, "grad_sync: world ", options.world_size,
                ", bucket ", options.bucket_elements);
   const int64_t W = options.world_size;
+  const bool whole = options.zero_stage == 0;
 
   // The gradient outputs in the order they become final (ties: output order).
   std::vector<size_t> grads;
@@ -225,8 +239,16 @@ Graph grad_sync(const Graph& joint, const GradSyncOptions& options) {
   Graph g;
   GraphBuilder b(g);
   std::vector<ValueId> map(joint.values().size(), -1);
-  std::vector<ValueId> shard_of(buckets.size(), -1);
-  size_t next = 0;  // the next bucket to emit (buckets are ordered by `last`)
+  // Accumulation: each gradient output's input "grad_acc:<name>" (in output order, before
+  // every other node), and the sum the bucket reduces in place of the gradient.
+  std::vector<ValueId> acc(joint.outputs().size(), -1), total(joint.outputs().size(), -1);
+  for (size_t i = 0; accumulated && i < joint.outputs().size(); ++i) {
+    const GraphOutput& out = joint.outputs()[i];
+    if (out.name.starts_with(kGradPrefix))
+      acc[i] = g.add_input(Role::gradient, joint.type(out.value), kGradAccPrefix + out.name.substr(kGradPrefix.size()));
+  }
+  std::vector<ValueId> reduced(buckets.size(), -1);
+  size_t next = 0, next_grad = 0;  // the next bucket to emit (buckets are ordered by `last`), the next add
   for (NodeId n = 0; n < NodeId(joint.nodes().size()); ++n) {
     const Node& node = joint.node(n);
     std::vector<ValueId> inputs;
@@ -240,31 +262,42 @@ Graph grad_sync(const Graph& joint, const GradSyncOptions& options) {
       g.mutable_value(now).name = joint.value(old).name;
       map[old] = now;
     }
+    for (; accumulated && next_grad < grads.size() && producer(grads[next_grad]) == n; ++next_grad) {
+      const size_t i = grads[next_grad];
+      const GraphOutput& out = joint.outputs()[i];
+      total[i] = b.emit1(OpKind::add, {map[out.value], acc[i]}, {});
+      g.mutable_value(total[i]).name = "grad_total:" + out.name.substr(kGradPrefix.size());
+    }
     for (; next < buckets.size() && buckets[next].last == n; ++next) {
-      std::vector<std::pair<ValueId, std::string>> grads;
-      for (size_t i : buckets[next].outputs) grads.emplace_back(map[joint.outputs()[i].value], joint.outputs()[i].name);
-      shard_of[next] = reduce_scatter_bucket(g, b, grads, W, next);
+      std::vector<std::pair<ValueId, std::string>> parts;
+      for (size_t i : buckets[next].outputs)
+        parts.emplace_back(accumulated ? total[i] : map[joint.outputs()[i].value], joint.outputs()[i].name);
+      reduced[next] = reduce_bucket(g, b, parts, W, next, whole);
     }
   }
   AUTOSP_CHECK(next == buckets.size(), "grad_sync: ", buckets.size() - next, " buckets were never emitted");
   for (const GraphOutput& out : joint.outputs())
     if (!out.name.starts_with(kGradPrefix)) g.add_output(out.name, map[out.value]);
-  for (size_t k = 0; k < buckets.size(); ++k) g.add_output(str(kGradShardPrefix, k), shard_of[k]);
+  for (size_t k = 0; k < buckets.size(); ++k)
+    g.add_output(str(whole ? kGradReducedPrefix : kGradShardPrefix, k), reduced[k]);
   return g;
 }
 
 std::vector<GradBucket> read_grad_buckets(const Graph& g) {
   std::vector<GradBucket> buckets;
   for (const GraphOutput& out : g.outputs()) {
-    if (!out.name.starts_with(kGradShardPrefix)) continue;
-    AUTOSP_CHECK(out.name == str(kGradShardPrefix, buckets.size()), "read_grad_buckets: output ", out.name,
-                 " out of order");
-    const Node& rs = g.node(g.value(out.value).producer);
-    AUTOSP_CHECK(rs.op == OpKind::reduce_scatter, "read_grad_buckets: ", out.name, " is not a reduce_scatter");
-    const Node& whole = g.node(g.value(rs.inputs[0]).producer);
-    std::vector<ValueId> parts = whole.op == OpKind::concat ? whole.inputs : std::vector<ValueId>{rs.inputs[0]};
+    const bool whole = out.name.starts_with(kGradReducedPrefix);
+    if (!whole && !out.name.starts_with(kGradShardPrefix)) continue;
+    AUTOSP_CHECK(out.name == str(whole ? kGradReducedPrefix : kGradShardPrefix, buckets.size()),
+                 "read_grad_buckets: output ", out.name, " out of order");
+    const Node& reduce = g.node(g.value(out.value).producer);
+    const OpKind op = whole ? OpKind::all_reduce : OpKind::reduce_scatter;
+    AUTOSP_CHECK(reduce.op == op, "read_grad_buckets: ", out.name, " is not an ", op_name(op));
+    const Node& all = g.node(g.value(reduce.inputs[0]).producer);
+    std::vector<ValueId> parts = all.op == OpKind::concat ? all.inputs : std::vector<ValueId>{reduce.inputs[0]};
     GradBucket bucket;
     bucket.shard = numel(g.shape(out.value));
+    bucket.whole = whole;
     for (ValueId p : parts) {
       const std::string& name = g.value(p).name;
       if (!name.starts_with(kGradPrefix)) {

@@ -1,5 +1,5 @@
 // grad_sync: the reduction of parameter gradients over the whole data x sequence world,
-// inside the compiled step, placed as soon as each gradient is final (ZeRO stage 2).
+// inside the compiled step, placed as soon as each gradient is final (every ZeRO stage).
 //
 // Runs on the scheduled joint graph, after checkpoint (so every backward node,
 // recomputation included, is in place) and schedule, and before plan_memory (so the planner
@@ -7,9 +7,9 @@
 // After schedule, not before it: schedule issues every ready collective first, and would
 // move each stage-3 parameter gather (ready from the start) to the front of the step.
 //
-// Stage 2 (zero_stage >= 2): the graph outputs "grad:<name>" are grouped into buckets in the
-// order their gradients become final (the node order of backward: last layer first). A
-// bucket takes gradients while its elements stay <= bucket_elements (DeepSpeed's
+// Stages 1 and 2 (zero_stage 1 or 2): the graph outputs "grad:<name>" are grouped into
+// buckets in the order their gradients become final (the node order of backward: last layer
+// first). A bucket takes gradients while its elements stay <= bucket_elements (DeepSpeed's
 // reduce_bucket_size); a gradient larger than that is a bucket of its own. Right after the
 // node that finalises the bucket's last gradient, the pass emits
 //     %f_i = reshape(%grad_i) {shape=[n_i]}           "grad:<name_i>"   (views, no copy)
@@ -21,7 +21,8 @@
 // sum over the world of elements [r c, (r + 1) c) of the bucket's concatenated gradients
 // (read_grad_buckets says which parameter elements those are). Gradients are no longer
 // graph outputs, so each lives from its production to its bucket's concat, and only the
-// 1/W shards stay alive to the end of the step.
+// 1/W shards stay alive to the end of the step. Stage 1 and stage 2 differ in what the
+// trainer keeps between micro batches (train/grad_sync.h), not in the graph.
 //
 // Stage 3 (zero_stage == 3): the parameters themselves are sharded. They are grouped by
 // layer (the parameters named "model.layers.N.*" form group "layer N"; every other
@@ -46,18 +47,35 @@
 //             final, so "grad_shard:<k>" holds exactly the gradient of "param_shard:<k>".
 // A gathered value dies after its last reader (plan_memory frees it): a group's full
 // parameters are alive from its gather to its last use in forward, and again in backward.
+// A forward-only graph (an evaluation's, whose outputs are logits) gets the forward gathers
+// alone, so evaluating never holds more than a layer or two of gathered parameters either.
 // Stage 3 ignores bucket_elements (the groups are the buckets).
 //
-// Stages 0 and 1: the graph is returned unchanged; the trainer's optimizer step reduces the
-// accumulated full gradients (train/grad_sync.h).
+// Stage 0: the same buckets, each all-reduced instead (no padding):
+//     %b   = concat(%f_0, ..., %f_k) {dim=0}                            "grad_bucket:<k>"
+//     %s   = all_reduce(%b) {group="world", size=W}                     (in place)
+// and the graph output "grad_reduced:<k>" = %s, the bucket's gradients summed over the world.
+//
+// Gradient accumulation (stages 0 and 1, as DeepSpeed and torch DDP's no_sync): the
+// gradients of a step's micro batches are summed on each rank and reduced once, by the step
+// of the last micro batch. Its graph is made with `accumulated`: per parameter an input
+//     %a = input() "grad_acc:<name>" (role gradient, the parameter's type)
+// holds the sum of the earlier micro batches' gradients, and right after the node that makes
+// a gradient final the pass adds it,
+//     %t = add(%grad, %a)                                              "grad_total:<name>"
+// so the bucket reduces %t. The earlier micro batches run the graph made without `reduce`:
+// the graph unchanged, whose "grad:<name>" outputs the trainer adds up
+// (train/trainer.h). Stages 2 and 3 reduce every micro batch (as DeepSpeed's stage 2: the
+// 1/W shards are what a rank accumulates) and ignore both options.
 //
 // Invariants kept:
 //  - Every node of the input graph is kept, with its op, attributes, operands, result types,
 //    shardings and names, in the same relative order (under stage 3 but the parameter
 //    inputs, whose readers read the gathered values instead); the new nodes of a bucket
-//    follow the node that finalises its last gradient directly.
-//  - The graph outputs other than "grad:*" are kept, in order; the "grad_shard:<k>" outputs
-//    follow, k in bucket order.
+//    follow the node that finalises its last gradient directly (an accumulation's add
+//    follows the node that finalises its gradient).
+//  - The graph outputs other than "grad:*" are kept, in order; the "grad_shard:<k>" (stage
+//    0: "grad_reduced:<k>") outputs follow, k in bucket order.
 //  - Buckets partition the parameters: each "grad:<name>" output is in exactly one bucket.
 //  - Every rank builds the same buckets (a function of the graph alone), so the collectives
 //    match across the SPMD program.
@@ -72,6 +90,12 @@ namespace autosp {
 
 struct GradSyncOptions {
   int zero_stage = 0;
+  // Stages 0 and 1: reduce in the graph (a training step's last micro batch; compile_step
+  // sets it). false leaves the graph unchanged, its "grad:<name>" outputs this rank's
+  // gradients (the micro batches before the last, and graphs not compiled for training).
+  // `accumulated` adds the inputs "grad_acc:<name>" to the gradients before reducing them.
+  bool reduce = false;
+  bool accumulated = false;
   int64_t world_size = 1;                   // ranks the gradients are reduce-scattered over
   int64_t bucket_elements = 500000000;      // DeepSpeed's reduce_bucket_size default
   int64_t prefetch_elements = 50000000;     // stage 3: stage3_prefetch_bucket_size's default
@@ -84,15 +108,19 @@ Graph grad_sync(const Graph& joint, const GradSyncOptions& options);
 struct GradBucket {
   std::vector<std::string> params;
   std::vector<int64_t> numel;
-  int64_t shard = 0;  // c: elements per rank (the bucket's elements padded to W, / W)
+  int64_t shard = 0;   // c: elements per rank (the bucket's elements padded to W, / W); stage 0: all of them
+  bool whole = false;  // stage 0: all-reduced, every rank has the whole bucket ("grad_reduced:<k>")
 };
 
 // The buckets of a graph grad_sync rewrote (after any later pass), in the order of their
-// "grad_shard:<k>" outputs; empty for a graph it left unchanged.
+// "grad_shard:<k>" (or, stage 0, "grad_reduced:<k>") outputs; empty for a graph it left
+// unchanged.
 std::vector<GradBucket> read_grad_buckets(const Graph& graph);
 
 inline const std::string kGradShardPrefix = "grad_shard:";
+inline const std::string kGradReducedPrefix = "grad_reduced:";
 inline const std::string kParamShardPrefix = "param_shard:";
+inline const std::string kGradAccPrefix = "grad_acc:";
 
 // Stage 3's parameter group of a parameter: "model.layers.N" for "model.layers.N.*", else
 // the name itself.

@@ -80,4 +80,25 @@ Graph compile(const Graph& forward, const CompileOptions& options,
   return g;
 }
 
+CompiledStep compile_step(const Graph& forward, const CompileOptions& options, int64_t accumulation_steps) {
+  AUTOSP_CHECK(accumulation_steps >= 1, "accumulation steps ", accumulation_steps);
+  CompileOptions last = options;
+  last.grad_sync.reduce = true;
+  last.grad_sync.accumulated = accumulation_steps > 1 && options.grad_sync.zero_stage < 2;
+  CompiledStep step;
+  Graph scheduled;
+  step.last = compile(forward, last, [&](const std::string& stage, const Graph& g) {
+    if (stage == "schedule" && last.grad_sync.accumulated) scheduled = g;
+  });
+  if (last.grad_sync.accumulated) {
+    GradSyncOptions local = options.grad_sync;
+    local.reduce = false;
+    Graph earlier = grad_sync(scheduled, local);
+    verify(earlier);
+    const int threads = options.threads > 0 ? options.threads : omp_get_max_threads();
+    step.earlier = plan_memory(earlier, {.threads = threads});
+  }
+  return step;
+}
+
 }  // namespace autosp

@@ -6,11 +6,10 @@
 // Built so far: autosp, tile, autodiff, checkpoint, schedule, grad_sync and plan_memory
 // (stages "forward", "autosp", "tile", "joint", "checkpoint", "schedule", "grad_sync",
 // "plan_memory"); tile runs before autodiff (see passes/tile.h) and checkpoint right after
-// it. grad_sync reduce-scatters the gradients inside the step under ZeRO stages 2 and 3 and
-// gathers the parameters under stage 3 (passes/grad_sync.h), after schedule so that the
-// gathers stay where it put them; under stages 0 and 1 it leaves the graph as it is and the
-// trainer's optimizer step reduces the gradients (train/grad_sync.h). Asking for a pass that does not exist is
-// a clear error, not a silent no-op. AUTOSP_PASS_TIMES=1 prints each pass's time.
+// it. grad_sync reduces the gradients inside the step (all-reduce under ZeRO stage 0,
+// reduce-scatter under 1-3) and gathers the parameters under stage 3 (passes/grad_sync.h),
+// after schedule so that the gathers stay where it put them. Asking for a pass that does not
+// exist is a clear error, not a silent no-op. AUTOSP_PASS_TIMES=1 prints each pass's time.
 #pragma once
 #include <functional>
 #include <string>
@@ -43,5 +42,19 @@ const std::vector<std::string>& pipeline_stages();
 // scheduled and memory-planned (read_memory_plan gives its arena).
 Graph compile(const Graph& forward, const CompileOptions& options,
               const std::function<void(const std::string&, const Graph&)>& after_pass = {});
+
+// The programs of one optimizer step of `accumulation_steps` micro batches. `last` runs the
+// last micro batch and reduces the gradients; under ZeRO stages 0 and 1 with accumulation it
+// takes the earlier micro batches' summed gradients ("grad_acc:<name>") and `earlier`, the
+// same pipeline without the reduction, runs the micro batches before it (its "grad:<name>"
+// outputs stay on the rank). `earlier` is empty otherwise: stages 2 and 3 reduce every micro
+// batch, and one micro batch needs one program. Both come from one run of the passes before
+// grad_sync, so they compute the same gradients.
+struct CompiledStep {
+  Graph last;
+  Graph earlier;  // no nodes when there is none
+  bool has_earlier() const { return !earlier.nodes().empty(); }
+};
+CompiledStep compile_step(const Graph& forward, const CompileOptions& options, int64_t accumulation_steps);
 
 }  // namespace autosp

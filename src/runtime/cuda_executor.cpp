@@ -32,7 +32,7 @@ int cuda_device_count(std::string* why) {
   return count;
 }
 
-CudaExecutor::CudaExecutor(const Graph& graph, const ProcessGroups* groups)
+CudaExecutor::CudaExecutor(const Graph& graph, const ProcessGroups* groups, const CudaExecutor* arena_of)
     : graph_(graph),
       groups_(groups),
       root_(graph.values().size(), -1),
@@ -84,9 +84,15 @@ CudaExecutor::CudaExecutor(const Graph& graph, const ProcessGroups* groups)
              "the cuda executor");
   check_cublas(cublasCreate(&ctx_.cublas), "cublasCreate", "the cuda executor");
   check_cublas(cublasSetStream(ctx_.cublas, ctx_.stream), "cublasSetStream", "the cuda executor");
-  if (arena_bytes_ > 0)
+  if (arena_of) {
+    AUTOSP_CHECK(arena_of->arena_bytes_ >= arena_bytes_, "a shared device arena of ", arena_of->arena_bytes_,
+                 " bytes for a plan of ", arena_bytes_);
+    arena_ = arena_of->arena_;
+    owns_arena_ = false;
+  } else if (arena_bytes_ > 0) {
     check_cuda(cudaMalloc(reinterpret_cast<void**>(&arena_), size_t(arena_bytes_)), "cudaMalloc",
                str("the step's arena (", arena_bytes_, " bytes, plan_memory's peak)"));
+  }
   check_cuda(cudaMalloc(reinterpret_cast<void**>(&inputs_), size_t(input_bytes_)), "cudaMalloc",
              str("the graph inputs (", input_bytes_, " bytes)"));
   ctx_.error = reinterpret_cast<int*>(inputs_ + error_offset);
@@ -99,7 +105,7 @@ CudaExecutor::~CudaExecutor() {
   // Destructors cannot throw: a failure to free is ignored (the process is ending or the
   // device is already broken, and the error was reported where it happened).
   if (ctx_.stream) cudaStreamSynchronize(ctx_.stream);
-  if (arena_) cudaFree(arena_);
+  if (arena_ && owns_arena_) cudaFree(arena_);
   if (inputs_) cudaFree(inputs_);
   if (ctx_.cublas) cublasDestroy(ctx_.cublas);
   if (ctx_.stream) cudaStreamDestroy(ctx_.stream);
@@ -189,8 +195,11 @@ const void* CudaExecutor::output_data(const std::string& name) const {
 
 const void* CudaExecutor::output_device(const std::string& name) const { return data_[graph_.output(name)]; }
 
-std::unique_ptr<Executor> make_cuda_executor(const Graph& graph, const ProcessGroups* groups) {
-  return std::make_unique<CudaExecutor>(graph, groups);
+std::unique_ptr<Executor> make_cuda_executor(const Graph& graph, const ProcessGroups* groups,
+                                             const Executor* arena_of) {
+  const auto* shared = dynamic_cast<const CudaExecutor*>(arena_of);
+  AUTOSP_CHECK(!arena_of || shared, "a cuda executor shares the arena of another cuda executor");
+  return std::make_unique<CudaExecutor>(graph, groups, shared);
 }
 
 }  // namespace autosp

@@ -37,7 +37,9 @@ class CudaExecutor final : public Executor {
  public:
   // groups: the communicators collectives run on (NcclCommunicators, or MPI ones to make
   // NCCL groups from); none: a graph without collectives.
-  explicit CudaExecutor(const Graph& graph, const ProcessGroups* groups = nullptr);
+  // arena_of: share that executor's device arena (make_executor).
+  explicit CudaExecutor(const Graph& graph, const ProcessGroups* groups = nullptr,
+                        const CudaExecutor* arena_of = nullptr);
   ~CudaExecutor() override;
   CudaExecutor(const CudaExecutor&) = delete;
   CudaExecutor& operator=(const CudaExecutor&) = delete;
@@ -73,11 +75,13 @@ class CudaExecutor final : public Executor {
   std::vector<void*> data_;               // per value: its device buffer this run
   std::vector<std::vector<char>> host_outputs_;  // per graph output, after run()
   char* arena_ = nullptr;
+  bool owns_arena_ = true;  // false: another executor's (arena_of)
   char* inputs_ = nullptr;
   int64_t arena_bytes_ = 0, input_bytes_ = 0;
   bool copy_outputs_ = true;
 };
 
-std::unique_ptr<Executor> make_cuda_executor(const Graph& graph, const ProcessGroups* groups);
+std::unique_ptr<Executor> make_cuda_executor(const Graph& graph, const ProcessGroups* groups,
+                                             const Executor* arena_of = nullptr);
 
 }  // namespace autosp

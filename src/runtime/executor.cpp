@@ -44,7 +44,7 @@ void HeapAllocator::release(void* ptr, int64_t bytes) {
 }
 
 CpuExecutor::CpuExecutor(const Graph& graph, Allocator& allocator, int threads,
-                         const ProcessGroups* groups, BufferMode mode)
+                         const ProcessGroups* groups, BufferMode mode, const CpuExecutor* arena_of)
     : graph_(graph),
       allocator_(allocator),
       threads_(threads > 0 ? threads : omp_get_max_threads()),
@@ -85,12 +85,19 @@ CpuExecutor::CpuExecutor(const Graph& graph, Allocator& allocator, int threads,
   offsets_ = plan.offsets;
   workspace_offsets_ = plan.workspace_offsets;
   arena_bytes_ = plan.arena_bytes;
+  if (arena_of) {
+    AUTOSP_CHECK(arena_of->mode_ == BufferMode::arena && arena_of->arena_bytes_ >= arena_bytes_,
+                 "a shared arena of ", arena_of->arena_bytes_, " bytes for a plan of ", arena_bytes_);
+    arena_ = arena_of->arena_;
+    owns_arena_ = false;
+    return;
+  }
   arena_ = allocator_.allocate(arena_bytes_);
 }
 
 CpuExecutor::~CpuExecutor() {
   release_all();
-  allocator_.release(arena_, arena_bytes_);
+  if (owns_arena_) allocator_.release(arena_, arena_bytes_);
 }
 
 // Kernels read their buffers as float (or int32): a bf16 value reaching one would be read
@@ -239,10 +246,14 @@ bool cuda_backend_built() {
 }
 
 std::unique_ptr<Executor> make_executor(Backend backend, const Graph& graph, Allocator& allocator, int threads,
-                                        const ProcessGroups* groups) {
-  if (backend == Backend::cpu) return std::make_unique<CpuExecutor>(graph, allocator, threads, groups);
+                                        const ProcessGroups* groups, const Executor* arena_of) {
+  if (backend == Backend::cpu) {
+    const auto* shared = dynamic_cast<const CpuExecutor*>(arena_of);
+    AUTOSP_CHECK(!arena_of || shared, "a cpu executor shares the arena of another cpu executor");
+    return std::make_unique<CpuExecutor>(graph, allocator, threads, groups, BufferMode::arena, shared);
+  }
 #ifdef AUTOSP_HAVE_CUDA
-  return make_cuda_executor(graph, groups);
+  return make_cuda_executor(graph, groups, arena_of);
 #else
   user_error("backend cuda: this autosp was built without the cuda backend (no nvcc at configure time, or "
              "-DAUTOSP_CUDA=OFF); rebuild with the CUDA toolkit installed, or use --backend cpu");

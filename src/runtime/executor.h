@@ -39,6 +39,9 @@ class Executor {
   // A graph output's bytes in host memory after run().
   virtual const void* output_data(const std::string& name) const = 0;
   const float* output(const std::string& name) const { return static_cast<const float*>(output_data(name)); }
+  // The same host memory, which the caller may update in place until the next run() (the
+  // optimizer scales and clips the reduced gradients where the step left them).
+  float* mutable_output(const std::string& name) { return const_cast<float*>(output(name)); }
   std::vector<float> output_vector(const std::string& name) const;
   virtual const Graph& graph() const = 0;
   virtual int64_t arena_bytes() const = 0;
@@ -52,15 +55,24 @@ bool cuda_backend_built();
 // An executor of `backend` for `graph` (threads and mode are the CPU's; the cuda backend
 // runs in its own device arena). UserError when cuda is asked for and not built, or when no
 // CUDA device is present.
+//
+// Programs that never run at the same time (the micro batches of one optimizer step) share
+// one arena: given `arena_of` (an executor of the same backend, whose arena is at least this
+// graph's, and which outlives this one), the executor works in that arena instead of
+// allocating its own. A run then overwrites the other's buffers and outputs: read a
+// program's outputs before the other runs.
 std::unique_ptr<Executor> make_executor(Backend backend, const Graph& graph, Allocator& allocator,
-                                        int threads = 0, const ProcessGroups* groups = nullptr);
+                                        int threads = 0, const ProcessGroups* groups = nullptr,
+                                        const Executor* arena_of = nullptr);
 
 class CpuExecutor final : public Executor {
  public:
   // threads: OpenMP threads for the kernels (0 = OpenMP's default). groups: the
   // communicators collectives run on (none: a graph without collectives).
+  // arena_of: share that executor's arena (make_executor).
   CpuExecutor(const Graph& graph, Allocator& allocator, int threads = 0,
-              const ProcessGroups* groups = nullptr, BufferMode mode = BufferMode::arena);
+              const ProcessGroups* groups = nullptr, BufferMode mode = BufferMode::arena,
+              const CpuExecutor* arena_of = nullptr);
   ~CpuExecutor();
   CpuExecutor(const CpuExecutor&) = delete;
   CpuExecutor& operator=(const CpuExecutor&) = delete;
@@ -99,6 +111,7 @@ class CpuExecutor final : public Executor {
   // Arena mode: the arena, and per value / per node its offsets (-1: not in the arena).
   void* arena_ = nullptr;
   int64_t arena_bytes_ = 0;
+  bool owns_arena_ = true;  // false: another executor's (arena_of)
   std::vector<int64_t> offsets_, workspace_offsets_;
 };
 

@@ -19,14 +19,13 @@ constexpr int64_t kGpuRuntimeReserveBytes = int64_t{1} << 30;
 
 std::string describe_precision(const PlanSetup& setup) {
   if (setup.dtype == DType::bf16)
-    return "bf16 parameters and activations; fp32 master weights, gradient accumulation and AdamW moments "
-           "(the master weights and moments sharded 1/W under ZeRO-1, the gradient accumulation too under "
-           "ZeRO-2, the bf16 parameters too under ZeRO-3, each layer's gathered in the plan's arena); runtime reserve "
-           "1 GiB per GPU "
-           "(CUDA context, cuBLAS and NCCL buffers)";
-  return "fp32 parameters, activations, gradients and AdamW moments (the CPU runtime; moments sharded 1/W under "
-         "ZeRO-1, gradients too under ZeRO-2, parameters too under ZeRO-3); runtime reserve as measured for the CPU "
-         "runtime";
+    return "bf16 parameters and activations; fp32 master weights, reduced gradients and AdamW moments "
+           "(sharded 1/W from ZeRO-1 on, where ZeRO-1 also keeps the whole sum of a step's micro batches when it "
+           "accumulates; the bf16 parameters too under ZeRO-3, each layer's gathered in the plan's arena); runtime "
+           "reserve 1 GiB per GPU (CUDA context, cuBLAS and NCCL buffers)";
+  return "fp32 parameters, activations, gradients and AdamW moments (the CPU runtime; reduced gradients and moments "
+         "sharded 1/W from ZeRO-1 on, where ZeRO-1 also keeps the whole sum of a step's micro batches when it "
+         "accumulates; parameters too under ZeRO-3); runtime reserve as measured for the CPU runtime";
 }
 
 MemoryBreakdown plan_step(const PlanSetup& setup, const MemoryStrategy& strategy, int64_t S) {
@@ -40,30 +39,32 @@ MemoryBreakdown plan_step(const PlanSetup& setup, const MemoryStrategy& strategy
   constexpr int64_t kBucket = 500000000;
   options.grad_sync = {.zero_stage = setup.zero, .world_size = W, .bucket_elements = kBucket,
                        .prefetch_elements = 50000000};  // stage3_prefetch_bucket_size's default
-  const Graph step = compile(forward, options);
+  const CompiledStep step = compile_step(forward, options, setup.accumulation_steps);
 
   MemoryBreakdown b;
-  int64_t shard = (N + W - 1) / W;
-  if (setup.zero >= 2) {  // this rank's elements of the step's gradient buckets (stage 3: parameter groups)
+  int64_t shard = N;  // this rank's elements of the step's gradient buckets (stage 3: parameter groups)
+  if (setup.zero >= 1) {
     shard = 0;
-    for (const GradBucket& bucket : read_grad_buckets(step)) shard += bucket.shard;
+    for (const GradBucket& bucket : read_grad_buckets(step.last)) shard += bucket.shard;
   }
-  const int64_t sharded = setup.zero >= 1 ? shard : N;  // what each rank keeps of the optimizer state
-  const int64_t accumulated = setup.zero >= 2 ? shard : N;  // of the gradient accumulation
-  const int64_t params = setup.zero == 3 ? shard : N;       // of the parameters
-  b.activations = read_memory_plan(step).arena_bytes;
-  b.communication = setup.zero == 1   ? ShardedAdamW::planned_bytes(N, W, 1) - 8 * shard
-                    : setup.zero == 2 ? 4 * (W + 1) * ShardedAdamW::chunk_elements(shard, W, kBucket)
-                                      : 0;
+  // Gradients kept beside the step (the reduced ones are the step's outputs, in the arena):
+  // with accumulation, the whole sum of the earlier micro batches (stages 0 and 1) or this
+  // rank's shards of it (stages 2 and 3).
+  const bool accumulating = setup.accumulation_steps > 1;
+  const int64_t accumulated = !accumulating ? 0 : setup.zero < 2 ? N : shard;
+  const int64_t params = setup.zero == 3 ? shard : N;  // of the parameters
+  b.activations = read_memory_plan(step.last).arena_bytes;
+  if (step.has_earlier()) b.activations = std::max(b.activations, read_memory_plan(step.earlier).arena_bytes);
+  b.communication = setup.zero == 1 || setup.zero == 2 ? 4 * (W + 1) * ShardedAdamW::chunk_elements(shard, W, kBucket) : 0;
   if (setup.dtype == DType::bf16) {
     b.parameters = 2 * params;
-    b.gradients = 4 * accumulated;     // fp32 accumulation of the graph's bf16 gradients (stage 2: of the shards)
-    b.optimizer_state = 12 * sharded;  // fp32 master weights + two moments
+    b.gradients = 4 * accumulated;     // fp32 accumulation of the graph's bf16 gradients
+    b.optimizer_state = 12 * shard;    // fp32 master weights + two moments (stage 0: shard = N)
     b.runtime_reserve = kGpuRuntimeReserveBytes;
   } else {
     b.parameters = 4 * params;
     b.gradients = 4 * accumulated;
-    b.optimizer_state = 8 * sharded;
+    b.optimizer_state = 8 * shard;
     const int64_t local = split_sequence(S, setup.sp).local;
     b.runtime_reserve = runtime_reserve_bytes(setup.threads) +
                         4 * (setup.micro_batch * (3 * S + 6 * local) + S + 1);  // as Trainer::staging_bytes

@@ -18,6 +18,7 @@ struct PlanSetup {
   int world = 1, sp = 1, zero = 0;
   DType dtype = DType::f32;  // f32: the CPU runtime; bf16: a bf16 GPU run (see model_state)
   int64_t micro_batch = 1;
+  int64_t accumulation_steps = 1;  // gradient_accumulation_steps: ZeRO-1 keeps their whole sum
   int threads = 1;           // kernel workspaces are sized for this many threads
 };
 
@@ -25,7 +26,7 @@ struct PlanSetup {
 struct MemoryBreakdown {
   int64_t parameters = 0, gradients = 0, optimizer_state = 0;  // model state
   int64_t activations = 0;     // plan_memory's arena: activations, collectives' buffers, workspaces
-  int64_t communication = 0;   // ZeRO-1's and ZeRO-2's bounded scratch for the optimizer's collectives
+  int64_t communication = 0;   // ZeRO-1's and ZeRO-2's bounded scratch for the parameters' all-gather
   int64_t runtime_reserve = 0; // what the runtime holds beside the plan (see describe_precision)
   int64_t total() const {
     return parameters + gradients + optimizer_state + activations + communication + runtime_reserve;

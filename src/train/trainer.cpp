@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <map>
 
 #include "passes/autodiff.h"
 #include "passes/autosp.h"
@@ -72,13 +73,6 @@ void ModelState::read(StateKind kind, size_t i, int64_t begin, int64_t n, float*
   stored->read(kind, i, begin, n, out);
 }
 
-int64_t ModelState::persistent_bytes() const {
-  int64_t n = 0, moments = 0;
-  for (const auto& p : params) n += static_cast<int64_t>(p.size());
-  for (const auto& m : exp_avg) moments += static_cast<int64_t>(m.size());
-  return 4 * (2 * n + 2 * moments);  // params, grads, exp_avg, exp_avg_sq
-}
-
 Trainer::Trainer(const models::LlamaConfig& model, const TrainConfig& config, int64_t seq_len,
                  ModelState state, ProcessGroups* groups)
     : model_(model),
@@ -99,17 +93,15 @@ Trainer::Trainer(const models::LlamaConfig& model, const TrainConfig& config, in
   int64_t num_params = 0;
   for (const auto& spec : state_.specs) num_params += numel(spec.shape);
   const int64_t W = groups_->world->size();
-  // Model state as it will be once the optimizer holds its shards (built after compiling).
-  // Stage 2's depends on the buckets of the compiled step; stages 0 and 1 on the count alone.
-  auto model_state_of = [&](const Graph& joint) -> int64_t {
-    if (config_.zero_stage == 2)
-      return 4 * num_params + ShardedAdamW::planned_bytes_stage2(read_grad_buckets(joint), W,
-                                                                 config_.zero.allgather_bucket_size);
-    if (config_.zero_stage == 3)  // the parameters too are shards the optimizer holds
-      return ShardedAdamW::planned_bytes_stage2(read_grad_buckets(joint), W, config_.zero.allgather_bucket_size, 3);
-    return 4 * num_params * (config_.zero_stage == 0 ? 4 : 2) +
-           ShardedAdamW::planned_bytes(num_params, W, config_.zero_stage,
-                                       std::min(config_.zero.reduce_bucket_size, config_.zero.allgather_bucket_size));
+  const int64_t g = config.gradient_accumulation_steps.value();
+  // Model state as it will be once the optimizer holds its shards (built after compiling):
+  // the parameters (whole below stage 3), the gradients kept beside the step (stage 0, and
+  // stage 1 summing micro batches), whole moments (stage 0), and the optimizer's shards and
+  // scratch, which depend on the buckets of the compiled step.
+  auto model_state_of = [&](const CompiledStep& step) -> int64_t {
+    const int stage = config_.zero_stage;
+    return 4 * num_params * ((stage < 3 ? 1 : 0) + (step.has_earlier() ? 1 : 0) + (stage == 0 ? 2 : 0)) +
+           ShardedAdamW::planned_bytes(read_grad_buckets(step.last), W, config_.zero.allgather_bucket_size, stage, g);
   };
   int64_t model_state = 0;
   threads_ = omp_get_max_threads();  // what the executor (threads 0) and the plan use
@@ -131,14 +123,16 @@ Trainer::Trainer(const models::LlamaConfig& model, const TrainConfig& config, in
   for (const MemoryStrategy& candidate : strategy_candidates(config.compile, int64_t(budget))) {
     options.checkpoint = candidate.checkpoint;
     options.tile = candidate.tile;
-    Graph joint = compile(forward, options);
-    const int64_t arena = read_memory_plan(joint).arena_bytes;
-    model_state = model_state_of(joint);
+    CompiledStep step = compile_step(forward, options, g);
+    const int64_t arena = std::max(read_memory_plan(step.last).arena_bytes,
+                                   step.has_earlier() ? read_memory_plan(step.earlier).arena_bytes : 0);
+    model_state = model_state_of(step);
     const int64_t planned = model_state + arena + staging_bytes() + runtime_reserve();
     tried += str(tried.empty() ? "" : ", ", strategy_name(candidate), " ", double(planned) / double(1 << 30), " GiB");
     smallest = std::min(smallest, planned);
     if (budget > 0 && double(planned) > budget) continue;
-    joint_ = std::move(joint);
+    joint_ = std::move(step.last);
+    earlier_ = std::move(step.earlier);
     strategy_ = candidate;
     arena_ = arena;
     planned_peak_ = planned;
@@ -159,9 +153,24 @@ Trainer::Trainer(const models::LlamaConfig& model, const TrainConfig& config, in
   malloc_trim(0);
 
   // The backend runs the step the plan was made for (the cuda executor replans its arena
-  // with its own kernels' workspaces: runtime/cuda_executor.h).
-  executor_ = make_executor(parse_backend(config_.backend), joint_, allocator_, 0, groups_);
-  for (const Node& node : joint_.nodes()) graph_flops_ += node_cost(joint_, node).flops;
+  // with its own kernels' workspaces: runtime/cuda_executor.h). The two programs of a step
+  // with accumulation run one after the other: the one with the larger arena allocates it,
+  // the other works in it.
+  const Backend backend = parse_backend(config_.backend);
+  if (earlier_.nodes().empty()) {
+    executor_ = make_executor(backend, joint_, allocator_, 0, groups_);
+  } else if (read_memory_plan(joint_).arena_bytes >= read_memory_plan(earlier_).arena_bytes) {
+    executor_ = make_executor(backend, joint_, allocator_, 0, groups_);
+    earlier_executor_ = make_executor(backend, earlier_, allocator_, 0, groups_, executor_.get());
+    earlier_shares_arena_ = true;
+  } else {
+    earlier_executor_ = make_executor(backend, earlier_, allocator_, 0, groups_);
+    executor_ = make_executor(backend, joint_, allocator_, 0, groups_, earlier_executor_.get());
+  }
+  double last_flops = 0, earlier_flops = 0;
+  for (const Node& node : joint_.nodes()) last_flops += node_cost(joint_, node).flops;
+  for (const Node& node : earlier_.nodes()) earlier_flops += node_cost(earlier_, node).flops;
+  step_flops_ = last_flops + double(g - 1) * (earlier_.nodes().empty() ? last_flops : earlier_flops);
   // The compiled program itself (the graph and the executor's per-value tables) grows with
   // the graph's size, not the sequence's: counted as the allocator has it now, before the
   // first step (the arena excluded: it is in the plan already).
@@ -202,27 +211,45 @@ Trainer::Trainer(const models::LlamaConfig& model, const TrainConfig& config, in
   // A fresh state was whole on every rank until here: glibc keeps what was freed resident
   // (HeapAllocator turns trimming off), so it is handed back.
   malloc_trim(0);
+  // The sum of a step's earlier micro batches (stages 0 and 1 with accumulation); otherwise
+  // no gradient is kept beside the step: the optimizer works on its reduced outputs.
+  if (!earlier_.nodes().empty())
+    for (const auto& spec : state_.specs) grads_.emplace_back(numel(spec.shape), 0.0f);
   AUTOSP_CHECK(model_state_bytes() == model_state, "planned model state ", model_state, " != held ",
                model_state_bytes());
-  // Under stage 2 no full-size gradient is kept: the step's reduced shards accumulate in
-  // the optimizer.
-  if (config_.zero_stage < 2)
-    for (const auto& p : state_.params) grads_.emplace_back(p.size(), 0.0f);
   const int64_t n = micro_batch_ * local_len_;
   inputs_.resize(n);
   labels_.resize(n);
   positions_.resize(n);
-  bind_parameters(*executor_);
-  executor_->bind("input_ids", inputs_.data());
-  executor_->bind("labels", labels_.data());
-  executor_->bind("position_ids", positions_.data());
-  if (config_.data.packed) {
-    documents_.resize(n);
-    executor_->bind("document_ids", documents_.data());
+  if (config_.data.packed) documents_.resize(n);
+  bind_step(*executor_);
+  if (earlier_executor_) bind_step(*earlier_executor_);
+}
+
+Trainer::~Trainer() {
+  // The executor working in the other's arena goes first.
+  if (earlier_shares_arena_) earlier_executor_.reset();
+  executor_.reset();
+  earlier_executor_.reset();
+}
+
+void Trainer::bind_step(Executor& ex) {
+  bind_parameters(ex);
+  ex.bind("input_ids", inputs_.data());
+  ex.bind("labels", labels_.data());
+  ex.bind("position_ids", positions_.data());
+  if (config_.data.packed) ex.bind("document_ids", documents_.data());
+  for (ValueId in : ex.graph().inputs_with_role(Role::gradient)) {
+    const std::string& name = ex.graph().value(in).name;
+    AUTOSP_CHECK(name.starts_with(kGradAccPrefix), "gradient input ", name);
+    const std::string param = name.substr(kGradAccPrefix.size());
+    const auto it = std::find_if(state_.specs.begin(), state_.specs.end(),
+                                 [&](const models::ParameterSpec& s) { return s.name == param; });
+    AUTOSP_CHECK(it != state_.specs.end() && grads_.size() == state_.specs.size(), "no gradient sum for ", name);
+    ex.bind(in, grads_[size_t(it - state_.specs.begin())].data());
   }
 }
 
-Trainer::~Trainer() = default;
 
 int64_t Trainer::staging_bytes() const {
   // load_micro_batch: the full batch and this rank's slice (3 int32 each per token), the
@@ -232,9 +259,14 @@ int64_t Trainer::staging_bytes() const {
 }
 
 void Trainer::bind_parameters(Executor& ex) const {
-  if (config_.zero_stage == 3 && &ex == executor_.get()) {
-    for (size_t k = 0; k < read_grad_buckets(joint_).size(); ++k)
+  if (config_.zero_stage == 3) {  // every program of this rank reads its shards
+    const std::vector<GradBucket> buckets = read_grad_buckets(joint_);
+    const std::vector<ValueId> shards = ex.graph().inputs_with_role(Role::parameter);
+    AUTOSP_CHECK(shards.size() == buckets.size(), shards.size(), " parameter shards for ", buckets.size(), " groups");
+    for (size_t k = 0; k < buckets.size(); ++k) {
+      AUTOSP_CHECK(numel(ex.graph().shape(shards[k])) == buckets[k].shard, "parameter shard ", k);
       ex.bind(str(kParamShardPrefix, k), optimizer_->param_shard(k));
+    }
     return;
   }
   AUTOSP_CHECK(state_.params.size() == state_.specs.size(), "the parameters are sharded (ZeRO-3)");
@@ -271,25 +303,32 @@ StepStats Trainer::train_step(const DataSource& data) {
   const int64_t t = state_.step;
   allocator_.reset_peak();
   double loss_sum = 0;
+  // DeepSpeed scales each micro batch's loss by 1/g: the step's gradient is the mean.
+  const float inv_g = g == 1 ? 1.0f : 1.0f / float(g);
   for (int64_t m = 0; m < g; ++m) {
     load_micro_batch(data, m);
-    executor_->run();
-    loss_sum += executor_->output("loss")[0];  // this rank's part of its replica's loss
-    // DeepSpeed scales each micro batch's loss by 1/g: the step's gradient is the mean.
-    const float inv_g = 1.0f / float(g);
-    if (config_.zero_stage >= 2)
-      optimizer_->accumulate([&](size_t k) { return executor_->output(str(kGradShardPrefix, k)); },
-                             g == 1 ? 1.0f : inv_g, m == 0);
-    for (size_t i = 0; i < grads_.size(); ++i) {
-      const float* d = executor_->output(kGradPrefix + state_.specs[i].name);
-      float* acc = grads_[i].data();
-      const auto n = static_cast<int64_t>(grads_[i].size());
-      if (m == 0) {
-        for (int64_t e = 0; e < n; ++e) acc[e] = g == 1 ? d[e] : d[e] * inv_g;
-      } else {
-        for (int64_t e = 0; e < n; ++e) acc[e] += d[e] * inv_g;
+    if (earlier_executor_ && m + 1 < g) {
+      // Before the last micro batch (stages 0 and 1): the gradients add up on the rank, and
+      // the last program adds them to its own and reduces the sum once.
+      earlier_executor_->run();
+      loss_sum += earlier_executor_->output("loss")[0];  // this rank's part of its replica's loss
+      for (size_t i = 0; i < grads_.size(); ++i) {
+        const float* d = earlier_executor_->output(kGradPrefix + state_.specs[i].name);
+        float* acc = grads_[i].data();
+        const auto n = static_cast<int64_t>(grads_[i].size());
+        if (m == 0) {
+          std::copy_n(d, n, acc);
+        } else {
+          for (int64_t e = 0; e < n; ++e) acc[e] += d[e];
+        }
       }
+      continue;
     }
+    executor_->run();
+    loss_sum += executor_->output("loss")[0];
+    // Stages 2 and 3 reduce each micro batch, and the shards add up in the optimizer.
+    if (optimizer_->accumulates())
+      optimizer_->accumulate([&](size_t k) { return executor_->output(str(kGradShardPrefix, k)); }, inv_g, m == 0);
   }
   // The replica's loss is the sum of its SP ranks' parts; the step's is the DP mean.
   groups_->world->all_reduce_sum(&loss_sum, 1);
@@ -300,7 +339,19 @@ StepStats Trainer::train_step(const DataSource& data) {
     user_error("step ", t + 1, ": the loss is ", loss, " (a micro batch with no labelled tokens gives 0/0; "
                "otherwise the model diverged: lower the learning rate); no update was applied");
   const double lr = lr_at(config_.scheduler, config_.optimizer.lr, t);
-  const double norm = optimizer_->step(state_, grads_, lr);
+  // Otherwise the last program's outputs are the step's reduced gradients (stages 0 and 1:
+  // of the sum of every micro batch); the optimizer takes them where the program left them
+  // (they are this rank's until the next run).
+  std::vector<float*> reduced;
+  float scale = 1.0f;
+  if (optimizer_->accumulates()) {
+    reduced = optimizer_->accumulated();
+  } else {
+    for (size_t k = 0; k < read_grad_buckets(joint_).size(); ++k)
+      reduced.push_back(executor_->mutable_output(str(config_.zero_stage == 0 ? kGradReducedPrefix : kGradShardPrefix, k)));
+    scale = inv_g;
+  }
+  const double norm = optimizer_->step(state_, lr, reduced, scale);
   if (!std::isfinite(norm))
     user_error("step ", t + 1, ": the gradient norm is ", norm, "; the parameters are no longer finite "
                "(checkpoints already written are intact)");
@@ -318,7 +369,7 @@ StepStats Trainer::train_step(const DataSource& data) {
   s.activation_bytes = allocator_.peak_bytes();
   s.model_state_bytes = model_state_bytes();
   s.planned_peak_bytes = planned_peak_;
-  s.flops = graph_flops_ * double(g);
+  s.flops = step_flops_;
   s.peak_bytes = s.activation_bytes + s.model_state_bytes;
   return s;
 }
@@ -344,61 +395,36 @@ StateShards Trainer::checkpoint_shards() const {
 }
 
 int64_t Trainer::model_state_bytes() const {
-  // Under stage 2 ModelState holds the parameters alone (no full gradients, no moments);
-  // under stage 3 not even those (the optimizer holds their shards).
-  if (config_.zero_stage >= 2) {
-    int64_t n = 0;
-    for (const auto& p : state_.params) n += static_cast<int64_t>(p.size());
-    return 4 * n + optimizer_->bytes();
-  }
-  return state_.persistent_bytes() + optimizer_->bytes();
+  int64_t n = 0;
+  for (const auto* tensors : {&state_.params, &grads_, &state_.exp_avg, &state_.exp_avg_sq})
+    for (const auto& t : *tensors) n += static_cast<int64_t>(t.size());
+  return 4 * n + optimizer_->bytes();
 }
 
 std::vector<float> Trainer::logits(const int32_t* inputs, int64_t B, int64_t S) {
   AUTOSP_CHECK(S == seq_len_, "evaluation uses the training sequence length");
+  const bool sharded = config_.zero_stage == 3;
   if (!eval_executor_ || eval_batch_ != B) {
     eval_executor_.reset();
     eval_graph_ = models::llama_forward(model_, {.batch = B, .seq_len = S, .output_loss = false,
                                                  .output_logits = true});
+    // Under ZeRO-3 each layer's parameters are gathered where forward needs them, as in the
+    // training step (the same groups, so the same shards), and dropped after their last use.
+    if (sharded)
+      eval_graph_ = grad_sync(eval_graph_, {.zero_stage = 3, .world_size = groups_->world->size(),
+                                            .prefetch_elements = config_.zero.stage3_prefetch_bucket_size});
     verify(eval_graph_);
     eval_batch_ = B;
-    eval_executor_ = make_executor(parse_backend(config_.backend), eval_graph_, eval_allocator_);
+    eval_executor_ = make_executor(parse_backend(config_.backend), eval_graph_, eval_allocator_, 0,
+                                   sharded ? groups_ : nullptr);
+    bind_parameters(*eval_executor_);
   }
   std::vector<int32_t> positions(B * S);
   for (int64_t i = 0; i < B * S; ++i) positions[i] = static_cast<int32_t>(i % S);
-  const bool sharded = config_.zero_stage == 3;
-  if (sharded) gather_parameters();
-  bind_parameters(*eval_executor_);
   eval_executor_->bind("input_ids", inputs);
   eval_executor_->bind("position_ids", positions.data());
   eval_executor_->run();
-  std::vector<float> out = eval_executor_->output_vector("logits");
-  if (sharded) state_.params = {};
-  return out;
-}
-
-void Trainer::gather_parameters() {
-  const ShardLayout layout = optimizer_->layout();
-  const std::vector<const float*> shards = optimizer_->shards(StateKind::params);
-  AUTOSP_CHECK(shards.size() == layout.buckets.size(), "parameter shards");
-  state_.params.clear();
-  for (const auto& spec : state_.specs) state_.params.emplace_back(numel(spec.shape), 0.0f);
-  const int W = groups_->world->size();
-  const int64_t round = checkpoint_shards().round_elements;
-  std::vector<float> wide(static_cast<size_t>(W * round));
-  for (size_t k = 0; k < layout.buckets.size(); ++k) {
-    const ShardLayout::Bucket& b = layout.buckets[k];
-    for (int64_t j = 0; j < b.shard; j += round) {
-      const int64_t len = std::min(round, b.shard - j);
-      groups_->world->all_gather(shards[k] + j, wide.data(), len);
-      for (int p = 0; p < W; ++p) {
-        const int64_t lo = p * b.shard + j;
-        for_each_piece(b.offsets, lo, lo + len, [&](size_t i, int64_t e, int64_t at, int64_t n) {
-          std::copy_n(wide.data() + p * len + (at - lo), n, state_.params[b.tensors[i]].data() + e);
-        });
-      }
-    }
-  }
+  return eval_executor_->output_vector("logits");
 }
 
 void Trainer::predict(const int32_t* inputs, int64_t B, int64_t S, int32_t* argmax) {
@@ -416,14 +442,25 @@ void Trainer::predict(const int32_t* inputs, int64_t B, int64_t S, int32_t* argm
 double Trainer::loss_and_grads(const int32_t* inputs, const int32_t* labels,
                                std::vector<std::vector<float>>& grads) {
   AUTOSP_CHECK(groups_->world->size() == 1, "loss_and_grads is for one process");
-  AUTOSP_CHECK(config_.zero_stage < 2, "loss_and_grads reads full gradients, which ZeRO stage 2 does not output");
+  AUTOSP_CHECK(config_.zero_stage < 2, "loss_and_grads reads full gradients, which ZeRO stage ", config_.zero_stage,
+               " does not keep");
   std::copy(inputs, inputs + inputs_.size(), inputs_.begin());
   std::copy(labels, labels + labels_.size(), labels_.begin());
   for (size_t i = 0; i < positions_.size(); ++i) positions_[i] = static_cast<int32_t>(i % seq_len_);
   std::fill(documents_.begin(), documents_.end(), 0);  // packed: one document
+  for (auto& g : grads_) std::fill(g.begin(), g.end(), 0.0f);  // no earlier micro batches
   executor_->run();
-  grads.clear();
-  for (const auto& spec : state_.specs) grads.push_back(executor_->output_vector(kGradPrefix + spec.name));
+  // One rank: every bucket output holds its whole bucket (all-reduced, or reduce-scattered
+  // over one rank).
+  std::map<std::string, size_t> index;
+  for (size_t i = 0; i < state_.specs.size(); ++i) index[state_.specs[i].name] = i;
+  grads.assign(state_.specs.size(), {});
+  const std::vector<GradBucket> buckets = read_grad_buckets(joint_);
+  for (size_t k = 0; k < buckets.size(); ++k) {
+    const float* d = executor_->output(str(buckets[k].whole ? kGradReducedPrefix : kGradShardPrefix, k));
+    for (size_t j = 0; j < buckets[k].params.size(); d += buckets[k].numel[j], ++j)
+      grads.at(index.at(buckets[k].params[j])).assign(d, d + buckets[k].numel[j]);
+  }
   return executor_->output("loss")[0];
 }
 

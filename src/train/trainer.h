@@ -43,9 +43,6 @@ struct ModelState {
 
   // Fresh state: seeded init, zero moments.
   static ModelState initial(const models::LlamaConfig& config, uint64_t seed);
-  // params + grads (allocated alongside) + the moments held here; under ZeRO-1 the trainer
-  // clears those, and ShardedAdamW::bytes() counts the shard it holds instead.
-  int64_t persistent_bytes() const;
 };
 
 // How a step trades compute for memory: which activations backward recomputes, and whether
@@ -109,11 +106,12 @@ class Trainer {
   // Forward only: the argmax of the logits at every position, for B x S inputs.
   void predict(const int32_t* inputs, int64_t B, int64_t S, int32_t* argmax);
   // Forward only, for tests: logits [B, S, V] and the loss of one micro batch. Under ZeRO-3
-  // a collective (every rank calls it): the parameters are all-gathered whole for it, in
-  // bounded rounds, and dropped after: a transient copy of the model on each rank.
+  // a collective (every rank calls it): the graph gathers each layer's parameters before its
+  // first use and drops them after the last (passes/grad_sync.h), as the training step does.
   std::vector<float> logits(const int32_t* inputs, int64_t B, int64_t S);
-  // Runs the joint graph once on one micro batch (one process, no sequence parallelism);
-  // returns its loss and fills `grads` (one vector per parameter), for tests.
+  // Runs the step's last program once on one micro batch (one process, no sequence
+  // parallelism, ZeRO stage 0 or 1, no earlier micro batches); returns its loss and fills
+  // `grads` (one vector per parameter), for tests.
   double loss_and_grads(const int32_t* inputs, const int32_t* labels,
                         std::vector<std::vector<float>>& grads);
 
@@ -130,10 +128,13 @@ class Trainer {
   };
   const StateLoad& state_load() const { return state_load_; }
   const ProcessGroups& groups() const { return *groups_; }
+  // The compiled programs: the step's last micro batch, and (ZeRO 0/1 with gradient
+  // accumulation, else no nodes) the micro batches before it (passes/pipeline.h).
   const Graph& joint_graph() const { return joint_; }
+  const Graph& earlier_graph() const { return earlier_; }
   const MemoryStrategy& strategy() const { return strategy_; }
   int64_t planned_peak_bytes() const { return planned_peak_; }
-  int64_t planned_arena_bytes() const { return arena_; }
+  int64_t planned_arena_bytes() const { return arena_; }  // the larger program's: they share it
   // Host buffers a step stages its micro batch in (token ids, labels, positions and, packed,
   // document ids of the whole sequence and of this rank's slice), outside the arena.
   int64_t staging_bytes() const;
@@ -146,7 +147,7 @@ class Trainer {
 
  private:
   void bind_parameters(Executor& ex) const;
-  void gather_parameters();  // ZeRO-3: the whole parameters into state_.params (collective)
+  void bind_step(Executor& ex);  // parameters, the staged micro batch, the accumulated gradients
   void load_micro_batch(const DataSource& data, int64_t micro);
 
   models::LlamaConfig model_;
@@ -157,13 +158,18 @@ class Trainer {
   ProcessGroups* groups_;
   std::unique_ptr<class ShardedAdamW> optimizer_;
   int64_t local_len_ = 0;     // this rank's slice of the sequence (autosp SequenceSplit)
-  Graph joint_;
+  Graph joint_, earlier_;
   MemoryStrategy strategy_;
   int64_t arena_ = 0, planned_peak_ = 0, program_bytes_ = 0;
-  double graph_flops_ = 0;  // one micro batch of the compiled graph, this rank
+  double step_flops_ = 0;  // the compiled programs of one optimizer step, this rank
   int threads_ = 1;  // the executor's kernel threads
   HeapAllocator allocator_;
-  std::unique_ptr<Executor> executor_;
+  // The last micro batch's program, and the earlier ones' (null without); the one made
+  // second works in the arena of the other, and is destroyed first (~Trainer).
+  std::unique_ptr<Executor> executor_, earlier_executor_;
+  bool earlier_shares_arena_ = false;
+  // Stages 0 and 1 with accumulation: the sum of a step's earlier micro batches' gradients
+  // (the last program's "grad_acc:<name>" inputs); empty otherwise.
   std::vector<std::vector<float>> grads_;
   std::vector<int32_t> inputs_, labels_, positions_, documents_;
   // Forward-only executors for predict/logits, compiled on first use per batch size.

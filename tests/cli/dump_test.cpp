@@ -50,5 +50,30 @@ TEST(Dump, TheCheckpointStageShowsTheRecomputedNodes) {
   EXPECT_NE(bad.output.find("--checkpoint: \"most\" is not a checkpoint policy"), std::string::npos) << bad.output;
 }
 
+size_t count(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+// The grad_sync stage is the program of a step's last micro batch: at ZeRO-0 the gradient
+// buckets are all-reduced over the world; with accumulation it takes one summed gradient
+// per parameter (tiny Llama of one layer: 12 tensors) and adds it before reducing.
+TEST(Dump, TheGradSyncStageIsTheLastMicroBatchsProgram) {
+  ModelDir m;
+  const auto plain = m.dump("--stage grad_sync --sp 2 --zero 0"),
+             acc = m.dump("--stage grad_sync --sp 2 --zero 0 --gradient-accumulation-steps 2"),
+             one = m.dump("--stage grad_sync --sp 2 --zero 1 --world 4 --gradient-accumulation-steps 2");
+  for (const auto* r : {&plain, &acc, &one}) ASSERT_EQ(r->exit_code, 0) << r->output;
+  EXPECT_EQ(count(plain.output, "{role=\"gradient\"}"), 0u);
+  EXPECT_EQ(count(plain.output, "all_reduce(%"), count(acc.output, "all_reduce(%"));
+  EXPECT_GT(count(plain.output, "{group=\"world\", size=2}"), 0u);
+  EXPECT_EQ(count(acc.output, "{role=\"gradient\"}"), 12u);
+  EXPECT_EQ(count(acc.output, "\"grad_total:"), 12u);
+  EXPECT_EQ(count(one.output, "\"grad_total:"), 12u);
+  EXPECT_EQ(count(one.output, "output \"grad_shard:"), count(acc.output, "output \"grad_reduced:"));
+  EXPECT_GT(count(one.output, "reduce_scatter(%"), 0u);
+}
+
 }  // namespace
 }  // namespace autosp

@@ -47,26 +47,36 @@ TEST(Plan, TheLongestSequenceFitsAndTheNextDoesNot) {
 
 TEST(Plan, IsWhatTheTrainerPlans) {
   // The f32 plan of one process is the trainer's planned peak less the compiled program's
-  // tables (which the planner has no executor to count).
+  // tables (which the planner has no executor to count); with gradient accumulation too,
+  // where ZeRO 0 and 1 compile a second program (sharing the arena) and keep the gradient sum.
   const models::LlamaConfig model = small_llama();
-  for (const char* policy : {"none", "sac", "full"}) {
-    SCOPED_TRACE(policy);
-    train::TrainConfig config;
-    config.train_micro_batch_size_per_gpu = 1;
-    config.compile.checkpoint = policy;
-    train::resolve_batch(config, 1, "test");
-    train::Trainer trainer(model, config, 1024, train::ModelState::initial(model, 1));
-    train::PlanSetup setup{.model = model, .threads = omp_get_max_threads()};
-    const train::MemoryBreakdown b =
-        train::plan_step(setup, {{parse_checkpoint_policy(policy, "test")}, {}}, 1024);
-    EXPECT_EQ(b.total(), trainer.planned_peak_bytes() - trainer.program_bytes());
-    EXPECT_EQ(b.activations, trainer.planned_arena_bytes());
-  }
+  for (const char* policy : {"none", "sac", "full"})
+    for (int zero : {0, 1})
+      for (int64_t accumulation : {1, 2}) {
+        SCOPED_TRACE(str(policy, " ZeRO-", zero, " accumulation ", accumulation));
+        train::TrainConfig config;
+        config.train_micro_batch_size_per_gpu = 1;
+        config.gradient_accumulation_steps = accumulation;
+        config.zero_stage = config.zero.stage = zero;
+        config.compile.checkpoint = policy;
+        train::resolve_batch(config, 1, "test");
+        train::Trainer trainer(model, config, 1024, train::ModelState::initial(model, 1));
+        EXPECT_EQ(trainer.earlier_graph().nodes().empty(), accumulation == 1);
+        train::PlanSetup setup{.model = model, .zero = zero, .accumulation_steps = accumulation,
+                               .threads = omp_get_max_threads()};
+        const train::MemoryBreakdown b =
+            train::plan_step(setup, {{parse_checkpoint_policy(policy, "test")}, {}}, 1024);
+        EXPECT_EQ(b.total(), trainer.planned_peak_bytes() - trainer.program_bytes());
+        EXPECT_EQ(b.activations, trainer.planned_arena_bytes());
+        EXPECT_EQ(b.parameters + b.gradients + b.optimizer_state + b.communication, trainer.model_state_bytes());
+      }
 }
 
 // ZeRO-2 and ZeRO-3 in one process (their collectives run over one rank): the planner's
-// model state and arena are the trainer's, and at 8 ranks ZeRO-3 plans longer sequences
-// than ZeRO-2, ZeRO-2 than ZeRO-1, ZeRO-1 than ZeRO-0 (the gradients it no longer keeps whole leave room for tokens).
+// model state and arena are the trainer's, and at 8 ranks with gradient accumulation ZeRO-3
+// plans longer sequences than ZeRO-2 (parameters sharded), ZeRO-2 than ZeRO-1 (the gradient
+// sum sharded), ZeRO-1 than ZeRO-0 (moments sharded). Without accumulation ZeRO-1 and ZeRO-2
+// hold the same: both keep only the reduced shards the step outputs.
 TEST(Plan, StagesTwoAndThreeAreWhatTheTrainerPlansAndGoFurther) {
   const models::LlamaConfig model = small_llama();
   train::TrainConfig config;
@@ -91,18 +101,26 @@ TEST(Plan, StagesTwoAndThreeAreWhatTheTrainerPlansAndGoFurther) {
   EXPECT_EQ(b3.activations, trainer3.planned_arena_bytes());
   EXPECT_EQ(b3.parameters + b3.gradients + b3.optimizer_state + b3.communication, trainer3.model_state_bytes());
 
-  int64_t longest[4];
-  for (int zero : {0, 1, 2, 3}) {
-    // 6 MiB beside the 1 GiB GPU reserve: ZeRO-0's 3.4 MB of model state is a good part of it.
-    train::PlanSetup s{.model = model, .world = 8, .sp = 4, .zero = zero, .dtype = DType::bf16};
-    longest[zero] = train::longest_sequence(s, sac, (int64_t(1024) << 20) + (int64_t(6) << 20), 256).max_seq_len;
-  }
-  EXPECT_GT(longest[1], longest[0]);
-  EXPECT_GT(longest[2], longest[1]);
-  EXPECT_GT(longest[3], longest[2]);
+  int64_t longest[2][4];
+  for (int64_t accumulation : {1, 2})
+    for (int zero : {0, 1, 2, 3}) {
+      // 6 MiB beside the 1 GiB GPU reserve: ZeRO-0's 3.4 MB of model state is a good part of it.
+      train::PlanSetup s{.model = model, .world = 8, .sp = 4, .zero = zero, .dtype = DType::bf16,
+                         .accumulation_steps = accumulation};
+      longest[accumulation - 1][zero] =
+          train::longest_sequence(s, sac, (int64_t(1024) << 20) + (int64_t(6) << 20), 256).max_seq_len;
+    }
+  const int64_t* acc = longest[1];
+  EXPECT_GT(acc[1], acc[0]);
+  EXPECT_GT(acc[2], acc[1]);
+  EXPECT_GT(acc[3], acc[2]);
+  EXPECT_EQ(longest[0][2], longest[0][1]);
+  EXPECT_GT(longest[0][3], longest[0][2]);
+  for (int zero : {0, 1, 2, 3}) EXPECT_GE(longest[0][zero], acc[zero]) << "ZeRO-" << zero;
   std::printf("small llama, 8 ranks, SP 4, sac, 1030 MiB: longest S ZeRO-0 %lld, ZeRO-1 %lld, ZeRO-2 %lld, "
-              "ZeRO-3 %lld\n", (long long)longest[0], (long long)longest[1], (long long)longest[2],
-              (long long)longest[3]);
+              "ZeRO-3 %lld (2 micro batches a step: %lld, %lld, %lld, %lld)\n", (long long)longest[0][0],
+              (long long)longest[0][1], (long long)longest[0][2], (long long)longest[0][3], (long long)acc[0],
+              (long long)acc[1], (long long)acc[2], (long long)acc[3]);
 }
 
 TEST(Plan, TheCliOrdersStrategiesAsTheirMemory) {

@@ -1,10 +1,13 @@
-// The grad_sync pass (ZeRO stage 2): the golden joint graph of a two-layer Llama with its
-// bucketed reduce-scatters; where each reduction sits (right after the node that finalises
-// its bucket's last gradient, so later backward compute can overlap it); the buckets
-// partition the parameters within reduce_bucket_size; the scheduled and memory-planned step
-// still reduces before backward ends, every reduction is in the plan, and the plan is
-// smaller than keeping every full gradient to the end of the step; at one rank the shards
-// are bitwise the gradients.
+// The grad_sync pass (ZeRO stages 0-2): the golden joint graphs of a two-layer Llama with
+// its bucketed reduce-scatters (stage 2) and, for the last micro batch of an accumulating
+// step, its accumulation adds and all-reduces (stage 0); where each reduction sits (right
+// after the node that finalises its bucket's last gradient, so later backward compute can
+// overlap it) and each add (right after its gradient's); the buckets partition the
+// parameters within reduce_bucket_size; stage 1's graph is stage 2's; the scheduled and
+// memory-planned step still reduces before backward ends, every reduction is in the plan,
+// and the plan is smaller than keeping every full gradient to the end of the step; at one
+// rank the shards are bitwise the gradients, and the reduced sums bitwise gradient +
+// accumulated input.
 #include <gtest/gtest.h>
 
 #include <map>
@@ -41,9 +44,79 @@ TEST(GradSync, GoldenTwoLayerLlamaTwoRanks) {
   testing::expect_golden(print_graph(grad_sync(joint_graph(4), kTwoRanks)), "grad_sync_llama2_w2.ir");
 }
 
-TEST(GradSync, StagesZeroAndOneLeaveTheGraphAsItIs) {
+TEST(GradSync, GoldenStageZeroLastMicroBatchTwoRanks) {
+  const GradSyncOptions options{.zero_stage = 0, .reduce = true, .accumulated = true, .world_size = 2,
+                                .bucket_elements = 100};
+  testing::expect_golden(print_graph(grad_sync(joint_graph(4), options)), "grad_sync_zero0_accumulated_llama2_w2.ir");
+}
+
+// Without `reduce` (the micro batches before a step's last) stages 0 and 1 keep the graph;
+// with it stage 1 reduce-scatters as stage 2 does (the stages differ in what the trainer
+// keeps between micro batches), and stage 0 all-reduces the same buckets, unpadded.
+TEST(GradSync, StagesZeroAndOneReduceOnlyWhenAsked) {
   const Graph joint = joint_graph(4);
   for (int stage : {0, 1}) EXPECT_EQ(grad_sync(joint, {.zero_stage = stage, .world_size = 4}), joint);
+  const Graph one = grad_sync(joint, {.zero_stage = 1, .reduce = true, .world_size = 4, .bucket_elements = 100});
+  EXPECT_EQ(one, grad_sync(joint, {.zero_stage = 2, .world_size = 4, .bucket_elements = 100}));
+  const Graph zero = grad_sync(joint, {.zero_stage = 0, .reduce = true, .world_size = 4, .bucket_elements = 100});
+  verify(zero);
+  const std::vector<GradBucket> sharded = read_grad_buckets(one), whole = read_grad_buckets(zero);
+  ASSERT_EQ(whole.size(), sharded.size());
+  for (size_t k = 0; k < whole.size(); ++k) {
+    EXPECT_EQ(whole[k].params, sharded[k].params);
+    EXPECT_TRUE(whole[k].whole);
+    EXPECT_FALSE(sharded[k].whole);
+    int64_t elements = 0;
+    for (int64_t n : whole[k].numel) elements += n;
+    EXPECT_EQ(whole[k].shard, elements);  // every rank has the whole bucket
+  }
+  for (const GraphOutput& o : zero.outputs())
+    EXPECT_TRUE(o.name == "loss" || o.name.starts_with(kGradReducedPrefix)) << o.name;
+}
+
+// The last micro batch of an accumulating step: one input "grad_acc:<name>" per parameter,
+// of its type; each add follows the node that makes its gradient final (only the adds of
+// that node's other gradients between them), and the buckets reduce the sums.
+TEST(GradSync, EachAccumulationAddFollowsItsGradient) {
+  const Graph joint = joint_graph(4, 2);
+  for (int stage : {0, 1}) {
+    SCOPED_TRACE(str("stage ", stage));
+    const Graph g =
+        grad_sync(joint, {.zero_stage = stage, .reduce = true, .accumulated = true, .world_size = 4,
+                          .bucket_elements = 100});
+    verify(g);
+    std::map<std::string, ValueId> acc;
+    for (ValueId in : g.inputs_with_role(Role::gradient)) acc[g.value(in).name] = in;
+    std::map<std::string, NodeId> producer;  // of each gradient, in the rewritten graph
+    int adds = 0;
+    for (NodeId n = 0; n < NodeId(g.nodes().size()); ++n) {
+      const Node& node = g.node(n);
+      if (node.op != OpKind::add || !g.value(node.outputs[0]).name.starts_with("grad_total:")) continue;
+      ++adds;
+      const std::string param = g.value(node.outputs[0]).name.substr(std::string("grad_total:").size());
+      ASSERT_EQ(node.inputs.size(), 2u);
+      EXPECT_EQ(node.inputs[1], acc.at(kGradAccPrefix + param)) << param;
+      EXPECT_EQ(g.type(node.inputs[1]), g.type(g.find_input(param))) << param;
+      const NodeId made = g.value(node.inputs[0]).producer;
+      for (NodeId between = made + 1; between < n; ++between)
+        EXPECT_TRUE(g.node(between).op == OpKind::add) << param << ": node " << between << " before its add";
+      producer[param] = made;
+    }
+    EXPECT_EQ(adds, int(acc.size()));
+    EXPECT_EQ(acc.size(), joint.inputs_with_role(Role::parameter).size());
+    // Each bucket concatenates the sums, not the gradients.
+    for (const GraphOutput& o : g.outputs()) {
+      if (o.name == "loss") continue;
+      const Node& reduce = g.node(g.value(o.value).producer);
+      const Node& cat = g.node(g.value(reduce.inputs[0]).producer);
+      const std::vector<ValueId> parts = cat.op == OpKind::concat ? cat.inputs : std::vector<ValueId>{reduce.inputs[0]};
+      for (ValueId part : parts) {
+        if (g.node(g.value(part).producer).op == OpKind::fill) continue;
+        const ValueId summed = g.node(g.value(part).producer).inputs[0];  // the flattening reshape's operand
+        EXPECT_TRUE(g.value(summed).name.starts_with("grad_total:")) << o.name << " reduces " << g.value(summed).name;
+      }
+    }
+  }
 }
 
 // Each bucket's reduce_scatter follows the node that makes its last gradient final, with
@@ -180,6 +253,68 @@ TEST(GradSync, AtOneRankTheShardsAreTheGradients) {
     }
   }
   EXPECT_EQ(e2.output("loss")[0], e0.output("loss")[0]);
+}
+
+// At one rank an all-reduce is the identity: the last micro batch's reduced buckets are
+// bitwise each gradient plus its accumulated input (one fp32 add).
+TEST(GradSync, AtOneRankTheReducedSumsAreGradientPlusAccumulation) {
+  Graph forward = models::llama_forward(tiny(), {.batch = 1, .seq_len = 8});
+  CompileOptions options;
+  options.threads = 1;
+  options.grad_sync = {.zero_stage = 0, .world_size = 1, .bucket_elements = 150};
+  const CompiledStep step = compile_step(forward, options, 2);
+  ASSERT_TRUE(step.has_earlier());
+  const Graph& earlier = step.earlier;  // its gradients stay outputs
+  const Graph& last = step.last;
+  for (const Node& node : earlier.nodes()) EXPECT_FALSE(node.attrs.has("group")) << op_name(node.op);
+  ProcessGroups groups;
+  groups.world = make_single_communicator();
+  groups.sp = make_single_communicator();
+  groups.dp = make_single_communicator();
+  std::vector<int32_t> tokens(8), labels(8), positions(8);
+  for (int i = 0; i < 8; ++i) {
+    tokens[i] = (3 * i + 1) % 11;
+    labels[i] = (5 * i + 2) % 11;
+    positions[i] = i;
+  }
+  HeapAllocator a0, a1;
+  CpuExecutor e0(earlier, a0, 1, &groups), e1(last, a1, 1, &groups);
+  std::vector<std::vector<float>> params, acc;
+  for (ValueId p : earlier.inputs_with_role(Role::parameter)) {
+    std::vector<float> w(numel(earlier.shape(p))), a(w.size());
+    for (size_t i = 0; i < w.size(); ++i) {
+      w[i] = 0.05f * float((i * 7 + p) % 13) - 0.3f;
+      a[i] = 0.01f * float((i * 5 + p) % 17) - 0.08f;
+    }
+    params.push_back(std::move(w));
+    acc.push_back(std::move(a));
+    e0.bind(earlier.value(p).name, params.back().data());
+    e1.bind(earlier.value(p).name, params.back().data());
+    e1.bind(kGradAccPrefix + earlier.value(p).name, acc.back().data());
+  }
+  for (CpuExecutor* e : {&e0, &e1}) {
+    e->bind("input_ids", tokens.data());
+    e->bind("labels", labels.data());
+    e->bind("position_ids", positions.data());
+    e->run();
+  }
+  std::map<std::string, const float*> acc_of;
+  const std::vector<ValueId> ps = earlier.inputs_with_role(Role::parameter);
+  for (size_t i = 0; i < ps.size(); ++i) acc_of[earlier.value(ps[i]).name] = acc[i].data();
+  const std::vector<GradBucket> buckets = read_grad_buckets(last);
+  ASSERT_GT(buckets.size(), 1u);
+  for (size_t k = 0; k < buckets.size(); ++k) {
+    const float* sum = e1.output(str(kGradReducedPrefix, k));
+    int64_t at = 0;
+    for (size_t i = 0; i < buckets[k].params.size(); ++i) {
+      const float* grad = e0.output(kGradPrefix + buckets[k].params[i]);
+      const float* a = acc_of.at(buckets[k].params[i]);
+      for (int64_t j = 0; j < buckets[k].numel[i]; ++j)
+        ASSERT_EQ(sum[at + j], grad[j] + a[j]) << buckets[k].params[i] << "[" << j << "]";
+      at += buckets[k].numel[i];
+    }
+  }
+  EXPECT_EQ(e1.output("loss")[0], e0.output("loss")[0]);
 }
 
 }  // namespace

@@ -1,7 +1,10 @@
-// ZeRO-1 and ZeRO-2 exist to save memory: under mpirun -np 2 (data parallel 2) ZeRO-1's per-rank model
-// state (parameters, gradients, AdamW moments and the optimizer's scratch, the CLI's
-// model_state_bytes_per_rank metric) must be below ZeRO-0's, and as one process (nothing
-// to shard) the same, while every run trains the same numbers.
+// ZeRO-1, 2 and 3 exist to save memory. Under mpirun the per-rank model state (parameters,
+// gradients kept beside the compiled step, AdamW moments and the optimizer's scratch: the
+// CLI's model_state_bytes_per_rank metric) must be what each stage promises, below ZeRO-0's
+// where there is something to shard, and as one process (nothing to shard) the same; every
+// run trains the same numbers. With gradient accumulation, ZeRO 0 and 1 keep the whole sum
+// of a step's earlier micro batches; without it no gradient outlives the step's program
+// (the reduced buckets are its outputs, in its arena).
 //
 // The model is a seeded random init of a tiny Llama (no weights file), so the test needs
 // neither torch nor the reference generator and runs in a few seconds.
@@ -52,15 +55,19 @@ void write_model_and_data(const TempDir& dir) {
       .write(reinterpret_cast<const char*>(tokens.data()), static_cast<std::streamsize>(tokens.size() * 4));
 }
 
-// The global batch is 4 in every run: micro 2 x accumulation (2 / dp) x dp.
-std::string write_config(const TempDir& dir, int dp, int zero) {
-  const json c = {{"train_micro_batch_size_per_gpu", 2},
-                  {"gradient_accumulation_steps", 2 / dp},
+// Parameters of the model above: embedding and head 67 x 32, final norm 32, and per layer
+// q, o 32 x 32, k, v 16 x 32, three 32 x 48 MLP projections, two norms of 32.
+constexpr double kParams = 2 * kVocab * 32 + 32 + 2 * (2 * 32 * 32 + 2 * 16 * 32 + 3 * 32 * 48 + 2 * 32);
+
+// The global batch is 4 in every run: micro (4 / dp / accumulation) x accumulation x dp.
+std::string write_config(const TempDir& dir, int dp, int zero, int accumulation = 2) {
+  const json c = {{"train_micro_batch_size_per_gpu", 4 / dp / accumulation},
+                  {"gradient_accumulation_steps", accumulation},
                   {"train_batch_size", 4},
                   {"gradient_clipping", 1.0},
                   {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-2}, {"weight_decay", 0.1}}}}},
                   {"zero_optimization", {{"stage", zero}}}};
-  const std::string path = dir / str("dp", dp, "_zero", zero, ".json");
+  const std::string path = dir / str("dp", dp, "_zero", zero, "_acc", accumulation, ".json");
   std::ofstream(path) << c.dump(2);
   return path;
 }
@@ -70,9 +77,10 @@ struct TrainRun {
   std::vector<std::vector<int64_t>> model_state;  // [step][rank]
 };
 
-TrainRun train(const TempDir& dir, int dp, int zero) {
-  const std::string metrics = dir / str("m_dp", dp, "_zero", zero, ".jsonl");
-  std::string cmd = str(AUTOSP_BINARY, " train --config ", write_config(dir, dp, zero), " --model ", dir.path(),
+TrainRun train(const TempDir& dir, int dp, int zero, int accumulation = 2) {
+  const std::string metrics = dir / str("m_dp", dp, "_zero", zero, "_acc", accumulation, ".jsonl");
+  std::string cmd = str(AUTOSP_BINARY, " train --config ", write_config(dir, dp, zero, accumulation), " --model ",
+                        dir.path(),
                         " --data ", dir / "tokens.bin", " --seq-len ", kSeqLen, " --steps ", kSteps, " --metrics ",
                         metrics);
   if (dp > 1) cmd = str(kMpiEnv, "timeout 300 ", AUTOSP_MPIEXEC, " -np ", dp, " --oversubscribe ", cmd);
@@ -102,14 +110,17 @@ TEST(ZeroMemory, StageOneHoldsLessPerRankAndTrainsTheSameNumbers) {
     EXPECT_EQ(z1_dp1.model_state[t][0], z0_dp1.model_state[t][0]) << "step " << t + 1;
     ASSERT_EQ(z0_dp2.model_state[t].size(), 2u);
     ASSERT_EQ(z1_dp2.model_state[t].size(), 2u);
+    // Parameters, the gradient sum of the step's first micro batch, two moments.
+    EXPECT_EQ(double(z0_dp1.model_state[t][0]), 16 * kParams) << "step " << t + 1;
     for (int r = 0; r < 2; ++r) {
       const int64_t z0 = z0_dp2.model_state[t][r], z1 = z1_dp2.model_state[t][r];
       // Data parallelism alone does not shard ZeRO-0's state.
       EXPECT_EQ(z0, z0_dp1.model_state[t][0]) << "step " << t + 1 << " rank " << r;
       EXPECT_LT(z1, z0) << "step " << t + 1 << " rank " << r;
-      // With N parameters ZeRO-0 holds 16 N bytes (parameters, gradients, two moments);
-      // ZeRO-1 over 2 ranks holds 8 N + 8 ceil(N / 2) + at most (N + 1) / 8 scratch floats
-      // (grad_sync.h), so at most 12.5 N + 4.5 bytes. Full-size scratch would break this.
+      // With N parameters ZeRO-0 holds 16 N bytes (parameters, gradient sum, two moments);
+      // ZeRO-1 over 2 ranks holds 8 N + 8 ceil(N / 2) (one bucket at the default
+      // reduce_bucket_size) + at most (N + 1) / 8 scratch floats (grad_sync.h), so at most
+      // 12.5 N + 4.5 bytes. Full-size scratch would break this.
       EXPECT_LE(double(z1), double(z0) * 12.5 / 16 + 4.5) << "step " << t + 1 << " rank " << r;
     }
     // The same global batch in every run, so the same loss up to fp32 reordering (the
@@ -124,11 +135,37 @@ TEST(ZeroMemory, StageOneHoldsLessPerRankAndTrainsTheSameNumbers) {
               (long long)z0_dp2.model_state[0][0], (long long)z1_dp2.model_state[0][0]);
 }
 
-// W = 4 ranks (SP 2 x DP 2, the autosp pass), global batch 4 (micro 2, no accumulation):
+// Without gradient accumulation nothing of the gradients is kept beside the step: ZeRO-0
+// holds its parameters and moments (12 N), ZeRO-1 over 2 ranks its parameters and its shard
+// of the moments (8 ceil(N / 2)) and the all-gather's scratch; the reduced gradients are the
+// step's outputs, planned in its arena.
+TEST(ZeroMemory, WithoutAccumulationNoGradientOutlivesTheStep) {
+  TempDir dir("zero_memory_acc1");
+  write_model_and_data(dir);
+  const TrainRun z0 = train(dir, 2, 0, 1), z1 = train(dir, 2, 1, 1), with = train(dir, 2, 0, 2);
+  ASSERT_FALSE(HasFailure());
+  for (int t = 0; t < kSteps; ++t)
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_EQ(double(z0.model_state[t][r]), 12 * kParams) << "step " << t + 1 << " rank " << r;
+      EXPECT_EQ(double(with.model_state[t][r]), 16 * kParams) << "step " << t + 1 << " rank " << r;
+      EXPECT_LE(double(z1.model_state[t][r]), 4 * kParams + 8 * std::ceil(kParams / 2) + 4 * (kParams + 1) / 8)
+          << "step " << t + 1 << " rank " << r;
+    }
+  // One micro batch of 2 or two of 1: the same global batch, the same numbers.
+  for (int t = 0; t < kSteps; ++t) {
+    EXPECT_NEAR(z1.loss[t], z0.loss[t], 2e-6 * std::abs(z0.loss[t])) << "step " << t + 1;
+    EXPECT_NEAR(with.loss[t], z0.loss[t], 2e-6 * std::abs(z0.loss[t])) << "step " << t + 1;
+  }
+  std::printf("model_state_bytes per rank, DP 2, N = %.0f: ZeRO-0 %lld (2 micro batches: %lld), ZeRO-1 %lld\n",
+              kParams, (long long)z0.model_state[0][0], (long long)with.model_state[0][0],
+              (long long)z1.model_state[0][0]);
+}
+
+// W = 4 ranks (SP 2 x DP 2, the autosp pass), global batch 4 (micro 1, 2 accumulated):
 // per-rank model state under stages 0 to 3, and the same loss curve under each.
 TrainRun train_w4(const TempDir& dir, int zero) {
-  const json c = {{"train_micro_batch_size_per_gpu", 2},
-                  {"gradient_accumulation_steps", 1},
+  const json c = {{"train_micro_batch_size_per_gpu", 1},
+                  {"gradient_accumulation_steps", 2},
                   {"train_batch_size", 4},
                   {"gradient_clipping", 1.0},
                   {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-2}, {"weight_decay", 0.1}}}}},
@@ -161,16 +198,17 @@ TEST(ZeroMemory, StagesTwoAndThreeAtFourRanksHoldAFractionOfStageZero) {
   for (int t = 0; t < kSteps; ++t) {
     ASSERT_EQ(z2.model_state[t].size(), 4u);
     for (int r = 0; r < 4; ++r) {
-      // ZeRO-0 holds 16 N bytes: parameters, gradients and two moments, all full.
+      // ZeRO-0 holds 16 N bytes: parameters, gradient sum and two moments, all full.
       const int64_t b0 = z0.model_state[t][r], b1 = z1.model_state[t][r], b2 = z2.model_state[t][r];
-      const double N = double(b0) / 16;
-      // ZeRO-1: 8 N (parameters, gradients) + 8 ceil(N / 4) + at most (N + 4) / 8 scratch
+      const double N = kParams;
+      EXPECT_EQ(double(b0), 16 * N) << "step " << t + 1 << " rank " << r;
+      // ZeRO-1: 8 N (parameters, gradient sum) + 8 ceil(N / 4) + at most (N + 4) / 8 scratch
       // floats (grad_sync.h): <= 10.5 N + 16 bytes.
       EXPECT_LE(double(b1), 10.5 * N + 16) << "step " << t + 1 << " rank " << r;
       // ZeRO-2: 4 N parameters + 12 bytes per element of this rank's shard of each bucket
       // (ceil(n / 4); one bucket at the default reduce_bucket_size) + at most (N + 4) / 8
       // all-gather scratch floats: <= 7.5 N + 28 bytes, 0.47 of ZeRO-0. A full-size
-      // gradient kept between micro batches (+4 N) would break it.
+      // gradient kept between micro batches (+4 N, as ZeRO-1 does) would break it.
       EXPECT_LE(double(b2), 7.5 * N + 28) << "step " << t + 1 << " rank " << r;
       EXPECT_LT(b2, b1) << "step " << t + 1 << " rank " << r;
       // ZeRO-3: 16 bytes per element of this rank's shard of each parameter group
