@@ -190,13 +190,8 @@ void on_lead(const Launch& launch, Communicator& world, const std::function<void
       error = e.what();
     }
   }
-  if (world.size() > 1) {
-    const CommTimeoutSuspended io_wait;  // the lead's disk I/O may take long; it is not a hang
-    int64_t n = static_cast<int64_t>(error.size());
-    world.broadcast(&n, sizeof(n), 0);
-    error.resize(static_cast<size_t>(n));
-    world.broadcast(error.data(), n, 0);
-  }
+  const CommTimeoutSuspended io_wait;  // the lead's disk I/O may take long; it is not a hang
+  error = agreed_error(world, error);
   if (!error.empty()) throw UserError(error);
 }
 

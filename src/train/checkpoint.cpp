@@ -365,13 +365,7 @@ SaveStats save_checkpoint(const SaveTarget* target, Communicator& world, const m
     error += str("; the previous checkpoint ", target->dir(), " is untouched");
   }
   on_lead_until_failed(lead, error, [&] { target->finish_save(model, state, info); });
-  // Rank 0's verdict, every rank's (as its length, then its text).
-  if (world.size() > 1) {
-    int64_t n = static_cast<int64_t>(error.size());
-    world.broadcast(&n, sizeof(n), 0);
-    error.resize(static_cast<size_t>(n));
-    world.broadcast(error.data(), n, 0);
-  }
+  error = agreed_error(world, error);  // rank 0's verdict, every rank's
   if (!error.empty()) throw UserError(error);
   stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return stats;

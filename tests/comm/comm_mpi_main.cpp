@@ -273,6 +273,33 @@ Finding check_membership(Group& g) {
   return {};
 }
 
+// agreed_error: the failing rank whose failure comes first (by order, then rank) speaks for
+// every rank; no failure anywhere is "" everywhere.
+Finding check_agreed_error(Group& g) {
+  const int P = static_cast<int>(g.members.size()), me = g.my_group_rank();
+  struct Case {
+    std::string name;
+    std::function<bool(int)> fails;     // which group ranks fail
+    std::function<int64_t(int)> order;  // and where
+    std::string want;                   // the message every rank must get
+  };
+  auto says = [&](int p) { return str("rank ", p, " failed: ", std::string(size_t(p) * 40, 'x')); };
+  const std::vector<Case> cases = {
+      {"none", [](int) { return false; }, [](int) { return 0; }, ""},
+      {"last rank only", [&](int p) { return p == P - 1; }, [](int) { return 7; }, says(P - 1)},
+      {"all, the last first", [](int) { return true; }, [&](int p) { return P - 1 - p; }, says(P - 1)},
+      {"all at the same order", [](int) { return true; }, [](int) { return 3; }, says(0)},
+      {"all but rank 0, large orders", [](int p) { return p > 0; },
+       [](int p) { return (int64_t{1} << 52) - p; }, P > 1 ? says(P - 1) : ""},
+  };
+  Finding first;  // the first mismatch; later calls still run, as on the other ranks
+  for (const Case& c : cases) {
+    const std::string got = autosp::agreed_error(*g.comm, c.fails(me) ? says(me) : "", c.order(me));
+    if (got != c.want && first.empty()) first = str(c.name, ": got '", got, "', expected '", c.want, "'");
+  }
+  return first;
+}
+
 // A failing MPI call on the group comes back as MpiError naming the call and the group
 // (so MPI_ERRORS_RETURN is set on it: MPI's default would abort the job instead).
 Finding check_error_handling(Group& g) {
@@ -322,6 +349,7 @@ void check_group(Checker& checker, Group& g, int64_t max_call_bytes) {
   checker.run(at + " gather", [&] { return check_gather(g, sizes); });
   checker.run(at + " reduce_scatter_sum", [&] { return check_reduce_scatter(g, sizes); });
   checker.run(at + " broadcast", [&] { return check_broadcast(g, byte_sizes); });
+  checker.run(at + " agreed_error", [&] { return check_agreed_error(g); });
   checker.run(at + " barrier", [&] {
     g.comm->barrier();
     return Finding{};
