@@ -129,15 +129,21 @@ TEST(ZeroCheckpointMemory, Stage3SaveAndLoadAtW4HoldNoExtraCopyOfTheModelOnAnyRa
     std::printf("load_checkpoint: +%.2f MiB\n", double(phase.peak_growth()) / 1048576);
     EXPECT_LT(double(phase.peak_growth()), bound);
   }
-  // The whole resumed run against its plan, for the record (not asserted: MPI's own
-  // reduce-scatter buffers for the 16 MiB embedding and head buckets are outside the plan).
+  // The whole resumed run against its plan. The plan does not count MPI's temporaries for a
+  // reduction call, which MpiCommunicator bounds (kMaxReductionCallBytes: at most 3 MiB, on
+  // rank 0); 8 MiB, half of the 16 MiB embedding or head bucket, catches a bucket reduced in
+  // one call, which put rank 0 at +32.5 MiB and rank 2 at +16.7 MiB above the plan (ranks 1
+  // and 3 +0.6) before the calls were bounded.
   const auto metrics = read_metrics(m.dir / "m.jsonl");
   ASSERT_EQ(metrics.size(), 1u);
-  for (size_t r = 0; r < 4; ++r)
+  const double planned = metrics[0]["planned_peak_bytes"].get<double>();
+  for (size_t r = 0; r < 4; ++r) {
+    const double measured = metrics[0]["rss_peak_bytes_per_rank"][r].get<double>() -
+                            metrics[0]["rss_base_bytes_per_rank"][r].get<double>();
     std::printf("resumed run, rank %zu: resident peak above the start %.1f MiB, planned %.1f MiB\n", r,
-                (metrics[0]["rss_peak_bytes_per_rank"][r].get<double>() -
-                 metrics[0]["rss_base_bytes_per_rank"][r].get<double>()) / 1048576,
-                metrics[0]["planned_peak_bytes"].get<double>() / 1048576);
+                measured / 1048576, planned / 1048576);
+    EXPECT_LT(measured, planned + 8 * 1048576.0) << "rank " << r;
+  }
   // Both saves are plain Hugging Face checkpoints of the whole model.
   for (const std::string& ck : {ck1, ck2}) {
     const io::SafetensorsReader model(ck + "/model.safetensors");
