@@ -190,13 +190,8 @@ void on_lead(const Launch& launch, Communicator& world, const std::function<void
       error = e.what();
     }
   }
-  if (world.size() > 1) {
-    const CommTimeoutSuspended io_wait;  // the lead's disk I/O may take long; it is not a hang
-    int64_t n = static_cast<int64_t>(error.size());
-    world.broadcast(&n, sizeof(n), 0);
-    error.resize(static_cast<size_t>(n));
-    world.broadcast(error.data(), n, 0);
-  }
+  const CommTimeoutSuspended io_wait;  // the lead's disk I/O may take long; it is not a hang
+  error = agreed_error(world, error);
   if (!error.empty()) throw UserError(error);
 }
 
@@ -417,9 +412,18 @@ int run_train(const TrainArgs& args, MpiRuntime* mpi) {
   int64_t S = args.seq_len;
   if (!args.resume.empty()) {
     try {
-      ckpt = train::load_checkpoint(args.resume);
+      const CommTimeoutSuspended io_wait;  // the ranks wait for the one reading the largest file
+      ckpt = train::load_checkpoint(args.resume, *groups.world);
     } catch (const UserError& e) {
       user_error("--resume ", args.resume, ": ", e.what());
+    }
+    if (ckpt->verified) {
+      // Each byte is read by one rank: the world reads the checkpoint once.
+      const std::vector<int64_t> read = rank_peaks(groups, ckpt->verified_bytes);
+      std::string per_rank;
+      for (int64_t b : read) per_rank += str(" ", b);
+      say(launch, "--resume %s: every file matches its manifest (bytes checksummed per rank:%s)\n", ckpt->dir.c_str(),
+          per_rank.c_str());
     }
     if (launch.lead())
       for (const std::string& note : ckpt->notes) std::fprintf(stderr, "autosp: warning: --resume: %s\n", note.c_str());

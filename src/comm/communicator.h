@@ -46,6 +46,15 @@ class Communicator {
 // A group of one: collectives are copies.
 std::unique_ptr<Communicator> make_single_communicator();
 
+// A failure that some ranks of `group` see, made every rank's, so that all stop together
+// with one message instead of the others waiting in a later collective for the ranks that
+// failed: returns, on every rank, the `error` of the failing rank whose failure comes first
+// by `order` (where it lies in work the ranks share out, e.g. the index of the file it
+// concerns; 0 <= order < 2^53), then by rank; "" on every rank when no rank failed (an
+// empty `error`). Collective: one all-reduce of size() doubles, and after a failure two
+// broadcasts from that rank.
+std::string agreed_error(Communicator& group, const std::string& error, int64_t order = 0);
+
 // The process's groups for a world of `world.size()` ranks split into SP groups of
 // `sp_size` consecutive ranks. `world.size() % sp_size == 0` is checked by the caller.
 struct ProcessGroups {

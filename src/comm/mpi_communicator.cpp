@@ -152,7 +152,7 @@ int64_t MpiCommunicator::max_count(size_t element_bytes) const {
 template <typename T>
 void MpiCommunicator::all_reduce_sum_impl(T* data, int64_t n, MPI_Datatype type) {
   AUTOSP_CHECK(n >= 0, n);
-  const int64_t step = max_count(sizeof(T));
+  const int64_t step = std::min(max_count(sizeof(T)), kMaxReductionCallBytes / int64_t{sizeof(T)});
   if (n == 0) {
     MPI_Request request;
     check(MPI_Iallreduce(MPI_IN_PLACE, data, 0, type, MPI_SUM, comm_, &request), "MPI_Iallreduce");
@@ -249,8 +249,9 @@ void MpiCommunicator::reduce_scatter_sum(const float* send, float* recv, int64_t
   AUTOSP_CHECK(n >= 0, n);
   const int64_t bytes = n * int64_t{sizeof(float)};
   AUTOSP_CHECK(!overlaps(send, size_ * bytes, recv, bytes), "reduce_scatter_sum buffers overlap");
-  const int64_t step = max_count(sizeof(float));
-  if (n <= step) {
+  // Floats of all ranks' chunks together in one call.
+  const int64_t call = std::min(max_count(sizeof(float)), kMaxReductionCallBytes / int64_t{sizeof(float)});
+  if (size_ * n <= call) {
     MPI_Request request;
     check(MPI_Ireduce_scatter_block(send, recv, static_cast<int>(n), MPI_FLOAT, MPI_SUM, comm_, &request),
           "MPI_Ireduce_scatter_block");
@@ -259,8 +260,8 @@ void MpiCommunicator::reduce_scatter_sum(const float* send, float* recv, int64_t
   }
   // Reductions over non-contiguous derived datatypes are poorly supported by MPI
   // implementations, so each piece of every rank's chunk is packed contiguously instead;
-  // the buffer holds at most max(step, size) floats.
-  const int64_t piece = std::max<int64_t>(1, step / size_);
+  // the buffer holds at most max(call, size) floats.
+  const int64_t piece = std::max<int64_t>(1, call / size_);
   std::vector<float> packed(static_cast<size_t>(size_ * std::min(piece, n)));
   for (int64_t off = 0; off < n; off += piece) {
     const int64_t count = std::min(piece, n - off);

@@ -365,13 +365,7 @@ SaveStats save_checkpoint(const SaveTarget* target, Communicator& world, const m
     error += str("; the previous checkpoint ", target->dir(), " is untouched");
   }
   on_lead_until_failed(lead, error, [&] { target->finish_save(model, state, info); });
-  // Rank 0's verdict, every rank's (as its length, then its text).
-  if (world.size() > 1) {
-    int64_t n = static_cast<int64_t>(error.size());
-    world.broadcast(&n, sizeof(n), 0);
-    error.resize(static_cast<size_t>(n));
-    world.broadcast(error.data(), n, 0);
-  }
+  error = agreed_error(world, error);  // rank 0's verdict, every rank's
   if (!error.empty()) throw UserError(error);
   stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return stats;
@@ -515,8 +509,19 @@ std::string interrupted_save_fallback(const fs::path& dir) {
 
 }  // namespace
 
-bool verify_checkpoint_files(const std::string& dir, std::vector<std::string>* notes) {
-  const fs::path d(dir);
+namespace {
+
+// One file a manifest lists: its path inside the checkpoint, its size and checksum.
+struct ManifestEntry {
+  std::string rel;
+  uint64_t bytes = 0;
+  std::string fnv1a64;
+};
+
+// The files manifest.json in `dir` lists, in its order, each entry checked for form; none
+// for a checkpoint of an older autosp (written before manifests). UserError for a missing
+// manifest that trainer_state.json says exists, or a malformed one.
+std::optional<std::vector<ManifestEntry>> read_manifest(const fs::path& d) {
   const std::string manifest_path = (d / kManifest).string();
   std::error_code ec;
   if (!fs::exists(manifest_path, ec)) {
@@ -526,41 +531,104 @@ bool verify_checkpoint_files(const std::string& dir, std::vector<std::string>* n
     if (st.is_object() && st.contains("manifest"))
       user_error(manifest_path, ": missing, but ", st_path.string(), " says the checkpoint has one: the checkpoint "
                  "is incomplete or was altered (use an earlier checkpoint)");
-    return false;  // an older autosp's checkpoint: nothing to verify against
+    return std::nullopt;
   }
   const json m = read_json(manifest_path);
   if (!m.is_object() || m.value("format", "") != kManifestFormat || !m.contains("files") || !m["files"].is_object())
     user_error(manifest_path, ": not an autosp checkpoint manifest (expected {\"format\": \"", kManifestFormat,
                "\", \"files\": {...}})");
-  const json& files = m["files"];
-  for (const auto& [rel, entry] : files.items()) {
-    const std::string path = (d / rel).string();
+  std::vector<ManifestEntry> files;
+  for (const auto& [rel, entry] : m["files"].items()) {
     if (rel.empty() || fs::path(rel).is_absolute() || rel.find("..") != std::string::npos)
       user_error(manifest_path, ": lists '", rel, "', which is not a file inside the checkpoint");
     const bool typed = entry.is_object() && entry.contains("bytes") && entry["bytes"].is_number_unsigned() &&
                        entry.contains("fnv1a64") && entry["fnv1a64"].is_string();
     if (!typed) user_error(manifest_path, ": entry for ", rel, " is not {\"bytes\": N, \"fnv1a64\": \"HEX\"}");
-    if (!fs::is_regular_file(path, ec))
-      user_error(path, ": missing (the manifest lists it): the checkpoint is incomplete (use an earlier checkpoint)");
-    const uint64_t want_bytes = entry["bytes"].get<uint64_t>();
-    const uint64_t size = fs::file_size(path, ec);
-    if (ec) user_error(path, ": cannot read its size: ", ec.message());
-    if (size != want_bytes)
-      user_error(path, ": ", size, " bytes, but the manifest says ", want_bytes, size < want_bytes ? " (truncated)" : "",
-                 ": the checkpoint is damaged (use an earlier checkpoint)");
-    int64_t read_bytes = 0;
-    const std::string hash = hex64(fnv1a_file(path, &read_bytes));
-    if (hash != entry["fnv1a64"].get<std::string>())
-      user_error(path, ": checksum ", hash, " differs from the manifest's ", entry["fnv1a64"].get<std::string>(),
-                 ": the file was altered or damaged (use an earlier checkpoint)");
+    files.push_back({rel, entry["bytes"].get<uint64_t>(), entry["fnv1a64"].get<std::string>()});
   }
-  // A file the user added (a model card, notes) is theirs: autosp never reads it, so it does
-  // not make the checkpoint invalid (the next --save refuses to replace the directory).
-  for (const std::string& rel : manifest_candidates(d))
-    if (!files.contains(rel) && notes)
-      notes->push_back(str((d / rel).string(), ": not listed in the checkpoint's manifest (added after the save); "
-                           "autosp does not read it"));
-  return true;
+  return files;
+}
+
+// Checks one file against its manifest entry (present, its size, its checksum); UserError
+// naming the file and what is wrong. Returns the bytes read.
+int64_t verify_file(const fs::path& d, const ManifestEntry& want) {
+  const std::string path = (d / want.rel).string();
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec))
+    user_error(path, ": missing (the manifest lists it): the checkpoint is incomplete (use an earlier checkpoint)");
+  const uint64_t size = fs::file_size(path, ec);
+  if (ec) user_error(path, ": cannot read its size: ", ec.message());
+  if (size != want.bytes)
+    user_error(path, ": ", size, " bytes, but the manifest says ", want.bytes, size < want.bytes ? " (truncated)" : "",
+               ": the checkpoint is damaged (use an earlier checkpoint)");
+  int64_t read_bytes = 0;
+  const std::string hash = hex64(fnv1a_file(path, &read_bytes));
+  if (hash != want.fnv1a64)
+    user_error(path, ": checksum ", hash, " differs from the manifest's ", want.fnv1a64,
+               ": the file was altered or damaged (use an earlier checkpoint)");
+  return read_bytes;
+}
+
+// The rank that checksums each file: the largest first, each to the rank with the fewest
+// bytes so far (the lowest of those), so that no rank reads much more than the largest file
+// or its 1/W of the whole. The same on every rank: it depends on the manifest alone.
+std::vector<int> share_out(const std::vector<ManifestEntry>& files, int W) {
+  std::vector<size_t> by_size(files.size());
+  for (size_t i = 0; i < files.size(); ++i) by_size[i] = i;
+  std::stable_sort(by_size.begin(), by_size.end(), [&](size_t a, size_t b) { return files[a].bytes > files[b].bytes; });
+  std::vector<uint64_t> load(static_cast<size_t>(W), 0);
+  std::vector<int> owner(files.size(), 0);
+  for (size_t i : by_size) {
+    const int r = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
+    owner[i] = r;
+    load[static_cast<size_t>(r)] += files[i].bytes;
+  }
+  return owner;
+}
+
+}  // namespace
+
+bool verify_checkpoint_files(const std::string& dir, Communicator& world, std::vector<std::string>* notes,
+                             int64_t* read_bytes) {
+  const fs::path d(dir);
+  // This rank's first failure, and where it lies in the order one process checks in: the
+  // manifest (0), file i (1 + i), the listing (1 + files). Every rank reports the earliest
+  // of all, so the message is the one a single process gives.
+  std::string error;
+  int64_t at = 0, bytes = 0;
+  std::optional<std::vector<ManifestEntry>> files;
+  std::vector<std::string> unlisted;
+  try {
+    files = read_manifest(d);
+    if (files) {
+      const std::vector<int> owner = share_out(*files, world.size());
+      for (size_t i = 0; i < files->size(); ++i) {
+        at = static_cast<int64_t>(1 + i);
+        if (owner[i] == world.rank()) bytes += verify_file(d, (*files)[i]);
+      }
+      at = static_cast<int64_t>(1 + files->size());
+      // A file the user added (a model card, notes) is theirs: autosp never reads it, so it
+      // does not make the checkpoint invalid (the next --save refuses to replace the directory).
+      std::set<std::string> listed;
+      for (const ManifestEntry& e : *files) listed.insert(e.rel);
+      for (const std::string& rel : manifest_candidates(d))
+        if (!listed.count(rel))
+          unlisted.push_back(str((d / rel).string(), ": not listed in the checkpoint's manifest (added after the "
+                                 "save); autosp does not read it"));
+    }
+  } catch (const UserError& e) {
+    error = e.what();
+  }
+  error = agreed_error(world, error, at);
+  if (!error.empty()) throw UserError(error);
+  if (notes) notes->insert(notes->end(), unlisted.begin(), unlisted.end());
+  if (read_bytes) *read_bytes = bytes;
+  return files.has_value();
+}
+
+bool verify_checkpoint_files(const std::string& dir, std::vector<std::string>* notes) {
+  const std::unique_ptr<Communicator> one = make_single_communicator();
+  return verify_checkpoint_files(dir, *one, notes);
 }
 
 std::string resolve_checkpoint_dir(const std::string& dir) {
@@ -576,9 +644,14 @@ std::string resolve_checkpoint_dir(const std::string& dir) {
 }
 
 LoadedCheckpoint load_checkpoint(const std::string& dir) {
+  const std::unique_ptr<Communicator> one = make_single_communicator();
+  return load_checkpoint(dir, *one);
+}
+
+LoadedCheckpoint load_checkpoint(const std::string& dir, Communicator& world) {
   LoadedCheckpoint c;
   c.dir = resolve_checkpoint_dir(dir);
-  c.verified = verify_checkpoint_files(c.dir, &c.notes);
+  c.verified = verify_checkpoint_files(c.dir, world, &c.notes, &c.verified_bytes);
   const fs::path d(c.dir);
   c.model = models::load_llama_config((d / "config.json").string());
   const std::string st_path = (d / "trainer_state.json").string();

@@ -97,6 +97,7 @@ struct LoadedCheckpoint {
   std::string dir;  // where it was found (DIR, or DIR.autosp-old.* after an interrupted save)
   bool verified = false;  // against its manifest (false: an older autosp's, without one)
   std::vector<std::string> notes;  // files in it that the manifest does not list
+  int64_t verified_bytes = 0;  // read by this rank to verify the files (its share of them)
   models::LlamaConfig model;
   ModelState state;
   CheckpointInfo info;
@@ -106,7 +107,11 @@ struct LoadedCheckpoint {
 // malformed piece is a UserError naming the file (and the tensor, with its shape). The
 // tensors are not read: state.stored validates both files' headers against the model (every
 // tensor present, with its shape, in a dtype autosp reads; no unexpected one in
-// model.safetensors) and reads any element range on demand.
+// model.safetensors) and reads any element range on demand. A collective over `world`:
+// the ranks share out the verification (each file is read by one of them) and all end with
+// the same result. Every rank must see the same directory, as resuming from what
+// save_checkpoint wrote on rank 0 needs anyway. Without `world`, one process checks it all.
+LoadedCheckpoint load_checkpoint(const std::string& dir, Communicator& world);
 LoadedCheckpoint load_checkpoint(const std::string& dir);
 
 // The directory a checkpoint named `dir` is in: dir, or after a save interrupted between
@@ -118,6 +123,15 @@ std::string resolve_checkpoint_dir(const std::string& dir);
 // is wrong; so is a missing or malformed manifest where trainer_state.json says there is
 // one. Files the manifest does not list (the user's) are named in *notes. Returns false
 // (nothing checked) for a checkpoint of an older autosp, written before manifests.
+//
+// Over `world` (a collective), each listed file is checksummed by one rank (the largest
+// files first, each to the rank with the fewest bytes so far), so a resume at any world size
+// reads the checkpoint once, not once per rank; *read_bytes is this rank's share. Every
+// rank then returns the same result or throws the same UserError: the failure that comes
+// first in the order one process checks in (the manifest, then its files in order, then
+// the listing), which is the message `autosp verify` gives.
+bool verify_checkpoint_files(const std::string& dir, Communicator& world, std::vector<std::string>* notes = nullptr,
+                             int64_t* read_bytes = nullptr);
 bool verify_checkpoint_files(const std::string& dir, std::vector<std::string>* notes = nullptr);
 
 // The state a run starts from without a checkpoint, not yet read (ModelState::stored, as

@@ -7,8 +7,10 @@
 //     MPI calls and split into many (a max_call_bytes of a few bytes), against values each
 //     rank computes locally: send buffers are a function of (world rank, index), so every
 //     rank knows what every other rank sent. Also group membership, error handling and
-//     check_same_on_all_ranks. Rank 0 prints one line per check and a summary; failing ranks
-//     print what differed. Exit status 1 on any failure, on every rank.
+//     check_same_on_all_ranks; agreed_error on every group, and the checkpoint verification
+//     it serves (train::verify_checkpoint_files over the world: each file read by one rank,
+//     every rank with one process's verdict). Rank 0 prints one line per check and a
+//     summary; failing ranks print what differed. Exit status 1 on any failure, on every rank.
 //
 //   mpirun -np 4 --oversubscribe comm_mpi_main --die-rank 1 [--die-how abort|exit|finalize]
 //     Rank 1 fails (throws) while the others wait in a world all-reduce for it. With `abort`
@@ -18,16 +20,25 @@
 //     Seen with OpenMPI 4.1.4, -np 2 and 4: abort ends the job in ~0.6 s, mpirun exit 1;
 //     exit in ~1.5 s, exit 1 (mpirun kills a job whose rank exits non-zero); finalize HANGS
 //     (MPI_Finalize waits for ranks that wait in the all-reduce): never ship that path.
+#include <stdlib.h>
+#include <sys/stat.h>
+
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "comm/mpi_communicator.h"
+#include "train/checkpoint.h"
 #include "util/error.h"
+#include "util/hash.h"
+#include "util/rss.h"
 
 namespace {
 
@@ -35,6 +46,7 @@ using autosp::Communicator;
 using autosp::MpiCommunicator;
 using autosp::MpiRuntime;
 using autosp::str;
+namespace fs = std::filesystem;
 
 // What a check found wrong on this rank; empty when nothing.
 using Finding = std::string;
@@ -273,6 +285,33 @@ Finding check_membership(Group& g) {
   return {};
 }
 
+// agreed_error: the failing rank whose failure comes first (by order, then rank) speaks for
+// every rank; no failure anywhere is "" everywhere.
+Finding check_agreed_error(Group& g) {
+  const int P = static_cast<int>(g.members.size()), me = g.my_group_rank();
+  struct Case {
+    std::string name;
+    std::function<bool(int)> fails;     // which group ranks fail
+    std::function<int64_t(int)> order;  // and where
+    std::string want;                   // the message every rank must get
+  };
+  auto says = [&](int p) { return str("rank ", p, " failed: ", std::string(size_t(p) * 40, 'x')); };
+  const std::vector<Case> cases = {
+      {"none", [](int) { return false; }, [](int) { return 0; }, ""},
+      {"last rank only", [&](int p) { return p == P - 1; }, [](int) { return 7; }, says(P - 1)},
+      {"all, the last first", [](int) { return true; }, [&](int p) { return P - 1 - p; }, says(P - 1)},
+      {"all at the same order", [](int) { return true; }, [](int) { return 3; }, says(0)},
+      {"all but rank 0, large orders", [](int p) { return p > 0; },
+       [](int p) { return (int64_t{1} << 52) - p; }, P > 1 ? says(P - 1) : ""},
+  };
+  Finding first;  // the first mismatch; later calls still run, as on the other ranks
+  for (const Case& c : cases) {
+    const std::string got = autosp::agreed_error(*g.comm, c.fails(me) ? says(me) : "", c.order(me));
+    if (got != c.want && first.empty()) first = str(c.name, ": got '", got, "', expected '", c.want, "'");
+  }
+  return first;
+}
+
 // A failing MPI call on the group comes back as MpiError naming the call and the group
 // (so MPI_ERRORS_RETURN is set on it: MPI's default would abort the job instead).
 Finding check_error_handling(Group& g) {
@@ -322,6 +361,7 @@ void check_group(Checker& checker, Group& g, int64_t max_call_bytes) {
   checker.run(at + " gather", [&] { return check_gather(g, sizes); });
   checker.run(at + " reduce_scatter_sum", [&] { return check_reduce_scatter(g, sizes); });
   checker.run(at + " broadcast", [&] { return check_broadcast(g, byte_sizes); });
+  checker.run(at + " agreed_error", [&] { return check_agreed_error(g); });
   checker.run(at + " barrier", [&] {
     g.comm->barrier();
     return Finding{};
@@ -401,6 +441,138 @@ void check_runtime(Checker& checker, const MpiRuntime& mpi) {
   }
 }
 
+// A reduction of a 16 MiB buffer (the embedding's gradient bucket of a small Llama) adds
+// little to any rank's resident peak: MPI's temporaries are bounded by the calls'
+// size, kMaxReductionCallBytes. Unsplit, Open MPI's libnbc added 32 MiB on rank 0 and 16 MiB
+// on rank 2 of 4 (mpi_communicator.h). The buffers are touched before the phase starts.
+void check_reduction_memory(Checker& checker) {
+  auto world = MpiCommunicator::dup(MPI_COMM_WORLD, "world");
+  const int64_t whole = int64_t{4} << 20, n = whole / world->size();  // floats
+  std::vector<float> send(static_cast<size_t>(whole), 1.0f), recv(static_cast<size_t>(n), 0.0f);
+  // The rank-0 bound: the call's two halves in libnbc and reduce_scatter_sum's packing buffer,
+  // and 1 MiB for the allocator's rounding and MPI's own bookkeeping.
+  const int64_t bound = 4 * MpiCommunicator::kMaxReductionCallBytes;
+  auto peak_growth = [&](const std::function<void()>& call) -> Finding {
+    world->barrier();
+    const autosp::RssPhase phase;
+    call();
+    const int64_t growth = phase.peak_growth();
+    if (growth > bound) return str("resident peak +", growth >> 10, " KiB, above ", bound >> 10, " KiB");
+    return {};
+  };
+  checker.run("reduce_scatter_sum of 16 MiB: bounded MPI temporaries", [&] {
+    return peak_growth([&] { world->reduce_scatter_sum(send.data(), recv.data(), n); });
+  });
+  checker.run("all_reduce_sum of 16 MiB: bounded MPI temporaries", [&] {
+    return peak_growth([&] { world->all_reduce_sum(send.data(), whole); });
+  });
+}
+
+// A checkpoint's files (sizes chosen so that each rank of 2 or 4 verifies a different share)
+// and its manifest.json as autosp writes it; `damage` then edits it. Rank 0 writes; every
+// rank sees the directory before the barrier returns.
+void write_fixture(const std::string& dir, Communicator& world, const std::function<void()>& damage) {
+  if (world.rank() == 0) {
+    fs::remove_all(dir);
+    const std::vector<std::pair<std::string, int64_t>> files = {
+        {"config.json", 300}, {"extra/one.bin", 20000}, {"model.safetensors", 40000},
+        {"optimizer.safetensors", 80000}, {"trainer_state.json", 500}};
+    nlohmann::json listed = nlohmann::json::object();
+    for (const auto& [rel, bytes] : files) {
+      fs::create_directories(fs::path(dir + "/" + rel).parent_path());
+      std::string text(static_cast<size_t>(bytes), '\0');
+      for (int64_t i = 0; i < bytes; ++i) text[static_cast<size_t>(i)] = static_cast<char>(i * 131 + rel.size());
+      std::ofstream(dir + "/" + rel, std::ios::binary) << text;
+      char hex[17];
+      std::snprintf(hex, sizeof(hex), "%016llx", (unsigned long long)autosp::fnv1a(text));
+      listed[rel] = {{"bytes", bytes}, {"fnv1a64", hex}};
+    }
+    std::ofstream(dir + "/manifest.json")
+        << nlohmann::json{{"format", "autosp checkpoint manifest"}, {"version", 1}, {"files", listed}}.dump(2);
+    damage();
+  }
+  world.barrier();
+}
+
+void flip_byte(const std::string& path, int64_t at) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(at);
+  char c = 0;
+  f.get(c);
+  f.seekp(at);
+  f.put(static_cast<char>(c ^ 0x01));
+}
+
+// verify_checkpoint_files over the world: each byte is read by one rank, and every rank ends
+// with what one process checking it all ends with (the same result, or the same UserError:
+// the first failure in the manifest's order, whichever rank found it).
+void check_checkpoint_verification(Checker& checker) {
+  auto world = MpiCommunicator::dup(MPI_COMM_WORLD, "world");
+  std::string dir;
+  if (world->rank() == 0) {
+    std::string pattern = (fs::temp_directory_path() / "autosp_verify_XXXXXX").string();
+    dir = mkdtemp(pattern.data()) ? pattern : "";
+  }
+  int64_t n = static_cast<int64_t>(dir.size());
+  world->broadcast(&n, sizeof(n), 0);
+  dir.resize(static_cast<size_t>(n));
+  world->broadcast(dir.data(), n, 0);
+  const std::string ck = dir + "/ck";
+
+  checker.run("verify_checkpoint_files: each byte read by one rank", [&]() -> Finding {
+    write_fixture(ck, *world, [&] { std::ofstream(ck + "/notes.txt") << "mine"; });
+    std::vector<std::string> notes;
+    int64_t mine = 0;
+    const bool verified = autosp::train::verify_checkpoint_files(ck, *world, &notes, &mine);
+    double read = double(mine);
+    world->all_reduce_sum(&read, 1);
+    const int64_t total = 300 + 20000 + 40000 + 80000 + 500;
+    if (!verified) return "not verified";
+    if (notes.size() != 1 || notes[0].find("notes.txt: not listed") == std::string::npos)
+      return str(notes.size(), " notes, expected one naming notes.txt");
+    if (read != double(total)) return str("the ranks read ", read, " bytes in all, the files have ", total);
+    if (world->size() > 1 && mine > 80000) return str("this rank read ", mine, " bytes, more than the largest file");
+    return {};
+  });
+  struct Damage {
+    std::string name;
+    std::function<void()> apply;
+  };
+  const std::vector<Damage> damages = {
+      {"flipped byte in model.safetensors", [&] { flip_byte(ck + "/model.safetensors", 12345); }},
+      {"truncated trainer_state.json", [&] { fs::resize_file(ck + "/trainer_state.json", 499); }},
+      {"missing extra/one.bin", [&] { fs::remove(ck + "/extra/one.bin"); }},
+      {"missing config.json, damaged optimizer.safetensors", [&] {
+         fs::remove(ck + "/config.json");
+         flip_byte(ck + "/optimizer.safetensors", 7);
+       }},
+      {"damaged optimizer.safetensors, unlisted fifo", [&] {
+         flip_byte(ck + "/optimizer.safetensors", 7);
+         mkfifo((ck + "/pipe").c_str(), 0600);
+       }},
+      {"manifest not JSON", [&] { std::ofstream(ck + "/manifest.json") << "{\"format\": "; }},
+  };
+  auto error_of = [](const std::function<void()>& f) {
+    try {
+      f();
+    } catch (const autosp::UserError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  for (const Damage& d : damages)
+    checker.run("verify_checkpoint_files: " + d.name, [&]() -> Finding {
+      write_fixture(ck, *world, d.apply);
+      const std::string alone = error_of([&] { autosp::train::verify_checkpoint_files(ck); });
+      const std::string shared = error_of([&] { autosp::train::verify_checkpoint_files(ck, *world); });
+      if (alone.empty()) return "one process found no damage";
+      if (shared != alone) return str("over the world: '", shared, "'; one process: '", alone, "'");
+      return {};
+    });
+  world->barrier();
+  if (world->rank() == 0) fs::remove_all(dir);
+}
+
 int run_checks(const MpiRuntime& mpi) {
   Checker checker(mpi);
   check_runtime(checker, mpi);
@@ -408,6 +580,8 @@ int run_checks(const MpiRuntime& mpi) {
   if (mpi.world_size() > 4) sp_sizes.push_back(mpi.world_size());
   for (int P : sp_sizes)
     if (mpi.world_size() % P == 0) check_groups(checker, mpi, P);
+  check_reduction_memory(checker);
+  check_checkpoint_verification(checker);
   if (mpi.world_rank() == 0) {
     std::printf("comm_mpi_main: %d checks on %d ranks, %d failed\n", checker.checks(),
                 mpi.world_size(), checker.failed());
