@@ -19,13 +19,15 @@ constexpr int64_t kGpuRuntimeReserveBytes = int64_t{1} << 30;
 
 std::string describe_precision(const PlanSetup& setup) {
   if (setup.dtype == DType::bf16)
-    return "bf16 parameters and activations; fp32 master weights, reduced gradients and AdamW moments "
-           "(sharded 1/W from ZeRO-1 on, where ZeRO-1 also keeps the whole sum of a step's micro batches when it "
-           "accumulates; the bf16 parameters too under ZeRO-3, each layer's gathered in the plan's arena); runtime "
-           "reserve 1 GiB per GPU (CUDA context, cuBLAS and NCCL buffers)";
-  return "fp32 parameters, activations, gradients and AdamW moments (the CPU runtime; reduced gradients and moments "
-         "sharded 1/W from ZeRO-1 on, where ZeRO-1 also keeps the whole sum of a step's micro batches when it "
-         "accumulates; parameters too under ZeRO-3); runtime reserve as measured for the CPU runtime";
+    return "bf16 parameters, activations and gradients (reduced in the step, in the plan's arena); fp32 master "
+           "weights and AdamW moments, sharded 1/W from ZeRO-1 on; with gradient accumulation the fp32 sum of a "
+           "step's micro batches beside the step (whole under ZeRO 0 and 1, 1/W under 2 and 3); the bf16 "
+           "parameters sharded too under ZeRO-3, each layer's gathered in the arena; runtime reserve 1 GiB per GPU "
+           "(CUDA context, cuBLAS and NCCL buffers)";
+  return "fp32 parameters, activations, gradients and AdamW moments (the CPU runtime; gradients reduced in the "
+         "step, in the plan's arena; moments sharded 1/W from ZeRO-1 on; with gradient accumulation the sum of a "
+         "step's micro batches beside the step, whole under ZeRO 0 and 1, 1/W under 2 and 3; parameters sharded "
+         "too under ZeRO-3); runtime reserve as measured for the CPU runtime";
 }
 
 MemoryBreakdown plan_step(const PlanSetup& setup, const MemoryStrategy& strategy, int64_t S) {
@@ -66,7 +68,7 @@ MemoryBreakdown plan_step(const PlanSetup& setup, const MemoryStrategy& strategy
     b.gradients = 4 * accumulated;
     b.optimizer_state = 8 * shard;
     const int64_t local = split_sequence(S, setup.sp).local;
-    b.runtime_reserve = runtime_reserve_bytes(setup.threads) +
+    b.runtime_reserve = runtime_reserve_bytes(setup.threads) + reduction_staging_bytes(step.last, W) +
                         4 * (setup.micro_batch * (3 * S + 6 * local) + S + 1);  // as Trainer::staging_bytes
   }
   return b;

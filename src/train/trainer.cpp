@@ -9,6 +9,7 @@
 #include <cmath>
 #include <map>
 
+#include "comm/mpi_communicator.h"
 #include "passes/autodiff.h"
 #include "passes/autosp.h"
 #include "passes/pipeline.h"
@@ -73,6 +74,15 @@ void ModelState::read(StateKind kind, size_t i, int64_t begin, int64_t n, float*
   stored->read(kind, i, begin, n, out);
 }
 
+int64_t reduction_staging_bytes(const Graph& step, int64_t world) {
+  if (world <= 1) return 0;
+  int64_t largest = 0;
+  for (const Node& node : step.nodes())
+    if (node.op == OpKind::all_reduce || node.op == OpKind::reduce_scatter)
+      largest = std::max(largest, step.type(node.inputs[0]).bytes());
+  return 3 * std::min(largest, MpiCommunicator::kMaxReductionCallBytes);
+}
+
 Trainer::Trainer(const models::LlamaConfig& model, const TrainConfig& config, int64_t seq_len,
                  ModelState state, ProcessGroups* groups)
     : model_(model),
@@ -127,6 +137,7 @@ Trainer::Trainer(const models::LlamaConfig& model, const TrainConfig& config, in
     const int64_t arena = std::max(read_memory_plan(step.last).arena_bytes,
                                    step.has_earlier() ? read_memory_plan(step.earlier).arena_bytes : 0);
     model_state = model_state_of(step);
+    reduction_staging_ = reduction_staging_bytes(step.last, W);  // the earlier program does not reduce more
     const int64_t planned = model_state + arena + staging_bytes() + runtime_reserve();
     tried += str(tried.empty() ? "" : ", ", strategy_name(candidate), " ", double(planned) / double(1 << 30), " GiB");
     smallest = std::min(smallest, planned);

@@ -67,6 +67,12 @@ std::vector<MemoryStrategy> strategy_candidates(const CompileConfig& compile, in
 // ranks, S = 8192). Counted in every planned peak.
 inline int64_t runtime_reserve_bytes(int threads) { return (int64_t{768} << 10) + (int64_t{640} << 10) * threads; }
 
+// What MPI stages the step's reductions in, beside the plan, on `world` ranks: 3 x the
+// largest all-reduce or reduce-scatter the compiled step makes, each call being at most
+// MpiCommunicator::kMaxReductionCallBytes (rank 0's worst case: comm/mpi_communicator.h);
+// 0 on one rank. Counted in every planned peak.
+int64_t reduction_staging_bytes(const Graph& step, int64_t world);
+
 // A UserError when `bytes` (what `what` needs at least) exceed this machine's memory, so
 // an impossible run says so before it allocates instead of dying in the allocator.
 void require_host_memory(double bytes, const std::string& what);
@@ -138,7 +144,8 @@ class Trainer {
   // Host buffers a step stages its micro batch in (token ids, labels, positions and, packed,
   // document ids of the whole sequence and of this rank's slice), outside the arena.
   int64_t staging_bytes() const;
-  int64_t runtime_reserve() const { return runtime_reserve_bytes(threads_); }
+  // runtime_reserve_bytes and the step's reduction_staging_bytes.
+  int64_t runtime_reserve() const { return runtime_reserve_bytes(threads_) + reduction_staging_; }
   int64_t program_bytes() const { return program_bytes_; }  // the compiled graph and executor tables
   // Parameters, gradients kept between micro batches, optimizer state and its scratch, on
   // this rank (StepStats::model_state_bytes).
@@ -160,7 +167,7 @@ class Trainer {
   int64_t local_len_ = 0;     // this rank's slice of the sequence (autosp SequenceSplit)
   Graph joint_, earlier_;
   MemoryStrategy strategy_;
-  int64_t arena_ = 0, planned_peak_ = 0, program_bytes_ = 0;
+  int64_t arena_ = 0, planned_peak_ = 0, program_bytes_ = 0, reduction_staging_ = 0;
   double step_flops_ = 0;  // the compiled programs of one optimizer step, this rank
   int threads_ = 1;  // the executor's kernel threads
   HeapAllocator allocator_;
