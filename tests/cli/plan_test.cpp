@@ -101,6 +101,22 @@ TEST(Plan, StagesTwoAndThreeAreWhatTheTrainerPlansAndGoFurther) {
   EXPECT_EQ(b3.activations, trainer3.planned_arena_bytes());
   EXPECT_EQ(b3.parameters + b3.gradients + b3.optimizer_state + b3.communication, trainer3.model_state_bytes());
 
+  // Accumulating, stages 2 and 3 keep their shards of the gradient sum.
+  for (int zero : {2, 3}) {
+    SCOPED_TRACE(str("ZeRO-", zero, ", 2 micro batches a step"));
+    config.zero_stage = config.zero.stage = zero;
+    config.gradient_accumulation_steps = 2;
+    config.train_batch_size.reset();
+    train::resolve_batch(config, 1, "test");
+    train::Trainer accumulating(model, config, 1024, train::ModelState::initial(model, 1));
+    EXPECT_TRUE(accumulating.earlier_graph().nodes().empty()) << "stages 2 and 3 reduce every micro batch";
+    train::PlanSetup s{.model = model, .zero = zero, .accumulation_steps = 2, .threads = omp_get_max_threads()};
+    const train::MemoryBreakdown a = train::plan_step(s, sac, 1024);
+    EXPECT_EQ(a.total(), accumulating.planned_peak_bytes() - accumulating.program_bytes());
+    EXPECT_EQ(a.parameters + a.gradients + a.optimizer_state + a.communication, accumulating.model_state_bytes());
+    EXPECT_GT(a.gradients, 0);
+  }
+
   int64_t longest[2][4];
   for (int64_t accumulation : {1, 2})
     for (int zero : {0, 1, 2, 3}) {
