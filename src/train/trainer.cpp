@@ -105,9 +105,9 @@ Trainer::Trainer(const models::LlamaConfig& model, const TrainConfig& config, in
   const int64_t W = groups_->world->size();
   const int64_t g = config.gradient_accumulation_steps.value();
   // Model state as it will be once the optimizer holds its shards (built after compiling):
-  // the parameters (whole below stage 3), the gradients kept beside the step (stage 0, and
-  // stage 1 summing micro batches), whole moments (stage 0), and the optimizer's shards and
-  // scratch, which depend on the buckets of the compiled step.
+  // the parameters (whole below stage 3), the sum of a step's earlier micro batches (stages
+  // 0 and 1 with accumulation: the step has a second program), whole moments (stage 0), and
+  // the optimizer's shards and scratch, which depend on the buckets of the compiled step.
   auto model_state_of = [&](const CompiledStep& step) -> int64_t {
     const int stage = config_.zero_stage;
     return 4 * num_params * ((stage < 3 ? 1 : 0) + (step.has_earlier() ? 1 : 0) + (stage == 0 ? 2 : 0)) +
@@ -260,7 +260,6 @@ void Trainer::bind_step(Executor& ex) {
     ex.bind(in, grads_[size_t(it - state_.specs.begin())].data());
   }
 }
-
 
 int64_t Trainer::staging_bytes() const {
   // load_micro_batch: the full batch and this rank's slice (3 int32 each per token), the
