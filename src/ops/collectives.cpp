@@ -113,14 +113,21 @@ extern const OpDef all_gather_op = {
     .grad = [](GradContext& c) { c.din[0] = c.b.emit1(OpKind::reduce_scatter, {c.dout[0]}, c.attrs()); },
     .cpu = [](const KernelArgs& a) {
       const int64_t P = a.attrs->get_int("size"), d = a.attrs->get_int("dim");
+      const Slab xs = slab_of(a.in_shape(0), d);
+      // Gathered along the outermost dim (ZeRO-3's flat parameter groups), rank p's block
+      // is where the rank order puts it: gather straight into the result.
+      if (xs.outer == 1) {
+        a.comm->all_gather(a.in(0), a.out(0), a.in_numel(0));
+        return;
+      }
       float* recv = static_cast<float*>(a.workspace);
       a.comm->all_gather(a.in(0), recv, a.in_numel(0));
-      const Slab xs = slab_of(a.in_shape(0), d);
       for (int64_t p = 0; p < P; ++p)
         cpu::copy_slab(recv + p * a.in_numel(0), xs.outer, xs.len, 0, xs.inner, xs.len, a.out(0), xs.len * P,
                        p * xs.len);
     },
     .cpu_workspace_bytes = [](const Types& in, const Attrs& attrs, int) -> int64_t {
+      if (slab_of(in[0].shape, dim_attr(attrs, "dim", in[0])).outer == 1) return 0;
       return in[0].bytes() * attrs.get_int("size");
     },
 };

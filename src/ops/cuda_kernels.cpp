@@ -355,14 +355,20 @@ void run_all_reduce(const KernelArgs& a, const CudaContext& c) {
 void run_all_gather(const KernelArgs& a, const CudaContext& c) {
   NcclCommunicator& comm = nccl_of(a, "all_gather");
   const int64_t P = a.attrs->get_int("size"), d = a.attrs->get_int("dim"), es = esize(*a.in_types[0]);
+  const Slab xs = slab_of(a.in_shape(0), d);
+  if (xs.outer == 1) {  // rank p's block is where the rank order puts it
+    comm.all_gather_async(a.in<void>(0), a.out<void>(0), a.in_types[0]->bytes(), c.stream);
+    return;
+  }
   char* recv = static_cast<char*>(a.workspace);
   comm.all_gather_async(a.in<void>(0), recv, a.in_types[0]->bytes(), c.stream);
-  const Slab xs = slab_of(a.in_shape(0), d);
   for (int64_t p = 0; p < P; ++p)
     cuda::copy_slab(recv + p * a.in_types[0]->bytes(), xs.outer, xs.len, 0, xs.inner, xs.len, a.out<void>(0),
                     xs.len * P, p * xs.len, es, c.stream);
 }
-int64_t ws_all_gather(const Types& in, const Types&, const Attrs& attrs) { return in[0].bytes() * attrs.get_int("size"); }
+int64_t ws_all_gather(const Types& in, const Types&, const Attrs& attrs) {
+  return slab_of(in[0].shape, dim_attr(attrs, "dim", in[0])).outer == 1 ? 0 : in[0].bytes() * attrs.get_int("size");
+}
 void run_reduce_scatter(const KernelArgs& a, const CudaContext& c) {
   NcclCommunicator& comm = nccl_of(a, "reduce_scatter");
   const int64_t P = a.attrs->get_int("size"), d = a.attrs->get_int("dim"), es = esize(*a.in_types[0]);
