@@ -206,6 +206,26 @@ TEST(GradSync, ThePlannedStepReducesDuringBackwardAndHoldsLess) {
               (long long)a0, (long long)a2);
 }
 
+// At one rank: single communicators, and one micro batch of 8 tokens of the tiny Llama.
+ProcessGroups one_rank() {
+  ProcessGroups groups;
+  groups.world = make_single_communicator();
+  groups.sp = make_single_communicator();
+  groups.dp = make_single_communicator();
+  return groups;
+}
+
+struct Batch {
+  std::vector<int32_t> tokens, labels, positions;
+  Batch() {
+    for (int i = 0; i < 8; ++i) {
+      tokens.push_back((3 * i + 1) % 11);
+      labels.push_back((5 * i + 2) % 11);
+      positions.push_back(i);
+    }
+  }
+};
+
 // At one rank a reduce-scatter is a copy: each shard is its bucket's gradients, bitwise.
 TEST(GradSync, AtOneRankTheShardsAreTheGradients) {
   Graph forward = models::llama_forward(tiny(), {.batch = 1, .seq_len = 8});
@@ -214,17 +234,9 @@ TEST(GradSync, AtOneRankTheShardsAreTheGradients) {
   const Graph stage0 = compile(forward, options);
   options.grad_sync = {.zero_stage = 2, .world_size = 1, .bucket_elements = 150};
   const Graph stage2 = compile(forward, options);
-  ProcessGroups groups;
-  groups.world = make_single_communicator();
-  groups.sp = make_single_communicator();
-  groups.dp = make_single_communicator();
+  const ProcessGroups groups = one_rank();
   std::vector<std::vector<float>> params;
-  std::vector<int32_t> tokens(8), labels(8), positions(8);
-  for (int i = 0; i < 8; ++i) {
-    tokens[i] = (3 * i + 1) % 11;
-    labels[i] = (5 * i + 2) % 11;
-    positions[i] = i;
-  }
+  const Batch batch;
   HeapAllocator a0, a2;
   CpuExecutor e0(stage0, a0, 1, &groups), e2(stage2, a2, 1, &groups);
   for (ValueId p : stage0.inputs_with_role(Role::parameter)) {
@@ -235,9 +247,9 @@ TEST(GradSync, AtOneRankTheShardsAreTheGradients) {
     e2.bind(stage0.value(p).name, params.back().data());
   }
   for (CpuExecutor* e : {&e0, &e2}) {
-    e->bind("input_ids", tokens.data());
-    e->bind("labels", labels.data());
-    e->bind("position_ids", positions.data());
+    e->bind("input_ids", batch.tokens.data());
+    e->bind("labels", batch.labels.data());
+    e->bind("position_ids", batch.positions.data());
     e->run();
   }
   const std::vector<GradBucket> buckets = read_grad_buckets(stage2);
@@ -267,16 +279,8 @@ TEST(GradSync, AtOneRankTheReducedSumsAreGradientPlusAccumulation) {
   const Graph& earlier = step.earlier;  // its gradients stay outputs
   const Graph& last = step.last;
   for (const Node& node : earlier.nodes()) EXPECT_FALSE(node.attrs.has("group")) << op_name(node.op);
-  ProcessGroups groups;
-  groups.world = make_single_communicator();
-  groups.sp = make_single_communicator();
-  groups.dp = make_single_communicator();
-  std::vector<int32_t> tokens(8), labels(8), positions(8);
-  for (int i = 0; i < 8; ++i) {
-    tokens[i] = (3 * i + 1) % 11;
-    labels[i] = (5 * i + 2) % 11;
-    positions[i] = i;
-  }
+  const ProcessGroups groups = one_rank();
+  const Batch batch;
   HeapAllocator a0, a1;
   CpuExecutor e0(earlier, a0, 1, &groups), e1(last, a1, 1, &groups);
   std::vector<std::vector<float>> params, acc;
@@ -293,9 +297,9 @@ TEST(GradSync, AtOneRankTheReducedSumsAreGradientPlusAccumulation) {
     e1.bind(kGradAccPrefix + earlier.value(p).name, acc.back().data());
   }
   for (CpuExecutor* e : {&e0, &e1}) {
-    e->bind("input_ids", tokens.data());
-    e->bind("labels", labels.data());
-    e->bind("position_ids", positions.data());
+    e->bind("input_ids", batch.tokens.data());
+    e->bind("labels", batch.labels.data());
+    e->bind("position_ids", batch.positions.data());
     e->run();
   }
   std::map<std::string, const float*> acc_of;
