@@ -181,16 +181,31 @@ testing::ProcessResult train_on_each_rank(int world, const std::string& rank0_se
 // Rank 0 cannot write past a file-size limit (as on a full disk) in the middle of
 // model.safetensors, while the others are sending it their shards: every rank ends with
 // the error (exit 1 on each, no hang, no abort), and the previous checkpoint is whole.
-TEST(ZeroCheckpointFailure, ARank0WriteFailureMidSaveStopsEveryRankAndKeepsThePreviousCheckpoint) {
-  TempDir dir("zero_ckpt_fail");
+// What train_on_each_rank printed: every one of `world` ranks ended with `code`.
+void expect_every_rank_exited(const testing::ProcessResult& r, int code, int world = 4) {
+  for (int rank = 0; rank < world; ++rank)
+    EXPECT_NE(r.output.find(str("rank ", rank, " exited ", code)), std::string::npos) << "rank " << rank << "\n"
+                                                                                       << r.output;
+}
+
+// The reference Llama (tests/reference/llama_reference.py) in `dir`, and its DeepSpeed config
+// for one sample per rank and step: micro batch 1, no accumulation, `world` samples a step.
+json reference_config(const TempDir& dir, int world, int sp) {
   auto gen = run_command(str("/usr/bin/python3 ", testing::source_path("tests/reference/llama_reference.py"),
                              " --out ", dir.path(), " --steps 1"));
-  ASSERT_EQ(gen.exit_code, 0) << gen.output;
+  EXPECT_EQ(gen.exit_code, 0) << gen.output;
   json c = json::parse(std::ifstream(dir / "ds_config.json"));
   c["train_micro_batch_size_per_gpu"] = 1;
   c["gradient_accumulation_steps"] = 1;
-  c["train_batch_size"] = 2;
-  c["sequence_parallel_size"] = 2;
+  c["train_batch_size"] = world / sp;
+  c["sequence_parallel_size"] = sp;
+  return c;
+}
+
+TEST(ZeroCheckpointFailure, ARank0WriteFailureMidSaveStopsEveryRankAndKeepsThePreviousCheckpoint) {
+  TempDir dir("zero_ckpt_fail");
+  json c = reference_config(dir, 4, 2);
+  ASSERT_FALSE(HasFailure());
   c["compile"] = {{"deepcompile", true}, {"passes", {"autosp"}}};
   // 175 elements per rank and round: model.safetensors (19808 parameters) takes ~30 rounds.
   c["zero_optimization"] = {{"stage", 3}, {"allgather_bucket_size", 700}};
@@ -209,8 +224,7 @@ TEST(ZeroCheckpointFailure, ARank0WriteFailureMidSaveStopsEveryRankAndKeepsThePr
   // size in KiB lands a quarter or half-way into model.safetensors.
   r = launch(str("ulimit -f ", model_bytes / 2048, ";"), str("--resume ", ck, " --steps 2 --save ", ck));
   EXPECT_NE(r.exit_code, 124) << "the job hung\n" << r.output;
-  for (int rank = 0; rank < 4; ++rank)
-    EXPECT_NE(r.output.find(str("rank ", rank, " exited 1")), std::string::npos) << "rank " << rank << "\n" << r.output;
+  expect_every_rank_exited(r, 1);
   EXPECT_NE(r.output.find("model.safetensors': cannot write temporary file"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("File too large"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("the previous checkpoint " + ck + " is untouched"), std::string::npos) << r.output;
@@ -225,8 +239,7 @@ TEST(ZeroCheckpointFailure, ARank0WriteFailureMidSaveStopsEveryRankAndKeepsThePr
   // And the run that could write finishes the job from it.
   r = launch("", str("--resume ", ck, " --steps 2 --save ", ck));
   EXPECT_EQ(r.exit_code, 0) << r.output;
-  for (int rank = 0; rank < 4; ++rank)
-    EXPECT_NE(r.output.find(str("rank ", rank, " exited 0")), std::string::npos) << "rank " << rank << "\n" << r.output;
+  expect_every_rank_exited(r, 0);
 }
 
 // A resume verifies the checkpoint against its manifest once across the world: at W = 4
@@ -246,17 +259,12 @@ TEST(ZeroCheckpointVerify, AResumeAtW4ReadsEachByteOnceAndADamagedFileStopsEvery
                   {"train_batch_size", 4}, {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-3}}}}}};
   std::ofstream(dir / "c.json") << c.dump(2);
   const std::string ck = dir / "ck", common = str("--config ", dir / "c.json", " --data ", dir / "tokens.bin ");
-  auto every_rank_exited = [](const testing::ProcessResult& r, int code) {
-    for (int rank = 0; rank < 4; ++rank)
-      EXPECT_NE(r.output.find(str("rank ", rank, " exited ", code)), std::string::npos) << "rank " << rank << "\n"
-                                                                                         << r.output;
-  };
   auto r = train_on_each_rank(4, "", common + str("--model ", dir / "model", " --seq-len 16 --steps 1 --save ", ck));
-  every_rank_exited(r, 0);
+  expect_every_rank_exited(r, 0);
 
   // Intact: nothing to train (--steps 1), so the run only loads, and says what each rank read.
   r = train_on_each_rank(4, "", common + str("--resume ", ck, " --steps 1"));
-  every_rank_exited(r, 0);
+  expect_every_rank_exited(r, 0);
   const std::string what = "bytes checksummed per rank:";
   const size_t at = r.output.find(what);
   ASSERT_NE(at, std::string::npos) << r.output;
@@ -282,7 +290,7 @@ TEST(ZeroCheckpointVerify, AResumeAtW4ReadsEachByteOnceAndADamagedFileStopsEvery
   ASSERT_NE(refusal.find(message), std::string::npos) << refusal;
   const std::string says = refusal.substr(refusal.find(message), refusal.find('\n', refusal.find(message)) - refusal.find(message));
   r = train_on_each_rank(4, "", common + str("--resume ", ck, " --steps 2"));
-  every_rank_exited(r, 1);
+  expect_every_rank_exited(r, 1);
   EXPECT_NE(r.output.find(str("autosp: error: --resume ", ck, ": ", says)), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find(says), r.output.rfind(says)) << "printed more than once\n" << r.output;
   EXPECT_EQ(r.output.find("autosp: rank "), std::string::npos) << "an error only some ranks saw\n" << r.output;
@@ -291,20 +299,15 @@ TEST(ZeroCheckpointVerify, AResumeAtW4ReadsEachByteOnceAndADamagedFileStopsEvery
 
 // Stages 0 and 1 under mpirun (stages 2 and 3: tests/sp/zero_sp_test.cpp): a checkpoint saved
 // at W = 2 (DP 2) after 3 steps resumes with bitwise the uninterrupted run's next steps, so
-// the moments streamed from the shards (stage 1: one flat shard per rank, in rounds of 350
-// elements) and the parameters rank 0 writes from its own copy are exactly the state.
+// the moments streamed from the shards (stage 1: a shard of each gradient bucket of at most
+// 700 elements, in rounds of 350) and the parameters rank 0 writes from its own copy are
+// exactly the state.
 class ZeroCheckpointResume : public ::testing::TestWithParam<int> {};
 
 TEST_P(ZeroCheckpointResume, AtW2ContinuesBitwise) {
   TempDir dir("zero_ckpt_resume");
-  auto gen = run_command(str("/usr/bin/python3 ", testing::source_path("tests/reference/llama_reference.py"),
-                             " --out ", dir.path(), " --steps 1"));
-  ASSERT_EQ(gen.exit_code, 0) << gen.output;
-  json c = json::parse(std::ifstream(dir / "ds_config.json"));
-  c["train_micro_batch_size_per_gpu"] = 1;
-  c["gradient_accumulation_steps"] = 1;
-  c["train_batch_size"] = 2;
-  c["sequence_parallel_size"] = 1;
+  json c = reference_config(dir, 2, 1);
+  ASSERT_FALSE(HasFailure());
   c["zero_optimization"] = {{"stage", GetParam()}, {"allgather_bucket_size", 700}, {"reduce_bucket_size", 700}};
   std::ofstream(dir / "z.json") << c.dump(2);
   auto run = [&](const std::string& args) {
