@@ -467,7 +467,8 @@ int run_train(const TrainArgs& args, MpiRuntime* mpi) {
   // tells them apart); the step's graph takes document ids when its samples are packed.
   std::vector<std::string> data_notes;
   const std::unique_ptr<train::DataSource> source =
-      train::open_data_source(args.data, static_cast<int32_t>(model.vocab_size), config.data, args.config, &data_notes);
+      train::open_data_source(args.data, static_cast<int32_t>(model.vocab_size), config.data, args.config, &data_notes,
+                              [&](const std::string& line) { say(launch, "%s\n", line.c_str()); });
   warn_all(launch, data_notes);
   const train::DataSource& data = *source;
   config.data.packed = data.packed();

@@ -59,6 +59,11 @@ class IndexedDataset {
   // UserError naming the .bin, the id and its byte offset. Safe from several threads.
   void read_tokens(int64_t first, int64_t n, int32_t vocab_size, int32_t* out) const;
 
+  // Checks every id of the .bin against [0, vocab_size) in one streaming pass, as
+  // TokenFile::validate does: the first bad one is a UserError naming the .bin, the id and
+  // its byte offset. `progress` runs after each block with the .bin bytes checked.
+  void validate(int32_t vocab_size, const ValidationProgress& progress = {}) const;
+
   // Both files' sizes; a hash of the whole .idx and of the first and last
   // TokenFile::kFingerprintBlock bytes of the .bin.
   DataFingerprint fingerprint() const;

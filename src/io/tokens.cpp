@@ -115,6 +115,26 @@ void TokenFile::read_tokens(int64_t first, int64_t n, uint32_t* out) const {
   }
 }
 
+void TokenFile::validate(int32_t vocab_size, const ValidationProgress& progress) const {
+  AUTOSP_CHECK(vocab_size > 0, "vocab_size ", vocab_size);
+  constexpr int64_t kBlock = kValidationBlockBytes / 4;
+  std::vector<uint32_t> block(static_cast<size_t>(std::min(kBlock, std::max<int64_t>(num_tokens_, 1))));
+  const auto limit = static_cast<uint32_t>(vocab_size);
+  for (int64_t first = 0; first < num_tokens_; first += kBlock) {
+    const int64_t n = std::min(kBlock, num_tokens_ - first);
+    read_tokens(first, n, block.data());
+    uint32_t top = 0;  // a max the compiler vectorises; the rare bad block is searched again
+    for (int64_t i = 0; i < n; ++i) top = std::max(top, block[static_cast<size_t>(i)]);
+    if (top >= limit) {
+      const int64_t i = std::find_if(block.begin(), block.begin() + n, [&](uint32_t t) { return t >= limit; }) -
+                        block.begin();
+      user_error(path_, ": token id ", block[static_cast<size_t>(i)], " at byte offset ", (first + i) * 4,
+                 " is out of range for vocab_size ", vocab_size, " (every id of --data is checked at start-up)");
+    }
+    if (progress) progress((first + n) * 4, num_tokens_ * 4);
+  }
+}
+
 DataFingerprint TokenFile::fingerprint() const {
   AUTOSP_CHECK(fd_ >= 0, "fingerprint of a moved-from TokenFile");
   DataFingerprint f{num_tokens_ * 4, kFnv1aBasis};

@@ -6,11 +6,19 @@
 // run for any number of steps and wraps around the data.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
 
 namespace autosp::io {
+
+// Called during a validation pass with the bytes checked so far and the total.
+using ValidationProgress = std::function<void(int64_t done_bytes, int64_t total_bytes)>;
+
+// Bytes a validation pass reads at a time: large enough that each read streams at the
+// disk's or page cache's speed, small enough to stay in L2/L3 while its ids are checked.
+inline constexpr int64_t kValidationBlockBytes = int64_t{4} << 20;
 
 // What identifies a data file when resuming: its size and a hash of its first and last
 // blocks (cheap for a file of any size; a replaced, grown or edited file almost surely
@@ -41,6 +49,12 @@ class TokenFile {
   // token's byte offset and value). Safe to call from several threads at once.
   void read_sample(int64_t k, int64_t S, int32_t vocab_size, int32_t* inputs,
                    int32_t* labels) const;
+
+  // Checks every token id of the file against vocab_size in one streaming pass (blocks of
+  // kValidationBlockBytes, a branch-free max per block), so that a bad id is found at
+  // start-up rather than at the step that reaches it. The first id >= vocab_size is a
+  // UserError naming the file, the id and its byte offset. `progress` runs after each block.
+  void validate(int32_t vocab_size, const ValidationProgress& progress = {}) const;
 
   // Tokens [first, first + n) as they are in the file, unchecked against any vocabulary.
   // UserError if the file cannot be read (it shrank). Safe from several threads.

@@ -3,7 +3,10 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <chrono>
 #include <climits>
+#include <cstdio>
+#include <functional>
 
 #include "util/error.h"
 
@@ -73,8 +76,11 @@ std::vector<int64_t> eos_document_starts(const io::TokenFile& file, uint32_t eos
 
 }  // namespace
 
-TokenFileSource::TokenFileSource(const std::string& path, int32_t vocab_size, std::optional<int32_t> eos_token_id)
+TokenFileSource::TokenFileSource(const std::string& path, int32_t vocab_size, std::optional<int32_t> eos_token_id,
+                                 const io::ValidationProgress& progress)
     : file_(path), vocab_size_(vocab_size), eos_token_id_(eos_token_id) {
+  // Before the EOS scan, which then reads the file from the page cache.
+  file_.validate(vocab_size_, progress);
   if (eos_token_id_) {
     AUTOSP_CHECK(*eos_token_id_ >= 0 && *eos_token_id_ < vocab_size_, "eos_token_id ", *eos_token_id_);
     documents_ = DocumentStarts(eos_document_starts(file_, static_cast<uint32_t>(*eos_token_id_)));
@@ -119,8 +125,9 @@ std::vector<int64_t> nonempty_document_starts(const io::IndexedDataset& dataset)
 }  // namespace
 
 IndexedDatasetSource::IndexedDatasetSource(const std::string& idx_path, const std::string& bin_path,
-                                           int32_t vocab_size, bool pack)
+                                           int32_t vocab_size, bool pack, const io::ValidationProgress& progress)
     : dataset_(idx_path, bin_path), vocab_size_(vocab_size), pack_(pack) {
+  dataset_.validate(vocab_size_, progress);
   if (pack_) documents_ = DocumentStarts(nonempty_document_starts(dataset_));
 }
 
@@ -186,8 +193,49 @@ bool ends_with(const std::string& s, std::string_view suffix) {
 
 }  // namespace
 
+namespace {
+
+// Reports a validation pass over `name`: nothing for a file under kQuietBytes (it takes
+// well under a second), a line every kEvery, and the total with its rate at the end.
+class ValidationReport {
+ public:
+  ValidationReport(std::string name, const std::function<void(const std::string&)>& say)
+      : name_(std::move(name)), say_(say), start_(Clock::now()), last_(start_) {}
+
+  void operator()(int64_t done, int64_t total) {
+    if (!say_ || total < kQuietBytes) return;
+    const auto now = Clock::now();
+    const double seconds = std::chrono::duration<double>(now - start_).count();
+    const double rate = seconds > 0 ? double(done) / seconds / 1e9 : 0.0;
+    if (done == total) {
+      say_(str("validated ", name_, ": every token id of ", fixed(double(total) / 1e9, 2), " GB in ",
+               fixed(seconds, 1), " s (", fixed(rate, 2), " GB/s)"));
+    } else if (now - last_ >= kEvery) {
+      last_ = now;
+      say_(str("validating ", name_, ": ", fixed(double(done) / 1e9, 2), " of ", fixed(double(total) / 1e9, 2),
+               " GB (", fixed(rate, 2), " GB/s)"));
+    }
+  }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  static constexpr int64_t kQuietBytes = int64_t{256} << 20;
+  static constexpr std::chrono::seconds kEvery{5};
+  static std::string fixed(double v, int digits) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.*f", digits, v);
+    return buf;
+  }
+  std::string name_;
+  const std::function<void(const std::string&)>& say_;
+  Clock::time_point start_, last_;
+};
+
+}  // namespace
+
 std::unique_ptr<DataSource> open_data_source(const std::string& path, int32_t vocab_size, const DataConfig& config,
-                                             const std::string& config_source, std::vector<std::string>* warnings) {
+                                             const std::string& config_source, std::vector<std::string>* warnings,
+                                             const std::function<void(const std::string&)>& progress) {
   auto warn = [&](const std::string& what) {
     if (warnings) warnings->push_back(str(config_source, ": ", what));
   };
@@ -210,8 +258,9 @@ std::unique_ptr<DataSource> open_data_source(const std::string& path, int32_t vo
         user_error(path, ": an indexed dataset is PREFIX.bin + PREFIX.idx, and ", prefix, ext, " does not exist");
     if (config.eos_token_id)
       warn("data.eos_token_id: ignored: the documents of an indexed dataset are those of its .idx");
+    ValidationReport report(prefix + ".bin", progress);
     return std::make_unique<IndexedDatasetSource>(prefix + ".idx", prefix + ".bin", vocab_size,
-                                                  config.pack.value_or(true));
+                                                  config.pack.value_or(true), std::ref(report));
   }
   if (!exists(path))
     user_error(path, ": no such file (--data takes a flat token file, or the PREFIX of an indexed dataset's "
@@ -223,7 +272,8 @@ std::unique_ptr<DataSource> open_data_source(const std::string& path, int32_t vo
     warn("data.eos_token_id: ignored: data.pack is false, so the token file is one stream");
   std::optional<int32_t> eos;
   if (config.eos_token_id && config.pack != false) eos = static_cast<int32_t>(*config.eos_token_id);
-  return std::make_unique<TokenFileSource>(path, vocab_size, eos);
+  ValidationReport report(path, progress);
+  return std::make_unique<TokenFileSource>(path, vocab_size, eos, std::ref(report));
 }
 
 }  // namespace autosp::train

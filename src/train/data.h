@@ -7,6 +7,7 @@
 // (io::TokenFile::sample_index, from the samples consumed so far); a source maps that index to tokens deterministically.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -69,7 +70,9 @@ class DocumentStarts {
 // source is made.
 class TokenFileSource final : public DataSource {
  public:
-  TokenFileSource(const std::string& path, int32_t vocab_size, std::optional<int32_t> eos_token_id = std::nullopt);
+  // Every token id is checked against vocab_size here (io::TokenFile::validate).
+  TokenFileSource(const std::string& path, int32_t vocab_size, std::optional<int32_t> eos_token_id = std::nullopt,
+                  const io::ValidationProgress& progress = {});
   void read_sample(int64_t sample, int64_t S, int32_t* inputs, int32_t* labels) const override;
   bool packed() const override { return eos_token_id_.has_value(); }
   void read_layout(int64_t sample, int64_t S, int32_t* positions, int32_t* documents) const override;
@@ -91,8 +94,9 @@ class TokenFileSource final : public DataSource {
 // document_indices; empty ones drop out); `pack` false reads one flat stream.
 class IndexedDatasetSource final : public DataSource {
  public:
+  // Every token id is checked against vocab_size here (io::IndexedDataset::validate).
   IndexedDatasetSource(const std::string& idx_path, const std::string& bin_path, int32_t vocab_size,
-                       bool pack = true);
+                       bool pack = true, const io::ValidationProgress& progress = {});
   void read_sample(int64_t sample, int64_t S, int32_t* inputs, int32_t* labels) const override;
   bool packed() const override { return pack_; }
   void read_layout(int64_t sample, int64_t S, int32_t* positions, int32_t* documents) const override;
@@ -117,8 +121,11 @@ class IndexedDatasetSource final : public DataSource {
 // Refused, naming `config_source` and the key: data.pack true for a flat file without
 // data.eos_token_id, and an eos_token_id >= vocab_size. Keys that do nothing for this
 // source (eos_token_id for an indexed dataset or with pack false) add to `warnings`.
+// Every token id is checked before it returns; for a large file `progress` gets a line
+// every few seconds and one with the bytes and the GB/s of the whole check.
 std::unique_ptr<DataSource> open_data_source(const std::string& path, int32_t vocab_size, const DataConfig& config,
                                              const std::string& config_source,
-                                             std::vector<std::string>* warnings = nullptr);
+                                             std::vector<std::string>* warnings = nullptr,
+                                             const std::function<void(const std::string&)>& progress = {});
 
 }  // namespace autosp::train

@@ -381,6 +381,12 @@ new_case ds_unknown_key_warns && mutate json "$CASE/ds_config.json" 'c["no_such_
 # Token 5 is in the first sample, which step 1 reads: byte offset 5 * 4 = 20.
 new_case data_token_out_of_range && mutate token "$CASE/tokens.bin" 5 67 &&
   train_case data_token_out_of_range "$CASE/tokens.bin" "token id 67" "byte offset 20" "vocab_size 67"
+# The file's last token, which a 1-step run never reads: found at start-up all the same
+# (every id of --data is checked before training), not at the step that reaches it.
+new_case data_last_token_out_of_range &&
+  last=$(( $(stat -c %s "$CASE/tokens.bin") / 4 - 1 )) && mutate token "$CASE/tokens.bin" "$last" 300 &&
+  train_case data_last_token_out_of_range "$CASE/tokens.bin" "token id 300" "byte offset $(( last * 4 ))" \
+    "vocab_size 67" "checked at start-up"
 
 # 16 tokens: one sample of S = 16 needs 17.
 new_case data_shorter_than_one_sample && head -c 64 "$VALID/tokens.bin" >"$CASE/tokens.bin" &&

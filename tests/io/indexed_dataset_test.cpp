@@ -97,8 +97,12 @@ TEST_F(IndexedDatasetTest, LargeIdsOfEachDtypeAndNegativeIdsAreChecked) {
     std::vector<int32_t> out(2);
     d.read_tokens(0, 2, INT32_MAX, out.data());
     EXPECT_EQ(out[0], id) << int(dtype);
-    // One id over the vocabulary: named with its byte offset in the .bin.
+    d.validate(INT32_MAX);
+    // One id over the vocabulary: named with its byte offset in the .bin, by a read and by
+    // the start-up pass over the whole .bin.
     expect_contains(user_error_of([&] { d.read_tokens(0, 2, static_cast<int32_t>(id), out.data()); }),
+                    {prefix() + ".bin", "token id " + std::to_string(id), "byte offset 0", "vocab_size"});
+    expect_contains(user_error_of([&] { d.validate(static_cast<int32_t>(id)); }),
                     {prefix() + ".bin", "token id " + std::to_string(id), "byte offset 0", "vocab_size"});
   }
   for (TokenDType dtype : {TokenDType::kInt8, TokenDType::kInt16, TokenDType::kInt32, TokenDType::kInt64}) {
@@ -108,6 +112,7 @@ TEST_F(IndexedDatasetTest, LargeIdsOfEachDtypeAndNegativeIdsAreChecked) {
     const std::string offset = "byte offset " + std::to_string(d.item_bytes());
     expect_contains(user_error_of([&] { d.read_tokens(0, 2, 100, out.data()); }),
                     {prefix() + ".bin", "token id -3", offset, "out of range"});
+    expect_contains(user_error_of([&] { d.validate(100); }), {prefix() + ".bin", "token id -3", offset});
   }
   // int64 ids past int32 are out of range for any vocabulary.
   write_indexed_dataset(prefix(), TokenDType::kInt64, {{{int64_t{1} << 40}}});

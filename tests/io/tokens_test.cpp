@@ -119,6 +119,36 @@ TEST_F(TokenFileTest, OutOfRangeTokenNamesFileOffsetAndValue) {
                   {path, "token id 4294967295", "byte offset 44"});
 }
 
+TEST_F(TokenFileTest, ValidateFindsTheFirstBadIdAnywhereInTheFile) {
+  // Three validation blocks and a part: ids in range but for one, placed past the first
+  // block, in the last token, or nowhere. Each is found by one pass, before any sample.
+  const int64_t block = autosp::io::kValidationBlockBytes / 4;
+  const int64_t n = 3 * block + 123;
+  std::vector<uint32_t> tokens(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) tokens[size_t(i)] = uint32_t(i % 1000);
+  for (int64_t bad : {block + 7, n - 1}) {
+    SCOPED_TRACE(bad);
+    std::vector<uint32_t> with_bad = tokens;
+    with_bad[size_t(bad)] = 1000;
+    if (bad < n - 1) with_bad[size_t(n - 1)] = 0xffffffffu;  // a later bad id: not the one named
+    const std::string path = file("big.bin");
+    write_tokens(path, with_bad);
+    TokenFile f(path);
+    const std::string offset = "byte offset " + std::to_string(bad * 4);
+    expect_contains(user_error_of([&] { f.validate(1000); }), {path, "token id 1000 ", offset, "vocab_size 1000"});
+  }
+  const std::string path = file("good.bin");
+  write_tokens(path, tokens);
+  TokenFile f(path);
+  std::vector<int64_t> seen;
+  f.validate(1000, [&](int64_t done, int64_t total) {
+    EXPECT_EQ(total, n * 4);
+    seen.push_back(done);
+  });
+  EXPECT_EQ(seen, (std::vector<int64_t>{block * 4, 2 * block * 4, 3 * block * 4, n * 4}));
+  expect_contains(user_error_of([&] { f.validate(999); }), {"token id 999", "byte offset 3996", "vocab_size 999"});
+}
+
 TEST_F(TokenFileTest, FileShorterThanOneSample) {
   TokenFile f(iota_file(4));
   expect_contains(user_error_of([&] { read(f, 0, 4); }), {f.path(), "4 tokens", "S=4", "5"});

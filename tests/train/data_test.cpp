@@ -190,11 +190,18 @@ TEST_F(PackedDataTest, PackFalseIsOneStream) {
 }
 
 TEST_F(PackedDataTest, TokenIdsAreCheckedAgainstTheVocabulary) {
-  const auto data = source(dataset({3, 3}), true, /*vocab=*/5);
+  // Stream 0..5 = ids 1..6: id 5 at byte offset 16 (int32) is out of range, found when the
+  // source is made (every id is checked at start-up), not when a step reaches it.
+  const std::string ds = dataset({3, 3});
+  expect_contains(user_error_of([&] { source(ds, true, /*vocab=*/5); }),
+                  {dir_ / "ds.bin", "token id 5", "byte offset 16", "vocab_size 5", "checked at start-up"});
+  // The same for a flat token file, and through open_data_source.
+  io::write_tokens(dir_ / "flat.bin", {1, 2, 3, 4, 9, 1});
+  expect_contains(user_error_of([&] { TokenFileSource(dir_ / "flat.bin", 9); }),
+                  {dir_ / "flat.bin", "token id 9", "byte offset 16", "vocab_size 9"});
+  expect_contains(user_error_of([&] { open_data_source(ds, 5, {}, "ds_config.json"); }),
+                  {dir_ / "ds.bin", "token id 5", "byte offset 16"});
   std::vector<int32_t> inputs(4), labels(4);
-  // Stream 0..4 = ids 1..5: id 5 at byte offset 16 (int32) is out of range.
-  expect_contains(user_error_of([&] { data.read_sample(0, 4, inputs.data(), labels.data()); }),
-                  {dir_ / "ds.bin", "token id 5", "byte offset 16", "vocab_size 5"});
   // Shorter than one sample.
   const auto tiny = source(dataset({3}, "tiny"));
   expect_contains(user_error_of([&] { tiny.read_sample(0, 3, inputs.data(), labels.data()); }),
