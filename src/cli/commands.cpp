@@ -433,7 +433,7 @@ int run_train(const TrainArgs& args, MpiRuntime* mpi) {
                                  str(args.config, "|", args.model, "|", args.data, "|", args.seq_len, "|",
                                      args.steps, "|", args.resume, "|", args.seed, "|", args.save, "|",
                                      args.save_every, "|", args.allow_new_data, "|", args.comm_timeout, "|",
-                                     args.keep_data_position, "|", args.overwrite, "|", args.metrics));
+                                     args.keep_data_position, "|", args.overwrite));
   if (mpi) set_comm_timeout(args.comm_timeout);
   if (!args.any_given()) return run_demo(args, seed, launch);
   require_flag(!args.config.empty(), "--config");
