@@ -235,6 +235,34 @@ int stopped_by_signal(const Launch& launch, int signal, int64_t step, int64_t st
   return 0;
 }
 
+bool same_path(const std::string& a, const std::string& b) {
+  std::error_code ec1, ec2;
+  const fs::path pa = fs::weakly_canonical(fs::absolute(a), ec1), pb = fs::weakly_canonical(fs::absolute(b), ec2);
+  if (ec1 || ec2) return fs::path(a).lexically_normal() == fs::path(b).lexically_normal();
+  // "ck/" and "ck" are one directory.
+  auto strip = [](fs::path p) { return p.has_filename() ? p : p.parent_path(); };
+  return strip(pa) == strip(pb);
+}
+
+// A fresh run (or one resuming from another checkpoint) must not replace a checkpoint or a
+// metrics log without being told to: a requeued job that forgot --resume would silently
+// lose days of training. Checked on the lead (it writes both) before anything is read.
+void refuse_to_overwrite(const TrainArgs& args) {
+  if (args.overwrite) return;
+  if (!args.save.empty() && (args.resume.empty() || !same_path(args.resume, args.save)))
+    if (const std::optional<int64_t> step = train::existing_checkpoint_step(args.save))
+      user_error("--save ", args.save, ": holds an autosp checkpoint",
+                 *step >= 0 ? str(" (step ", *step, ")") : std::string(), " that this run ",
+                 args.resume.empty() ? "does not resume from" : str("would replace (it resumes from ", args.resume, ")"),
+                 "; to continue it pass --resume ", args.save, ", to replace it pass --overwrite");
+  std::error_code ec;
+  if (!args.metrics.empty() && args.resume.empty() && fs::is_regular_file(args.metrics, ec) &&
+      fs::file_size(args.metrics, ec) > 0 && !ec)
+    user_error("--metrics ", args.metrics, ": exists and is not empty (the log of an earlier run?); to continue "
+               "that run pass --resume CHECKPOINT (the lines up to its step are kept), to replace the file pass "
+               "--overwrite, or give another path");
+}
+
 // The built-in default: a small Llama learns passkey retrieval from scratch. Under mpirun
 // it runs sequence-parallel over all ranks (SP = world size).
 int run_demo(const TrainArgs& args, std::optional<uint64_t> seed, const Launch& launch) {
@@ -271,7 +299,12 @@ int run_demo(const TrainArgs& args, std::optional<uint64_t> seed, const Launch& 
   config.compile = {.deepcompile = true, .passes = {"autosp"}};
   config.backend = backend_name(parse_backend(args.backend));
   train::resolve_batch(config, 1, "<built-in demo>");
+  train::check_heads_layout(model, config.sequence_parallel_size,
+                            str("sequence_parallel_size ", launch.world_size, " (the demo is sequence-parallel over "
+                                "all ranks: mpirun -np ", launch.world_size, ")"),
+                            "the demo's model");
   ProcessGroups groups = launch.groups(config.sequence_parallel_size);
+  on_lead(launch, *groups.world, [&] { refuse_to_overwrite(args); });
   const std::vector<int64_t> rss_base = rank_peaks(groups, rss_bytes());
 
   say(launch, "autosp built-in demo: passkey retrieval, trained from scratch\n\n%s\n\n", task.describe(S).c_str());
@@ -344,7 +377,10 @@ std::string layout_text(const train::BatchLayout& l) {
 }
 
 // Where a resumed run continues in the data: at the checkpoint's consumed samples, whatever
-// this run's batch layout, and only on the data it was trained on unless --allow-new-data.
+// this run's batch layout, and only on the data it was trained on unless --allow-new-data,
+// which starts at the new data's first sample (the checkpoint's position counts samples of
+// other data; wrapped onto the new data it would skip as many of its samples), or with
+// --keep-data-position at the checkpoint's position.
 void resume_data_position(const Launch& launch, const train::LoadedCheckpoint& ckpt, train::ModelState& state,
                           const train::BatchLayout& layout, const TrainArgs& args, const io::DataFingerprint& data) {
   say(launch, "resuming from %s at step %lld\n", ckpt.dir.c_str(), (long long)state.step);
@@ -361,15 +397,29 @@ void resume_data_position(const Launch& launch, const train::LoadedCheckpoint& c
                                  ckpt.info.data_path, ": ", ckpt.info.data->bytes, " bytes; this file: ", data.bytes,
                                  " bytes", data.bytes == ckpt.info.data->bytes ? ", different contents" : "", ")");
     if (!args.allow_new_data)
-      user_error(what, "; pass --allow-new-data to train on it, continuing at sample ", state.consumed_samples);
-    if (launch.lead())
-      std::fprintf(stderr, "autosp: warning: %s; --allow-new-data: continuing at sample %lld of it\n", what.c_str(),
-                   (long long)state.consumed_samples);
+      user_error(what, "; pass --allow-new-data to train on it from its first sample (with --keep-data-position: "
+                 "from sample ", state.consumed_samples, ", the checkpoint's position)");
+    if (args.keep_data_position) {
+      if (launch.lead())
+        std::fprintf(stderr, "autosp: warning: %s; --allow-new-data --keep-data-position: continuing at sample %lld "
+                     "of it\n", what.c_str(), (long long)state.consumed_samples);
+    } else {
+      if (launch.lead())
+        std::fprintf(stderr, "autosp: warning: %s; --allow-new-data: starting at its first sample (the checkpoint "
+                     "had consumed %lld samples of its own data; --keep-data-position would continue at sample %lld "
+                     "of this one)\n", what.c_str(), (long long)state.consumed_samples,
+                     (long long)state.consumed_samples);
+      state.consumed_samples = 0;
+    }
   }
   if (ckpt.info.layout != layout)
     say(launch, "the batch layout changed: the checkpoint was trained with %s, this run uses %s\n",
         layout_text(ckpt.info.layout).c_str(), layout_text(layout).c_str());
-  say(launch, "continuing with sample %lld, the first this model has not seen\n", (long long)state.consumed_samples);
+  const bool new_data = ckpt.info.data && *ckpt.info.data != data;
+  if (new_data)
+    say(launch, "continuing with sample %lld of the new data\n", (long long)state.consumed_samples);
+  else
+    say(launch, "continuing with sample %lld, the first this model has not seen\n", (long long)state.consumed_samples);
 }
 
 }  // namespace
@@ -382,7 +432,8 @@ int run_train(const TrainArgs& args, MpiRuntime* mpi) {
     mpi->check_same_on_all_ranks("the command line",
                                  str(args.config, "|", args.model, "|", args.data, "|", args.seq_len, "|",
                                      args.steps, "|", args.resume, "|", args.seed, "|", args.save, "|",
-                                     args.save_every, "|", args.allow_new_data, "|", args.comm_timeout));
+                                     args.save_every, "|", args.allow_new_data, "|", args.comm_timeout, "|",
+                                     args.keep_data_position, "|", args.overwrite));
   if (mpi) set_comm_timeout(args.comm_timeout);
   if (!args.any_given()) return run_demo(args, seed, launch);
   require_flag(!args.config.empty(), "--config");
@@ -392,12 +443,22 @@ int run_train(const TrainArgs& args, MpiRuntime* mpi) {
   require_flag(args.steps >= 0, "--steps");
   if (args.save_every > 0 && args.save.empty())
     user_error("--save-every ", args.save_every, " needs --save DIR (where to write the checkpoints)");
+  if (args.keep_data_position && !args.allow_new_data)
+    user_error("--keep-data-position only applies with --allow-new-data (on the checkpoint's own data a resume "
+               "always continues at its position)");
 
   std::vector<std::string> warnings;
   train::TrainConfig config = train::load_train_config(args.config, &warnings);
   if (mpi) mpi->check_same_on_all_ranks(str("the config file ", args.config), read_file(args.config));
   warn_all(launch, warnings);
+  // Before anything is read: what the compiler would refuse only after the data and weights.
+  try {
+    check_compile_options({config.sequence_parallel_size, config.compile.passes, config.compile.deepcompile});
+  } catch (const UserError& e) {
+    user_error(args.config, ": ", e.what());
+  }
   ProcessGroups groups = launch.groups(config.sequence_parallel_size);
+  on_lead(launch, *groups.world, [&] { refuse_to_overwrite(args); });
   const std::vector<int64_t> rss_base = rank_peaks(groups, rss_bytes());  // before the model exists
   std::vector<std::string> auto_notes;
   train::resolve_batch(config, groups.dp_size, args.config, &auto_notes);
@@ -410,7 +471,20 @@ int run_train(const TrainArgs& args, MpiRuntime* mpi) {
   train::ModelState state;
   std::optional<train::LoadedCheckpoint> ckpt;
   int64_t S = args.seq_len;
+  const std::string sp_source = str("sequence_parallel_size ", config.sequence_parallel_size, " (", args.config, ")");
   if (!args.resume.empty()) {
+    // The layout is checked before the checkpoint is read (verifying it reads every byte):
+    // from --model's config.json or the checkpoint's. One that cannot be read here is
+    // load_checkpoint's to report, with its manifest's words; the check is then made after.
+    std::string model_config;
+    std::optional<models::LlamaConfig> early;
+    try {
+      model_config = !args.model.empty() ? args.model + "/config.json"
+                                         : train::resolve_checkpoint_dir(args.resume) + "/config.json";
+      early = models::load_llama_config(model_config);
+    } catch (const UserError&) {
+    }
+    if (early) train::check_heads_layout(*early, config.sequence_parallel_size, sp_source, model_config);
     try {
       const CommTimeoutSuspended io_wait;  // the ranks wait for the one reading the largest file
       ckpt = train::load_checkpoint(args.resume, *groups.world);
@@ -440,9 +514,11 @@ int run_train(const TrainArgs& args, MpiRuntime* mpi) {
       user_error("--seq-len ", S, " differs from the checkpoint's sequence length ", ckpt->info.seq_len);
     S = ckpt->info.seq_len;
     model = ckpt->model;
+    train::check_heads_layout(model, config.sequence_parallel_size, sp_source, ckpt->dir + "/config.json");
     state = std::move(ckpt->state);
   } else {
     model = models::load_llama_config(args.model + "/config.json");
+    train::check_heads_layout(model, config.sequence_parallel_size, sp_source, args.model + "/config.json");
     train::require_host_memory(16.0 * double(models::llama_num_parameters(model)),
                                "the parameters, gradients and AdamW state of this model");
     // Not read yet: each rank reads what its ZeRO stage keeps when the trainer is built.
@@ -486,6 +562,7 @@ int run_train(const TrainArgs& args, MpiRuntime* mpi) {
   });
 
   say(launch, "data: %s\n", data.describe(S).c_str());
+  say(launch, "%s\n%s\n", train::describe_optimizer(config).c_str(), train::describe_scheduler(config).c_str());
   say(launch, "%s\n", cpu::kernels_summary().c_str());
   const int64_t to_train = std::max<int64_t>(0, args.steps - state.step);
   const int64_t last_sample = state.consumed_samples + to_train * layout.global();

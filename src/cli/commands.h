@@ -12,7 +12,9 @@ namespace autosp::cli {
 struct TrainArgs {
   std::string config, model, data, metrics, save, resume;
   int64_t seq_len = 0, steps = -1, save_every = 0;
-  bool allow_new_data = false;  // resume on data other than the checkpoint's
+  bool allow_new_data = false;  // resume on data other than the checkpoint's (from its first sample)
+  bool keep_data_position = false;  // with allow_new_data: at the checkpoint's sample position instead
+  bool overwrite = false;  // --save may replace a checkpoint not resumed from; --metrics a non-empty file
   double comm_timeout = 600;    // seconds a collective may make no progress (0: no limit)
   std::string seed;  // parsed strictly by run_train (CLI11 saturates out-of-range integers)
   std::string backend = "cpu";  // cpu | cuda

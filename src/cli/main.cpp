@@ -114,14 +114,21 @@ int main(int argc, char** argv) {
       ->check(kNonNegative);
   train_cmd->add_option("--metrics", train.metrics,
                         "Write one JSON object per step to this file (on --resume: kept up to the "
-                        "checkpoint's step, then appended)");
+                        "checkpoint's step, then appended; without --resume a non-empty file needs --overwrite)");
   train_cmd->add_option("--save", train.save,
-                        "Checkpoint directory (Hugging Face loadable): new, empty, or an autosp checkpoint");
+                        "Checkpoint directory (Hugging Face loadable): new, empty, or an autosp checkpoint (one this "
+                        "run does not --resume from needs --overwrite)");
+  train_cmd->add_flag("--overwrite", train.overwrite,
+                      "Let --save replace a checkpoint this run does not resume from, and --metrics a non-empty "
+                      "file without --resume");
   train_cmd->add_option("--save-every", train.save_every, "Also save every K steps (needs --save)")
       ->check(kPositive);
   train_cmd->add_option("--resume", train.resume, "Continue from this checkpoint directory");
   train_cmd->add_flag("--allow-new-data", train.allow_new_data,
-                      "On --resume, train on data other than the checkpoint's (from its data position)");
+                      "On --resume, train on data other than the checkpoint's, from its first sample");
+  train_cmd->add_flag("--keep-data-position", train.keep_data_position,
+                      "With --allow-new-data: continue at the checkpoint's sample position instead (wrapped onto "
+                      "the new data)");
   train_cmd->add_option("--comm-timeout", train.comm_timeout,
                         "Under mpirun: seconds a collective may make no progress before the job is "
                         "aborted, naming the rank, the collective and the group (0: wait forever)")
@@ -166,16 +173,30 @@ int main(int argc, char** argv) {
   PlanArgs plan;
   CLI::App* plan_cmd = app.add_subcommand(
       "plan", "Plan a training step's memory per rank and the longest sequence each strategy trains (no data, no kernels)");
+  plan_cmd->footer(
+      "Assumes (unless the flags say otherwise): 1 rank, no sequence parallelism, ZeRO-0, bf16 compute with fp32 "
+      "master weights and AdamW moments (a GPU run; --dtype f32 is the CPU runtime), micro batch 1, no gradient "
+      "accumulation, DeepSpeed's default bucket sizes (reduce_bucket_size and allgather_bucket_size 5e8 elements, "
+      "stage3_prefetch_bucket_size 5e7), and beside the compiler's plan a runtime reserve of 1 GiB per GPU (CUDA "
+      "context, cuBLAS and NCCL buffers; with --dtype f32, the CPU runtime's own reserve). Sequence lengths are "
+      "searched in multiples of 1024 x the SP size.");
   plan_cmd->add_option("--model", plan.model, "Hugging Face config.json (or a directory holding one)")
       ->required()->check(CLI::ExistingPath);
-  plan_cmd->add_option("--world", plan.world, "Ranks W (data parallel x sequence parallel)")->check(kPositive);
-  plan_cmd->add_option("--sp", plan.sp, "sequence_parallel_size P")->check(kPositive);
-  plan_cmd->add_option("--device-memory", plan.device_memory, "Memory per rank, e.g. 80GiB")->required();
-  plan_cmd->add_option("--zero", plan.zero, "ZeRO stage: 0, 1, 2 or 3")->check(CLI::Range(int64_t{0}, int64_t{3}));
-  plan_cmd->add_option("--dtype", plan.dtype, "bf16 (a GPU run: bf16 compute, fp32 master state) or f32 (the CPU runtime)");
-  plan_cmd->add_option("--micro-batch", plan.micro_batch, "Micro batch size")->check(kPositive);
+  // 2^20 ranks: far past any machine, and within the int the planner counts ranks in.
+  const auto kRanks = CLI::Range(int64_t{1}, int64_t{1} << 20);
+  plan_cmd->add_option("--world", plan.world, "Ranks W, data parallel x sequence parallel (default 1)")
+      ->check(kRanks);
+  plan_cmd->add_option("--sp", plan.sp, "sequence_parallel_size P (default 1; the SP strategies are planned when > 1)")
+      ->check(kRanks);
+  plan_cmd->add_option("--device-memory", plan.device_memory,
+                       "Memory per rank, with a unit: 80GiB, 80GB, 24G (GiB), 512MiB")->required();
+  plan_cmd->add_option("--zero", plan.zero, "ZeRO stage: 0, 1, 2 or 3 (default 0)")
+      ->check(CLI::Range(int64_t{0}, int64_t{3}));
+  plan_cmd->add_option("--dtype", plan.dtype,
+                       "bf16 (default: a GPU run, bf16 compute, fp32 master state) or f32 (the CPU runtime)");
+  plan_cmd->add_option("--micro-batch", plan.micro_batch, "Micro batch size (default 1)")->check(kPositive);
   plan_cmd->add_option("--gradient-accumulation-steps", plan.accumulation,
-                       "Micro batches per step (ZeRO-1 keeps their whole gradient sum)")->check(kPositive);
+                       "Micro batches per step (default 1; ZeRO-1 keeps their whole gradient sum)")->check(kPositive);
   plan_cmd->add_option("--tile-rows", plan.tile_rows,
                        "Rows per MLP tile in the tiled strategies (default: chosen from the device memory)")
       ->check(kPositive);

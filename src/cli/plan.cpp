@@ -12,6 +12,7 @@
 
 #include "cli/commands.h"
 #include "models/llama.h"
+#include "train/config.h"
 #include "train/planner.h"
 #include "util/atomic_file.h"
 #include "util/error.h"
@@ -23,28 +24,38 @@ namespace {
 using nlohmann::json;
 constexpr double kGiB = double(int64_t{1} << 30);
 
-// "80GiB", "80 GB", "24G" (GiB), "1.5TiB", or bytes.
+// "80GiB", "80 GB", "24G" (GiB), "1.5TiB", "512B". A bare number is refused: read as bytes,
+// `--device-memory 80` planned for 80 bytes and reported that nothing fits.
 int64_t parse_bytes(const std::string& text, const char* flag) {
   size_t end = 0;
   double v = 0;
+  const std::string units_known = "B, KiB, MiB, GiB, TiB or KB, MB, GB, TB";
   try {
     v = std::stod(text, &end);
+  } catch (const std::out_of_range&) {
+    user_error(flag, " ", text, ": out of range (at most 8 EiB)");
   } catch (const std::exception&) {
     user_error(flag, " ", text, ": expected a size such as 80GiB, 80GB or 24G");
   }
   std::string unit = text.substr(end);
   unit.erase(std::remove_if(unit.begin(), unit.end(), ::isspace), unit.end());
+  const std::string number = text.substr(0, end);
+  if (unit.empty())
+    user_error(flag, " ", text, ": a size needs a unit (", units_known, "), e.g. ", number, "GiB");
+  const std::string unit_given = unit;
   for (char& c : unit) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   const std::pair<const char*, double> units[] = {
-      {"", 1},         {"b", 1},          {"k", 1024.0},     {"kib", 1024.0}, {"kb", 1e3},
-      {"m", 1 << 20},  {"mib", 1 << 20},  {"mb", 1e6},       {"g", kGiB},     {"gib", kGiB},
-      {"gb", 1e9},     {"t", kGiB * 1024}, {"tib", kGiB * 1024}, {"tb", 1e12}};
+      {"b", 1},        {"k", 1024.0},      {"kib", 1024.0},     {"kb", 1e3},   {"m", 1 << 20},
+      {"mib", 1 << 20}, {"mb", 1e6},        {"g", kGiB},         {"gib", kGiB}, {"gb", 1e9},
+      {"t", kGiB * 1024}, {"tib", kGiB * 1024}, {"tb", 1e12}};
   for (const auto& [name, scale] : units)
     if (unit == name) {
-      if (!(v > 0) || v * scale > 9e18) user_error(flag, " ", text, ": expected a positive size");
+      if (!(v > 0)) user_error(flag, " ", text, ": expected a positive size such as 80GiB");
+      // 2^63 bytes: the int64 byte counts the planner works in.
+      if (!(v * scale < 9.2e18)) user_error(flag, " ", text, ": out of range (at most 8 EiB)");
       return int64_t(v * scale);
     }
-  user_error(flag, " ", text, ": unknown unit '", unit, "' (B, KiB, MiB, GiB, TiB or KB, MB, GB, TB)");
+  user_error(flag, " ", text, ": unknown unit '", unit_given, "' (", units_known, ")");
 }
 
 std::string gib(int64_t bytes) {
@@ -118,9 +129,7 @@ int run_plan(const PlanArgs& args) {
   else user_error("--dtype ", args.dtype, ": expected bf16 or f32");
   if (args.world % args.sp != 0)
     user_error("--world ", args.world, " is not divisible by --sp ", args.sp, " (world = data parallel x sequence parallel)");
-  if (args.sp > 1 && setup.model.num_attention_heads % args.sp != 0)
-    user_error("--sp ", args.sp, ": the model's ", setup.model.num_attention_heads,
-               " attention heads are not divisible by it (Ulysses gives each rank whole heads)");
+  train::check_heads_layout(setup.model, args.sp, str("--sp ", args.sp), config);
   const int64_t device = parse_bytes(args.device_memory, "--device-memory");
   const int64_t N = models::llama_num_parameters(setup.model);
 

@@ -22,12 +22,7 @@ const std::vector<std::string>& pipeline_stages() {
   return stages;
 }
 
-Graph compile(const Graph& forward, const CompileOptions& options,
-              const std::function<void(const std::string&, const Graph&)>& after_pass) {
-  const bool print_times = [] {
-    const char* v = std::getenv("AUTOSP_PASS_TIMES");
-    return v && std::string(v) == "1";
-  }();
+void check_compile_options(const CompileOptions& options) {
   bool use_autosp = false;
   for (const std::string& pass : options.passes) {
     if (pass != "autosp")
@@ -39,6 +34,15 @@ Graph compile(const Graph& forward, const CompileOptions& options,
   if (options.sequence_parallel_size > 1 && !use_autosp)
     user_error("sequence_parallel_size = ", options.sequence_parallel_size,
                " needs the autosp pass: add \"compile\": {\"deepcompile\": true, \"passes\": [\"autosp\"]}");
+}
+
+Graph compile(const Graph& forward, const CompileOptions& options,
+              const std::function<void(const std::string&, const Graph&)>& after_pass) {
+  const bool print_times = [] {
+    const char* v = std::getenv("AUTOSP_PASS_TIMES");
+    return v && std::string(v) == "1";
+  }();
+  check_compile_options(options);
 
   auto run = [&](const std::string& stage, auto&& fn) {
     const auto start = std::chrono::steady_clock::now();

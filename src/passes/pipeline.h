@@ -43,6 +43,11 @@ const std::vector<std::string>& pipeline_stages();
 Graph compile(const Graph& forward, const CompileOptions& options,
               const std::function<void(const std::string&, const Graph&)>& after_pass = {});
 
+// The checks compile() makes of compile.passes, compile.deepcompile and
+// sequence_parallel_size (UserErrors in the config's words), for a caller to make them
+// before it reads anything the compile would then wait on (autosp train: data, weights).
+void check_compile_options(const CompileOptions& options);
+
 // The programs of one optimizer step of `accumulation_steps` micro batches. `last` runs the
 // last micro batch and reduces the gradients; under ZeRO stages 0 and 1 with accumulation it
 // takes the earlier micro batches' summed gradients ("grad_acc:<name>") and `earlier`, the

@@ -1,6 +1,7 @@
 #include "train/checkpoint.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -133,11 +134,65 @@ std::string why_not_replaceable(const fs::path& dir) {
   return "";
 }
 
+// Who writes a scratch directory, recorded in its name (`<pid>-<hex>-<pid namespace>@<host>`)
+// so that a later run can tell whether the writer is gone: the same host, the same pid
+// namespace (a container on that host has its own pids) and no such process. Names of an
+// older autosp (`<pid>-<hex>`) carry no host, so they are never proven stale.
+struct ScratchOwner {
+  long pid = 0;
+  std::string pid_namespace, host;
+};
+
+std::string this_host() {
+  char buf[256] = {};
+  if (::gethostname(buf, sizeof(buf) - 1) != 0) return "";
+  return buf;
+}
+
+// The inode number of this process's pid namespace ("pid:[4026531836]" -> "4026531836").
+std::string this_pid_namespace() {
+  std::error_code ec;
+  const std::string link = fs::read_symlink("/proc/self/ns/pid", ec).string();
+  const size_t open = link.find('['), close = link.find(']');
+  if (ec || open == std::string::npos || close == std::string::npos || close < open) return "0";
+  return link.substr(open + 1, close - open - 1);
+}
+
 std::string new_run_id() {
   std::random_device rd;
   char buf[40];
-  std::snprintf(buf, sizeof(buf), "%d-%08x", int(::getpid()), unsigned(rd()));
-  return buf;
+  std::snprintf(buf, sizeof(buf), "%d-%08x-", int(::getpid()), unsigned(rd()));
+  return str(buf, this_pid_namespace(), "@", this_host());
+}
+
+// The owner a run id names; nullopt for another form (an older autosp's, or not autosp's).
+std::optional<ScratchOwner> parse_run_id(const std::string& run) {
+  const size_t at = run.find('@');
+  if (at == std::string::npos || at + 1 >= run.size()) return std::nullopt;
+  const std::string ids = run.substr(0, at);
+  const size_t dash1 = ids.find('-'), dash2 = ids.rfind('-');
+  if (dash1 == std::string::npos || dash2 == dash1) return std::nullopt;
+  ScratchOwner o;
+  const std::string pid = ids.substr(0, dash1);
+  o.pid_namespace = ids.substr(dash2 + 1);
+  o.host = run.substr(at + 1);
+  if (pid.empty() || pid.size() > 9 || pid.find_first_not_of("0123456789") != std::string::npos ||
+      o.pid_namespace.empty())
+    return std::nullopt;
+  o.pid = std::stol(pid);
+  return o;
+}
+
+// Why the owner of a scratch directory may still be alive ("" if it provably is not): a
+// process can only be known gone from its own host and pid namespace.
+std::string owner_may_be_alive(const std::optional<ScratchOwner>& owner) {
+  if (!owner) return "its name does not say which host wrote it (an older autosp's)";
+  if (owner->host != this_host()) return str("it was written on host ", owner->host);
+  if (owner->pid_namespace != this_pid_namespace())
+    return str("it was written by pid ", owner->pid, " in another pid namespace (another container?)");
+  if (owner->pid <= 0 || ::kill(static_cast<pid_t>(owner->pid), 0) == 0 || errno != ESRCH)
+    return str("its writer, pid ", owner->pid, ", is still running (or its pid was reused)");
+  return "";
 }
 
 void fsync_dir(const fs::path& dir) {
@@ -171,6 +226,57 @@ void write_other_files(const fs::path& dir, const models::LlamaConfig& model, co
   write_file_atomic((dir / "trainer_state.json").string(), st.dump(2) + "\n");
   write_manifest(dir);  // last: it vouches for everything above
   fsync_dir(dir);
+}
+
+// Scratch directories of saves that did not finish (a run killed during a save) are autosp's
+// own, and at scale each is as large as a checkpoint. One whose writer is provably gone
+// (owner_may_be_alive) is removed, unless it may be the newest complete checkpoint:
+//  - DIR.autosp-tmp.<run> holds the new checkpoint being written, or (after the swap) the
+//    previous one being removed. It is kept only if it is complete (has its manifest) while
+//    DIR holds no checkpoint: a save killed between its two renames (the fallback where
+//    RENAME_EXCHANGE is missing) leaves the new checkpoint there and the previous in
+//    DIR.autosp-old.<run>.
+//  - DIR.autosp-old.<run> holds the previous checkpoint: it is what loading falls back to
+//    while DIR is missing, so it is removed only when DIR holds a checkpoint (a newer one).
+// Any other is named with why it stays and that it is safe to delete once its writer has
+// ended. Never fails the run: a removal that fails is reported the same way.
+void remove_stale_scratch(const std::string& dir, const fs::path& parent, const fs::path& target,
+                          std::vector<std::string>* warnings) {
+  const bool dir_holds_checkpoint = has_autosp_state(target);
+  std::error_code ec;
+  std::vector<fs::path> scratch;
+  for (const auto& entry : fs::directory_iterator(parent, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.starts_with(scratch_prefix(target, "tmp")) || name.starts_with(scratch_prefix(target, "old")))
+      scratch.push_back(entry.path());
+  }
+  std::sort(scratch.begin(), scratch.end());
+  for (const fs::path& path : scratch) {
+    const std::string name = path.filename().string();
+    const bool is_tmp = name.starts_with(scratch_prefix(target, "tmp"));
+    const std::string run = name.substr(scratch_prefix(target, is_tmp ? "tmp" : "old").size());
+    std::string why = owner_may_be_alive(parse_run_id(run));
+    if (why.empty() && is_tmp && !dir_holds_checkpoint && fs::exists(path / kManifest, ec))
+      why = str("it holds a complete checkpoint and ", dir, " holds none, so it may be the newest one");
+    if (why.empty() && !is_tmp && !dir_holds_checkpoint)
+      why = str("it holds the previous checkpoint, which --resume ", dir, " falls back to while ", dir,
+                " holds none");
+    if (why.empty()) {
+      std::error_code rm;
+      fs::remove_all(path, rm);
+      if (!rm) {
+        if (warnings)
+          warnings->push_back(str("--save ", dir, ": removed ", path.string(), ", the scratch directory of a save that "
+                                  "did not finish (its writer, pid ", parse_run_id(run)->pid, " on this host, is gone)"));
+        continue;
+      }
+      why = str("removing it failed: ", rm.message());
+    }
+    if (warnings)
+      warnings->push_back(str("--save ", dir, ": ", path.string(), " is the scratch directory of an autosp save that did "
+                              "not finish; autosp leaves it alone because ", why, "; it is safe to delete once that "
+                              "run has ended", is_tmp ? "" : " and you have a newer checkpoint"));
+  }
 }
 
 }  // namespace
@@ -220,13 +326,7 @@ SaveTarget::SaveTarget(std::string dir, std::vector<std::string>* warnings) {
   ::rmdir(tmp_.c_str());
   if (!same_fs) refuse("its scratch directory ", tmp_, " would be on another file system");
 
-  if (warnings)
-    for (const auto& entry : fs::directory_iterator(parent, ec)) {
-      const std::string name = entry.path().filename().string();
-      if (name.starts_with(scratch_prefix(target, "tmp")) || name.starts_with(scratch_prefix(target, "old")))
-        warnings->push_back(str("--save ", dir, ": ", entry.path().string(),
-                                " was left by an earlier save that did not finish; autosp leaves it alone"));
-    }
+  remove_stale_scratch(dir, parent, target, warnings);
 }
 
 std::string SaveTarget::begin_save() const {
@@ -629,6 +729,19 @@ bool verify_checkpoint_files(const std::string& dir, Communicator& world, std::v
 bool verify_checkpoint_files(const std::string& dir, std::vector<std::string>* notes) {
   const std::unique_ptr<Communicator> one = make_single_communicator();
   return verify_checkpoint_files(dir, *one, notes);
+}
+
+std::optional<int64_t> existing_checkpoint_step(const std::string& dir) {
+  std::string found;
+  try {
+    found = resolve_checkpoint_dir(dir);
+  } catch (const UserError&) {
+    return std::nullopt;
+  }
+  if (!has_autosp_state(found)) return fs::exists(fs::path(found) / kManifest) ? std::optional<int64_t>(-1) : std::nullopt;
+  std::ifstream in(fs::path(found) / "trainer_state.json");
+  const json st = json::parse(in, nullptr, /*allow_exceptions=*/false);
+  return st.is_object() && st.contains("step") && st["step"].is_number_integer() ? st["step"].get<int64_t>() : -1;
 }
 
 std::string resolve_checkpoint_dir(const std::string& dir) {

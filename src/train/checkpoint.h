@@ -21,7 +21,9 @@
 //    atomic rename (RENAME_EXCHANGE), and the previous checkpoint, now in the scratch
 //    directory, is removed. Where the file system cannot exchange, DIR is first renamed to
 //    `DIR.autosp-old.<run>`; a run killed between the two renames leaves that complete, and
-//    loading falls back to it. Only scratch directories of this run are ever removed.
+//    loading falls back to it. A run's scratch directory names its writer (pid, pid
+//    namespace, host); scratch directories of other runs are removed only when their writer
+//    is provably gone and they cannot be the newest checkpoint (SaveTarget's constructor).
 #pragma once
 #include <optional>
 #include <string>
@@ -60,7 +62,9 @@ class SaveTarget {
   // a mount point, a symbolic link, a file, a non-empty directory that is not an autosp
   // checkpoint, under a missing or read-only parent, or on another file system than its
   // scratch directory. Creates (and removes) the scratch directory to prove it can.
-  // `warnings` receives notes about stale scratch directories of earlier runs.
+  // Removes the scratch directories of earlier saves to dir that did not finish where their
+  // writer is provably gone (see remove_stale_scratch); `warnings` receives a note for each
+  // one removed and for each one left (why, and that it is safe to delete once its run ends).
   SaveTarget(std::string dir, std::vector<std::string>* warnings);
 
   const std::string& dir() const { return dir_; }
@@ -113,6 +117,11 @@ struct LoadedCheckpoint {
 // save_checkpoint wrote on rank 0 needs anyway. Without `world`, one process checks it all.
 LoadedCheckpoint load_checkpoint(const std::string& dir, Communicator& world);
 LoadedCheckpoint load_checkpoint(const std::string& dir);
+
+// The step of the autosp checkpoint `dir` names (after an interrupted save: the fallback
+// resolve_checkpoint_dir finds), -1 if its step cannot be read, nullopt if it holds none:
+// what a --save that does not resume from it would replace.
+std::optional<int64_t> existing_checkpoint_step(const std::string& dir);
 
 // The directory a checkpoint named `dir` is in: dir, or after a save interrupted between
 // its two renames the complete previous one (DIR.autosp-old.*). UserError if neither.

@@ -11,6 +11,7 @@
 #include <sstream>
 #include <string_view>
 
+#include "models/llama.h"
 #include "passes/checkpoint.h"
 #include "util/error.h"
 
@@ -54,12 +55,48 @@ const json& object_at(const Ctx& ctx, const json& value, const std::string& path
   return value;
 }
 
-// Warns about every key of `object` not in `known`.
+// Damerau-Levenshtein distance (the optimal-string-alignment form: insertions, deletions,
+// substitutions and transpositions of adjacent characters, each 1), case-insensitive.
+size_t edit_distance(std::string_view a, std::string_view b) {
+  auto low = [](char c) { return static_cast<char>(std::tolower(static_cast<unsigned char>(c))); };
+  const size_t n = a.size(), m = b.size();
+  std::vector<std::vector<size_t>> d(n + 1, std::vector<size_t>(m + 1));
+  for (size_t i = 0; i <= n; ++i) d[i][0] = i;
+  for (size_t j = 0; j <= m; ++j) d[0][j] = j;
+  for (size_t i = 1; i <= n; ++i)
+    for (size_t j = 1; j <= m; ++j) {
+      const size_t cost = low(a[i - 1]) == low(b[j - 1]) ? 0 : 1;
+      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost});
+      if (i > 1 && j > 1 && low(a[i - 1]) == low(b[j - 2]) && low(a[i - 2]) == low(b[j - 1]))
+        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+    }
+  return d[n][m];
+}
+
+// The known key `key` is most likely a misspelling of: within 2 edits (1 for keys of up to 4
+// characters, where 2 edits reach unrelated words: "aio" is 2 from "amp"), or "" if none is.
+std::string_view misspelt_key(std::string_view key, const std::vector<std::string_view>& known) {
+  const size_t limit = key.size() <= 4 ? 1 : 2;
+  std::string_view best;
+  size_t best_distance = limit + 1;
+  for (std::string_view k : known)
+    if (const size_t d = edit_distance(key, k); d < best_distance) {
+      best = k;
+      best_distance = d;
+    }
+  return best;
+}
+
+// Warns about every key of `object` not in `known`. A key a small edit away from a known one
+// is an error instead: `gradient_acumulation_steps` would otherwise train, with a warning
+// easily missed, at the default accumulation.
 void warn_unknown(const Ctx& ctx, const json& object, const std::string& path,
                   const std::vector<std::string_view>& known, std::string_view why = "") {
   for (const auto& [key, value] : object.items()) {
-    if (std::find(known.begin(), known.end(), key) == known.end())
-      warn(ctx, child(path, key), why.empty() ? "unknown key, ignored" : why);
+    if (std::find(known.begin(), known.end(), key) != known.end()) continue;
+    if (const std::string_view near = misspelt_key(key, known); !near.empty())
+      user_error(ctx.source, ": ", child(path, key), ": unknown key; did you mean \"", near, "\"?");
+    warn(ctx, child(path, key), why.empty() ? "unknown key, ignored" : why);
   }
 }
 
@@ -101,7 +138,8 @@ std::string lower(std::string s) {
 // picks the implementation (torch.optim or DeepSpeed's fused kernels, the same maths), and
 // the update is AdamW's when type is AdamW or adam_w_mode (default true) is set, otherwise
 // torch.optim.Adam's with L2 weight decay.
-AdamWParams parse_optimizer(const Ctx& ctx, const json& section) {
+// `defaults` receives the params left to their defaults (for describe_optimizer).
+AdamWParams parse_optimizer(const Ctx& ctx, const json& section, std::vector<std::string>& defaults) {
   const std::string path = "optimizer";
   object_at(ctx, section, path);
   warn_unknown(ctx, section, path, {"type", "params"});
@@ -161,6 +199,8 @@ AdamWParams parse_optimizer(const Ctx& ctx, const json& section) {
       user_error(ctx.source, ": ", child(ppath, "max_grad_norm"), ": not an optimizer parameter; clip with the "
                  "top-level \"gradient_clipping\" instead");
   }
+  for (const char* key : {"lr", "betas", "eps", "weight_decay"})
+    if (!section.contains("params") || !section["params"].contains(key)) defaults.push_back(key);
   p.decoupled_weight_decay = is_adamw || adam_w_mode;
   // The default is that of the torch class with the same update (torch.optim.Adam: 0;
   // torch.optim.AdamW: 0.01, kept in AdamWParams).
@@ -168,7 +208,8 @@ AdamWParams parse_optimizer(const Ctx& ctx, const json& section) {
   return p;
 }
 
-SchedulerConfig parse_scheduler(const Ctx& ctx, const json& section) {
+// `defaults` receives the params of its type left to their defaults (for describe_scheduler).
+SchedulerConfig parse_scheduler(const Ctx& ctx, const json& section, std::vector<std::string>& defaults) {
   const std::string path = "scheduler";
   object_at(ctx, section, path);
   warn_unknown(ctx, section, path, {"type", "params"});
@@ -215,6 +256,12 @@ SchedulerConfig parse_scheduler(const Ctx& ctx, const json& section) {
 
   auto has = [&](const char* key) { return params.contains(key); };
   auto at = [&](const char* key) { return child(ppath, key); };
+  const std::vector<const char*> own =
+      c.type == SchedulerType::kWarmupCosineLR
+          ? std::vector<const char*>{"warmup_min_ratio", "warmup_num_steps", "warmup_type", "cos_min_ratio"}
+          : std::vector<const char*>{"warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type"};
+  for (const char* key : own)
+    if (!has(key)) defaults.push_back(key);
   if (c.type != SchedulerType::kWarmupCosineLR) {
     if (has("warmup_min_lr"))
       c.warmup_min_lr = number_at(ctx, params["warmup_min_lr"], at("warmup_min_lr"), 0.0);
@@ -572,6 +619,22 @@ void check_no_effect_keys(const Ctx& ctx, const json& config) {
     bool_at(ctx, config["zero_allow_untested_optimizer"], "zero_allow_untested_optimizer");
 }
 
+// DeepSpeed's activation_checkpointing configures deepspeed.checkpointing.checkpoint, which
+// model code calls around each layer. autosp's model code never checkpoints: the compiler
+// decides what to recompute, from compile.checkpoint. So the section is ignored, and the
+// warning says what this run recomputes and how to choose.
+void explain_activation_checkpointing(const Ctx& ctx, const json& section, const CompileConfig& compile) {
+  object_at(ctx, section, "activation_checkpointing");
+  const bool autosp = std::find(compile.passes.begin(), compile.passes.end(), "autosp") != compile.passes.end();
+  const std::string policy = compile.checkpoint.value_or(autosp ? "sac" : "none");
+  warn(ctx, "activation_checkpointing",
+       str("ignored: autosp's compiler chooses what to recompute, set by compile.checkpoint: \"full\" recomputes "
+           "each layer from its input in backward (what checkpointing every layer with DeepSpeed does), \"sac\" "
+           "keeps attention's and the matmuls' results and recomputes the cheap elementwise rest, \"none\" keeps everything, \"auto\" picks "
+           "the cheapest that fits compile.memory_budget_gb; this run uses \"", policy, "\"",
+           compile.checkpoint ? "" : (autosp ? " (the default with the autosp pass)" : " (the default without the autosp pass)")));
+}
+
 // Hugging Face's "auto" values (config.h), filled in before parsing as its integration
 // does with a default TrainingArguments; the batch keys become absent (resolve_batch derives
 // them) and are listed in `auto_batch_keys`. Each filled value is reported.
@@ -646,7 +709,9 @@ TrainConfig parse_train_config(const nlohmann::json& json_in, const std::string&
                 // no effect on the numbers (check_no_effect_keys)
                 "wall_clock_breakdown", "memory_breakdown", "dump_state", "flops_profiler", "tensorboard",
                 "wandb", "csv_monitor", "comms_logger", "prescale_gradients", "gradient_predivide_factor",
-                "zero_allow_untested_optimizer"});
+                "zero_allow_untested_optimizer",
+                // DeepSpeed's own checkpointing, pointed to compile.checkpoint (explain_activation_checkpointing)
+                "activation_checkpointing"});
   refuse_math_changes(ctx, json);
   check_no_effect_keys(ctx, json);
   TrainConfig c;
@@ -663,9 +728,11 @@ TrainConfig parse_train_config(const nlohmann::json& json_in, const std::string&
   }
   if (has("gradient_clipping"))
     c.gradient_clipping = number_at(ctx, json["gradient_clipping"], "gradient_clipping", 0.0);
-  if (has("optimizer")) c.optimizer = parse_optimizer(ctx, json["optimizer"]);
-  if (has("scheduler")) c.scheduler = parse_scheduler(ctx, json["scheduler"]);
+  if (has("optimizer")) c.optimizer = parse_optimizer(ctx, json["optimizer"], c.optimizer_defaults);
+  else c.optimizer_defaults = {"optimizer"};
+  if (has("scheduler")) c.scheduler = parse_scheduler(ctx, json["scheduler"], c.scheduler_defaults);
   if (has("compile")) c.compile = parse_compile(ctx, json["compile"]);
+  if (has("activation_checkpointing")) explain_activation_checkpointing(ctx, json["activation_checkpointing"], c.compile);
   if (has("sequence_parallel_size"))
     c.sequence_parallel_size = int_at(ctx, json["sequence_parallel_size"], "sequence_parallel_size", 1);
   if (has("zero_optimization")) {
@@ -792,6 +859,80 @@ void resolve_model_auto(TrainConfig& c, int64_t hidden, const std::string& sourc
                            hidden, ", as Hugging Face's integration)"));
   }
   c.zero.auto_keys.clear();
+}
+
+void check_heads_layout(const models::LlamaConfig& model, int64_t sp, const std::string& sp_source,
+                        const std::string& model_source) {
+  const int64_t NH = model.num_attention_heads, NKV = model.num_key_value_heads;
+  if (sp <= 1 || NH <= 0 || NKV <= 0) return;  // nothing to split (the model's own checks cover the rest)
+  auto fits = [&](int64_t P) { return NH % P == 0 && (NKV % P == 0 || P % NKV == 0); };
+  if (fits(sp)) return;
+  std::string sizes;
+  for (int64_t P = 1; P <= NH; ++P)
+    if (fits(P)) sizes += str(sizes.empty() ? "" : ", ", P);
+  const std::string usable = str("; sequence-parallel sizes this model can use: ", sizes);
+  if (NH % sp != 0)
+    user_error(model_source, ": num_attention_heads ", NH, " is not divisible by ", sp_source,
+               ": Ulysses sequence parallelism gives each rank whole attention heads (NH / P of them)", usable);
+  user_error(model_source, ": num_key_value_heads ", NKV, " cannot be shared out over ", sp_source,
+             ": Ulysses splits the key-value heads over the ranks (P must divide NKV) or repeats them (NKV must "
+             "divide P), and ", NKV, " and ", sp, " allow neither", usable);
+}
+
+namespace {
+
+// A hyperparameter as a person writes it: 0.001, 1e-08 -> 1e-8, 0.9.
+std::string number_text(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%g", v);
+  std::string t = buf;
+  for (const char* exp : {"e-0", "e+0"})
+    if (const size_t at = t.find(exp); at != std::string::npos) t.erase(at + 2, 1);
+  return t;
+}
+
+std::string defaults_text(const std::vector<std::string>& defaults) {
+  std::string t;
+  for (const std::string& d : defaults) t += (t.empty() ? "" : ", ") + d;
+  return t;
+}
+
+}  // namespace
+
+std::string describe_optimizer(const TrainConfig& c) {
+  const AdamWParams& p = c.optimizer;
+  std::string text = str("optimizer: ", p.decoupled_weight_decay ? "AdamW" : "Adam (L2 weight decay, as torch.optim.Adam)",
+                         " lr ", number_text(p.lr), " betas (", number_text(p.beta1), ", ", number_text(p.beta2),
+                         ") eps ", number_text(p.eps), " weight_decay ", number_text(p.weight_decay));
+  if (c.optimizer_defaults == std::vector<std::string>{"optimizer"}) return text + " (defaults: no optimizer section)";
+  if (!c.optimizer_defaults.empty()) text += str(" (defaults: ", defaults_text(c.optimizer_defaults), ")");
+  return text;
+}
+
+std::string describe_scheduler(const TrainConfig& c) {
+  const SchedulerConfig& s = c.scheduler;
+  if (s.type == SchedulerType::kNone) return str("scheduler: constant lr ", number_text(c.optimizer.lr), " (no scheduler section)");
+  // As lr_at computes it (lr_schedule.h): warmup over max(2, warmup_num_steps) steps.
+  const int64_t warmup = std::max<int64_t>(2, s.warmup_num_steps);
+  const char* curve = s.warmup_type == WarmupType::kLog ? "log" : "linear";
+  std::string text = str("scheduler: ", scheduler_type_name(s.type), ": ");
+  if (s.type == SchedulerType::kWarmupCosineLR) {
+    text += str(curve, " warmup from ", number_text(s.warmup_min_ratio), " x lr to lr ", number_text(c.optimizer.lr),
+                " over ", warmup, " steps, then cosine decay to ", number_text(s.cos_min_ratio), " x lr at step ",
+                s.total_num_steps);
+  } else {
+    const double max_lr = s.warmup_max_lr.value_or(s.type == SchedulerType::kWarmupLR ? c.optimizer.lr : 0.001);
+    text += str(curve, " warmup from ", number_text(s.warmup_min_lr), " to ", number_text(max_lr), " over ", warmup,
+                " steps, then ",
+                s.type == SchedulerType::kWarmupLR
+                    ? std::string("constant")
+                    : str("linear decay to ", number_text(s.warmup_min_lr), " at step ", s.total_num_steps));
+    if (!s.warmup_max_lr && s.type == SchedulerType::kWarmupDecayLR && max_lr != c.optimizer.lr)
+      text += str(" (warmup_max_lr defaults to 0.001 as in DeepSpeed, not optimizer.params.lr ",
+                  number_text(c.optimizer.lr), ")");
+  }
+  if (!c.scheduler_defaults.empty()) text += str(" (defaults: ", defaults_text(c.scheduler_defaults), ")");
+  return text;
 }
 
 }  // namespace autosp::train

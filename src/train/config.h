@@ -76,9 +76,15 @@
 //
 // A value of the wrong type or out of range is a UserError naming the file and key path,
 // e.g. `config.json: optimizer.params.betas: expected an array of 2 numbers, got "x"`.
+// An unknown key within a small edit distance of a known key of the same section
+// (Damerau-Levenshtein <= 2, <= 1 for keys of up to 4 characters; case ignored) is a typo
+// that would silently train with a default, so it is a UserError too:
+// `config.json: gradient_acumulation_steps: unknown key; did you mean "gradient_accumulation_steps"?`.
 // Any other key is not an error (DeepSpeed configs carry many that do not touch the
-// maths: activation_checkpointing, zero_optimization's bucket sizes, ...): it yields a
-// warning naming the key path ("unknown key, ignored"), returned to the caller.
+// maths): it yields a warning naming the key path ("unknown key, ignored"), returned to the
+// caller. DeepSpeed's activation_checkpointing section (which configures checkpointing that
+// model code calls) is ignored with a warning naming compile.checkpoint, where autosp's
+// compiler takes that choice, and the policy this run uses.
 #pragma once
 #include <cstdint>
 #include <optional>
@@ -89,6 +95,10 @@
 
 #include "train/adamw.h"
 #include "train/lr_schedule.h"
+
+namespace autosp::models {
+struct LlamaConfig;
+}
 
 namespace autosp::train {
 
@@ -186,7 +196,19 @@ struct TrainConfig {
   // Where the step runs: "cpu" or "cuda" (runtime/executor.h, make_executor). Not a
   // DeepSpeed key: `autosp train --backend` sets it.
   std::string backend = "cpu";
+  // What the file left to defaults, for the start-up summary (describe_optimizer,
+  // describe_scheduler): {"optimizer"} without an optimizer section, else the params of
+  // lr, betas, eps, weight_decay it does not give; the scheduler's params likewise (empty
+  // without a scheduler section: the lr is constant).
+  std::vector<std::string> optimizer_defaults, scheduler_defaults;
 };
+
+// One line each, for the start-up log: the optimizer with every hyperparameter it runs with,
+// and the learning-rate schedule, naming what came from defaults, e.g.
+//   optimizer: AdamW lr 0.001 betas (0.9, 0.999) eps 1e-08 weight_decay 0.01 (defaults: no optimizer section)
+//   scheduler: constant lr 0.001 (no scheduler section)
+std::string describe_optimizer(const TrainConfig& config);
+std::string describe_scheduler(const TrainConfig& config);
 
 // Reads a DeepSpeed config object. `source` names it in messages (usually the file path).
 // Unknown keys are appended to *warnings (if not null) as "<source>: <key path>: ...".
@@ -210,6 +232,15 @@ TrainConfig load_train_config(const std::string& path, std::vector<std::string>*
 // When `notes` is given, a note per batch key the config gave as "auto" says what it became.
 void resolve_batch(TrainConfig& config, int dp_size, const std::string& source,
                    std::vector<std::string>* notes = nullptr);
+
+// The model's heads against the sequence-parallel size P, checked before any data or weights
+// are read (the autosp pass would find the same at the first step, in compiler terms).
+// Ulysses gives each rank NH/P whole query heads, so P must divide NH; the KV heads are
+// split over the ranks when P divides NKV and repeated when NKV divides P. A UserError names
+// `model_source` (the model's config.json), the keys, `sp_source` (where P came from, e.g.
+// "sequence_parallel_size 3 (ds.json)" or "--sp 3") and the sizes that would work.
+void check_heads_layout(const models::LlamaConfig& model, int64_t sp, const std::string& sp_source,
+                        const std::string& model_source);
 
 // Fills the zero_optimization keys given as "auto" from the model's hidden size, as Hugging
 // Face's integration does; a note per key says what it became.

@@ -212,6 +212,14 @@ run_expect() {
   fi
 }
 
+# expect_stdout NAME TEXT: the stdout of case NAME (a run that succeeded) has the line part TEXT.
+expect_stdout() {
+  if ! grep -qF -- "$2" "$TMP/$1.stdout" 2>/dev/null; then
+    echo "FAIL $1: no '$2' on stdout"
+    FAILED+=("$1_stdout")
+  fi
+}
+
 # expect_error NAME NEEDLE... -- COMMAND...: a user error naming NEEDLE.
 expect_error() {
   local name=$1
@@ -238,6 +246,12 @@ if ! grep -q "^step 1/1" "$TMP/sanity_valid_setup_trains.stdout"; then
   echo "FAIL sanity_valid_setup_trains: no 'step 1/1' line on stdout"
   FAILED+=(sanity_valid_setup_trains_stdout)
 fi
+# The start-up log says what optimizes, defaults included (the setup gives every AdamW param).
+for line in "optimizer: AdamW lr 0.01 betas (0.9, 0.95) eps 1e-8 weight_decay 0.1" \
+  "scheduler: WarmupLR: linear warmup from 0 to 0.01 over 3 steps, then constant"; do
+  grep -qxF -- "$line" "$TMP/sanity_valid_setup_trains.stdout" ||
+    { echo "FAIL sanity_valid_setup_trains: no '$line' on stdout"; FAILED+=(sanity_optimizer_line); }
+done
 
 # ---------------------------------------------------------------------------- safetensors
 for len in 0 4 8 mid-header mid-data; do
@@ -373,6 +387,21 @@ new_case ds_grad_accum_0 &&
   mutate json "$CASE/ds_config.json" 'c["gradient_accumulation_steps"] = 0; del c["train_batch_size"]' &&
   train_case ds_grad_accum_0 "$CASE/ds_config.json" "gradient_accumulation_steps"
 
+# A typo of a known key would train on its default: an error naming the key meant.
+new_case ds_typo_key && mutate json "$CASE/ds_config.json" \
+  'del c["gradient_accumulation_steps"]; del c["train_batch_size"]; c["gradient_acumulation_steps"] = 2' &&
+  train_case ds_typo_key "$CASE/ds_config.json: gradient_acumulation_steps: unknown key" \
+    'did you mean "gradient_accumulation_steps"?'
+
+# Without optimizer and scheduler sections the defaults train, and the log says which.
+new_case ds_defaults_said && mutate json "$CASE/ds_config.json" \
+  'del c["optimizer"]; del c["scheduler"]; c["activation_checkpointing"] = {"partition_activations": True}' &&
+  run_expect ds_defaults_said 0 "activation_checkpointing: ignored" "compile.checkpoint" 'this run uses "none"' -- \
+    "$AUTOSP" train --config "$CASE/ds_config.json" --model "$CASE" --data "$CASE/tokens.bin" --seq-len 16 --steps 1 &&
+  expect_stdout ds_defaults_said \
+    "optimizer: AdamW lr 0.001 betas (0.9, 0.999) eps 1e-8 weight_decay 0.01 (defaults: no optimizer section)" &&
+  expect_stdout ds_defaults_said "scheduler: constant lr 0.001 (no scheduler section)"
+
 new_case ds_unknown_key_warns && mutate json "$CASE/ds_config.json" 'c["no_such_deepspeed_key"] = 1' &&
   run_expect ds_unknown_key_warns 0 "warning" "no_such_deepspeed_key" -- "$AUTOSP" train \
     --config "$CASE/ds_config.json" --model "$CASE" --data "$CASE/tokens.bin" --seq-len 16 --steps 1
@@ -411,13 +440,6 @@ idx_case() {
   shift
   expect_error "$name" "$@" -- "$AUTOSP" train --config "$CASE/ds_config.json" --model "$CASE" \
     --data "$CASE/ds" --seq-len 16 --steps 1
-}
-# expect_stdout NAME TEXT: the stdout of case NAME (a run that succeeded) has the line part TEXT.
-expect_stdout() {
-  if ! grep -qF -- "$2" "$TMP/$1.stdout" 2>/dev/null; then
-    echo "FAIL $1: no '$2' on stdout"
-    FAILED+=("$1_stdout")
-  fi
 }
 indexed_case data_indexed_trains &&
   run_expect data_indexed_trains 0 -- "$AUTOSP" train \
@@ -517,6 +539,27 @@ new_case cli_save_onto_a_file && touch "$CASE/a_file" &&
     --config "$CASE/ds_config.json" --model "$CASE" --data "$CASE/tokens.bin" --seq-len 16 --steps 1 \
     --save "$CASE/a_file"
 
+# A fresh run never replaces a checkpoint or a metrics log unasked: a requeued job that forgot
+# --resume would lose them. --resume CK --save CK is the usual restart; --overwrite replaces.
+new_case cli_save_onto_a_checkpoint && cp -r "$CHECKPOINT" "$CASE/ck" &&
+  expect_error cli_save_onto_a_checkpoint "--save $CASE/ck: holds an autosp checkpoint (step 1)" \
+    "pass --resume $CASE/ck" "pass --overwrite" -- "$AUTOSP" train --config "$CASE/ds_config.json" \
+    --model "$CASE" --data "$CASE/tokens.bin" --seq-len 16 --steps 1 --save "$CASE/ck" &&
+  cp -r "$CHECKPOINT" "$CASE/ck2" &&
+  expect_error cli_save_onto_another_checkpoint "--save $CASE/ck2: holds an autosp checkpoint" \
+    "it resumes from $CASE/ck" -- "$AUTOSP" train --config "$CASE/ds_config.json" \
+    --resume "$CASE/ck" --data "$CASE/tokens.bin" --steps 2 --save "$CASE/ck2" &&
+  run_expect cli_save_onto_a_checkpoint_overwrite 0 -- "$AUTOSP" train --config "$CASE/ds_config.json" \
+    --model "$CASE" --data "$CASE/tokens.bin" --seq-len 16 --steps 2 --save "$CASE/ck" --overwrite &&
+  expect_stdout cli_save_onto_a_checkpoint_overwrite "saved $CASE/ck at step 2"
+new_case cli_metrics_not_empty && echo '{"step": 1}' >"$CASE/m.jsonl" &&
+  expect_error cli_metrics_not_empty "--metrics $CASE/m.jsonl: exists and is not empty" "--resume" "--overwrite" -- \
+    "$AUTOSP" train --config "$CASE/ds_config.json" --model "$CASE" --data "$CASE/tokens.bin" --seq-len 16 \
+    --steps 1 --metrics "$CASE/m.jsonl"
+new_case cli_keep_position_alone &&
+  expect_error cli_keep_position_alone "--keep-data-position only applies with --allow-new-data" -- "$AUTOSP" train \
+    --config "$CASE/ds_config.json" --resume "$CHECKPOINT" --data "$CASE/tokens.bin" --steps 2 --keep-data-position
+
 new_case cli_metrics_unwritable &&
   expect_error cli_metrics_unwritable "--metrics" "$CASE/no_such_dir/metrics.jsonl" -- "$AUTOSP" train \
     --config "$CASE/ds_config.json" --model "$CASE" --data "$CASE/tokens.bin" --seq-len 16 --steps 1 \
@@ -604,6 +647,17 @@ new_case cli_seed_above_int64 &&
 new_case cli_dump_unknown_stage &&
   expect_error cli_dump_unknown_stage "no_such_stage" -- "$AUTOSP" dump --model "$CASE" --seq-len 16 \
     --stage no_such_stage
+
+# autosp plan: sizes need a unit, numbers out of range and layouts that cannot shard are user
+# errors in the flags' words.
+expect_error plan_size_without_unit "--device-memory 80: a size needs a unit" "e.g. 80GiB" -- \
+  "$AUTOSP" plan --model "$VALID" --device-memory 80
+expect_error plan_size_out_of_range "--device-memory 1e30GiB: out of range" -- \
+  "$AUTOSP" plan --model "$VALID" --device-memory 1e30GiB
+expect_error plan_world_out_of_range "--world" "9223372036854775807" "not in range 1 to 1048576" -- \
+  "$AUTOSP" plan --model "$VALID" --device-memory 80GiB --world 9223372036854775807
+expect_error plan_heads_not_divisible "num_attention_heads 4 is not divisible by --sp 3" \
+  "sizes this model can use: 1, 2, 4" -- "$AUTOSP" plan --model "$VALID" --device-memory 80GiB --world 3 --sp 3
 
 # The kernels' instruction set, chosen with AUTOSP_ISA (kernels/cpu/isa.h): an unknown name
 # is an error naming the variable, before anything runs.

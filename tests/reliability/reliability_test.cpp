@@ -320,7 +320,7 @@ TEST(VerifiedCheckpoint, ARunKilledDuringSavesAlwaysLeavesTheLastCompleteCheckpo
     for (const auto& e : fs::directory_iterator(t.dir.path()))
       if (e.path().filename().string().starts_with("ck.autosp-")) {
         ++mid_save;
-        fs::remove_all(e.path());  // (autosp leaves another run's scratch alone; the test tidies)
+        fs::remove_all(e.path());  // (the next run would remove it, its writer being gone; the test tidies)
         break;
       }
     auto verify = run_command(str(AUTOSP_BINARY, " verify ", ck));

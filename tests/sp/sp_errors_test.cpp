@@ -82,24 +82,46 @@ TEST(SequenceParallelErrors, WorldNotDivisibleBySequenceParallelSize) {
                    "world size 3 is not divisible by sequence_parallel_size 2");
 }
 
+// Nothing was read before the refusal: no weights (or random init), no data.
+void expect_refused_before_reading(const testing::ProcessResult& r) {
+  for (const char* read : {"random init", "loaded ", "data: "})
+    EXPECT_EQ(r.output.find(read), std::string::npos) << "read before refusing:\n" << r.output;
+}
+
 TEST(SequenceParallelErrors, HeadsNotDivisibleBySequenceParallelSize) {
   JobSetup s;
-  // A model with 6 query heads (random init: no weights file) on SP = 4.
-  const std::string model = s.dir / "six_heads";
-  std::filesystem::create_directories(model);
-  std::ifstream in(s.dir / "config.json");
-  json c = json::parse(in);
-  c["num_attention_heads"] = 6;
-  c["num_key_value_heads"] = 6;
-  std::ofstream(model + "/config.json") << c.dump(2);
-  expect_job_error(mpirun(4, s.train(s.config("sp4.json", 4, true), 2, 16, model)),
-                   "NH=6 query heads, not divisible by sequence_parallel_size P=4");
+  // Models (random init: no weights file) whose heads SP cannot share out, refused in the
+  // config's words before anything is read (the autosp pass would say it at the first step,
+  // as "attention (node N) has NH=6 ...").
+  auto model_with = [&](const std::string& name, int heads, int kv_heads) {
+    const std::string model = s.dir / name;
+    std::filesystem::create_directories(model);
+    json c = json::parse(std::ifstream(s.dir / "config.json"));
+    c["num_attention_heads"] = heads;
+    c["num_key_value_heads"] = kv_heads;
+    std::ofstream(model + "/config.json") << c.dump(2);
+    return model;
+  };
+  const std::string six = model_with("six_heads", 6, 6), three_kv = model_with("three_kv", 6, 3);
+  auto r = mpirun(4, s.train(s.config("sp4.json", 4, true), 2, 16, six));
+  expect_job_error(r, str(six, "/config.json: num_attention_heads 6 is not divisible by sequence_parallel_size 4 (",
+                          s.dir / "sp4.json", ")"));
+  EXPECT_NE(r.output.find("sequence-parallel sizes this model can use: 1, 2, 3, 6"), std::string::npos) << r.output;
+  expect_refused_before_reading(r);
+  r = mpirun(2, s.train(s.config("sp2.json", 2, true), 2, 16, three_kv));
+  expect_job_error(r, "num_key_value_heads 3 cannot be shared out over sequence_parallel_size 2");
+  EXPECT_NE(r.output.find("sequence-parallel sizes this model can use: 1, 3, 6"), std::string::npos) << r.output;
+  expect_refused_before_reading(r);
+  // The case: the demo (SP = every rank, a model of 4 heads) under mpirun -np 3.
+  r = mpirun(3, str(AUTOSP_BINARY, " train --steps 1"));
+  expect_job_error(r, "the demo's model: num_attention_heads 4 is not divisible by sequence_parallel_size 3");
 }
 
 TEST(SequenceParallelErrors, SequenceParallelWithoutTheAutospPass) {
   JobSetup s;
-  expect_job_error(mpirun(2, s.train(s.config("no_pass.json", 2, false))),
-                   "sequence_parallel_size = 2 needs the autosp pass");
+  const auto r = mpirun(2, s.train(s.config("no_pass.json", 2, false)));
+  expect_job_error(r, "no_pass.json: sequence_parallel_size = 2 needs the autosp pass");
+  expect_refused_before_reading(r);
 }
 
 TEST(SequenceParallelErrors, RanksThatDisagreeOnTheConfig) {

@@ -212,6 +212,79 @@ TEST(TrainConfig, UnknownKeysWarnWithTheirPath) {
   EXPECT_NO_THROW(parse(R"({"whatever": 1})", nullptr));
 }
 
+// The issue's case: a misspelt accumulation count trained at accumulation 1 with only a warning.
+TEST(TrainConfig, TypoedKeysAreErrorsNamingTheKeyMeant) {
+  EXPECT_PARSE_ERROR(R"({"train_micro_batch_size_per_gpu": 1, "gradient_acumulation_steps": 4})",
+                     "config.json: gradient_acumulation_steps: unknown key; did you mean "
+                     "\"gradient_accumulation_steps\"?");
+  // A transposition is one edit; case is ignored; the path names the section.
+  EXPECT_PARSE_ERROR(R"({"optimizer": {"type": "AdamW", "params": {"weight_deacy": 0.1}}})",
+                     "config.json: optimizer.params.weight_deacy: unknown key; did you mean \"weight_decay\"?");
+  EXPECT_PARSE_ERROR(R"({"Train_Batch_Size": 8})", "did you mean \"train_batch_size\"?");
+  EXPECT_PARSE_ERROR(R"({"zero_optimization": {"stag": 2}})", "zero_optimization.stag", "\"stage\"");
+  EXPECT_PARSE_ERROR(R"({"compile": {"checkpoints": "full"}})", "compile.checkpoints", "\"checkpoint\"");
+  EXPECT_PARSE_ERROR(R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_num_step": 5}}})",
+                     "scheduler.params.warmup_num_step", "\"warmup_num_steps\"");
+  // Only keys of the same section are candidates, and short keys allow one edit: "aio" (a
+  // DeepSpeed section) is two from "amp", "lrr" one from "lr".
+  std::vector<std::string> w;
+  parse(R"({"train_micro_batch_size_per_gpu": 1, "aio": {}, "zero_optimization": {"gradient_clipping": 1}})", &w);
+  EXPECT_EQ(w, (std::vector<std::string>{"config.json: aio: unknown key, ignored",
+                                         "config.json: zero_optimization.gradient_clipping: unknown key, ignored"}));
+  EXPECT_PARSE_ERROR(R"({"optimizer": {"type": "AdamW", "params": {"lrr": 0.1}}})", "did you mean \"lr\"?");
+  // Two edits away (s and i missing): still a typo at that length.
+  EXPECT_PARSE_ERROR(R"({"step_per_prnt": 1, "train_micro_batch_size_per_gpu": 1})", "\"steps_per_print\"");
+  // Three: an unrelated key, a warning.
+  w.clear();
+  parse(R"({"train_micro_batch_size_per_gpu": 1, "step_pr_prnt": 1})", &w);
+  EXPECT_EQ(w, (std::vector<std::string>{"config.json: step_pr_prnt: unknown key, ignored"}));
+}
+
+TEST(TrainConfig, DeepSpeedActivationCheckpointingPointsToCompileCheckpoint) {
+  std::vector<std::string> w;
+  parse(R"({"train_micro_batch_size_per_gpu": 1, "compile": {"deepcompile": true, "passes": ["autosp"]},
+            "activation_checkpointing": {"partition_activations": true, "number_checkpoints": 4}})", &w);
+  ASSERT_EQ(w.size(), 1u) << ::testing::PrintToString(w);
+  EXPECT_NE(w[0].find("config.json: activation_checkpointing: ignored"), std::string::npos) << w[0];
+  EXPECT_NE(w[0].find("compile.checkpoint"), std::string::npos) << w[0];
+  EXPECT_NE(w[0].find("\"full\" recomputes each layer"), std::string::npos) << w[0];
+  EXPECT_NE(w[0].find("this run uses \"sac\" (the default with the autosp pass)"), std::string::npos) << w[0];
+  w.clear();
+  parse(R"({"train_micro_batch_size_per_gpu": 1, "compile": {"checkpoint": "full"}, "activation_checkpointing": {}})", &w);
+  ASSERT_EQ(w.size(), 1u) << ::testing::PrintToString(w);
+  EXPECT_NE(w[0].find("this run uses \"full\""), std::string::npos) << w[0];
+  EXPECT_PARSE_ERROR(R"({"activation_checkpointing": true})", "activation_checkpointing: expected an object");
+}
+
+TEST(TrainConfig, TheEffectiveOptimizerAndScheduleAreDescribedWithTheirDefaults) {
+  const TrainConfig none = parse(R"({"train_micro_batch_size_per_gpu": 1})");
+  EXPECT_EQ(describe_optimizer(none),
+            "optimizer: AdamW lr 0.001 betas (0.9, 0.999) eps 1e-8 weight_decay 0.01 (defaults: no optimizer section)");
+  EXPECT_EQ(describe_scheduler(none), "scheduler: constant lr 0.001 (no scheduler section)");
+
+  const TrainConfig some = parse(R"({"optimizer": {"type": "Adam", "params": {"lr": 3e-4, "adam_w_mode": false}},
+    "scheduler": {"type": "WarmupDecayLR", "params": {"total_num_steps": 100, "warmup_type": "linear"}}})");
+  EXPECT_EQ(describe_optimizer(some), "optimizer: Adam (L2 weight decay, as torch.optim.Adam) lr 0.0003 betas "
+                                      "(0.9, 0.999) eps 1e-8 weight_decay 0 (defaults: betas, eps, weight_decay)");
+  EXPECT_EQ(describe_scheduler(some),
+            "scheduler: WarmupDecayLR: linear warmup from 0 to 0.001 over 1000 steps, then linear decay to 0 at step "
+            "100 (warmup_max_lr defaults to 0.001 as in DeepSpeed, not optimizer.params.lr 0.0003) (defaults: "
+            "warmup_min_lr, warmup_max_lr, warmup_num_steps)");
+
+  const TrainConfig all = parse(R"({"optimizer": {"type": "AdamW",
+      "params": {"lr": 0.01, "betas": [0.8, 0.95], "eps": 1e-6, "weight_decay": 0.1}},
+    "scheduler": {"type": "WarmupCosineLR", "params": {"total_num_steps": 50, "warmup_num_steps": 1,
+      "warmup_min_ratio": 0.1, "cos_min_ratio": 0.2, "warmup_type": "log"}}})");
+  EXPECT_EQ(describe_optimizer(all), "optimizer: AdamW lr 0.01 betas (0.8, 0.95) eps 1e-6 weight_decay 0.1");
+  // warmup_num_steps 1 behaves as 2, as lr_at (and DeepSpeed) count it.
+  EXPECT_EQ(describe_scheduler(all), "scheduler: WarmupCosineLR: log warmup from 0.1 x lr to lr 0.01 over 2 steps, "
+                                     "then cosine decay to 0.2 x lr at step 50");
+  const TrainConfig warmup = parse(R"({"optimizer": {"type": "AdamW", "params": {"lr": 0.5}},
+    "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 10}}})");
+  EXPECT_EQ(describe_scheduler(warmup), "scheduler: WarmupLR: log warmup from 0 to 0.5 over 10 steps, then constant "
+                                        "(defaults: warmup_min_lr, warmup_max_lr, warmup_type)");
+}
+
 // ---- data: how --data's tokens become samples ---------------------------------------------
 
 TEST(TrainConfig, DataSectionPackAndEosTokenId) {
@@ -369,9 +442,12 @@ TEST(TrainConfig, MixedPrecisionRunsFp32AndSaysSo) {
   EXPECT_PARSE_ERROR(R"({"fp16": {"enabled": true}, "amp": {"enabled": true}})",
                      "fp16.enabled and amp.enabled are both true");
   // A key that is not DeepSpeed's is still reported, with its path.
-  const auto w = warnings_of(R"({"fp16": {"enabled": false, "loss_scael": 0}})");
+  const auto w = warnings_of(R"({"fp16": {"enabled": false, "loss_scaling": 0}})");
   ASSERT_EQ(w.size(), 1u) << joined(w);
-  EXPECT_EQ(w[0], "config.json: fp16.loss_scael: unknown key, ignored");
+  EXPECT_EQ(w[0], "config.json: fp16.loss_scaling: unknown key, ignored");
+  // ... and one a typo away from a DeepSpeed key is an error (TypoedKeysAreErrors).
+  EXPECT_PARSE_ERROR(R"({"fp16": {"enabled": false, "loss_scael": 0}})",
+                     "config.json: fp16.loss_scael: unknown key; did you mean \"loss_scale\"?");
 }
 
 TEST(TrainConfig, DeepSpeedFeaturesThatChangeTheMathsAreRefusedByName) {

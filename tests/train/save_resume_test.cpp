@@ -2,6 +2,8 @@
 // data: through the real CLI (under mpirun where the ranks must agree) on real files, and
 // in process where the test must see exactly which samples a step read.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -137,6 +139,80 @@ TEST(SaveTarget, ReplacesOnlyItsOwnCheckpointAndLeavesTheUsersOldAndTmpAlone) {
   EXPECT_EQ(train::load_checkpoint(s.dir / "empty").state.step, 1);
 }
 
+// The scratch directory a save killed mid-way (kill -9) leaves: the next save to the same DIR
+// removes it when its writer is provably gone (this host, this pid namespace, no such
+// process) and it cannot hold the newest checkpoint; any other it leaves, saying why and that
+// it is autosp's and safe to delete once its run has ended.
+TEST(SaveTarget, ScratchOfADeadRunOnThisHostIsRemovedAndAnyOtherIsExplained) {
+  TempDir dir("scratch");
+  char host[256] = {};
+  ASSERT_EQ(gethostname(host, sizeof(host) - 1), 0);
+  const std::string ns_link = fs::read_symlink("/proc/self/ns/pid").string();  // "pid:[4026531836]"
+  const std::string ns = ns_link.substr(ns_link.find('[') + 1, ns_link.find(']') - ns_link.find('[') - 1);
+  const pid_t dead = fork();
+  if (dead == 0) _exit(0);
+  ASSERT_GT(dead, 0);
+  ASSERT_EQ(waitpid(dead, nullptr, 0), dead);  // reaped: no process has this pid now
+  auto scratch = [&](const std::string& ck, const char* kind, const std::string& run) {
+    const std::string path = str(ck, ".autosp-", kind, ".", run);
+    fs::create_directories(path + "/sub");
+    std::ofstream(path + "/sub/model.safetensors") << "half a save";
+    return path;
+  };
+  auto mentions = [](const std::vector<std::string>& w, const std::string& path, const std::string& what) {
+    for (const std::string& line : w)
+      if (line.find(path) != std::string::npos && line.find(what) != std::string::npos) return true;
+    return false;
+  };
+  const std::string me = str(dead, "-0000000a-", ns, "@", host);
+
+  // DIR holds a checkpoint (a newer one than any scratch beside it).
+  const std::string ck = dir / "ck";
+  fs::create_directories(ck);
+  std::ofstream(ck + "/trainer_state.json") << R"({"format": "autosp checkpoint", "step": 3})";
+  const std::string dead_tmp = scratch(ck, "tmp", me), dead_old = scratch(ck, "old", me),
+                    live = scratch(ck, "tmp", str(getpid(), "-0000000b-", ns, "@", host)),
+                    elsewhere = scratch(ck, "tmp", str(dead, "-0000000c-", ns, "@not-", host)),
+                    container = scratch(ck, "tmp", str(dead, "-0000000d-1@", host)),
+                    legacy = scratch(ck, "tmp", str(dead, "-0000000e"));
+  std::vector<std::string> w;
+  train::SaveTarget target(ck, &w);
+  EXPECT_FALSE(fs::exists(dead_tmp));
+  EXPECT_FALSE(fs::exists(dead_old));
+  EXPECT_TRUE(mentions(w, dead_tmp, "removed")) << ::testing::PrintToString(w);
+  EXPECT_TRUE(mentions(w, dead_old, "removed")) << ::testing::PrintToString(w);
+  const std::vector<std::pair<std::string, std::string>> kept = {{live, "is still running"},
+                                                                 {elsewhere, str("host not-", host)},
+                                                                 {container, "another pid namespace"},
+                                                                 {legacy, "an older autosp's"}};
+  for (const auto& [path, why] : kept) {
+    EXPECT_TRUE(fs::exists(path + "/sub/model.safetensors")) << path;
+    EXPECT_TRUE(mentions(w, path, why)) << path << "\n" << ::testing::PrintToString(w);
+    EXPECT_TRUE(mentions(w, path, "scratch directory of an autosp save")) << path;
+    EXPECT_TRUE(mentions(w, path, "safe to delete once that run has ended")) << path;
+  }
+  EXPECT_EQ(w.size(), 6u) << ::testing::PrintToString(w);
+  // This run's own scratch directory names its writer the same way.
+  const std::string mine = target.begin_save();
+  EXPECT_TRUE(fs::path(mine).filename().string().starts_with(str("ck.autosp-tmp.", getpid(), "-"))) << mine;
+  EXPECT_TRUE(mine.ends_with(str("-", ns, "@", host))) << mine;
+  target.abandon_save();
+
+  // DIR missing: a dead run's complete new checkpoint (it has its manifest) and the previous
+  // one it had moved aside are all there is, so both stay; its incomplete one goes.
+  const std::string gone = dir / "gone";
+  const std::string complete = scratch(gone, "tmp", me), previous = scratch(gone, "old", me),
+                    partial = scratch(gone, "tmp", str(dead, "-0000000f-", ns, "@", host));
+  std::ofstream(complete + "/manifest.json") << "{}";
+  w.clear();
+  train::SaveTarget second(gone, &w);
+  EXPECT_TRUE(fs::exists(complete));
+  EXPECT_TRUE(fs::exists(previous));
+  EXPECT_FALSE(fs::exists(partial));
+  EXPECT_TRUE(mentions(w, complete, "may be the newest one")) << ::testing::PrintToString(w);
+  EXPECT_TRUE(mentions(w, previous, "falls back to")) << ::testing::PrintToString(w);
+}
+
 // Records which global samples were read, in order.
 class RecordingSource final : public train::DataSource {
  public:
@@ -258,9 +334,29 @@ TEST(Resume, OtherDataIsRefusedUnlessAllowed) {
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_NE(r.output.find("not the data the checkpoint"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("--allow-new-data"), std::string::npos) << r.output;
-  r = run_command(resume + " --allow-new-data");
+  // Allowed, it starts at the new data's first sample: the checkpoint's position (4) counts
+  // samples of other data.
+  r = run_command(resume + " --allow-new-data --metrics " + (s.dir / "new.jsonl"));
   EXPECT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("continuing at sample 4 of it"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("--allow-new-data: starting at its first sample"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("continuing with sample 0 of the new data"), std::string::npos) << r.output;
+  auto m = read_metrics(s.dir / "new.jsonl");
+  ASSERT_EQ(m.size(), 1u);
+  EXPECT_EQ(m[0]["consumed_samples"], 4) << "step 2 read samples 0-3 of other.bin";
+  // The checkpoint of that run records its position in the new data, which a resume on it continues.
+  r = run_command(resume + " --allow-new-data --save " + (s.dir / "ck_new") + " && " +
+                  str(AUTOSP_BINARY, " train --config ", s.dir / "ds_config.json", " --resume ", s.dir / "ck_new",
+                      " --data ", s.dir / "other.bin", " --steps 3"));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("continuing with sample 4, the first this model has not seen"), std::string::npos)
+      << r.output;
+  // --keep-data-position: the old behaviour, the checkpoint's position wrapped onto the new data.
+  r = run_command(resume + " --allow-new-data --keep-data-position --metrics " + (s.dir / "kept.jsonl"));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("--keep-data-position: continuing at sample 4 of it"), std::string::npos) << r.output;
+  m = read_metrics(s.dir / "kept.jsonl");
+  ASSERT_EQ(m.size(), 1u);
+  EXPECT_EQ(m[0]["consumed_samples"], 8);
 }
 
 TEST(Data, WrappingPastTheEndSaysSoOncePerEpoch) {
