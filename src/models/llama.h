@@ -21,13 +21,22 @@ struct LlamaConfig {
   bool tie_word_embeddings = false;
   int64_t max_position_embeddings = 2048;
   double initializer_range = 0.02;
+  // config.json's "dtype" (or "torch_dtype"): what the weights were saved as ("" if not
+  // given). autosp computes in fp32 on CPU whatever it says.
+  std::string torch_dtype;
 };
 
-// Parses a Hugging Face config.json. An unsupported architecture or value (attention_bias
-// true, a rope type other than default/llama3, ...) is a UserError naming `source` and the
-// key.
-LlamaConfig parse_llama_config(const nlohmann::json& json, const std::string& source);
-LlamaConfig load_llama_config(const std::string& path);
+// Parses a Hugging Face config.json as transformers 4 and 5 write it: the rope settings in
+// `rope_parameters` (5) or as top-level `rope_theta` and `rope_scaling` (4), both given
+// being an error where they disagree; the dtype as `dtype` (5) or `torch_dtype` (4). A key
+// that changes the maths in a way autosp does not implement (attention_bias true, a rope
+// type other than default/llama3, attention_dropout, partial_rotary_factor, ...) is a
+// UserError naming `source` and the key. Keys neither autosp nor LlamaForCausalLM reads
+// are listed in one message added to `warnings` (when not null); the keys transformers
+// always writes (token ids, use_cache, transformers_version, ...) are known, not listed.
+LlamaConfig parse_llama_config(const nlohmann::json& json, const std::string& source,
+                               std::vector<std::string>* warnings = nullptr);
+LlamaConfig load_llama_config(const std::string& path, std::vector<std::string>* warnings = nullptr);
 // The config.json autosp writes next to saved weights (loadable by transformers).
 nlohmann::json llama_config_json(const LlamaConfig& config);
 
