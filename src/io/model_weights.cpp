@@ -136,8 +136,12 @@ ModelWeights::ModelWeights(const std::string& path) : path_(path) {
     const fs::path shard = dir / shard_names[i];
     std::error_code ec;
     if (!fs::exists(shard, ec)) {
-      const auto first = std::find_if(map.begin(), map.end(), [&](const auto& kv) { return kv.second == shard_names[i]; });
-      user_error(shard.string(), ": no such shard file, but ", path, " maps tensor '", first->first, "' to it");
+      std::string tensors;
+      int64_t count = 0;
+      for (const auto& [tensor, file] : map)
+        if (file == shard_names[i] && count++ < 3) tensors += str(count > 1 ? ", '" : "'", tensor, "'");
+      user_error(shard.string(), ": no such shard file, but ", path, " maps ", count > 1 ? "tensors " : "tensor ",
+                 tensors, count > 3 ? str(" and ", count - 3, " more") : "", " to it");
     }
     files_.emplace_back(shard.string());
   }
@@ -157,6 +161,14 @@ ModelWeights::ModelWeights(const std::string& path) : path_(path) {
       if (shard_index.at(m->second) != i)
         user_error(files_[i].path(), ": tensor '", name, "' is in this shard, but ", path, " maps it to ", m->second);
     }
+  // Safetensors files beside the index that it does not name (a stale shard of an earlier
+  // save, or a shard the index forgot): named when a tensor is not found.
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir.empty() ? fs::path(".") : dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.ends_with(".safetensors") && !shard_index.count(name)) unlisted_.push_back(entry.path().string());
+  }
+  std::sort(unlisted_.begin(), unlisted_.end());
   for (const auto& [name, file] : map) {
     const size_t i = shard_index.at(file);
     if (!found.count(name)) user_error(files_[i].path(), ": missing tensor '", name, "', which ", path, " maps to it");
@@ -177,9 +189,13 @@ const std::string& ModelWeights::file_of(const std::string& name) const {
 
 void ModelWeights::expect(const std::string& name, const std::vector<int64_t>& shape) const {
   auto it = file_of_.find(name);
-  if (it == file_of_.end())
-    user_error(path_, ": missing tensor '", name, "'", files_.size() > 1 || path_.ends_with(".index.json")
-                                                            ? " (the weight_map lists it in no shard)" : "");
+  if (it == file_of_.end()) {
+    if (!path_.ends_with(".index.json")) user_error(path_, ": missing tensor '", name, "'");
+    user_error(path_, ": missing tensor '", name, "' (the weight_map lists it in no shard",
+               unlisted_.empty() ? "" : str("; ", unlisted_.size() == 1 ? "" : "among others, ", unlisted_[0],
+                                            " is in the directory but not in the weight_map"),
+               ")");
+  }
   files_[it->second].expect(name, shape);
 }
 

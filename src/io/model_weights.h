@@ -49,6 +49,7 @@ class ModelWeights {
   std::string path_;
   std::vector<SafetensorsReader> files_;
   std::map<std::string, size_t> file_of_;  // tensor name -> index into files_
+  std::vector<std::string> unlisted_;      // safetensors files beside the index it does not name
 };
 
 }  // namespace autosp::io
