@@ -152,7 +152,16 @@ void fsync_dir(const fs::path& dir) {
 // The files beside the tensor files, manifest.json last (it vouches for everything).
 void write_other_files(const fs::path& dir, const models::LlamaConfig& model, const ModelState& state,
                        const CheckpointInfo& info) {
-  write_file_atomic((dir / "config.json").string(), models::llama_config_json(model).dump(2) + "\n");
+  write_file_atomic((dir / "config.json").string(), models::llama_saved_config_json(model).dump(2) + "\n");
+  // The model directory's generation config and tokenizer, so that the checkpoint is one too.
+  if (!model.source_dir.empty())
+    for (const std::string& name : models::llama_companion_files()) {
+      const fs::path from = fs::path(model.source_dir) / name;
+      std::error_code ec;
+      if (!fs::is_regular_file(from, ec)) continue;
+      fs::copy_file(from, dir / name, fs::copy_options::overwrite_existing, ec);
+      if (ec) user_error("cannot copy ", from.string(), " into the checkpoint: ", ec.message());
+    }
   json st = {{"format", kFormat},
              {"version", 1},
              {"step", state.step},
@@ -178,7 +187,9 @@ void write_other_files(const fs::path& dir, const models::LlamaConfig& model, co
 }  // namespace
 
 bool is_checkpoint_file(const std::string& name) {
-  return std::find(std::begin(kFiles), std::end(kFiles), name) != std::end(kFiles);
+  const std::vector<std::string>& companions = models::llama_companion_files();
+  return std::find(std::begin(kFiles), std::end(kFiles), name) != std::end(kFiles) ||
+         std::find(companions.begin(), companions.end(), name) != companions.end();
 }
 
 SaveTarget::SaveTarget(std::string dir, std::vector<std::string>* warnings) {

@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <fstream>
+#include <iterator>
 #include <functional>
 #include <nlohmann/json.hpp>
 
@@ -110,6 +111,54 @@ TEST(HfModelDir, ShardedReadsEqualTheShardsThemselves) {
     weights.read(specs[i].name, begin, len, part.data());
     EXPECT_TRUE(std::equal(part.begin(), part.end(), params[i].begin() + begin)) << specs[i].name;
   }
+}
+
+std::string file_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// A checkpoint is the model directory it was trained from: config.json with every key and
+// JSON type kept (the dtype now the saved weights' float32; the rope settings in the
+// transformers-4 keys too, which transformers 4 reads instead of rope_parameters), the
+// generation config and tokenizer files copied, through a resume and a second save.
+TEST(HfModelDir, CheckpointKeepsConfigKeysAndCarriesTokenizerAndGenerationConfig) {
+  const Fixture f = fixtures().back();  // transformers 5, rope_parameters only
+  ASSERT_EQ(f.name, "llama3_f32_v5");
+  testing::TempDir tmp("hf_ckpt");
+  {
+    std::ofstream(tmp / "ds.json") << R"({"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1})";
+    const std::vector<uint32_t> tokens = f.expected["tokens"].get<std::vector<uint32_t>>();
+    std::ofstream(tmp / "tokens.bin", std::ios::binary)
+        .write(reinterpret_cast<const char*>(tokens.data()), std::streamsize(tokens.size() * 4));
+  }
+  const std::string train = str(AUTOSP_BINARY, " train --config ", tmp / "ds.json", " --data ", tmp / "tokens.bin");
+  auto r = testing::run_command(str(train, " --model ", f.dir, " --seq-len 24 --steps 1 --save ", tmp / "ckpt"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = testing::run_command(str(train, " --resume ", tmp / "ckpt", " --steps 2 --save ", tmp / "ckpt2"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+
+  const json given = read_json(f.dir + "/config.json");
+  for (const std::string& ckpt : {tmp / "ckpt", tmp / "ckpt2"}) {
+    SCOPED_TRACE(ckpt);
+    json saved = read_json(ckpt + "/config.json");
+    EXPECT_EQ(saved["dtype"], "float32");
+    EXPECT_EQ(saved["rope_theta"].dump(), given["rope_parameters"]["rope_theta"].dump());
+    EXPECT_EQ(saved["rope_scaling"]["original_max_position_embeddings"].dump(), "16");  // not 16.0
+    // All else as given, to each value's JSON type (dump tells 16 from 16.0).
+    saved.erase("rope_theta");
+    saved.erase("rope_scaling");
+    json want = given;
+    want["dtype"] = "float32";
+    EXPECT_EQ(saved.dump(), want.dump());
+    for (const char* name : {"generation_config.json", "tokenizer.json", "tokenizer_config.json"})
+      EXPECT_EQ(file_text(ckpt + "/" + name), file_text(f.dir + "/" + name)) << name;
+    // The same model, read back by autosp.
+    EXPECT_EQ(models::llama_config_json(models::load_llama_config(ckpt + "/config.json")),
+              models::llama_config_json(models::load_llama_config(f.dir + "/config.json")));
+  }
+  r = testing::run_command(str(AUTOSP_BINARY, " verify ", tmp / "ckpt2"));  // the manifest covers the copies
+  EXPECT_EQ(r.exit_code, 0) << r.output;
 }
 
 // ---------------------------------------------------------------------------- config.json
