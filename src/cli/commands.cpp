@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "comm/mpi_communicator.h"
+#include "io/model_weights.h"
 #include "kernels/cpu/isa.h"
 #include "models/llama.h"
 #include "passes/autosp.h"
@@ -517,19 +518,23 @@ int run_train(const TrainArgs& args, MpiRuntime* mpi) {
     train::check_heads_layout(model, config.sequence_parallel_size, sp_source, ckpt->dir + "/config.json");
     state = std::move(ckpt->state);
   } else {
-    model = models::load_llama_config(args.model + "/config.json");
+    std::vector<std::string> model_warnings, model_notes;
+    model = models::load_llama_config(args.model + "/config.json", &model_warnings);
+    warn_all(launch, model_warnings);
     train::check_heads_layout(model, config.sequence_parallel_size, sp_source, args.model + "/config.json");
     train::require_host_memory(16.0 * double(models::llama_num_parameters(model)),
                                "the parameters, gradients and AdamW state of this model");
     // Not read yet: each rank reads what its ZeRO stage keeps when the trainer is built.
-    const std::string weights = args.model + "/model.safetensors";
-    const bool have_weights = fs::exists(weights);
-    state = train::fresh_state(model, config.seed, have_weights ? weights : "");
-    if (have_weights) {
+    // Weights autosp cannot read are an error (find_model_weights), never a random init.
+    const std::string weights = io::find_model_weights(args.model);
+    state = train::fresh_state(model, config.seed, weights, &model_notes);
+    if (!weights.empty()) {
       say(launch, "loaded %s\n", weights.c_str());
     } else {
-      say(launch, "no %s: random init with seed %llu\n", weights.c_str(), (unsigned long long)config.seed);
+      say(launch, "no weights: random init with seed %llu (%s has neither model.safetensors nor "
+          "model.safetensors.index.json)\n", (unsigned long long)config.seed, args.model.c_str());
     }
+    for (const std::string& note : model_notes) say(launch, "note: %s\n", note.c_str());
   }
   train::resolve_model_auto(config, model.hidden_size, args.config, &auto_notes);
   for (const std::string& n : auto_notes)

@@ -2,10 +2,12 @@
 
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <optional>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <set>
 
 #include "util/error.h"
 
@@ -58,7 +60,138 @@ struct Reader {
 
 }  // namespace
 
-LlamaConfig parse_llama_config(const json& j, const std::string& source) {
+namespace {
+
+// config.json keys that LlamaForCausalLM reads: autosp implements each (parse_llama_config)
+// or refuses a value it does not implement, naming the key.
+const std::set<std::string> kModelKeys = {
+    "architectures", "model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+    "num_attention_heads", "num_key_value_heads", "head_dim", "hidden_act", "rms_norm_eps", "rope_theta",
+    "rope_scaling", "rope_parameters", "tie_word_embeddings", "max_position_embeddings", "initializer_range",
+    "attention_bias", "mlp_bias", "pretraining_tp", "attention_dropout", "partial_rotary_factor", "torch_dtype",
+    "dtype", "quantization_config"};
+// Keys transformers writes (or wrote: older versions kept the generation settings here,
+// before generation_config.json) that change nothing in a training step: known, so not
+// warned about.
+const std::set<std::string> kInertKeys = {
+    "bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id", "decoder_start_token_id", "use_cache",
+    "transformers_version", "_name_or_path", "output_attentions", "output_hidden_states", "return_dict",
+    "torchscript", "use_bfloat16", "tf_legacy_loss", "is_decoder", "is_encoder_decoder", "add_cross_attention",
+    "tie_encoder_decoder", "cross_attention_hidden_size", "chunk_size_feed_forward", "pruned_heads", "id2label",
+    "label2id", "problem_type", "finetuning_task", "tokenizer_class", "prefix", "task_specific_params",
+    "max_length", "min_length", "do_sample", "early_stopping", "num_beams", "num_beam_groups",
+    "diversity_penalty", "temperature", "top_k", "top_p", "typical_p", "repetition_penalty", "length_penalty",
+    "no_repeat_ngram_size", "encoder_no_repeat_ngram_size", "bad_words_ids", "num_return_sequences",
+    "output_scores", "return_dict_in_generate", "forced_bos_token_id", "forced_eos_token_id",
+    "remove_invalid_values", "exponential_decay_length_penalty", "suppress_tokens", "begin_suppress_tokens"};
+// Keys inside rope_parameters (transformers 5) or rope_scaling (transformers 4).
+const std::set<std::string> kRopeKeys = {"rope_theta",       "rope_type", "type", "factor", "low_freq_factor",
+                                         "high_freq_factor", "original_max_position_embeddings",
+                                         "partial_rotary_factor"};
+
+// The rope settings, which config.json may give in two places: transformers 5 writes them
+// all inside `rope_parameters` (rope_theta, rope_type, the scaling factors) and nothing at
+// the top level; transformers 4 writes `rope_theta` at the top level and the scaling in
+// `rope_scaling` (null without). transformers 5 still reads the older keys. Where a setting
+// is given in both places the two must agree: each version of transformers would read a
+// different one, so a disagreement is a model that trains differently depending on who
+// loads it.
+struct RopeKeys {
+  const Reader& r;
+  const json* params;   // rope_parameters, or null
+  const json* scaling;  // rope_scaling, or null
+
+  // The value of setting `key` inside rope_parameters and at its older place (`legacy`
+  // in `legacy_in`, named `legacy_name`), checked to agree; nullopt when neither gives it.
+  std::optional<double> number(const std::string& key, const json* legacy_in, const std::string& legacy,
+                               const std::string& legacy_name) const {
+    const json* a = params ? Reader{*params, r.source}.find(key) : nullptr;
+    const json* b = legacy_in ? Reader{*legacy_in, r.source}.find(legacy) : nullptr;
+    auto value = [&](const json* v, const std::string& name) {
+      if (!v->is_number() || !(v->get<double>() > 0)) r.bad(name, str("expected a positive number, got ", v->dump()));
+      return v->get<double>();
+    };
+    std::optional<double> pa, pb;
+    if (a) pa = value(a, "rope_parameters." + key);
+    if (b) pb = value(b, legacy_name);
+    if (pa && pb && *pa != *pb)
+      r.bad(str("rope_parameters.", key, " and ", legacy_name),
+            str("disagree (", a->dump(), " and ", b->dump(),
+                "); transformers 5 reads the first, transformers 4 the second: make them equal or remove one"));
+    return pa ? pa : pb;
+  }
+
+  std::string type() const {
+    auto type_in = [&](const json* obj) -> std::optional<std::string> {
+      if (!obj) return std::nullopt;
+      Reader o{*obj, r.source};
+      const std::string name = obj == params ? "rope_parameters" : "rope_scaling";
+      // "type" is the older spelling of "rope_type".
+      for (const char* key : {"rope_type", "type"})
+        if (const json* v = o.find(key)) {
+          if (!v->is_string()) r.bad(str(name, ".", key), str("expected a string, got ", v->dump()));
+          return v->get<std::string>();
+        }
+      if (obj == params) return "default";  // rope_theta alone
+      r.bad("rope_scaling.rope_type", "missing (rope_scaling without a rope_type; null for no scaling)");
+    };
+    const std::optional<std::string> a = type_in(params), b = type_in(scaling);
+    if (a && b && *a != *b)
+      r.bad("rope_parameters.rope_type and rope_scaling.rope_type",
+            str("disagree (\"", *a, "\" and \"", *b,
+                "\"); transformers 5 reads the first, transformers 4 the second: make them equal or remove one"));
+    return a ? *a : b ? *b : "default";
+  }
+};
+
+void parse_rope(const Reader& r, LlamaConfig& c, std::vector<std::string>& unknown) {
+  const json* params = r.find("rope_parameters");
+  const json* scaling = r.find("rope_scaling");
+  if (params && !params->is_object()) r.bad("rope_parameters", str("expected an object or null, got ", params->dump()));
+  if (scaling && !scaling->is_object()) r.bad("rope_scaling", str("expected an object or null, got ", scaling->dump()));
+  for (const json* obj : {params, scaling}) {
+    if (!obj) continue;
+    const std::string name = obj == params ? "rope_parameters" : "rope_scaling";
+    for (const auto& [key, v] : obj->items()) {
+      // transformers 5 nests one set per attention type ({"full_attention": {...}, ...}) for
+      // models that mix them; Llama has one.
+      if (v.is_object()) r.bad(str(name, ".", key), "per-attention-type rope settings are not supported (Llama has one set)");
+      if (!kRopeKeys.count(key)) unknown.push_back(str(name, ".", key));
+    }
+  }
+  const RopeKeys keys{r, params, scaling};
+  // A rotary embedding over part of each head (transformers reads it for every rope type).
+  if (std::optional<double> f = keys.number("partial_rotary_factor", &r.j, "partial_rotary_factor",
+                                            "partial_rotary_factor");
+      f && *f != 1.0)
+    r.bad(params && params->contains("partial_rotary_factor") ? "rope_parameters.partial_rotary_factor"
+                                                              : "partial_rotary_factor",
+          str(*f, " is not supported (autosp rotates the whole head: 1)"));
+  c.rope.theta = keys.number("rope_theta", &r.j, "rope_theta", "rope_theta").value_or(10000.0);
+
+  const std::string type = keys.type();
+  if (type == "llama3") {
+    auto need = [&](const char* key) {
+      std::optional<double> v = keys.number(key, scaling, key, str("rope_scaling.", key));
+      if (!v) r.bad(str(params ? "rope_parameters." : "rope_scaling.", key), "missing (rope_type llama3 needs it)");
+      return *v;
+    };
+    c.rope.rope_type = "llama3";
+    c.rope.factor = need("factor");
+    c.rope.low_freq_factor = need("low_freq_factor");
+    c.rope.high_freq_factor = need("high_freq_factor");
+    c.rope.original_max_position_embeddings = need("original_max_position_embeddings");
+    if (c.rope.high_freq_factor <= c.rope.low_freq_factor)
+      r.bad(str(params ? "rope_parameters" : "rope_scaling", ".high_freq_factor"), "must be greater than low_freq_factor");
+  } else if (type != "default") {
+    r.bad(params ? "rope_parameters.rope_type" : "rope_scaling.rope_type",
+          str("\"", type, "\" is not supported (autosp implements \"default\" and \"llama3\")"));
+  }
+}
+
+}  // namespace
+
+LlamaConfig parse_llama_config(const json& j, const std::string& source, std::vector<std::string>* warnings) {
   if (!j.is_object()) user_error(source, ": expected a JSON object");
   Reader r{j, source};
   if (const json* arch = r.find("architectures")) {
@@ -76,6 +209,11 @@ LlamaConfig parse_llama_config(const json& j, const std::string& source) {
     r.bad("hidden_act", str("\"", act, "\" is not supported (expected \"silu\")"));
   if (const json* tp = r.find("pretraining_tp"); tp && !(tp->is_number_integer() && tp->get<int64_t>() == 1))
     r.bad("pretraining_tp", "only 1 is supported");
+  // transformers applies attention dropout in training mode; autosp has no dropout.
+  if (const json* p = r.find("attention_dropout"); p && !(p->is_number() && p->get<double>() == 0))
+    r.bad("attention_dropout", str(p->dump(), " is not supported (autosp trains without dropout: 0.0)"));
+  if (r.find("quantization_config"))
+    r.bad("quantization_config", "quantized models are not supported (autosp trains F32, BF16 or F16 weights)");
 
   LlamaConfig c;
   c.vocab_size = r.positive_int("vocab_size");
@@ -90,6 +228,7 @@ LlamaConfig parse_llama_config(const json& j, const std::string& source) {
   if (!r.find("head_dim") && c.hidden_size % c.num_attention_heads != 0)
     r.bad("hidden_size", str(c.hidden_size, " is not a multiple of num_attention_heads = ",
                              c.num_attention_heads, " (and no head_dim is given)"));
+  // Any head_dim: the projections are [NH * D, H], as transformers makes them.
   c.head_dim = r.positive_int("head_dim", c.hidden_size / c.num_attention_heads);
   if (c.head_dim % 2 != 0) r.bad("head_dim", str(c.head_dim, " must be even for rotary embeddings"));
   if (c.vocab_size > INT32_MAX) r.bad("vocab_size", "must fit in 32 bits");
@@ -99,36 +238,36 @@ LlamaConfig parse_llama_config(const json& j, const std::string& source) {
                                {"head_dim", c.head_dim}})
     if (v > (int64_t{1} << 24)) r.bad(key, str(v, " is larger than autosp supports (2^24)"));
   c.rms_norm_eps = r.positive_number("rms_norm_eps", 1e-6);
-  c.rope.theta = r.positive_number("rope_theta", 10000.0);
   c.tie_word_embeddings = r.boolean("tie_word_embeddings", false);
   c.max_position_embeddings = r.positive_int("max_position_embeddings", 2048);
   c.initializer_range = r.positive_number("initializer_range", 0.02);
 
-  if (const json* rs = r.find("rope_scaling")) {
-    if (!rs->is_object()) r.bad("rope_scaling", str("expected an object or null, got ", rs->dump()));
-    Reader s{*rs, source};
-    std::string type = s.string("rope_type");
-    if (type.empty()) type = s.string("type");  // the older key
-    if (type == "llama3") {
-      auto need = [&](const char* key) {
-        if (!s.find(key)) r.bad(str("rope_scaling.", key), "missing (rope_type llama3 needs it)");
-        return s.positive_number(key, 0);
-      };
-      c.rope.rope_type = "llama3";
-      c.rope.factor = need("factor");
-      c.rope.low_freq_factor = need("low_freq_factor");
-      c.rope.high_freq_factor = need("high_freq_factor");
-      c.rope.original_max_position_embeddings = need("original_max_position_embeddings");
-      if (c.rope.high_freq_factor <= c.rope.low_freq_factor)
-        r.bad("rope_scaling.high_freq_factor", "must be greater than low_freq_factor");
-    } else if (type != "default") {
-      r.bad("rope_scaling.rope_type", str("\"", type, "\" is not supported (default or llama3)"));
-    }
+  // The dtype the weights were saved in: transformers 5 writes "dtype", 4 "torch_dtype".
+  const std::string torch_dtype = r.string("torch_dtype"), dtype = r.string("dtype");
+  if (!torch_dtype.empty() && !dtype.empty() && torch_dtype != dtype)
+    r.bad("dtype and torch_dtype", str("disagree (\"", dtype, "\" and \"", torch_dtype, "\")"));
+  c.torch_dtype = dtype.empty() ? torch_dtype : dtype;
+  if (!c.torch_dtype.empty() && c.torch_dtype != "float32" && c.torch_dtype != "bfloat16" &&
+      c.torch_dtype != "float16" && c.torch_dtype != "float64")
+    r.bad(dtype.empty() ? "torch_dtype" : "dtype",
+          str("\"", c.torch_dtype, "\" is not a dtype autosp reads (float32, bfloat16, float16)"));
+
+  c.hf_config_text = j.dump();
+
+  std::vector<std::string> unknown;
+  parse_rope(r, c, unknown);
+  for (const auto& [key, v] : j.items())
+    if (!kModelKeys.count(key) && !kInertKeys.count(key)) unknown.push_back(key);
+  if (warnings && !unknown.empty()) {
+    std::string list;
+    for (const std::string& key : unknown) list += (list.empty() ? "" : ", ") + key;
+    warnings->push_back(str(source, ": ignoring keys that autosp does not know (nor does transformers' "
+                            "LlamaForCausalLM read them): ", list));
   }
   return c;
 }
 
-LlamaConfig load_llama_config(const std::string& path) {
+LlamaConfig load_llama_config(const std::string& path, std::vector<std::string>* warnings) {
   std::ifstream in(path);
   if (!in) user_error(path, ": cannot open the model config (", std::strerror(errno), ")");
   json j;
@@ -137,8 +276,20 @@ LlamaConfig load_llama_config(const std::string& path) {
   } catch (const json::exception& e) {  // parse_error, and out_of_range for a number like 1e999
     user_error(path, ": not valid JSON: ", e.what());
   }
-  return parse_llama_config(j, path);
+  LlamaConfig c = parse_llama_config(j, path, warnings);
+  c.source_dir = std::filesystem::path(path).parent_path().string();
+  if (c.source_dir.empty()) c.source_dir = ".";
+  return c;
 }
+
+namespace {
+
+json integral_or_number(double v) {
+  if (v == std::floor(v) && std::abs(v) < 9.0e15) return static_cast<int64_t>(v);
+  return v;
+}
+
+}  // namespace
 
 json llama_config_json(const LlamaConfig& c) {
   json j = {
@@ -166,10 +317,48 @@ json llama_config_json(const LlamaConfig& c) {
                          {"factor", c.rope.factor},
                          {"low_freq_factor", c.rope.low_freq_factor},
                          {"high_freq_factor", c.rope.high_freq_factor},
-                         {"original_max_position_embeddings", c.rope.original_max_position_embeddings}};
+                         // A count of positions: an integer, as transformers writes it (it
+                         // warns about 8192.0).
+                         {"original_max_position_embeddings", integral_or_number(c.rope.original_max_position_embeddings)}};
   else
     j["rope_scaling"] = nullptr;
   return j;
+}
+
+json llama_saved_config_json(const LlamaConfig& c) {
+  if (c.hf_config_text.empty()) return llama_config_json(c);
+  // Parsed before, by parse_llama_config: valid, and the model it describes is c's.
+  json j = json::parse(c.hf_config_text);
+  bool spelled = false;
+  for (const char* key : {"dtype", "torch_dtype"})
+    if (j.contains(key)) {
+      j[key] = "float32";
+      spelled = true;
+    }
+  if (!spelled) j["torch_dtype"] = "float32";
+  // transformers 4 does not read rope_parameters (it would load the model with theta 10000
+  // and no scaling, without a word): the rope settings are added in its form too, with the
+  // same JSON values, which transformers 5 reads as the same model (parse_llama_config
+  // checks that the two forms agree).
+  if (const auto p = j.find("rope_parameters"); p != j.end() && p->is_object()) {
+    if (p->contains("rope_theta") && !j.contains("rope_theta")) j["rope_theta"] = (*p)["rope_theta"];
+    if (c.rope.rope_type == "llama3" && (!j.contains("rope_scaling") || j["rope_scaling"].is_null())) {
+      json scaling = {{"rope_type", "llama3"}};
+      for (const char* key : {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"})
+        scaling[key] = (*p)[key];
+      j["rope_scaling"] = scaling;
+    }
+  }
+  if (!j.contains("architectures") || j["architectures"].is_null()) j["architectures"] = {"LlamaForCausalLM"};
+  if (!j.contains("model_type")) j["model_type"] = "llama";
+  return j;
+}
+
+const std::vector<std::string>& llama_companion_files() {
+  static const std::vector<std::string> files = {
+      "generation_config.json", "tokenizer.json",  "tokenizer_config.json", "special_tokens_map.json",
+      "tokenizer.model",        "added_tokens.json", "chat_template.jinja",  "chat_template.json"};
+  return files;
 }
 
 std::vector<ParameterSpec> llama_parameters(const LlamaConfig& c) {

@@ -21,15 +21,43 @@ struct LlamaConfig {
   bool tie_word_embeddings = false;
   int64_t max_position_embeddings = 2048;
   double initializer_range = 0.02;
+  // config.json's "dtype" (or "torch_dtype"): what the weights were saved as ("" if not
+  // given). autosp computes in fp32 on CPU whatever it says.
+  std::string torch_dtype;
+  // Where the config came from, so that a checkpoint is the model directory it was given,
+  // trained: config.json as given (its JSON text; "" for a config made in code) and the
+  // directory it was read from ("" for parse_llama_config), whose generation config and
+  // tokenizer files a checkpoint copies.
+  std::string hf_config_text, source_dir;
 };
 
-// Parses a Hugging Face config.json. An unsupported architecture or value (attention_bias
-// true, a rope type other than default/llama3, ...) is a UserError naming `source` and the
-// key.
-LlamaConfig parse_llama_config(const nlohmann::json& json, const std::string& source);
-LlamaConfig load_llama_config(const std::string& path);
-// The config.json autosp writes next to saved weights (loadable by transformers).
+// Parses a Hugging Face config.json as transformers 4 and 5 write it: the rope settings in
+// `rope_parameters` (5) or as top-level `rope_theta` and `rope_scaling` (4), both given
+// being an error where they disagree; the dtype as `dtype` (5) or `torch_dtype` (4). A key
+// that changes the maths in a way autosp does not implement (attention_bias true, a rope
+// type other than default/llama3, attention_dropout, partial_rotary_factor, ...) is a
+// UserError naming `source` and the key. Keys neither autosp nor LlamaForCausalLM reads
+// are listed in one message added to `warnings` (when not null); the keys transformers
+// always writes (token ids, use_cache, transformers_version, ...) are known, not listed.
+LlamaConfig parse_llama_config(const nlohmann::json& json, const std::string& source,
+                               std::vector<std::string>* warnings = nullptr);
+LlamaConfig load_llama_config(const std::string& path, std::vector<std::string>* warnings = nullptr);
+// The model as autosp understands it, in config.json's (transformers 4) form: equal for two
+// configs exactly when they describe the same model, whichever form and extra keys each has.
 nlohmann::json llama_config_json(const LlamaConfig& config);
+// The config.json a checkpoint holds: the given one (hf_config_text) with every key and
+// each value's JSON type kept, but for what saving changes: the dtype ("dtype" and/or
+// "torch_dtype", as the input spelled it) becomes "float32", which the weights are saved
+// as; "architectures" and "model_type" are added where missing (AutoConfig needs them); a
+// config with rope settings only in rope_parameters (transformers 5) gets them in the
+// transformers-4 keys too (rope_theta, rope_scaling), which transformers 4 reads instead.
+// Without hf_config_text, llama_config_json.
+nlohmann::json llama_saved_config_json(const LlamaConfig& config);
+
+// The files of a Hugging Face model directory beside config.json and the weights that a
+// checkpoint carries over unchanged, so that it is a model directory `pipeline()` or a
+// serving engine takes: the generation config and the tokenizer's files.
+const std::vector<std::string>& llama_companion_files();
 
 struct ParameterSpec {
   std::string name;  // Hugging Face tensor name

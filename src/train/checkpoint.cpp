@@ -15,9 +15,11 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <random>
+#include <regex>
 #include <set>
 #include <system_error>
 
+#include "io/model_weights.h"
 #include "io/safetensors.h"
 #include "util/atomic_file.h"
 #include "util/error.h"
@@ -205,7 +207,16 @@ void fsync_dir(const fs::path& dir) {
 // The files beside the tensor files, manifest.json last (it vouches for everything).
 void write_other_files(const fs::path& dir, const models::LlamaConfig& model, const ModelState& state,
                        const CheckpointInfo& info) {
-  write_file_atomic((dir / "config.json").string(), models::llama_config_json(model).dump(2) + "\n");
+  write_file_atomic((dir / "config.json").string(), models::llama_saved_config_json(model).dump(2) + "\n");
+  // The model directory's generation config and tokenizer, so that the checkpoint is one too.
+  if (!model.source_dir.empty())
+    for (const std::string& name : models::llama_companion_files()) {
+      const fs::path from = fs::path(model.source_dir) / name;
+      std::error_code ec;
+      if (!fs::is_regular_file(from, ec)) continue;
+      fs::copy_file(from, dir / name, fs::copy_options::overwrite_existing, ec);
+      if (ec) user_error("cannot copy ", from.string(), " into the checkpoint: ", ec.message());
+    }
   json st = {{"format", kFormat},
              {"version", 1},
              {"step", state.step},
@@ -282,7 +293,9 @@ void remove_stale_scratch(const std::string& dir, const fs::path& parent, const 
 }  // namespace
 
 bool is_checkpoint_file(const std::string& name) {
-  return std::find(std::begin(kFiles), std::end(kFiles), name) != std::end(kFiles);
+  const std::vector<std::string>& companions = models::llama_companion_files();
+  return std::find(std::begin(kFiles), std::end(kFiles), name) != std::end(kFiles) ||
+         std::find(companions.begin(), companions.end(), name) != companions.end();
 }
 
 SaveTarget::SaveTarget(std::string dir, std::vector<std::string>* warnings) {
@@ -473,16 +486,50 @@ SaveStats save_checkpoint(const SaveTarget* target, Communicator& world, const m
 
 namespace {
 
-// The unexpected tensor of a model file, named as load_weights names it.
-void refuse_unexpected_tensors(const io::SafetensorsReader& file, const models::LlamaConfig& model,
-                               const std::vector<models::ParameterSpec>& specs) {
+// Buffers older transformers saved with Llama weights (a layer's rotary inverse
+// frequencies): transformers computes them from the config and ignores them when loading,
+// and so does autosp.
+bool is_ignored_buffer(const std::string& name) {
+  static const std::regex kInvFreq(R"(model\.(layers\.[0-9]+\.self_attn\.)?rotary_emb\.inv_freq)");
+  return std::regex_match(name, kInvFreq);
+}
+
+// The unexpected tensor of a model's files, named as load_weights names it; `file_of`
+// names the file a tensor is in. The ignored buffers are counted in one note (when `notes`
+// is not null) instead.
+void refuse_unexpected_tensors(const std::vector<std::string>& names,
+                               const std::function<std::string(const std::string&)>& file_of,
+                               const models::LlamaConfig& model, const std::vector<models::ParameterSpec>& specs,
+                               std::vector<std::string>* notes) {
   std::set<std::string> expected;
   for (const auto& spec : specs) expected.insert(spec.name);
-  for (const std::string& name : file.names())
-    if (!expected.count(name))
-      user_error(file.path(), ": unexpected tensor '", name, "' (",
-                 model.tie_word_embeddings ? "tie_word_embeddings is true, so there is no lm_head; " : "",
-                 "is this the model the config describes?)");
+  int64_t ignored = 0;
+  std::string first_ignored;
+  for (const std::string& name : names) {
+    if (expected.count(name)) continue;
+    if (is_ignored_buffer(name)) {
+      if (ignored++ == 0) first_ignored = name;
+      continue;
+    }
+    user_error(file_of(name), ": unexpected tensor '", name, "' (",
+               model.tie_word_embeddings ? "tie_word_embeddings is true, so there is no lm_head; " : "",
+               "is this the model the config describes?)");
+  }
+  if (ignored > 0 && notes)
+    notes->push_back(str(file_of(first_ignored), ": skipped ", ignored, " rotary_emb.inv_freq buffer",
+                         ignored > 1 ? "s" : "", " (", first_ignored, ignored > 1 ? ", ..." : "",
+                         "): transformers computes them from config.json and ignores them when loading"));
+}
+
+void refuse_unexpected_tensors(const io::SafetensorsReader& file, const models::LlamaConfig& model,
+                               const std::vector<models::ParameterSpec>& specs) {
+  refuse_unexpected_tensors(file.names(), [&](const std::string&) { return file.path(); }, model, specs, nullptr);
+}
+
+void refuse_unexpected_tensors(const io::ModelWeights& file, const models::LlamaConfig& model,
+                               const std::vector<models::ParameterSpec>& specs, std::vector<std::string>* notes) {
+  refuse_unexpected_tensors(file.names(), [&](const std::string& name) { return file.file_of(name); }, model, specs,
+                            notes);
 }
 
 // A run's starting state: parameters from a Hugging Face model file, or the seeded init;
@@ -490,12 +537,12 @@ void refuse_unexpected_tensors(const io::SafetensorsReader& file, const models::
 class FreshState final : public StoredState {
  public:
   FreshState(const models::LlamaConfig& model, uint64_t seed, const std::string& weights,
-             const std::vector<models::ParameterSpec>& specs)
+             const std::vector<models::ParameterSpec>& specs, std::vector<std::string>* notes)
       : model_(model), seed_(seed), specs_(specs) {
     if (weights.empty()) return;
     file_.emplace(weights);
     for (const auto& spec : specs) file_->expect(spec.name, spec.shape);
-    refuse_unexpected_tensors(*file_, model, specs);
+    refuse_unexpected_tensors(*file_, model, specs, notes);
   }
 
   void read(StateKind kind, size_t index, int64_t begin, int64_t n, float* out) const override {
@@ -518,33 +565,31 @@ class FreshState final : public StoredState {
   models::LlamaConfig model_;
   uint64_t seed_;
   std::vector<models::ParameterSpec> specs_;
-  std::optional<io::SafetensorsReader> file_;
+  std::optional<io::ModelWeights> file_;
   mutable std::vector<float> made_;
   mutable size_t made_index_ = SIZE_MAX;
 };
 
 }  // namespace
 
-ModelState fresh_state(const models::LlamaConfig& model, uint64_t seed, const std::string& weights) {
+ModelState fresh_state(const models::LlamaConfig& model, uint64_t seed, const std::string& weights,
+                       std::vector<std::string>* notes) {
   ModelState s;
   s.specs = models::llama_parameters(model);
-  s.stored = std::make_shared<FreshState>(model, seed, weights, s.specs);
+  s.stored = std::make_shared<FreshState>(model, seed, weights, s.specs, notes);
   return s;
 }
 
 std::vector<std::vector<float>> load_weights(const std::string& path, const models::LlamaConfig& model) {
-  auto tensors = io::read_safetensors(path);
+  const io::ModelWeights file(path);
+  const std::vector<models::ParameterSpec> specs = models::llama_parameters(model);
   std::vector<std::vector<float>> params;
-  for (const auto& spec : models::llama_parameters(model)) {
-    const io::HostTensor& t = io::expect_tensor(tensors, spec.name, spec.shape, path);
-    params.push_back(t.data);
-    tensors.erase(spec.name);
+  for (const auto& spec : specs) {
+    file.expect(spec.name, spec.shape);
+    std::vector<float>& p = params.emplace_back(static_cast<size_t>(numel(spec.shape)));
+    file.read(spec.name, 0, numel(spec.shape), p.data());
   }
-  if (!tensors.empty())
-    user_error(path, ": unexpected tensor '", tensors.begin()->first, "' (",
-               model.tie_word_embeddings ? "tie_word_embeddings is true, so there is no lm_head; "
-                                         : "",
-               "is this the model the config describes?)");
+  refuse_unexpected_tensors(file, model, specs, nullptr);
   return params;
 }
 

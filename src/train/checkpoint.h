@@ -1,4 +1,6 @@
-// Checkpoints: a directory that Hugging Face can load (config.json + model.safetensors),
+// Checkpoints: a directory that Hugging Face can load (config.json + model.safetensors, and
+// the model directory's generation config and tokenizer files, copied; config.json is the
+// given one with its keys and JSON types kept, models::llama_saved_config_json),
 // plus autosp's optimizer state (optimizer.safetensors), trainer_state.json (step, data
 // position, batch layout, seed, sequence length, the data file's fingerprint) and, written
 // last, manifest.json (every other file's size and checksum; verified on load).
@@ -144,15 +146,19 @@ bool verify_checkpoint_files(const std::string& dir, Communicator& world, std::v
 bool verify_checkpoint_files(const std::string& dir, std::vector<std::string>* notes = nullptr);
 
 // The state a run starts from without a checkpoint, not yet read (ModelState::stored, as
-// load_checkpoint's): the parameters of `weights` (a model directory's model.safetensors,
-// validated as load_weights validates it, read by range) or, with `weights` empty, the
-// seeded init (each tensor made when a rank reads from it); zero moments. The trainer reads
-// what each rank keeps, so under ZeRO-3 no rank ever holds the whole model.
-ModelState fresh_state(const models::LlamaConfig& model, uint64_t seed, const std::string& weights);
+// load_checkpoint's): the parameters of `weights` (a model directory's model.safetensors or
+// model.safetensors.index.json and its shards, io::find_model_weights; validated as
+// load_weights validates them, read by range) or, with `weights` empty, the seeded init
+// (each tensor made when a rank reads from it); zero moments. The trainer reads what each
+// rank keeps, so under ZeRO-3 no rank ever holds the whole model. `notes` (when not null)
+// receives what was skipped (the rotary_emb.inv_freq buffers older exports carry).
+ModelState fresh_state(const models::LlamaConfig& model, uint64_t seed, const std::string& weights,
+                       std::vector<std::string>* notes = nullptr);
 
-// Parameters from a model directory's model.safetensors (F32, BF16 or F16), validated
-// against the config: a missing or misshaped tensor is a UserError naming it. An
-// unexpected extra tensor is an error too (it would be silently ignored otherwise).
+// Parameters from a model directory's model.safetensors, or the shards of an index
+// (F32, BF16 or F16), validated against the config: a missing or misshaped tensor is a
+// UserError naming it and its file. An unexpected extra tensor is an error too (it would be
+// silently ignored otherwise), but for the rotary_emb.inv_freq buffers transformers ignores.
 std::vector<std::vector<float>> load_weights(const std::string& path, const models::LlamaConfig& model);
 
 }  // namespace autosp::train

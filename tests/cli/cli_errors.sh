@@ -139,6 +139,31 @@ elif op == "indexed":  # indexed TOKENS PREFIX DOC_LEN: the token file as an ind
             f.write(json.dumps(ids[i : i + doc]) + "\n")
     subprocess.run([sys.executable, args[2], "--jsonl", args[0] + ".jsonl", "--vocab-size", "67",
                     "--output-prefix", args[0]], check=True, stdout=subprocess.DEVNULL)
+elif op in ("shard-drop", "shard-dup", "unmap"):  # OP DIR TENSOR: a sharded model's index and shards
+    import os
+    index_path = os.path.join(path, "model.safetensors.index.json")
+    index = json.load(open(index_path))
+    shard = os.path.join(path, index["weight_map"][args[0]])
+    if op == "unmap":  # the index forgets a tensor its shard holds
+        del index["weight_map"][args[0]]
+        json.dump(index, open(index_path, "w"), indent=2)
+    elif op == "shard-drop":  # the shard loses a tensor the index maps to it
+        meta, items = tensors(shard)
+        relayout(shard, meta, [it for it in items if it[0] != args[0]])
+    else:  # the tensor also in another shard (the first one that lacks it)
+        meta, items = tensors(shard)
+        tensor = [it for it in items if it[0] == args[0]]
+        other = sorted(f for f in set(index["weight_map"].values()) if os.path.join(path, f) != shard)[0]
+        meta2, items2 = tensors(os.path.join(path, other))
+        relayout(os.path.join(path, other), meta2, items2 + tensor)
+elif op == "add-tensor":  # add-tensor FILE NAME N: an F32 tensor of N ones, appended
+    meta, items = tensors(path)
+    relayout(path, meta, items + [(args[0], {"dtype": "F32", "shape": [int(args[1])]},
+                                   struct.pack("<%df" % int(args[1]), *([1.0] * int(args[1]))))])
+elif op == "retoken":  # retoken FILE VOCAB: every token id modulo VOCAB
+    b = open(path, "rb").read()
+    ids = struct.unpack("<%dI" % (len(b) // 4), b)
+    open(path, "wb").write(struct.pack("<%dI" % len(ids), *(i % int(args[0]) for i in ids)))
 else:
     sys.exit("mutate.py: unknown op " + op)
 EOF
@@ -501,6 +526,96 @@ new_case data_eos_packs_a_flat_file && mutate json "$CASE/ds_config.json" 'c["da
   run_expect data_eos_packs_a_flat_file 0 -- "$AUTOSP" train \
     --config "$CASE/ds_config.json" --model "$CASE" --data "$CASE/tokens.bin" --seq-len 16 --steps 1 &&
   expect_stdout data_eos_packs_a_flat_file "documents (each ending at eos_token_id 3, packed)"
+
+# ---------------------------------------------------------------------------- model directories
+# A model as transformers 5 saved it (tests/fixtures/make_hf_fixtures.py): config.json with
+# rope_parameters, 10 F32 shards and model.safetensors.index.json; with the valid setup's
+# DeepSpeed config and its tokens folded into the fixture's vocabulary of 64.
+SHARDED=$TMP/sharded
+if ! cp -r "$ROOT/tests/fixtures/hf/llama3_f32_v5" "$SHARDED" || ! cp "$VALID/ds_config.json" "$VALID/tokens.bin" "$SHARDED" ||
+  ! "$PYTHON" "$MUTATE" retoken "$SHARDED/tokens.bin" 64; then
+  echo "FAIL setup: cannot make the sharded model directory $SHARDED"
+  FAILED+=(sharded_setup)
+fi
+sharded_case() {
+  CASE=$TMP/cases/$1
+  if ! mkdir -p "$TMP/cases" || ! cp -r "$SHARDED" "$CASE"; then
+    echo "FAIL $1: cannot copy the sharded setup"
+    FAILED+=("$1")
+    return 1
+  fi
+}
+INDEX=model.safetensors.index.json
+# A tensor of each kind of shard: the first shard's, and one in the middle.
+EMBED=model.embed_tokens.weight
+Q1=model.layers.1.self_attn.q_proj.weight
+shard_of() { "$PYTHON" -c "import json, sys; print(json.load(open(sys.argv[1]))['weight_map'][sys.argv[2]])" "$CASE/$INDEX" "$1"; }
+
+sharded_case sharded_trains &&
+  run_expect sharded_trains 0 -- "$AUTOSP" train --config "$CASE/ds_config.json" --model "$CASE" \
+    --data "$CASE/tokens.bin" --seq-len 16 --steps 1
+expect_stdout sharded_trains "loaded $CASE/$INDEX"
+expect_stdout sharded_trains "step 1/1"
+
+sharded_case index_not_json && printf '{"weight_map": {"%s": ' "$EMBED" >"$CASE/$INDEX" &&
+  train_case index_not_json "$CASE/$INDEX" "not valid JSON"
+sharded_case index_no_weight_map && printf '{"metadata": {"total_size": 78464}}' >"$CASE/$INDEX" &&
+  train_case index_no_weight_map "$CASE/$INDEX" '"weight_map"'
+sharded_case index_tensor_twice_in_map && "$PYTHON" -c "
+import sys; p = sys.argv[1]; t = open(p).read()
+open(p, 'w').write(t.replace('\"weight_map\": {', '\"weight_map\": {\n    \"$Q1\": \"model-00001-of-00010.safetensors\",', 1))" \
+  "$CASE/$INDEX" && train_case index_tensor_twice_in_map "$CASE/$INDEX" "tensor '$Q1' is listed twice"
+sharded_case index_shard_missing && SHARD=$(shard_of "$Q1") && rm "$CASE/$SHARD" &&
+  train_case index_shard_missing "$CASE/$SHARD" "no such shard file" "$CASE/$INDEX maps tensors" "and 1 more"
+sharded_case index_tensor_not_in_its_shard && SHARD=$(shard_of "$Q1") && mutate shard-drop "$CASE" "$Q1" &&
+  train_case index_tensor_not_in_its_shard "$CASE/$SHARD" "missing tensor '$Q1'" "$CASE/$INDEX maps to it"
+sharded_case index_shard_tensor_not_in_map && SHARD=$(shard_of "$Q1") && mutate unmap "$CASE" "$Q1" &&
+  train_case index_shard_tensor_not_in_map "$CASE/$SHARD" "tensor '$Q1' is not in $CASE/$INDEX"
+# The embedding is alone in the first shard: unlisted, that shard is not read at all.
+sharded_case index_forgets_a_shard && SHARD=$(shard_of "$EMBED") && mutate unmap "$CASE" "$EMBED" &&
+  train_case index_forgets_a_shard "$CASE/$INDEX: missing tensor '$EMBED'" "$CASE/$SHARD is in the directory"
+sharded_case index_tensor_in_two_shards && mutate shard-dup "$CASE" "$Q1" &&
+  train_case index_tensor_in_two_shards "$CASE/$INDEX" "tensor '$Q1' is in two shards"
+sharded_case index_shard_names_a_path &&
+  mutate json "$CASE/$INDEX" "c['weight_map']['$Q1'] = '../elsewhere.safetensors'" &&
+  train_case index_shard_names_a_path "$CASE/$INDEX" "'$Q1'" "../elsewhere.safetensors"
+# A shard's own header is checked as a single file's is, naming the shard.
+sharded_case index_shard_wrong_shape && SHARD=$(shard_of "$Q1") && mutate shape "$CASE/$SHARD" "$Q1" 32,31 &&
+  train_case index_shard_wrong_shape "$CASE/$SHARD" "tensor '$Q1' has shape [32, 31]"
+sharded_case shards_without_index && rm "$CASE/$INDEX" &&
+  train_case shards_without_index "model-00001-of-00010.safetensors" "$INDEX"
+# transformers 4 and 5 read different rope keys: where both are given they must agree.
+sharded_case config_rope_keys_disagree && mutate json "$CASE/config.json" 'c["rope_theta"] = 10000.0' &&
+  train_case config_rope_keys_disagree "$CASE/config.json" "rope_parameters.rope_theta and rope_theta" "disagree"
+sharded_case config_unknown_key_warns && mutate json "$CASE/config.json" 'c["no_such_llama_key"] = 1' &&
+  run_expect config_unknown_key_warns 0 "warning" "$CASE/config.json" "no_such_llama_key" -- "$AUTOSP" train \
+    --config "$CASE/ds_config.json" --model "$CASE" --data "$CASE/tokens.bin" --seq-len 16 --steps 1
+
+# Weights autosp cannot read are an error that says why and how to convert, never a random
+# init: a real torch.save file, a GGUF file (by its name).
+new_case weights_pickle_only && rm "$CASE/model.safetensors" &&
+  "$PYTHON" -c "import sys, torch; torch.save({'model.norm.weight': torch.ones(32)}, sys.argv[1])" \
+    "$CASE/pytorch_model.bin" &&
+  train_case weights_pickle_only "$CASE/pytorch_model.bin" "pickle" "can run any code" "save_pretrained" \
+    "safe_serialization=True"
+new_case weights_gguf_only && rm "$CASE/model.safetensors" && printf 'GGUF\3\0\0\0' >"$CASE/model-q8_0.gguf" &&
+  train_case weights_gguf_only "$CASE/model-q8_0.gguf" "GGUF" "gguf_file='model-q8_0.gguf'"
+# No weight file at all: the random init, said first. The token file beside config.json is
+# not taken for a weight file.
+new_case weights_none_random_init && rm "$CASE/model.safetensors" &&
+  run_expect weights_none_random_init 0 -- "$AUTOSP" train --config "$CASE/ds_config.json" --model "$CASE" \
+    --data "$CASE/tokens.bin" --seq-len 16 --steps 1
+if ! head -n 1 "$TMP/weights_none_random_init.stdout" 2>/dev/null | grep -qF "no weights: random init with seed"; then
+  echo "FAIL weights_none_random_init: the first line of stdout does not say 'no weights: random init'"
+  FAILED+=(weights_none_random_init_first_line)
+fi
+# Older exports carry the rotary buffers transformers ignores: skipped, with a note.
+new_case weights_inv_freq_skipped &&
+  mutate add-tensor "$CASE/model.safetensors" model.layers.0.self_attn.rotary_emb.inv_freq 4 &&
+  mutate add-tensor "$CASE/model.safetensors" model.layers.1.self_attn.rotary_emb.inv_freq 4 &&
+  run_expect weights_inv_freq_skipped 0 -- "$AUTOSP" train --config "$CASE/ds_config.json" --model "$CASE" \
+    --data "$CASE/tokens.bin" --seq-len 16 --steps 1
+expect_stdout weights_inv_freq_skipped "skipped 2 rotary_emb.inv_freq buffers"
 
 # ---------------------------------------------------------------------------- command line
 run_expect cli_help_exits_0 0 -- "$AUTOSP" train --help

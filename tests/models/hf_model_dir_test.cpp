@@ -1,0 +1,255 @@
+// Model directories as transformers writes them (tests/fixtures/hf, written by
+// tests/fixtures/make_hf_fixtures.py with transformers 4 and 5 themselves): sharded
+// safetensors in F32 and BF16, llama3 rope scaling in config.json's transformers-5
+// `rope_parameters` and in the older top-level `rope_theta` / `rope_scaling`. autosp's loss
+// on the fixture's sample must be transformers' own. And config.json as parse_llama_config
+// reads it: which keys agree, which are refused, which are warned about.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+#include <iterator>
+#include <functional>
+#include <nlohmann/json.hpp>
+
+#include "io/model_weights.h"
+#include "io/safetensors.h"
+#include "models/llama.h"
+#include "testing/errors.h"
+#include "testing/process.h"
+#include "train/checkpoint.h"
+#include "train/config.h"
+#include "train/trainer.h"
+
+namespace autosp {
+namespace {
+
+using nlohmann::json;
+using testing::expect_contains;
+using testing::source_path;
+using testing::user_error_of;
+
+json read_json(const std::string& path) {
+  std::ifstream in(path);
+  EXPECT_TRUE(in) << path;
+  return json::parse(in);
+}
+
+struct Fixture {
+  std::string name, dir;
+  json expected;
+};
+
+std::vector<Fixture> fixtures() {
+  std::vector<Fixture> all;
+  for (const char* version : {"v4", "v5"}) {
+    const json e = read_json(source_path(str("tests/fixtures/hf/expected_", version, ".json")));
+    for (const auto& [name, model] : e["models"].items())
+      all.push_back({name, source_path("tests/fixtures/hf/" + name), model});
+  }
+  return all;
+}
+
+// The loss of one micro batch, as the first training step computes it, from the weights in
+// `dir` read as `autosp train --model dir` reads them (find_model_weights, fresh_state).
+double first_loss(const models::LlamaConfig& model, const std::string& dir, const json& expected) {
+  const std::string weights = io::find_model_weights(dir);
+  train::TrainConfig config = train::parse_train_config(
+      json{{"train_micro_batch_size_per_gpu", 1}, {"gradient_accumulation_steps", 1}}, "test", nullptr);
+  train::resolve_batch(config, 1, "test");
+  const int64_t S = expected["seq_len"];
+  train::Trainer trainer(model, config, S, train::fresh_state(model, 0, weights));
+  const std::vector<int32_t> tokens = expected["tokens"].get<std::vector<int32_t>>();
+  EXPECT_EQ(tokens.size(), size_t(S + 1));
+  std::vector<std::vector<float>> grads;
+  return trainer.loss_and_grads(tokens.data(), tokens.data() + 1, grads);
+}
+
+TEST(HfModelDir, FirstLossEqualsTransformersOnShardedF32AndBf16InBothConfigForms) {
+  const std::vector<Fixture> all = fixtures();
+  ASSERT_EQ(all.size(), 4u);  // f32 and bf16, transformers 4 and 5
+  for (const Fixture& f : all) {
+    SCOPED_TRACE(f.name);
+    std::vector<std::string> warnings;
+    const models::LlamaConfig model = models::load_llama_config(f.dir + "/config.json", &warnings);
+    // Everything transformers writes is known: nothing to warn about.
+    EXPECT_TRUE(warnings.empty()) << warnings.front();
+    EXPECT_EQ(model.rope.rope_type, "llama3");
+    EXPECT_EQ(model.rope.theta, 500000.0);
+    EXPECT_EQ(model.torch_dtype, f.expected["dtype"].get<std::string>());
+    const std::string weights = io::find_model_weights(f.dir);
+    EXPECT_EQ(weights, f.dir + "/model.safetensors.index.json");
+    EXPECT_EQ(io::ModelWeights(weights).num_files(), f.expected["shards"].get<size_t>());
+    EXPECT_GE(f.expected["shards"].get<int>(), 2);
+
+    const double loss = first_loss(model, f.dir, f.expected);
+    const double want = f.expected["loss"], without_rope = f.expected["loss_rope_default"];
+    // fp32 forward vs transformers' float64 on the same weights: 1.0e-7 observed on all four.
+    EXPECT_NEAR(loss, want, 1e-5);
+    // The test would notice a reader that missed the rope keys (the bf16 model's rope
+    // matters least: 1.2e-3).
+    EXPECT_GT(std::abs(want - without_rope), 100 * 1e-5);
+    std::printf("%s: autosp %.9f, transformers %.9f (float64): difference %.2e\n", f.name.c_str(), loss, want,
+                loss - want);
+  }
+}
+
+// Reading a sharded model by ranges is reading each shard whole.
+TEST(HfModelDir, ShardedReadsEqualTheShardsThemselves) {
+  const Fixture f = fixtures().back();
+  const models::LlamaConfig model = models::load_llama_config(f.dir + "/config.json");
+  const io::ModelWeights weights(f.dir + "/model.safetensors.index.json");
+  const std::vector<std::vector<float>> params = train::load_weights(weights.path(), model);
+  const auto specs = models::llama_parameters(model);
+  ASSERT_EQ(params.size(), specs.size());
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const auto shard = io::read_safetensors(weights.file_of(specs[i].name));
+    EXPECT_EQ(params[i], shard.at(specs[i].name).data) << specs[i].name;
+    // A range in the middle, as a ZeRO-3 rank reads its part.
+    const int64_t n = numel(specs[i].shape), begin = n / 3, len = n / 2;
+    std::vector<float> part(static_cast<size_t>(len));
+    weights.read(specs[i].name, begin, len, part.data());
+    EXPECT_TRUE(std::equal(part.begin(), part.end(), params[i].begin() + begin)) << specs[i].name;
+  }
+}
+
+std::string file_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// A checkpoint is the model directory it was trained from: config.json with every key and
+// JSON type kept (the dtype now the saved weights' float32; the rope settings in the
+// transformers-4 keys too, which transformers 4 reads instead of rope_parameters), the
+// generation config and tokenizer files copied, through a resume and a second save.
+TEST(HfModelDir, CheckpointKeepsConfigKeysAndCarriesTokenizerAndGenerationConfig) {
+  const Fixture f = fixtures().back();  // transformers 5, rope_parameters only
+  ASSERT_EQ(f.name, "llama3_f32_v5");
+  testing::TempDir tmp("hf_ckpt");
+  {
+    std::ofstream(tmp / "ds.json") << R"({"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1})";
+    const std::vector<uint32_t> tokens = f.expected["tokens"].get<std::vector<uint32_t>>();
+    std::ofstream(tmp / "tokens.bin", std::ios::binary)
+        .write(reinterpret_cast<const char*>(tokens.data()), std::streamsize(tokens.size() * 4));
+  }
+  const std::string train = str(AUTOSP_BINARY, " train --config ", tmp / "ds.json", " --data ", tmp / "tokens.bin");
+  auto r = testing::run_command(str(train, " --model ", f.dir, " --seq-len 24 --steps 1 --save ", tmp / "ckpt"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = testing::run_command(str(train, " --resume ", tmp / "ckpt", " --steps 2 --save ", tmp / "ckpt2"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+
+  const json given = read_json(f.dir + "/config.json");
+  for (const std::string& ckpt : {tmp / "ckpt", tmp / "ckpt2"}) {
+    SCOPED_TRACE(ckpt);
+    json saved = read_json(ckpt + "/config.json");
+    EXPECT_EQ(saved["dtype"], "float32");
+    EXPECT_EQ(saved["rope_theta"].dump(), given["rope_parameters"]["rope_theta"].dump());
+    EXPECT_EQ(saved["rope_scaling"]["original_max_position_embeddings"].dump(), "16");  // not 16.0
+    // All else as given, to each value's JSON type (dump tells 16 from 16.0).
+    saved.erase("rope_theta");
+    saved.erase("rope_scaling");
+    json want = given;
+    want["dtype"] = "float32";
+    EXPECT_EQ(saved.dump(), want.dump());
+    for (const char* name : {"generation_config.json", "tokenizer.json", "tokenizer_config.json"})
+      EXPECT_EQ(file_text(ckpt + "/" + name), file_text(f.dir + "/" + name)) << name;
+    // The same model, read back by autosp.
+    EXPECT_EQ(models::llama_config_json(models::load_llama_config(ckpt + "/config.json")),
+              models::llama_config_json(models::load_llama_config(f.dir + "/config.json")));
+  }
+  r = testing::run_command(str(AUTOSP_BINARY, " verify ", tmp / "ckpt2"));  // the manifest covers the copies
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+}
+
+// ---------------------------------------------------------------------------- config.json
+json v5_config() { return read_json(source_path("tests/fixtures/hf/llama3_f32_v5/config.json")); }
+json v4_config() { return read_json(source_path("tests/fixtures/hf/llama3_f32_v4/config.json")); }
+
+TEST(HfConfig, BothFormsDescribeTheSameModel) {
+  const models::LlamaConfig a = models::parse_llama_config(v5_config(), "v5");
+  const models::LlamaConfig b = models::parse_llama_config(v4_config(), "v4");
+  EXPECT_EQ(models::llama_config_json(a), models::llama_config_json(b));
+  // Both forms at once (as a config edited by hand, or converted, may hold them): they agree.
+  json both = v5_config();
+  both["rope_theta"] = 500000;
+  both["rope_scaling"] = v4_config()["rope_scaling"];
+  both["torch_dtype"] = "float32";
+  EXPECT_EQ(models::llama_config_json(models::parse_llama_config(both, "both")), models::llama_config_json(a));
+}
+
+TEST(HfConfig, RopeKeysThatDisagreeAreAnErrorNamingBoth) {
+  json c = v5_config();
+  c["rope_theta"] = 10000.0;
+  expect_contains(user_error_of([&] { models::parse_llama_config(c, "cfg.json"); }),
+                  {"cfg.json", "rope_parameters.rope_theta and rope_theta", "500000.0", "10000.0"});
+  c = v5_config();
+  c["rope_scaling"] = v4_config()["rope_scaling"];
+  c["rope_scaling"]["factor"] = 32.0;
+  expect_contains(user_error_of([&] { models::parse_llama_config(c, "cfg.json"); }),
+                  {"rope_parameters.factor and rope_scaling.factor", "8.0", "32.0"});
+  c = v5_config();
+  c["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 500000.0}};
+  c["rope_scaling"] = v4_config()["rope_scaling"];
+  expect_contains(user_error_of([&] { models::parse_llama_config(c, "cfg.json"); }),
+                  {"rope_parameters.rope_type and rope_scaling.rope_type", "\"default\"", "\"llama3\""});
+  c = v5_config();
+  c["torch_dtype"] = "bfloat16";
+  expect_contains(user_error_of([&] { models::parse_llama_config(c, "cfg.json"); }),
+                  {"dtype and torch_dtype", "float32", "bfloat16"});
+}
+
+TEST(HfConfig, KeysThatChangeTheMathsAreRefusedByName) {
+  const std::vector<std::pair<std::string, std::function<void(json&)>>> cases = {
+      {"rope_parameters.rope_type", [](json& c) { c["rope_parameters"]["rope_type"] = "yarn"; }},
+      {"rope_scaling.rope_type", [](json& c) {
+         c.erase("rope_parameters");
+         c["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 2.0}};
+       }},
+      {"rope_parameters.partial_rotary_factor", [](json& c) { c["rope_parameters"]["partial_rotary_factor"] = 0.5; }},
+      {"partial_rotary_factor", [](json& c) { c["partial_rotary_factor"] = 0.5; }},
+      {"rope_parameters.full_attention", [](json& c) { c["rope_parameters"] = {{"full_attention", {{"rope_type", "default"}}}}; }},
+      {"attention_dropout", [](json& c) { c["attention_dropout"] = 0.1; }},
+      {"attention_bias", [](json& c) { c["attention_bias"] = true; }},
+      {"mlp_bias", [](json& c) { c["mlp_bias"] = true; }},
+      {"hidden_act", [](json& c) { c["hidden_act"] = "gelu"; }},
+      {"pretraining_tp", [](json& c) { c["pretraining_tp"] = 2; }},
+      {"quantization_config", [](json& c) { c["quantization_config"] = {{"quant_method", "bitsandbytes"}}; }},
+      {"rope_parameters.low_freq_factor", [](json& c) { c["rope_parameters"].erase("low_freq_factor"); }},
+  };
+  for (const auto& [key, edit] : cases) {
+    SCOPED_TRACE(key);
+    json c = v5_config();
+    edit(c);
+    expect_contains(user_error_of([&] { models::parse_llama_config(c, "cfg.json"); }), {"cfg.json: " + key});
+  }
+  // Not every head_dim is hidden / heads (Llama 3.2 1B-style): supported, no error.
+  json c = v5_config();
+  c["head_dim"] = 16;
+  EXPECT_EQ(models::parse_llama_config(c, "cfg.json").head_dim, 16);
+}
+
+TEST(HfConfig, UnknownKeysAreListedInOneWarning) {
+  json c = v4_config();
+  c["sliding_window"] = 4096;
+  c["my_note"] = "x";
+  c["rope_scaling"]["beta_fast"] = 32;
+  // Keys transformers writes (or older versions did) are known.
+  c["_name_or_path"] = "meta-llama/Llama-2-7b-hf";
+  c["pad_token_id"] = nullptr;
+  c["eos_token_id"] = {128001, 128008, 128009};
+  std::vector<std::string> warnings;
+  models::parse_llama_config(c, "cfg.json", &warnings);
+  ASSERT_EQ(warnings.size(), 1u);
+  expect_contains(warnings[0], {"cfg.json", "rope_scaling.beta_fast", "my_note", "sliding_window"});
+  EXPECT_EQ(warnings[0].find("_name_or_path"), std::string::npos) << warnings[0];
+  EXPECT_EQ(warnings[0].find("eos_token_id"), std::string::npos) << warnings[0];
+}
+
+TEST(HfConfig, WrittenConfigKeepsPositionCountsIntegers) {
+  const json out = models::llama_config_json(models::parse_llama_config(v5_config(), "v5"));
+  EXPECT_TRUE(out["rope_scaling"]["original_max_position_embeddings"].is_number_integer()) << out.dump();
+  EXPECT_EQ(out["rope_scaling"]["original_max_position_embeddings"], 16);
+}
+
+}  // namespace
+}  // namespace autosp
