@@ -21,6 +21,7 @@
 #include "train/config.h"
 #include "train/data.h"
 #include "train/passkey.h"
+#include "train/throughput_window.h"
 #include "train/trainer.h"
 #include "util/atomic_file.h"
 #include "util/error.h"
@@ -80,14 +81,17 @@ class MetricsWriter {
   }
   // Per rank: peaks (the step's planned/counted peak), model_state, and the resident set
   // before the model was built and its high-water mark so far, as the OS counts them.
-  void write(const train::StepStats& s, int64_t epoch_samples, const std::vector<int64_t>& peaks,
+  // window_tokens_per_s: the step line's tok/s (throughput_window.h), beside the step's own.
+  void write(const train::StepStats& s, double window_tokens_per_s, int64_t epoch_samples,
+             const std::vector<int64_t>& peaks,
              const std::vector<int64_t>& model_state, const std::vector<int64_t>& rss_base,
              const std::vector<int64_t>& rss_peak) {
     if (path_.empty()) return;
     json j = {{"step", s.step},         {"loss", s.loss},
               {"lr", s.lr},             {"grad_norm", s.grad_norm},
               {"consumed_samples", s.consumed_samples},
-              {"tokens_per_s", s.tokens_per_s}, {"step_time_s", s.seconds},
+              {"tokens_per_s", s.tokens_per_s}, {"tokens_per_s_window", window_tokens_per_s},
+              {"step_time_s", s.seconds},
               {"step_flops", s.flops}, {"step_gflops_per_s", s.flops / s.seconds * 1e-9},
               {"cpu_kernels", cpu::isa_name(cpu::active_isa())},
               {"peak_bytes", *std::max_element(peaks.begin(), peaks.end())},
@@ -153,13 +157,18 @@ std::string peak_text(const std::vector<int64_t>& peaks) {
   return text;
 }
 
-// The progress line. `elapsed`: seconds since this run's first step began; the ETA assumes
-// the remaining steps take as long as this run's steps so far.
-void print_step(const train::StepStats& s, int64_t total, const std::vector<int64_t>& peaks, double elapsed,
-                int64_t steps_done) {
+// The steps the step line's tok/s is taken over: those since the previous line, and at
+// least 10, so that a line printed every step is not one step's noise.
+int64_t throughput_window_steps(int64_t steps_per_print) { return std::max<int64_t>(steps_per_print, 10); }
+
+// The progress line. `tokens_per_s`: over a window of steps (throughput_window.h);
+// `elapsed`: seconds since this run's first step began; the ETA assumes the remaining steps
+// take as long as this run's steps so far.
+void print_step(const train::StepStats& s, double tokens_per_s, int64_t total, const std::vector<int64_t>& peaks,
+                double elapsed, int64_t steps_done) {
   const double eta = elapsed / double(steps_done) * double(total - s.step);
   std::printf("step %lld/%lld | loss %.4f | lr %.3e | grad norm %.4f | %.0f tok/s | peak %s | %s elapsed, ETA %s\n",
-              (long long)s.step, (long long)total, s.loss, s.lr, s.grad_norm, s.tokens_per_s, peak_text(peaks).c_str(),
+              (long long)s.step, (long long)total, s.loss, s.lr, s.grad_norm, tokens_per_s, peak_text(peaks).c_str(),
               human_seconds(elapsed).c_str(), human_seconds(eta).c_str());
   std::fflush(stdout);
 }
@@ -335,13 +344,16 @@ int run_demo(const TrainArgs& args, std::optional<uint64_t> seed, const Launch& 
   say(launch, "retrieval accuracy before training: %.1f%% (chance %.1f%%, %lld held-out samples)\n\n",
       100 * before, 100 * task.chance_accuracy(), (long long)eval_samples);
   const auto start = std::chrono::steady_clock::now();
+  const int64_t print_every = 50;
+  train::ThroughputWindow throughput(throughput_window_steps(print_every));
   for (int64_t t = 0; t < steps; ++t) {
     train::StepStats s = trainer.train_step(task);
+    throughput.add(s.tokens_per_s * s.seconds, s.seconds);
     const auto peaks = rank_peaks(groups, s.peak_bytes);
-    metrics.write(s, 0, peaks, rank_peaks(groups, s.model_state_bytes), rss_base,
+    metrics.write(s, throughput.tokens_per_s(), 0, peaks, rank_peaks(groups, s.model_state_bytes), rss_base,
                   rank_peaks(groups, rss_peak_bytes()));
-    if (launch.lead() && (s.step % 50 == 0 || s.step == steps))
-      print_step(s, steps, peaks, seconds_since(start), t + 1);
+    if (launch.lead() && (s.step % print_every == 0 || s.step == steps))
+      print_step(s, throughput.tokens_per_s(), steps, peaks, seconds_since(start), t + 1);
     if (const int signal = agreed_stop_signal(groups)) {
       if (!args.save.empty()) save(launch, trainer, target, model, {.seq_len = S, .seed = config.seed}, groups);
       return stopped_by_signal(launch, signal, s.step, steps, args.save);
@@ -605,15 +617,17 @@ int run_train(const TrainArgs& args, MpiRuntime* mpi) {
   const int64_t first_step = trainer.state().step + 1;
   train::StepStats s;
   std::vector<int64_t> peaks, max_peaks(groups.world->size(), 0);
+  train::ThroughputWindow throughput(throughput_window_steps(config.steps_per_print));
   while (trainer.state().step < args.steps) {
     s = trainer.train_step(data);
+    throughput.add(s.tokens_per_s * s.seconds, s.seconds);  // the step's tokens and time
     peaks = rank_peaks(groups, s.peak_bytes);
     for (size_t r = 0; r < peaks.size(); ++r) max_peaks[r] = std::max(max_peaks[r], peaks[r]);
-    metrics.write(s, epoch_samples, peaks, rank_peaks(groups, s.model_state_bytes), rss_base,
-                  rank_peaks(groups, rss_peak_bytes()));
+    metrics.write(s, throughput.tokens_per_s(), epoch_samples, peaks, rank_peaks(groups, s.model_state_bytes),
+                  rss_base, rank_peaks(groups, rss_peak_bytes()));
     const bool last = s.step == args.steps;
     if (launch.lead() && (s.step % config.steps_per_print == 0 || last))
-      print_step(s, args.steps, peaks, seconds_since(start), s.step - first_step + 1);
+      print_step(s, throughput.tokens_per_s(), args.steps, peaks, seconds_since(start), s.step - first_step + 1);
     if (epoch_samples > 0) {
       const int64_t before = s.first_sample > 0 ? (s.first_sample - 1) / epoch_samples : 0;
       const int64_t now = (s.consumed_samples - 1) / epoch_samples;

@@ -266,10 +266,20 @@ train_case() {
 new_case sanity
 CHECKPOINT=$TMP/checkpoint
 run_expect sanity_valid_setup_trains 0 -- "$AUTOSP" train --config "$CASE/ds_config.json" \
-  --model "$CASE" --data "$CASE/tokens.bin" --seq-len 16 --steps 1 --save "$CHECKPOINT"
-if ! grep -q "^step 1/1" "$TMP/sanity_valid_setup_trains.stdout"; then
-  echo "FAIL sanity_valid_setup_trains: no 'step 1/1' line on stdout"
+  --model "$CASE" --data "$CASE/tokens.bin" --seq-len 16 --steps 1 --save "$CHECKPOINT" \
+  --metrics "$TMP/sanity_metrics.jsonl"
+if ! grep -Eq "^step 1/1 \| loss [0-9.]+ \| lr [0-9.e+-]+ \| grad norm [0-9.]+ \| [1-9][0-9]* tok/s \| peak .* elapsed, ETA " \
+  "$TMP/sanity_valid_setup_trains.stdout"; then
+  echo "FAIL sanity_valid_setup_trains: no 'step 1/1 | loss ... | N tok/s | peak ...' line on stdout"
   FAILED+=(sanity_valid_setup_trains_stdout)
+fi
+# The metrics keep the step's tok/s and give the step line's windowed one beside it (over one
+# step here, so the same up to rounding).
+if ! "$PYTHON" -c 'import json, sys; m = json.loads(open(sys.argv[1]).readline())
+assert m["tokens_per_s"] > 0 and abs(m["tokens_per_s_window"] / m["tokens_per_s"] - 1) < 1e-9, m' \
+  "$TMP/sanity_metrics.jsonl" >"$TMP/sanity_metrics.log" 2>&1; then
+  echo "FAIL sanity_valid_setup_trains: metrics tokens_per_s / tokens_per_s_window: $(cat "$TMP/sanity_metrics.log")"
+  FAILED+=(sanity_metrics_tokens_per_s)
 fi
 # The start-up log says what optimizes, defaults included (the setup gives every AdamW param).
 for line in "optimizer: AdamW lr 0.01 betas (0.9, 0.95) eps 1e-8 weight_decay 0.1" \

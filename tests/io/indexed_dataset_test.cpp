@@ -9,6 +9,7 @@
 #include <fstream>
 #include <iterator>
 #include <numeric>
+#include <optional>
 #include <thread>
 
 #include "testing/process.h"
@@ -163,6 +164,101 @@ TEST_F(IndexedDatasetTest, ReadsWhatTheScriptWritesTheSameBytesAsTheBuilder) {
   d.read_tokens(0, 6, 257, out.data());
   EXPECT_EQ(out, (std::vector<int32_t>{'h', 'i', 256, 'o', 'k', 256}));
   EXPECT_EQ(d.document_starts(), (std::vector<int64_t>{0, 3, 6}));
+}
+
+// scripts/make_indexed_dataset.py with `args` under /usr/bin/python3 (which has numpy).
+testing::ProcessResult run_script(const std::string& args) {
+  return testing::run_command("/usr/bin/python3 " + testing::source_path("scripts/make_indexed_dataset.py") + " " +
+                              args);
+}
+
+// What an indexed dataset holds, document by document, each the concatenation of its sequences.
+std::vector<std::vector<int32_t>> documents_of(const std::string& prefix, int32_t vocab) {
+  IndexedDataset d(prefix);
+  std::vector<int32_t> tokens(d.num_tokens());
+  if (!tokens.empty()) d.read_tokens(0, d.num_tokens(), vocab, tokens.data());
+  std::vector<std::vector<int32_t>> documents;
+  const std::vector<int64_t> starts = d.document_starts();
+  for (size_t j = 0; j + 1 < starts.size(); ++j)
+    documents.emplace_back(tokens.begin() + starts[j], tokens.begin() + starts[j + 1]);
+  return documents;
+}
+
+std::vector<int32_t> bytes_of(const std::string& text, std::optional<int32_t> eod = std::nullopt) {
+  std::vector<int32_t> ids(text.begin(), text.end());
+  if (eod) ids.push_back(*eod);
+  return ids;
+}
+
+TEST_F(IndexedDatasetTest, ScriptReadsMegatronJsonlText) {
+  // preprocess_data.py's input: {"text": ...} per line, a string or a list of sentences (one
+  // sequence each, empty ones dropped); other keys ignored; byte-level ids, EOD 256.
+  write_bytes(dir_ / "docs.jsonl",
+              "{\"text\": \"ab\\nc\"}\n{\"text\": \"\"}\n{\"text\": [\"d\", \"\", \"\\u00e9\"], \"url\": \"x\"}\n");
+  testing::ProcessResult r = run_script("--jsonl " + (dir_ / "docs.jsonl") + " --append-eod --output-prefix " +
+                                        prefix("text"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(IndexedDataset(prefix("text")).dtype(), TokenDType::kUint16);
+  EXPECT_EQ(IndexedDataset(prefix("text")).num_sequences(), 3);  // "ab\nc", "d", "é"
+  EXPECT_EQ(documents_of(prefix("text"), 257),
+            (std::vector<std::vector<int32_t>>{bytes_of("ab\nc", 256), {}, {'d', 0xc3, 0xa9, 256}}));
+  // The key is --json-keys, as preprocess_data.py's.
+  write_bytes(dir_ / "content.jsonl", "{\"content\": \"hi\", \"text\": 3}\n");
+  r = run_script("--jsonl " + (dir_ / "content.jsonl") + " --json-keys content --output-prefix " + prefix("key"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(documents_of(prefix("key"), 257), (std::vector<std::vector<int32_t>>{bytes_of("hi")}));
+  // Without the key: the line and the keys it has are named.
+  r = run_script("--jsonl " + (dir_ / "content.jsonl") + " --output-prefix " + prefix("bad"));
+  EXPECT_NE(r.exit_code, 0);
+  expect_contains(r.output, {"content.jsonl:1", "\"text\" must be a string"});
+  write_bytes(dir_ / "other.jsonl", "{\"body\": \"hi\"}\n");
+  r = run_script("--jsonl " + (dir_ / "other.jsonl") + " --output-prefix " + prefix("bad"));
+  EXPECT_NE(r.exit_code, 0);
+  expect_contains(r.output, {"other.jsonl:1", "without \"text\"", "keys: body", "--json-keys"});
+  // Text and token id lines in one file are refused.
+  write_bytes(dir_ / "mixed.jsonl", "{\"text\": \"hi\"}\n[1, 2]\n");
+  r = run_script("--jsonl " + (dir_ / "mixed.jsonl") + " --output-prefix " + prefix("bad"));
+  EXPECT_NE(r.exit_code, 0);
+  expect_contains(r.output, {"mixed.jsonl:2", "all text or all ids"});
+}
+
+TEST_F(IndexedDatasetTest, ScriptSplitsTextAtBlankLinesOrLines) {
+  // Wrapped prose: a paragraph is one document, its line breaks kept; runs of blank (or
+  // whitespace-only) lines end it.
+  write_bytes(dir_ / "prose.txt", "one\ntwo\n\n \n\nthree\n");
+  testing::ProcessResult r =
+      run_script("--text " + (dir_ / "prose.txt") + " --append-eod --output-prefix " + prefix("para"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(documents_of(prefix("para"), 257),
+            (std::vector<std::vector<int32_t>>{bytes_of("one\ntwo", 256), bytes_of("three", 256)}));
+  r = run_script("--text " + (dir_ / "prose.txt") + " --text-docs lines --output-prefix " + prefix("lines"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(documents_of(prefix("lines"), 257),
+            (std::vector<std::vector<int32_t>>{bytes_of("one"), bytes_of("two"), bytes_of("three")}));
+  // No trailing newline, no blank line at all: one document.
+  write_bytes(dir_ / "one.txt", "a\nb");
+  r = run_script("--text " + (dir_ / "one.txt") + " --output-prefix " + prefix("one"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(documents_of(prefix("one"), 257), (std::vector<std::vector<int32_t>>{bytes_of("a\nb")}));
+}
+
+TEST_F(IndexedDatasetTest, ScriptHelpWorksWithoutNumpy) {
+  // An interpreter without numpy: None in sys.modules makes `import numpy` fail as if absent.
+  const std::string script = testing::source_path("scripts/make_indexed_dataset.py");
+  auto without_numpy = [&](const std::string& args) {
+    return testing::run_command("/usr/bin/python3 -c 'import runpy, sys; sys.modules[\"numpy\"] = None; "
+                                "sys.argv = [\"make_indexed_dataset.py\"] + sys.argv[1:]; "
+                                "runpy.run_path(sys.argv.pop(1), run_name=\"__main__\")' " +
+                                script + " " + args);
+  };
+  testing::ProcessResult r = without_numpy("--help");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  expect_contains(r.output, {"usage: make_indexed_dataset.py", "--text-docs", "--json-keys", "blank-line"});
+  // Writing needs numpy: the message says so and how to get it.
+  write_bytes(dir_ / "notes.txt", "hi\n");
+  r = without_numpy("--text " + (dir_ / "notes.txt") + " --output-prefix " + prefix("none"));
+  EXPECT_NE(r.exit_code, 0);
+  expect_contains(r.output, {"has no numpy", "python3-numpy"});
 }
 
 TEST_F(IndexedDatasetTest, EmptyDatasetAndEmptySequencesAreValid) {
