@@ -394,8 +394,14 @@ std::string layout_text(const train::BatchLayout& l) {
 // which starts at the new data's first sample (the checkpoint's position counts samples of
 // other data; wrapped onto the new data it would skip as many of its samples), or with
 // --keep-data-position at the checkpoint's position.
+//
+// Its position indexes the order the checkpoint read its data in (data.shuffle, data.seed):
+// in another order the rest of the epoch would not be the samples the epoch has left (some
+// read twice, some never), so on the same data a changed order is refused unless
+// --allow-new-data, which continues at the checkpoint's position in the new order.
 void resume_data_position(const Launch& launch, const train::LoadedCheckpoint& ckpt, train::ModelState& state,
-                          const train::BatchLayout& layout, const TrainArgs& args, const io::DataFingerprint& data) {
+                          const train::BatchLayout& layout, const TrainArgs& args, const io::DataFingerprint& data,
+                          const train::DataOrder& order) {
   say(launch, "resuming from %s at step %lld\n", ckpt.dir.c_str(), (long long)state.step);
   if (state.consumed_samples < 0) {  // the first checkpoint format kept only the step
     state.consumed_samples = state.step * layout.global();
@@ -424,6 +430,22 @@ void resume_data_position(const Launch& launch, const train::LoadedCheckpoint& c
                      (long long)state.consumed_samples);
       state.consumed_samples = 0;
     }
+  }
+  if (ckpt.info.data && *ckpt.info.data == data && ckpt.info.order != order) {
+    auto order_text = [](const train::DataOrder& o) {
+      return o.shuffle ? str("shuffled with data.seed ", o.seed) : std::string("in file order (data.shuffle false)");
+    };
+    const std::string what = str("--resume ", ckpt.dir, ": the checkpoint read its data ", order_text(ckpt.info.order),
+                                 ", and ", args.config, " asks for it ", order_text(order),
+                                 ": from sample ", state.consumed_samples, " on, the rest of the epoch would not be "
+                                 "the samples it has left (some read twice, some never)");
+    if (!args.allow_new_data)
+      user_error(what, "; set data.shuffle and data.seed as the checkpoint had them (data.seed defaults to the "
+                 "top-level seed), or pass --allow-new-data to continue at sample ", state.consumed_samples,
+                 " in the new order");
+    if (launch.lead())
+      std::fprintf(stderr, "autosp: warning: %s; --allow-new-data: continuing at sample %lld in the new order\n",
+                   what.c_str(), (long long)state.consumed_samples);
   }
   if (ckpt.info.layout != layout)
     say(launch, "the batch layout changed: the checkpoint was trained with %s, this run uses %s\n",
@@ -476,6 +498,7 @@ int run_train(const TrainArgs& args, MpiRuntime* mpi) {
   std::vector<std::string> auto_notes;
   train::resolve_batch(config, groups.dp_size, args.config, &auto_notes);
   if (seed) config.seed = *seed;
+  if (!config.data.seed) config.data.seed = config.seed;  // data.seed defaults to the run's seed
   config.backend = backend_name(parse_backend(args.backend));
   const train::BatchLayout layout{*config.train_micro_batch_size_per_gpu, *config.gradient_accumulation_steps,
                                   groups.dp_size};
@@ -559,15 +582,17 @@ int run_train(const TrainArgs& args, MpiRuntime* mpi) {
   // --data: a flat token file or an indexed dataset (train::open_data_source says how it
   // tells them apart); the step's graph takes document ids when its samples are packed.
   std::vector<std::string> data_notes;
-  const std::unique_ptr<train::DataSource> source =
+  const std::unique_ptr<train::DataSource> source = train::order_samples(
       train::open_data_source(args.data, static_cast<int32_t>(model.vocab_size), config.data, args.config, &data_notes,
-                              [&](const std::string& line) { say(launch, "%s\n", line.c_str()); });
+                              [&](const std::string& line) { say(launch, "%s\n", line.c_str()); }),
+      config.data);
   warn_all(launch, data_notes);
   const train::DataSource& data = *source;
   config.data.packed = data.packed();
   const io::DataFingerprint fingerprint = *data.fingerprint();
   const int64_t epoch_samples = data.num_samples(S);
-  if (ckpt) resume_data_position(launch, *ckpt, state, layout, args, fingerprint);
+  const train::DataOrder order{config.data.shuffle, config.data.shuffle ? *config.data.seed : 0};
+  if (ckpt) resume_data_position(launch, *ckpt, state, layout, args, fingerprint, order);
   std::optional<train::SaveTarget> target;
   MetricsWriter metrics;
   on_lead(launch, *groups.world, [&] {
@@ -579,6 +604,7 @@ int run_train(const TrainArgs& args, MpiRuntime* mpi) {
   });
 
   say(launch, "data: %s\n", data.describe(S).c_str());
+  say(launch, "%s\n", train::describe_data_order(config.data).c_str());
   say(launch, "%s\n%s\n", train::describe_optimizer(config).c_str(), train::describe_scheduler(config).c_str());
   say(launch, "%s\n", cpu::kernels_summary().c_str());
   const int64_t to_train = std::max<int64_t>(0, args.steps - state.step);
@@ -599,7 +625,7 @@ int run_train(const TrainArgs& args, MpiRuntime* mpi) {
     if (args.save.empty()) return 0;
   }
 
-  const train::CheckpointInfo info{S, config.seed, layout, args.data, fingerprint};
+  const train::CheckpointInfo info{S, config.seed, layout, args.data, fingerprint, order};
   train::Trainer trainer(model, config, S, std::move(state), &groups);
   if (ckpt) {
     std::string per_rank;

@@ -231,7 +231,8 @@ void write_other_files(const fs::path& dir, const models::LlamaConfig& model, co
   if (info.data) {
     char hash[17];
     std::snprintf(hash, sizeof(hash), "%016llx", (unsigned long long)info.data->hash);
-    st["data"] = {{"path", info.data_path}, {"bytes", info.data->bytes}, {"hash", hash}};
+    st["data"] = {{"path", info.data_path}, {"bytes", info.data->bytes}, {"hash", hash},
+                  {"shuffle", info.order.shuffle}, {"seed", info.order.seed}};
   }
   st["manifest"] = kManifest;
   write_file_atomic((dir / "trainer_state.json").string(), st.dump(2) + "\n");
@@ -840,6 +841,11 @@ LoadedCheckpoint load_checkpoint(const std::string& dir, Communicator& world) {
       if (end != hex.c_str() + hex.size()) user_error(st_path, ": data.hash: expected 16 hex digits, got ", hex);
       c.info.data = f;
       if (data.contains("path") && data["path"].is_string()) c.info.data_path = data["path"];
+      if (data.contains("shuffle")) {  // absent: written before autosp shuffled, so file order
+        if (!data["shuffle"].is_boolean()) user_error(st_path, ": data.shuffle: expected true or false");
+        c.info.order.shuffle = data["shuffle"].get<bool>();
+        c.info.order.seed = static_cast<uint64_t>(state_int(st, "data.seed", st_path));
+      }
     }
   }
 

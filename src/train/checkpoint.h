@@ -45,12 +45,22 @@ struct BatchLayout {
   bool operator==(const BatchLayout&) const = default;
 };
 
+// The order a run read its data in (data.shuffle, data.seed): its consumed samples index
+// this order, so a resume must read in the same one (cli resume_data_position). A
+// checkpoint without it (written before autosp shuffled) read in file order.
+struct DataOrder {
+  bool shuffle = false;
+  uint64_t seed = 0;  // only meaningful when shuffled
+  bool operator==(const DataOrder& o) const { return shuffle == o.shuffle && (!shuffle || seed == o.seed); }
+};
+
 struct CheckpointInfo {
   int64_t seq_len = 0;
   uint64_t seed = 0;
   BatchLayout layout;
   std::string data_path;                       // as given to --data, for messages
   std::optional<io::DataFingerprint> data;     // none for generated data (the demo)
+  DataOrder order;                             // recorded with `data`
 };
 
 // The files a checkpoint consists of.

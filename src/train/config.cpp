@@ -453,9 +453,11 @@ ZeroConfig parse_zero(const Ctx& ctx, const json& section) {
 DataConfig parse_data(const Ctx& ctx, const json& section) {
   const std::string path = "data";
   object_at(ctx, section, path);
-  warn_unknown(ctx, section, path, {"pack", "eos_token_id"});
+  warn_unknown(ctx, section, path, {"pack", "eos_token_id", "shuffle", "seed"});
   DataConfig d;
   if (section.contains("pack")) d.pack = bool_at(ctx, section["pack"], "data.pack");
+  if (section.contains("shuffle")) d.shuffle = bool_at(ctx, section["shuffle"], "data.shuffle");
+  if (section.contains("seed")) d.seed = static_cast<uint64_t>(int_at(ctx, section["seed"], "data.seed", 0));
   if (section.contains("eos_token_id")) {
     // A token id: the model's ids are int32 (and the vocabulary is checked when the data is opened).
     const int64_t eos = int_at(ctx, section["eos_token_id"], "data.eos_token_id", 0);

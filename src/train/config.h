@@ -29,6 +29,9 @@
 //                         other keys, their meaning in autosp, and what is refused)
 //   steps_per_print       integer >= 1 (default 10, as DeepSpeed)
 //   seed                  integer >= 0 (autosp's own key; default 42)
+//   data                  {pack: bool, eos_token_id: integer >= 0 (packed documents; see
+//                         train/data.h), shuffle: bool (default true), seed: integer >= 0
+//                         (the permutations' seed; default the top-level seed)}
 //
 // Mixed precision: bf16 (or its old name bfloat16), fp16, amp, torch_autocast, each
 // {enabled: bool (default false), ...}. The CPU backend has no bf16 or fp16 kernels, so an
@@ -159,8 +162,8 @@ struct ZeroConfig {
   std::vector<std::string> auto_keys;
 };
 
-// data (autosp's own key): {pack: bool, eos_token_id: integer >= 0}: how --data's tokens
-// become samples. An indexed dataset (PREFIX.bin + PREFIX.idx) packs its documents unless
+// data (autosp's own key): {pack: bool, eos_token_id: integer >= 0, shuffle: bool, seed:
+// integer >= 0}: how --data's tokens become samples, and in which order they are read. An indexed dataset (PREFIX.bin + PREFIX.idx) packs its documents unless
 // pack is false; a flat token file packs when eos_token_id is given (each such token ends
 // a document) unless pack is false. Packed samples restart positions at each document,
 // give a document's last token no label and keep attention within documents
@@ -168,6 +171,12 @@ struct ZeroConfig {
 struct DataConfig {
   std::optional<bool> pack;
   std::optional<int64_t> eos_token_id;
+  // Sample order (train::order_samples): shuffled by default, a new permutation of the
+  // samples each epoch from (seed, epoch); false reads the file's samples in order.
+  bool shuffle = true;
+  // data.seed as given; absent, the run's top-level seed (after --seed), which run_train
+  // writes here before the data is opened.
+  std::optional<uint64_t> seed;
   // Resolved from the data source (DataSource::packed()) before the trainer compiles: the
   // step's graph then takes document ids.
   bool packed = false;

@@ -173,6 +173,66 @@ std::string IndexedDatasetSource::describe(int64_t S) const {
   return text + (pack_ ? ", packed" : ", not packed (data.pack false: one token stream)");
 }
 
+// ---------------------------------------------------------------------------- sample order
+
+namespace {
+
+// splitmix64's finaliser: a bijection of uint64 whose output bits each depend on all input bits.
+uint64_t mix64(uint64_t x) {
+  x ^= x >> 30;
+  x *= 0xbf58476d1ce4e5b9ULL;
+  x ^= x >> 27;
+  x *= 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+constexpr int kFeistelRounds = 6;  // 4 already make a pseudorandom permutation (Luby-Rackoff)
+
+}  // namespace
+
+int64_t shuffled_sample(uint64_t seed, int64_t epoch, int64_t n, int64_t i) {
+  AUTOSP_CHECK(n >= 1 && n <= (int64_t{1} << 62) && i >= 0 && i < n && epoch >= 0, "shuffled_sample: n=", n,
+               " i=", i, " epoch=", epoch);
+  int half = 1;  // bits of each Feistel half: the smallest h >= 1 with 4^h >= n
+  while ((uint64_t{1} << (2 * half)) < static_cast<uint64_t>(n)) ++half;
+  const uint64_t mask = (uint64_t{1} << half) - 1;
+  // Round keys from (seed, epoch); the golden-ratio steps keep the rounds' keys distinct.
+  uint64_t keys[kFeistelRounds];
+  const uint64_t epoch_key = mix64(mix64(seed ^ 0x5deece66dULL) + static_cast<uint64_t>(epoch));
+  for (int r = 0; r < kFeistelRounds; ++r) keys[r] = mix64(epoch_key + uint64_t(r + 1) * 0x9e3779b97f4a7c15ULL);
+  uint64_t x = static_cast<uint64_t>(i);
+  do {  // cycle-walking: x's cycle of the 4^h-permutation contains i < n, so this ends
+    uint64_t left = x >> half, right = x & mask;
+    for (int r = 0; r < kFeistelRounds; ++r) {
+      // (L, R) -> (R, L xor F(R)): invertible whatever F is.
+      const uint64_t next = left ^ (mix64(keys[r] ^ right) & mask);
+      left = right;
+      right = next;
+    }
+    x = (left << half) | right;
+  } while (x >= static_cast<uint64_t>(n));
+  return static_cast<int64_t>(x);
+}
+
+int64_t ShuffledSource::file_sample(int64_t g, int64_t S) const {
+  AUTOSP_CHECK(g >= 0, "sample ", g);
+  const int64_t n = inner_->num_samples(S);
+  if (n == 0) return g;  // generated (or shorter than a sample: the inner source says so when read)
+  return shuffled_sample(seed_, g / n, n, g % n);
+}
+
+std::unique_ptr<DataSource> order_samples(std::unique_ptr<DataSource> source, const DataConfig& config) {
+  if (!config.shuffle) return source;
+  AUTOSP_CHECK(config.seed.has_value(), "data.seed not resolved before the data is ordered");
+  return std::make_unique<ShuffledSource>(std::move(source), *config.seed);
+}
+
+std::string describe_data_order(const DataConfig& config) {
+  if (!config.shuffle) return "data order: file order (data.shuffle false)";
+  AUTOSP_CHECK(config.seed.has_value(), "data.seed not resolved");
+  return str("data order: shuffled (seed ", *config.seed, ", a new permutation each epoch)");
+}
+
 // ---------------------------------------------------------------------------- --data
 
 namespace {

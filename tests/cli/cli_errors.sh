@@ -537,6 +537,16 @@ new_case data_eos_packs_a_flat_file && mutate json "$CASE/ds_config.json" 'c["da
     --config "$CASE/ds_config.json" --model "$CASE" --data "$CASE/tokens.bin" --seq-len 16 --steps 1 &&
   expect_stdout data_eos_packs_a_flat_file "documents (each ending at eos_token_id 3, packed)"
 
+new_case data_shuffle_not_bool && mutate json "$CASE/ds_config.json" 'c["data"] = {"shuffle": "yes"}' &&
+  train_case data_shuffle_not_bool "data.shuffle" "true or false"
+new_case data_seed_negative && mutate json "$CASE/ds_config.json" 'c["data"] = {"seed": -3}' &&
+  train_case data_seed_negative "data.seed" "an integer >= 0, got -3"
+# The default order is shuffled, seeded by the top-level seed, and said at start-up.
+new_case data_shuffled_by_default && mutate json "$CASE/ds_config.json" 'c["data"] = {}; c["seed"] = 8' &&
+  run_expect data_shuffled_by_default 0 -- "$AUTOSP" train \
+    --config "$CASE/ds_config.json" --model "$CASE" --data "$CASE/tokens.bin" --seq-len 16 --steps 1 &&
+  expect_stdout data_shuffled_by_default "data order: shuffled (seed 8, a new permutation each epoch)"
+
 # ---------------------------------------------------------------------------- model directories
 # A model as transformers 5 saved it (tests/fixtures/make_hf_fixtures.py): config.json with
 # rope_parameters, 10 F32 shards and model.safetensors.index.json; with the valid setup's

@@ -4,7 +4,7 @@
 Usage:
   /usr/bin/python3 tests/reference/llama_reference.py --out DIR
       [--tied 0|1] [--rope llama3|default] [--steps N] [--seed K] [--seq-len S] [--accum G]
-      [--eos ID]
+      [--eos ID] [--sample-order K0,K1,... --data-seed SEED]
 
 --seq-len and --accum (defaults 16 and 2) change S and the micro batches per step: a
 single device with accumulation G sees the samples that D data-parallel ranks with
@@ -17,6 +17,12 @@ hold several per sample), ds_config.json gets "data": {"eos_token_id": ID}, and 
 restarts position ids at each document start (a document cut by the sample's start
 continues its own count), gives a document's last token no label, and masks attention to
 the causal part of each token's own document.
+
+--sample-order K0,K1,... reads global sample g (the g-th sample the run reads, counted as
+below) from file sample K_g: the order autosp's shuffle gives (train::shuffled_sample,
+computed by the caller, not here), and ds_config.json gets "data": {"shuffle": true,
+"seed": SEED}. Without it, ds_config.json says "data": {"shuffle": false} and g reads file
+sample g mod the number of samples.
 
 Writes into DIR the files a user brings (DESIGN.md "Files users bring") and what autosp must
 reproduce from them:
@@ -81,6 +87,8 @@ DS_CONFIG = {
     "scheduler": {"type": "WarmupLR",
                   "params": {"warmup_min_lr": 0.0, "warmup_max_lr": 0.01,
                              "warmup_num_steps": 3, "warmup_type": "linear"}},
+    # File order, which micro_batch reads, unless --sample-order gives the shuffled one.
+    "data": {"shuffle": False},
 }
 
 
@@ -281,19 +289,29 @@ def forward(P, inputs, tied, rope, positions, docs):
 
 # ----------------------------------------------------------------------------------------
 # Data: sample k is tokens[k*S : k*S + S + 1], k taken modulo the number of whole samples.
-# Row j of micro batch m of optimizer step t on data-parallel rank r reads sample
-#   k = ((t * g + m) * dp_world + r) * b + j.
+# Row j of micro batch m of optimizer step t on data-parallel rank r reads global sample
+#   gs = ((t * g + m) * dp_world + r) * b + j,
+# which is file sample k = gs in file order, or SAMPLE_ORDER[gs] (--sample-order) shuffled.
 
 #
 # Packed (eos given): token eos ends its document. Position ids count from the document's
 # start in the stream; document ids count the documents of the sample from 0; a token that
 # ends a document (== eos) has label -100 (ignored).
 
+SAMPLE_ORDER = None  # --sample-order: the file sample of each global sample
+
+
 def micro_batch(tokens, t, m, eos):
     num_samples = (len(tokens) - 1) // S
     rows_in, rows_lab, rows_pos, rows_doc = [], [], [], []
     for j in range(MICRO_BATCH):
-        k = (((t * GRAD_ACCUM + m) * DP_WORLD + DP_RANK) * MICRO_BATCH + j) % num_samples
+        gs = ((t * GRAD_ACCUM + m) * DP_WORLD + DP_RANK) * MICRO_BATCH + j
+        if SAMPLE_ORDER is None:
+            k = gs % num_samples
+        else:
+            assert gs < len(SAMPLE_ORDER), f"--sample-order has {len(SAMPLE_ORDER)} samples, step {t} needs {gs + 1}"
+            k = SAMPLE_ORDER[gs]
+            assert 0 <= k < num_samples, f"--sample-order: {k} is not one of the {num_samples} samples"
         inputs = tokens[k * S: k * S + S]
         labels = tokens[k * S + 1: k * S + S + 1].clone()
         if eos is None:
@@ -358,7 +376,15 @@ def main():
     ap.add_argument("--seq-len", type=int, default=16)
     ap.add_argument("--accum", type=int, default=2)
     ap.add_argument("--eos", type=int, default=None, help="pack documents ended by this token id")
+    ap.add_argument("--sample-order", default=None,
+                    help="comma-separated file sample of each global sample (the shuffled order)")
+    ap.add_argument("--data-seed", type=int, default=None, help="data.seed that gave --sample-order")
     args = ap.parse_args()
+    assert (args.sample_order is None) == (args.data_seed is None), "--sample-order goes with --data-seed"
+    global SAMPLE_ORDER
+    if args.sample_order is not None:
+        SAMPLE_ORDER = [int(k) for k in args.sample_order.split(",")]
+        DS_CONFIG["data"] = {"shuffle": True, "seed": args.data_seed}
     assert args.eos is None or 0 <= args.eos < V
     assert args.steps >= 1 and args.seq_len >= 1 and args.accum >= 1
     global S, NUM_TOKENS, GRAD_ACCUM
@@ -378,7 +404,7 @@ def main():
     init = init_params(tied, gen)                                  # fp32
     tokens32 = torch.randint(0, V, (NUM_TOKENS,), generator=gen, dtype=torch.int64)
     if args.eos is not None:
-        DS_CONFIG["data"] = {"eos_token_id": args.eos}
+        DS_CONFIG["data"]["eos_token_id"] = args.eos
         tokens32[tokens32 == args.eos] = (args.eos + 1) % V
         # Sample 0's documents start at 4, 8 and 12: on every rank chunk boundary of S = 15
         # at SP 2 (chunks of 8) and SP 4 (chunks of 4); then documents of 1 to 2S tokens,

@@ -1,19 +1,22 @@
 // autosp against a float64 PyTorch reference of the same training run
 // (tests/reference/llama_reference.py): logits, loss and every parameter gradient at step
 // 0, then the loss, grad-norm and lr curve and the final parameters after N AdamW steps
-// with clipping and gradient accumulation, run through the real CLI. Also: resuming from a
-// checkpoint reproduces the uninterrupted run exactly.
+// with clipping and gradient accumulation, run through the real CLI; the same curve of a
+// shuffled run against the reference fed autosp's permutation. Also: resuming a shuffled
+// run from a checkpoint reproduces the uninterrupted run exactly.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <numeric>
 #include <nlohmann/json.hpp>
 
 #include "io/safetensors.h"
 #include "models/llama.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
+#include "train/data.h"
 #include "train/trainer.h"
 #include "testing/process.h"
 #include "testing/compare.h"
@@ -42,9 +45,10 @@ struct Reference {
   TempDir dir{"llama_ref"};
   std::map<std::string, io::HostTensor> expected;
 
-  Reference(int tied, const char* rope) {
+  // `extra`: more arguments for the script (--sample-order).
+  Reference(int tied, const char* rope, const std::string& extra = "") {
     auto r = run_command(str("/usr/bin/python3 ", testing::source_path("tests/reference/llama_reference.py"),
-                             " --out ", dir.path(), " --tied ", tied, " --rope ", rope, " --steps ", kSteps));
+                             " --out ", dir.path(), " --tied ", tied, " --rope ", rope, " --steps ", kSteps, extra));
     EXPECT_EQ(r.exit_code, 0) << r.output;
     expected = io::read_safetensors(dir / "expected.safetensors");
   }
@@ -179,8 +183,50 @@ INSTANTIATE_TEST_SUITE_P(TiedAndRope, LlamaReference,
                            return str(std::get<0>(info.param) ? "tied_" : "untied_", std::get<1>(info.param));
                          });
 
+// The script's tokens.bin holds 13 samples of S = 16; each step reads 4 (micro 2 x accumulation 2).
+constexpr int64_t kSamples = 13, kGlobalBatch = 4;
+
+// What the reference reads for a shuffled run with data.seed `seed`: autosp's own
+// permutation (train::shuffled_sample) of each epoch, for every global sample of kSteps steps.
+std::string sample_order(uint64_t seed) {
+  std::string order;
+  for (int64_t g = 0; g < kSteps * kGlobalBatch; ++g)
+    order += str(g ? "," : "", train::shuffled_sample(seed, g / kSamples, kSamples, g % kSamples));
+  return str(" --sample-order ", order, " --data-seed ", seed);
+}
+
+// 8 steps of 4 samples read 32 of the 13: epochs 0 and 1 whole and 6 samples of epoch 2,
+// each in its own order, so a wrong epoch, seed or mapping moves the curve.
+TEST(ShuffledReference, LossCurveEqualsTheReferenceFedTheSamePermutation) {
+  constexpr uint64_t kDataSeed = 5;
+  Reference ref(0, "llama3", sample_order(kDataSeed));
+  ASSERT_EQ(train::TokenFileSource(ref.dir / "tokens.bin", 67).num_samples(kSeqLen), kSamples);
+  std::vector<int64_t> epoch0;
+  for (int64_t i = 0; i < kSamples; ++i) epoch0.push_back(train::shuffled_sample(kDataSeed, 0, kSamples, i));
+  std::vector<int64_t> identity(kSamples);
+  std::iota(identity.begin(), identity.end(), 0);
+  ASSERT_NE(epoch0, identity);
+  auto r = run_command(train_command(ref, str("--steps ", kSteps, " --metrics ", ref.dir / "m.jsonl")));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("data order: shuffled (seed 5, a new permutation each epoch)"), std::string::npos)
+      << r.output;
+  const auto metrics = read_metrics(ref.dir / "m.jsonl");
+  ASSERT_EQ(metrics.size(), size_t(kSteps));
+  double worst_loss = 0, worst_norm = 0;
+  for (int t = 0; t < kSteps; ++t) {
+    SCOPED_TRACE(str("step ", t));
+    // The tolerances of LossCurveAndFinalParametersThroughTheCli: the same model and steps.
+    EXPECT_NEAR(metrics[t]["loss"].get<double>(), ref.get("loss")[t], 1e-6 * std::abs(ref.get("loss")[t]));
+    EXPECT_NEAR(metrics[t]["grad_norm"].get<double>(), ref.get("grad_norm")[t], 2e-6 * ref.get("grad_norm")[t]);
+    worst_loss = std::max(worst_loss, std::abs(metrics[t]["loss"].get<double>() / ref.get("loss")[t] - 1));
+    worst_norm = std::max(worst_norm, std::abs(metrics[t]["grad_norm"].get<double>() / ref.get("grad_norm")[t] - 1));
+  }
+  std::printf("shuffled (data.seed %llu), %d steps vs float64: loss rel %.2e, grad norm rel %.2e\n",
+              (unsigned long long)kDataSeed, kSteps, worst_loss, worst_norm);
+}
+
 TEST(Resume, ContinuesWithExactlyTheUninterruptedLossCurve) {
-  Reference ref(0, "llama3");
+  Reference ref(0, "llama3", sample_order(3));  // shuffled, crossing epochs at steps 4 and 7
   auto full = run_command(train_command(ref, str("--steps ", kSteps, " --metrics ", ref.dir / "full.jsonl")));
   ASSERT_EQ(full.exit_code, 0) << full.output;
   auto first = run_command(train_command(ref, str("--steps 5 --save ", ref.dir / "ckpt", " --metrics ",
@@ -197,6 +243,7 @@ TEST(Resume, ContinuesWithExactlyTheUninterruptedLossCurve) {
   b.insert(b.end(), c.begin(), c.end());
   for (int t = 0; t < kSteps; ++t) {
     // Bitwise: the same kernels on the same data in the same order.
+    EXPECT_EQ(a[t]["consumed_samples"], b[t]["consumed_samples"]);
     EXPECT_EQ(a[t]["step"], b[t]["step"]);
     EXPECT_EQ(a[t]["loss"].get<double>(), b[t]["loss"].get<double>()) << "step " << t + 1;
     EXPECT_EQ(a[t]["grad_norm"].get<double>(), b[t]["grad_norm"].get<double>()) << "step " << t + 1;

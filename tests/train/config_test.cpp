@@ -304,6 +304,23 @@ TEST(TrainConfig, DataSectionPackAndEosTokenId) {
   EXPECT_EQ(parse(R"({"data": {}})").data.pack, std::nullopt);
 }
 
+TEST(TrainConfig, DataSectionShuffleAndSeed) {
+  // Shuffled by default; data.seed absent until run_train gives it the top-level seed.
+  const TrainConfig none = parse(R"({"seed": 7})");
+  EXPECT_TRUE(none.data.shuffle);
+  EXPECT_FALSE(none.data.seed.has_value());
+  EXPECT_EQ(none.seed, 7u);
+  const TrainConfig c = parse(R"({"data": {"shuffle": false, "seed": 0}})");
+  EXPECT_FALSE(c.data.shuffle);
+  EXPECT_EQ(c.data.seed, std::optional<uint64_t>(0));
+  EXPECT_EQ(parse(R"({"data": {"seed": 9223372036854775807}})").data.seed,
+            std::optional<uint64_t>(9223372036854775807ULL));
+  EXPECT_PARSE_ERROR(R"({"data": {"shuffle": 1}})", "data.shuffle", "expected true or false, got 1");
+  EXPECT_PARSE_ERROR(R"({"data": {"seed": -1}})", "data.seed", "an integer >= 0, got -1");
+  EXPECT_PARSE_ERROR(R"({"data": {"seed": "42"}})", "data.seed", "an integer >= 0");
+  EXPECT_PARSE_ERROR(R"({"data": {"seed": 18446744073709551615}})", "data.seed");
+}
+
 TEST(TrainConfig, DataSectionBadValuesNameTheKey) {
   EXPECT_PARSE_ERROR(R"({"data": true})", "config.json: data: expected an object, got true");
   EXPECT_PARSE_ERROR(R"({"data": {"pack": 1}})", "data.pack", "expected true or false, got 1");

@@ -1,7 +1,8 @@
 // Packed data sources (train/data.h): positions, document ids and labels of samples over
 // a Megatron indexed dataset and a flat token file with an eos_token_id, against samples
 // written out by hand and against a naive reference over the whole stream; pack false; and
-// what --data's path resolves to (open_data_source).
+// what --data's path resolves to (open_data_source); the shuffled sample order
+// (shuffled_sample, ShuffledSource, order_samples).
 #include "train/data.h"
 
 #include <gtest/gtest.h>
@@ -338,6 +339,90 @@ TEST_F(OpenDataSourceTest, ErrorsNameTheKeyOrTheFile) {
   std::ofstream(prefix + ".idx") << "not an index, but long enough to hold a header";
   expect_contains(user_error_of([&] { open_data_source(prefix, 100, DataConfig{}, "ds.json"); }),
                   {prefix + ".idx", "magic"});
+}
+
+
+// ---------------------------------------------------------------------------- sample order
+
+// shuffled_sample(seed, epoch, n, .) for i in [0, n).
+std::vector<int64_t> permutation(uint64_t seed, int64_t epoch, int64_t n) {
+  std::vector<int64_t> p(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) p[i] = shuffled_sample(seed, epoch, n, i);
+  return p;
+}
+
+TEST(ShuffledSample, IsABijectionOfEveryN) {
+  // 1 and 2 are the smallest domains (one Feistel half of 1 bit, 4 values walked down to n),
+  // 7 and 4097 walk from 16 and 16384 values, 1000 and 4096 = 4^6 not at all.
+  for (int64_t n : {1, 2, 3, 7, 1000, 4096, 4097}) {
+    for (uint64_t seed : {0ULL, 42ULL, 0xffffffffffffULL}) {
+      for (int64_t epoch : {0, 1, 17}) {
+        std::vector<int64_t> p = permutation(seed, epoch, n);
+        std::vector<bool> seen(static_cast<size_t>(n), false);
+        for (int64_t k : p) {
+          ASSERT_TRUE(k >= 0 && k < n) << "n " << n << " seed " << seed << " epoch " << epoch << ": " << k;
+          ASSERT_FALSE(seen[k]) << "n " << n << " seed " << seed << " epoch " << epoch << ": " << k << " twice";
+          seen[k] = true;
+        }
+      }
+    }
+  }
+}
+
+TEST(ShuffledSample, IsAPureFunctionThatDiffersBetweenEpochsAndSeeds) {
+  for (int64_t n : {7, 1000, 4097}) {
+    const std::vector<int64_t> p = permutation(42, 3, n);
+    EXPECT_EQ(p, permutation(42, 3, n)) << n;
+    EXPECT_NE(p, permutation(42, 4, n)) << n;
+    EXPECT_NE(p, permutation(43, 3, n)) << n;
+    std::vector<int64_t> identity(static_cast<size_t>(n));
+    std::iota(identity.begin(), identity.end(), 0);
+    EXPECT_NE(p, identity) << n;
+  }
+  // Not merely different: two epochs of 1000 share about one fixed point of each other
+  // (n * 1/n), and a permutation moves all but about one sample.
+  const std::vector<int64_t> a = permutation(42, 0, 1000), b = permutation(42, 1, 1000);
+  int same = 0, fixed = 0;
+  for (int64_t i = 0; i < 1000; ++i) {
+    same += a[i] == b[i];
+    fixed += a[i] == i;
+  }
+  EXPECT_LE(same, 8);
+  EXPECT_LE(fixed, 8);
+  // The largest n the index arithmetic allows still maps into range.
+  const int64_t huge = int64_t{1} << 62;
+  for (int64_t i : {int64_t{0}, huge / 3, huge - 1}) {
+    const int64_t k = shuffled_sample(7, 1, huge, i);
+    EXPECT_TRUE(k >= 0 && k < huge) << k;
+  }
+}
+
+TEST_F(EosPackingTest, AShuffledSampleKeepsItsTokensAndLayout) {
+  // eos = 0, S = 3: 16 tokens, 5 samples with documents cut by their starts and ends.
+  const std::string path = file({5, 6, 0, 7, 0, 8, 9, 10, 0, 11, 12, 13, 14, 0, 15, 16});
+  DataConfig config;
+  config.eos_token_id = 0;
+  config.seed = 9;
+  const auto in_order = open_data_source(path, 100, config, "ds.json");
+  const auto shuffled = order_samples(open_data_source(path, 100, config, "ds.json"), config);
+  ASSERT_EQ(shuffled->num_samples(3), 5);
+  EXPECT_TRUE(shuffled->packed());
+  EXPECT_EQ(shuffled->fingerprint(), in_order->fingerprint());
+  // Three epochs: global sample g is file sample perm_e(g mod 5), each epoch all five.
+  std::vector<int64_t> order;
+  for (int64_t g = 0; g < 15; ++g) {
+    const int64_t k = shuffled_sample(9, g / 5, 5, g % 5);
+    order.push_back(k);
+    expect_sample(read(*shuffled, g, 3), read(*in_order, k, 3), str("global sample ", g, " = file sample ", k));
+  }
+  EXPECT_NE(std::vector<int64_t>(order.begin(), order.begin() + 5), std::vector<int64_t>(order.begin() + 5, order.begin() + 10));
+  // data.shuffle false: the source itself, in file order.
+  config.shuffle = false;
+  EXPECT_EQ(describe_data_order(config), "data order: file order (data.shuffle false)");
+  const auto plain = order_samples(open_data_source(path, 100, config, "ds.json"), config);
+  EXPECT_NE(dynamic_cast<const TokenFileSource*>(plain.get()), nullptr);
+  config.shuffle = true;
+  EXPECT_EQ(describe_data_order(config), "data order: shuffled (seed 9, a new permutation each epoch)");
 }
 
 }  // namespace
