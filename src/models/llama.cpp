@@ -325,42 +325,6 @@ json llama_config_json(const LlamaConfig& c) {
   return j;
 }
 
-json llama_saved_config_json(const LlamaConfig& c) {
-  if (c.hf_config_text.empty()) return llama_config_json(c);
-  // Parsed before, by parse_llama_config: valid, and the model it describes is c's.
-  json j = json::parse(c.hf_config_text);
-  bool spelled = false;
-  for (const char* key : {"dtype", "torch_dtype"})
-    if (j.contains(key)) {
-      j[key] = "float32";
-      spelled = true;
-    }
-  if (!spelled) j["torch_dtype"] = "float32";
-  // transformers 4 does not read rope_parameters (it would load the model with theta 10000
-  // and no scaling, without a word): the rope settings are added in its form too, with the
-  // same JSON values, which transformers 5 reads as the same model (parse_llama_config
-  // checks that the two forms agree).
-  if (const auto p = j.find("rope_parameters"); p != j.end() && p->is_object()) {
-    if (p->contains("rope_theta") && !j.contains("rope_theta")) j["rope_theta"] = (*p)["rope_theta"];
-    if (c.rope.rope_type == "llama3" && (!j.contains("rope_scaling") || j["rope_scaling"].is_null())) {
-      json scaling = {{"rope_type", "llama3"}};
-      for (const char* key : {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"})
-        scaling[key] = (*p)[key];
-      j["rope_scaling"] = scaling;
-    }
-  }
-  if (!j.contains("architectures") || j["architectures"].is_null()) j["architectures"] = {"LlamaForCausalLM"};
-  if (!j.contains("model_type")) j["model_type"] = "llama";
-  return j;
-}
-
-const std::vector<std::string>& llama_companion_files() {
-  static const std::vector<std::string> files = {
-      "generation_config.json", "tokenizer.json",  "tokenizer_config.json", "special_tokens_map.json",
-      "tokenizer.model",        "added_tokens.json", "chat_template.jinja",  "chat_template.json"};
-  return files;
-}
-
 std::vector<ParameterSpec> llama_parameters(const LlamaConfig& c) {
   const int64_t H = c.hidden_size, F = c.intermediate_size, D = c.head_dim;
   const int64_t NH = c.num_attention_heads, NKV = c.num_key_value_heads;

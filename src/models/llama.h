@@ -24,10 +24,9 @@ struct LlamaConfig {
   // config.json's "dtype" (or "torch_dtype"): what the weights were saved as ("" if not
   // given). autosp computes in fp32 on CPU whatever it says.
   std::string torch_dtype;
-  // Where the config came from, so that a checkpoint is the model directory it was given,
-  // trained: config.json as given (its JSON text; "" for a config made in code) and the
-  // directory it was read from ("" for parse_llama_config), whose generation config and
-  // tokenizer files a checkpoint copies.
+  // Where the config came from: config.json as given (its JSON text; "" for a config made
+  // in code) and the directory it was read from ("" for parse_llama_config), so that what
+  // is saved of a trained model can keep the user's keys and the directory's other files.
   std::string hf_config_text, source_dir;
 };
 
@@ -45,20 +44,6 @@ LlamaConfig load_llama_config(const std::string& path, std::vector<std::string>*
 // The model as autosp understands it, in config.json's (transformers 4) form: equal for two
 // configs exactly when they describe the same model, whichever form and extra keys each has.
 nlohmann::json llama_config_json(const LlamaConfig& config);
-// The config.json a checkpoint holds: the given one (hf_config_text) with every key and
-// each value's JSON type kept, but for what saving changes: the dtype ("dtype" and/or
-// "torch_dtype", as the input spelled it) becomes "float32", which the weights are saved
-// as; "architectures" and "model_type" are added where missing (AutoConfig needs them); a
-// config with rope settings only in rope_parameters (transformers 5) gets them in the
-// transformers-4 keys too (rope_theta, rope_scaling), which transformers 4 reads instead.
-// Without hf_config_text, llama_config_json.
-nlohmann::json llama_saved_config_json(const LlamaConfig& config);
-
-// The files of a Hugging Face model directory beside config.json and the weights that a
-// checkpoint carries over unchanged, so that it is a model directory `pipeline()` or a
-// serving engine takes: the generation config and the tokenizer's files.
-const std::vector<std::string>& llama_companion_files();
-
 struct ParameterSpec {
   std::string name;  // Hugging Face tensor name
   Shape shape;

@@ -204,13 +204,59 @@ void fsync_dir(const fs::path& dir) {
   ::close(fd);
 }
 
+// The config.json a checkpoint holds: the given one (hf_config_text) with every key and
+// each value's JSON type kept, but for what saving changes: the dtype ("dtype" and/or
+// "torch_dtype", as the input spelled it) becomes "float32", which the weights are saved
+// as; "architectures" and "model_type" are added where missing (AutoConfig needs them); a
+// config with rope settings only in rope_parameters (transformers 5) gets them in the
+// transformers-4 keys too (rope_theta, rope_scaling), which transformers 4 reads instead.
+// Without hf_config_text, models::llama_config_json.
+json saved_config_json(const models::LlamaConfig& c) {
+  if (c.hf_config_text.empty()) return models::llama_config_json(c);
+  // Parsed before, by parse_llama_config: valid, and the model it describes is c's.
+  json j = json::parse(c.hf_config_text);
+  bool spelled = false;
+  for (const char* key : {"dtype", "torch_dtype"})
+    if (j.contains(key)) {
+      j[key] = "float32";
+      spelled = true;
+    }
+  if (!spelled) j["torch_dtype"] = "float32";
+  // transformers 4 does not read rope_parameters (it would load the model with theta 10000
+  // and no scaling, without a word): the rope settings are added in its form too, with the
+  // same JSON values, which transformers 5 reads as the same model (parse_llama_config
+  // checks that the two forms agree).
+  if (const auto p = j.find("rope_parameters"); p != j.end() && p->is_object()) {
+    if (p->contains("rope_theta") && !j.contains("rope_theta")) j["rope_theta"] = (*p)["rope_theta"];
+    if (c.rope.rope_type == "llama3" && (!j.contains("rope_scaling") || j["rope_scaling"].is_null())) {
+      json scaling = {{"rope_type", "llama3"}};
+      for (const char* key : {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"})
+        scaling[key] = (*p)[key];
+      j["rope_scaling"] = scaling;
+    }
+  }
+  if (!j.contains("architectures") || j["architectures"].is_null()) j["architectures"] = {"LlamaForCausalLM"};
+  if (!j.contains("model_type")) j["model_type"] = "llama";
+  return j;
+}
+
+// The files of a Hugging Face model directory beside config.json and the weights that a
+// checkpoint carries over unchanged, so that it is a model directory `pipeline()` or a
+// serving engine takes: the generation config and the tokenizer's files.
+const std::vector<std::string>& companion_files() {
+  static const std::vector<std::string> files = {
+      "generation_config.json", "tokenizer.json",  "tokenizer_config.json", "special_tokens_map.json",
+      "tokenizer.model",        "added_tokens.json", "chat_template.jinja",  "chat_template.json"};
+  return files;
+}
+
 // The files beside the tensor files, manifest.json last (it vouches for everything).
 void write_other_files(const fs::path& dir, const models::LlamaConfig& model, const ModelState& state,
                        const CheckpointInfo& info) {
-  write_file_atomic((dir / "config.json").string(), models::llama_saved_config_json(model).dump(2) + "\n");
+  write_file_atomic((dir / "config.json").string(), saved_config_json(model).dump(2) + "\n");
   // The model directory's generation config and tokenizer, so that the checkpoint is one too.
   if (!model.source_dir.empty())
-    for (const std::string& name : models::llama_companion_files()) {
+    for (const std::string& name : companion_files()) {
       const fs::path from = fs::path(model.source_dir) / name;
       std::error_code ec;
       if (!fs::is_regular_file(from, ec)) continue;
@@ -294,7 +340,7 @@ void remove_stale_scratch(const std::string& dir, const fs::path& parent, const 
 }  // namespace
 
 bool is_checkpoint_file(const std::string& name) {
-  const std::vector<std::string>& companions = models::llama_companion_files();
+  const std::vector<std::string>& companions = companion_files();
   return std::find(std::begin(kFiles), std::end(kFiles), name) != std::end(kFiles) ||
          std::find(companions.begin(), companions.end(), name) != companions.end();
 }

@@ -1,6 +1,6 @@
 // Checkpoints: a directory that Hugging Face can load (config.json + model.safetensors, and
 // the model directory's generation config and tokenizer files, copied; config.json is the
-// given one with its keys and JSON types kept, models::llama_saved_config_json),
+// given one with its keys and JSON types kept),
 // plus autosp's optimizer state (optimizer.safetensors), trainer_state.json (step, data
 // position, batch layout, seed, sequence length, the data file's fingerprint) and, written
 // last, manifest.json (every other file's size and checksum; verified on load).
