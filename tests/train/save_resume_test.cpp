@@ -230,17 +230,19 @@ class RecordingSource final : public train::DataSource {
   mutable std::vector<int64_t> read;
 };
 
+// A one-rank config with this batch layout (micro batch x accumulation steps).
+train::TrainConfig batch_config(int micro, int accum) {
+  train::TrainConfig c;
+  c.train_micro_batch_size_per_gpu = micro;
+  c.gradient_accumulation_steps = accum;
+  train::resolve_batch(c, 1, "test");
+  return c;
+}
+
 TEST(Trainer, EachStepReadsTheSamplesAfterTheConsumedOnesWhateverTheBatchLayout) {
   const models::LlamaConfig model = testing::tiny_llama(1, 7);
-  auto config = [](int micro, int accum) {
-    train::TrainConfig c;
-    c.train_micro_batch_size_per_gpu = micro;
-    c.gradient_accumulation_steps = accum;
-    train::resolve_batch(c, 1, "test");
-    return c;
-  };
   RecordingSource data;
-  train::Trainer a(model, config(2, 1), 6, train::ModelState::initial(model, 3));
+  train::Trainer a(model, batch_config(2, 1), 6, train::ModelState::initial(model, 3));
   a.train_step(data);
   a.train_step(data);
   EXPECT_EQ(data.read, (std::vector<int64_t>{0, 1, 2, 3}));
@@ -248,7 +250,7 @@ TEST(Trainer, EachStepReadsTheSamplesAfterTheConsumedOnesWhateverTheBatchLayout)
 
   // Resumed with global batch 3 (micro 1 x accumulation 3): samples 4, 5, 6, then 7, 8, 9.
   data.read.clear();
-  train::Trainer b(model, config(1, 3), 6, a.state());
+  train::Trainer b(model, batch_config(1, 3), 6, a.state());
   train::StepStats s = b.train_step(data);
   EXPECT_EQ(s.first_sample, 4);
   EXPECT_EQ(s.consumed_samples, 7);
@@ -258,13 +260,6 @@ TEST(Trainer, EachStepReadsTheSamplesAfterTheConsumedOnesWhateverTheBatchLayout)
 
 TEST(Trainer, AShuffledRunReadsEachEpochsPermutationInOrderWhateverTheBatchLayout) {
   const models::LlamaConfig model = testing::tiny_llama(1, 7);
-  auto config = [](int micro, int accum) {
-    train::TrainConfig c;
-    c.train_micro_batch_size_per_gpu = micro;
-    c.gradient_accumulation_steps = accum;
-    train::resolve_batch(c, 1, "test");
-    return c;
-  };
   auto inner = std::make_unique<RecordingSource>();
   inner->samples = 5;
   RecordingSource& file = *inner;
@@ -272,10 +267,10 @@ TEST(Trainer, AShuffledRunReadsEachEpochsPermutationInOrderWhateverTheBatchLayou
   order.seed = 11;
   const std::unique_ptr<train::DataSource> data = train::order_samples(std::move(inner), order);
   // Steps of 2, then of 3 (a resume at another layout): 10 samples, two whole epochs of 5.
-  train::Trainer a(model, config(2, 1), 6, train::ModelState::initial(model, 3));
+  train::Trainer a(model, batch_config(2, 1), 6, train::ModelState::initial(model, 3));
   a.train_step(*data);
   a.train_step(*data);
-  train::Trainer b(model, config(1, 3), 6, a.state());
+  train::Trainer b(model, batch_config(1, 3), 6, a.state());
   b.train_step(*data);
   b.train_step(*data);
   std::vector<int64_t> want;
@@ -337,8 +332,9 @@ TEST(Resume, AShuffledRunResumedAtAnyWorldSizeReadsTheUninterruptedSequence) {
     if (t < 3) continue;
     EXPECT_EQ(one[t - 3]["consumed_samples"], full[t]["consumed_samples"]);
     // One rank sums the same rows in another order: observed relative differences at most
-    // 3.0e-8; 1e-5 leaves room for other BLAS blockings.
-    EXPECT_NEAR(one[t - 3]["loss"].get<double>(), full[t]["loss"].get<double>(), 1e-5 * full[t]["loss"].get<double>());
+    // 3.0e-8. 1e-6 (the Llama reference tests' loss tolerance) leaves 30x for other BLAS
+    // blockings and is still far below what another sample's loss would differ by.
+    EXPECT_NEAR(one[t - 3]["loss"].get<double>(), full[t]["loss"].get<double>(), 1e-6 * full[t]["loss"].get<double>());
   }
   // Another seed, or file order, on the same data would read the rest of the epoch wrongly:
   // refused, naming both orders, unless --allow-new-data.
