@@ -333,7 +333,7 @@ int run_demo(const TrainArgs& args, std::optional<uint64_t> seed, const Launch& 
   MetricsWriter metrics;
   on_lead(launch, *groups.world, [&] {
     std::vector<std::string> warnings;
-    if (!args.save.empty()) target.emplace(args.save, &warnings);
+    if (!args.save.empty()) target.emplace(args.save, &warnings, config.max_shard_bytes);
     if (!args.metrics.empty()) metrics = MetricsWriter(args.metrics, std::nullopt);
     warn_all(launch, warnings);
   });
@@ -597,7 +597,7 @@ int run_train(const TrainArgs& args, MpiRuntime* mpi) {
   MetricsWriter metrics;
   on_lead(launch, *groups.world, [&] {
     std::vector<std::string> notes;
-    if (!args.save.empty()) target.emplace(args.save, &notes);
+    if (!args.save.empty()) target.emplace(args.save, &notes, config.max_shard_bytes);
     if (!args.metrics.empty())
       metrics = MetricsWriter(args.metrics, ckpt ? std::optional<int64_t>(state.step) : std::nullopt);
     warn_all(launch, notes);

@@ -1,6 +1,8 @@
 #include "io/model_weights.h"
 
 #include <algorithm>
+#include <cctype>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -203,6 +205,99 @@ void ModelWeights::read(const std::string& name, int64_t begin, int64_t n, float
   auto it = file_of_.find(name);
   AUTOSP_CHECK(it != file_of_.end(), path_, ": no tensor ", name);
   files_[it->second].read(name, begin, n, out);
+}
+
+FileDType ModelWeights::dtype(const std::string& name) const {
+  auto it = file_of_.find(name);
+  AUTOSP_CHECK(it != file_of_.end(), path_, ": no tensor ", name);
+  return files_[it->second].dtype(name);
+}
+
+WeightShards plan_weight_shards(const std::vector<int64_t>& tensor_bytes, int64_t max_shard_bytes) {
+  AUTOSP_CHECK(max_shard_bytes > 0, "max_shard_bytes ", max_shard_bytes);
+  std::vector<size_t> shard_of(tensor_bytes.size());
+  size_t shards = 0;            // closed shards and tensors of their own, numbered in list order
+  std::vector<size_t> open;     // the tensors of the shard being filled (not numbered yet)
+  int64_t open_bytes = 0;
+  const auto close = [&] {
+    for (size_t j : open) shard_of[j] = shards;
+    shards += open.empty() ? 0 : 1;
+    open.clear();
+    open_bytes = 0;
+  };
+  for (size_t i = 0; i < tensor_bytes.size(); ++i) {
+    const int64_t bytes = tensor_bytes[i];
+    if (bytes > max_shard_bytes) {  // a shard of its own, listed at once (before the open one)
+      shard_of[i] = shards++;
+      continue;
+    }
+    if (open_bytes + bytes > max_shard_bytes) close();
+    open.push_back(i);
+    open_bytes += bytes;
+  }
+  close();
+  WeightShards plan;
+  plan.file_of = shard_of;
+  if (shards <= 1) {
+    plan.files = {kSingle};
+    std::fill(plan.file_of.begin(), plan.file_of.end(), 0);
+    return plan;
+  }
+  for (size_t k = 0; k < shards; ++k) {
+    char name[64];
+    std::snprintf(name, sizeof(name), "model-%05zu-of-%05zu.safetensors", k + 1, shards);
+    plan.files.push_back(name);
+  }
+  return plan;
+}
+
+std::string weights_index_json(const std::map<std::string, std::string>& weight_map, int64_t total_parameters,
+                               int64_t total_bytes) {
+  // nlohmann::json keeps object keys sorted, as json.dumps(sort_keys=True) writes them.
+  const json index = {{"metadata", {{"total_parameters", total_parameters}, {"total_size", total_bytes}}},
+                      {"weight_map", weight_map}};
+  return index.dump(2) + "\n";
+}
+
+int64_t parse_shard_size(const json& value, const std::string& what) {
+  constexpr int64_t kMax = int64_t{1} << 62;
+  const auto in_range = [&](double bytes, const std::string& given) {
+    if (!(bytes >= 1) || bytes > double(kMax))
+      user_error(what, ": ", given, " is out of range (a shard holds at least 1 byte and at most 2^62)");
+    return static_cast<int64_t>(bytes);
+  };
+  if (value.is_number_integer() || value.is_number_unsigned()) {
+    if (value.is_number_unsigned() ? value.get<uint64_t>() > uint64_t(kMax) : value.get<int64_t>() < 1)
+      in_range(-1, value.dump());
+    return value.get<int64_t>();
+  }
+  if (!value.is_string())
+    user_error(what, ": expected a size such as \"5GB\" or \"500MiB\" (or a number of bytes), got ", value.dump());
+  const std::string text = value.get<std::string>();
+  static const std::pair<const char*, double> kUnits[] = {
+      {"kib", 1024.0}, {"mib", 1024.0 * 1024}, {"gib", 1024.0 * 1024 * 1024}, {"tib", 1024.0 * 1024 * 1024 * 1024},
+      {"kb", 1e3},     {"mb", 1e6},            {"gb", 1e9},                    {"tb", 1e12}};
+  std::string lower;
+  for (char ch : text) lower += static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  for (const auto& [unit, scale] : kUnits) {
+    if (!lower.ends_with(unit)) continue;
+    const std::string number = lower.substr(0, lower.size() - std::strlen(unit));
+    size_t used = 0;
+    double v = 0;
+    try {
+      v = std::stod(number, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    // Digits only (no "inf", "nan", hex or exponent): a size as a person writes it.
+    const bool plain = !number.empty() && number.find_first_not_of("0123456789. ") == std::string::npos;
+    if (used == 0 || !plain || number.find_first_not_of(' ', used) != std::string::npos)
+      user_error(what, ": \"", text, "\" is not a size: expected a number before the unit, as in \"5GB\"");
+    // huggingface_hub truncates value * unit to bytes, as this does.
+    return in_range(v * scale, str("\"", text, "\""));
+  }
+  user_error(what, ": \"", text, "\" has no unit: expected KB, MB, GB, TB (powers of 1000) or KiB, MiB, GiB, TiB, "
+             "as in \"5GB\" (or a JSON number of bytes)");
 }
 
 }  // namespace autosp::io

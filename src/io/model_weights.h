@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "io/safetensors.h"
 
 namespace autosp::io {
@@ -44,6 +46,7 @@ class ModelWeights {
   void expect(const std::string& name, const std::vector<int64_t>& shape) const;
   // Elements [begin, begin + n) of tensor `name` (row-major) as fp32.
   void read(const std::string& name, int64_t begin, int64_t n, float* out) const;
+  FileDType dtype(const std::string& name) const;  // as stored (internal check: present)
 
  private:
   std::string path_;
@@ -51,5 +54,34 @@ class ModelWeights {
   std::map<std::string, size_t> file_of_;  // tensor name -> index into files_
   std::vector<std::string> unlisted_;      // safetensors files beside the index it does not name
 };
+
+// Writing a model directory's weights as save_pretrained does.
+//
+// transformers' default max_shard_size (5.x; 4.x wrote "5GB").
+constexpr int64_t kDefaultMaxShardBytes = 50'000'000'000;
+
+// Which file each tensor goes to, given each one's stored size in bytes, in order:
+// huggingface_hub's split_state_dict_into_shards, so the same model sharded by the same
+// limit gives the same files. Tensors are taken in order; one that would take the current
+// shard past `max_shard_bytes` starts a new one, and one larger than the limit by itself
+// gets a shard of its own. One shard is "model.safetensors" (no index); N shards are
+// "model-0000K-of-0000N.safetensors".
+struct WeightShards {
+  std::vector<std::string> files;
+  std::vector<size_t> file_of;  // tensor -> index into files
+  bool indexed() const { return files.size() > 1; }
+};
+WeightShards plan_weight_shards(const std::vector<int64_t>& tensor_bytes, int64_t max_shard_bytes);
+
+// model.safetensors.index.json as save_pretrained writes it (keys sorted, indent 2):
+// {"metadata": {"total_parameters": P, "total_size": BYTES}, "weight_map": {NAME: FILE}}.
+std::string weights_index_json(const std::map<std::string, std::string>& weight_map, int64_t total_parameters,
+                               int64_t total_bytes);
+
+// A size as transformers' max_shard_size takes it: a number of bytes, or a string with a
+// unit, KB/MB/GB/TB (powers of 1000, as huggingface_hub's parse_size_to_int) or
+// KiB/MiB/GiB/TiB (powers of 1024), in any case ("5GB", "500MiB", "1.5gb"). Anything else, and
+// sizes below one byte or above 2^62, a UserError naming `what`.
+int64_t parse_shard_size(const nlohmann::json& value, const std::string& what);
 
 }  // namespace autosp::io

@@ -22,6 +22,11 @@ static_assert(std::endian::native == std::endian::little,
               "safetensors I/O assumes a little-endian host");
 static_assert(sizeof(float) == 4 && std::numeric_limits<float>::is_iec559);
 
+size_t item_size(FileDType d) { return d == FileDType::F32 ? 4 : 2; }
+const char* dtype_name(FileDType d) {
+  return d == FileDType::F32 ? "F32" : d == FileDType::BF16 ? "BF16" : "F16";
+}
+
 namespace {
 
 using json = nlohmann::json;
@@ -31,7 +36,7 @@ constexpr uint64_t kMaxHeaderBytes = 100'000'000;
 // Root object, tensor entry, shape array: 3 levels; a little slack for metadata writers.
 constexpr int kMaxHeaderDepth = 8;
 
-enum class DType { F32, BF16, F16 };
+using DType = FileDType;
 
 struct Entry {
   std::string name;
@@ -41,10 +46,6 @@ struct Entry {
   uint64_t begin, end;  // in the data buffer
 };
 
-size_t item_size(DType d) { return d == DType::F32 ? 4 : 2; }
-const char* dtype_name(DType d) {
-  return d == DType::F32 ? "F32" : d == DType::BF16 ? "BF16" : "F16";
-}
 
 // A JSON integer as a non-negative int64, or nullopt (negative, too big, not an integer).
 std::optional<int64_t> non_negative_int(const json& v) {
@@ -168,6 +169,33 @@ float f16_to_float(uint16_t bits) {
   // zero or subnormal: mant * 2^-24, exact in fp32
   float magnitude = std::ldexp(static_cast<float>(mant), -24);
   return sign ? -magnitude : magnitude;
+}
+
+uint16_t float_to_bf16(float x) {
+  const uint32_t bits = std::bit_cast<uint32_t>(x);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x0040u);  // NaN, quieted
+  // Adding 0x7fff rounds the dropped half up when it is above one half; the kept LSB adds
+  // the last 1 on an exact half (ties to even). A carry into the exponent is the correct
+  // rounding (to the next binade, or to inf).
+  return static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+}
+
+uint16_t float_to_f16(float x) {
+  const uint32_t bits = std::bit_cast<uint32_t>(x);
+  const uint16_t sign = static_cast<uint16_t>((bits >> 16) & 0x8000u);
+  const uint32_t abs = bits & 0x7fffffffu;
+  if (abs > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u | ((abs >> 13) & 0x3ffu));  // NaN, quieted
+  if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds to >= 65520: inf
+  if (abs < 0x38800000u) {  // below 2^-14: an f16 subnormal (or zero), in units of 2^-24
+    // |x| * 2^24 rounded to an integer, to nearest even: exact in fp32 arithmetic, since
+    // the scaling is by a power of two and rint rounds once.
+    const float scaled = std::bit_cast<float>(abs) * 0x1p24f;
+    return static_cast<uint16_t>(sign | static_cast<uint16_t>(std::nearbyint(scaled)));
+  }
+  // Normal: rebias 127 -> 15 and drop 13 mantissa bits, to nearest even; a carry into the
+  // exponent is again the correct rounding.
+  const uint32_t rebiased = abs - (112u << 23);
+  return static_cast<uint16_t>(sign | ((rebiased + 0xfffu + ((rebiased >> 13) & 1u)) >> 13));
 }
 
 std::string shape_string(const std::vector<int64_t>& shape) {
@@ -312,6 +340,14 @@ void SafetensorsReader::read(const std::string& name, int64_t begin, int64_t n, 
     read_16bit(impl_->file, at, e.dtype, out, n);
 }
 
+FileDType SafetensorsReader::dtype(const std::string& name) const {
+  auto it = impl_->entries.find(name);
+  AUTOSP_CHECK(it != impl_->entries.end(), impl_->path, ": no tensor ", name);
+  return it->second.dtype;
+}
+
+bool SafetensorsReader::contains(const std::string& name) const { return impl_->entries.count(name) > 0; }
+
 std::map<std::string, HostTensor> read_safetensors(const std::string& path,
                                                    std::map<std::string, std::string>* metadata) {
   SafetensorsReader reader(path);
@@ -326,13 +362,12 @@ std::map<std::string, HostTensor> read_safetensors(const std::string& path,
   return tensors;
 }
 
-SafetensorsWriter::SafetensorsWriter(const std::string& path,
-                                     const std::vector<std::pair<std::string, std::vector<int64_t>>>& tensors,
+SafetensorsWriter::SafetensorsWriter(const std::string& path, const std::vector<TensorToWrite>& tensors,
                                      const std::map<std::string, std::string>& metadata) {
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   uint64_t offset = 0;
-  for (const auto& [name, shape] : tensors) {
+  for (const auto& [name, shape, dtype] : tensors) {
     AUTOSP_CHECK(name != "__metadata__", "a tensor cannot be named __metadata__");
     AUTOSP_CHECK(!header.contains(name), "tensor '", name, "' is written twice");
     int64_t numel = 1;
@@ -340,9 +375,10 @@ SafetensorsWriter::SafetensorsWriter(const std::string& path,
       AUTOSP_CHECK(d >= 0, "tensor '", name, "' has shape ", shape_string(shape));
       numel *= d;
     }
-    const uint64_t bytes = static_cast<uint64_t>(numel) * sizeof(float);
-    header[name] = {{"dtype", "F32"}, {"shape", shape}, {"data_offsets", {offset, offset + bytes}}};
+    const uint64_t bytes = static_cast<uint64_t>(numel) * item_size(dtype);
+    header[name] = {{"dtype", dtype_name(dtype)}, {"shape", shape}, {"data_offsets", {offset, offset + bytes}}};
     numel_.push_back(numel);
+    dtype_.push_back(dtype);
     offset_.push_back(offset);
     offset += bytes;
   }
@@ -368,9 +404,22 @@ SafetensorsWriter::~SafetensorsWriter() = default;
 void SafetensorsWriter::write(size_t index, int64_t begin, const float* data, int64_t n) {
   AUTOSP_CHECK(index < numel_.size() && begin >= 0 && n >= 0 && begin + n <= numel_[index], "tensor ", index,
                ": elements [", begin, ", ", begin + n, ")");
-  file_->write_at(offset_[index] + static_cast<uint64_t>(begin) * sizeof(float),
-                  {reinterpret_cast<const char*>(data), static_cast<size_t>(n) * sizeof(float)});
-  written_ += static_cast<uint64_t>(n) * sizeof(float);
+  const FileDType dtype = dtype_[index];
+  const uint64_t at = offset_[index] + static_cast<uint64_t>(begin) * item_size(dtype);
+  if (dtype == FileDType::F32) {
+    file_->write_at(at, {reinterpret_cast<const char*>(data), static_cast<size_t>(n) * sizeof(float)});
+  } else {  // narrowed in bounded chunks, as read_16bit widens
+    constexpr int64_t kChunk = 1 << 14;
+    uint16_t narrow[kChunk];
+    for (int64_t done = 0; done < n;) {
+      const int64_t m = std::min(kChunk, n - done);
+      for (int64_t i = 0; i < m; ++i)
+        narrow[i] = dtype == FileDType::BF16 ? float_to_bf16(data[done + i]) : float_to_f16(data[done + i]);
+      file_->write_at(at + static_cast<uint64_t>(done) * 2, {reinterpret_cast<const char*>(narrow), size_t(m) * 2});
+      done += m;
+    }
+  }
+  written_ += static_cast<uint64_t>(n) * item_size(dtype);
 }
 
 void SafetensorsWriter::commit() {
@@ -381,14 +430,14 @@ void SafetensorsWriter::commit() {
 void write_safetensors(const std::string& path,
                        const std::vector<std::pair<std::string, const HostTensor*>>& tensors,
                        const std::map<std::string, std::string>& metadata) {
-  std::vector<std::pair<std::string, std::vector<int64_t>>> shapes;
+  std::vector<TensorToWrite> shapes;
   for (const auto& [name, t] : tensors) {
     AUTOSP_CHECK(t != nullptr, "tensor '", name, "' is null");
     int64_t numel = 1;
     for (int64_t d : t->shape) numel *= d;
     AUTOSP_CHECK(static_cast<size_t>(numel) == t->data.size(), "tensor '", name, "' has shape ",
                  shape_string(t->shape), " but ", t->data.size(), " values");
-    shapes.emplace_back(name, t->shape);
+    shapes.push_back({name, t->shape, FileDType::F32});
   }
   SafetensorsWriter writer(path, shapes, metadata);
   for (size_t i = 0; i < tensors.size(); ++i)

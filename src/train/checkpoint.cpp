@@ -45,8 +45,26 @@ json read_json(const std::string& path) {
 }
 
 constexpr const char* kFormat = "autosp checkpoint";
-const char* const kFiles[] = {"config.json", "model.safetensors", "optimizer.safetensors", "trainer_state.json",
-                              "manifest.json"};
+const char* const kFiles[] = {"config.json",        "model.safetensors", "model.safetensors.index.json",
+                              "optimizer.safetensors", "trainer_state.json", "manifest.json"};
+constexpr const char* kMasterPrefix = "master.";  // optimizer.safetensors: fp32 weights beside 16-bit ones
+
+// A shard of the weights as save_pretrained names it: model-0000K-of-0000N.safetensors.
+bool is_weight_shard(const std::string& name) {
+  static const std::regex kShard(R"(model-[0-9]{5}-of-[0-9]{5}\.safetensors)");
+  return std::regex_match(name, kShard);
+}
+
+// What the weights of `model` are saved as: its config.json's dtype (bfloat16 and float16
+// stay 16-bit), float32 otherwise (float64, or none given).
+io::FileDType weights_dtype(const models::LlamaConfig& model) {
+  if (model.torch_dtype == "bfloat16") return io::FileDType::BF16;
+  if (model.torch_dtype == "float16") return io::FileDType::F16;
+  return io::FileDType::F32;
+}
+const char* torch_dtype_name(io::FileDType d) {
+  return d == io::FileDType::BF16 ? "bfloat16" : d == io::FileDType::F16 ? "float16" : "float32";
+}
 
 // manifest.json: every other file of the checkpoint (any depth) with its size and checksum,
 // written last, after the files it lists are complete, inside the scratch directory that
@@ -96,9 +114,8 @@ std::string scratch_prefix(const fs::path& dir, const char* kind) {
 
 // The last file write_file_atomic left behind when killed: `.NAME.tmp.PID.N`.
 bool is_atomic_write_leftover(const std::string& name) {
-  for (const char* f : kFiles)
-    if (name.starts_with(str(".", f, ".tmp."))) return true;
-  return false;
+  const size_t tmp = name.find(".tmp.");
+  return name.starts_with(".") && tmp != std::string::npos && is_checkpoint_file(name.substr(1, tmp - 1));
 }
 
 // The first entry of `dir` that is not one of autosp's checkpoint files ("" if none).
@@ -206,22 +223,27 @@ void fsync_dir(const fs::path& dir) {
 
 // The config.json a checkpoint holds: the given one (hf_config_text) with every key and
 // each value's JSON type kept, but for what saving changes: the dtype ("dtype" and/or
-// "torch_dtype", as the input spelled it) becomes "float32", which the weights are saved
-// as; "architectures" and "model_type" are added where missing (AutoConfig needs them); a
+// "torch_dtype", as the input spelled it) is the one the weights are saved as (the same,
+// but float32 for float64; "torch_dtype": "float32" where none was given); "architectures" and "model_type" are added where missing (AutoConfig needs them); a
 // config with rope settings only in rope_parameters (transformers 5) gets them in the
 // transformers-4 keys too (rope_theta, rope_scaling), which transformers 4 reads instead.
 // Without hf_config_text, models::llama_config_json.
 json saved_config_json(const models::LlamaConfig& c) {
-  if (c.hf_config_text.empty()) return models::llama_config_json(c);
+  const char* saved_dtype = torch_dtype_name(weights_dtype(c));
+  if (c.hf_config_text.empty()) {
+    json j = models::llama_config_json(c);
+    j["torch_dtype"] = saved_dtype;
+    return j;
+  }
   // Parsed before, by parse_llama_config: valid, and the model it describes is c's.
   json j = json::parse(c.hf_config_text);
   bool spelled = false;
   for (const char* key : {"dtype", "torch_dtype"})
     if (j.contains(key)) {
-      j[key] = "float32";
+      j[key] = saved_dtype;
       spelled = true;
     }
-  if (!spelled) j["torch_dtype"] = "float32";
+  if (!spelled) j["torch_dtype"] = saved_dtype;
   // transformers 4 does not read rope_parameters (it would load the model with theta 10000
   // and no scaling, without a word): the rope settings are added in its form too, with the
   // same JSON values, which transformers 5 reads as the same model (parse_llama_config
@@ -341,11 +363,13 @@ void remove_stale_scratch(const std::string& dir, const fs::path& parent, const 
 
 bool is_checkpoint_file(const std::string& name) {
   const std::vector<std::string>& companions = companion_files();
-  return std::find(std::begin(kFiles), std::end(kFiles), name) != std::end(kFiles) ||
+  return std::find(std::begin(kFiles), std::end(kFiles), name) != std::end(kFiles) || is_weight_shard(name) ||
          std::find(companions.begin(), companions.end(), name) != companions.end();
 }
 
-SaveTarget::SaveTarget(std::string dir, std::vector<std::string>* warnings) {
+SaveTarget::SaveTarget(std::string dir, std::vector<std::string>* warnings, int64_t max_shard_bytes)
+    : max_shard_bytes_(max_shard_bytes) {
+  AUTOSP_CHECK(max_shard_bytes > 0, "max_shard_bytes ", max_shard_bytes);
   auto refuse = [&](const auto&... why) { user_error("--save ", dir, ": ", why...); };
   if (dir.empty()) refuse("empty path");
   fs::path target = fs::path(dir).lexically_normal();
@@ -448,32 +472,49 @@ void on_lead_until_failed(bool lead, std::string& error, const std::function<voi
   }
 }
 
-// One tensor file of the state, written by rank 0 from what every rank holds: the tensors
-// of `kinds`, named prefix + the parameter's name, in that order. A collective: the rounds
-// are the same on every rank (they follow the layout, which is the same everywhere), and
-// each begins with rank 0 saying whether it is still writing, so that after a failure all
-// ranks stop at the same round.
-void write_state_file(Communicator& world, const std::string& path, const ModelState& state, const StateShards& shards,
-                      const std::vector<std::pair<StateKind, std::string>>& kinds, std::string& error,
-                      int64_t* bytes) {
+// The tensor files of a checkpoint, as rank 0 writes them: each file's tensors, and where
+// each state tensor goes (dests[kind][i]: (file, tensor of it) pairs; a parameter goes to
+// the weights, and to the fp32 masters beside 16-bit weights).
+struct StateFiles {
+  struct File {
+    std::string path;
+    std::vector<io::TensorToWrite> tensors;
+  };
+  std::vector<File> files;
+  std::vector<std::vector<std::vector<std::pair<size_t, size_t>>>> dests;  // [kind][tensor]
+
+  explicit StateFiles(size_t tensors) : dests(kStateKinds.size(), std::vector<std::vector<std::pair<size_t, size_t>>>(tensors)) {}
+  void add(size_t file, StateKind kind, size_t i, std::string name, const std::vector<int64_t>& shape, io::FileDType dtype) {
+    dests[size_t(kind)][i].emplace_back(file, files[file].tensors.size());
+    files[file].tensors.push_back({std::move(name), shape, dtype});
+  }
+};
+
+// The tensor files of the state, written by rank 0 from what every rank holds, each kind of
+// state gathered once whatever the number of files it goes to. A collective: the rounds are
+// the same on every rank (they follow the layout, which is the same everywhere, and every
+// kind is written; only rank 0's `out` names files), and each begins with rank 0 saying whether it is still writing, so
+// that after a failure all ranks stop at the same round.
+void write_state_files(Communicator& world, const ModelState& state, const StateShards& shards,
+                       const StateFiles& out, std::string& error, int64_t* bytes) {
   const bool lead = world.rank() == 0;
   const int W = world.size();
   const size_t T = state.specs.size();
-  std::unique_ptr<io::SafetensorsWriter> writer;
+  std::vector<std::unique_ptr<io::SafetensorsWriter>> writers;
   on_lead_until_failed(lead, error, [&] {
-    std::vector<std::pair<std::string, std::vector<int64_t>>> tensors;
-    for (const auto& [kind, prefix] : kinds)
-      for (const auto& spec : state.specs) tensors.emplace_back(prefix + spec.name, spec.shape);
-    writer = std::make_unique<io::SafetensorsWriter>(
-        path, tensors, std::map<std::string, std::string>{{"format", "pt"}, {"step", std::to_string(state.step)}});
+    for (const StateFiles::File& f : out.files)
+      writers.push_back(std::make_unique<io::SafetensorsWriter>(
+          f.path, f.tensors, std::map<std::string, std::string>{{"format", "pt"}, {"step", std::to_string(state.step)}}));
   });
+  const auto put = [&](size_t kind, size_t i, int64_t e, const float* data, int64_t n) {
+    for (const auto& [file, tensor] : out.dests[kind][i]) writers[file]->write(tensor, e, data, n);
+  };
   const int64_t round = shards.round_elements;
   std::vector<float> received(lead ? static_cast<size_t>(W * round) : 0);
-  for (size_t q = 0; q < kinds.size(); ++q) {
-    const size_t kind = static_cast<size_t>(kinds[q].first), base = q * T;  // file index of tensor i: base + i
+  for (size_t kind = 0; kind < out.dests.size(); ++kind) {
     if (!shards.whole[kind].empty()) {  // every rank holds these whole: rank 0 writes its own
       on_lead_until_failed(lead, error, [&] {
-        for (size_t i = 0; i < T; ++i) writer->write(base + i, 0, shards.whole[kind][i], numel(state.specs[i].shape));
+        for (size_t i = 0; i < T; ++i) put(kind, i, 0, shards.whole[kind][i], numel(state.specs[i].shape));
       });
       continue;
     }
@@ -492,7 +533,7 @@ void write_state_file(Communicator& world, const std::string& path, const ModelS
           for (int p = 0; p < W; ++p) {
             const int64_t lo = p * b.shard + j;
             for_each_piece(b.offsets, lo, lo + len, [&](size_t i, int64_t e, int64_t at, int64_t n) {
-              writer->write(base + b.tensors[i], e, received.data() + p * len + (at - lo), n);
+              put(kind, b.tensors[i], e, received.data() + p * len + (at - lo), n);
             });
           }
         });
@@ -500,9 +541,49 @@ void write_state_file(Communicator& world, const std::string& path, const ModelS
     }
   }
   on_lead_until_failed(lead, error, [&] {
-    writer->commit();
-    *bytes += static_cast<int64_t>(writer->file_bytes());
+    for (auto& w : writers) {
+      w->commit();
+      *bytes += static_cast<int64_t>(w->file_bytes());
+    }
   });
+}
+
+// The checkpoint's tensor files in `dir`: the weights in the model's dtype, sharded by
+// `max_shard_bytes` as save_pretrained shards them (with their index, when more than one
+// file, written here), and optimizer.safetensors with the moments and, beside 16-bit
+// weights, the fp32 masters ("master.NAME") that resuming reads instead.
+StateFiles checkpoint_files(const fs::path& dir, const models::LlamaConfig& model, const ModelState& state,
+                            int64_t max_shard_bytes) {
+  const io::FileDType dtype = weights_dtype(model);
+  std::vector<int64_t> sizes;
+  for (const auto& spec : state.specs) sizes.push_back(numel(spec.shape) * int64_t(io::item_size(dtype)));
+  const io::WeightShards plan = io::plan_weight_shards(sizes, max_shard_bytes);
+  StateFiles out(state.specs.size());
+  for (const std::string& name : plan.files) out.files.push_back({(dir / name).string(), {}});
+  const size_t optimizer = out.files.size();
+  out.files.push_back({(dir / "optimizer.safetensors").string(), {}});
+  std::map<std::string, std::string> weight_map;
+  int64_t total_bytes = 0, total_parameters = 0;
+  for (size_t i = 0; i < state.specs.size(); ++i) {
+    const models::ParameterSpec& spec = state.specs[i];
+    out.add(plan.file_of[i], StateKind::params, i, spec.name, spec.shape, dtype);
+    weight_map[spec.name] = plan.files[plan.file_of[i]];
+    total_bytes += sizes[i];
+    total_parameters += numel(spec.shape);
+  }
+  for (size_t i = 0; i < state.specs.size(); ++i)
+    out.add(optimizer, StateKind::exp_avg, i, "exp_avg." + state.specs[i].name, state.specs[i].shape, io::FileDType::F32);
+  for (size_t i = 0; i < state.specs.size(); ++i)
+    out.add(optimizer, StateKind::exp_avg_sq, i, "exp_avg_sq." + state.specs[i].name, state.specs[i].shape,
+            io::FileDType::F32);
+  if (dtype != io::FileDType::F32)
+    for (size_t i = 0; i < state.specs.size(); ++i)
+      out.add(optimizer, StateKind::params, i, kMasterPrefix + state.specs[i].name, state.specs[i].shape,
+              io::FileDType::F32);
+  if (plan.indexed())
+    write_file_atomic((dir / "model.safetensors.index.json").string(),
+                      io::weights_index_json(weight_map, total_parameters, total_bytes));
+  return out;
 }
 
 }  // namespace
@@ -515,11 +596,12 @@ SaveStats save_checkpoint(const SaveTarget* target, Communicator& world, const m
   SaveStats stats;
   std::string error;
   fs::path tmp;
-  on_lead_until_failed(lead, error, [&] { tmp = target->begin_save(); });
-  write_state_file(world, (tmp / "model.safetensors").string(), state, shards, {{StateKind::params, ""}}, error,
-                   &stats.bytes);
-  write_state_file(world, (tmp / "optimizer.safetensors").string(), state, shards,
-                   {{StateKind::exp_avg, "exp_avg."}, {StateKind::exp_avg_sq, "exp_avg_sq."}}, error, &stats.bytes);
+  StateFiles files(state.specs.size());
+  on_lead_until_failed(lead, error, [&] {
+    tmp = target->begin_save();
+    files = checkpoint_files(tmp, model, state, target->max_shard_bytes());
+  });
+  write_state_files(world, state, shards, files, error, &stats.bytes);
   if (lead && !error.empty() && !tmp.empty()) {
     target->abandon_save();
     error += str("; the previous checkpoint ", target->dir(), " is untouched");
@@ -566,11 +648,6 @@ void refuse_unexpected_tensors(const std::vector<std::string>& names,
     notes->push_back(str(file_of(first_ignored), ": skipped ", ignored, " rotary_emb.inv_freq buffer",
                          ignored > 1 ? "s" : "", " (", first_ignored, ignored > 1 ? ", ..." : "",
                          "): transformers computes them from config.json and ignores them when loading"));
-}
-
-void refuse_unexpected_tensors(const io::SafetensorsReader& file, const models::LlamaConfig& model,
-                               const std::vector<models::ParameterSpec>& specs) {
-  refuse_unexpected_tensors(file.names(), [&](const std::string&) { return file.path(); }, model, specs, nullptr);
 }
 
 void refuse_unexpected_tensors(const io::ModelWeights& file, const models::LlamaConfig& model,
@@ -643,28 +720,58 @@ std::vector<std::vector<float>> load_weights(const std::string& path, const mode
 namespace {
 
 // A checkpoint's tensor files, open, their headers validated against the model; each rank
-// reads the elements it keeps.
+// reads the elements it keeps. The parameters are the fp32 masters in optimizer.safetensors
+// where the weights are 16-bit (so that a resume is exact), else the weights themselves
+// (F32: every checkpoint of a float32 model, and those of autosp before masters).
 class StoredCheckpoint final : public StoredState {
  public:
   StoredCheckpoint(const fs::path& dir, const models::LlamaConfig& model, const std::vector<models::ParameterSpec>& specs)
-      : specs_(specs), model_((dir / "model.safetensors").string()), moments_((dir / "optimizer.safetensors").string()) {
+      : specs_(specs), weights_(weights_path(dir)), moments_((dir / "optimizer.safetensors").string()) {
+    size_t masters = 0;
     for (const auto& spec : specs) {
-      model_.expect(spec.name, spec.shape);
+      weights_.expect(spec.name, spec.shape);
       moments_.expect("exp_avg." + spec.name, spec.shape);
       moments_.expect("exp_avg_sq." + spec.name, spec.shape);
+      if (moments_.contains(kMasterPrefix + spec.name)) {
+        moments_.expect(kMasterPrefix + spec.name, spec.shape);
+        ++masters;
+      }
     }
-    refuse_unexpected_tensors(model_, model, specs);
+    refuse_unexpected_tensors(weights_, model, specs, nullptr);
+    masters_ = masters > 0;
+    for (const auto& spec : specs) {
+      const std::string master = kMasterPrefix + spec.name;
+      if (masters_ && !moments_.contains(master))
+        user_error(moments_.path(), ": missing tensor '", master, "' (it holds fp32 master weights for ", masters,
+                   " of the ", specs.size(), " parameters)");
+      if (!masters_ && weights_.dtype(spec.name) != io::FileDType::F32)
+        user_error(weights_.file_of(spec.name), ": tensor '", spec.name, "' is ",
+                   io::dtype_name(weights_.dtype(spec.name)), " and ", moments_.path(), " has no fp32 master ('",
+                   master, "'): resuming from rounded weights would not continue the run exactly");
+    }
   }
 
   void read(StateKind kind, size_t index, int64_t begin, int64_t n, float* out) const override {
     const std::string& name = specs_.at(index).name;
-    if (kind == StateKind::params) return model_.read(name, begin, n, out);
+    if (kind == StateKind::params) {
+      if (masters_) return moments_.read(kMasterPrefix + name, begin, n, out);
+      return weights_.read(name, begin, n, out);
+    }
     moments_.read((kind == StateKind::exp_avg ? "exp_avg." : "exp_avg_sq.") + name, begin, n, out);
   }
 
  private:
+  // The weights as from_pretrained finds them (one file, or the index of the shards).
+  static std::string weights_path(const fs::path& dir) {
+    const std::string path = io::find_model_weights(dir.string());
+    if (path.empty()) user_error(dir.string(), ": no model.safetensors or model.safetensors.index.json");
+    return path;
+  }
+
   std::vector<models::ParameterSpec> specs_;
-  io::SafetensorsReader model_, moments_;
+  io::ModelWeights weights_;
+  io::SafetensorsReader moments_;
+  bool masters_ = false;
 };
 
 // A non-negative integer at st[key] (UserError naming the file and key otherwise).

@@ -31,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "io/model_weights.h"
 #include "io/tokens.h"
 #include "models/llama.h"
 #include "train/trainer.h"
@@ -77,9 +78,13 @@ class SaveTarget {
   // Removes the scratch directories of earlier saves to dir that did not finish where their
   // writer is provably gone (see remove_stale_scratch); `warnings` receives a note for each
   // one removed and for each one left (why, and that it is safe to delete once its run ends).
-  SaveTarget(std::string dir, std::vector<std::string>* warnings);
+  // `max_shard_bytes`: the weights are sharded as save_pretrained(max_shard_size=...) shards
+  // them (io::plan_weight_shards; the config's checkpoint.max_shard_size).
+  SaveTarget(std::string dir, std::vector<std::string>* warnings,
+             int64_t max_shard_bytes = io::kDefaultMaxShardBytes);
 
   const std::string& dir() const { return dir_; }
+  int64_t max_shard_bytes() const { return max_shard_bytes_; }
 
   // save_checkpoint's parts on rank 0: a fresh scratch directory (returned), and after the
   // tensor files, the other files and the swap. Checks again that DIR holds only autosp's
@@ -90,6 +95,7 @@ class SaveTarget {
 
  private:
   std::string dir_, tmp_, old_;  // old_: only used where RENAME_EXCHANGE is not supported
+  int64_t max_shard_bytes_;
 };
 
 struct SaveStats {

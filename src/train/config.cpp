@@ -689,6 +689,14 @@ json fill_auto(const Ctx& ctx, const json& config, std::vector<std::string>& aut
   return c;
 }
 
+// checkpoint: how --save writes the weights (the optimizer state is autosp's own).
+int64_t parse_checkpoint(const Ctx& ctx, const json& section) {
+  object_at(ctx, section, "checkpoint");
+  warn_unknown(ctx, section, "checkpoint", {"max_shard_size"});
+  if (!section.contains("max_shard_size")) return io::kDefaultMaxShardBytes;
+  return io::parse_shard_size(section["max_shard_size"], str(ctx.source, ": checkpoint.max_shard_size"));
+}
+
 }  // namespace
 
 TrainConfig parse_train_config(const nlohmann::json& json_in, const std::string& source,
@@ -701,7 +709,7 @@ TrainConfig parse_train_config(const nlohmann::json& json_in, const std::string&
   warn_unknown(ctx, json, "",
                {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
                 "gradient_clipping", "optimizer", "scheduler", "compile", "sequence_parallel_size",
-                "zero_optimization", "steps_per_print", "seed", "data",
+                "zero_optimization", "steps_per_print", "seed", "data", "checkpoint",
                 // mixed precision (parse_precision)
                 "bf16", "bfloat16", "fp16", "amp", "torch_autocast",
                 // refused when on (refuse_math_changes)
@@ -745,6 +753,7 @@ TrainConfig parse_train_config(const nlohmann::json& json_in, const std::string&
     c.steps_per_print = int_at(ctx, json["steps_per_print"], "steps_per_print", 1);
   if (has("seed")) c.seed = static_cast<uint64_t>(int_at(ctx, json["seed"], "seed", 0));
   if (has("data")) c.data = parse_data(ctx, json["data"]);
+  if (has("checkpoint")) c.max_shard_bytes = parse_checkpoint(ctx, json["checkpoint"]);
   return c;
 }
 

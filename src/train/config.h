@@ -96,6 +96,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "io/model_weights.h"
 #include "train/adamw.h"
 #include "train/lr_schedule.h"
 
@@ -199,6 +200,10 @@ struct TrainConfig {
   int64_t steps_per_print = 10;
   uint64_t seed = 42;
   DataConfig data;
+  // checkpoint.max_shard_size: --save shards the weights above this many bytes, as
+  // save_pretrained(max_shard_size=...) does (transformers' default; io::parse_shard_size
+  // reads "5GB", "500MiB" or a number of bytes).
+  int64_t max_shard_bytes = io::kDefaultMaxShardBytes;
   // "fp32", or the mixed precision a section asked for ("bf16", "fp16", "amp",
   // "torch_autocast"). The CPU backend runs fp32 either way; parsing warns when they differ.
   std::string requested_precision = "fp32";
