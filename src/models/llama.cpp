@@ -346,6 +346,20 @@ std::vector<ParameterSpec> llama_parameters(const LlamaConfig& c) {
   return params;
 }
 
+std::vector<size_t> llama_state_dict_order(const LlamaConfig& c) {
+  // Per layer, llama_parameters has input_layernorm, q, k, v, o, post_attention_layernorm,
+  // gate, up, down; LlamaDecoderLayer registers self_attn, mlp, then the two norms.
+  constexpr size_t kLayer = 9, kOrder[kLayer] = {1, 2, 3, 4, 6, 7, 8, 0, 5};
+  const std::vector<ParameterSpec> params = llama_parameters(c);
+  std::vector<size_t> order = {0};  // embed_tokens
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i)
+    for (size_t k : kOrder) order.push_back(1 + size_t(i) * kLayer + k);
+  for (size_t i = order.size(); i < params.size(); ++i) order.push_back(i);  // norm, lm_head
+  AUTOSP_CHECK(order.size() == params.size() && params[order[1]].name.ends_with("self_attn.q_proj.weight"),
+               "llama_state_dict_order does not follow llama_parameters");
+  return order;
+}
+
 int64_t llama_num_parameters(const LlamaConfig& c) {
   int64_t n = 0;
   for (const ParameterSpec& p : llama_parameters(c)) {

@@ -51,6 +51,9 @@ struct ParameterSpec {
 // Every trainable tensor, in Hugging Face order (lm_head.weight only when untied).
 std::vector<ParameterSpec> llama_parameters(const LlamaConfig& config);
 int64_t llama_num_parameters(const LlamaConfig& config);
+// LlamaForCausalLM's state_dict order, as indices into llama_parameters: the order in which
+// save_pretrained puts tensors into shards.
+std::vector<size_t> llama_state_dict_order(const LlamaConfig& config);
 
 // Seeded initialisation as transformers does it: normal(0, initializer_range) for
 // embeddings and projections, ones for norm weights. Each tensor's values depend only on

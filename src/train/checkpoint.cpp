@@ -555,8 +555,11 @@ void write_state_files(Communicator& world, const ModelState& state, const State
 StateFiles checkpoint_files(const fs::path& dir, const models::LlamaConfig& model, const ModelState& state,
                             int64_t max_shard_bytes) {
   const io::FileDType dtype = weights_dtype(model);
+  const std::vector<size_t> order = models::llama_state_dict_order(model);  // save_pretrained's
+  AUTOSP_CHECK(order.size() == state.specs.size(), order.size(), " tensors in state_dict order, ", state.specs.size(),
+               " in the state");
   std::vector<int64_t> sizes;
-  for (const auto& spec : state.specs) sizes.push_back(numel(spec.shape) * int64_t(io::item_size(dtype)));
+  for (size_t i : order) sizes.push_back(numel(state.specs[i].shape) * int64_t(io::item_size(dtype)));
   const io::WeightShards plan = io::plan_weight_shards(sizes, max_shard_bytes);
   StateFiles out(state.specs.size());
   for (const std::string& name : plan.files) out.files.push_back({(dir / name).string(), {}});
@@ -564,11 +567,11 @@ StateFiles checkpoint_files(const fs::path& dir, const models::LlamaConfig& mode
   out.files.push_back({(dir / "optimizer.safetensors").string(), {}});
   std::map<std::string, std::string> weight_map;
   int64_t total_bytes = 0, total_parameters = 0;
-  for (size_t i = 0; i < state.specs.size(); ++i) {
-    const models::ParameterSpec& spec = state.specs[i];
-    out.add(plan.file_of[i], StateKind::params, i, spec.name, spec.shape, dtype);
-    weight_map[spec.name] = plan.files[plan.file_of[i]];
-    total_bytes += sizes[i];
+  for (size_t k = 0; k < order.size(); ++k) {
+    const models::ParameterSpec& spec = state.specs[order[k]];
+    out.add(plan.file_of[k], StateKind::params, order[k], spec.name, spec.shape, dtype);
+    weight_map[spec.name] = plan.files[plan.file_of[k]];
+    total_bytes += sizes[k];
     total_parameters += numel(spec.shape);
   }
   for (size_t i = 0; i < state.specs.size(); ++i)

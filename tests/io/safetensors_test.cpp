@@ -574,3 +574,84 @@ TEST_F(SafetensorsAtomicWriteTest, PathNamingADirectoryIsRefused) {
 }
 
 }  // namespace
+
+// ------------------------------------------------------------------ narrowing to 16 bits
+// float_to_f16 against the compiler's own fp32 -> _Float16 conversion (IEEE round to
+// nearest even, written independently of ours): every f16 value, every midpoint between
+// neighbours and one fp32 ulp either side of it, the overflow edge, and random floats.
+TEST(Narrowing, FloatToF16RoundsAsIeeeDoes) {
+  using autosp::io::f16_to_float;
+  using autosp::io::float_to_f16;
+  const auto want = [](float x) { return std::bit_cast<uint16_t>(static_cast<_Float16>(x)); };
+  std::vector<float> cases;
+  for (uint32_t b = 0; b < 0x10000; ++b) {
+    const float x = f16_to_float(uint16_t(b));
+    if (std::isnan(x)) continue;
+    cases.push_back(x);
+    if ((b & 0x7fff) < 0x7c00) {  // finite: the midpoint to the next value up in magnitude
+      const double next = (b & 0x7fff) == 0x7bff ? 65536.0 : double(std::fabs(f16_to_float(uint16_t((b & 0x7fff) + 1))));
+      const float mid = float((std::fabs(double(x)) + next) / 2) * (std::signbit(x) ? -1.f : 1.f);
+      cases.insert(cases.end(), {mid, std::nextafter(mid, 0.f), std::nextafter(mid, 2 * mid)});
+    }
+  }
+  std::mt19937 gen(7);
+  for (int i = 0; i < 2'000'000; ++i) {
+    const float x = std::bit_cast<float>(uint32_t(gen()));
+    if (!std::isnan(x)) cases.push_back(x);
+  }
+  int64_t wrong = 0;
+  for (float x : cases)
+    if (float_to_f16(x) != want(x) && wrong++ < 5) ADD_FAILURE() << x << ": " << float_to_f16(x) << " vs " << want(x);
+  EXPECT_EQ(wrong, 0) << " of " << cases.size();
+  // NaN stays NaN (quiet), whatever its payload.
+  for (uint32_t bits : {0x7fc00000u, 0x7f800001u, 0xffbfffffu})
+    EXPECT_TRUE(std::isnan(f16_to_float(float_to_f16(std::bit_cast<float>(bits))))) << std::hex << bits;
+}
+
+// float_to_bf16: every bf16 value is kept; a value between two neighbours goes to the
+// nearer, a tie to the even one; beyond the largest finite value rounds to inf.
+TEST(Narrowing, FloatToBf16RoundsToNearestEven) {
+  using autosp::io::bf16_to_float;
+  using autosp::io::float_to_bf16;
+  for (uint32_t b = 0; b < 0x10000; ++b) {
+    const float x = bf16_to_float(uint16_t(b));
+    if (std::isnan(x)) {
+      EXPECT_TRUE(std::isnan(bf16_to_float(float_to_bf16(x))));
+      continue;
+    }
+    ASSERT_EQ(float_to_bf16(x), b);
+    if ((b & 0x7fff) >= 0x7f80) continue;  // inf: no upper neighbour
+    const uint32_t lo = b << 16, tie = lo | 0x8000u;  // the midpoint to the next bf16 up in magnitude
+    EXPECT_EQ(float_to_bf16(std::bit_cast<float>(tie - 1)), b);
+    EXPECT_EQ(float_to_bf16(std::bit_cast<float>(tie + 1)), b + 1);
+    EXPECT_EQ(float_to_bf16(std::bit_cast<float>(tie)), (b & 1) ? b + 1 : b) << std::hex << tie;
+  }
+}
+
+// 16-bit tensors are written rounded and read back widened: what a bf16 model's weights go
+// through in a checkpoint.
+TEST_F(SafetensorsTest, WriterStoresBf16AndF16Rounded) {
+  const std::vector<float> v = {1.0f, 1.00390625f, 1.001953125f, -3.14159265f, 1e-6f, 70000.f};
+  const std::string path = file("narrow.safetensors");
+  {
+    autosp::io::SafetensorsWriter w(path, {{"b", {6}, autosp::io::FileDType::BF16}, {"h", {6}, autosp::io::FileDType::F16},
+                                           {"f", {6}, autosp::io::FileDType::F32}});
+    for (size_t t = 0; t < 3; ++t) w.write(t, 0, v.data(), 6);
+    EXPECT_EQ(w.data_bytes(), 6u * (2 + 2 + 4));
+    w.commit();
+  }
+  autosp::io::SafetensorsReader r(path);
+  EXPECT_EQ(r.dtype("b"), autosp::io::FileDType::BF16);
+  EXPECT_EQ(r.dtype("h"), autosp::io::FileDType::F16);
+  std::vector<float> b(6), h(6), f(6);
+  r.read("b", 0, 6, b.data());
+  r.read("h", 0, 6, h.data());
+  r.read("f", 0, 6, f.data());
+  for (size_t i = 0; i < v.size(); ++i) {
+    EXPECT_EQ(b[i], autosp::io::bf16_to_float(autosp::io::float_to_bf16(v[i]))) << i;
+    EXPECT_EQ(h[i], autosp::io::f16_to_float(autosp::io::float_to_f16(v[i]))) << i;
+    EXPECT_EQ(f[i], v[i]);
+  }
+  EXPECT_EQ(b[1], 1.0f);  // 1 + 2^-8, a tie: to the even neighbour
+  EXPECT_TRUE(std::isinf(h[5]));  // beyond f16's range
+}
