@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs what autosp needs to build and test, from Debian packages, if it is missing.
+# Installs what autosp needs to build and test, from Debian packages, if it is missing, and the
+# transformers venv the tests load checkpoints with (install_hf_venv.sh, from PyPI).
 # Idempotent: a machine that has everything installs nothing.
 set -euo pipefail
 
@@ -10,14 +11,17 @@ packages=(
   libopenmpi-dev openmpi-bin
   nlohmann-json3-dev libcli11-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  python3-torch python3-numpy
+  python3-torch python3-numpy python3-venv
 )
 
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
-[ ${#missing[@]} -eq 0 ] && exit 0
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+if [ ${#missing[@]} -eq 0 ]; then
+  exec "$here/install_hf_venv.sh"
+fi
 
 echo "install_deps: installing ${missing[*]}"
 sudo_cmd=()
@@ -25,3 +29,4 @@ sudo_cmd=()
 export DEBIAN_FRONTEND=noninteractive
 "${sudo_cmd[@]}" apt-get update -qq
 "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
+"$here/install_hf_venv.sh"

@@ -222,9 +222,9 @@ void fsync_dir(const fs::path& dir) {
 }
 
 // The config.json a checkpoint holds: the given one (hf_config_text) with every key and
-// each value's JSON type kept, but for what saving changes: the dtype ("dtype" and/or
-// "torch_dtype", as the input spelled it) is the one the weights are saved as (the same,
-// but float32 for float64; "torch_dtype": "float32" where none was given); "architectures" and "model_type" are added where missing (AutoConfig needs them); a
+// each value's JSON type kept, but for what saving changes: the dtype ("dtype" where given,
+// and "torch_dtype", which transformers 4 reads) is the one the weights are saved as (the
+// input's, but float32 for float64 or none); "architectures" and "model_type" are added where missing (AutoConfig needs them); a
 // config with rope settings only in rope_parameters (transformers 5) gets them in the
 // transformers-4 keys too (rope_theta, rope_scaling), which transformers 4 reads instead.
 // Without hf_config_text, models::llama_config_json.
@@ -237,13 +237,10 @@ json saved_config_json(const models::LlamaConfig& c) {
   }
   // Parsed before, by parse_llama_config: valid, and the model it describes is c's.
   json j = json::parse(c.hf_config_text);
-  bool spelled = false;
-  for (const char* key : {"dtype", "torch_dtype"})
-    if (j.contains(key)) {
-      j[key] = saved_dtype;
-      spelled = true;
-    }
-  if (!spelled) j["torch_dtype"] = saved_dtype;
+  // transformers 4 reads only "torch_dtype" (5 reads both): it is written whatever the input
+  // spelled, and "dtype" kept where given.
+  if (j.contains("dtype")) j["dtype"] = saved_dtype;
+  j["torch_dtype"] = saved_dtype;
   // transformers 4 does not read rope_parameters (it would load the model with theta 10000
   // and no scaling, without a word): the rope settings are added in its form too, with the
   // same JSON values, which transformers 5 reads as the same model (parse_llama_config

@@ -120,8 +120,8 @@ std::string file_text(const std::string& path) {
 }
 
 // A checkpoint is the model directory it was trained from: config.json with every key and
-// JSON type kept (the dtype now the saved weights' float32; the rope settings in the
-// transformers-4 keys too, which transformers 4 reads instead of rope_parameters), the
+// JSON type kept (the dtype the saved weights', float32, also as transformers 4's
+// torch_dtype; the rope settings in the transformers-4 keys too, which transformers 4 reads instead of rope_parameters), the
 // generation config and tokenizer files copied, through a resume and a second save.
 TEST(HfModelDir, CheckpointKeepsConfigKeysAndCarriesTokenizerAndGenerationConfig) {
   const Fixture f = fixtures().back();  // transformers 5, rope_parameters only
@@ -144,11 +144,13 @@ TEST(HfModelDir, CheckpointKeepsConfigKeysAndCarriesTokenizerAndGenerationConfig
     SCOPED_TRACE(ckpt);
     json saved = read_json(ckpt + "/config.json");
     EXPECT_EQ(saved["dtype"], "float32");
+    EXPECT_EQ(saved["torch_dtype"], "float32");  // what transformers 4 reads
     EXPECT_EQ(saved["rope_theta"].dump(), given["rope_parameters"]["rope_theta"].dump());
     EXPECT_EQ(saved["rope_scaling"]["original_max_position_embeddings"].dump(), "16");  // not 16.0
     // All else as given, to each value's JSON type (dump tells 16 from 16.0).
     saved.erase("rope_theta");
     saved.erase("rope_scaling");
+    saved.erase("torch_dtype");
     json want = given;
     want["dtype"] = "float32";
     EXPECT_EQ(saved.dump(), want.dump());
@@ -225,6 +227,83 @@ TEST(HfModelDir, Bf16CheckpointIsShardedAsSavePretrainedWithFp32MastersAndResume
   EXPECT_GT(finer, total / 2);
   const auto r = testing::run_command(str(AUTOSP_BINARY, " verify ", ck));
   EXPECT_EQ(r.exit_code, 0) << r.output;
+}
+
+// The transformers the tests load checkpoints with (scripts/install_hf_venv.sh, which
+// `make test` runs first): a missing one fails the test, saying how to install it.
+std::string hf_python() {
+  const char* venv = std::getenv("AUTOSP_HF_VENV");
+  const char* cache = std::getenv("XDG_CACHE_HOME");
+  const char* home = std::getenv("HOME");
+  const std::string dir = venv ? venv : str(cache ? cache : str(home ? home : "", "/.cache"), "/autosp/hf-venv");
+  const std::string python = dir + "/bin/python";
+  EXPECT_TRUE(std::filesystem::exists(python))
+      << python << " is missing: run scripts/install_hf_venv.sh (make test runs it)";
+  return python;
+}
+
+// transformers' from_pretrained on `dir`, with the loss of `tokens` (tests/reference/hf_load_checkpoint.py).
+json transformers_load(const std::string& dir, const std::vector<int32_t>& tokens) {
+  std::string ids;
+  for (int32_t t : tokens) ids += (ids.empty() ? "" : ",") + std::to_string(t);
+  const auto r = testing::run_command(
+      str(hf_python(), " ", source_path("tests/reference/hf_load_checkpoint.py"), " ", dir, " ", ids, " 2>/dev/null"));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  const size_t line = r.output.rfind("{\"missing_keys\"");
+  if (line == std::string::npos) {
+    ADD_FAILURE() << r.output;
+    return json::object();
+  }
+  return json::parse(r.output.substr(line, r.output.find('\n', line) - line));
+}
+
+// A checkpoint is a model transformers loads as it is: no missing, unexpected or misshaped
+// key, the config autosp trained (dtype, rope, token ids), and transformers' loss on the next
+// sample is the loss autosp's next step computes (fp32: from the saved weights themselves;
+// bf16: from the bf16 weights, autosp's next step running on the fp32 masters instead).
+TEST(HfModelDir, TransformersLoadsTheCheckpointAndComputesAutospsNextLoss) {
+  for (const char* name : {"llama3_f32_v5", "llama3_f32_v4", "llama3_bf16_v5"}) {
+    SCOPED_TRACE(name);
+    const std::vector<Fixture> all = fixtures();
+    const auto it = std::find_if(all.begin(), all.end(), [&](const Fixture& x) { return x.name == name; });
+    ASSERT_NE(it, all.end());
+    const Fixture& f = *it;
+    testing::TempDir tmp("hf_roundtrip");
+    // One sample, so that every step reads it: the next step's loss is on these tokens.
+    const std::vector<int32_t> tokens = f.expected["tokens"].get<std::vector<int32_t>>();
+    std::ofstream(tmp / "tokens.bin", std::ios::binary)
+        .write(reinterpret_cast<const char*>(tokens.data()), std::streamsize(tokens.size() * 4));
+    std::ofstream(tmp / "ds.json") << R"({"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
+        "steps_per_print": 1, "checkpoint": {"max_shard_size": "12KB"}, "optimizer": {"type": "AdamW", "params": {"lr": 0.01}}})";
+    const std::string train = str(AUTOSP_BINARY, " train --config ", tmp / "ds.json", " --data ", tmp / "tokens.bin");
+    auto r = testing::run_command(str(train, " --model ", f.dir, " --seq-len 24 --steps 2 --save ", tmp / "ck"));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    r = testing::run_command(str(train, " --resume ", tmp / "ck", " --steps 3 --metrics ", tmp / "next.jsonl"));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const auto next = testing::read_metrics(tmp / "next.jsonl");
+    ASSERT_EQ(next.size(), 1u);
+
+    const json hf = transformers_load(tmp / "ck", tokens);
+    ASSERT_TRUE(hf.contains("loss")) << hf.dump();
+    EXPECT_EQ(hf["missing_keys"], json::array());
+    EXPECT_EQ(hf["unexpected_keys"], json::array());
+    EXPECT_EQ(hf["mismatched_keys"], json::array());
+    EXPECT_EQ(hf["error_msgs"], json::array());
+    EXPECT_EQ(hf["torch_dtype"], f.expected["dtype"]);
+    EXPECT_EQ(hf["weight_dtypes"], json::array({f.expected["dtype"]}));
+    EXPECT_EQ(hf["rope_theta"], 500000.0);
+    EXPECT_EQ(hf["rope_scaling"]["rope_type"], "llama3");
+    EXPECT_EQ(hf["bos_token_id"], 1);
+    EXPECT_EQ(hf["eos_token_id"], 2);
+    const models::LlamaConfig model = models::load_llama_config(tmp / "ck/config.json");
+    json sample = f.expected;
+    const double autosp_next = next[0]["loss"], from_weights = first_loss(model, tmp / "ck", sample);
+    const double loss = hf["loss"];
+    if (f.expected["dtype"] == "float32") EXPECT_NEAR(loss, autosp_next, 1e-5);
+    EXPECT_NEAR(loss, from_weights, 1e-5);
+    std::printf("%s: transformers %.9f, autosp's next step %.9f, autosp on the saved weights %.9f\n", name, loss,
+                autosp_next, from_weights);
+  }
 }
 
 // ---------------------------------------------------------------------------- config.json
