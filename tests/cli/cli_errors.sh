@@ -40,7 +40,7 @@ rm -f "$VALID/expected.safetensors"  # the reference's gradients; not an input
 # Edits a copy of the valid setup. One subcommand per kind of damage.
 MUTATE=$TMP/mutate.py
 cat >"$MUTATE" <<'EOF'
-import json, struct, sys
+import json, os, struct, sys
 
 def read_st(path):
     b = open(path, "rb").read()
@@ -109,6 +109,17 @@ elif op == "drop":  # drop FILE TENSOR
     meta, items = tensors(path)
     assert any(k == args[0] for k, _, _ in items), args[0]
     relayout(path, meta, [it for it in items if it[0] != args[0]])
+elif op == "remanifest":  # remanifest DIR: a checkpoint's manifest.json vouching for its files as they are now
+    def fnv1a64(data):
+        h = 0xCBF29CE484222325
+        for b in data:
+            h = ((h ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+        return "%016x" % h
+    m = json.load(open(os.path.join(path, "manifest.json")))
+    for rel in m["files"]:
+        data = open(os.path.join(path, rel), "rb").read()
+        m["files"][rel] = {"bytes": len(data), "fnv1a64": fnv1a64(data)}
+    json.dump(m, open(os.path.join(path, "manifest.json"), "w"), indent=2)
 elif op == "json":  # json FILE CODE: runs CODE with the parsed file as `c`
     c = json.load(open(path))
     exec(args[0])
@@ -610,6 +621,23 @@ sharded_case config_rope_keys_disagree && mutate json "$CASE/config.json" 'c["ro
 sharded_case config_unknown_key_warns && mutate json "$CASE/config.json" 'c["no_such_llama_key"] = 1' &&
   run_expect config_unknown_key_warns 0 "warning" "$CASE/config.json" "no_such_llama_key" -- "$AUTOSP" train \
     --config "$CASE/ds_config.json" --model "$CASE" --data "$CASE/tokens.bin" --seq-len 16 --steps 1
+
+# checkpoint.max_shard_size is a size as transformers' max_shard_size takes it.
+for bad in '"5":has no unit' '"0GB":out of range' '"fiveGB":expected a number before the unit' '1.5:expected a size'; do
+  value=${bad%%:*} needle=${bad#*:}
+  name=ds_max_shard_size_${value//[^a-zA-Z0-9]/_}
+  new_case "$name" && mutate json "$CASE/ds_config.json" "c['checkpoint'] = {'max_shard_size': $value}" &&
+    train_case "$name" "$CASE/ds_config.json: checkpoint.max_shard_size" "$needle"
+done
+# A checkpoint of a bf16 model resumes from its fp32 masters; one without them (its manifest
+# made to agree) is refused rather than resumed from rounded weights.
+sharded_case bf16_checkpoint_without_masters && rm -rf "$CASE"/* && cp -r "$ROOT/tests/fixtures/hf/llama3_bf16_v5/." "$CASE" &&
+  cp "$VALID/ds_config.json" "$SHARDED/tokens.bin" "$CASE" &&
+  run_expect bf16_checkpoint_saves 0 -- "$AUTOSP" train --config "$CASE/ds_config.json" --model "$CASE" \
+    --data "$CASE/tokens.bin" --seq-len 16 --steps 1 --save "$CASE/ck" &&
+  mutate drop "$CASE/ck/optimizer.safetensors" master.model.norm.weight && mutate remanifest "$CASE/ck" &&
+  expect_error bf16_checkpoint_without_masters "$CASE/ck/optimizer.safetensors: missing tensor 'master.model.norm.weight'" -- \
+    "$AUTOSP" train --config "$CASE/ds_config.json" --resume "$CASE/ck" --data "$CASE/tokens.bin" --steps 2
 
 # Weights autosp cannot read are an error that says why and how to convert, never a random
 # init: a real torch.save file, a GGUF file (by its name).
