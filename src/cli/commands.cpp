@@ -696,7 +696,9 @@ int run_verify(const std::string& dir) {
 }
 
 int run_dump(const DumpArgs& args) {
-  models::LlamaConfig model = models::load_llama_config(args.model + "/config.json");
+  std::vector<std::string> warnings;  // config.json's keys autosp does not read, said once
+  models::LlamaConfig model = models::load_llama_config(args.model + "/config.json", &warnings);
+  for (const std::string& w : warnings) std::fprintf(stderr, "autosp: warning: %s\n", w.c_str());
   const auto& stages = pipeline_stages();
   if (std::find(stages.begin(), stages.end(), args.stage) == stages.end()) {
     std::string known;

@@ -118,7 +118,9 @@ int run_plan(const PlanArgs& args) {
   const auto start = std::chrono::steady_clock::now();
   const std::string config = fs::is_directory(args.model) ? args.model + "/config.json" : args.model;
   train::PlanSetup setup;
-  setup.model = models::load_llama_config(config);
+  std::vector<std::string> warnings;  // config.json's keys autosp does not read, said once
+  setup.model = models::load_llama_config(config, &warnings);
+  for (const std::string& w : warnings) std::fprintf(stderr, "autosp: warning: %s\n", w.c_str());
   setup.world = static_cast<int>(args.world);
   setup.sp = static_cast<int>(args.sp);
   setup.zero = static_cast<int>(args.zero);

@@ -639,6 +639,19 @@ sharded_case bf16_checkpoint_without_masters && rm -rf "$CASE"/* && cp -r "$ROOT
   expect_error bf16_checkpoint_without_masters "$CASE/ck/optimizer.safetensors: missing tensor 'master.model.norm.weight'" -- \
     "$AUTOSP" train --config "$CASE/ds_config.json" --resume "$CASE/ck" --data "$CASE/tokens.bin" --steps 2
 
+# plan and dump read config.json as train does: an unknown key is warned about, once.
+sharded_case config_unknown_key_plan_dump && mutate json "$CASE/config.json" 'c["no_such_llama_key"] = 1' &&
+  run_expect config_unknown_key_plan 0 "warning" "no_such_llama_key" -- "$AUTOSP" plan --model "$CASE" \
+    --device-memory 1GiB &&
+  run_expect config_unknown_key_dump 0 "warning" "no_such_llama_key" -- "$AUTOSP" dump --model "$CASE" \
+    --seq-len 16 --stage forward
+for name in config_unknown_key_plan config_unknown_key_dump config_unknown_key_warns; do
+  if [ "$(grep -c no_such_llama_key "$TMP/$name.stderr" 2>/dev/null)" != 1 ]; then
+    echo "FAIL $name: the unknown key is not warned about exactly once"
+    FAILED+=("${name}_once")
+  fi
+done
+
 # Weights autosp cannot read are an error that says why and how to convert, never a random
 # init: a real torch.save file, a GGUF file (by its name).
 new_case weights_pickle_only && rm "$CASE/model.safetensors" &&
