@@ -1,13 +1,17 @@
-// Checkpoints: a directory that Hugging Face can load (config.json + model.safetensors, and
-// the model directory's generation config and tokenizer files, copied; config.json is the
-// given one with its keys and JSON types kept),
-// plus autosp's optimizer state (optimizer.safetensors), trainer_state.json (step, data
-// position, batch layout, seed, sequence length, the data file's fingerprint) and, written
-// last, manifest.json (every other file's size and checksum; verified on load).
+// Checkpoints: a directory that Hugging Face can load, as save_pretrained writes it
+// (config.json; the weights in the model's dtype, in model.safetensors or, above the
+// target's max_shard_bytes, in shards with model.safetensors.index.json; the model
+// directory's generation config and tokenizer files, copied; config.json is the given one
+// with its keys and JSON types kept), plus autosp's optimizer state (optimizer.safetensors),
+// trainer_state.json (step, data position, batch layout, seed, sequence length, the data
+// file's fingerprint) and, written last, manifest.json (every other file's size and
+// checksum; verified on load).
 //
-// Whatever the ZeRO stage and world size, the files are consolidated: model.safetensors
-// holds each parameter whole under its Hugging Face name, optimizer.safetensors each
-// moment whole ("exp_avg.NAME", "exp_avg_sq.NAME", the parameter's shape), all F32. So a
+// Whatever the ZeRO stage and world size, the files are consolidated: the weights hold each
+// parameter whole under its Hugging Face name, optimizer.safetensors each moment whole
+// ("exp_avg.NAME", "exp_avg_sq.NAME", the parameter's shape, F32) and, where the weights
+// are 16-bit (a bf16 or f16 model), the fp32 master weights ("master.NAME") that a resume
+// reads instead of the rounded weights, so that it is exact. So a
 // checkpoint resumes at any world size and stage (each rank reads the byte ranges of the
 // elements its new layout keeps), and loads as a plain Hugging Face checkpoint. Neither
 // saving nor loading ever holds a whole extra copy of the state on a rank: rank 0 writes
