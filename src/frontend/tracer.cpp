@@ -46,9 +46,17 @@ Tensor Tracer::rope(Tensor x, Tensor positions, const RopeOptions& o) {
   if (o.rope_type != "default") {
     attrs.set("rope_type", o.rope_type);
     attrs.set("factor", o.factor);
+  }
+  if (o.rope_type == "llama3") {
     attrs.set("low_freq_factor", o.low_freq_factor);
     attrs.set("high_freq_factor", o.high_freq_factor);
     attrs.set("original_max_position_embeddings", o.original_max_position_embeddings);
+  }
+  if (o.rope_type == "yarn") {
+    attrs.set("original_max_position_embeddings", o.original_max_position_embeddings);
+    attrs.set("beta_fast", o.beta_fast);
+    attrs.set("beta_slow", o.beta_slow);
+    attrs.set("truncate", int64_t{o.truncate});
   }
   return op(OpKind::rope, {x, positions}, attrs);
 }

@@ -21,11 +21,19 @@ struct Tensor {
   ValueId id = -1;
 };
 
+// Hugging Face's rope types (transformers' modeling_rope_utils): "default", "linear"
+// (frequencies / factor), "llama3" (factor, low/high_freq_factor, original positions) and
+// "yarn" (factor, original positions, beta_fast/slow, truncate; its attention_factor scales
+// cos and sin, which the model applies as attention_factor^2 on the attention scale, since
+// it multiplies both q and k).
 struct RopeOptions {
   double theta = 10000.0;
-  std::string rope_type = "default";  // or "llama3"
+  std::string rope_type = "default";
   double factor = 1.0, low_freq_factor = 1.0, high_freq_factor = 4.0;
   double original_max_position_embeddings = 8192.0;
+  double beta_fast = 32.0, beta_slow = 1.0;  // yarn
+  bool truncate = true;                      // yarn
+  double attention_factor = 1.0;             // yarn, resolved from factor / mscale / mscale_all_dim
 };
 
 class Tracer {

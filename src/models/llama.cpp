@@ -69,7 +69,7 @@ const std::set<std::string> kModelKeys = {
     "num_attention_heads", "num_key_value_heads", "head_dim", "hidden_act", "rms_norm_eps", "rope_theta",
     "rope_scaling", "rope_parameters", "tie_word_embeddings", "max_position_embeddings", "initializer_range",
     "attention_bias", "mlp_bias", "pretraining_tp", "attention_dropout", "partial_rotary_factor", "torch_dtype",
-    "dtype", "quantization_config"};
+    "dtype", "quantization_config", "original_max_position_embeddings"};
 // Keys transformers writes (or wrote: older versions kept the generation settings here,
 // before generation_config.json) that change nothing in a training step: known, so not
 // warned about.
@@ -84,10 +84,16 @@ const std::set<std::string> kInertKeys = {
     "no_repeat_ngram_size", "encoder_no_repeat_ngram_size", "bad_words_ids", "num_return_sequences",
     "output_scores", "return_dict_in_generate", "forced_bos_token_id", "forced_eos_token_id",
     "remove_invalid_values", "exponential_decay_length_penalty", "suppress_tokens", "begin_suppress_tokens"};
-// Keys inside rope_parameters (transformers 5) or rope_scaling (transformers 4).
-const std::set<std::string> kRopeKeys = {"rope_theta",       "rope_type", "type", "factor", "low_freq_factor",
-                                         "high_freq_factor", "original_max_position_embeddings",
-                                         "partial_rotary_factor"};
+// Keys inside rope_parameters (transformers 5) or rope_scaling (transformers 4) that every
+// rope type reads, and those its type reads (transformers ignores the others).
+const std::set<std::string> kRopeKeys = {"rope_theta", "rope_type", "type", "partial_rotary_factor"};
+const std::map<std::string, std::set<std::string>> kRopeTypeKeys = {
+    {"default", {}},
+    {"linear", {"factor"}},
+    {"llama3", {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}},
+    {"yarn",
+     {"factor", "original_max_position_embeddings", "attention_factor", "beta_fast", "beta_slow", "mscale",
+      "mscale_all_dim", "truncate"}}};
 
 // The rope settings, which config.json may give in two places: transformers 5 writes them
 // all inside `rope_parameters` (rope_theta, rope_type, the scaling factors) and nothing at
@@ -156,10 +162,16 @@ void parse_rope(const Reader& r, LlamaConfig& c, std::vector<std::string>& unkno
       // transformers 5 nests one set per attention type ({"full_attention": {...}, ...}) for
       // models that mix them; Llama has one.
       if (v.is_object()) r.bad(str(name, ".", key), "per-attention-type rope settings are not supported (Llama has one set)");
-      if (!kRopeKeys.count(key)) unknown.push_back(str(name, ".", key));
     }
   }
   const RopeKeys keys{r, params, scaling};
+  const std::string type = keys.type();
+  if (const auto known = kRopeTypeKeys.find(type); known != kRopeTypeKeys.end())
+    for (const json* obj : {params, scaling})
+      if (obj)
+        for (const auto& [key, v] : obj->items())
+          if (!kRopeKeys.count(key) && !known->second.count(key))
+            unknown.push_back(str(obj == params ? "rope_parameters" : "rope_scaling", ".", key));
   // A rotary embedding over part of each head (transformers reads it for every rope type).
   if (std::optional<double> f = keys.number("partial_rotary_factor", &r.j, "partial_rotary_factor",
                                             "partial_rotary_factor");
@@ -169,7 +181,6 @@ void parse_rope(const Reader& r, LlamaConfig& c, std::vector<std::string>& unkno
           str(*f, " is not supported (autosp rotates the whole head: 1)"));
   c.rope.theta = keys.number("rope_theta", &r.j, "rope_theta", "rope_theta").value_or(10000.0);
 
-  const std::string type = keys.type();
   if (type == "llama3") {
     auto need = [&](const char* key) {
       std::optional<double> v = keys.number(key, scaling, key, str("rope_scaling.", key));
@@ -183,9 +194,47 @@ void parse_rope(const Reader& r, LlamaConfig& c, std::vector<std::string>& unkno
     c.rope.original_max_position_embeddings = need("original_max_position_embeddings");
     if (c.rope.high_freq_factor <= c.rope.low_freq_factor)
       r.bad(str(params ? "rope_parameters" : "rope_scaling", ".high_freq_factor"), "must be greater than low_freq_factor");
+  } else if (type == "linear") {
+    c.rope.rope_type = "linear";
+    const std::optional<double> factor = keys.number("factor", scaling, "factor", "rope_scaling.factor");
+    if (!factor) r.bad(str(params ? "rope_parameters." : "rope_scaling.", "factor"), "missing (rope_type linear needs it)");
+    c.rope.factor = *factor;
+  } else if (type == "yarn") {
+    // As transformers 5 reads it (_compute_yarn_parameters, standardize_rope_params): the
+    // original positions from the top-level key where given, else the rope settings', else
+    // max_position_embeddings; factor, where missing, their ratio.
+    c.rope.rope_type = "yarn";
+    const std::string where = params ? "rope_parameters." : "rope_scaling.";
+    auto get = [&](const char* key) { return keys.number(key, scaling, key, str("rope_scaling.", key)); };
+    std::optional<double> orig = get("original_max_position_embeddings");
+    if (const json* top = r.find("original_max_position_embeddings")) {
+      if (!top->is_number() || !(top->get<double>() > 0))
+        r.bad("original_max_position_embeddings", str("expected a positive number, got ", top->dump()));
+      if (orig && *orig != top->get<double>())
+        r.bad(str(where, "original_max_position_embeddings and original_max_position_embeddings"),
+              str("disagree (", *orig, " and ", top->dump(), "); transformers reads the second"));
+      orig = top->get<double>();
+    }
+    c.rope.original_max_position_embeddings = orig.value_or(double(c.max_position_embeddings));
+    c.rope.factor = get("factor").value_or(double(c.max_position_embeddings) / c.rope.original_max_position_embeddings);
+    // transformers takes a missing or zero beta as its default.
+    c.rope.beta_fast = get("beta_fast").value_or(32.0);
+    c.rope.beta_slow = get("beta_slow").value_or(1.0);
+    for (const json* obj : {params, scaling})
+      if (const json* t = obj ? Reader{*obj, r.source}.find("truncate") : nullptr) {
+        if (!t->is_boolean()) r.bad(str(obj == params ? "rope_parameters" : "rope_scaling", ".truncate"), "expected true or false");
+        c.rope.truncate = t->get<bool>();
+      }
+    const auto get_mscale = [](double scale, double m) { return scale <= 1 ? 1.0 : 0.1 * m * std::log(scale) + 1.0; };
+    const std::optional<double> attention = get("attention_factor"), mscale = get("mscale"),
+                                mscale_all_dim = get("mscale_all_dim");
+    c.rope.attention_factor = attention ? *attention
+                              : mscale && mscale_all_dim
+                                  ? get_mscale(c.rope.factor, *mscale) / get_mscale(c.rope.factor, *mscale_all_dim)
+                                  : get_mscale(c.rope.factor, 1.0);
   } else if (type != "default") {
     r.bad(params ? "rope_parameters.rope_type" : "rope_scaling.rope_type",
-          str("\"", type, "\" is not supported (autosp implements \"default\" and \"llama3\")"));
+          str("\"", type, "\" is not supported (autosp implements \"default\", \"linear\", \"llama3\" and \"yarn\")"));
   }
 }
 
@@ -320,6 +369,16 @@ json llama_config_json(const LlamaConfig& c) {
                          // A count of positions: an integer, as transformers writes it (it
                          // warns about 8192.0).
                          {"original_max_position_embeddings", integral_or_number(c.rope.original_max_position_embeddings)}};
+  else if (c.rope.rope_type == "linear")
+    j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", c.rope.factor}};
+  else if (c.rope.rope_type == "yarn")
+    j["rope_scaling"] = {{"rope_type", "yarn"},
+                         {"factor", c.rope.factor},
+                         {"original_max_position_embeddings", integral_or_number(c.rope.original_max_position_embeddings)},
+                         {"beta_fast", c.rope.beta_fast},
+                         {"beta_slow", c.rope.beta_slow},
+                         {"truncate", c.rope.truncate},
+                         {"attention_factor", c.rope.attention_factor}};
   else
     j["rope_scaling"] = nullptr;
   return j;
@@ -404,7 +463,9 @@ Graph llama_forward(const LlamaConfig& c, const LlamaTraceOptions& o) {
   std::map<std::string, Tensor> w;
   for (const ParameterSpec& p : llama_parameters(c)) w[p.name] = t.parameter(p.name, p.shape, o.dtype);
 
-  const double eps = c.rms_norm_eps, scale = 1.0 / std::sqrt(double(D));
+  // yarn's attention factor scales cos and sin, so both q and k: their product by its square.
+  const double eps = c.rms_norm_eps,
+               scale = c.rope.attention_factor * c.rope.attention_factor / std::sqrt(double(D));
   Tensor x = t.embedding(w["model.embed_tokens.weight"], input_ids);
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     const std::string p = str("model.layers.", i, ".");

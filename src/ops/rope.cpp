@@ -9,17 +9,27 @@ namespace autosp {
 
 cpu::RopeScaling rope_scaling(const Attrs& attrs) {
   cpu::RopeScaling s;
-  s.llama3 = attrs.has("rope_type") && attrs.get_str("rope_type") == "llama3";
-  if (s.llama3) {
-    s.factor = attrs.get_float("factor");
+  const std::string type = attrs.has("rope_type") ? attrs.get_str("rope_type") : "default";
+  if (type == "default") return s;
+  s.factor = attrs.get_float("factor");
+  if (type == "linear") s.kind = cpu::RopeScaling::linear;
+  if (type == "llama3") {
+    s.kind = cpu::RopeScaling::llama3;
     s.low_freq_factor = attrs.get_float("low_freq_factor");
     s.high_freq_factor = attrs.get_float("high_freq_factor");
     s.original_max_position_embeddings = attrs.get_float("original_max_position_embeddings");
   }
+  if (type == "yarn") {
+    s.kind = cpu::RopeScaling::yarn;
+    s.original_max_position_embeddings = attrs.get_float("original_max_position_embeddings");
+    s.beta_fast = attrs.get_float("beta_fast");
+    s.beta_slow = attrs.get_float("beta_slow");
+    s.truncate = attrs.get_int("truncate") != 0;
+  }
   return s;
 }
 
-// rope(x[B, S, NH, D], positions i32[B, S]) {theta, inverse, rope_type, llama3 params}
+// rope(x[B, S, NH, D], positions i32[B, S]) {theta, inverse, rope_type, its params}
 // inverse=1 rotates by minus the angle: the transpose, hence the gradient. The result has
 // x's dtype (f32 or bf16; a bf16 kernel computes the angles in fp32).
 extern const OpDef rope_op = {
@@ -35,11 +45,13 @@ extern const OpDef rope_op = {
       require(attrs.has("theta") && attrs.get_float("theta") > 0, "needs a positive 'theta'");
       if (attrs.has("rope_type")) {
         const std::string& t = attrs.get_str("rope_type");
-        require(t == "default" || t == "llama3", "unknown rope_type '", t, "'");
-        if (t == "llama3")
-          for (const char* k : {"factor", "low_freq_factor", "high_freq_factor",
-                                "original_max_position_embeddings"})
-            require(attrs.has(k), "rope_type llama3 needs '", k, "'");
+        require(t == "default" || t == "linear" || t == "llama3" || t == "yarn", "unknown rope_type '", t, "'");
+        std::vector<const char*> keys;
+        if (t == "linear") keys = {"factor"};
+        if (t == "llama3") keys = {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"};
+        if (t == "yarn") keys = {"factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "truncate"};
+        for (const char* k : keys) require(attrs.has(k), "rope_type ", t, " needs '", k, "'");
+        if (t != "default") require(attrs.get_float("factor") > 0, "needs a positive 'factor'");
       }
       return {in[0]};
     },

@@ -1,4 +1,4 @@
-// What the rope op's attributes say about llama3 frequency scaling, for every backend's
+// What the rope op's attributes say about frequency scaling (linear, llama3, yarn), for every backend's
 // kernel (the attributes are defined in rope.cpp).
 #pragma once
 #include "ir/graph.h"

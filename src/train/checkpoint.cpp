@@ -247,10 +247,9 @@ json saved_config_json(const models::LlamaConfig& c) {
   // checks that the two forms agree).
   if (const auto p = j.find("rope_parameters"); p != j.end() && p->is_object()) {
     if (p->contains("rope_theta") && !j.contains("rope_theta")) j["rope_theta"] = (*p)["rope_theta"];
-    if (c.rope.rope_type == "llama3" && (!j.contains("rope_scaling") || j["rope_scaling"].is_null())) {
-      json scaling = {{"rope_type", "llama3"}};
-      for (const char* key : {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"})
-        scaling[key] = (*p)[key];
+    if (c.rope.rope_type != "default" && (!j.contains("rope_scaling") || j["rope_scaling"].is_null())) {
+      json scaling = *p;  // the scaling keys, as given
+      scaling.erase("rope_theta");
       j["rope_scaling"] = scaling;
     }
   }

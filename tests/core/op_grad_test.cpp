@@ -125,8 +125,8 @@ TEST(OpGrad, RmsNorm) {
   check_gradients(t.finish(), {});
 }
 
-TEST(OpGrad, RopeDefaultAndLlama3) {
-  for (const char* type : {"default", "llama3"}) {
+TEST(OpGrad, RopeDefaultLinearLlama3AndYarn) {
+  for (const char* type : {"default", "linear", "llama3", "yarn"}) {
     SCOPED_TRACE(type);
     Tracer t;
     Tensor x = t.parameter("x", {2, 3, 2, 8});
@@ -137,6 +137,17 @@ TEST(OpGrad, RopeDefaultAndLlama3) {
       o.rope_type = "llama3";
       o.factor = 8.0;
       o.original_max_position_embeddings = 16;  // small, so every frequency band is used
+    }
+    if (std::string(type) == "linear") {
+      o.rope_type = "linear";
+      o.factor = 4.0;
+    }
+    if (std::string(type) == "yarn") {  // the ramp over D/2 = 4 frequencies: some on each side
+      o.rope_type = "yarn";
+      o.factor = 8.0;
+      o.original_max_position_embeddings = 64;
+      o.beta_fast = 16.0;
+      o.beta_slow = 2.0;
     }
     t.output("y0", t.rope(x, pos, o));
     Feed feed;

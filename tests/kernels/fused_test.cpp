@@ -342,7 +342,7 @@ TEST(FusedKernelRopeInvFreq, PlainIsThetaPower) {
 // keeps inv_freq (i <= 28), wavelen > 8192 divides by 8 (i >= 35), between is smoothed.
 TEST(FusedKernelRopeInvFreq, Llama3MatchesTransformers) {
   RopeScaling s;
-  s.llama3 = true;
+  s.kind = RopeScaling::llama3;
   s.factor = 8.0;
   s.low_freq_factor = 1.0;
   s.high_freq_factor = 4.0;
@@ -365,6 +365,36 @@ TEST(FusedKernelRopeInvFreq, Llama3MatchesTransformers) {
   // Same operations in the same order as the float64 torch code, different pow/exp
   // library: observed equal except i = 32, one ulp off (2.1e-16 relative).
   for (const auto& c : cases) EXPECT_NEAR(f[c.i], c.want, 2e-15 * c.want) << "i = " << c.i;
+}
+
+// yarn (D = 128, theta = 500000) against transformers' own _compute_yarn_parameters (4.46.3,
+// in the venv of scripts/install_hf_venv.sh, with max_position_embeddings = the original
+// positions, which 4.46 reads them from), which computes in float32: hence 1e-6 relative.
+// Below the correction range the frequency is kept, above it divided by the factor.
+TEST(FusedKernelRopeInvFreq, YarnMatchesTransformers) {
+  const struct {
+    double factor, orig, beta_fast, beta_slow;
+    std::vector<std::pair<int, double>> want;
+  } cases[] = {
+      {4.0, 2048, 32, 1,
+       {{0, 1.0}, {10, 0.12868738174438477}, {20, 0.010350275784730911}, {25, 0.002475304529070854},
+        {30, 0.0005327799008227885}, {40, 6.856204709038138e-05}, {63, 6.137851755738666e-07}}},
+      {8.0, 64, 16, 2,
+       {{0, 1.0}, {10, 0.016085922718048096}, {20, 0.0020700551103800535}, {25, 0.0007425913354381919},
+        {30, 0.00026638995041139424}, {40, 3.428102354519069e-05}, {63, 3.068925877869333e-07}}},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.orig);
+    RopeScaling s;
+    s.kind = RopeScaling::yarn;
+    s.factor = c.factor;
+    s.original_max_position_embeddings = c.orig;
+    s.beta_fast = c.beta_fast;
+    s.beta_slow = c.beta_slow;
+    std::vector<double> f(64);
+    rope_inv_freq(128, 500000.0, s, f.data());
+    for (const auto& [i, want] : c.want) EXPECT_NEAR(f[i], want, 1e-6 * want) << i;
+  }
 }
 
 // ---- silu / swiglu --------------------------------------------------------------------

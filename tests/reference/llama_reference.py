@@ -3,7 +3,7 @@
 
 Usage:
   /usr/bin/python3 tests/reference/llama_reference.py --out DIR
-      [--tied 0|1] [--rope llama3|default] [--steps N] [--seed K] [--seq-len S] [--accum G]
+      [--tied 0|1] [--rope llama3|default|yarn] [--steps N] [--seed K] [--seq-len S] [--accum G]
       [--eos ID] [--sample-order K0,K1,... --data-seed SEED]
 
 --seq-len and --accum (defaults 16 and 2) change S and the micro batches per step: a
@@ -73,6 +73,11 @@ EPS = 1e-5                         # rms_norm_eps
 ROPE_THETA = 10000.0
 LLAMA3_SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                   "high_freq_factor": 4.0, "original_max_position_embeddings": 16}
+# transformers 5's yarn (_compute_yarn_parameters): with D = 8 and 16 original positions,
+# frequency 0 is kept and 1..3 are divided by the factor; cos and sin are scaled by
+# attention_factor = 0.1 ln(factor) + 1.
+YARN_SCALING = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16,
+                "beta_fast": 32.0, "beta_slow": 1.0}
 INIT_STD = 0.1                     # linear / embedding init (HF would use 0.02)
 NORM_INIT_STD = 0.1                # norm weights: 1 + 0.1 * normal
 
@@ -105,7 +110,8 @@ def hf_config(tied, rope):
         "head_dim": D,
         "rms_norm_eps": EPS,
         "rope_theta": ROPE_THETA,
-        "rope_scaling": dict(LLAMA3_SCALING) if rope == "llama3" else None,
+        "rope_scaling": (dict(LLAMA3_SCALING) if rope == "llama3" else
+                         dict(YARN_SCALING) if rope == "yarn" else None),
         "tie_word_embeddings": bool(tied),
         "attention_bias": False,
         "mlp_bias": False,
@@ -212,6 +218,19 @@ def rope_inv_freq(rope):
     inv_freq = 1.0 / (ROPE_THETA ** (torch.arange(0, D, 2, dtype=torch.float64) / D))
     if rope == "default":
         return inv_freq
+    if rope == "yarn":
+        c = YARN_SCALING
+        orig, factor = c["original_max_position_embeddings"], c["factor"]
+
+        def correction_dim(rotations):  # the dimension that turns `rotations` times over orig
+            return D * math.log(orig / (rotations * 2 * math.pi)) / (2 * math.log(ROPE_THETA))
+        low = max(math.floor(correction_dim(c["beta_fast"])), 0)
+        high = min(math.ceil(correction_dim(c["beta_slow"])), D - 1)
+        if low == high:
+            high += 0.001
+        ramp = ((torch.arange(D // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
+        extrapolation = 1 - ramp  # the share of the unscaled frequency
+        return inv_freq / factor * (1 - extrapolation) + inv_freq * extrapolation
     c = LLAMA3_SCALING
     factor, lo, hi = c["factor"], c["low_freq_factor"], c["high_freq_factor"]
     old_ctx = c["original_max_position_embeddings"]
@@ -231,7 +250,8 @@ def rope_cos_sin(rope, positions):
     """cos, sin: [B, 1, S, D] for positions [B, S]; angle(p, j) = p * inv_freq[j mod D/2]."""
     freqs = positions.to(torch.float64)[..., None] * rope_inv_freq(rope)  # [B, S, D/2]
     emb = torch.cat((freqs, freqs), dim=-1)                               # [B, S, D]
-    return emb.cos()[:, None], emb.sin()[:, None]
+    scale = 0.1 * math.log(YARN_SCALING["factor"]) + 1 if rope == "yarn" else 1.0  # yarn's attention_factor
+    return scale * emb.cos()[:, None], scale * emb.sin()[:, None]
 
 
 def rotate_half(x):
@@ -370,7 +390,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True, help="output directory (created)")
     ap.add_argument("--tied", type=int, choices=[0, 1], default=0)
-    ap.add_argument("--rope", choices=["llama3", "default"], default="llama3")
+    ap.add_argument("--rope", choices=["llama3", "default", "yarn"], default="llama3")
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--seq-len", type=int, default=16)

@@ -182,6 +182,9 @@ INSTANTIATE_TEST_SUITE_P(TiedAndRope, LlamaReference,
                          [](const auto& info) {
                            return str(std::get<0>(info.param) ? "tied_" : "untied_", std::get<1>(info.param));
                          });
+// yarn (issue 22): its frequencies and its attention factor, on the untied model.
+INSTANTIATE_TEST_SUITE_P(Yarn, LlamaReference, ::testing::Combine(::testing::Values(0), ::testing::Values("yarn")),
+                         [](const auto& info) { return str("untied_", std::get<1>(info.param)); });
 
 // The script's tokens.bin holds 13 samples of S = 16; each step reads 4 (micro 2 x accumulation 2).
 constexpr int64_t kSamples = 13, kGlobalBatch = 4;

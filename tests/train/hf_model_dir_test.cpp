@@ -345,10 +345,17 @@ TEST(HfConfig, RopeKeysThatDisagreeAreAnErrorNamingBoth) {
 
 TEST(HfConfig, KeysThatChangeTheMathsAreRefusedByName) {
   const std::vector<std::pair<std::string, std::function<void(json&)>>> cases = {
-      {"rope_parameters.rope_type", [](json& c) { c["rope_parameters"]["rope_type"] = "yarn"; }},
+      {"rope_parameters.rope_type", [](json& c) { c["rope_parameters"]["rope_type"] = "longrope"; }},
       {"rope_scaling.rope_type", [](json& c) {
          c.erase("rope_parameters");
-         c["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 2.0}};
+         c["rope_scaling"] = {{"rope_type", "dynamic"}, {"factor", 2.0}};
+       }},
+      {"rope_scaling.factor", [](json& c) {
+         c.erase("rope_parameters");
+         c["rope_scaling"] = {{"rope_type", "linear"}};
+       }},
+      {"rope_parameters.truncate", [](json& c) {
+         c["rope_parameters"] = {{"rope_type", "yarn"}, {"rope_theta", 10000.0}, {"factor", 4.0}, {"truncate", 1}};
        }},
       {"rope_parameters.partial_rotary_factor", [](json& c) { c["rope_parameters"]["partial_rotary_factor"] = 0.5; }},
       {"partial_rotary_factor", [](json& c) { c["partial_rotary_factor"] = 0.5; }},
@@ -371,6 +378,50 @@ TEST(HfConfig, KeysThatChangeTheMathsAreRefusedByName) {
   json c = v5_config();
   c["head_dim"] = 16;
   EXPECT_EQ(models::parse_llama_config(c, "cfg.json").head_dim, 16);
+}
+
+// yarn as transformers 5 reads it: both forms; the original positions from the top-level key
+// where given (else the rope settings', else max_position_embeddings); the factor from their
+// ratio where missing; the attention factor from factor, or mscale / mscale_all_dim.
+TEST(HfConfig, YarnAsTransformersReadsIt) {
+  json c = v5_config();
+  c["max_position_embeddings"] = 256;
+  c["rope_parameters"] = {{"rope_type", "yarn"}, {"rope_theta", 10000.0}, {"factor", 4.0},
+                          {"original_max_position_embeddings", 64}, {"beta_fast", 16}};
+  models::LlamaConfig m = models::parse_llama_config(c, "cfg.json");
+  EXPECT_EQ(m.rope.rope_type, "yarn");
+  EXPECT_EQ(m.rope.original_max_position_embeddings, 64);
+  EXPECT_EQ(m.rope.beta_fast, 16);
+  EXPECT_EQ(m.rope.beta_slow, 1);
+  EXPECT_TRUE(m.rope.truncate);
+  EXPECT_DOUBLE_EQ(m.rope.attention_factor, 0.1 * std::log(4.0) + 1);
+  // The transformers-4 form describes the same model.
+  json v4 = c;
+  v4.erase("rope_parameters");
+  v4["rope_theta"] = 10000.0;
+  v4["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 64}, {"beta_fast", 16}};
+  EXPECT_EQ(models::llama_config_json(models::parse_llama_config(v4, "cfg.json")), models::llama_config_json(m));
+
+  json derived = c;  // no factor, no original positions: max_position_embeddings and ratio 1
+  derived["rope_parameters"].erase("factor");
+  derived["rope_parameters"].erase("original_max_position_embeddings");
+  derived["original_max_position_embeddings"] = 32;  // top level (Phi-3 style): taken
+  m = models::parse_llama_config(derived, "cfg.json");
+  EXPECT_EQ(m.rope.original_max_position_embeddings, 32);
+  EXPECT_EQ(m.rope.factor, 256.0 / 32);
+
+  json ms = c;
+  ms["rope_parameters"]["mscale"] = 0.707;
+  ms["rope_parameters"]["mscale_all_dim"] = 1.0;
+  m = models::parse_llama_config(ms, "cfg.json");
+  EXPECT_DOUBLE_EQ(m.rope.attention_factor, (0.1 * 0.707 * std::log(4.0) + 1) / (0.1 * std::log(4.0) + 1));
+  ms["rope_parameters"]["attention_factor"] = 1.5;  // given: wins
+  EXPECT_EQ(models::parse_llama_config(ms, "cfg.json").rope.attention_factor, 1.5);
+
+  json disagree = c;
+  disagree["original_max_position_embeddings"] = 128;
+  expect_contains(user_error_of([&] { models::parse_llama_config(disagree, "cfg.json"); }),
+                  {"cfg.json", "original_max_position_embeddings", "disagree"});
 }
 
 TEST(HfConfig, UnknownKeysAreListedInOneWarning) {

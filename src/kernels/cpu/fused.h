@@ -38,16 +38,24 @@ void rope_forward(const float* x, const int32_t* pos, const double* inv_freq, in
                   int64_t NH, int64_t D, bool inverse, float* y, float* table = nullptr);
 inline int64_t rope_table_floats(int64_t D) { return D; }
 
-// inv_freq[i] = 1 / theta^(2i / D), then, if llama3 scaling is on, the Llama 3.1 rule
-// (transformers' _compute_llama3_parameters): wavelen = 2 pi / inv_freq;
-//   wavelen > orig / low_freq_factor  -> inv_freq / factor
-//   wavelen < orig / high_freq_factor -> inv_freq
-//   otherwise smooth = (orig / wavelen - low) / (high - low),
-//             inv_freq = (1 - smooth) * inv_freq / factor + smooth * inv_freq
+// inv_freq[i] = 1 / theta^(2i / D), then scaled as transformers' modeling_rope_utils does:
+//  - linear: inv_freq / factor.
+//  - llama3 (_compute_llama3_parameters): wavelen = 2 pi / inv_freq;
+//      wavelen > orig / low_freq_factor  -> inv_freq / factor
+//      wavelen < orig / high_freq_factor -> inv_freq
+//      otherwise smooth = (orig / wavelen - low) / (high - low),
+//                inv_freq = (1 - smooth) * inv_freq / factor + smooth * inv_freq
+//  - yarn (_compute_yarn_parameters): the correction range [low, high] of dimensions that
+//    make beta_fast and beta_slow rotations over orig positions (floor/ceil when truncate),
+//    clamped to [0, D - 1]; ramp(i) = clamp((i - low) / (high - low), 0, 1);
+//      inv_freq = inv_freq / factor * ramp(i) + inv_freq * (1 - ramp(i)).
+//    (Its attention factor is not a frequency: the model applies it, RopeOptions.)
 struct RopeScaling {
-  bool llama3 = false;
+  enum Kind { none, linear, llama3, yarn } kind = none;
   double factor = 1.0, low_freq_factor = 1.0, high_freq_factor = 4.0;
   double original_max_position_embeddings = 8192.0;
+  double beta_fast = 32.0, beta_slow = 1.0;
+  bool truncate = true;
 };
 void rope_inv_freq(int64_t D, double theta, const RopeScaling& scaling, double* inv_freq);
 
