@@ -399,9 +399,35 @@ std::string layout_text(const train::BatchLayout& l) {
 // in another order the rest of the epoch would not be the samples the epoch has left (some
 // read twice, some never), so on the same data a changed order is refused unless
 // --allow-new-data, which continues at the checkpoint's position in the new order.
+// A model's rope settings and positions, for the context-extension line.
+std::string rope_text(const models::LlamaConfig& m) {
+  const RopeOptions& r = m.rope;
+  std::string s = str("rope ", r.rope_type, " theta ", r.theta);
+  if (r.rope_type != "default") s += str(" factor ", r.factor);
+  if (r.rope_type == "llama3" || r.rope_type == "yarn")
+    s += str(" original_max_position_embeddings ", r.original_max_position_embeddings);
+  if (r.rope_type == "yarn") s += str(" attention_factor ", r.attention_factor);
+  return s + str(", max_position_embeddings ", m.max_position_embeddings);
+}
+
+// The checkpoint's data position (samples of its sequence length) at this run's sequence
+// length S: as many tokens into the epoch (train::convert_data_position), said in the log.
+void convert_position_to(const Launch& launch, const train::LoadedCheckpoint& ckpt, train::ModelState& state,
+                         const train::DataSource& data, int64_t S) {
+  const int64_t old_S = ckpt.info.seq_len;
+  if (old_S == S || state.consumed_samples <= 0) return;
+  const train::ConvertedPosition p =
+      train::convert_data_position(state.consumed_samples, old_S, data.num_samples(old_S), S, data.num_samples(S));
+  say(launch, "context extension: data position %lld samples of %lld tokens -> %lld samples of %lld tokens "
+      "(epoch %lld%s)\n", (long long)state.consumed_samples, (long long)old_S, (long long)p.samples, (long long)S,
+      (long long)p.epoch,
+      p.skipped_tokens > 0 ? str(", skipping ", p.skipped_tokens, " tokens to the next whole sample").c_str() : "");
+  state.consumed_samples = p.samples;
+}
+
 void resume_data_position(const Launch& launch, const train::LoadedCheckpoint& ckpt, train::ModelState& state,
                           const train::BatchLayout& layout, const TrainArgs& args, const io::DataFingerprint& data,
-                          const train::DataOrder& order) {
+                          const train::DataOrder& order, const train::DataSource& source, int64_t S) {
   say(launch, "resuming from %s at step %lld\n", ckpt.dir.c_str(), (long long)state.step);
   if (state.consumed_samples < 0) {  // the first checkpoint format kept only the step
     state.consumed_samples = state.step * layout.global();
@@ -450,6 +476,7 @@ void resume_data_position(const Launch& launch, const train::LoadedCheckpoint& c
   if (ckpt.info.layout != layout)
     say(launch, "the batch layout changed: the checkpoint was trained with %s, this run uses %s\n",
         layout_text(ckpt.info.layout).c_str(), layout_text(layout).c_str());
+  convert_position_to(launch, ckpt, state, source, S);
   const bool new_data = ckpt.info.data && *ckpt.info.data != data;
   if (new_data)
     say(launch, "continuing with sample %lld of the new data\n", (long long)state.consumed_samples);
@@ -540,16 +567,29 @@ int run_train(const TrainArgs& args, MpiRuntime* mpi) {
     if (!ckpt->verified && launch.lead())
       std::fprintf(stderr, "autosp: warning: --resume %s: no manifest.json (a checkpoint of an older autosp): "
                    "its files cannot be verified\n", ckpt->dir.c_str());
+    model = ckpt->model;
+    // Context extension: a --model whose config.json differs from the checkpoint's only in its
+    // rope settings and max_position_embeddings trains on with them; any other difference is
+    // another model.
     if (!args.model.empty()) {
       models::LlamaConfig given = models::load_llama_config(args.model + "/config.json");
-      if (models::llama_config_json(given) != models::llama_config_json(ckpt->model))
-        user_error("--resume ", ckpt->dir, ": its config.json describes a different model than --model ",
-                   args.model);
+      json a = models::llama_config_json(given), b = models::llama_config_json(ckpt->model);
+      if (a != b) {
+        for (const char* key : {"rope_theta", "rope_scaling", "max_position_embeddings"}) a.erase(key), b.erase(key);
+        for (const auto& [key, value] : a.items())
+          if (value != b[key])
+            user_error("--resume ", ckpt->dir, ": its config.json describes a different model than --model ",
+                       args.model, " (", key, ": ", b[key].dump(), " in the checkpoint, ", value.dump(),
+                       " in --model); only the rope settings and max_position_embeddings may change at a resume");
+        say(launch, "context extension: %s (checkpoint) -> %s (--model %s)\n", rope_text(ckpt->model).c_str(),
+            rope_text(given).c_str(), args.model.c_str());
+        model = given;
+      }
     }
     if (S > 0 && S != ckpt->info.seq_len)
-      user_error("--seq-len ", S, " differs from the checkpoint's sequence length ", ckpt->info.seq_len);
-    S = ckpt->info.seq_len;
-    model = ckpt->model;
+      say(launch, "context extension: sequence length %lld (checkpoint) -> %lld\n", (long long)ckpt->info.seq_len,
+          (long long)S);
+    if (S <= 0) S = ckpt->info.seq_len;
     train::check_heads_layout(model, config.sequence_parallel_size, sp_source, ckpt->dir + "/config.json");
     state = std::move(ckpt->state);
   } else {
@@ -592,7 +632,7 @@ int run_train(const TrainArgs& args, MpiRuntime* mpi) {
   const io::DataFingerprint fingerprint = *data.fingerprint();
   const int64_t epoch_samples = data.num_samples(S);
   const train::DataOrder order{config.data.shuffle, config.data.shuffle ? *config.data.seed : 0};
-  if (ckpt) resume_data_position(launch, *ckpt, state, layout, args, fingerprint, order);
+  if (ckpt) resume_data_position(launch, *ckpt, state, layout, args, fingerprint, order, data, S);
   std::optional<train::SaveTarget> target;
   MetricsWriter metrics;
   on_lead(launch, *groups.world, [&] {

@@ -336,4 +336,22 @@ std::unique_ptr<DataSource> open_data_source(const std::string& path, int32_t vo
   return std::make_unique<TokenFileSource>(path, vocab_size, eos, std::ref(report));
 }
 
+ConvertedPosition convert_data_position(int64_t consumed, int64_t old_S, int64_t old_N, int64_t new_S,
+                                        int64_t new_N) {
+  AUTOSP_CHECK(consumed >= 0 && old_S > 0 && new_S > 0 && old_N >= 0 && new_N >= 0 && (old_N == 0) == (new_N == 0),
+               "convert_data_position(", consumed, ", ", old_S, ", ", old_N, ", ", new_S, ", ", new_N, ")");
+  ConvertedPosition p;
+  p.epoch = old_N > 0 ? consumed / old_N : 0;
+  const int64_t tokens = (old_N > 0 ? consumed % old_N : consumed) * old_S;  // read of this epoch
+  int64_t k = (tokens + new_S - 1) / new_S;
+  p.skipped_tokens = k * new_S - tokens;
+  if (new_N > 0 && k >= new_N) {  // no whole sample left in the epoch: the next one
+    p.skipped_tokens = std::max<int64_t>(0, new_N * new_S - tokens);
+    ++p.epoch;
+    k = 0;
+  }
+  p.samples = p.epoch * new_N + k;
+  return p;
+}
+
 }  // namespace autosp::train

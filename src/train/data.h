@@ -154,6 +154,20 @@ class ShuffledSource final : public DataSource {
 // resolved by then) unless data.shuffle is false.
 std::unique_ptr<DataSource> order_samples(std::unique_ptr<DataSource> source, const DataConfig& config);
 
+// A data position (global samples consumed) at sequence length old_S, as the position at
+// new_S that has read as many tokens of the current epoch (a resume at another sequence
+// length: context extension). Sample k of an epoch starts at stream token k S, so epoch e's
+// first k samples at old_S end at token k old_S; the new position is the first sample of
+// epoch e that starts there or after (`skipped_tokens` the difference), or the next epoch's
+// first if no whole sample is left. old_N, new_N: the samples of an epoch at each length (0
+// for endless data: a position in tokens of the whole stream). In shuffled order each epoch
+// is a permutation of its own samples, so the rest of the epoch at new_S is as many tokens
+// as were left, but not the same ones.
+struct ConvertedPosition {
+  int64_t samples = 0, epoch = 0, skipped_tokens = 0;
+};
+ConvertedPosition convert_data_position(int64_t consumed, int64_t old_S, int64_t old_N, int64_t new_S, int64_t new_N);
+
 // One line for the start-up log: "data order: shuffled (seed N, a new permutation each
 // epoch)" or "data order: file order (data.shuffle false)".
 std::string describe_data_order(const DataConfig& config);
