@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <tuple>
 
 #include "io/indexed_dataset.h"
@@ -342,7 +343,10 @@ void model_index(const uint8_t* data, size_t size) {
     std::map<std::string, std::map<std::string, io::HostTensor>> whole;  // file -> its tensors
     for (const std::string& name : names) {
       const std::string& file = weights.file_of(name);
-      AUTOSP_CHECK(std::filesystem::path(file).parent_path() == dir.path(), "tensor '", name, "' in ", file);
+      const std::string shard = std::filesystem::path(file).filename().string();
+      AUTOSP_CHECK(std::filesystem::path(file).parent_path() == dir.path() &&
+                       (shard == "model-00001-of-00002.safetensors" || shard == "model-00002-of-00002.safetensors"),
+                   "tensor '", name, "' in ", nlohmann::json(file).dump());
       if (!whole.count(file)) {
         try {
           whole[file] = io::read_safetensors(file);
