@@ -6,8 +6,14 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <tuple>
 
 #include "io/indexed_dataset.h"
+#include "io/model_weights.h"
 #include "io/safetensors.h"
 #include "io/tokens.h"
 #include "ir/graph.h"
@@ -235,13 +241,142 @@ void indexed_dataset(const uint8_t* data, size_t size) {
   }
 }
 
+namespace {
+
+// A directory of this process's own (mkdtemp), removed at exit, for an input that must be
+// a model directory (the index opens its shards by name beside it).
+class ModelDir {
+ public:
+  ModelDir() {
+    std::string pattern = (std::filesystem::temp_directory_path() / "autosp-fuzz-model-index-XXXXXX").string();
+    if (::mkdtemp(pattern.data()) == nullptr) {
+      std::perror("mkdtemp");
+      std::abort();
+    }
+    path_ = pattern;
+  }
+  ~ModelDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  const std::string& path() const { return path_; }
+  // Leaves the directory holding only `files` (name, contents): nothing of an earlier input.
+  void hold(const std::vector<std::pair<std::string, std::string>>& files) const {
+    for (const auto& entry : std::filesystem::directory_iterator(path_)) std::filesystem::remove_all(entry.path());
+    for (const auto& [name, bytes] : files) {
+      FILE* f = std::fopen((std::filesystem::path(path_) / name).c_str(), "wb");
+      if (f == nullptr || std::fwrite(bytes.data(), 1, bytes.size(), f) != bytes.size() || std::fclose(f) != 0) {
+        std::perror(name.c_str());
+        std::abort();
+      }
+    }
+  }
+
+ private:
+  std::string path_;
+};
+
+// A safetensors file of fixed tensors, as Hugging Face writes one: the header padded with
+// spaces to a multiple of 8 bytes. F32 elements 0.5 * k, BF16 elements 1 + k (exact in bf16).
+std::string shard_bytes(const std::vector<std::tuple<std::string, std::string, std::vector<int64_t>>>& tensors) {
+  std::string header = "{", body;
+  for (const auto& [name, dtype, shape] : tensors) {
+    int64_t numel = 1;
+    std::string dims;
+    for (int64_t d : shape) {
+      numel *= d;
+      dims += (dims.empty() ? "" : ",") + std::to_string(d);
+    }
+    const size_t begin = body.size();
+    for (int64_t k = 0; k < numel; ++k) {
+      if (dtype == "F32") {
+        const float v = 0.5f * static_cast<float>(k);
+        body.append(reinterpret_cast<const char*>(&v), 4);
+      } else {
+        const float v = 1.0f + static_cast<float>(k);
+        uint32_t bits;
+        std::memcpy(&bits, &v, 4);
+        const uint16_t top = static_cast<uint16_t>(bits >> 16);
+        body.append(reinterpret_cast<const char*>(&top), 2);
+      }
+    }
+    header += str(header.size() > 1 ? "," : "", "\"", name, "\":{\"dtype\":\"", dtype, "\",\"shape\":[", dims,
+                  "],\"data_offsets\":[", begin, ",", body.size(), "]}");
+  }
+  header += "}";
+  header.append((8 - header.size() % 8) % 8, ' ');
+  std::string file(8, '\0');
+  const uint64_t n = header.size();
+  for (int i = 0; i < 8; ++i) file[i] = static_cast<char>(n >> (8 * i) & 0xff);
+  return file + header + body;
+}
+
+}  // namespace
+
+// The input is a model directory's index, optionally followed by a NUL byte and the bytes
+// of its second shard (JSON text holds no NUL, so the split is unambiguous and a seed that is
+// only an index stays a plain JSON file). The directory holds the index as
+// model.safetensors.index.json beside model-00001-of-00002.safetensors (always the fixed one
+// below) and model-00002-of-00002.safetensors (the fixed one, or the input's rest): the
+// index's checks against its shards, and each shard's header, are what is fuzzed. An accepted
+// index: every tensor's file, and its first, middle and last elements read through
+// ModelWeights must be those read_safetensors reads from that file whole.
+void model_index(const uint8_t* data, size_t size) {
+  static const ModelDir dir;
+  static const std::string shard1 = shard_bytes(
+      {{"model.embed_tokens.weight", "F32", {3, 2}}, {"model.norm.weight", "BF16", {2}}});
+  static const std::string shard2 = shard_bytes(
+      {{"lm_head.weight", "BF16", {3, 2}}, {"model.layers.0.input_layernorm.weight", "F32", {2}}});
+  const auto* nul = static_cast<const uint8_t*>(std::memchr(data, 0, size));
+  const size_t index_bytes = nul != nullptr ? static_cast<size_t>(nul - data) : size;
+  const char* text = reinterpret_cast<const char*>(data);
+  dir.hold({{"model.safetensors.index.json", std::string(text, index_bytes)},
+            {"model-00001-of-00002.safetensors", shard1},
+            {"model-00002-of-00002.safetensors",
+             nul != nullptr ? std::string(text + index_bytes + 1, size - index_bytes - 1) : shard2}});
+  try {
+    const std::string path = io::find_model_weights(dir.path());
+    AUTOSP_CHECK(path == dir.path() + "/model.safetensors.index.json", "find_model_weights found ", path);
+    const io::ModelWeights weights(path);
+    const std::vector<std::string> names = weights.names();
+    AUTOSP_CHECK(std::is_sorted(names.begin(), names.end()) && !names.empty(), "names");
+    std::map<std::string, std::map<std::string, io::HostTensor>> whole;  // file -> its tensors
+    for (const std::string& name : names) {
+      const std::string& file = weights.file_of(name);
+      const std::string shard = std::filesystem::path(file).filename().string();
+      AUTOSP_CHECK(std::filesystem::path(file).parent_path() == dir.path() &&
+                       (shard == "model-00001-of-00002.safetensors" || shard == "model-00002-of-00002.safetensors"),
+                   "tensor '", name, "' in ", nlohmann::json(file).dump());
+      if (!whole.count(file)) {
+        try {
+          whole[file] = io::read_safetensors(file);
+        } catch (const UserError& e) {
+          internal_error(file, ": opened by ModelWeights, refused by read_safetensors: ", e.what());
+        }
+      }
+      auto t = whole[file].find(name);
+      AUTOSP_CHECK(t != whole[file].end(), "tensor '", name, "' is not in ", file);
+      const auto numel = static_cast<int64_t>(t->second.data.size());
+      for (int64_t k : {int64_t{0}, numel / 2, numel - 1}) {
+        if (k < 0 || k >= numel) continue;
+        float v;
+        weights.read(name, k, 1, &v);
+        AUTOSP_CHECK(std::memcmp(&v, &t->second.data[k], 4) == 0, "tensor '", name, "' element ", k);
+      }
+    }
+  } catch (const UserError& e) {
+    refused(e);
+  }
+}
+
 const std::vector<Target>& targets() {
   static const std::vector<Target> all = {{"safetensors", safetensors},
                                           {"model_config", model_config},
                                           {"ds_config", ds_config},
                                           {"ir_text", ir_text},
                                           {"tokens", tokens},
-                                          {"indexed_dataset", indexed_dataset}};
+                                          {"indexed_dataset", indexed_dataset},
+                                          {"model_index", model_index}};
   return all;
 }
 

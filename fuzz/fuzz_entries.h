@@ -24,6 +24,9 @@ void ir_text(const uint8_t* data, size_t size);       // parse_graph, print roun
 void tokens(const uint8_t* data, size_t size);
 // io::IndexedDataset (.idx and .bin) and train::IndexedDatasetSource: every sample and layout
 void indexed_dataset(const uint8_t* data, size_t size);
+// io::find_model_weights and io::ModelWeights on model.safetensors.index.json beside two
+// shards, the second optionally given by the input: every tensor's file and a few elements
+void model_index(const uint8_t* data, size_t size);
 
 struct Target {
   const char* name;  // its corpus is fuzz/corpus/<name>/

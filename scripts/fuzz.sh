@@ -11,14 +11,14 @@ build=${1:?usage: scripts/fuzz.sh BUILD_DIR [TARGET...]}
 shift
 seconds=${FUZZ_SECONDS:-60}
 targets=("$@")
-[ ${#targets[@]} -eq 0 ] && targets=(safetensors model_config ds_config ir_text tokens indexed_dataset)
+[ ${#targets[@]} -eq 0 ] && targets=(safetensors model_config ds_config ir_text tokens indexed_dataset model_index)
 root=$(cd "$(dirname "$0")/.." && pwd)
 failed=()
 summary=""
 for t in "${targets[@]}"; do
   dict=()
   case $t in
-    model_config|ds_config|safetensors) dict=(-dict="$root/fuzz/json.dict") ;;
+    model_config|ds_config|safetensors|model_index) dict=(-dict="$root/fuzz/json.dict") ;;
     ir_text) dict=(-dict="$root/fuzz/ir.dict") ;;
   esac
   mkdir -p "$build/corpus/$t" "$build/artifacts/$t" "$build/logs"

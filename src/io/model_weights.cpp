@@ -69,10 +69,11 @@ std::map<std::string, std::string> read_weight_map(const std::string& path) {
     if (!file.is_string())
       user_error(path, ": weight_map: tensor '", name, "': expected a shard file name, got ", file.dump());
     const std::string f = file.get<std::string>();
-    // Shards are files beside the index; a path elsewhere would read outside the model.
-    if (f.empty() || f.find('/') != std::string::npos || f == "." || f == "..")
-      user_error(path, ": weight_map: tensor '", name, "': shard \"", f,
-                 "\" is not a file name in the index's directory");
+    // Shards are files beside the index; a path elsewhere would read outside the model. A
+    // NUL ends the name the file system sees ("..\u0000x" opens ".."), and JSON can escape one.
+    if (f.empty() || f.find_first_of(std::string("/\0", 2)) != std::string::npos || f == "." || f == "..")
+      user_error(path, ": weight_map: tensor '", name, "': shard ", file.dump(),
+                 " is not a file name in the index's directory");
     map[name] = f;
   }
   if (map.empty()) user_error(path, ": \"weight_map\" lists no tensors");
