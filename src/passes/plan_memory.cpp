@@ -90,32 +90,38 @@ Buffers find_buffers(const Graph& g, const PlanMemoryOptions& options) {
 
 // Places buffers one by one in `order`, each into the smallest gap free over its whole
 // lifetime (the lowest among equal gaps), else on top of everything live with it. Returns
-// the arena size.
+// the arena size. The placed buffers are kept sorted by offset, so finding a buffer's gaps
+// is one pass over them (no sort per buffer): O(B^2) in all, with a small constant.
 int64_t place(std::vector<Buffer>& buffers, const std::vector<int>& order) {
-  std::vector<int> placed, overlapping;
+  struct Placed {
+    int64_t offset, top;  // [offset, top) in the arena
+    NodeId begin, end;
+  };
+  std::vector<Placed> placed;  // by offset (buffers at one offset in any order: see below)
   placed.reserve(buffers.size());
   int64_t arena = 0;
   for (int i : order) {
     Buffer& b = buffers[i];
     const int64_t size = aligned(b.bytes);
-    overlapping.clear();
-    for (int p : placed)
-      if (buffers[p].begin <= b.end && b.begin <= buffers[p].end) overlapping.push_back(p);
-    std::sort(overlapping.begin(), overlapping.end(), [&](int x, int y) {
-      return buffers[x].offset < buffers[y].offset;
-    });
+    // Among buffers live with b, in offset order: the gap below each is its offset less the
+    // highest end below it. Of two at one offset the second's gap is negative (every size
+    // is at least the alignment), so their order changes nothing.
     int64_t top = 0, best = -1, best_gap = 0;
-    for (int p : overlapping) {
-      const int64_t gap = buffers[p].offset - top;
+    for (const Placed& p : placed) {
+      if (p.begin > b.end || b.begin > p.end) continue;
+      const int64_t gap = p.offset - top;
       if (gap >= size && (best < 0 || gap < best_gap)) {
         best = top;
         best_gap = gap;
       }
-      top = std::max(top, buffers[p].offset + aligned(buffers[p].bytes));
+      top = std::max(top, p.top);
     }
     b.offset = best >= 0 ? best : top;
     arena = std::max(arena, b.offset + size);
-    placed.push_back(i);
+    const Placed p{b.offset, b.offset + size, b.begin, b.end};
+    placed.insert(std::upper_bound(placed.begin(), placed.end(), p,
+                                   [](const Placed& x, const Placed& y) { return x.offset < y.offset; }),
+                  p);
   }
   return arena;
 }
