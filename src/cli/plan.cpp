@@ -179,12 +179,19 @@ int run_plan(const PlanArgs& args) {
       plan_step(best_setup, best->strategy, std::max<int64_t>(best->max_seq_len, 1024 * best->sp));
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
+  const train::ArenaParts& a = b.arena_parts;
   const json breakdown = {{"seq_len", std::max<int64_t>(best->max_seq_len, 1024 * best->sp)},
                           {"strategy", best->name},
                           {"parameters", b.parameters},
-                          {"gradients", b.gradients},
+                          {"gradient_sum", b.gradient_sum},
                           {"optimizer_state", b.optimizer_state},
-                          {"activations", b.activations},
+                          {"arena", b.arena},
+                          {"arena_parts", {{"gradient_buckets", a.gradient_buckets},
+                                           {"gathered_parameters", a.gathered_parameters},
+                                           {"activations", a.activations},
+                                           {"activation_gradients", a.activation_gradients},
+                                           {"workspaces", a.workspaces},
+                                           {"fragmentation", a.fragmentation}}},
                           {"communication", b.communication},
                           {"runtime_reserve", b.runtime_reserve},
                           {"total", b.total()}};
@@ -224,9 +231,21 @@ int run_plan(const PlanArgs& args) {
                   r.max_seq_len ? gib(r.peak_bytes).c_str() : "—");
     std::printf("\nper rank at S = %s with %s%s:\n", tokens(breakdown["seq_len"]).c_str(), best->name.c_str(),
                 best->sp > 1 ? str(", SP ", best->sp).c_str() : "");
-    for (const char* k : {"parameters", "gradients", "optimizer_state", "activations", "communication", "runtime_reserve"})
-      std::printf("  %-16s %12s\n", k, gib(breakdown[k].get<int64_t>()).c_str());
-    std::printf("  %-16s %12s of %s\n(planned in %.1f s)\n", "total", gib(b.total()).c_str(), gib(device).c_str(), seconds);
+    auto line = [](const char* what, int64_t bytes) { std::printf("  %-40s %12s\n", what, gib(bytes).c_str()); };
+    line("parameters", b.parameters);
+    line(setup.accumulation_steps > 1 ? "gradient sum (between micro batches)" : "gradient sum (no accumulation)",
+         b.gradient_sum);
+    line("optimizer state", b.optimizer_state);
+    line("arena, at its peak", b.arena);
+    line("  gradient buckets", a.gradient_buckets);
+    line("  gathered parameters (ZeRO-3)", a.gathered_parameters);
+    line("  activations (forward and recomputed)", a.activations);
+    line("  activation gradients", a.activation_gradients);
+    line("  kernel workspaces", a.workspaces);
+    line("  fragmentation (unused gaps)", a.fragmentation);
+    line("communication scratch (ZeRO-1/2)", b.communication);
+    line("runtime reserve", b.runtime_reserve);
+    std::printf("  %-40s %12s of %s\n(planned in %.1f s)\n", "total", gib(b.total()).c_str(), gib(device).c_str(), seconds);
   }
   if (!args.plot.empty())
     write_file_atomic(args.plot, svg_plot(results, device, str(fs::path(config).filename().string(), ": planned peak per rank, ",

@@ -270,10 +270,21 @@ MemoryPlan read_memory_plan(const Graph& g) {
       if (live[plan.offsets[out]]++ == 0) live_bytes += bytes_of(out);
       ending[end[out]].push_back(out);
     }
-    plan.live_peak_bytes = std::max(plan.live_peak_bytes, live_bytes + aligned(plan.workspace_bytes[n]));
+    if (const int64_t here = live_bytes + aligned(plan.workspace_bytes[n]); here > plan.live_peak_bytes || n == 0) {
+      plan.live_peak_bytes = here;
+      plan.live_peak_node = n;
+    }
     for (ValueId v : ending[n])
       if (--live[plan.offsets[v]] == 0) live_bytes -= bytes_of(v);
   }
+  const NodeId peak = plan.live_peak_node;
+  std::map<int64_t, ValueId> at_peak;  // offset -> the latest value written there by the peak
+  for (ValueId v = 0; v < static_cast<ValueId>(g.values().size()); ++v)
+    if (root[v] == v && plan.offsets[v] >= 0 && g.value(v).producer <= peak && peak <= end[v]) {
+      auto [it, added] = at_peak.emplace(plan.offsets[v], v);
+      if (!added && g.value(it->second).producer < g.value(v).producer) it->second = v;
+    }
+  for (const auto& [offset, v] : at_peak) plan.live_at_peak.push_back(v);
   return plan;
 }
 

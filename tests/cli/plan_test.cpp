@@ -67,8 +67,8 @@ TEST(Plan, IsWhatTheTrainerPlans) {
         const train::MemoryBreakdown b =
             train::plan_step(setup, {{parse_checkpoint_policy(policy, "test")}, {}}, 1024);
         EXPECT_EQ(b.total(), trainer.planned_peak_bytes() - trainer.program_bytes());
-        EXPECT_EQ(b.activations, trainer.planned_arena_bytes());
-        EXPECT_EQ(b.parameters + b.gradients + b.optimizer_state + b.communication, trainer.model_state_bytes());
+        EXPECT_EQ(b.arena, trainer.planned_arena_bytes());
+        EXPECT_EQ(b.parameters + b.gradient_sum + b.optimizer_state + b.communication, trainer.model_state_bytes());
       }
 }
 
@@ -89,8 +89,8 @@ TEST(Plan, StagesTwoAndThreeAreWhatTheTrainerPlansAndGoFurther) {
   const train::MemoryStrategy sac{{CheckpointPolicy::sac}, {}};
   const train::MemoryBreakdown b = train::plan_step(setup, sac, 1024);
   EXPECT_EQ(b.total(), trainer.planned_peak_bytes() - trainer.program_bytes());
-  EXPECT_EQ(b.activations, trainer.planned_arena_bytes());
-  EXPECT_EQ(b.parameters + b.gradients + b.optimizer_state + b.communication, trainer.model_state_bytes());
+  EXPECT_EQ(b.arena, trainer.planned_arena_bytes());
+  EXPECT_EQ(b.parameters + b.gradient_sum + b.optimizer_state + b.communication, trainer.model_state_bytes());
 
   // ZeRO-3 too: parameters sharded, each layer's gathered ones in the arena.
   config.zero_stage = config.zero.stage = 3;
@@ -98,8 +98,8 @@ TEST(Plan, StagesTwoAndThreeAreWhatTheTrainerPlansAndGoFurther) {
   setup.zero = 3;
   const train::MemoryBreakdown b3 = train::plan_step(setup, sac, 1024);
   EXPECT_EQ(b3.total(), trainer3.planned_peak_bytes() - trainer3.program_bytes());
-  EXPECT_EQ(b3.activations, trainer3.planned_arena_bytes());
-  EXPECT_EQ(b3.parameters + b3.gradients + b3.optimizer_state + b3.communication, trainer3.model_state_bytes());
+  EXPECT_EQ(b3.arena, trainer3.planned_arena_bytes());
+  EXPECT_EQ(b3.parameters + b3.gradient_sum + b3.optimizer_state + b3.communication, trainer3.model_state_bytes());
 
   // Accumulating, stages 2 and 3 keep their shards of the gradient sum.
   for (int zero : {2, 3}) {
@@ -113,8 +113,8 @@ TEST(Plan, StagesTwoAndThreeAreWhatTheTrainerPlansAndGoFurther) {
     train::PlanSetup s{.model = model, .zero = zero, .accumulation_steps = 2, .threads = omp_get_max_threads()};
     const train::MemoryBreakdown a = train::plan_step(s, sac, 1024);
     EXPECT_EQ(a.total(), accumulating.planned_peak_bytes() - accumulating.program_bytes());
-    EXPECT_EQ(a.parameters + a.gradients + a.optimizer_state + a.communication, accumulating.model_state_bytes());
-    EXPECT_GT(a.gradients, 0);
+    EXPECT_EQ(a.parameters + a.gradient_sum + a.optimizer_state + a.communication, accumulating.model_state_bytes());
+    EXPECT_GT(a.gradient_sum, 0);
   }
 
   int64_t longest[2][4];
@@ -137,6 +137,54 @@ TEST(Plan, StagesTwoAndThreeAreWhatTheTrainerPlansAndGoFurther) {
               "ZeRO-3 %lld (2 micro batches a step: %lld, %lld, %lld, %lld)\n", (long long)longest[0][0],
               (long long)longest[0][1], (long long)longest[0][2], (long long)longest[0][3], (long long)acc[0],
               (long long)acc[1], (long long)acc[2], (long long)acc[3]);
+}
+
+// The arena's parts are the buffers live at its peak, classified by the nodes that made
+// them: they sum to the arena, gradient buckets are among them at every stage (grad_sync
+// makes buckets at every stage), and ZeRO-3's gathered layers only under ZeRO-3.
+TEST(Plan, TheArenaIsBrokenDownIntoWhatItHolds) {
+  const models::LlamaConfig model = small_llama();
+  const int64_t N = models::llama_num_parameters(model);
+  for (int zero : {0, 3})
+    for (CheckpointPolicy policy : {CheckpointPolicy::none, CheckpointPolicy::full})
+      for (int64_t accumulation : {1, 2}) {
+        const train::MemoryStrategy strategy{{policy}, {}};
+        SCOPED_TRACE(str("ZeRO-", zero, " ", strategy_name(strategy), " accumulation ", accumulation));
+        train::PlanSetup setup{.model = model, .world = 4, .sp = 2, .zero = zero, .dtype = DType::bf16,
+                               .accumulation_steps = accumulation};
+        const train::MemoryBreakdown b = train::plan_step(setup, strategy, 1024);
+        const train::ArenaParts& a = b.arena_parts;
+        EXPECT_EQ(a.total(), b.arena);
+        EXPECT_GE(a.fragmentation, 0);
+        EXPECT_GT(a.activations, 0);
+        // The peak is in the backward, after the head's gradient (the first one final; under
+        // ZeRO-0 all-reduced whole into a step output, from ZeRO-1 on reduce-scattered).
+        EXPECT_GT(a.gradient_buckets, 0);
+        if (zero == 0) EXPECT_GE(a.gradient_buckets, 2 * model.vocab_size * model.hidden_size);
+        // At most every bf16 gradient twice (at a bucket's concat its gradients and the bucket
+        // are both live), and the alignment of the few buffers.
+        EXPECT_LE(a.gradient_buckets, 2 * 2 * N + 64 * 64);
+        if (zero == 3) EXPECT_GT(a.gathered_parameters, 0);
+        else EXPECT_EQ(a.gathered_parameters, 0);
+      }
+}
+
+// Llama-3.1-8B at S = 1K on one rank (the case): the arena is the bf16 gradients and
+// their buckets (8.03B x 2 bytes = 14.96 GiB of the 15.06 GiB), not activations.
+TEST(Plan, TheEightBillionArenaAtOneKIsItsGradientBuckets) {
+  const models::LlamaConfig model =
+      models::load_llama_config(str(AUTOSP_SOURCE_DIR, "/fuzz/corpus/model_config/llama-3.1-8b.json"));
+  const int64_t N = models::llama_num_parameters(model);
+  train::PlanSetup setup{.model = model, .dtype = DType::bf16};
+  const train::MemoryBreakdown b = train::plan_step(setup, {{CheckpointPolicy::none}, {}}, 1024);
+  const train::ArenaParts& a = b.arena_parts;
+  EXPECT_EQ(a.total(), b.arena);
+  EXPECT_GE(a.gradient_buckets, 2 * N);
+  EXPECT_LT(a.activations, b.arena / 50) << a.activations;
+  std::printf("Llama-3.1-8B, S = 1024, one rank, bf16: arena %lld = gradient buckets %lld + activations %lld + "
+              "activation gradients %lld + workspaces %lld + fragmentation %lld\n",
+              (long long)b.arena, (long long)a.gradient_buckets, (long long)a.activations,
+              (long long)a.activation_gradients, (long long)a.workspaces, (long long)a.fragmentation);
 }
 
 TEST(Plan, TheCliOrdersStrategiesAsTheirMemory) {
@@ -163,10 +211,16 @@ TEST(Plan, TheCliOrdersStrategiesAsTheirMemory) {
       EXPECT_EQ(longest[str(sp, "/auto/", tiled)], longest[str(sp, "/full/", tiled)]);
     }
   EXPECT_GT(longest["2/full/false"], longest["1/full/false"]);  // SP 2 holds half of each sequence
-  EXPECT_EQ(j["breakdown"]["total"].get<int64_t>(),
-            j["breakdown"]["parameters"].get<int64_t>() + j["breakdown"]["gradients"].get<int64_t>() +
-                j["breakdown"]["optimizer_state"].get<int64_t>() + j["breakdown"]["activations"].get<int64_t>() +
-                j["breakdown"]["communication"].get<int64_t>() + j["breakdown"]["runtime_reserve"].get<int64_t>());
+  const json& b = j["breakdown"];
+  EXPECT_EQ(b["total"].get<int64_t>(), b["parameters"].get<int64_t>() + b["gradient_sum"].get<int64_t>() +
+                                           b["optimizer_state"].get<int64_t>() + b["arena"].get<int64_t>() +
+                                           b["communication"].get<int64_t>() + b["runtime_reserve"].get<int64_t>());
+  int64_t parts = 0;
+  for (const char* key : {"gradient_buckets", "gathered_parameters", "activations", "activation_gradients",
+                          "workspaces", "fragmentation"})
+    parts += b["arena_parts"][key].get<int64_t>();
+  EXPECT_EQ(parts, b["arena"].get<int64_t>());
+  EXPECT_GT(b["arena_parts"]["gradient_buckets"].get<int64_t>(), 0);
   std::ifstream svg(dir / "plan.svg");
   const std::string text((std::istreambuf_iterator<char>(svg)), {});
   EXPECT_NE(text.find("<polyline"), std::string::npos);
