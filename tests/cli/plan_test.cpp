@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <regex>
+#include <set>
 #include <nlohmann/json.hpp>
 #include <omp.h>
 
@@ -28,6 +30,76 @@ models::LlamaConfig small_llama() {
   c.num_key_value_heads = 2;
   c.head_dim = 16;
   return c;
+}
+
+// The attribute `name` of an SVG element's text (`<tag a="..." ...>`); empty if absent.
+std::string attribute(const std::string& element, const std::string& name) {
+  std::smatch m;
+  if (!std::regex_search(element, m, std::regex(str("\\s", name, "=\"([^\"]*)\"")))) return "";
+  return m[1].str();
+}
+
+// The plot is well-formed XML as far as its elements go (every tag closed, in order, one
+// root), has one polyline per strategy, each with a colour of its own, and a legend whose
+// box lies inside the canvas and holds every label (at the width the writer allows each
+// character, data-width).
+void check_plot(const std::string& svg, size_t series) {
+  std::vector<std::string> open;
+  std::vector<std::string> elements;  // the start tags, in order
+  int roots = 0;
+  for (size_t at = svg.find('<'); at != std::string::npos; at = svg.find('<', at + 1)) {
+    const size_t end = svg.find('>', at);
+    ASSERT_NE(end, std::string::npos) << "unterminated tag at " << at;
+    const std::string tag = svg.substr(at, end - at + 1);
+    const std::string name = tag.substr(tag[1] == '/' ? 2 : 1, tag.find_first_of(" />", 2) - (tag[1] == '/' ? 2 : 1));
+    if (tag[1] == '/') {
+      ASSERT_FALSE(open.empty()) << tag;
+      ASSERT_EQ(open.back(), name) << "closes " << tag << " inside <" << open.back() << ">";
+      open.pop_back();
+      continue;
+    }
+    if (open.empty()) ++roots;
+    elements.push_back(tag);
+    if (tag[tag.size() - 2] != '/') open.push_back(name);
+  }
+  EXPECT_TRUE(open.empty()) << "<" << open.back() << "> never closed";
+  EXPECT_EQ(roots, 1);
+  ASSERT_FALSE(elements.empty());
+  ASSERT_TRUE(elements[0].starts_with("<svg"));
+  const double W = std::stod(attribute(elements[0], "width")), H = std::stod(attribute(elements[0], "height"));
+  EXPECT_EQ(attribute(elements[0], "viewBox"), str("0 0 ", attribute(elements[0], "width"), " ",
+                                                    attribute(elements[0], "height")));
+  std::set<std::string> colours;
+  size_t lines = 0, labels = 0;
+  double lx = -1, ly = -1, lw = 0, lh = 0;
+  for (const std::string& e : elements) {
+    const std::string cls = attribute(e, "class");
+    if (e.starts_with("<polyline") && cls == "series") {
+      ++lines;
+      EXPECT_TRUE(colours.insert(attribute(e, "stroke")).second) << "a second series in " << attribute(e, "stroke");
+    }
+    if (cls == "legend") {
+      lx = std::stod(attribute(e, "x")), ly = std::stod(attribute(e, "y"));
+      lw = std::stod(attribute(e, "width")), lh = std::stod(attribute(e, "height"));
+      EXPECT_GE(lx, 0);
+      EXPECT_GE(ly, 0);
+      EXPECT_LE(lx + lw, W);
+      EXPECT_LE(ly + lh, H);
+    }
+    if (cls == "legend-label") {
+      ++labels;
+      ASSERT_GE(lx, 0) << "a label before the legend's box";
+      const double x = std::stod(attribute(e, "x")), y = std::stod(attribute(e, "y"));
+      EXPECT_GE(x, lx);
+      EXPECT_LE(x + std::stod(attribute(e, "data-width")), lx + lw);
+      EXPECT_GT(y, ly);
+      EXPECT_LT(y, ly + lh);
+      EXPECT_GE(std::stod(attribute(elements[0], "font-size")), 12);
+    }
+  }
+  EXPECT_EQ(lines, series);
+  EXPECT_EQ(labels, series);
+  EXPECT_NE(svg.find("device memory"), std::string::npos);
 }
 
 TEST(Plan, TheLongestSequenceFitsAndTheNextDoesNot) {
@@ -223,8 +295,7 @@ TEST(Plan, TheCliOrdersStrategiesAsTheirMemory) {
   EXPECT_GT(b["arena_parts"]["gradient_buckets"].get<int64_t>(), 0);
   std::ifstream svg(dir / "plan.svg");
   const std::string text((std::istreambuf_iterator<char>(svg)), {});
-  EXPECT_NE(text.find("<polyline"), std::string::npos);
-  EXPECT_NE(text.find("device memory"), std::string::npos);
+  check_plot(text, 16);
 
   const auto bad = run_command(str(AUTOSP_BINARY, " plan --model ", dir / "config.json", " --device-memory '80 parsecs'"));
   EXPECT_EQ(bad.exit_code, 1) << bad.output;
