@@ -194,6 +194,7 @@ int run_plan(const PlanArgs& args) {
   using P = CheckpointPolicy;
   // Each strategy's search compiles on its own thread (compiling is single-threaded and
   // shares nothing but read-only op tables).
+  train::PlanCache cache;  // tiles that change nothing at S plan as no tiles; the breakdown below
   std::vector<std::future<train::StrategyResult>> searches;
   for (int sp : {1, setup.sp}) {
     train::PlanSetup s = setup;
@@ -204,8 +205,8 @@ int run_plan(const PlanArgs& args) {
         const TileOptions tiles = !tiled ? TileOptions{} : args.tile_rows > 0 ? TileOptions{.tile_rows = args.tile_rows}
                                                                               : TileOptions{.budget_bytes = device};
         const train::MemoryStrategy strategy{{policy}, tiles};
-        searches.push_back(std::async(std::launch::async, [s, strategy, device, granularity] {
-          return train::longest_sequence(s, strategy, device, granularity);
+        searches.push_back(std::async(std::launch::async, [s, strategy, device, granularity, &cache] {
+          return train::longest_sequence(s, strategy, device, granularity, &cache);
         }));
       }
     if (setup.sp == 1) break;
@@ -232,7 +233,7 @@ int run_plan(const PlanArgs& args) {
   train::PlanSetup best_setup = setup;
   best_setup.sp = best->sp;
   const train::MemoryBreakdown b =
-      plan_step(best_setup, best->strategy, std::max<int64_t>(best->max_seq_len, 1024 * best->sp));
+      cache.plan(best_setup, best->strategy, std::max<int64_t>(best->max_seq_len, 1024 * best->sp));
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
   const train::ArenaParts& a = b.arena_parts;

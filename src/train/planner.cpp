@@ -7,6 +7,7 @@
 #include "passes/grad_sync.h"
 #include "passes/pipeline.h"
 #include "passes/plan_memory.h"
+#include "passes/tile.h"
 #include "train/grad_sync.h"
 #include "util/error.h"
 
@@ -150,8 +151,44 @@ MemoryBreakdown plan_step(const PlanSetup& setup, const MemoryStrategy& strategy
   return b;
 }
 
+MemoryBreakdown PlanCache::plan(const PlanSetup& setup, const MemoryStrategy& strategy, int64_t S) {
+  MemoryStrategy effective = strategy;
+  if (strategy.tile.tile_rows > 0 || strategy.tile.budget_bytes > 0) {
+    const Graph sharded = autosp(
+        models::llama_forward(setup.model, {.batch = setup.micro_batch, .seq_len = S, .dtype = setup.dtype}),
+        {setup.sp});
+    if (tile(sharded, strategy.tile) == sharded) effective.tile = {};
+  }
+  const TileOptions& t = effective.tile;
+  const Key key{setup.sp, int(effective.checkpoint.policy), effective.checkpoint.recompute_matmuls,
+                t.tile_rows, t.budget_bytes, t.budget_fraction, t.min_rows, S};
+  std::promise<MemoryBreakdown> made;
+  std::shared_future<MemoryBreakdown> made_before;
+  {
+    std::lock_guard lock(mutex_);
+    if (!setup_) setup_ = setup;
+    const PlanSetup& first = *setup_;
+    AUTOSP_CHECK(first.world == setup.world && first.zero == setup.zero && first.dtype == setup.dtype &&
+                     first.micro_batch == setup.micro_batch && first.accumulation_steps == setup.accumulation_steps &&
+                     first.threads == setup.threads &&
+                     models::llama_config_json(first.model) == models::llama_config_json(setup.model),
+                 "PlanCache: a setup other than the one it holds plans of (only sp may differ)");
+    if (auto it = plans_.find(key); it != plans_.end()) made_before = it->second;
+    else plans_.emplace(key, made.get_future().share());
+  }
+  if (made_before.valid()) return made_before.get();  // waits while another thread makes it
+  try {
+    const MemoryBreakdown b = plan_step(setup, effective, S);
+    made.set_value(b);
+    return b;
+  } catch (...) {
+    made.set_exception(std::current_exception());
+    throw;
+  }
+}
+
 StrategyResult longest_sequence(const PlanSetup& setup, const MemoryStrategy& strategy, int64_t device_bytes,
-                                int64_t granularity) {
+                                int64_t granularity, PlanCache* cache) {
   StrategyResult r;
   r.strategy = strategy;
   r.name = strategy_name(strategy);
@@ -160,7 +197,7 @@ StrategyResult longest_sequence(const PlanSetup& setup, const MemoryStrategy& st
   r.checkpoint = strategy_name({strategy.checkpoint, {}});
   r.tiled = strategy.tile.tile_rows > 0 || strategy.tile.budget_bytes > 0;
   auto peak = [&](int64_t S) {
-    const int64_t p = plan_step(setup, strategy, S).total();
+    const int64_t p = (cache ? cache->plan(setup, strategy, S) : plan_step(setup, strategy, S)).total();
     r.samples.emplace_back(S, p);
     return p;
   };

@@ -5,7 +5,12 @@
 // tokens costs what one at thousands does.
 #pragma once
 #include <cstdint>
+#include <future>
+#include <map>
+#include <mutex>
+#include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "models/llama.h"
@@ -69,6 +74,23 @@ std::string describe_precision(const PlanSetup& setup);
 // The plan of one step at sequence length S under `strategy`.
 MemoryBreakdown plan_step(const PlanSetup& setup, const MemoryStrategy& strategy, int64_t S);
 
+// Plans already made, shared by the searches of one `autosp plan`: one model, dtype, world,
+// ZeRO stage, batch and thread count (checked), any SP degree and strategy. A strategy
+// whose tiles leave the graph as it is at S (every MLP within one tile) compiles what the
+// strategy without tiles compiles there, so both get one plan; and the breakdown printed
+// at the longest S is a plan its search made. Thread-safe: a plan asked for while another
+// thread makes it is waited for, not made twice.
+class PlanCache {
+ public:
+  MemoryBreakdown plan(const PlanSetup& setup, const MemoryStrategy& strategy, int64_t S);
+
+ private:
+  using Key = std::tuple<int, int, bool, int64_t, int64_t, double, int64_t, int64_t>;
+  std::mutex mutex_;
+  std::optional<PlanSetup> setup_;  // the first caller's; later ones must match but for sp
+  std::map<Key, std::shared_future<MemoryBreakdown>> plans_;
+};
+
 struct StrategyResult {
   MemoryStrategy strategy;
   std::string name;
@@ -82,7 +104,8 @@ struct StrategyResult {
 
 // The longest S (a multiple of `granularity`) whose planned peak fits `device_bytes`, by
 // bracketing and bisection on the real plans.
+// With a cache, the plans are taken from it.
 StrategyResult longest_sequence(const PlanSetup& setup, const MemoryStrategy& strategy, int64_t device_bytes,
-                                int64_t granularity);
+                                int64_t granularity, PlanCache* cache = nullptr);
 
 }  // namespace autosp::train

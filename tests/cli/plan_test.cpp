@@ -241,6 +241,37 @@ TEST(Plan, TheArenaIsBrokenDownIntoWhatItHolds) {
       }
 }
 
+// The searches of `autosp plan` share a PlanCache: a tiled strategy whose tiles change
+// nothing at S takes the untiled plan. Every result is what planning each S afresh gives,
+// at tile sizes that tile the longer S searched (8192 rows, from the budget) and none (2^20 rows).
+TEST(Plan, PlansFromTheCacheAreThePlansMadeAfresh) {
+  train::PlanSetup setup{.model = small_llama(), .world = 2, .sp = 2, .zero = 1, .dtype = DType::bf16};
+  const int64_t device = int64_t(1100) << 20;
+  train::PlanCache cache;
+  for (CheckpointPolicy policy : {CheckpointPolicy::sac, CheckpointPolicy::full}) {
+    const train::StrategyResult untiled = train::longest_sequence(setup, {{policy}, {}}, device, 512);
+    for (TileOptions tiles : {TileOptions{}, TileOptions{.tile_rows = 8192}, TileOptions{.budget_bytes = device / 8},
+                              TileOptions{.tile_rows = 1 << 20}}) {
+      const train::MemoryStrategy strategy{{policy}, tiles};
+      SCOPED_TRACE(train::strategy_name(strategy));
+      const train::StrategyResult cached = train::longest_sequence(setup, strategy, device, 512, &cache);
+      const train::StrategyResult fresh = train::longest_sequence(setup, strategy, device, 512);
+      ASSERT_GT(fresh.max_seq_len, 0);
+      // The cases cover both: plans that tiles change (8192 rows, the budget) and that they do not.
+      if (tiles.tile_rows == 8192 || tiles.budget_bytes > 0) EXPECT_NE(fresh.samples, untiled.samples);
+      else EXPECT_EQ(fresh.samples, untiled.samples);
+      EXPECT_EQ(cached.max_seq_len, fresh.max_seq_len);
+      EXPECT_EQ(cached.peak_bytes, fresh.peak_bytes);
+      EXPECT_EQ(cached.samples, fresh.samples);
+      const train::MemoryBreakdown a = cache.plan(setup, strategy, fresh.max_seq_len);
+      const train::MemoryBreakdown b = train::plan_step(setup, strategy, fresh.max_seq_len);
+      EXPECT_EQ(a.total(), b.total());
+      EXPECT_EQ(a.arena_parts.activations, b.arena_parts.activations);
+      EXPECT_EQ(a.arena_parts.peak_node, b.arena_parts.peak_node);
+    }
+  }
+}
+
 // Llama-3.1-8B at S = 1K on one rank (the case): the arena is the bf16 gradients and
 // their buckets (8.03B x 2 bytes = 14.96 GiB of the 15.06 GiB), not activations.
 TEST(Plan, TheEightBillionArenaAtOneKIsItsGradientBuckets) {
