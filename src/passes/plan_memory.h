@@ -48,6 +48,11 @@ struct PlanMemoryOptions {
 
 Graph plan_memory(const Graph& graph, const PlanMemoryOptions& options);
 
+// The arena plan_memory(graph, options) plans, without making the plan. With stop_above >= 0
+// only a result up to stop_above is exact: a larger one says the arena is above it (the
+// packing stops as soon as that is known).
+int64_t planned_arena_bytes(const Graph& graph, const PlanMemoryOptions& options, int64_t stop_above = -1);
+
 // The plan a graph carries, read back from its attributes.
 struct MemoryPlan {
   int64_t arena_bytes = 0;  // the planned peak: the arena the executor allocates
