@@ -105,10 +105,12 @@ std::string svg_plot(const std::vector<train::StrategyResult>& results, int64_t 
   const double W = legend_x + legend_w + pad, H = std::max(T + plot_h + B, T + legend_h + pad);
   const double bottom = T + plot_h;  // the x axis
 
-  double smin = 1e30, smax = 0;
-  const double pmax = double(device) * 1.3;
+  // Up to 1.3 x the device memory, or further when nothing fits, so the lowest plan shows.
+  double smin = 1e30, smax = 0, lowest = 1e30;
   for (const auto& r : results)
-    for (auto [S, p] : r.samples) smin = std::min(smin, double(S)), smax = std::max(smax, double(S));
+    for (auto [S, p] : r.samples)
+      smin = std::min(smin, double(S)), smax = std::max(smax, double(S)), lowest = std::min(lowest, double(p));
+  const double pmax = std::max(double(device) * 1.3, lowest * 1.1);
   if (smax <= smin) smax = smin * 2;
   auto x = [&](double S) { return L + (std::log2(S) - std::log2(smin)) / (std::log2(smax) - std::log2(smin)) * plot_w; };
   auto y = [&](double p) { return bottom - std::min(p, pmax) / pmax * plot_h; };
@@ -152,8 +154,13 @@ std::string svg_plot(const std::vector<train::StrategyResult>& results, int64_t 
     auto pts = results[i].samples;
     std::sort(pts.begin(), pts.end());
     std::string line;
-    for (auto [S, p] : pts) line += str(x(double(S)), ",", y(double(p)), " ");
-    s += str("<polyline class=\"series\" fill=\"none\" ", stroke(i), " points=\"", line, "\"/>\n");
+    std::string marks;  // the plans made: a series of one plan is a dot
+    for (auto [S, p] : pts) {
+      line += str(x(double(S)), ",", y(double(p)), " ");
+      marks += str("<circle cx=\"", x(double(S)), "\" cy=\"", y(double(p)), "\" r=\"2.5\" fill=\"",
+                   kColors[i % std::size(kColors)], "\"/>\n");
+    }
+    s += str("<polyline class=\"series\" fill=\"none\" ", stroke(i), " points=\"", line, "\"/>\n", marks);
   }
   s += str("<rect class=\"legend\" x=\"", legend_x, "\" y=\"", T, "\" width=\"", legend_w, "\" height=\"", legend_h,
            "\" fill=\"white\" stroke=\"#bbbbbb\"/>\n");
@@ -215,7 +222,7 @@ int run_plan(const PlanArgs& args) {
   for (auto& search : searches) results.push_back(search.get());
   // auto: the cheapest policy that fits, so its longest sequence is the longest of any.
   std::vector<train::StrategyResult> autos;
-  for (int sp : {1, setup.sp})
+  for (int sp : {1, setup.sp}) {
     for (bool tiled : {false, true}) {
       const train::StrategyResult* best = nullptr;
       for (const auto& r : results)
@@ -225,8 +232,9 @@ int run_plan(const PlanArgs& args) {
       a.name = str("auto (", best->name, ")");
       a.checkpoint = "auto";
       autos.push_back(a);
-      if (setup.sp == 1) break;
     }
+    if (setup.sp == 1) break;
+  }
   results.insert(results.end(), autos.begin(), autos.end());
   const auto best = std::max_element(results.begin(), results.end(),
                                      [](const auto& a, const auto& b) { return a.max_seq_len < b.max_seq_len; });
