@@ -328,6 +328,17 @@ TEST(Plan, TheCliOrdersStrategiesAsTheirMemory) {
   const std::string text((std::istreambuf_iterator<char>(svg)), {});
   check_plot(text, 16);
 
+  // At SP 1 the strategies are the 6 without SP and auto with and without tiles, once each.
+  const auto one = run_command(str(AUTOSP_BINARY, " plan --model ", dir / "config.json",
+                                   " --device-memory 1280MiB --json"));
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  std::set<std::string> kinds;
+  const json at_one = json::parse(one.output);
+  for (const json& s : at_one["strategies"])
+    EXPECT_TRUE(kinds.insert(str(s["checkpoint"].get<std::string>(), "/", s["tiled"])).second) << s.dump();
+  EXPECT_EQ(kinds.size(), 8u);
+  EXPECT_TRUE(kinds.count("auto/true") && kinds.count("auto/false"));
+
   const auto bad = run_command(str(AUTOSP_BINARY, " plan --model ", dir / "config.json", " --device-memory '80 parsecs'"));
   EXPECT_EQ(bad.exit_code, 1) << bad.output;
   EXPECT_NE(bad.output.find("--device-memory 80 parsecs: unknown unit"), std::string::npos) << bad.output;
