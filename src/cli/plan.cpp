@@ -70,43 +70,106 @@ std::string tokens(int64_t n) {
   return std::to_string(n);
 }
 
-// Peak memory per rank against S for every strategy (log S), with the device's line.
-std::string svg_plot(const std::vector<train::StrategyResult>& results, int64_t device, const std::string& title) {
-  const double W = 900, H = 520, L = 70, R = 260, T = 40, B = 50;
-  double smin = 1e30, smax = 0, pmax = double(device) * 1.3;
-  for (const auto& r : results)
-    for (auto [S, p] : r.samples) smin = std::min(smin, double(S)), smax = std::max(smax, double(S));
-  if (smax <= smin) smax = smin * 2;
-  auto x = [&](double S) { return L + (std::log2(S) - std::log2(smin)) / (std::log2(smax) - std::log2(smin)) * (W - L - R); };
-  auto y = [&](double p) { return H - B - std::min(p, pmax) / pmax * (H - T - B); };
-  const char* colors[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b",
-                          "#e377c2", "#7f7f7f", "#bcbd22", "#17becf", "#393b79", "#637939"};
-  std::string s = str("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"", W, "\" height=\"", H,
-                      "\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n",
-                      "<text x=\"", L, "\" y=\"22\" font-size=\"14\">", title, "</text>\n");
-  s += str("<line x1=\"", L, "\" y1=\"", H - B, "\" x2=\"", W - R, "\" y2=\"", H - B, "\" stroke=\"black\"/>\n<line x1=\"", L,
-           "\" y1=\"", T, "\" x2=\"", L, "\" y2=\"", H - B, "\" stroke=\"black\"/>\n");
-  for (double S = std::exp2(std::ceil(std::log2(smin))); S <= smax; S *= 2)
-    s += str("<text x=\"", x(S), "\" y=\"", H - B + 16, "\" text-anchor=\"middle\">", tokens(int64_t(S)), "</text>\n");
-  for (int i = 0; i <= 4; ++i) {
-    const double p = pmax * i / 4;
-    s += str("<text x=\"", L - 6, "\" y=\"", y(p) + 4, "\" text-anchor=\"end\">", std::round(p / kGiB), "</text>\n");
+std::string xml_escape(const std::string& text) {
+  std::string out;
+  for (char c : text) {
+    if (c == '&') out += "&amp;";
+    else if (c == '<') out += "&lt;";
+    else if (c == '>') out += "&gt;";
+    else if (c == '"') out += "&quot;";
+    else out += c;
   }
-  s += str("<text x=\"", (L + W - R) / 2, "\" y=\"", H - 12, "\" text-anchor=\"middle\">sequence length S (tokens)</text>\n",
-           "<text x=\"16\" y=\"", (T + H - B) / 2, "\" transform=\"rotate(-90 16 ", (T + H - B) / 2,
+  return out;
+}
+
+// Peak memory per rank against S for every strategy (log S), with the device's line. Each
+// series has its own colour (20 qualitative colours, chosen to stay visible on white; past
+// 20 they repeat with another dash); tiled strategies are dashed and "auto" ones dotted on
+// top, since each coincides with the strategy it picks. The canvas is sized to the legend,
+// whose labels are measured at kCharWidth per character (a wide estimate for sans-serif).
+std::string svg_plot(const std::vector<train::StrategyResult>& results, int64_t device, const std::string& title) {
+  constexpr double kFont = 13, kCharWidth = 0.62 * kFont, kRow = 20, kSample = 30;
+  static const char* const kColors[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
+                                        "#7f7f7f", "#bcbd22", "#17becf", "#000075", "#800000", "#3cb44b", "#f032e6",
+                                        "#469990", "#9a6324", "#4363d8", "#e6194b", "#808000", "#000000"};
+  std::vector<std::string> labels;
+  size_t longest_label = 0;
+  for (const auto& r : results) {
+    labels.push_back(xml_escape(str(r.name, r.sp > 1 ? str(", SP ", r.sp) : ", no SP", ": ",
+                                    r.max_seq_len ? tokens(r.max_seq_len) : "none fits")));
+    longest_label = std::max(longest_label, labels.back().size());
+  }
+  const double L = 70, T = 44, B = 50, plot_w = 600, plot_h = 430, gap = 24, pad = 10;
+  const double legend_x = L + plot_w + gap, legend_w = pad + kSample + 8 + double(longest_label) * kCharWidth + pad;
+  const double legend_h = pad + kRow * double(results.size()) + pad;
+  const double W = legend_x + legend_w + pad, H = std::max(T + plot_h + B, T + legend_h + pad);
+  const double bottom = T + plot_h;  // the x axis
+
+  // Up to 1.3 x the device memory, or further when nothing fits, so the lowest plan shows.
+  double smin = 1e30, smax = 0, lowest = 1e30;
+  for (const auto& r : results)
+    for (auto [S, p] : r.samples)
+      smin = std::min(smin, double(S)), smax = std::max(smax, double(S)), lowest = std::min(lowest, double(p));
+  const double pmax = std::max(double(device) * 1.3, lowest * 1.1);
+  if (smax <= smin) smax = smin * 2;
+  auto x = [&](double S) { return L + (std::log2(S) - std::log2(smin)) / (std::log2(smax) - std::log2(smin)) * plot_w; };
+  auto y = [&](double p) { return bottom - std::min(p, pmax) / pmax * plot_h; };
+  std::string s = str("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"", W, "\" height=\"", H, "\" viewBox=\"0 0 ", W,
+                      " ", H, "\" font-family=\"sans-serif\" font-size=\"", kFont, "\">\n",
+                      "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n<text x=\"", L, "\" y=\"24\" font-size=\"",
+                      kFont + 3, "\">", xml_escape(title), "</text>\n");
+  // y grid every 1, 2 or 5 x 10^k GiB, at most 8 lines.
+  const double gib_max = pmax / kGiB;
+  double step = std::pow(10.0, std::floor(std::log10(gib_max / 8)));
+  for (double m : {1.0, 2.0, 5.0, 10.0})
+    if (gib_max / (step * m) <= 8) {
+      step *= m;
+      break;
+    }
+  for (double v = 0; v <= gib_max + 1e-9; v += step) {
+    const double yy = y(v * kGiB);
+    s += str("<line x1=\"", L, "\" y1=\"", yy, "\" x2=\"", L + plot_w, "\" y2=\"", yy, "\" stroke=\"#e0e0e0\"/>\n",
+             "<text x=\"", L - 6, "\" y=\"", yy + 4, "\" text-anchor=\"end\">", v, "</text>\n");
+  }
+  for (double S = std::exp2(std::ceil(std::log2(smin))); S <= smax; S *= 2)
+    s += str("<line x1=\"", x(S), "\" y1=\"", bottom, "\" x2=\"", x(S), "\" y2=\"", bottom + 4, "\" stroke=\"black\"/>\n",
+             "<text x=\"", x(S), "\" y=\"", bottom + 18, "\" text-anchor=\"middle\" font-size=\"", kFont - 1, "\">",
+             tokens(int64_t(S)), "</text>\n");
+  s += str("<line x1=\"", L, "\" y1=\"", bottom, "\" x2=\"", L + plot_w, "\" y2=\"", bottom, "\" stroke=\"black\"/>\n",
+           "<line x1=\"", L, "\" y1=\"", T, "\" x2=\"", L, "\" y2=\"", bottom, "\" stroke=\"black\"/>\n",
+           "<text x=\"", L + plot_w / 2, "\" y=\"", bottom + 40, "\" text-anchor=\"middle\">sequence length S (tokens)</text>\n",
+           "<text x=\"18\" y=\"", T + plot_h / 2, "\" transform=\"rotate(-90 18 ", T + plot_h / 2,
            ")\" text-anchor=\"middle\">planned peak per rank (GiB)</text>\n");
-  s += str("<line x1=\"", L, "\" y1=\"", y(double(device)), "\" x2=\"", W - R, "\" y2=\"", y(double(device)),
-           "\" stroke=\"black\" stroke-dasharray=\"6 4\"/>\n<text x=\"", W - R + 6, "\" y=\"", y(double(device)) + 4,
-           "\">device memory</text>\n");
+  s += str("<line x1=\"", L, "\" y1=\"", y(double(device)), "\" x2=\"", L + plot_w, "\" y2=\"", y(double(device)),
+           "\" stroke=\"black\" stroke-width=\"1.5\" stroke-dasharray=\"6 4\"/>\n<text x=\"", L + 6, "\" y=\"",
+           y(double(device)) - 6, "\">device memory, ", gib(device), "</text>\n");
+  auto stroke = [&](size_t i) {
+    const auto& r = results[i];
+    const bool repeat = i >= std::size(kColors);
+    const char* dash = r.checkpoint == "auto" ? "2 4" : r.tiled != repeat ? "9 5" : "";
+    return str("stroke=\"", kColors[i % std::size(kColors)], "\" stroke-width=\"", r.checkpoint == "auto" ? 3 : 2, "\"",
+               *dash ? str(" stroke-dasharray=\"", dash, "\"") : "");
+  };
   for (size_t i = 0; i < results.size(); ++i) {
     auto pts = results[i].samples;
     std::sort(pts.begin(), pts.end());
     std::string line;
-    for (auto [S, p] : pts) line += str(x(double(S)), ",", y(double(p)), " ");
-    const char* c = colors[i % std::size(colors)];
-    s += str("<polyline fill=\"none\" stroke=\"", c, "\" stroke-width=\"2\" points=\"", line, "\"/>\n");
-    s += str("<text x=\"", W - R + 6, "\" y=\"", T + 20 + 18 * i, "\" fill=\"", c, "\">", results[i].name,
-             results[i].sp > 1 ? str(", SP ", results[i].sp) : ", no SP", ": ", tokens(results[i].max_seq_len), "</text>\n");
+    std::string marks;  // the plans made: a series of one plan is a dot
+    for (auto [S, p] : pts) {
+      line += str(x(double(S)), ",", y(double(p)), " ");
+      marks += str("<circle cx=\"", x(double(S)), "\" cy=\"", y(double(p)), "\" r=\"2.5\" fill=\"",
+                   kColors[i % std::size(kColors)], "\"/>\n");
+    }
+    s += str("<polyline class=\"series\" fill=\"none\" ", stroke(i), " points=\"", line, "\"/>\n", marks);
+  }
+  s += str("<rect class=\"legend\" x=\"", legend_x, "\" y=\"", T, "\" width=\"", legend_w, "\" height=\"", legend_h,
+           "\" fill=\"white\" stroke=\"#bbbbbb\"/>\n");
+  for (size_t i = 0; i < results.size(); ++i) {
+    const double row = T + pad + kRow * (double(i) + 0.5);
+    s += str("<line class=\"legend-sample\" x1=\"", legend_x + pad, "\" y1=\"", row, "\" x2=\"", legend_x + pad + kSample,
+             "\" y2=\"", row, "\" ", stroke(i), "/>\n<text class=\"legend-label\" x=\"", legend_x + pad + kSample + 8,
+             "\" y=\"", row + kFont * 0.35, "\" data-width=\"", double(labels[i].size()) * kCharWidth, "\">",
+             labels[i], "</text>\n");
   }
   return s + "</svg>\n";
 }
@@ -140,6 +203,7 @@ int run_plan(const PlanArgs& args) {
   using P = CheckpointPolicy;
   // Each strategy's search compiles on its own thread (compiling is single-threaded and
   // shares nothing but read-only op tables).
+  train::PlanCache cache;  // tiles that change nothing at S plan as no tiles; the breakdown below
   std::vector<std::future<train::StrategyResult>> searches;
   for (int sp : {1, setup.sp}) {
     train::PlanSetup s = setup;
@@ -150,8 +214,8 @@ int run_plan(const PlanArgs& args) {
         const TileOptions tiles = !tiled ? TileOptions{} : args.tile_rows > 0 ? TileOptions{.tile_rows = args.tile_rows}
                                                                               : TileOptions{.budget_bytes = device};
         const train::MemoryStrategy strategy{{policy}, tiles};
-        searches.push_back(std::async(std::launch::async, [s, strategy, device, granularity] {
-          return train::longest_sequence(s, strategy, device, granularity);
+        searches.push_back(std::async(std::launch::async, [s, strategy, device, granularity, &cache] {
+          return train::longest_sequence(s, strategy, device, granularity, &cache);
         }));
       }
     if (setup.sp == 1) break;
@@ -160,7 +224,7 @@ int run_plan(const PlanArgs& args) {
   for (auto& search : searches) results.push_back(search.get());
   // auto: the cheapest policy that fits, so its longest sequence is the longest of any.
   std::vector<train::StrategyResult> autos;
-  for (int sp : {1, setup.sp})
+  for (int sp : {1, setup.sp}) {
     for (bool tiled : {false, true}) {
       const train::StrategyResult* best = nullptr;
       for (const auto& r : results)
@@ -170,23 +234,31 @@ int run_plan(const PlanArgs& args) {
       a.name = str("auto (", best->name, ")");
       a.checkpoint = "auto";
       autos.push_back(a);
-      if (setup.sp == 1) break;
     }
+    if (setup.sp == 1) break;
+  }
   results.insert(results.end(), autos.begin(), autos.end());
   const auto best = std::max_element(results.begin(), results.end(),
                                      [](const auto& a, const auto& b) { return a.max_seq_len < b.max_seq_len; });
   train::PlanSetup best_setup = setup;
   best_setup.sp = best->sp;
   const train::MemoryBreakdown b =
-      plan_step(best_setup, best->strategy, std::max<int64_t>(best->max_seq_len, 1024 * best->sp));
+      cache.plan(best_setup, best->strategy, std::max<int64_t>(best->max_seq_len, 1024 * best->sp));
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
+  const train::ArenaParts& a = b.arena_parts;
   const json breakdown = {{"seq_len", std::max<int64_t>(best->max_seq_len, 1024 * best->sp)},
                           {"strategy", best->name},
                           {"parameters", b.parameters},
-                          {"gradients", b.gradients},
+                          {"gradient_sum", b.gradient_sum},
                           {"optimizer_state", b.optimizer_state},
-                          {"activations", b.activations},
+                          {"arena", b.arena},
+                          {"arena_parts", {{"gradient_buckets", a.gradient_buckets},
+                                           {"gathered_parameters", a.gathered_parameters},
+                                           {"activations", a.activations},
+                                           {"activation_gradients", a.activation_gradients},
+                                           {"workspaces", a.workspaces},
+                                           {"fragmentation", a.fragmentation}}},
                           {"communication", b.communication},
                           {"runtime_reserve", b.runtime_reserve},
                           {"total", b.total()}};
@@ -226,9 +298,21 @@ int run_plan(const PlanArgs& args) {
                   r.max_seq_len ? gib(r.peak_bytes).c_str() : "—");
     std::printf("\nper rank at S = %s with %s%s:\n", tokens(breakdown["seq_len"]).c_str(), best->name.c_str(),
                 best->sp > 1 ? str(", SP ", best->sp).c_str() : "");
-    for (const char* k : {"parameters", "gradients", "optimizer_state", "activations", "communication", "runtime_reserve"})
-      std::printf("  %-16s %12s\n", k, gib(breakdown[k].get<int64_t>()).c_str());
-    std::printf("  %-16s %12s of %s\n(planned in %.1f s)\n", "total", gib(b.total()).c_str(), gib(device).c_str(), seconds);
+    auto line = [](const char* what, int64_t bytes) { std::printf("  %-40s %12s\n", what, gib(bytes).c_str()); };
+    line("parameters", b.parameters);
+    line(setup.accumulation_steps > 1 ? "gradient sum (between micro batches)" : "gradient sum (no accumulation)",
+         b.gradient_sum);
+    line("optimizer state", b.optimizer_state);
+    line("arena, at its peak", b.arena);
+    line("  gradient buckets", a.gradient_buckets);
+    line("  gathered parameters (ZeRO-3)", a.gathered_parameters);
+    line("  activations (forward and recomputed)", a.activations);
+    line("  activation gradients", a.activation_gradients);
+    line("  kernel workspaces", a.workspaces);
+    line("  fragmentation (unused gaps)", a.fragmentation);
+    line("communication scratch (ZeRO-1/2)", b.communication);
+    line("runtime reserve", b.runtime_reserve);
+    std::printf("  %-40s %12s of %s\n(planned in %.1f s)\n", "total", gib(b.total()).c_str(), gib(device).c_str(), seconds);
   }
   if (!args.plot.empty())
     write_file_atomic(args.plot, svg_plot(results, device, str(fs::path(config).filename().string(), ": planned peak per rank, ",

@@ -15,9 +15,12 @@ extern const OpDef reshape_op = {
     .infer = [](const Types& in, const Attrs& attrs) -> Types {
       require(attrs.has("shape"), "needs a 'shape' attribute");
       Shape shape = attrs.get_ints("shape");
-      for (int64_t d : shape) require(d >= 0, "negative dim in ", shape_str(shape));
-      require(numel(shape) == numel(in[0].shape), "cannot reshape ", shape_str(in[0].shape), " (",
-              numel(in[0].shape), " elements) to ", shape_str(shape));
+      // Not require(): its message would be built for every reshape.
+      for (int64_t d : shape)
+        if (d < 0) shape_error("negative dim in ", shape_str(shape));
+      if (numel(shape) != numel(in[0].shape))
+        shape_error("cannot reshape ", shape_str(in[0].shape), " (", numel(in[0].shape), " elements) to ",
+                    shape_str(shape));
       return {{in[0].dtype, shape}};
     },
     .cost = nullptr,
@@ -59,8 +62,8 @@ extern const OpDef transpose_op = {
       std::vector<bool> seen(x.size(), false);
       Shape out;
       for (int64_t p : perm) {
-        require(p >= 0 && p < static_cast<int64_t>(x.size()) && !seen[p], "perm ", shape_str(perm),
-                " is not a permutation");
+        if (p < 0 || p >= static_cast<int64_t>(x.size()) || seen[p])
+          shape_error("perm ", shape_str(perm), " is not a permutation");
         seen[p] = true;
         out.push_back(x[p]);
       }

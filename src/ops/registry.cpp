@@ -25,21 +25,23 @@ std::string types_str(const Types& types) {
   return s;
 }
 
+// These checks run for every operand of every node a pass emits: their messages are built
+// only when they fail (require() takes them built).
 void require_dtype(const TensorType& t, DType dtype, const char* operand) {
-  require(t.dtype == dtype, operand, " must be ", dtype_name(dtype), ", got ", type_str(t));
+  if (t.dtype != dtype) shape_error(operand, " must be ", dtype_name(dtype), ", got ", type_str(t));
 }
 
 bool is_floating(DType dtype) { return dtype == DType::f32 || dtype == DType::bf16; }
 
 void require_floating(const TensorType& t, const char* operand) {
-  require(is_floating(t.dtype), operand, " must be f32 or bf16, got ", type_str(t));
+  if (!is_floating(t.dtype)) shape_error(operand, " must be f32 or bf16, got ", type_str(t));
 }
 
 void require_same_dtype(const TensorType& a, const char* a_name, const TensorType& b,
                         const char* b_name) {
-  require(a.dtype == b.dtype, a_name, " and ", b_name, " must have the same dtype, got ", a_name,
-          " ", type_str(a), " and ", b_name, " ", type_str(b),
-          " (mixed f32 and bf16 needs an explicit convert)");
+  if (a.dtype != b.dtype)
+    shape_error(a_name, " and ", b_name, " must have the same dtype, got ", a_name, " ", type_str(a), " and ", b_name,
+                " ", type_str(b), " (mixed f32 and bf16 needs an explicit convert)");
 }
 
 DType dtype_attr(const Attrs& attrs, const char* key) {
@@ -53,7 +55,7 @@ DType dtype_attr(const Attrs& attrs, const char* key) {
 }
 
 void require_rank(const TensorType& t, size_t rank, const char* operand) {
-  require(t.shape.size() == rank, operand, " must have rank ", rank, ", got ", type_str(t));
+  if (t.shape.size() != rank) shape_error(operand, " must have rank ", rank, ", got ", type_str(t));
 }
 
 Shape with_last(Shape shape, int64_t last) {

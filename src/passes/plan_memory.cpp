@@ -90,32 +90,40 @@ Buffers find_buffers(const Graph& g, const PlanMemoryOptions& options) {
 
 // Places buffers one by one in `order`, each into the smallest gap free over its whole
 // lifetime (the lowest among equal gaps), else on top of everything live with it. Returns
-// the arena size.
-int64_t place(std::vector<Buffer>& buffers, const std::vector<int>& order) {
-  std::vector<int> placed, overlapping;
+// the arena size, or, once it passes `limit` (>= 0), that arena at once: the caller has no use
+// for a packing above it. The placed buffers are kept sorted by offset, so finding a buffer's gaps
+// is one pass over them (no sort per buffer): O(B^2) in all, with a small constant.
+int64_t place(std::vector<Buffer>& buffers, const std::vector<int>& order, int64_t limit) {
+  struct Placed {
+    int64_t offset, top;  // [offset, top) in the arena
+    NodeId begin, end;
+  };
+  std::vector<Placed> placed;  // by offset (buffers at one offset in any order: see below)
   placed.reserve(buffers.size());
   int64_t arena = 0;
   for (int i : order) {
     Buffer& b = buffers[i];
     const int64_t size = aligned(b.bytes);
-    overlapping.clear();
-    for (int p : placed)
-      if (buffers[p].begin <= b.end && b.begin <= buffers[p].end) overlapping.push_back(p);
-    std::sort(overlapping.begin(), overlapping.end(), [&](int x, int y) {
-      return buffers[x].offset < buffers[y].offset;
-    });
+    // Among buffers live with b, in offset order: the gap below each is its offset less the
+    // highest end below it. Of two at one offset the second's gap is negative (every size
+    // is at least the alignment), so their order changes nothing.
     int64_t top = 0, best = -1, best_gap = 0;
-    for (int p : overlapping) {
-      const int64_t gap = buffers[p].offset - top;
+    for (const Placed& p : placed) {
+      if (p.begin > b.end || b.begin > p.end) continue;
+      const int64_t gap = p.offset - top;
       if (gap >= size && (best < 0 || gap < best_gap)) {
         best = top;
         best_gap = gap;
       }
-      top = std::max(top, buffers[p].offset + aligned(buffers[p].bytes));
+      top = std::max(top, p.top);
     }
     b.offset = best >= 0 ? best : top;
     arena = std::max(arena, b.offset + size);
-    placed.push_back(i);
+    if (limit >= 0 && arena > limit) return arena;
+    const Placed p{b.offset, b.offset + size, b.begin, b.end};
+    placed.insert(std::upper_bound(placed.begin(), placed.end(), p,
+                                   [](const Placed& x, const Placed& y) { return x.offset < y.offset; }),
+                  p);
   }
   return arena;
 }
@@ -130,7 +138,9 @@ int64_t place(std::vector<Buffer>& buffers, const std::vector<int>& order) {
 // On the tiny Llama's joint graph at SP 1 and 2 (S = 64 to 16384) the best of these reaches
 // the live peak, the bound no packing can beat, where no one order does: largest first is
 // up to 3% above it at S >= 1024, time order 7% above at S = 64.
-int64_t pack(std::vector<Buffer>& buffers) {
+// With `stop_above` >= 0 the result is exact only up to it: a packing known to be larger
+// stops there, and a result above stop_above says only that the arena is.
+int64_t pack(std::vector<Buffer>& buffers, int64_t stop_above = -1) {
   constexpr int64_t kSmall = 4096;
   std::vector<int> ids(buffers.size());
   for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int>(i);
@@ -149,15 +159,22 @@ int64_t pack(std::vector<Buffer>& buffers) {
       }),
       sorted([&](int a, int b) { return length(a) != length(b) ? length(a) > length(b) : size(a) > size(b); }),
   };
-  int64_t best = -1;
+  int64_t best = -1, over = -1;
   std::vector<int64_t> best_offsets;
   for (const std::vector<int>& order : orders) {
-    const int64_t arena = place(buffers, order);
-    if (best >= 0 && arena >= best) continue;
+    if (best == 0) break;  // no buffers
+    // An order is kept only below the best so far (and of use only up to stop_above).
+    const int64_t limit = best < 0 ? stop_above : stop_above < 0 ? best - 1 : std::min(stop_above, best - 1);
+    const int64_t arena = place(buffers, order, limit);
+    if (limit >= 0 && arena > limit) {
+      if (best < 0) over = arena;
+      continue;
+    }
     best = arena;
     best_offsets.clear();
     for (const Buffer& b : buffers) best_offsets.push_back(b.offset);
   }
+  if (best < 0) return over;  // every order above stop_above
   for (size_t i = 0; i < buffers.size(); ++i) buffers[i].offset = best_offsets[i];
   return best;
 }
@@ -199,6 +216,12 @@ Graph plan_memory(const Graph& g, const PlanMemoryOptions& options) {
   }
   for (const GraphOutput& o : g.outputs()) planned.add_output(o.name, o.value);
   return planned;
+}
+
+int64_t planned_arena_bytes(const Graph& g, const PlanMemoryOptions& options, int64_t stop_above) {
+  AUTOSP_CHECK(options.threads >= 1, "plan_memory needs the executor's thread count, got ", options.threads);
+  Buffers r = find_buffers(g, options);
+  return pack(r.buffers, stop_above);
 }
 
 bool has_memory_plan(const Graph& g) {
@@ -264,10 +287,21 @@ MemoryPlan read_memory_plan(const Graph& g) {
       if (live[plan.offsets[out]]++ == 0) live_bytes += bytes_of(out);
       ending[end[out]].push_back(out);
     }
-    plan.live_peak_bytes = std::max(plan.live_peak_bytes, live_bytes + aligned(plan.workspace_bytes[n]));
+    if (const int64_t here = live_bytes + aligned(plan.workspace_bytes[n]); here > plan.live_peak_bytes || n == 0) {
+      plan.live_peak_bytes = here;
+      plan.live_peak_node = n;
+    }
     for (ValueId v : ending[n])
       if (--live[plan.offsets[v]] == 0) live_bytes -= bytes_of(v);
   }
+  const NodeId peak = plan.live_peak_node;
+  std::map<int64_t, ValueId> at_peak;  // offset -> the latest value written there by the peak
+  for (ValueId v = 0; v < static_cast<ValueId>(g.values().size()); ++v)
+    if (root[v] == v && plan.offsets[v] >= 0 && g.value(v).producer <= peak && peak <= end[v]) {
+      auto [it, added] = at_peak.emplace(plan.offsets[v], v);
+      if (!added && g.value(it->second).producer < g.value(v).producer) it->second = v;
+    }
+  for (const auto& [offset, v] : at_peak) plan.live_at_peak.push_back(v);
   return plan;
 }
 

@@ -35,6 +35,7 @@
 namespace autosp {
 
 inline constexpr int64_t kArenaAlignment = 64;
+inline int64_t aligned_to_arena(int64_t bytes) { return (bytes + kArenaAlignment - 1) / kArenaAlignment * kArenaAlignment; }
 
 struct PlanMemoryOptions {
   int threads = 1;       // the executor's kernel threads (workspace sizes depend on them)
@@ -47,12 +48,22 @@ struct PlanMemoryOptions {
 
 Graph plan_memory(const Graph& graph, const PlanMemoryOptions& options);
 
+// The arena plan_memory(graph, options) plans, without making the plan. With stop_above >= 0
+// only a result up to stop_above is exact: a larger one says the arena is above it (the
+// packing stops as soon as that is known).
+int64_t planned_arena_bytes(const Graph& graph, const PlanMemoryOptions& options, int64_t stop_above = -1);
+
 // The plan a graph carries, read back from its attributes.
 struct MemoryPlan {
   int64_t arena_bytes = 0;  // the planned peak: the arena the executor allocates
   // The most bytes (rounded to the alignment) live at one node: no packing of this order
   // can use less. arena_bytes / live_peak_bytes - 1 is the packing's fragmentation.
   int64_t live_peak_bytes = 0;
+  // Where the live peak is reached (the first such node), and the buffers live there: per
+  // distinct arena range one value, the latest written (of an in-place operand and result,
+  // the result); their aligned sizes and the node's workspace sum to live_peak_bytes.
+  NodeId live_peak_node = -1;
+  std::vector<ValueId> live_at_peak;
   std::vector<int64_t> offsets;            // per value: arena offset, -1 if not in the arena
                                            // (inputs, views, empty results)
   std::vector<int64_t> workspace_offsets;  // per node, -1 without a workspace

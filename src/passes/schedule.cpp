@@ -117,10 +117,6 @@ Graph reorder(const Graph& g, const std::vector<NodeId>& order) {
   return out;
 }
 
-int64_t planned_arena(const Graph& g, int threads) {
-  return read_memory_plan(plan_memory(g, {.threads = threads})).arena_bytes;
-}
-
 }  // namespace
 
 Graph schedule(const Graph& g, const ScheduleOptions& options) {
@@ -128,7 +124,9 @@ Graph schedule(const Graph& g, const ScheduleOptions& options) {
     AUTOSP_CHECK(!g.node(n).attrs.has("mem_offsets"), "schedule: node ", n,
                  " is already memory-planned; schedule runs before plan_memory");
   Graph scheduled = reorder(g, GreedyScheduler(g).order());
-  if (planned_arena(scheduled, options.threads) < planned_arena(g, options.threads)) return scheduled;
+  // The input order's arena matters only as far as whether it is above the new order's.
+  const int64_t arena = planned_arena_bytes(scheduled, {.threads = options.threads});
+  if (arena < planned_arena_bytes(g, {.threads = options.threads}, arena)) return scheduled;
   return g;
 }
 

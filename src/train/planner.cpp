@@ -2,9 +2,12 @@
 
 #include <algorithm>
 
+#include "passes/autodiff.h"
 #include "passes/autosp.h"
+#include "passes/grad_sync.h"
 #include "passes/pipeline.h"
 #include "passes/plan_memory.h"
+#include "passes/tile.h"
 #include "train/grad_sync.h"
 #include "util/error.h"
 
@@ -15,7 +18,77 @@ namespace {
 // A CUDA context with cuBLAS/cuDNN workspaces and NCCL's buffers: 0.5-1 GiB on a recent GPU.
 constexpr int64_t kGpuRuntimeReserveBytes = int64_t{1} << 30;
 
+bool starts_with_any(const std::string& name, std::initializer_list<const std::string*> prefixes) {
+  for (const std::string* p : prefixes)
+    if (name.starts_with(*p)) return true;
+  return false;
+}
+
 }  // namespace
+
+ArenaParts arena_parts(const Graph& g, const MemoryPlan& plan) {
+  const auto N = static_cast<NodeId>(g.nodes().size());
+  const auto V = static_cast<ValueId>(g.values().size());
+  // Gradient buckets: back from each gradient output through its reduction (all_reduce,
+  // reduce_scatter), the bucket's concat ("grad_bucket:<k>", whose padding is a fill), the
+  // gradients' flattening views and accumulation's "grad_total:" add, to the values the
+  // backward made final (grad_sync.h).
+  std::vector<char> bucket(V, 0), gathered(V, 0), forward(N, 0);
+  std::vector<ValueId> stack;
+  for (const GraphOutput& o : g.outputs())
+    if (starts_with_any(o.name, {&kGradPrefix, &kGradShardPrefix, &kGradReducedPrefix})) {
+      const Node& p = g.node(g.value(o.value).producer);
+      bucket[o.value] = 1;
+      if (p.op == OpKind::all_reduce || p.op == OpKind::reduce_scatter) stack.push_back(p.inputs[0]);
+      else stack.push_back(o.value);
+    }
+  while (!stack.empty()) {
+    const ValueId v = stack.back();
+    stack.pop_back();
+    if (g.is_input(v)) continue;
+    bucket[v] = 1;
+    const Node& p = g.node(g.value(v).producer);
+    const std::string& name = g.value(v).name;
+    if (p.op == OpKind::reshape || (p.op == OpKind::concat && name.starts_with("grad_bucket:")) ||
+        (p.op == OpKind::add && name.starts_with("grad_total:")))
+      for (ValueId in : p.inputs)
+        if (!bucket[in]) stack.push_back(in);
+  }
+  // Gathered parameters: all_gather of a parameter shard (ZeRO-3), and the slices and views of it.
+  for (NodeId n = 0; n < N; ++n) {
+    const Node& node = g.node(n);
+    const bool of_gathered = !node.inputs.empty() && gathered[node.inputs[0]];
+    if ((node.op == OpKind::all_gather && g.is_input(node.inputs[0]) && g.role(node.inputs[0]) == Role::parameter) ||
+        ((node.op == OpKind::slice || node.op == OpKind::reshape) && of_gathered))
+      for (ValueId out : node.outputs) gathered[out] = 1;
+  }
+  // The forward: the nodes the step's other outputs (the loss) depend on.
+  for (const GraphOutput& o : g.outputs())
+    if (!starts_with_any(o.name, {&kGradPrefix, &kGradShardPrefix, &kGradReducedPrefix}))
+      stack.push_back(o.value);
+  while (!stack.empty()) {
+    const NodeId n = g.value(stack.back()).producer;
+    stack.pop_back();
+    if (forward[n]) continue;
+    forward[n] = 1;
+    for (ValueId in : g.node(n).inputs) stack.push_back(in);
+  }
+
+  ArenaParts parts;
+  parts.peak_node = plan.live_peak_node;
+  if (plan.live_peak_node >= 0) parts.workspaces = aligned_to_arena(plan.workspace_bytes[plan.live_peak_node]);
+  for (ValueId v : plan.live_at_peak) {
+    const int64_t bytes = aligned_to_arena(g.type(v).bytes());
+    if (bucket[v]) parts.gradient_buckets += bytes;
+    else if (gathered[v]) parts.gathered_parameters += bytes;
+    else if (forward[g.value(v).producer] || g.value(v).name.starts_with("recompute:")) parts.activations += bytes;
+    else parts.activation_gradients += bytes;
+  }
+  AUTOSP_CHECK(parts.total() == plan.live_peak_bytes, "arena_parts: the buffers live at node ", plan.live_peak_node,
+               " sum to ", parts.total(), " bytes, the plan's live peak is ", plan.live_peak_bytes);
+  parts.fragmentation = plan.arena_bytes - plan.live_peak_bytes;
+  return parts;
+}
 
 std::string describe_precision(const PlanSetup& setup) {
   if (setup.dtype == DType::bf16)
@@ -55,17 +128,21 @@ MemoryBreakdown plan_step(const PlanSetup& setup, const MemoryStrategy& strategy
   const bool accumulating = setup.accumulation_steps > 1;
   const int64_t accumulated = !accumulating ? 0 : setup.zero < 2 ? N : shard;
   const int64_t params = setup.zero == 3 ? shard : N;  // of the parameters
-  b.activations = read_memory_plan(step.last).arena_bytes;
-  if (step.has_earlier()) b.activations = std::max(b.activations, read_memory_plan(step.earlier).arena_bytes);
+  // With accumulation the two programs share the arena: its parts are the larger plan's.
+  const MemoryPlan last = read_memory_plan(step.last);
+  const MemoryPlan earlier = step.has_earlier() ? read_memory_plan(step.earlier) : MemoryPlan{};
+  const bool earlier_larger = earlier.arena_bytes > last.arena_bytes;
+  b.arena = std::max(last.arena_bytes, earlier.arena_bytes);
+  b.arena_parts = earlier_larger ? arena_parts(step.earlier, earlier) : arena_parts(step.last, last);
   b.communication = setup.zero == 1 || setup.zero == 2 ? 4 * (W + 1) * ShardedAdamW::chunk_elements(shard, W, kBucket) : 0;
   if (setup.dtype == DType::bf16) {
     b.parameters = 2 * params;
-    b.gradients = 4 * accumulated;     // fp32 accumulation of the graph's bf16 gradients
+    b.gradient_sum = 4 * accumulated;  // fp32 accumulation of the graph's bf16 gradients
     b.optimizer_state = 12 * shard;    // fp32 master weights + two moments (stage 0: shard = N)
     b.runtime_reserve = kGpuRuntimeReserveBytes;
   } else {
     b.parameters = 4 * params;
-    b.gradients = 4 * accumulated;
+    b.gradient_sum = 4 * accumulated;
     b.optimizer_state = 8 * shard;
     const int64_t local = split_sequence(S, setup.sp).local;
     b.runtime_reserve = runtime_reserve_bytes(setup.threads) + reduction_staging_bytes(step.last, W) +
@@ -74,8 +151,44 @@ MemoryBreakdown plan_step(const PlanSetup& setup, const MemoryStrategy& strategy
   return b;
 }
 
+MemoryBreakdown PlanCache::plan(const PlanSetup& setup, const MemoryStrategy& strategy, int64_t S) {
+  MemoryStrategy effective = strategy;
+  if (strategy.tile.tile_rows > 0 || strategy.tile.budget_bytes > 0) {
+    const Graph sharded = autosp(
+        models::llama_forward(setup.model, {.batch = setup.micro_batch, .seq_len = S, .dtype = setup.dtype}),
+        {setup.sp});
+    if (tile(sharded, strategy.tile) == sharded) effective.tile = {};
+  }
+  const TileOptions& t = effective.tile;
+  const Key key{setup.sp, int(effective.checkpoint.policy), effective.checkpoint.recompute_matmuls,
+                t.tile_rows, t.budget_bytes, t.budget_fraction, t.min_rows, S};
+  std::promise<MemoryBreakdown> made;
+  std::shared_future<MemoryBreakdown> made_before;
+  {
+    std::lock_guard lock(mutex_);
+    if (!setup_) setup_ = setup;
+    const PlanSetup& first = *setup_;
+    AUTOSP_CHECK(first.world == setup.world && first.zero == setup.zero && first.dtype == setup.dtype &&
+                     first.micro_batch == setup.micro_batch && first.accumulation_steps == setup.accumulation_steps &&
+                     first.threads == setup.threads &&
+                     models::llama_config_json(first.model) == models::llama_config_json(setup.model),
+                 "PlanCache: a setup other than the one it holds plans of (only sp may differ)");
+    if (auto it = plans_.find(key); it != plans_.end()) made_before = it->second;
+    else plans_.emplace(key, made.get_future().share());
+  }
+  if (made_before.valid()) return made_before.get();  // waits while another thread makes it
+  try {
+    const MemoryBreakdown b = plan_step(setup, effective, S);
+    made.set_value(b);
+    return b;
+  } catch (...) {
+    made.set_exception(std::current_exception());
+    throw;
+  }
+}
+
 StrategyResult longest_sequence(const PlanSetup& setup, const MemoryStrategy& strategy, int64_t device_bytes,
-                                int64_t granularity) {
+                                int64_t granularity, PlanCache* cache) {
   StrategyResult r;
   r.strategy = strategy;
   r.name = strategy_name(strategy);
@@ -84,7 +197,7 @@ StrategyResult longest_sequence(const PlanSetup& setup, const MemoryStrategy& st
   r.checkpoint = strategy_name({strategy.checkpoint, {}});
   r.tiled = strategy.tile.tile_rows > 0 || strategy.tile.budget_bytes > 0;
   auto peak = [&](int64_t S) {
-    const int64_t p = plan_step(setup, strategy, S).total();
+    const int64_t p = (cache ? cache->plan(setup, strategy, S) : plan_step(setup, strategy, S)).total();
     r.samples.emplace_back(S, p);
     return p;
   };

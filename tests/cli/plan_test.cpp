@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <regex>
+#include <set>
 #include <nlohmann/json.hpp>
 #include <omp.h>
 
@@ -28,6 +30,76 @@ models::LlamaConfig small_llama() {
   c.num_key_value_heads = 2;
   c.head_dim = 16;
   return c;
+}
+
+// The attribute `name` of an SVG element's text (`<tag a="..." ...>`); empty if absent.
+std::string attribute(const std::string& element, const std::string& name) {
+  std::smatch m;
+  if (!std::regex_search(element, m, std::regex(str("\\s", name, "=\"([^\"]*)\"")))) return "";
+  return m[1].str();
+}
+
+// The plot is well-formed XML as far as its elements go (every tag closed, in order, one
+// root), has one polyline per strategy, each with a colour of its own, and a legend whose
+// box lies inside the canvas and holds every label (at the width the writer allows each
+// character, data-width).
+void check_plot(const std::string& svg, size_t series) {
+  std::vector<std::string> open;
+  std::vector<std::string> elements;  // the start tags, in order
+  int roots = 0;
+  for (size_t at = svg.find('<'); at != std::string::npos; at = svg.find('<', at + 1)) {
+    const size_t end = svg.find('>', at);
+    ASSERT_NE(end, std::string::npos) << "unterminated tag at " << at;
+    const std::string tag = svg.substr(at, end - at + 1);
+    const std::string name = tag.substr(tag[1] == '/' ? 2 : 1, tag.find_first_of(" />", 2) - (tag[1] == '/' ? 2 : 1));
+    if (tag[1] == '/') {
+      ASSERT_FALSE(open.empty()) << tag;
+      ASSERT_EQ(open.back(), name) << "closes " << tag << " inside <" << open.back() << ">";
+      open.pop_back();
+      continue;
+    }
+    if (open.empty()) ++roots;
+    elements.push_back(tag);
+    if (tag[tag.size() - 2] != '/') open.push_back(name);
+  }
+  EXPECT_TRUE(open.empty()) << "<" << open.back() << "> never closed";
+  EXPECT_EQ(roots, 1);
+  ASSERT_FALSE(elements.empty());
+  ASSERT_TRUE(elements[0].starts_with("<svg"));
+  const double W = std::stod(attribute(elements[0], "width")), H = std::stod(attribute(elements[0], "height"));
+  EXPECT_EQ(attribute(elements[0], "viewBox"), str("0 0 ", attribute(elements[0], "width"), " ",
+                                                    attribute(elements[0], "height")));
+  std::set<std::string> colours;
+  size_t lines = 0, labels = 0;
+  double lx = -1, ly = -1, lw = 0, lh = 0;
+  for (const std::string& e : elements) {
+    const std::string cls = attribute(e, "class");
+    if (e.starts_with("<polyline") && cls == "series") {
+      ++lines;
+      EXPECT_TRUE(colours.insert(attribute(e, "stroke")).second) << "a second series in " << attribute(e, "stroke");
+    }
+    if (cls == "legend") {
+      lx = std::stod(attribute(e, "x")), ly = std::stod(attribute(e, "y"));
+      lw = std::stod(attribute(e, "width")), lh = std::stod(attribute(e, "height"));
+      EXPECT_GE(lx, 0);
+      EXPECT_GE(ly, 0);
+      EXPECT_LE(lx + lw, W);
+      EXPECT_LE(ly + lh, H);
+    }
+    if (cls == "legend-label") {
+      ++labels;
+      ASSERT_GE(lx, 0) << "a label before the legend's box";
+      const double x = std::stod(attribute(e, "x")), y = std::stod(attribute(e, "y"));
+      EXPECT_GE(x, lx);
+      EXPECT_LE(x + std::stod(attribute(e, "data-width")), lx + lw);
+      EXPECT_GT(y, ly);
+      EXPECT_LT(y, ly + lh);
+      EXPECT_GE(std::stod(attribute(elements[0], "font-size")), 12);
+    }
+  }
+  EXPECT_EQ(lines, series);
+  EXPECT_EQ(labels, series);
+  EXPECT_NE(svg.find("device memory"), std::string::npos);
 }
 
 TEST(Plan, TheLongestSequenceFitsAndTheNextDoesNot) {
@@ -67,8 +139,8 @@ TEST(Plan, IsWhatTheTrainerPlans) {
         const train::MemoryBreakdown b =
             train::plan_step(setup, {{parse_checkpoint_policy(policy, "test")}, {}}, 1024);
         EXPECT_EQ(b.total(), trainer.planned_peak_bytes() - trainer.program_bytes());
-        EXPECT_EQ(b.activations, trainer.planned_arena_bytes());
-        EXPECT_EQ(b.parameters + b.gradients + b.optimizer_state + b.communication, trainer.model_state_bytes());
+        EXPECT_EQ(b.arena, trainer.planned_arena_bytes());
+        EXPECT_EQ(b.parameters + b.gradient_sum + b.optimizer_state + b.communication, trainer.model_state_bytes());
       }
 }
 
@@ -89,8 +161,8 @@ TEST(Plan, StagesTwoAndThreeAreWhatTheTrainerPlansAndGoFurther) {
   const train::MemoryStrategy sac{{CheckpointPolicy::sac}, {}};
   const train::MemoryBreakdown b = train::plan_step(setup, sac, 1024);
   EXPECT_EQ(b.total(), trainer.planned_peak_bytes() - trainer.program_bytes());
-  EXPECT_EQ(b.activations, trainer.planned_arena_bytes());
-  EXPECT_EQ(b.parameters + b.gradients + b.optimizer_state + b.communication, trainer.model_state_bytes());
+  EXPECT_EQ(b.arena, trainer.planned_arena_bytes());
+  EXPECT_EQ(b.parameters + b.gradient_sum + b.optimizer_state + b.communication, trainer.model_state_bytes());
 
   // ZeRO-3 too: parameters sharded, each layer's gathered ones in the arena.
   config.zero_stage = config.zero.stage = 3;
@@ -98,8 +170,8 @@ TEST(Plan, StagesTwoAndThreeAreWhatTheTrainerPlansAndGoFurther) {
   setup.zero = 3;
   const train::MemoryBreakdown b3 = train::plan_step(setup, sac, 1024);
   EXPECT_EQ(b3.total(), trainer3.planned_peak_bytes() - trainer3.program_bytes());
-  EXPECT_EQ(b3.activations, trainer3.planned_arena_bytes());
-  EXPECT_EQ(b3.parameters + b3.gradients + b3.optimizer_state + b3.communication, trainer3.model_state_bytes());
+  EXPECT_EQ(b3.arena, trainer3.planned_arena_bytes());
+  EXPECT_EQ(b3.parameters + b3.gradient_sum + b3.optimizer_state + b3.communication, trainer3.model_state_bytes());
 
   // Accumulating, stages 2 and 3 keep their shards of the gradient sum.
   for (int zero : {2, 3}) {
@@ -113,8 +185,8 @@ TEST(Plan, StagesTwoAndThreeAreWhatTheTrainerPlansAndGoFurther) {
     train::PlanSetup s{.model = model, .zero = zero, .accumulation_steps = 2, .threads = omp_get_max_threads()};
     const train::MemoryBreakdown a = train::plan_step(s, sac, 1024);
     EXPECT_EQ(a.total(), accumulating.planned_peak_bytes() - accumulating.program_bytes());
-    EXPECT_EQ(a.parameters + a.gradients + a.optimizer_state + a.communication, accumulating.model_state_bytes());
-    EXPECT_GT(a.gradients, 0);
+    EXPECT_EQ(a.parameters + a.gradient_sum + a.optimizer_state + a.communication, accumulating.model_state_bytes());
+    EXPECT_GT(a.gradient_sum, 0);
   }
 
   int64_t longest[2][4];
@@ -137,6 +209,85 @@ TEST(Plan, StagesTwoAndThreeAreWhatTheTrainerPlansAndGoFurther) {
               "ZeRO-3 %lld (2 micro batches a step: %lld, %lld, %lld, %lld)\n", (long long)longest[0][0],
               (long long)longest[0][1], (long long)longest[0][2], (long long)longest[0][3], (long long)acc[0],
               (long long)acc[1], (long long)acc[2], (long long)acc[3]);
+}
+
+// The arena's parts are the buffers live at its peak, classified by the nodes that made
+// them: they sum to the arena, gradient buckets are among them at every stage (grad_sync
+// makes buckets at every stage), and ZeRO-3's gathered layers only under ZeRO-3.
+TEST(Plan, TheArenaIsBrokenDownIntoWhatItHolds) {
+  const models::LlamaConfig model = small_llama();
+  const int64_t N = models::llama_num_parameters(model);
+  for (int zero : {0, 3})
+    for (CheckpointPolicy policy : {CheckpointPolicy::none, CheckpointPolicy::full})
+      for (int64_t accumulation : {1, 2}) {
+        const train::MemoryStrategy strategy{{policy}, {}};
+        SCOPED_TRACE(str("ZeRO-", zero, " ", strategy_name(strategy), " accumulation ", accumulation));
+        train::PlanSetup setup{.model = model, .world = 4, .sp = 2, .zero = zero, .dtype = DType::bf16,
+                               .accumulation_steps = accumulation};
+        const train::MemoryBreakdown b = train::plan_step(setup, strategy, 1024);
+        const train::ArenaParts& a = b.arena_parts;
+        EXPECT_EQ(a.total(), b.arena);
+        EXPECT_GE(a.fragmentation, 0);
+        EXPECT_GT(a.activations, 0);
+        // The peak is in the backward, after the head's gradient (the first one final; under
+        // ZeRO-0 all-reduced whole into a step output, from ZeRO-1 on reduce-scattered).
+        EXPECT_GT(a.gradient_buckets, 0);
+        if (zero == 0) EXPECT_GE(a.gradient_buckets, 2 * model.vocab_size * model.hidden_size);
+        // At most every bf16 gradient twice (at a bucket's concat its gradients and the bucket
+        // are both live), and the alignment of the few buffers.
+        EXPECT_LE(a.gradient_buckets, 2 * 2 * N + 64 * 64);
+        if (zero == 3) EXPECT_GT(a.gathered_parameters, 0);
+        else EXPECT_EQ(a.gathered_parameters, 0);
+      }
+}
+
+// The searches of `autosp plan` share a PlanCache: a tiled strategy whose tiles change
+// nothing at S takes the untiled plan. Every result is what planning each S afresh gives,
+// at tile sizes that tile the longer S searched (8192 rows, from the budget) and none (2^20 rows).
+TEST(Plan, PlansFromTheCacheAreThePlansMadeAfresh) {
+  train::PlanSetup setup{.model = small_llama(), .world = 2, .sp = 2, .zero = 1, .dtype = DType::bf16};
+  const int64_t device = int64_t(1100) << 20;
+  train::PlanCache cache;
+  for (CheckpointPolicy policy : {CheckpointPolicy::sac, CheckpointPolicy::full}) {
+    const train::StrategyResult untiled = train::longest_sequence(setup, {{policy}, {}}, device, 512);
+    for (TileOptions tiles : {TileOptions{}, TileOptions{.tile_rows = 8192}, TileOptions{.budget_bytes = device / 8},
+                              TileOptions{.tile_rows = 1 << 20}}) {
+      const train::MemoryStrategy strategy{{policy}, tiles};
+      SCOPED_TRACE(train::strategy_name(strategy));
+      const train::StrategyResult cached = train::longest_sequence(setup, strategy, device, 512, &cache);
+      const train::StrategyResult fresh = train::longest_sequence(setup, strategy, device, 512);
+      ASSERT_GT(fresh.max_seq_len, 0);
+      // The cases cover both: plans that tiles change (8192 rows, the budget) and that they do not.
+      if (tiles.tile_rows == 8192 || tiles.budget_bytes > 0) EXPECT_NE(fresh.samples, untiled.samples);
+      else EXPECT_EQ(fresh.samples, untiled.samples);
+      EXPECT_EQ(cached.max_seq_len, fresh.max_seq_len);
+      EXPECT_EQ(cached.peak_bytes, fresh.peak_bytes);
+      EXPECT_EQ(cached.samples, fresh.samples);
+      const train::MemoryBreakdown a = cache.plan(setup, strategy, fresh.max_seq_len);
+      const train::MemoryBreakdown b = train::plan_step(setup, strategy, fresh.max_seq_len);
+      EXPECT_EQ(a.total(), b.total());
+      EXPECT_EQ(a.arena_parts.activations, b.arena_parts.activations);
+      EXPECT_EQ(a.arena_parts.peak_node, b.arena_parts.peak_node);
+    }
+  }
+}
+
+// Llama-3.1-8B at S = 1K on one rank (the issue's case): the arena is the bf16 gradients and
+// their buckets (8.03B x 2 bytes = 14.96 GiB of the 15.06 GiB), not activations.
+TEST(Plan, TheEightBillionArenaAtOneKIsItsGradientBuckets) {
+  const models::LlamaConfig model =
+      models::load_llama_config(str(AUTOSP_SOURCE_DIR, "/fuzz/corpus/model_config/llama-3.1-8b.json"));
+  const int64_t N = models::llama_num_parameters(model);
+  train::PlanSetup setup{.model = model, .dtype = DType::bf16};
+  const train::MemoryBreakdown b = train::plan_step(setup, {{CheckpointPolicy::none}, {}}, 1024);
+  const train::ArenaParts& a = b.arena_parts;
+  EXPECT_EQ(a.total(), b.arena);
+  EXPECT_GE(a.gradient_buckets, 2 * N);
+  EXPECT_LT(a.activations, b.arena / 50) << a.activations;
+  std::printf("Llama-3.1-8B, S = 1024, one rank, bf16: arena %lld = gradient buckets %lld + activations %lld + "
+              "activation gradients %lld + workspaces %lld + fragmentation %lld\n",
+              (long long)b.arena, (long long)a.gradient_buckets, (long long)a.activations,
+              (long long)a.activation_gradients, (long long)a.workspaces, (long long)a.fragmentation);
 }
 
 TEST(Plan, TheCliOrdersStrategiesAsTheirMemory) {
@@ -163,14 +314,30 @@ TEST(Plan, TheCliOrdersStrategiesAsTheirMemory) {
       EXPECT_EQ(longest[str(sp, "/auto/", tiled)], longest[str(sp, "/full/", tiled)]);
     }
   EXPECT_GT(longest["2/full/false"], longest["1/full/false"]);  // SP 2 holds half of each sequence
-  EXPECT_EQ(j["breakdown"]["total"].get<int64_t>(),
-            j["breakdown"]["parameters"].get<int64_t>() + j["breakdown"]["gradients"].get<int64_t>() +
-                j["breakdown"]["optimizer_state"].get<int64_t>() + j["breakdown"]["activations"].get<int64_t>() +
-                j["breakdown"]["communication"].get<int64_t>() + j["breakdown"]["runtime_reserve"].get<int64_t>());
+  const json& b = j["breakdown"];
+  EXPECT_EQ(b["total"].get<int64_t>(), b["parameters"].get<int64_t>() + b["gradient_sum"].get<int64_t>() +
+                                           b["optimizer_state"].get<int64_t>() + b["arena"].get<int64_t>() +
+                                           b["communication"].get<int64_t>() + b["runtime_reserve"].get<int64_t>());
+  int64_t parts = 0;
+  for (const char* key : {"gradient_buckets", "gathered_parameters", "activations", "activation_gradients",
+                          "workspaces", "fragmentation"})
+    parts += b["arena_parts"][key].get<int64_t>();
+  EXPECT_EQ(parts, b["arena"].get<int64_t>());
+  EXPECT_GT(b["arena_parts"]["gradient_buckets"].get<int64_t>(), 0);
   std::ifstream svg(dir / "plan.svg");
   const std::string text((std::istreambuf_iterator<char>(svg)), {});
-  EXPECT_NE(text.find("<polyline"), std::string::npos);
-  EXPECT_NE(text.find("device memory"), std::string::npos);
+  check_plot(text, 16);
+
+  // At SP 1 the strategies are the 6 without SP and auto with and without tiles, once each.
+  const auto one = run_command(str(AUTOSP_BINARY, " plan --model ", dir / "config.json",
+                                   " --device-memory 1280MiB --json"));
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  std::set<std::string> kinds;
+  const json at_one = json::parse(one.output);
+  for (const json& s : at_one["strategies"])
+    EXPECT_TRUE(kinds.insert(str(s["checkpoint"].get<std::string>(), "/", s["tiled"])).second) << s.dump();
+  EXPECT_EQ(kinds.size(), 8u);
+  EXPECT_TRUE(kinds.count("auto/true") && kinds.count("auto/false"));
 
   const auto bad = run_command(str(AUTOSP_BINARY, " plan --model ", dir / "config.json", " --device-memory '80 parsecs'"));
   EXPECT_EQ(bad.exit_code, 1) << bad.output;

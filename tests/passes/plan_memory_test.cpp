@@ -6,6 +6,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <set>
 
 #include "frontend/tracer.h"
 #include "models/llama.h"
@@ -145,6 +146,36 @@ TEST(PlanMemory, TinyLlamaPlanNeverOverlapsAndIsNoLargerThanTheUseCountAllocator
                   double(plan.arena_bytes) / double(blocks), (long long)plan.live_peak_bytes);
       EXPECT_LE(plan.arena_bytes, blocks);
       EXPECT_GE(plan.arena_bytes, plan.live_peak_bytes);
+    }
+}
+
+// planned_arena_bytes is plan_memory's arena without the plan, and with a bound is exact up
+// to it and above it past it; the buffers read_memory_plan names live at the live peak add
+// up to it (each range once, with the node's workspace).
+TEST(PlanMemory, ThePlannedArenaAndTheBuffersLiveAtThePeak) {
+  for (int64_t P : {1, 2})
+    for (int64_t S : {64, 1024}) {
+      SCOPED_TRACE(str("P=", P, " S=", S));
+      Graph unplanned;
+      const Graph planned = compile(models::llama_forward(testing::tiny_llama(), {.batch = 1, .seq_len = S}),
+                                    {P, {"autosp"}, true, 1}, [&](const std::string& stage, const Graph& g) {
+                                      if (stage == "grad_sync") unplanned = g;
+                                    });
+      const MemoryPlan plan = read_memory_plan(planned);
+      EXPECT_EQ(planned_arena_bytes(unplanned, {.threads = 1}), plan.arena_bytes);
+      EXPECT_EQ(planned_arena_bytes(unplanned, {.threads = 1}, plan.arena_bytes), plan.arena_bytes);
+      EXPECT_GT(planned_arena_bytes(unplanned, {.threads = 1}, plan.arena_bytes - 1), plan.arena_bytes - 1);
+      EXPECT_GT(planned_arena_bytes(unplanned, {.threads = 1}, plan.arena_bytes / 2), plan.arena_bytes / 2);
+
+      ASSERT_GE(plan.live_peak_node, 0);
+      int64_t live = aligned_to_arena(plan.workspace_bytes[plan.live_peak_node]);
+      std::set<int64_t> offsets;
+      for (ValueId v : plan.live_at_peak) {
+        EXPECT_TRUE(offsets.insert(plan.offsets[v]).second) << "two values at one offset";
+        EXPECT_LE(planned.value(v).producer, plan.live_peak_node);
+        live += aligned_to_arena(planned.type(v).bytes());
+      }
+      EXPECT_EQ(live, plan.live_peak_bytes);
     }
 }
 
