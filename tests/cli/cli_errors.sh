@@ -360,8 +360,8 @@ new_case model_vocab_size_string && mutate json "$CASE/config.json" 'c["vocab_si
 new_case model_attention_bias && mutate json "$CASE/config.json" 'c["attention_bias"] = True' &&
   train_case model_attention_bias "$CASE/config.json" "attention_bias"
 
-new_case model_rope_yarn && mutate json "$CASE/config.json" 'c["rope_scaling"]["rope_type"] = "yarn"' &&
-  train_case model_rope_yarn "$CASE/config.json" "rope_type" "yarn"
+new_case model_rope_longrope && mutate json "$CASE/config.json" 'c["rope_scaling"]["rope_type"] = "longrope"' &&
+  train_case model_rope_longrope "$CASE/config.json" "rope_type" "longrope" "is not supported"
 
 new_case model_architecture_mistral &&
   mutate json "$CASE/config.json" 'c["architectures"] = ["MistralForCausalLM"]' &&
@@ -651,6 +651,21 @@ for name in config_unknown_key_plan config_unknown_key_dump config_unknown_key_w
     FAILED+=("${name}_once")
   fi
 done
+
+# Context extension: a resume at another sequence length with another rope trains on, the
+# data position converted in tokens; a --model that changes more than the rope is refused.
+sharded_case resume_context_extension && mkdir -p "$CASE/long" && cp "$CASE/config.json" "$CASE/long/" &&
+  mutate json "$CASE/long/config.json" "c['rope_parameters'] = {'rope_type': 'yarn', 'rope_theta': 500000.0, 'factor': 2.0, 'original_max_position_embeddings': 32}; c['max_position_embeddings'] = 128" &&
+  run_expect resume_context_extension_trains 0 -- "$AUTOSP" train --config "$CASE/ds_config.json" --model "$CASE" \
+    --data "$CASE/tokens.bin" --seq-len 16 --steps 1 --save "$CASE/ck" &&
+  run_expect resume_context_extension 0 -- "$AUTOSP" train --config "$CASE/ds_config.json" --resume "$CASE/ck" \
+    --model "$CASE/long" --data "$CASE/tokens.bin" --seq-len 24 --steps 2 &&
+  expect_stdout resume_context_extension "context extension: sequence length 16 (checkpoint) -> 24" &&
+  expect_stdout resume_context_extension "samples of 16 tokens -> " &&
+  mutate json "$CASE/long/config.json" "c['intermediate_size'] = 64" &&
+  expect_error resume_context_extension_other_model "intermediate_size" "only the rope settings and max_position_embeddings" -- \
+    "$AUTOSP" train --config "$CASE/ds_config.json" --resume "$CASE/ck" --model "$CASE/long" --data "$CASE/tokens.bin" \
+    --seq-len 24 --steps 2
 
 # Weights autosp cannot read are an error that says why and how to convert, never a random
 # init: a real torch.save file, a GGUF file (by its name).

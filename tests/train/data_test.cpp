@@ -427,3 +427,32 @@ TEST_F(EosPackingTest, AShuffledSampleKeepsItsTokensAndLayout) {
 
 }  // namespace
 }  // namespace autosp::train
+
+namespace autosp {
+namespace {
+
+// A position at one sequence length as the same tokens into the epoch at another.
+TEST(ConvertDataPosition, KeepsTheTokensReadOfTheEpoch) {
+  using train::convert_data_position;
+  // 8 samples of 16 = 128 tokens: 4 samples of 32, exactly; 5.33 of 24: the 6th, skipping 16.
+  auto p = convert_data_position(8, 16, 13, 32, 6);
+  EXPECT_EQ(p.samples, 4);
+  EXPECT_EQ(p.skipped_tokens, 0);
+  p = convert_data_position(8, 16, 13, 24, 8);
+  EXPECT_EQ(p.samples, 6);
+  EXPECT_EQ(p.skipped_tokens, 16);
+  // Epoch 2, sample 3 of 13 at 16 (48 tokens): epoch 2, sample 2 of 6 at 24, after 12 samples.
+  p = convert_data_position(2 * 13 + 3, 16, 13, 24, 6);
+  EXPECT_EQ(p.epoch, 2);
+  EXPECT_EQ(p.samples, 2 * 6 + 2);
+  // No whole sample left in the epoch: the next epoch's first.
+  p = convert_data_position(12, 16, 13, 32, 6);
+  EXPECT_EQ(p.epoch, 1);
+  EXPECT_EQ(p.samples, 6);
+  // Shorter samples: exact. Endless data: in tokens of the stream.
+  EXPECT_EQ(convert_data_position(3, 32, 6, 16, 13).samples, 6);
+  EXPECT_EQ(convert_data_position(5, 64, 0, 128, 0).samples, 3);
+}
+
+}  // namespace
+}  // namespace autosp
