@@ -52,9 +52,9 @@ TEST(BuilderErrors, BadAttributes) {
   Tensor pos = t.input(Role::positions, "pos", DType::i32, {1, 3});
   expect_user_error([&] { t.rope(x, pos, {}); }, {"rope(f32[1, 3, 2, 5], i32[1, 3])", "D must be even"});
   RopeOptions bad;
-  bad.rope_type = "yarn";
+  bad.rope_type = "dynamic";
   Tensor y = t.parameter("y", {1, 3, 2, 4});
-  expect_user_error([&] { t.rope(y, pos, bad); }, {"rope(", "unknown rope_type 'yarn'"});
+  expect_user_error([&] { t.rope(y, pos, bad); }, {"rope(", "unknown rope_type 'dynamic'"});
   expect_user_error([&] { t.transpose(y, {0, 1, 1, 2}); }, {"transpose(f32[1, 3, 2, 4])", "not a permutation"});
   expect_user_error([&] { t.slice(y, 1, 2, 7); }, {"slice(", "[2, 7) is not within dim 1 of size 3"});
   expect_user_error([&] { t.reshape(y, {5, 5}); }, {"reshape(", "cannot reshape [1, 3, 2, 4]"});
