@@ -13,7 +13,9 @@
 #include "io/tokens.h"
 #include "train/data.h"
 #include "testing/process.h"
+#include "models/llama.h"
 #include "train/checkpoint.h"
+#include "train/config.h"
 #include "train/trainer.h"
 #include "testing/tiny_llama.h"
 #include "testing/compare.h"
@@ -423,6 +425,110 @@ TEST(Run, NothingToTrainSaysSoAndStillSaves) {
   r = run_command(s.fresh("--steps 1 --save-every 1"));
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_NE(r.output.find("--save-every 1 needs --save"), std::string::npos) << r.output;
+}
+
+// Context extension (issue 22): stage 1 trains 2 steps at S = 16 with llama3 rope; stage 2
+// resumes it at S = 32 with yarn rope (factor 2 over the 16 original positions) and another
+// theta, from a --model whose config.json changes only those, for 3 steps. The uninterrupted
+// run of the same stages is one process going from one trainer to the next in memory (the
+// state handed over, its data position converted by train::convert_data_position): the
+// resumed CLI run equals it bitwise at 1 rank, and within float32 reduction order at SP 2
+// and SP 4 (2 KV heads repeated over 4 ranks). 8 samples of 16 tokens are 128 tokens, 4
+// samples of 32: stage 2 reads samples 4 and 5 of the first shuffled epoch of 6, then starts
+// the second epoch's permutation.
+TEST(Resume, AContextExtensionContinuesAsTheUninterruptedStagesAtOneTwoAndFourRanks) {
+  RunSetup s;
+  fs::create_directories(s.dir / "long");
+  json m = json::parse(slurp(s.dir / "config.json"));
+  m["rope_theta"] = 40000.0;
+  m["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 2.0}, {"original_max_position_embeddings", 16}};
+  m["max_position_embeddings"] = 32;
+  std::ofstream(s.dir / "long/config.json") << m.dump(2);
+  auto config = [&](const std::string& name, int sp) {
+    json c = json::parse(slurp(s.dir / "ds_config.json"));
+    c["data"] = {{"shuffle", true}, {"seed", 5}};
+    if (sp > 1) {
+      c["sequence_parallel_size"] = sp;
+      c["compile"] = {{"deepcompile", true}, {"passes", {"autosp"}}};
+    }
+    std::ofstream(s.dir / name) << c.dump(2);
+    return s.dir / name;
+  };
+  const std::string one = config("one.json", 1), sp2 = config("sp2.json", 2), sp4 = config("sp4.json", 4);
+  const std::string ck = s.dir / "ck";
+
+  // The uninterrupted stages, in process, set up as `autosp train` sets itself up.
+  train::TrainConfig tc = train::load_train_config(one, nullptr);
+  train::resolve_batch(tc, 1, one);
+  ASSERT_EQ(tc.data.seed, std::optional<uint64_t>(5));
+  const models::LlamaConfig short_model = models::load_llama_config(s.dir / "config.json"),
+                            long_model = models::load_llama_config(s.dir / "long/config.json");
+  ASSERT_EQ(long_model.rope.rope_type, "yarn");
+  train::resolve_model_auto(tc, short_model.hidden_size, one, nullptr);
+  const std::unique_ptr<train::DataSource> data =
+      train::order_samples(train::open_data_source(s.dir / "tokens.bin", int32_t(short_model.vocab_size), tc.data, one),
+                           tc.data);
+  tc.data.packed = data->packed();
+  ASSERT_EQ(data->num_samples(16), 13);
+  ASSERT_EQ(data->num_samples(32), 6);
+  std::vector<train::StepStats> want;
+  train::ModelState handed;
+  {
+    train::Trainer a(short_model, tc, 16, train::fresh_state(short_model, tc.seed, s.dir / "model.safetensors"));
+    for (int t = 0; t < 2; ++t) want.push_back(a.train_step(*data));
+    handed = a.state();
+  }
+  ASSERT_EQ(handed.consumed_samples, 8);
+  handed.consumed_samples = train::convert_data_position(8, 16, 13, 32, 6).samples;
+  ASSERT_EQ(handed.consumed_samples, 4);
+  {
+    train::Trainer b(long_model, tc, 32, std::move(handed));
+    for (int t = 0; t < 3; ++t) want.push_back(b.train_step(*data));
+  }
+  EXPECT_EQ(want.back().consumed_samples, 16);  // 6 of the first epoch, 10 of the second
+
+  auto r = run_command(s.fresh(str("--steps 2 --save ", ck, " --metrics ", s.dir / "stage1.jsonl"), one));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto stage1 = read_metrics(s.dir / "stage1.jsonl");
+  ASSERT_EQ(stage1.size(), 2u);
+  for (int t = 0; t < 2; ++t) {
+    EXPECT_EQ(stage1[t]["loss"].get<double>(), want[t].loss) << "stage 1, step " << t + 1;
+    EXPECT_EQ(stage1[t]["grad_norm"].get<double>(), want[t].grad_norm) << "stage 1, step " << t + 1;
+  }
+  for (const auto& [np, cfg] : {std::pair{1, one}, std::pair{2, sp2}, std::pair{4, sp4}}) {
+    SCOPED_TRACE(str(np, " ranks"));
+    const std::string metrics = s.dir / str("stage2_", np, ".jsonl");
+    const std::string cmd = s.train(str("--resume ", ck, " --model ", s.dir / "long", " --seq-len 32 --steps 5 ",
+                                        "--metrics ", metrics), cfg);
+    r = np == 1 ? run_command(cmd) : mpirun(np, cmd);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("context extension: sequence length 16 (checkpoint) -> 32"), std::string::npos)
+        << r.output;
+    EXPECT_NE(r.output.find("context extension: rope llama3 theta 10000"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("-> rope yarn theta 40000 factor 2 original_max_position_embeddings 16"),
+              std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("data position 8 samples of 16 tokens -> 4 samples of 32 tokens (epoch 0)"),
+              std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("continuing with sample 4, the first this model has not seen"), std::string::npos)
+        << r.output;
+    const auto got = read_metrics(metrics);
+    ASSERT_EQ(got.size(), 3u);
+    for (int t = 0; t < 3; ++t) {
+      SCOPED_TRACE(str("stage 2, step ", t + 3));
+      const train::StepStats& w = want[2 + t];
+      EXPECT_EQ(got[t]["step"], w.step);
+      EXPECT_EQ(got[t]["consumed_samples"], w.consumed_samples);
+      if (np == 1) {
+        EXPECT_EQ(got[t]["loss"].get<double>(), w.loss);
+        EXPECT_EQ(got[t]["grad_norm"].get<double>(), w.grad_norm);
+      } else {
+        // Sequence parallelism sums attention's and the loss's rows in another order; 1e-6
+        // is the Llama reference tests' loss tolerance.
+        EXPECT_NEAR(got[t]["loss"].get<double>(), w.loss, 1e-6 * w.loss);
+        EXPECT_NEAR(got[t]["grad_norm"].get<double>(), w.grad_norm, 1e-5 * w.grad_norm);
+      }
+    }
+  }
 }
 
 TEST(Resume, OtherDataIsRefusedUnlessAllowed) {
