@@ -522,10 +522,13 @@ TEST(Resume, AContextExtensionContinuesAsTheUninterruptedStagesAtOneTwoAndFourRa
         EXPECT_EQ(got[t]["loss"].get<double>(), w.loss);
         EXPECT_EQ(got[t]["grad_norm"].get<double>(), w.grad_norm);
       } else {
-        // Sequence parallelism sums attention's and the loss's rows in another order; 1e-6
-        // is the Llama reference tests' loss tolerance.
+        // Sequence parallelism sums attention's and the loss's rows in another order.
+        // Observed (AVX-512): loss within 8.9e-8 of ~4.2 (2.1e-8 relative), grad norm within
+        // 9.8e-8 of ~1.5 (6.6e-8 relative). 1e-6 relative, the Llama reference tests' loss
+        // tolerance, leaves 15x for other BLAS blockings and is far below what a wrong rope
+        // or position gives (1e-3).
         EXPECT_NEAR(got[t]["loss"].get<double>(), w.loss, 1e-6 * w.loss);
-        EXPECT_NEAR(got[t]["grad_norm"].get<double>(), w.grad_norm, 1e-5 * w.grad_norm);
+        EXPECT_NEAR(got[t]["grad_norm"].get<double>(), w.grad_norm, 1e-6 * w.grad_norm);
       }
     }
   }
