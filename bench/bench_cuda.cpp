@@ -86,13 +86,14 @@ Graph compile_step(const models::LlamaConfig& model, int64_t B, int64_t S, Check
   const Graph forward = models::llama_forward(model, {.batch = B, .seq_len = S, .dtype = DType::bf16});
   CompileOptions options;
   options.threads = 1;
+  options.backend = Backend::cuda;
   options.checkpoint.policy = policy;
   return compile(forward, options);
 }
 
 // What plan_memory gives the cuda executor for this step, and its inputs' block.
 int64_t planned_device_bytes(const Graph& joint) {
-  const MemoryPlan plan = read_memory_plan(plan_memory(joint, {.threads = 1, .workspace_bytes = cuda_node_workspace_bytes}));
+  const MemoryPlan plan = read_memory_plan(executable_graph(joint, Backend::cuda, 1));
   int64_t inputs = 0;
   for (ValueId v : joint.inputs()) inputs += (joint.type(v).bytes() + 63) / 64 * 64;
   return plan.arena_bytes + inputs;

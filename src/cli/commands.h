@@ -24,7 +24,7 @@ struct TrainArgs {
 };
 
 struct DumpArgs {
-  std::string model, stage, checkpoint = "sac";
+  std::string model, stage, checkpoint = "sac", backend = "cpu", dtype = "f32";
   int64_t seq_len = 0, batch = 1, sp = 1, rank = 0, tile_rows = 0;
   int64_t zero = 0, world = 0, reduce_bucket_size = 500000000;  // world 0: the SP size
   int64_t accumulation = 1;  // gradient_accumulation_steps: > 1 dumps the last micro batch's program
@@ -32,6 +32,7 @@ struct DumpArgs {
 
 struct PlanArgs {
   std::string model, device_memory, dtype = "bf16", plot;
+  std::string backend;  // empty: cuda for bf16 (a GPU run), cpu for f32 (the CPU runtime)
   int64_t world = 1, sp = 1, zero = 0, micro_batch = 1, accumulation = 1;
   int64_t tile_rows = 0;  // tiled strategies: rows per tile (0: the compiler's choice from the memory)
   bool json = false;

@@ -146,8 +146,11 @@ int main(int argc, char** argv) {
   dump_cmd->add_option("--seq-len", dump.seq_len, "Sequence length S")->required()->check(kPositive);
   dump_cmd->add_option("--batch", dump.batch, "Micro batch size")->check(kPositive);
   dump_cmd->add_option("--stage", dump.stage,
-                       "forward | autosp | tile | joint | checkpoint | schedule | grad_sync | plan_memory")
+                       "forward | autosp | tile | joint | checkpoint | schedule | grad_sync | lower | plan_memory")
       ->required();
+  dump_cmd->add_option("--backend", dump.backend,
+                       "The kernels lower binds and plan_memory sizes: cpu (default) or cuda (no GPU needed)");
+  dump_cmd->add_option("--dtype", dump.dtype, "f32 (default) or bf16 (the cuda backend's training dtype)");
   dump_cmd->add_option("--checkpoint", dump.checkpoint, "Checkpoint policy: none | full | sac (default sac)");
   dump_cmd->add_option("--tile-rows", dump.tile_rows, "Sequence rows per MLP tile (default 0: no tiling)")
       ->check(kNonNegative);
@@ -194,6 +197,9 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(int64_t{0}, int64_t{3}));
   plan_cmd->add_option("--dtype", plan.dtype,
                        "bf16 (default: a GPU run, bf16 compute, fp32 master state) or f32 (the CPU runtime)");
+  plan_cmd->add_option("--backend", plan.backend,
+                       "Whose kernels' workspaces the plan holds: cuda (default with bf16: what the cuda executor "
+                       "allocates; no GPU needed) or cpu (default with --dtype f32)");
   plan_cmd->add_option("--micro-batch", plan.micro_batch, "Micro batch size (default 1)")->check(kPositive);
   plan_cmd->add_option("--gradient-accumulation-steps", plan.accumulation,
                        "Micro batches per step (default 1; ZeRO-1 keeps their whole gradient sum)")->check(kPositive);

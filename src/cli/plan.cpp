@@ -192,6 +192,12 @@ int run_plan(const PlanArgs& args) {
   if (args.dtype == "bf16") setup.dtype = DType::bf16;
   else if (args.dtype == "f32") setup.dtype = DType::f32;
   else user_error("--dtype ", args.dtype, ": expected bf16 or f32");
+  setup.backend = !args.backend.empty()            ? parse_backend(args.backend)
+                  : setup.dtype == DType::bf16 ? Backend::cuda
+                                               : Backend::cpu;
+  if (setup.backend == Backend::cpu && setup.dtype == DType::bf16)
+    user_error("--backend cpu --dtype bf16: the CPU kernels are fp32; plan bf16 for --backend cuda, or the CPU "
+               "runtime with --dtype f32");
   if (args.world % args.sp != 0)
     user_error("--world ", args.world, " is not divisible by --sp ", args.sp, " (world = data parallel x sequence parallel)");
   train::check_heads_layout(setup.model, args.sp, str("--sp ", args.sp), config);
@@ -273,6 +279,7 @@ int run_plan(const PlanArgs& args) {
                       {"sp", setup.sp},
                       {"zero", setup.zero},
                       {"dtype", args.dtype},
+                      {"backend", backend_name(setup.backend)},
                       {"precision", train::describe_precision(setup)},
                       {"micro_batch", setup.micro_batch},
                       {"gradient_accumulation_steps", setup.accumulation_steps},

@@ -29,6 +29,7 @@ class Attrs {
 
   bool has(const std::string& key) const { return map_.count(key) != 0; }
   void set(const std::string& key, AttrValue value) { map_[key] = std::move(value); }
+  void erase(const std::string& key) { map_.erase(key); }
   const std::map<std::string, AttrValue>& all() const { return map_; }
 
   // Typed getters; a missing key or another type is an internal error naming the key
@@ -81,6 +82,9 @@ class Graph {
   const Node& node(NodeId id) const { return nodes_.at(id); }
   const Value& value(ValueId id) const { return values_.at(id); }
   Value& mutable_value(ValueId id) { return values_.at(id); }
+  // A node's attributes, for passes that annotate nodes (lower, plan_memory) without
+  // changing what they compute.
+  Attrs& mutable_attrs(NodeId id) { return nodes_.at(id).attrs; }
   const TensorType& type(ValueId id) const { return values_.at(id).type; }
   const Shape& shape(ValueId id) const { return values_.at(id).type.shape; }
 

@@ -1,6 +1,9 @@
 // silu and swiglu, with their explicit backward ops.
 #include "kernels/cpu/fused.h"
 #include "ops/op.h"
+#ifdef AUTOSP_HAVE_CUDA
+#include "ops/cuda_kernels.h"
+#endif
 
 namespace autosp {
 
@@ -25,6 +28,24 @@ Cost elementwise_cost(const Types& in, const Types&, const Attrs&) {
 
 }  // namespace
 
+#ifdef AUTOSP_HAVE_CUDA
+namespace {
+void cuda_silu(const KernelArgs& a, const CudaContext& c) {
+  cuda::silu_forward(cuda_in_dt(a, 0), a.in<void>(0), a.in_numel(0), a.out<void>(0), c.stream);
+}
+void cuda_silu_backward(const KernelArgs& a, const CudaContext& c) {
+  cuda::silu_backward(cuda_in_dt(a, 0), a.in<void>(0), a.in<void>(1), a.in_numel(0), a.out<void>(0), c.stream);
+}
+void cuda_swiglu(const KernelArgs& a, const CudaContext& c) {
+  cuda::swiglu_forward(cuda_in_dt(a, 0), a.in<void>(0), a.in<void>(1), a.in_numel(0), a.out<void>(0), c.stream);
+}
+void cuda_swiglu_backward(const KernelArgs& a, const CudaContext& c) {
+  cuda::swiglu_backward(cuda_in_dt(a, 0), a.in<void>(0), a.in<void>(1), a.in<void>(2), a.in_numel(0),
+                        a.out<void>(0), a.out<void>(1), c.stream);
+}
+}  // namespace
+#endif
+
 // silu(x) = x s(x), s the logistic sigmoid
 extern const OpDef silu_op = {
     .num_inputs = 1,
@@ -39,6 +60,8 @@ extern const OpDef silu_op = {
     },
     .cpu_inplace = true,
     .recompute = Recompute::cheap,
+    .cpu_per_isa = true,
+    .cuda = {.name = "silu_forward", .run = AUTOSP_CUDA_RUN(cuda_silu), .inplace = true},
 };
 
 // silu_backward(dy, x) = dy s(x) (1 + x (1 - s(x)))
@@ -52,6 +75,8 @@ extern const OpDef silu_backward_op = {
       cpu::silu_backward(a.in(0), a.in(1), a.in_numel(0), a.out(0));
     },
     .cpu_inplace = true,
+    .cpu_per_isa = true,
+    .cuda = {.name = "silu_backward", .run = AUTOSP_CUDA_RUN(cuda_silu_backward), .inplace = true},
 };
 
 // swiglu(gate, up) = silu(gate) * up
@@ -75,6 +100,8 @@ extern const OpDef swiglu_op = {
     },
     .cpu_inplace = true,
     .recompute = Recompute::cheap,
+    .cpu_per_isa = true,
+    .cuda = {.name = "swiglu_forward", .run = AUTOSP_CUDA_RUN(cuda_swiglu), .inplace = true},
 };
 
 // swiglu_backward(dy, gate, up) -> (dgate, dup)
@@ -90,6 +117,8 @@ extern const OpDef swiglu_backward_op = {
       cpu::swiglu_backward(a.in(0), a.in(1), a.in(2), a.in_numel(0), a.out(0), a.out(1));
     },
     .cpu_inplace = true,
+    .cpu_per_isa = true,
+    .cuda = {.name = "swiglu_backward", .run = AUTOSP_CUDA_RUN(cuda_swiglu_backward), .inplace = true},
 };
 
 }  // namespace autosp

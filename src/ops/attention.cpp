@@ -4,6 +4,10 @@
 // its own document.
 #include "kernels/cpu/attention.h"
 #include "ops/op.h"
+#include "kernels/cuda/limits.h"
+#ifdef AUTOSP_HAVE_CUDA
+#include "ops/cuda_kernels.h"
+#endif
 
 namespace autosp {
 
@@ -56,6 +60,31 @@ double attention_flops(const cpu::AttentionDims& d, bool causal, double matmuls)
   return matmuls * 2.0 * d.B * d.NH * d.S * d.S * d.D * (causal ? 0.5 : 1.0);
 }
 
+}  // namespace
+
+namespace {
+void cuda_attention_check_dims(const cpu::AttentionDims& d) {
+  require(d.D <= cuda::kAttentionMaxD, "head dim D = ", d.D, " exceeds the kernel's ", cuda::kAttentionMaxD);
+}
+#ifdef AUTOSP_HAVE_CUDA
+cuda::AttentionDims cuda_dims(const cpu::AttentionDims& d) { return {d.B, d.S, d.NH, d.NKV, d.D}; }
+void cuda_attention(const KernelArgs& a, const CudaContext& c) {
+  const cpu::AttentionDims d = attention_dims({*a.in_types[0], *a.in_types[1], *a.in_types[2]});
+  const int32_t* doc = a.inputs.size() == 4 ? a.in<int32_t>(3) : nullptr;
+  cuda::attention_forward(cuda_in_dt(a, 0), cuda_dims(d), a.attrs->get_int("causal") != 0,
+                          float(a.attrs->get_float("scale")), a.in<void>(0), a.in<void>(1), a.in<void>(2), doc,
+                          a.out<void>(0), a.out<float>(1), c.stream);
+}
+// attention_backward(dout, q, k, v, out, lse[, doc]) -> (dq, dk, dv)
+void cuda_attention_backward(const KernelArgs& a, const CudaContext& c) {
+  const cpu::AttentionDims d = attention_dims({*a.in_types[1], *a.in_types[2], *a.in_types[3]});
+  const int32_t* doc = a.inputs.size() == 7 ? a.in<int32_t>(6) : nullptr;
+  cuda::attention_backward(cuda_in_dt(a, 1), cuda_dims(d), a.attrs->get_int("causal") != 0,
+                           float(a.attrs->get_float("scale")), a.in<void>(1), a.in<void>(2), a.in<void>(3),
+                           a.in<void>(4), a.in<float>(5), a.in<void>(0), doc, a.out<void>(0), a.out<void>(1),
+                           a.out<void>(2), static_cast<float*>(a.workspace), c.stream);
+}
+#endif
 }  // namespace
 
 // attention(q, k, v[, documents]) {causal, scale} -> (out [B, S, NH, D], lse [B, NH, S])
@@ -111,6 +140,10 @@ extern const OpDef attention_op = {
       if (is_shard(in[0])) return {in[0], shard(in[0].dim == 2 ? 1 : 0)};  // lse is [B, NH, S]
       return {in[0], in[0]};
     },
+    .cpu_per_isa = true,
+    .cuda = {.name = "attention_forward",
+             .run = AUTOSP_CUDA_RUN(cuda_attention),
+             .check = [](const Types& in, const Attrs&) { cuda_attention_check_dims(attention_dims(in)); }},
 };
 
 // attention_backward(dout, q, k, v, out, lse[, documents]) {causal, scale} -> (dq, dk, dv),
@@ -143,6 +176,17 @@ extern const OpDef attention_backward_op = {
     .cpu_workspace_bytes = [](const Types& in, const Attrs&, int threads) -> int64_t {
       return cpu::attention_backward_workspace_floats(attention_dims({in[1], in[2], in[3]}), threads) * 4;
     },
+    .cpu_per_isa = true,
+    .cuda = {.name = "attention_backward",
+             .run = AUTOSP_CUDA_RUN(cuda_attention_backward),
+             // delta [B, NH, S]: rowsum(dout * out)
+             .workspace_bytes = [](const Types& in, const Types&, const Attrs&) -> int64_t {
+               const Shape& q = in[1].shape;
+               return 4 * q[0] * q[1] * q[2];
+             },
+             .check = [](const Types& in, const Attrs&) {
+               cuda_attention_check_dims(attention_dims({in[1], in[2], in[3]}));
+             }},
 };
 
 }  // namespace autosp

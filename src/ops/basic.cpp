@@ -1,6 +1,9 @@
 // Graph inputs, constants, and the elementwise and reduction ops.
 #include "kernels/cpu/basic.h"
 #include "ops/op.h"
+#ifdef AUTOSP_HAVE_CUDA
+#include "ops/cuda_kernels.h"
+#endif
 
 namespace autosp {
 
@@ -28,6 +31,33 @@ Shape shape_attr(const Attrs& attrs) {
 
 }  // namespace
 
+#ifdef AUTOSP_HAVE_CUDA
+namespace {
+void cuda_fill(const KernelArgs& a, const CudaContext& c) {
+  cuda::fill(cuda_out_dt(a, 0), a.out<void>(0), a.out_numel(0), float(a.attrs->get_float("value")), c.stream);
+}
+void cuda_expand(const KernelArgs& a, const CudaContext& c) {
+  cuda::expand(cuda_in_dt(a, 0), a.in<void>(0), a.out<void>(0), a.out_numel(0), c.stream);
+}
+void cuda_add(const KernelArgs& a, const CudaContext& c) {
+  cuda::add(cuda_in_dt(a, 0), a.in<void>(0), a.in<void>(1), a.out_numel(0), a.out<void>(0), c.stream);
+}
+void cuda_mul(const KernelArgs& a, const CudaContext& c) {
+  cuda::mul(cuda_in_dt(a, 0), a.in<void>(0), a.in<void>(1), a.out_numel(0), a.out<void>(0), c.stream);
+}
+void cuda_scale(const KernelArgs& a, const CudaContext& c) {
+  cuda::scale(cuda_in_dt(a, 0), a.in<void>(0), a.out_numel(0), float(a.attrs->get_float("alpha")), a.out<void>(0),
+              c.stream);
+}
+void cuda_sum(const KernelArgs& a, const CudaContext& c) {
+  cuda::sum(cuda_in_dt(a, 0), a.in<void>(0), a.in_numel(0), a.out<void>(0), c.stream);
+}
+void cuda_div_scalar(const KernelArgs& a, const CudaContext& c) {
+  cuda::div_scalar(cuda_in_dt(a, 0), a.in<void>(0), a.out_numel(0), a.in<void>(1), a.out<void>(0), c.stream);
+}
+}  // namespace
+#endif
+
 extern const OpDef input_op = {
     .num_inputs = 0,
     .num_outputs = 1,
@@ -54,6 +84,7 @@ extern const OpDef fill_op = {
       cpu::fill(a.out(0), a.out_numel(0), float(a.attrs->get_float("value")));
     },
     .recompute = Recompute::cheap,
+    .cuda = {.name = "fill", .run = AUTOSP_CUDA_RUN(cuda_fill)},
 };
 
 // expand(x[]) {shape}: broadcasts a scalar.
@@ -70,6 +101,7 @@ extern const OpDef expand_op = {
     .grad = [](GradContext& c) { c.din[0] = c.b.emit1(OpKind::sum, {c.dout[0]}); },
     .cpu = [](const KernelArgs& a) { cpu::fill(a.out(0), a.out_numel(0), a.in(0)[0]); },
     .recompute = Recompute::cheap,
+    .cuda = {.name = "expand", .run = AUTOSP_CUDA_RUN(cuda_expand)},
 };
 
 extern const OpDef add_op = {
@@ -85,6 +117,7 @@ extern const OpDef add_op = {
     .shard = shard_elementwise,  // a sum of two partial sums is a partial sum
     .cpu_inplace = true,
     .recompute = Recompute::cheap,
+    .cuda = {.name = "add", .run = AUTOSP_CUDA_RUN(cuda_add), .inplace = true},
 };
 
 extern const OpDef mul_op = {
@@ -104,6 +137,7 @@ extern const OpDef mul_op = {
     },
     .cpu_inplace = true,
     .recompute = Recompute::cheap,
+    .cuda = {.name = "mul", .run = AUTOSP_CUDA_RUN(cuda_mul), .inplace = true},
 };
 
 // scale(x) {alpha}: alpha * x.
@@ -125,6 +159,7 @@ extern const OpDef scale_op = {
     .shard = shard_elementwise,
     .cpu_inplace = true,
     .recompute = Recompute::cheap,
+    .cuda = {.name = "scale", .run = AUTOSP_CUDA_RUN(cuda_scale), .inplace = true},
 };
 
 // sum(x): the sum of all elements, a scalar of x's dtype (accumulated in double on the
@@ -153,6 +188,7 @@ extern const OpDef sum_op = {
     .shard = [](const Shardings& in, const Types&, const Attrs&) -> Shardings {
       return {is_replicated(in[0]) ? replicated() : partial()};
     },
+    .cuda = {.name = "sum", .run = AUTOSP_CUDA_RUN(cuda_sum)},
 };
 
 // div_scalar(x, s[]): x / s, s a scalar tensor of x's dtype (the loss normaliser: f32
@@ -187,6 +223,7 @@ extern const OpDef div_scalar_op = {
     },
     .cpu_inplace = true,
     .recompute = Recompute::cheap,
+    .cuda = {.name = "div_scalar", .run = AUTOSP_CUDA_RUN(cuda_div_scalar), .inplace = true},
 };
 
 }  // namespace autosp

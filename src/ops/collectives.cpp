@@ -7,6 +7,10 @@
 #include "comm/communicator.h"
 #include "kernels/cpu/basic.h"
 #include "ops/op.h"
+#ifdef AUTOSP_HAVE_CUDA
+#include "comm/nccl_communicator.h"
+#include "ops/cuda_kernels.h"
+#endif
 
 namespace autosp {
 
@@ -18,6 +22,77 @@ void check_group(const Attrs& attrs) {
   require(g == "sp" || g == "dp" || g == "world", "unknown group '", g, "'");
   require(attrs.has("size") && attrs.get_int("size") >= 1, "needs the group's 'size' (>= 1)");
 }
+
+}  // namespace
+
+namespace {
+
+// Device scratch: the blocks to send and those received.
+int64_t cuda_all_to_all_workspace(const Types& in, const Types&, const Attrs&) { return 2 * in[0].bytes(); }
+// Gathering along a dim with dims before it: the blocks arrive in rank order, then move.
+int64_t cuda_all_gather_workspace(const Types& in, const Types&, const Attrs& attrs) {
+  return slab_of(in[0].shape, dim_attr(attrs, "dim", in[0])).outer == 1 ? 0 : in[0].bytes() * attrs.get_int("size");
+}
+int64_t cuda_reduce_scatter_workspace(const Types& in, const Types&, const Attrs& attrs) {
+  return slab_of(in[0].shape, dim_attr(attrs, "dim", in[0])).outer == 1 ? 0 : in[0].bytes();
+}
+
+#ifdef AUTOSP_HAVE_CUDA
+// As the CPU kernels, with device copies and NCCL calls enqueued on the executor's stream.
+int64_t esize(const TensorType& t) { return dtype_size(t.dtype); }
+void cuda_all_to_all(const KernelArgs& a, const CudaContext& c) {
+  NcclCommunicator& comm = cuda_nccl(a, "all_to_all");
+  const int64_t P = a.attrs->get_int("size"), s = a.attrs->get_int("scatter_dim"), g = a.attrs->get_int("gather_dim");
+  const int64_t es = esize(*a.in_types[0]), bytes = a.in_types[0]->bytes(), chunk = bytes / P;
+  char* send = static_cast<char*>(a.workspace);
+  char* recv = send + bytes;
+  const Slab xs = slab_of(a.in_shape(0), s);
+  const int64_t cnt = xs.len / P;
+  for (int64_t p = 0; p < P; ++p)
+    cuda::copy_slab(a.in<void>(0), xs.outer, xs.len, p * cnt, xs.inner, cnt, send + p * chunk, cnt, 0, es, c.stream);
+  comm.all_to_all_async(send, recv, chunk, c.stream);
+  Shape block = a.in_shape(0);
+  block[s] = cnt;
+  const Slab bs = slab_of(block, g);
+  for (int64_t p = 0; p < P; ++p)
+    cuda::copy_slab(recv + p * chunk, bs.outer, bs.len, 0, bs.inner, bs.len, a.out<void>(0), bs.len * P, p * bs.len,
+                    es, c.stream);
+}
+void cuda_all_reduce(const KernelArgs& a, const CudaContext& c) {
+  NcclCommunicator& comm = cuda_nccl(a, "all_reduce");
+  cuda_copy_bytes(a.out<void>(0), a.in<void>(0), a.out_types[0]->bytes(), c, "all_reduce");
+  comm.all_reduce_sum_async(a.out<void>(0), a.out_numel(0), cuda_out_dt(a, 0), c.stream);
+}
+void cuda_all_gather(const KernelArgs& a, const CudaContext& c) {
+  NcclCommunicator& comm = cuda_nccl(a, "all_gather");
+  const int64_t P = a.attrs->get_int("size"), d = a.attrs->get_int("dim"), es = esize(*a.in_types[0]);
+  const Slab xs = slab_of(a.in_shape(0), d);
+  if (xs.outer == 1) {  // rank p's block is where the rank order puts it
+    comm.all_gather_async(a.in<void>(0), a.out<void>(0), a.in_types[0]->bytes(), c.stream);
+    return;
+  }
+  char* recv = static_cast<char*>(a.workspace);
+  comm.all_gather_async(a.in<void>(0), recv, a.in_types[0]->bytes(), c.stream);
+  for (int64_t p = 0; p < P; ++p)
+    cuda::copy_slab(recv + p * a.in_types[0]->bytes(), xs.outer, xs.len, 0, xs.inner, xs.len, a.out<void>(0),
+                    xs.len * P, p * xs.len, es, c.stream);
+}
+void cuda_reduce_scatter(const KernelArgs& a, const CudaContext& c) {
+  NcclCommunicator& comm = cuda_nccl(a, "reduce_scatter");
+  const int64_t P = a.attrs->get_int("size"), d = a.attrs->get_int("dim"), es = esize(*a.in_types[0]);
+  const Slab xs = slab_of(a.in_shape(0), d);
+  const int64_t cnt = xs.len / P, chunk = a.out_numel(0);
+  if (xs.outer == 1) {
+    comm.reduce_scatter_sum_async(a.in<void>(0), a.out<void>(0), chunk, cuda_in_dt(a, 0), c.stream);
+    return;
+  }
+  char* send = static_cast<char*>(a.workspace);
+  for (int64_t p = 0; p < P; ++p)
+    cuda::copy_slab(a.in<void>(0), xs.outer, xs.len, p * cnt, xs.inner, cnt, send + p * chunk * es, cnt, 0, es,
+                    c.stream);
+  comm.reduce_scatter_sum_async(send, a.out<void>(0), chunk, cuda_in_dt(a, 0), c.stream);
+}
+#endif
 
 }  // namespace
 
@@ -70,6 +145,9 @@ extern const OpDef all_to_all_op = {
         cpu::copy_slab(recv + p * chunk, bs.outer, bs.len, 0, bs.inner, bs.len, a.out(0), bs.len * P, p * bs.len);
     },
     .cpu_workspace_bytes = [](const Types& in, const Attrs&, int) -> int64_t { return 2 * in[0].bytes(); },
+    .cuda = {.name = "nccl_all_to_all",
+             .run = AUTOSP_CUDA_RUN(cuda_all_to_all),
+             .workspace_bytes = cuda_all_to_all_workspace},
 };
 
 // all_reduce(x) {group, size}: the sum over the group, on every rank.
@@ -92,6 +170,7 @@ extern const OpDef all_reduce_op = {
       a.comm->all_reduce_sum(a.out(0), a.out_numel(0));
     },
     .cpu_inplace = true,
+    .cuda = {.name = "nccl_all_reduce", .run = AUTOSP_CUDA_RUN(cuda_all_reduce), .inplace = true},
 };
 
 // all_gather(x) {group, size, dim}: the group's x stacked along dim in rank order.
@@ -130,6 +209,9 @@ extern const OpDef all_gather_op = {
       if (slab_of(in[0].shape, dim_attr(attrs, "dim", in[0])).outer == 1) return 0;
       return in[0].bytes() * attrs.get_int("size");
     },
+    .cuda = {.name = "nccl_all_gather",
+             .run = AUTOSP_CUDA_RUN(cuda_all_gather),
+             .workspace_bytes = cuda_all_gather_workspace},
 };
 
 // reduce_scatter(x) {group, size, dim}: the sum over the group, cut along dim; rank r keeps
@@ -169,6 +251,9 @@ extern const OpDef reduce_scatter_op = {
     .cpu_workspace_bytes = [](const Types& in, const Attrs& attrs, int) -> int64_t {
       return slab_of(in[0].shape, dim_attr(attrs, "dim", in[0])).outer == 1 ? 0 : in[0].bytes();
     },
+    .cuda = {.name = "nccl_reduce_scatter",
+             .run = AUTOSP_CUDA_RUN(cuda_reduce_scatter),
+             .workspace_bytes = cuda_reduce_scatter_workspace},
 };
 
 }  // namespace autosp

@@ -3,8 +3,19 @@
 
 #include "kernels/cpu/basic.h"
 #include "ops/op.h"
+#ifdef AUTOSP_HAVE_CUDA
+#include "ops/cuda_kernels.h"
+#endif
 
 namespace autosp {
+
+#ifdef AUTOSP_HAVE_CUDA
+namespace {
+void cuda_convert(const KernelArgs& a, const CudaContext& c) {
+  cuda::convert(cuda_in_dt(a, 0), cuda_out_dt(a, 0), a.in<void>(0), a.in_numel(0), a.out<void>(0), c.stream);
+}
+}  // namespace
+#endif
 
 // convert(x) {dtype}: x's values in dtype ("f32" or "bf16"); to bf16 rounds to nearest,
 // ties to even; to f32 is exact; to x's own dtype is a copy.
@@ -45,6 +56,7 @@ extern const OpDef convert_op = {
     },
     .recompute = Recompute::cheap,
     .cpu_any_dtype = true,
+    .cuda = {.name = "convert", .run = AUTOSP_CUDA_RUN(cuda_convert)},
 };
 
 }  // namespace autosp

@@ -11,6 +11,9 @@
 #include "kernels/cpu/fused.h"
 #include "kernels/cpu/linear_cross_entropy.h"
 #include "ops/op.h"
+#ifdef AUTOSP_HAVE_CUDA
+#include "ops/cuda_kernels.h"
+#endif
 
 namespace autosp {
 
@@ -64,6 +67,107 @@ void check_linear_labels(const TensorType& x, const TensorType& w, const TensorT
 
 }  // namespace
 
+namespace {
+
+int32_t ignore_index(const Attrs& attrs) {
+  return static_cast<int32_t>(attrs.get_int("ignore_index", kDefaultIgnoreIndex));
+}
+
+// linear_cross_entropy's rows per chunk on the GPU: the "chunk" attribute, or as many rows
+// as fit in 256 MiB of fp32 logits (a GPU gemm wants large chunks; the CPU's default is
+// 64 MiB because every chunk rereads all of dW there).
+constexpr int64_t kCudaChunkLogitsBytes = int64_t{256} << 20;
+int64_t cuda_chunk_rows(const Attrs& attrs, int64_t T, int64_t V) {
+  const int64_t fit = std::max<int64_t>(kCudaChunkLogitsBytes / (4 * std::max<int64_t>(V, 1)), 1);
+  return std::max<int64_t>(std::min(attrs.get_int("chunk", fit), std::max<int64_t>(T, 1)), 1);
+}
+
+// Device scratch: the rows' losses (summed in a fixed order after).
+int64_t cuda_cross_entropy_workspace(const Types& in, const Types&, const Attrs&) {
+  return 4 * rows_of(in[0].shape);
+}
+// A chunk's fp32 logits, then the rows' losses.
+int64_t cuda_linear_cross_entropy_workspace(const Types& in, const Types&, const Attrs& attrs) {
+  const int64_t T = rows_of(in[0].shape), V = in[1].shape[0];
+  return 4 * (cuda_chunk_rows(attrs, T, V) * V + T);
+}
+// A chunk's fp32 logits; for bf16 also its dz in bf16 and dW's fp32 sums.
+int64_t cuda_linear_cross_entropy_backward_workspace(const Types& in, const Types&, const Attrs& attrs) {
+  const int64_t T = rows_of(in[1].shape), V = in[2].shape[0], H = in[2].shape[1];
+  const int64_t chunk = cuda_chunk_rows(attrs, T, V);
+  if (in[1].dtype == DType::f32) return 4 * chunk * V;
+  return cuda_aligned(4 * chunk * V) + cuda_aligned(2 * chunk * V) + 4 * V * H;
+}
+
+#ifdef AUTOSP_HAVE_CUDA
+void cuda_cross_entropy(const KernelArgs& a, const CudaContext& c) {
+  const Shape& x = a.in_shape(0);
+  float* row_loss = static_cast<float*>(a.workspace);
+  cuda::cross_entropy_rows(cuda_in_dt(a, 0), a.in<void>(0), a.in<int32_t>(1), rows_of(x), x.back(),
+                           ignore_index(*a.attrs), a.out<float>(1), row_loss, c.error, c.stream);
+  cuda::sum_rows(row_loss, rows_of(x), a.out<float>(0), c.stream);
+}
+// cross_entropy_backward(dloss, logits, labels, lse) -> dlogits
+void cuda_cross_entropy_backward(const KernelArgs& a, const CudaContext& c) {
+  const Shape& x = a.in_shape(1);
+  cuda::cross_entropy_backward_rows(cuda_in_dt(a, 1), a.in<void>(1), a.in<int32_t>(2), a.in<float>(3),
+                                    a.in<float>(0), rows_of(x), x.back(), ignore_index(*a.attrs), cuda_out_dt(a, 0),
+                                    a.out<void>(0), c.stream);
+}
+// linear_cross_entropy(x, W, labels): per chunk of rows, fp32 logits = x_c W^T (cuBLAS,
+// fp32 accumulation and result), then the row-wise loss on them.
+void cuda_linear_cross_entropy(const KernelArgs& a, const CudaContext& c) {
+  const Shape& w = a.in_shape(1);
+  const int64_t T = rows_of(a.in_shape(0)), V = w[0], H = w[1], chunk = cuda_chunk_rows(*a.attrs, T, V);
+  const cuda::Dt dt = cuda_in_dt(a, 0);
+  float* logits = static_cast<float*>(a.workspace);
+  float* row_loss = logits + chunk * V;
+  for (int64_t t0 = 0; t0 < T; t0 += chunk) {
+    const int64_t r = std::min(chunk, T - t0);
+    cuda_gemm(c, dt, cuda::Dt::f32, false, true, r, V, H, a.in<char>(0) + t0 * H * cuda::dt_size(dt),
+              a.in<void>(1), logits, false, "linear_cross_entropy");
+    cuda::cross_entropy_rows(cuda::Dt::f32, logits, a.in<int32_t>(2) + t0, r, V, ignore_index(*a.attrs),
+                             a.out<float>(1) + t0, row_loss + t0, c.error, c.stream);
+  }
+  cuda::sum_rows(row_loss, T, a.out<float>(0), c.stream);
+}
+// linear_cross_entropy_backward(dloss, x, W, labels, lse) -> (dx, dW): per chunk the fp32
+// logits again, dz = dloss (softmax - onehot) in the operands' dtype, dx_c = dz W and
+// dW += dz^T x_c (accumulated in fp32: in dW itself for f32, in the workspace for bf16).
+void cuda_linear_cross_entropy_backward(const KernelArgs& a, const CudaContext& c) {
+  const Shape& w = a.in_shape(2);
+  const int64_t T = rows_of(a.in_shape(1)), V = w[0], H = w[1], chunk = cuda_chunk_rows(*a.attrs, T, V);
+  const cuda::Dt dt = cuda_in_dt(a, 1);
+  const int64_t es = cuda::dt_size(dt);
+  char* ws = static_cast<char*>(a.workspace);
+  float* logits = reinterpret_cast<float*>(ws);
+  void* dz = dt == cuda::Dt::f32 ? static_cast<void*>(logits) : static_cast<void*>(ws + cuda_aligned(4 * chunk * V));
+  float* dw_acc = dt == cuda::Dt::f32
+                      ? a.out<float>(1)
+                      : reinterpret_cast<float*>(ws + cuda_aligned(4 * chunk * V) + cuda_aligned(2 * chunk * V));
+  if (T == 0)
+    check_cuda(cudaMemsetAsync(dw_acc, 0, size_t(4 * V * H), c.stream), "cudaMemsetAsync",
+               "linear_cross_entropy_backward");
+  for (int64_t t0 = 0; t0 < T; t0 += chunk) {
+    const int64_t r = std::min(chunk, T - t0);
+    const void* xc = a.in<char>(1) + t0 * H * es;
+    cuda_gemm(c, dt, cuda::Dt::f32, false, true, r, V, H, xc, a.in<void>(2), logits, false,
+              "linear_cross_entropy_backward");
+    cuda::cross_entropy_backward_rows(cuda::Dt::f32, logits, a.in<int32_t>(3) + t0, a.in<float>(4) + t0,
+                                      a.in<float>(0), r, V, ignore_index(*a.attrs), dt, dz, c.stream);
+    cuda_gemm(c, dt, dt, false, false, r, H, V, dz, a.in<void>(2), a.out<char>(0) + t0 * H * es, false,
+              "linear_cross_entropy_backward");
+    cuda_gemm(c, dt, cuda::Dt::f32, true, false, V, H, r, dz, xc, dw_acc, t0 > 0, "linear_cross_entropy_backward");
+  }
+  if (dt != cuda::Dt::f32) cuda::convert(cuda::Dt::f32, dt, dw_acc, V * H, a.out<void>(1), c.stream);
+}
+void cuda_count_valid(const KernelArgs& a, const CudaContext& c) {
+  cuda::count_valid(a.in<int32_t>(0), a.in_numel(0), ignore_index(*a.attrs), a.out<float>(0), c.stream);
+}
+#endif
+
+}  // namespace
+
 // cross_entropy(logits[..., V], labels i32[...]) {ignore_index}
 //   -> (loss_sum [], lse [...]),  loss_sum = sum over labelled rows of lse - logit[label]
 extern const OpDef cross_entropy_op = {
@@ -96,6 +200,10 @@ extern const OpDef cross_entropy_op = {
       require(in[1] == rows[0], "labels must be split like the logits' rows");
       return {is_replicated(rows[0]) ? replicated() : partial(), rows[0]};
     },
+    .cpu_per_isa = true,
+    .cuda = {.name = "cross_entropy_rows",
+             .run = AUTOSP_CUDA_RUN(cuda_cross_entropy),
+             .workspace_bytes = cuda_cross_entropy_workspace},
 };
 
 // cross_entropy_backward(dloss_sum [], logits, labels, lse) {ignore_index} -> dlogits
@@ -119,6 +227,8 @@ extern const OpDef cross_entropy_backward_op = {
       cpu::cross_entropy_backward(a.in(0), a.in(1), a.in<int32_t>(2), a.in(3), rows_of(x), x.back(),
                                   static_cast<int32_t>(ignore), a.out(0));
     },
+    .cpu_per_isa = true,
+    .cuda = {.name = "cross_entropy_backward_rows", .run = AUTOSP_CUDA_RUN(cuda_cross_entropy_backward)},
 };
 
 // linear_cross_entropy(x[..., H], weight[V, H], labels i32[...]) {ignore_index, chunk}
@@ -168,6 +278,9 @@ extern const OpDef linear_cross_entropy_op = {
       require(in[2] == rows[0], "labels must be split like x's rows");
       return {is_replicated(rows[0]) ? replicated() : partial(), rows[0]};
     },
+    .cuda = {.name = "linear_cross_entropy",
+             .run = AUTOSP_CUDA_RUN(cuda_linear_cross_entropy),
+             .workspace_bytes = cuda_linear_cross_entropy_workspace},
 };
 
 // linear_cross_entropy_backward(dloss_sum [], x, weight, labels, lse) {ignore_index, chunk}
@@ -201,6 +314,9 @@ extern const OpDef linear_cross_entropy_backward_op = {
       return int64_t{sizeof(float)} * cpu::linear_cross_entropy_backward_workspace_floats(
                                           rows_of(in[1].shape), V, chunk_rows(attrs, V));
     },
+    .cuda = {.name = "linear_cross_entropy_backward",
+             .run = AUTOSP_CUDA_RUN(cuda_linear_cross_entropy_backward),
+             .workspace_bytes = cuda_linear_cross_entropy_backward_workspace},
 };
 
 // count_valid(labels i32[...]) {ignore_index} -> f32[]: how many labels are not ignored
@@ -224,6 +340,7 @@ extern const OpDef count_valid_op = {
       require(!is_partial(in[0]), "labels cannot be partial");
       return {is_replicated(in[0]) ? replicated() : partial()};
     },
+    .cuda = {.name = "count_valid", .run = AUTOSP_CUDA_RUN(cuda_count_valid)},
 };
 
 }  // namespace autosp

@@ -1,22 +1,22 @@
-// The cuda backend's kernel per op: a table indexed by OpKind (static_assert on the count),
-// kept beside the op definitions rather than inside them so that src/ops/<op>.cpp stay the
-// CPU backend's and shared rules' alone. Shape, cost, gradient and sharding logic is the
-// op definitions'; an entry here only runs a node on the device (kernels/cuda/kernels.h,
+// What the ops' CUDA kernels (OpDef::cuda, in each src/ops/<op>.cpp, built with the cuda
+// backend only) share: the context they run with, checked CUDA and cuBLAS calls, the dtype
+// of an operand as the device kernels name it, the one cuBLAS gemm every matmul is, device
+// copies, and the NCCL communicator of a collective. Shape, cost, gradient and sharding logic
+// is the op definitions'; a CUDA kernel only runs a node on the device (kernels/cuda/kernels.h,
 // cuBLAS for the matmuls, NCCL for the collectives).
-//
-// An entry with run == nullptr is an op without a CUDA kernel: the cuda executor refuses a
-// graph that has one, naming it (cuda_missing_kernels lists them).
 #pragma once
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
 #include <stdexcept>
 #include <string>
-#include <vector>
 
+#include "kernels/cuda/kernels.h"
 #include "ops/op.h"
 
 namespace autosp {
+
+class NcclCommunicator;
 
 // What a CUDA kernel runs with: the executor's stream and cuBLAS handle (bound to that
 // stream), and a device int for data errors (kernels/cuda/kernels.h, ErrorCode).
@@ -25,18 +25,6 @@ struct CudaContext {
   cublasHandle_t cublas = nullptr;
   int* error = nullptr;
 };
-
-struct CudaOpKernel {
-  // args' buffers are device pointers; args.workspace holds workspace_bytes(...) bytes.
-  void (*run)(const KernelArgs& args, const CudaContext& ctx) = nullptr;
-  int64_t (*workspace_bytes)(const Types& inputs, const Types& outputs, const Attrs& attrs) = nullptr;
-};
-
-const CudaOpKernel& cuda_kernel(OpKind op);
-// Device scratch the node's CUDA kernel needs (0 for none).
-int64_t cuda_node_workspace_bytes(const Graph& graph, const Node& node);
-// The ops without a CUDA kernel (empty when every op has one).
-std::vector<OpKind> cuda_missing_kernels();
 
 // A failed CUDA or cuBLAS call: the device, its driver or its memory failed, or a kernel
 // faulted. Neither the user's input nor (necessarily) an autosp bug, as MpiError.
@@ -47,5 +35,19 @@ struct CudaError : std::runtime_error {
 // (cuBLAS's) own string.
 void check_cuda(cudaError_t rc, const char* call, const std::string& where);
 void check_cublas(cublasStatus_t rc, const char* call, const std::string& where);
+
+// The device kernels' name for a floating operand's dtype (InternalError for another).
+cuda::Dt cuda_dt(const TensorType& t);
+inline cuda::Dt cuda_in_dt(const KernelArgs& a, int i) { return cuda_dt(*a.in_types.at(i)); }
+inline cuda::Dt cuda_out_dt(const KernelArgs& a, int i) { return cuda_dt(*a.out_types.at(i)); }
+
+// C[M, N] (of c_dt) = op(A) op(B) (+ C when accumulate), row-major, A and B of ab_dt, fp32
+// accumulation (cublasGemmEx). `op` names the caller in errors.
+void cuda_gemm(const CudaContext& c, cuda::Dt ab_dt, cuda::Dt c_dt, bool ta, bool tb, int64_t M, int64_t N,
+               int64_t K, const void* A, const void* B, void* C, bool accumulate, const char* op);
+// A device-to-device copy on the context's stream (nothing when dst == src).
+void cuda_copy_bytes(void* dst, const void* src, int64_t bytes, const CudaContext& c, const char* op);
+// The NCCL communicator of a collective's group (UserError when it is another kind).
+NcclCommunicator& cuda_nccl(const KernelArgs& a, const char* op);
 
 }  // namespace autosp

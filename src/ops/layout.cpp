@@ -5,8 +5,56 @@
 
 #include "kernels/cpu/basic.h"
 #include "ops/op.h"
+#ifdef AUTOSP_HAVE_CUDA
+#include "ops/cuda_kernels.h"
+#endif
 
 namespace autosp {
+
+#ifdef AUTOSP_HAVE_CUDA
+namespace {
+int64_t esize(const TensorType& t) { return dtype_size(t.dtype); }
+// The executors run a reshape as a view; a copy where the result has its own buffer.
+void cuda_reshape(const KernelArgs& a, const CudaContext& c) {
+  cuda_copy_bytes(a.out<void>(0), a.in<void>(0), a.out_types[0]->bytes(), c, "reshape");
+}
+void cuda_transpose(const KernelArgs& a, const CudaContext& c) {
+  const Shape& x = a.in_shape(0);
+  const auto& perm = a.attrs->get_ints("perm");
+  cuda::permute(a.in<void>(0), x.data(), perm.data(), static_cast<int>(x.size()), esize(*a.in_types[0]),
+                a.out<void>(0), c.stream);
+}
+void cuda_slice(const KernelArgs& a, const CudaContext& c) {
+  const int64_t dim = a.attrs->get_int("dim"), start = a.attrs->get_int("start");
+  const Shape& x = a.in_shape(0);
+  const Slab s = slab_of(x, dim);
+  const int64_t count = a.out_shape(0)[dim];
+  cuda::copy_slab(a.in<void>(0), s.outer, x[dim], start, s.inner, count, a.out<void>(0), count, 0,
+                  esize(*a.in_types[0]), c.stream);
+}
+void cuda_slice_backward(const KernelArgs& a, const CudaContext& c) {
+  const int64_t dim = a.attrs->get_int("dim"), start = a.attrs->get_int("start");
+  const Shape& dy = a.in_shape(0);
+  const Slab s = slab_of(dy, dim);
+  check_cuda(cudaMemsetAsync(a.out<void>(0), 0, size_t(a.out_types[0]->bytes()), c.stream), "cudaMemsetAsync",
+             "slice_backward");
+  cuda::copy_slab(a.in<void>(0), s.outer, dy[dim], 0, s.inner, dy[dim], a.out<void>(0), a.out_shape(0)[dim], start,
+                  esize(*a.in_types[0]), c.stream);
+}
+void cuda_concat(const KernelArgs& a, const CudaContext& c) {
+  const int64_t dim = a.attrs->get_int("dim");
+  const Shape& y = a.out_shape(0);
+  const Slab s = slab_of(y, dim);
+  int64_t offset = 0;
+  for (size_t i = 0; i < a.inputs.size(); ++i) {
+    const int64_t len = a.in_shape(static_cast<int>(i))[dim];
+    cuda::copy_slab(a.in<void>(static_cast<int>(i)), s.outer, len, 0, s.inner, len, a.out<void>(0), y[dim], offset,
+                    esize(*a.out_types[0]), c.stream);
+    offset += len;
+  }
+}
+}  // namespace
+#endif
 
 // reshape(x) {shape}: same elements, new shape
 extern const OpDef reshape_op = {
@@ -48,6 +96,7 @@ extern const OpDef reshape_op = {
     },
     .recompute = Recompute::cheap,
     .cpu_any_dtype = true,  // a view (the executor shares the buffer) or a byte copy
+    .cuda = {.name = "reshape", .run = AUTOSP_CUDA_RUN(cuda_reshape)},
 };
 
 // transpose(x) {perm}: y's dim i is x's dim perm[i]
@@ -92,6 +141,7 @@ extern const OpDef transpose_op = {
     },
     .recompute = Recompute::cheap,
     .cpu_any_dtype = true,  // permutes elements of the dtype's size
+    .cuda = {.name = "permute", .run = AUTOSP_CUDA_RUN(cuda_transpose)},
 };
 
 // slice(x) {dim, start, end}: x[..., start:end, ...] along dim
@@ -130,6 +180,7 @@ extern const OpDef slice_op = {
       return {in[0]};
     },
     .recompute = Recompute::cheap,
+    .cuda = {.name = "copy_slab", .run = AUTOSP_CUDA_RUN(cuda_slice)},
 };
 
 // slice_backward(dy) {dim, start, size}: dy placed at [start, start + len) of a zero
@@ -158,6 +209,7 @@ extern const OpDef slice_backward_op = {
       cpu::copy_slab(a.in(0), s.outer, dy[dim], 0, s.inner, dy[dim], a.out(0), a.out_shape(0)[dim],
                      start);
     },
+    .cuda = {.name = "slice_backward", .run = AUTOSP_CUDA_RUN(cuda_slice_backward)},
 };
 
 // concat(x0, x1, ...) {dim}
@@ -212,6 +264,7 @@ extern const OpDef concat_op = {
       return out;
     },
     .recompute = Recompute::cheap,
+    .cuda = {.name = "concat", .run = AUTOSP_CUDA_RUN(cuda_concat)},
 };
 
 }  // namespace autosp

@@ -1,6 +1,9 @@
 // linear (x W^T, the layer) and matmul (op(A) op(B), what its gradients are made of).
 #include "kernels/cpu/basic.h"
 #include "ops/op.h"
+#ifdef AUTOSP_HAVE_CUDA
+#include "ops/cuda_kernels.h"
+#endif
 
 namespace autosp {
 
@@ -14,6 +17,45 @@ ValueId as_2d(GraphBuilder& b, ValueId x) {
 }
 
 }  // namespace
+
+namespace {
+
+struct MatmulDims {
+  bool ta, tb;
+  int64_t M, N, K;
+};
+
+// a: [..., M, K] (or [K, M] when trans_a, which needs rank 2); b: [K, N] (or [N, K]).
+// Leading dims of a are flattened into M.
+MatmulDims matmul_dims(const Types& in, const Attrs& attrs) {
+  const bool ta = attrs.get_int("trans_a", 0) != 0, tb = attrs.get_int("trans_b", 0) != 0;
+  const Shape &a = in[0].shape, &b = in[1].shape;
+  require(a.size() >= 2, "a must have rank >= 2");
+  require(b.size() == 2, "b must have rank 2");
+  require(!ta || a.size() == 2, "trans_a needs a of rank 2");
+  const int64_t M = ta ? a[1] : rows_of(a), Ka = ta ? a[0] : a.back();
+  const int64_t Kb = tb ? b[1] : b[0], N = tb ? b[0] : b[1];
+  require(Ka == Kb, "inner dims differ (", Ka, " vs ", Kb, ")");
+  return {ta, tb, M, N, Ka};
+}
+
+}  // namespace
+
+#ifdef AUTOSP_HAVE_CUDA
+namespace {
+// Both are one cublasGemmEx (fp32 accumulation; the result in the operands' dtype).
+void cuda_linear(const KernelArgs& a, const CudaContext& c) {
+  const Shape& w = a.in_shape(1);
+  cuda_gemm(c, cuda_in_dt(a, 0), cuda_out_dt(a, 0), false, true, rows_of(a.in_shape(0)), w[0], w[1], a.in<void>(0),
+            a.in<void>(1), a.out<void>(0), false, "linear");
+}
+void cuda_matmul(const KernelArgs& a, const CudaContext& c) {
+  const MatmulDims d = matmul_dims({*a.in_types[0], *a.in_types[1]}, *a.attrs);
+  cuda_gemm(c, cuda_in_dt(a, 0), cuda_out_dt(a, 0), d.ta, d.tb, d.M, d.N, d.K, a.in<void>(0), a.in<void>(1),
+            a.out<void>(0), false, "matmul");
+}
+}  // namespace
+#endif
 
 // linear(x[..., K], W[N, K]) = x W^T : [..., N], x and W of one dtype (a bf16 GPU gemm
 // accumulates in fp32 and rounds its result to bf16)
@@ -49,30 +91,8 @@ extern const OpDef linear_op = {
       return shard_rowwise(in, t, a);
     },
     .recompute = Recompute::matmul,
+    .cuda = {.name = "cublas_gemm", .run = AUTOSP_CUDA_RUN(cuda_linear)},
 };
-
-namespace {
-
-struct MatmulDims {
-  bool ta, tb;
-  int64_t M, N, K;
-};
-
-// a: [..., M, K] (or [K, M] when trans_a, which needs rank 2); b: [K, N] (or [N, K]).
-// Leading dims of a are flattened into M.
-MatmulDims matmul_dims(const Types& in, const Attrs& attrs) {
-  const bool ta = attrs.get_int("trans_a", 0) != 0, tb = attrs.get_int("trans_b", 0) != 0;
-  const Shape &a = in[0].shape, &b = in[1].shape;
-  require(a.size() >= 2, "a must have rank >= 2");
-  require(b.size() == 2, "b must have rank 2");
-  require(!ta || a.size() == 2, "trans_a needs a of rank 2");
-  const int64_t M = ta ? a[1] : rows_of(a), Ka = ta ? a[0] : a.back();
-  const int64_t Kb = tb ? b[1] : b[0], N = tb ? b[0] : b[1];
-  require(Ka == Kb, "inner dims differ (", Ka, " vs ", Kb, ")");
-  return {ta, tb, M, N, Ka};
-}
-
-}  // namespace
 
 // matmul(a, b) {trans_a, trans_b} = op(a) op(b)
 extern const OpDef matmul_op = {
@@ -109,6 +129,7 @@ extern const OpDef matmul_op = {
       cpu::gemm(d.ta, d.tb, d.M, d.N, d.K, a.in(0), a.in(1), a.out(0));
     },
     .recompute = Recompute::matmul,
+    .cuda = {.name = "cublas_gemm", .run = AUTOSP_CUDA_RUN(cuda_matmul)},
 };
 
 }  // namespace autosp

@@ -24,10 +24,17 @@
 //  - Integer operands (token ids, labels, positions) are i32. f16 is an IR dtype (the text
 //    form reads it) that no op accepts.
 //  - CPU kernels are fp32 (and i32): only ops with `cpu_any_dtype` (convert, and layout
-//    ops that copy bytes) run on bf16, and the executor refuses a graph that would hand a
-//    bf16 value to any other kernel.
+//    ops that copy bytes) run on bf16, and lowering for the cpu backend refuses a graph that
+//    would hand a bf16 value to any other kernel (passes/lower.h).
+//
+// Kernels (DESIGN.md "Backends"): an op's definition carries its kernel for each backend,
+// both reading the op's attributes and operand types with the same decoder (the op file's
+// dims/attribute helpers): `cpu` (and its workspace, in-place and dtype rules) and `cuda`
+// (CudaKernelRules). The `lower` pass binds every node to its backend's kernel
+// (bind_kernel below) and writes the binding into the graph.
 #pragma once
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "ir/graph.h"
@@ -118,6 +125,36 @@ using Shardings = std::vector<Sharding>;
 // inputs and backward ops).
 enum class Recompute : uint8_t { never, cheap, matmul };
 
+// The backends a graph is lowered for (`--backend`): the host's CPU kernels, and the cuda
+// backend's (built where nvcc is, AUTOSP_CUDA; planned and lowered for everywhere).
+enum class Backend { cpu, cuda };
+Backend parse_backend(const std::string& name);  // UserError for another name
+const char* backend_name(Backend backend);
+
+struct CudaContext;  // the stream and cuBLAS handle a CUDA kernel runs with (ops/cuda_kernels.h)
+
+// An op's kernel on the cuda backend. Its name, workspace and refusal rules are host code,
+// compiled in every build, so a machine without nvcc lowers and plans for cuda exactly as a
+// GPU machine does; `run` exists only in builds with the cuda backend (AUTOSP_CUDA_RUN).
+struct CudaKernelRules {
+  const char* name = nullptr;  // what lower binds, e.g. "attention_forward" (nullptr: no CUDA kernel)
+  void (*run)(const KernelArgs& args, const CudaContext& ctx) = nullptr;  // args' buffers: device pointers
+  // Device scratch the kernel needs (nullptr: none).
+  int64_t (*workspace_bytes)(const Types& inputs, const Types& outputs, const Attrs& attrs) = nullptr;
+  // shape_error() for operands the kernel cannot run (e.g. a head dim above its limit).
+  void (*check)(const Types& inputs, const Attrs& attrs) = nullptr;
+  // As OpDef::cpu_inplace, for the CUDA kernel (kernels/cuda/kernels.h, "In place").
+  bool inplace = false;
+};
+// Device scratch pieces start at 256-byte boundaries (cudaMalloc's alignment), as cuBLAS's
+// fastest kernels want their operands.
+inline int64_t cuda_aligned(int64_t bytes) { return (bytes + 255) / 256 * 256; }
+#ifdef AUTOSP_HAVE_CUDA
+#define AUTOSP_CUDA_RUN(fn) (fn)
+#else
+#define AUTOSP_CUDA_RUN(fn) nullptr
+#endif
+
 struct OpDef {
   int num_inputs;   // -1: variadic, at least one
   int num_outputs;
@@ -143,6 +180,10 @@ struct OpDef {
   // The CPU kernel handles every dtype its rule accepts. Otherwise it reads and writes f32
   // (and i32 integer operands) only, and the executor refuses bf16 operands or results.
   bool cpu_any_dtype = false;
+  // The CPU kernel is compiled once per instruction set (kernels/cpu/isa.h) and runs the
+  // active set's copy, whose tile shapes (so workspace sizes) are that set's.
+  bool cpu_per_isa = false;
+  CudaKernelRules cuda = {};
 };
 
 // Sharding shorthands for rules.
@@ -165,6 +206,17 @@ const OpDef& op_def(OpKind op);
 Cost node_cost(const Graph& graph, const Node& node);
 // Bytes of scratch the node's CPU kernel needs on `threads` threads (0 for none).
 int64_t node_workspace_bytes(const Graph& graph, const Node& node, int threads);
+
+// The kernel a node runs with on a backend, as `lower` records it (passes/lower.h).
+struct KernelBinding {
+  std::string kernel;           // "cpu.avx512.attention", "cpu.linear", "cuda.attention_forward"
+  int64_t workspace_bytes = 0;  // its scratch
+  bool inplace = false;         // a result may take a dying operand's buffer (plan_memory)
+};
+// The binding of node `n` (not an input) on `backend`, with `threads` CPU kernel threads.
+// UserError naming the backend, the op and node when the backend cannot run it: no kernel,
+// a dtype its kernels do not read (bf16 on the CPU), or operands beyond the kernel's limits.
+KernelBinding bind_kernel(const Graph& graph, NodeId n, Backend backend, int threads);
 
 // Structure (verify_structure) plus types: every node's recorded result types equal what
 // its op's rule infers. Throws InternalError naming the node.

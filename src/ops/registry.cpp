@@ -2,6 +2,8 @@
 
 #include "ops/op.h"
 
+#include "kernels/cpu/isa.h"
+
 namespace autosp {
 
 #define AUTOSP_OP_DECL(name) extern const OpDef name##_op;
@@ -186,6 +188,62 @@ int64_t node_workspace_bytes(const Graph& g, const Node& node, int threads) {
   Types ins;
   for (ValueId v : node.inputs) ins.push_back(g.type(v));
   return def.cpu_workspace_bytes(ins, node.attrs, threads);
+}
+
+Backend parse_backend(const std::string& name) {
+  if (name == "cpu") return Backend::cpu;
+  if (name == "cuda") return Backend::cuda;
+  user_error("unknown backend '", name, "' (cpu or cuda)");
+}
+
+const char* backend_name(Backend backend) { return backend == Backend::cuda ? "cuda" : "cpu"; }
+
+namespace {
+
+// CPU kernels read floating buffers as float: a bf16 value reaching one would be read as
+// garbage, so lowering refuses it, naming the op and the value.
+void check_cpu_dtypes(const Graph& g, NodeId n) {
+  const Node& node = g.node(n);
+  if (op_def(node.op).cpu_any_dtype) return;
+  auto check = [&](ValueId v, const char* what, size_t i) {
+    const TensorType& t = g.type(v);
+    if (t.dtype == DType::f32 || t.dtype == DType::i32) return;
+    user_error("cpu backend: ", op_name(node.op), " (node ", n, ") has ", what, " ", i, " of type ", type_str(t),
+               ", but CPU kernels are fp32: ", dtype_name(t.dtype),
+               " graphs are for GPU runs and `autosp plan`; trace the model with dtype f32 to run it on the CPU");
+  };
+  for (size_t i = 0; i < node.inputs.size(); ++i) check(node.inputs[i], "operand", i);
+  for (size_t i = 0; i < node.outputs.size(); ++i) check(node.outputs[i], "result", i);
+}
+
+}  // namespace
+
+KernelBinding bind_kernel(const Graph& g, NodeId n, Backend backend, int threads) {
+  const Node& node = g.node(n);
+  AUTOSP_CHECK(node.op != OpKind::input, "node ", n, " is an input: inputs are bound, not run");
+  const OpDef& def = op_def(node.op);
+  if (backend == Backend::cpu) {
+    AUTOSP_CHECK(def.cpu, op_name(node.op), " has no CPU kernel");
+    check_cpu_dtypes(g, n);
+    const std::string isa = def.cpu_per_isa ? std::string(cpu::isa_name(cpu::active_isa())) + "." : "";
+    return {"cpu." + isa + op_name(node.op), node_workspace_bytes(g, node, threads), def.cpu_inplace};
+  }
+  const CudaKernelRules& k = def.cuda;
+  if (!k.name)
+    user_error("cuda backend: ", op_name(node.op), " (node ", n, ") has no CUDA kernel yet; run this graph with "
+               "--backend cpu");
+  Types ins, outs;
+  for (ValueId v : node.inputs) ins.push_back(g.type(v));
+  for (ValueId v : node.outputs) outs.push_back(g.type(v));
+  if (k.check) {
+    try {
+      k.check(ins, node.attrs);
+    } catch (const ShapeError& e) {
+      user_error("cuda backend: ", op_name(node.op), " (node ", n, ", ", types_str(ins), ") cannot run on the ",
+                 k.name, " kernel: ", e.what());
+    }
+  }
+  return {str("cuda.", k.name), k.workspace_bytes ? k.workspace_bytes(ins, outs, node.attrs) : 0, k.inplace};
 }
 
 void verify(const Graph& g) {

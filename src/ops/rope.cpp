@@ -4,6 +4,10 @@
 #include "kernels/cpu/fused.h"
 #include "ops/op.h"
 #include "ops/rope.h"
+#include "kernels/cuda/limits.h"
+#ifdef AUTOSP_HAVE_CUDA
+#include "ops/cuda_kernels.h"
+#endif
 
 namespace autosp {
 
@@ -28,6 +32,25 @@ cpu::RopeScaling rope_scaling(const Attrs& attrs) {
   }
   return s;
 }
+
+namespace {
+void cuda_rope_check(const Types& in, const Attrs&) {
+  const int64_t D = in[0].shape[3];
+  require(D <= cuda::kRopeMaxD, "head dim D = ", D, " exceeds the kernel's ", cuda::kRopeMaxD);
+}
+#ifdef AUTOSP_HAVE_CUDA
+// The inverse frequencies are the CPU's (cpu::rope_inv_freq, from the same attributes),
+// passed to the kernel by value.
+void cuda_rope(const KernelArgs& a, const CudaContext& c) {
+  const Shape& x = a.in_shape(0);
+  const int64_t D = x[3];
+  std::vector<double> inv_freq(D / 2);
+  cpu::rope_inv_freq(D, a.attrs->get_float("theta"), rope_scaling(*a.attrs), inv_freq.data());
+  cuda::rope_forward(cuda_in_dt(a, 0), a.in<void>(0), a.in<int32_t>(1), inv_freq.data(), x[0] * x[1], x[2], D,
+                     a.attrs->get_int("inverse", 0) != 0, a.out<void>(0), c.stream);
+}
+#endif
+}  // namespace
 
 // rope(x[B, S, NH, D], positions i32[B, S]) {theta, inverse, rope_type, its params}
 // inverse=1 rotates by minus the angle: the transpose, hence the gradient. The result has
@@ -87,6 +110,8 @@ extern const OpDef rope_op = {
     },
     .cpu_inplace = true,
     .recompute = Recompute::cheap,
+    .cpu_per_isa = true,
+    .cuda = {.name = "rope_forward", .run = AUTOSP_CUDA_RUN(cuda_rope), .check = cuda_rope_check, .inplace = true},
 };
 
 }  // namespace autosp

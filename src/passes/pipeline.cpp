@@ -18,7 +18,7 @@ namespace autosp {
 
 const std::vector<std::string>& pipeline_stages() {
   static const std::vector<std::string> stages = {"forward", "autosp", "tile", "joint", "checkpoint", "schedule",
-                                                  "grad_sync", "plan_memory"};
+                                                  "grad_sync", "lower", "plan_memory"};
   return stages;
 }
 
@@ -72,7 +72,7 @@ Graph compile(const Graph& forward, const CompileOptions& options,
     return checkpointed;
   });
   const int threads = options.threads > 0 ? options.threads : omp_get_max_threads();
-  g = run("schedule", [&] { return schedule(g, {.threads = threads}); });
+  g = run("schedule", [&] { return schedule(g, {.threads = threads, .backend = options.backend}); });
   // After schedule: it would issue each stage-3 parameter gather (ready from the start)
   // first (passes/grad_sync.h).
   g = run("grad_sync", [&] {
@@ -80,6 +80,7 @@ Graph compile(const Graph& forward, const CompileOptions& options,
     verify(synced);
     return synced;
   });
+  g = run("lower", [&] { return lower(g, {.backend = options.backend, .threads = threads}); });
   g = run("plan_memory", [&] { return plan_memory(g, {.threads = threads}); });
   return g;
 }
@@ -100,7 +101,7 @@ CompiledStep compile_step(const Graph& forward, const CompileOptions& options, i
     Graph earlier = grad_sync(scheduled, local);
     verify(earlier);
     const int threads = options.threads > 0 ? options.threads : omp_get_max_threads();
-    step.earlier = plan_memory(earlier, {.threads = threads});
+    step.earlier = plan_memory(lower(earlier, {.backend = options.backend, .threads = threads}), {.threads = threads});
   }
   return step;
 }

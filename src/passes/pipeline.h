@@ -1,14 +1,16 @@
 // The compiler pipeline, as one straight list of passes (DESIGN.md "The pipeline"):
 //
 //   forward --autosp--> --tile--> --autodiff--> joint --checkpoint--> --schedule-->
-//   --grad_sync--> --plan_memory--> lowered
+//   --grad_sync--> --lower--> --plan_memory--> lowered
 //
-// Built so far: autosp, tile, autodiff, checkpoint, schedule, grad_sync and plan_memory
-// (stages "forward", "autosp", "tile", "joint", "checkpoint", "schedule", "grad_sync",
-// "plan_memory"); tile runs before autodiff (see passes/tile.h) and checkpoint right after
+// Built so far: autosp, tile, autodiff, checkpoint, schedule, grad_sync, lower and
+// plan_memory (stages "forward", "autosp", "tile", "joint", "checkpoint", "schedule",
+// "grad_sync", "lower", "plan_memory"); tile runs before autodiff (see passes/tile.h) and checkpoint right after
 // it. grad_sync reduces the gradients inside the step (all-reduce under ZeRO stage 0,
 // reduce-scatter under 1-3) and gathers the parameters under stage 3 (passes/grad_sync.h),
-// after schedule so that the gathers stay where it put them. Asking for a pass that does not
+// after schedule so that the gathers stay where it put them. lower binds every node to
+// the kernel of `backend` (passes/lower.h), refusing what it cannot run, and plan_memory
+// plans with those kernels' workspaces. Asking for a pass that does not
 // exist is a clear error, not a silent no-op. AUTOSP_PASS_TIMES=1 prints each pass's time.
 #pragma once
 #include <functional>
@@ -18,6 +20,7 @@
 #include "ir/graph.h"
 #include "passes/checkpoint.h"
 #include "passes/grad_sync.h"
+#include "passes/lower.h"
 #include "passes/tile.h"
 
 namespace autosp {
@@ -29,6 +32,7 @@ struct CompileOptions {
   // The kernel threads the executor will run with (0: OpenMP's default, as CpuExecutor's);
   // kernel workspaces, and so the memory plan, depend on them.
   int threads = 0;
+  Backend backend = Backend::cpu;  // the kernels lower binds (and schedule and plan_memory size)
   CheckpointOptions checkpoint;  // which activations backward keeps (none: all of them)
   TileOptions tile;              // sequence tiles of row-wise regions (default: none)
   GradSyncOptions grad_sync;     // ZeRO stage, world size and bucket (default: stage 0, unchanged)

@@ -4,6 +4,7 @@
 #include <map>
 
 #include "ops/op.h"
+#include "passes/lower.h"
 
 namespace autosp {
 
@@ -43,6 +44,7 @@ Buffers find_buffers(const Graph& g, const PlanMemoryOptions& options) {
   Buffers r;
   r.of_value.assign(g.values().size(), -1);
   r.of_workspace.assign(g.nodes().size(), -1);
+  const bool lowered = lowered_backend(g).has_value();
   for (NodeId n = 0; n < static_cast<NodeId>(g.nodes().size()); ++n) {
     const Node& node = g.node(n);
     if (node.op == OpKind::input) continue;
@@ -52,6 +54,7 @@ Buffers find_buffers(const Graph& g, const PlanMemoryOptions& options) {
       if (b >= 0) r.buffers[b].end = std::max(r.buffers[b].end, last[node.outputs[0]]);
       continue;
     }
+    const KernelBinding kernel = lowered ? lowered_binding(node) : bind_kernel(g, n, options.backend, options.threads);
     std::vector<int> taken;  // operand buffers already reused by a result of this node
     for (ValueId out : node.outputs) {
       const TensorType& t = g.type(out);
@@ -60,7 +63,7 @@ Buffers find_buffers(const Graph& g, const PlanMemoryOptions& options) {
       // An operand's buffer dies here when every value sharing it is last read here: any
       // later reader (a view or in-place result defined later) would be a later reader of
       // a value already in it, so `end` is final once it equals n.
-      if (options.inplace && op_def(node.op).cpu_inplace)
+      if (options.inplace && kernel.inplace)
         for (ValueId in : node.inputs) {
           const int c = r.of_value[in];
           if (c >= 0 && r.buffers[c].end == n && r.buffers[c].bytes == t.bytes() &&
@@ -78,9 +81,7 @@ Buffers find_buffers(const Graph& g, const PlanMemoryOptions& options) {
       }
       r.of_value[out] = b;
     }
-    if (const int64_t ws = options.workspace_bytes ? options.workspace_bytes(g, node)
-                                                   : node_workspace_bytes(g, node, options.threads);
-        ws > 0) {
+    if (const int64_t ws = kernel.workspace_bytes; ws > 0) {
       r.of_workspace[n] = static_cast<int>(r.buffers.size());
       r.buffers.push_back({ws, n, n});
     }

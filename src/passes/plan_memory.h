@@ -12,8 +12,8 @@
 //  - The graph is unchanged (same nodes, values, order and outputs) except for two
 //    attributes on the nodes that own memory:
 //      mem_offsets=[o0, o1, ...]  one arena offset per result, -1 for a result of 0 bytes;
-//      mem_workspace=[offset, bytes]  the kernel's scratch (OpDef::cpu_workspace_bytes at
-//                                     `threads`), on nodes that need any.
+//      mem_workspace=[offset, bytes]  the kernel's scratch (the lowered `workspace`), on
+//                                     nodes that need any.
 //    Input nodes and reshape nodes carry neither.
 //  - Not in the arena: graph inputs (parameters, tokens, labels, ... are bound caller
 //    memory), and reshape results, which are views sharing their operand's storage (a view
@@ -22,28 +22,28 @@
 //    the caller can read them after the step.
 //  - Two buffers live at the same node never share a byte. The one exception is in-place
 //    reuse: a result may take the buffer of an operand that dies at its node, when both
-//    have the same type and the op's CPU kernel allows it (OpDef::cpu_inplace).
+//    have the same type and the node's kernel allows it (the lowered `inplace`).
 //  - Offsets and sizes are multiples of 64 bytes; the arena is the highest buffer end.
 // Replanning a planned graph replaces its plan.
 #pragma once
 #include <cstdint>
-#include <functional>
 #include <vector>
 
 #include "ir/graph.h"
+#include "ops/op.h"
 
 namespace autosp {
 
 inline constexpr int64_t kArenaAlignment = 64;
 inline int64_t aligned_to_arena(int64_t bytes) { return (bytes + kArenaAlignment - 1) / kArenaAlignment * kArenaAlignment; }
 
+// What each node's kernel needs comes from its lowering (passes/lower.h: the workspace and
+// inplace attributes) when the graph is lowered; otherwise from the kernels of `backend` at
+// `threads`, as lower would bind them (schedule compares orders of an unlowered graph so).
 struct PlanMemoryOptions {
-  int threads = 1;       // the executor's kernel threads (workspace sizes depend on them)
+  int threads = 1;       // the executor's kernel threads (CPU workspace sizes depend on them)
   bool inplace = true;   // reuse a dying operand's buffer where the kernel allows it
-  // The scratch bytes of a node's kernel; empty: the CPU kernel's at `threads`
-  // (node_workspace_bytes). The cuda executor plans with its kernels' (ops/cuda_kernels.h),
-  // whose in-place rules are the CPU's (OpDef::cpu_inplace).
-  std::function<int64_t(const Graph&, const Node&)> workspace_bytes;
+  Backend backend = Backend::cpu;  // for a graph not lowered yet
 };
 
 Graph plan_memory(const Graph& graph, const PlanMemoryOptions& options);

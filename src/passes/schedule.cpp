@@ -125,8 +125,9 @@ Graph schedule(const Graph& g, const ScheduleOptions& options) {
                  " is already memory-planned; schedule runs before plan_memory");
   Graph scheduled = reorder(g, GreedyScheduler(g).order());
   // The input order's arena matters only as far as whether it is above the new order's.
-  const int64_t arena = planned_arena_bytes(scheduled, {.threads = options.threads});
-  if (arena < planned_arena_bytes(g, {.threads = options.threads}, arena)) return scheduled;
+  const PlanMemoryOptions plan{.threads = options.threads, .backend = options.backend};
+  const int64_t arena = planned_arena_bytes(scheduled, plan);
+  if (arena < planned_arena_bytes(g, plan, arena)) return scheduled;
   return g;
 }
 

@@ -20,15 +20,18 @@
 //  - Graph inputs keep their order among themselves (a new order puts them all first).
 //  - The order is topological and a function of the graph alone, so every rank of an SPMD
 //    program issues its collectives in the same order.
-//  - The planned peak (plan_memory's arena at `threads`) is never above the input order's.
+//  - The planned peak (plan_memory's arena for `backend` at `threads`) is never above the
+//    input order's.
 //  - The input is not memory-planned yet (schedule runs before plan_memory).
 #pragma once
 #include "ir/graph.h"
+#include "ops/op.h"
 
 namespace autosp {
 
 struct ScheduleOptions {
   int threads = 1;  // the executor's kernel threads, for the workspace sizes of the plans compared
+  Backend backend = Backend::cpu;  // whose kernels' workspaces and in-place rules (lower binds them later)
 };
 
 Graph schedule(const Graph& graph, const ScheduleOptions& options);

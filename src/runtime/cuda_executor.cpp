@@ -3,6 +3,7 @@
 #include "comm/mpi_communicator.h"
 #include "comm/nccl_communicator.h"
 #include "kernels/cuda/kernels.h"
+#include "passes/lower.h"
 #include "passes/plan_memory.h"
 #include "util/error.h"
 
@@ -33,7 +34,7 @@ int cuda_device_count(std::string* why) {
 }
 
 CudaExecutor::CudaExecutor(const Graph& graph, const ProcessGroups* groups, const CudaExecutor* arena_of)
-    : graph_(graph),
+    : graph_(executable_graph(graph, Backend::cuda, 1)),
       groups_(groups),
       root_(graph.values().size(), -1),
       input_offsets_(graph.values().size(), -1),
@@ -46,36 +47,34 @@ CudaExecutor::CudaExecutor(const Graph& graph, const ProcessGroups* groups, cons
                "); run on a machine with an NVIDIA GPU and its driver, or use --backend cpu");
   device_ = select_local_device();
 
-  for (NodeId n = 0; n < static_cast<NodeId>(graph.nodes().size()); ++n) {
-    const Node& node = graph.node(n);
-    if (node.op != OpKind::input && !cuda_kernel(node.op).run)
-      user_error("backend cuda: ", op_name(node.op), " (node ", n,
-                 ") has no CUDA kernel yet; run this graph with --backend cpu");
+  for (NodeId n = 0; n < static_cast<NodeId>(graph_.nodes().size()); ++n) {
+    const Node& node = graph_.node(n);
+    AUTOSP_CHECK(node.op == OpKind::input || op_def(node.op).cuda.run, op_name(node.op), " is lowered for cuda ("
+                 , lowered_binding(node).kernel, ") but this build has no CUDA kernel for it");
     for (size_t i = 0; i < node.outputs.size(); ++i)
       root_[node.outputs[i]] = node.op == OpKind::reshape ? root_[node.inputs[0]] : node.outputs[i];
   }
-  if (has_collectives(graph)) {
+  if (has_collectives(graph_)) {
     AUTOSP_CHECK(groups_, "the graph has collectives but the executor has no communicators");
     if (!dynamic_cast<NcclCommunicator*>(groups_->world.get())) {
       nccl_ = make_nccl_groups(*groups_);
       groups_ = &nccl_;
     }
-    for (const Node& node : graph.nodes())
+    for (const Node& node : graph_.nodes())
       if (node.attrs.has("group"))
         AUTOSP_CHECK(communicator(node.attrs.get_str("group"))->size() == node.attrs.get_int("size"),
                      op_name(node.op), " expects group '", node.attrs.get_str("group"), "' of size ",
                      node.attrs.get_int("size"));
   }
 
-  // The plan for this backend's workspaces (a plan the graph carries is the CPU's).
-  const Graph planned = plan_memory(graph, {.threads = 1, .workspace_bytes = cuda_node_workspace_bytes});
-  const MemoryPlan plan = read_memory_plan(planned);
+  // The plan of the graph as lowered for cuda (the compile's own when it was for cuda).
+  const MemoryPlan plan = read_memory_plan(graph_);
   offsets_ = plan.offsets;
   workspace_offsets_ = plan.workspace_offsets;
   arena_bytes_ = plan.arena_bytes;
-  for (ValueId v : graph.inputs()) {
+  for (ValueId v : graph_.inputs()) {
     input_offsets_[v] = input_bytes_;
-    input_bytes_ += aligned(graph.type(v).bytes());
+    input_bytes_ += aligned(graph_.type(v).bytes());
   }
   const int64_t error_offset = input_bytes_;
   input_bytes_ += kArenaAlignment;  // the kernels' error flag
@@ -96,9 +95,9 @@ CudaExecutor::CudaExecutor(const Graph& graph, const ProcessGroups* groups, cons
   check_cuda(cudaMalloc(reinterpret_cast<void**>(&inputs_), size_t(input_bytes_)), "cudaMalloc",
              str("the graph inputs (", input_bytes_, " bytes)"));
   ctx_.error = reinterpret_cast<int*>(inputs_ + error_offset);
-  host_outputs_.resize(graph.outputs().size());
-  for (size_t i = 0; i < graph.outputs().size(); ++i)
-    host_outputs_[i].resize(size_t(graph.type(graph.outputs()[i].value).bytes()));
+  host_outputs_.resize(graph_.outputs().size());
+  for (size_t i = 0; i < graph_.outputs().size(); ++i)
+    host_outputs_[i].resize(size_t(graph_.type(graph_.outputs()[i].value).bytes()));
 }
 
 CudaExecutor::~CudaExecutor() {
@@ -165,7 +164,7 @@ void CudaExecutor::run() {
       args.out_types.push_back(&graph_.type(v));
     }
     args.workspace = workspace_offsets_[n] >= 0 ? arena_ + workspace_offsets_[n] : nullptr;
-    cuda_kernel(node.op).run(args, ctx_);
+    op_def(node.op).cuda.run(args, ctx_);
     check_cuda(cudaGetLastError(), "a kernel launch", str(op_name(node.op), " (node ", n, ")"));
   }
   for (size_t i = 0; i < graph_.outputs().size(); ++i) {

@@ -2,16 +2,16 @@
 // CpuExecutor does on the host (runtime/executor.h), with the kernels of the cuda backend
 // (ops/cuda_kernels.h).
 //
-// Memory: plan_memory plans the step with the CUDA kernels' workspaces (and the CPU's
-// in-place rules, which the CUDA kernels keep), and the executor makes ONE cudaMalloc of
-// that arena when it is made; every result and workspace lives at its planned offset. Graph
+// Memory: the graph as lowered for cuda and planned (executable_graph: the compile's own plan
+// when it compiled for cuda, with the CUDA kernels' workspaces and in-place rules), and the
+// executor makes ONE cudaMalloc of that arena when it is made; every result and workspace lives at its planned offset. Graph
 // inputs live in a second device block (their staging area, sized by the inputs' types):
 // bind() gives host memory, copied in at the start of every run(); bind_device() gives
 // device memory, used where it is. After run() every graph output is copied back to host
 // memory (output_data), so the executor is a drop-in for the CPU one; output_device() reads
 // it where it is.
 //
-// Refused at construction, with the op named: an op without a CUDA kernel, a collective
+// Refused at construction, with the op named: an op without a CUDA kernel (by lower), a collective
 // whose group has no NCCL communicator (MPI groups given are turned into NCCL ones here,
 // collectively over the world), and no CUDA device at all.
 //
@@ -62,7 +62,7 @@ class CudaExecutor final : public Executor {
  private:
   Communicator* communicator(const std::string& group) const;
 
-  const Graph& graph_;
+  Graph graph_;  // lowered for cuda and memory-planned (executable_graph)
   const ProcessGroups* groups_;
   ProcessGroups nccl_;  // made here from MPI groups, when the graph has collectives
   int device_ = 0;

@@ -9,6 +9,7 @@
 #include <new>
 
 #include "ops/op.h"
+#include "passes/lower.h"
 #include "passes/plan_memory.h"
 #ifdef AUTOSP_HAVE_CUDA
 #include "runtime/cuda_executor.h"
@@ -54,11 +55,22 @@ CpuExecutor::CpuExecutor(const Graph& graph, Allocator& allocator, int threads,
       root_(graph.values().size(), -1),
       buffer_uses_(graph.values().size(), 0),
       mode_(mode) {
+  // A graph lowered for the CPU must be lowered for the active instruction set's kernels
+  // (their workspaces differ); an unlowered one is bound here, refusing what the CPU cannot
+  // run (bf16 operands) before anything runs.
+  const std::optional<Backend> lowered = lowered_backend(graph);
+  if (lowered && *lowered != Backend::cpu)
+    user_error("cpu backend: this graph is lowered for the ", backend_name(*lowered),
+               " backend; compile it with backend cpu");
   for (NodeId n = 0; n < static_cast<NodeId>(graph.nodes().size()); ++n) {
     const Node& node = graph.node(n);
-    AUTOSP_CHECK(node.op == OpKind::input || op_def(node.op).cpu,
-                 op_name(node.op), " has no CPU kernel");
-    if (node.op != OpKind::input) check_cpu_dtypes(n, node);
+    if (node.op != OpKind::input) {
+      const KernelBinding kernel = bind_kernel(graph, n, Backend::cpu, threads_);
+      if (lowered && lowered_binding(node).kernel != kernel.kernel)
+        user_error("cpu backend: node ", n, " is lowered for kernel ", lowered_binding(node).kernel, " but this "
+                   "process runs ", kernel.kernel, " (AUTOSP_ISA or the CPU differs from the compile's); compile "
+                   "the graph where it runs");
+    }
     if (node.attrs.has("group")) {
       AUTOSP_CHECK(groups_, op_name(node.op), " needs communicators but the executor has none");
       AUTOSP_CHECK(communicator(node.attrs.get_str("group"))->size() == node.attrs.get_int("size"),
@@ -98,22 +110,6 @@ CpuExecutor::CpuExecutor(const Graph& graph, Allocator& allocator, int threads,
 CpuExecutor::~CpuExecutor() {
   release_all();
   if (owns_arena_) allocator_.release(arena_, arena_bytes_);
-}
-
-// Kernels read their buffers as float (or int32): a bf16 value reaching one would be read
-// as garbage, so it is refused before anything runs, naming the op and the value.
-void CpuExecutor::check_cpu_dtypes(NodeId n, const Node& node) const {
-  if (op_def(node.op).cpu_any_dtype) return;
-  auto check = [&](ValueId v, const char* what, size_t i) {
-    const TensorType& t = graph_.type(v);
-    if (t.dtype == DType::f32 || t.dtype == DType::i32) return;
-    user_error("cpu backend: ", op_name(node.op), " (node ", n, ") has ", what, " ", i, " of type ",
-               type_str(t), ", but CPU kernels are fp32: ", dtype_name(t.dtype),
-               " graphs are for GPU runs and `autosp plan`; trace the model with dtype f32 to run "
-               "it on the CPU");
-  };
-  for (size_t i = 0; i < node.inputs.size(); ++i) check(node.inputs[i], "operand", i);
-  for (size_t i = 0; i < node.outputs.size(); ++i) check(node.outputs[i], "result", i);
 }
 
 Communicator* CpuExecutor::communicator(const std::string& group) const {
@@ -229,13 +225,10 @@ std::vector<float> Executor::output_vector(const std::string& name) const {
   return std::vector<float>(p, p + numel(graph().shape(v)));
 }
 
-Backend parse_backend(const std::string& name) {
-  if (name == "cpu") return Backend::cpu;
-  if (name == "cuda") return Backend::cuda;
-  user_error("unknown backend '", name, "' (cpu or cuda)");
+Graph executable_graph(const Graph& graph, Backend backend, int threads) {
+  if (lowered_backend(graph) == backend && has_memory_plan(graph)) return graph;
+  return plan_memory(lower(graph, {.backend = backend, .threads = threads}), {.threads = threads});
 }
-
-const char* backend_name(Backend backend) { return backend == Backend::cuda ? "cuda" : "cpu"; }
 
 bool cuda_backend_built() {
 #ifdef AUTOSP_HAVE_CUDA

@@ -12,8 +12,9 @@
 //    use (by use counts), kernel workspaces around the kernel. Kept as the reference the
 //    plan is measured and checked against.
 //
-// CPU kernels are fp32: a graph that gives a bf16 value to an op without a bf16 kernel
-// (every op but convert, reshape and transpose) is refused at construction.
+// The graph is lowered for the cpu backend (passes/lower.h) or is bound here: one that gives
+// a bf16 value to an op without a bf16 kernel (every op but convert, reshape and transpose)
+// is refused at construction, as lowering refuses it.
 #pragma once
 #include <memory>
 #include <string>
@@ -21,6 +22,7 @@
 
 #include "comm/communicator.h"
 #include "ir/graph.h"
+#include "ops/op.h"
 #include "runtime/allocator.h"
 
 namespace autosp {
@@ -48,10 +50,13 @@ class Executor {
 };
 
 // The backends (`autosp train --backend`): cpu, and cuda where it is built (AUTOSP_CUDA).
-enum class Backend { cpu, cuda };
-Backend parse_backend(const std::string& name);  // UserError for another name
-const char* backend_name(Backend backend);
+// (Backend, parse_backend and backend_name: ops/op.h.)
 bool cuda_backend_built();
+// The graph as an executor of `backend` runs it: lowered for that backend and memory-planned
+// with its kernels (`threads`: the CPU's kernel threads). A graph the pipeline compiled for
+// the backend is that already and comes back as it is; another is lowered and planned here.
+// Needs no device: `autosp plan --backend cuda` and the tests read the cuda arena from it.
+Graph executable_graph(const Graph& graph, Backend backend, int threads);
 // An executor of `backend` for `graph` (threads and mode are the CPU's; the cuda backend
 // runs in its own device arena). UserError when cuda is asked for and not built, or when no
 // CUDA device is present.
@@ -95,7 +100,6 @@ class CpuExecutor final : public Executor {
  private:
   void release_all();
   void run_node(NodeId n, std::vector<int>& remaining);
-  void check_cpu_dtypes(NodeId n, const Node& node) const;
   Communicator* communicator(const std::string& group) const;
 
   const Graph& graph_;

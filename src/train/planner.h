@@ -25,7 +25,8 @@ struct PlanSetup {
   DType dtype = DType::f32;  // f32: the CPU runtime; bf16: a bf16 GPU run (see model_state)
   int64_t micro_batch = 1;
   int64_t accumulation_steps = 1;  // gradient_accumulation_steps: ZeRO-1 keeps their whole sum
-  int threads = 1;           // kernel workspaces are sized for this many threads
+  int threads = 1;           // kernel workspaces are sized for this many threads (cpu)
+  Backend backend = Backend::cpu;  // whose kernels the step is lowered and planned for
 };
 
 // The arena at its live peak (plan_memory.h: the most bytes live at one node), by what

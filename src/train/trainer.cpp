@@ -124,6 +124,7 @@ Trainer::Trainer(const models::LlamaConfig& model, const TrainConfig& config, in
   Graph forward = models::llama_forward(model_, {.batch = micro_batch_, .seq_len = seq_len_,
                                                  .documents = config_.data.packed});
   CompileOptions options{config.sequence_parallel_size, config.compile.passes, config.compile.deepcompile};
+  options.backend = parse_backend(config.backend);  // lowered for it, planned with its kernels
   options.grad_sync = {.zero_stage = config.zero_stage, .world_size = W,
                        .bucket_elements = config.zero.reduce_bucket_size,
                        .prefetch_elements = config.zero.stage3_prefetch_bucket_size};
@@ -163,8 +164,8 @@ Trainer::Trainer(const models::LlamaConfig& model, const TrainConfig& config, in
   // beside the arena, outside the plan (measured: +0.75 MB for a tiled graph of 9k nodes).
   malloc_trim(0);
 
-  // The backend runs the step the plan was made for (the cuda executor replans its arena
-  // with its own kernels' workspaces: runtime/cuda_executor.h). The two programs of a step
+  // The backend runs the step the plan was made for (lowered for it: its kernels' workspaces
+  // are in the plan). The two programs of a step
   // with accumulation run one after the other: the one with the larger arena allocates it,
   // the other works in it.
   const Backend backend = parse_backend(config_.backend);

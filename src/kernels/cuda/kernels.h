@@ -1,8 +1,8 @@
 // The cuda backend's reference kernels: one plain, obviously correct kernel per op (llm.c's
 // rule: a reference first, a fast one beside it later, checked against it). They take raw
-// device pointers and sizes, as the CPU kernels do, and know nothing of the IR; the per-op
-// table in src/ops/cuda_kernels.cpp binds them to nodes. Matmuls are not here: they are
-// cuBLAS calls made by that table (cuda_kernels.cpp, gemm()).
+// device pointers and sizes, as the CPU kernels do, and know nothing of the IR; each op's
+// definition (src/ops/<op>.cpp, OpDef::cuda) binds them to nodes. Matmuls are not here: they
+// are cuBLAS calls (ops/cuda_kernels.h, cuda_gemm()).
 //
 // Types: every floating buffer is of the dtype passed as `dt` (f32 or bf16) unless its
 // parameter is typed float*; arithmetic is fp32 (sums of many terms in double), and a bf16
@@ -22,6 +22,8 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+
+#include "kernels/cuda/limits.h"
 
 namespace autosp::cuda {
 
@@ -77,8 +79,7 @@ void rms_norm_backward(Dt dt, const void* dy, const void* x, const void* w, cons
 
 // ---- rope (rotate-half; see kernels/cpu/fused.h for the maths) ---------------------------
 // inv_freq: D/2 doubles in host memory (cpu::rope_inv_freq's), passed to the kernel by value
-// (no copy, no synchronisation); D <= kRopeMaxD.
-constexpr int64_t kRopeMaxD = 256;
+// (no copy, no synchronisation); D <= kRopeMaxD (limits.h).
 void rope_forward(Dt dt, const void* x, const int32_t* pos, const double* inv_freq, int64_t T,
                   int64_t NH, int64_t D, bool inverse, void* y, cudaStream_t stream);
 
@@ -89,7 +90,7 @@ void rope_forward(Dt dt, const void* x, const int32_t* pos, const double* inv_fr
 struct AttentionDims {
   int64_t B, S, NH, NKV, D;
 };
-constexpr int64_t kAttentionMaxD = 256;
+// D <= kAttentionMaxD (limits.h).
 void attention_forward(Dt dt, const AttentionDims& d, bool causal, float scale, const void* q,
                        const void* k, const void* v, const int32_t* doc, void* out, float* lse,
                        cudaStream_t stream);
