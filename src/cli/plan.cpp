@@ -192,10 +192,8 @@ int run_plan(const PlanArgs& args) {
   if (args.dtype == "bf16") setup.dtype = DType::bf16;
   else if (args.dtype == "f32") setup.dtype = DType::f32;
   else user_error("--dtype ", args.dtype, ": expected bf16 or f32");
-  setup.backend = !args.backend.empty()            ? parse_backend(args.backend)
-                  : setup.dtype == DType::bf16 ? Backend::cuda
-                                               : Backend::cpu;
-  if (setup.backend == Backend::cpu && setup.dtype == DType::bf16)
+  if (!args.backend.empty()) setup.backend = parse_backend(args.backend);
+  if (train::plan_backend(setup) == Backend::cpu && setup.dtype == DType::bf16)
     user_error("--backend cpu --dtype bf16: the CPU kernels are fp32; plan bf16 for --backend cuda, or the CPU "
                "runtime with --dtype f32");
   if (args.world % args.sp != 0)
@@ -279,7 +277,7 @@ int run_plan(const PlanArgs& args) {
                       {"sp", setup.sp},
                       {"zero", setup.zero},
                       {"dtype", args.dtype},
-                      {"backend", backend_name(setup.backend)},
+                      {"backend", backend_name(train::plan_backend(setup))},
                       {"precision", train::describe_precision(setup)},
                       {"micro_batch", setup.micro_batch},
                       {"gradient_accumulation_steps", setup.accumulation_steps},

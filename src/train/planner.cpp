@@ -103,11 +103,16 @@ std::string describe_precision(const PlanSetup& setup) {
          "too under ZeRO-3); runtime reserve as measured for the CPU runtime";
 }
 
+Backend plan_backend(const PlanSetup& setup) {
+  if (setup.backend) return *setup.backend;
+  return setup.dtype == DType::bf16 ? Backend::cuda : Backend::cpu;
+}
+
 MemoryBreakdown plan_step(const PlanSetup& setup, const MemoryStrategy& strategy, int64_t S) {
   AUTOSP_CHECK(S > 0 && setup.world % setup.sp == 0, "S=", S, " world=", setup.world, " sp=", setup.sp);
   Graph forward = models::llama_forward(setup.model, {.batch = setup.micro_batch, .seq_len = S, .dtype = setup.dtype});
   CompileOptions options{setup.sp, {"autosp"}, true, setup.threads};
-  options.backend = setup.backend;
+  options.backend = plan_backend(setup);
   options.checkpoint = strategy.checkpoint;
   options.tile = strategy.tile;
   const int64_t N = models::llama_num_parameters(setup.model), W = setup.world;
@@ -171,7 +176,7 @@ MemoryBreakdown PlanCache::plan(const PlanSetup& setup, const MemoryStrategy& st
     const PlanSetup& first = *setup_;
     AUTOSP_CHECK(first.world == setup.world && first.zero == setup.zero && first.dtype == setup.dtype &&
                      first.micro_batch == setup.micro_batch && first.accumulation_steps == setup.accumulation_steps &&
-                     first.threads == setup.threads && first.backend == setup.backend &&
+                     first.threads == setup.threads && plan_backend(first) == plan_backend(setup) &&
                      models::llama_config_json(first.model) == models::llama_config_json(setup.model),
                  "PlanCache: a setup other than the one it holds plans of (only sp may differ)");
     if (auto it = plans_.find(key); it != plans_.end()) made_before = it->second;

@@ -26,8 +26,11 @@ struct PlanSetup {
   int64_t micro_batch = 1;
   int64_t accumulation_steps = 1;  // gradient_accumulation_steps: ZeRO-1 keeps their whole sum
   int threads = 1;           // kernel workspaces are sized for this many threads (cpu)
-  Backend backend = Backend::cpu;  // whose kernels the step is lowered and planned for
+  // Whose kernels the step is lowered and planned for; unset: cuda for bf16 (the GPU run a
+  // bf16 plan is of; the CPU kernels are fp32), cpu for f32. See plan_backend.
+  std::optional<Backend> backend;
 };
+Backend plan_backend(const PlanSetup& setup);
 
 // The arena at its live peak (plan_memory.h: the most bytes live at one node), by what
 // each buffer live there holds, told from the nodes that produced it:

@@ -196,7 +196,7 @@ TEST(Plan, StagesTwoAndThreeAreWhatTheTrainerPlansAndGoFurther) {
       train::PlanSetup s{.model = model, .world = 8, .sp = 4, .zero = zero, .dtype = DType::bf16,
                          .accumulation_steps = accumulation};
       longest[accumulation - 1][zero] =
-          train::longest_sequence(s, sac, (int64_t(1024) << 20) + (int64_t(6) << 20), 256).max_seq_len;
+          train::longest_sequence(s, sac, (int64_t(1024) << 20) + (int64_t(6) << 20), 64).max_seq_len;
     }
   const int64_t* acc = longest[1];
   EXPECT_GT(acc[1], acc[0]);
@@ -244,9 +244,11 @@ TEST(Plan, TheArenaIsBrokenDownIntoWhatItHolds) {
 // The searches of `autosp plan` share a PlanCache: a tiled strategy whose tiles change
 // nothing at S takes the untiled plan. Every result is what planning each S afresh gives,
 // at tile sizes that tile the longer S searched (8192 rows, from the budget) and none (2^20 rows).
+// f32 for the CPU backend: its plans' peak is in the tiled MLP and loss at these S (the cuda
+// kernels' plans peak where tiles change nothing).
 TEST(Plan, PlansFromTheCacheAreThePlansMadeAfresh) {
-  train::PlanSetup setup{.model = small_llama(), .world = 2, .sp = 2, .zero = 1, .dtype = DType::bf16};
-  const int64_t device = int64_t(1100) << 20;
+  train::PlanSetup setup{.model = small_llama(), .world = 2, .sp = 2, .zero = 1, .dtype = DType::f32};
+  const int64_t device = int64_t(100) << 20;
   train::PlanCache cache;
   for (CheckpointPolicy policy : {CheckpointPolicy::sac, CheckpointPolicy::full}) {
     const train::StrategyResult untiled = train::longest_sequence(setup, {{policy}, {}}, device, 512);

@@ -94,6 +94,7 @@ TEST(Bf16Pipeline, CompilesUnderSequenceParallelismAndEveryCheckpointPolicy) {
     // Compared after the checkpoint pass: the schedule pass may order the two graphs
     // differently, since bf16 halves some sizes and not the f32 statistics.
     auto trace = [&](DType dtype) {
+      options.backend = dtype == DType::bf16 ? Backend::cuda : Backend::cpu;  // the CPU kernels are fp32
       Graph checkpointed;
       compile(models::llama_forward(tiny_llama(s.tied), {.batch = B, .seq_len = S, .dtype = dtype}), options,
               [&](const std::string& stage, const Graph& graph) {
@@ -146,8 +147,18 @@ TEST(Bf16Pipeline, CompilesUnderSequenceParallelismAndEveryCheckpointPolicy) {
 }
 
 TEST(Bf16Pipeline, HalvesTheBytesOfEveryBf16Node) {
-  const Graph g32 = compile(models::llama_forward(tiny_llama(), {.batch = 1, .seq_len = 8}), {});
-  const Graph g16 = compile(models::llama_forward(tiny_llama(), {.batch = 1, .seq_len = 8, .dtype = DType::bf16}), {});
+  // Compared before schedule, which may order the two differently (bf16 halves some sizes,
+  // not the f32 statistics); bf16 compiles for the cuda backend (the CPU's kernels are fp32).
+  auto checkpointed = [](DType dtype) {
+    Graph g;
+    compile(models::llama_forward(tiny_llama(), {.batch = 1, .seq_len = 8, .dtype = dtype}),
+            {.backend = dtype == DType::bf16 ? Backend::cuda : Backend::cpu},
+            [&](const std::string& stage, const Graph& graph) {
+              if (stage == "checkpoint") g = graph;
+            });
+    return g;
+  };
+  const Graph g32 = checkpointed(DType::f32), g16 = checkpointed(DType::bf16);
   ASSERT_EQ(g16.nodes().size(), g32.nodes().size());
   for (NodeId n = 0; n < NodeId(g16.nodes().size()); ++n) {
     const Node& node = g16.node(n);
