@@ -746,8 +746,15 @@ int run_dump(const DumpArgs& args) {
     user_error("--stage ", args.stage, ": unknown stage (known: ", known, ")");
   }
   if (args.rank >= args.sp) user_error("--rank ", args.rank, " is not a rank of --sp ", args.sp);
-  Graph forward = models::llama_forward(model, {.batch = args.batch, .seq_len = args.seq_len});
+  DType dtype = DType::f32;
+  if (args.dtype == "bf16") dtype = DType::bf16;
+  else if (args.dtype != "f32") user_error("--dtype ", args.dtype, ": expected f32 or bf16");
+  const Backend backend = parse_backend(args.backend);
+  if (backend == Backend::cpu && dtype == DType::bf16)
+    user_error("--backend cpu --dtype bf16: the CPU kernels are fp32; dump bf16 with --backend cuda");
+  Graph forward = models::llama_forward(model, {.batch = args.batch, .seq_len = args.seq_len, .dtype = dtype});
   CompileOptions options{args.sp, {"autosp"}, true};
+  options.backend = backend;
   options.checkpoint.policy = parse_checkpoint_policy(args.checkpoint, "--checkpoint");
   options.tile.tile_rows = args.tile_rows;
   const int64_t world = args.world > 0 ? args.world : args.sp;

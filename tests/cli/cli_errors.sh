@@ -839,6 +839,18 @@ new_case cli_dump_unknown_stage &&
   expect_error cli_dump_unknown_stage "no_such_stage" -- "$AUTOSP" dump --model "$CASE" --seq-len 16 \
     --stage no_such_stage
 
+# Backends: lower refuses at compile time, on a machine without a GPU, what a backend's kernels
+# cannot run: bf16 on the CPU's fp32 kernels, a head dim above the cuda attention kernel's 256.
+expect_error dump_backend_unknown "unknown backend 'metal'" -- \
+  "$AUTOSP" dump --model "$VALID" --seq-len 16 --stage lower --backend metal
+expect_error dump_cpu_bf16 "--backend cpu --dtype bf16" "CPU kernels are fp32" -- \
+  "$AUTOSP" dump --model "$VALID" --seq-len 16 --stage lower --backend cpu --dtype bf16
+expect_error plan_cpu_bf16 "--backend cpu --dtype bf16" "CPU kernels are fp32" -- \
+  "$AUTOSP" plan --model "$VALID" --device-memory 80GiB --backend cpu
+new_case cuda_head_dim_over_limit && mutate json "$CASE/config.json" 'c["head_dim"] = 512' &&
+  expect_error cuda_head_dim_over_limit "cuda backend: rope" "head dim" "256" -- \
+    "$AUTOSP" dump --model "$CASE" --seq-len 16 --stage lower --backend cuda --dtype bf16
+
 # autosp plan: sizes need a unit, numbers out of range and layouts that cannot shard are user
 # errors in the flags' words.
 expect_error plan_size_without_unit "--device-memory 80: a size needs a unit" "e.g. 80GiB" -- \

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <sstream>
 #include <nlohmann/json.hpp>
 
 #include "models/llama.h"
@@ -73,6 +74,33 @@ TEST(Dump, TheGradSyncStageIsTheLastMicroBatchsProgram) {
   EXPECT_EQ(count(one.output, "\"grad_total:"), 12u);
   EXPECT_EQ(count(one.output, "output \"grad_shard:"), count(acc.output, "output \"grad_reduced:"));
   EXPECT_GT(count(one.output, "reduce_scatter(%"), 0u);
+}
+
+// The lower stage shows the kernel of every node, for the cuda backend too on a machine
+// without a GPU (and in bf16, the cuda backend's training dtype); the CPU's attention is the
+// active instruction set's copy.
+TEST(Dump, TheLowerStageShowsEveryNodesKernelOnEitherBackend) {
+  ModelDir m;
+  for (const std::string backend : {"cpu", "cuda"})
+    for (const std::string dtype : {"f32", "bf16"}) {
+      if (backend == "cpu" && dtype == "bf16") continue;  // refused: tests/cli/cli_errors.sh
+      SCOPED_TRACE(backend + " " + dtype);
+      auto r = m.dump(str("--stage lower --sp 2 --backend ", backend, " --dtype ", dtype));
+      ASSERT_EQ(r.exit_code, 0) << r.output;
+      size_t nodes = 0, lowered = 0;
+      std::istringstream lines(r.output);
+      for (std::string line; std::getline(lines, line);) {
+        if (line.find(" = ") == std::string::npos || line.find(" = input(") != std::string::npos ||
+            line.find("output \"") != std::string::npos)
+          continue;  // not a node that runs
+        ++nodes;
+        lowered += line.find("kernel=\"" + backend + ".") != std::string::npos;
+      }
+      EXPECT_GT(nodes, 50u);
+      EXPECT_EQ(lowered, nodes);
+      if (backend == "cuda") EXPECT_GT(count(r.output, "kernel=\"cuda.attention_forward\""), 0u);
+      if (dtype == "bf16") EXPECT_NE(r.output.find("bf16["), std::string::npos);
+    }
 }
 
 }  // namespace
