@@ -22,6 +22,7 @@
 #include "train/data.h"
 #include "train/passkey.h"
 #include "train/throughput_window.h"
+#include "train/step_options.h"
 #include "train/trainer.h"
 #include "util/atomic_file.h"
 #include "util/error.h"
@@ -753,16 +754,21 @@ int run_dump(const DumpArgs& args) {
   if (backend == Backend::cpu && dtype == DType::bf16)
     user_error("--backend cpu --dtype bf16: the CPU kernels are fp32; dump bf16 with --backend cuda");
   Graph forward = models::llama_forward(model, {.batch = args.batch, .seq_len = args.seq_len, .dtype = dtype});
-  CompileOptions options{args.sp, {"autosp"}, true};
-  options.backend = backend;
-  options.checkpoint.policy = parse_checkpoint_policy(args.checkpoint, "--checkpoint");
-  options.tile.tile_rows = args.tile_rows;
   const int64_t world = args.world > 0 ? args.world : args.sp;
   if (world % args.sp != 0) user_error("--world ", world, " is not a multiple of --sp ", args.sp);
   if (args.zero > 3) user_error("--zero ", args.zero, ": ZeRO stages are 0, 1, 2 and 3");
-  // The program the trainer runs for a step's last micro batch (passes/pipeline.h).
-  options.grad_sync = {.zero_stage = int(args.zero), .reduce = true, .accumulated = args.accumulation > 1,
-                       .world_size = world, .bucket_elements = args.reduce_bucket_size};
+  // The config these flags stand for, compiled as the trainer compiles it; the program shown
+  // is the one the trainer runs for a step's last micro batch (passes/pipeline.h).
+  train::TrainConfig config;
+  config.sequence_parallel_size = args.sp;
+  config.compile = {.deepcompile = true, .passes = {"autosp"}};
+  config.zero_stage = config.zero.stage = int(args.zero);
+  config.zero.reduce_bucket_size = args.reduce_bucket_size;
+  config.backend = backend_name(backend);
+  const train::MemoryStrategy strategy{{parse_checkpoint_policy(args.checkpoint, "--checkpoint")},
+                                       {.tile_rows = args.tile_rows}};
+  const CompileOptions options =
+      last_micro_batch_options(train::step_compile_options(config, world, 0, strategy), args.accumulation);
   const SequenceSplit split = split_sequence(args.seq_len, args.sp);
   compile(forward, options, [&](const std::string& stage, const Graph& g) {
     if (stage != args.stage) return;

@@ -85,11 +85,16 @@ Graph compile(const Graph& forward, const CompileOptions& options,
   return g;
 }
 
-CompiledStep compile_step(const Graph& forward, const CompileOptions& options, int64_t accumulation_steps) {
+CompileOptions last_micro_batch_options(const CompileOptions& options, int64_t accumulation_steps) {
   AUTOSP_CHECK(accumulation_steps >= 1, "accumulation steps ", accumulation_steps);
   CompileOptions last = options;
   last.grad_sync.reduce = true;
   last.grad_sync.accumulated = accumulation_steps > 1 && options.grad_sync.zero_stage < 2;
+  return last;
+}
+
+CompiledStep compile_step(const Graph& forward, const CompileOptions& options, int64_t accumulation_steps) {
+  const CompileOptions last = last_micro_batch_options(options, accumulation_steps);
   CompiledStep step;
   Graph scheduled;
   step.last = compile(forward, last, [&](const std::string& stage, const Graph& g) {

@@ -65,5 +65,8 @@ struct CompiledStep {
   bool has_earlier() const { return !earlier.nodes().empty(); }
 };
 CompiledStep compile_step(const Graph& forward, const CompileOptions& options, int64_t accumulation_steps);
+// The options of a step's last program (`autosp dump` shows it): gradients reduced in the
+// graph, and with accumulation under ZeRO 0 and 1 the earlier micro batches' sum added first.
+CompileOptions last_micro_batch_options(const CompileOptions& options, int64_t accumulation_steps);
 
 }  // namespace autosp

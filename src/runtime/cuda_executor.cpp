@@ -71,7 +71,7 @@ CudaExecutor::CudaExecutor(const Graph& graph, const ProcessGroups* groups, cons
   const MemoryPlan plan = read_memory_plan(graph_);
   offsets_ = plan.offsets;
   workspace_offsets_ = plan.workspace_offsets;
-  arena_bytes_ = plan.arena_bytes;
+  arena_bytes_ = plan.arena_bytes;  // cuda_arena_bytes(graph): what `autosp plan --backend cuda` plans
   for (ValueId v : graph_.inputs()) {
     input_offsets_[v] = input_bytes_;
     input_bytes_ += aligned(graph_.type(v).bytes());

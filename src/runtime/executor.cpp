@@ -230,6 +230,10 @@ Graph executable_graph(const Graph& graph, Backend backend, int threads) {
   return plan_memory(lower(graph, {.backend = backend, .threads = threads}), {.threads = threads});
 }
 
+int64_t cuda_arena_bytes(const Graph& graph) {
+  return read_memory_plan(executable_graph(graph, Backend::cuda, 1)).arena_bytes;
+}
+
 bool cuda_backend_built() {
 #ifdef AUTOSP_HAVE_CUDA
   return true;

@@ -57,6 +57,9 @@ bool cuda_backend_built();
 // the backend is that already and comes back as it is; another is lowered and planned here.
 // Needs no device: `autosp plan --backend cuda` and the tests read the cuda arena from it.
 Graph executable_graph(const Graph& graph, Backend backend, int threads);
+// The arena the cuda executor allocates for `graph` in its one cudaMalloc: the plan of
+// executable_graph(graph, cuda). Needs no device and no nvcc.
+int64_t cuda_arena_bytes(const Graph& graph);
 // An executor of `backend` for `graph` (threads and mode are the CPU's; the cuda backend
 // runs in its own device arena). UserError when cuda is asked for and not built, or when no
 // CUDA device is present.

@@ -9,6 +9,7 @@
 #include "passes/plan_memory.h"
 #include "passes/tile.h"
 #include "train/grad_sync.h"
+#include "train/step_options.h"
 #include "util/error.h"
 
 namespace autosp::train {
@@ -108,19 +109,25 @@ Backend plan_backend(const PlanSetup& setup) {
   return setup.dtype == DType::bf16 ? Backend::cuda : Backend::cpu;
 }
 
+TrainConfig plan_config(const PlanSetup& setup) {
+  TrainConfig config;  // DeepSpeed's default bucket sizes
+  config.sequence_parallel_size = setup.sp;
+  config.compile = {.deepcompile = true, .passes = {"autosp"}};
+  config.zero_stage = config.zero.stage = setup.zero;
+  config.train_micro_batch_size_per_gpu = setup.micro_batch;
+  config.gradient_accumulation_steps = setup.accumulation_steps;
+  config.backend = backend_name(plan_backend(setup));
+  return config;
+}
+
 MemoryBreakdown plan_step(const PlanSetup& setup, const MemoryStrategy& strategy, int64_t S) {
   AUTOSP_CHECK(S > 0 && setup.world % setup.sp == 0, "S=", S, " world=", setup.world, " sp=", setup.sp);
   Graph forward = models::llama_forward(setup.model, {.batch = setup.micro_batch, .seq_len = S, .dtype = setup.dtype});
-  CompileOptions options{setup.sp, {"autosp"}, true, setup.threads};
-  options.backend = plan_backend(setup);
-  options.checkpoint = strategy.checkpoint;
-  options.tile = strategy.tile;
+  const TrainConfig config = plan_config(setup);
   const int64_t N = models::llama_num_parameters(setup.model), W = setup.world;
-  // DeepSpeed's default bucket sizes (reduce_bucket_size, allgather_bucket_size).
-  constexpr int64_t kBucket = 500000000;
-  options.grad_sync = {.zero_stage = setup.zero, .world_size = W, .bucket_elements = kBucket,
-                       .prefetch_elements = 50000000};  // stage3_prefetch_bucket_size's default
-  const CompiledStep step = compile_step(forward, options, setup.accumulation_steps);
+  const CompiledStep step =
+      compile_step(forward, step_compile_options(config, W, setup.threads, strategy), setup.accumulation_steps);
+  const int64_t kBucket = config.zero.allgather_bucket_size;
 
   MemoryBreakdown b;
   int64_t shard = N;  // this rank's elements of the step's gradient buckets (stage 3: parameter groups)

@@ -31,6 +31,9 @@ struct PlanSetup {
   std::optional<Backend> backend;
 };
 Backend plan_backend(const PlanSetup& setup);
+// The training config a setup stands for (DeepSpeed's defaults for what it does not say):
+// the step is compiled from it as the trainer compiles its own (train/step_options.h).
+TrainConfig plan_config(const PlanSetup& setup);
 
 // The arena at its live peak (plan_memory.h: the most bytes live at one node), by what
 // each buffer live there holds, told from the nodes that produced it:

@@ -16,6 +16,7 @@
 #include "passes/plan_memory.h"
 #include "train/grad_sync.h"
 #include "train/lr_schedule.h"
+#include "train/step_options.h"
 #include "util/error.h"
 #include "util/rss.h"
 
@@ -123,18 +124,12 @@ Trainer::Trainer(const models::LlamaConfig& model, const TrainConfig& config, in
   const size_t heap_before = mallinfo2().uordblks;
   Graph forward = models::llama_forward(model_, {.batch = micro_batch_, .seq_len = seq_len_,
                                                  .documents = config_.data.packed});
-  CompileOptions options{config.sequence_parallel_size, config.compile.passes, config.compile.deepcompile};
-  options.backend = parse_backend(config.backend);  // lowered for it, planned with its kernels
-  options.grad_sync = {.zero_stage = config.zero_stage, .world_size = W,
-                       .bucket_elements = config.zero.reduce_bucket_size,
-                       .prefetch_elements = config.zero.stage3_prefetch_bucket_size};
   const double budget = config.compile.memory_budget_gb.value_or(0) * double(1 << 30);  // 0: none
   std::string tried;
   int64_t smallest = INT64_MAX;
   for (const MemoryStrategy& candidate : strategy_candidates(config.compile, int64_t(budget))) {
-    options.checkpoint = candidate.checkpoint;
-    options.tile = candidate.tile;
-    CompiledStep step = compile_step(forward, options, g);
+    // Lowered for config.backend: the plan holds its kernels' workspaces.
+    CompiledStep step = compile_step(forward, step_compile_options(config, W, threads_, candidate), g);
     const int64_t arena = std::max(read_memory_plan(step.last).arena_bytes,
                                    step.has_earlier() ? read_memory_plan(step.earlier).arena_bytes : 0);
     model_state = model_state_of(step);

@@ -10,8 +10,11 @@
 #include <omp.h>
 
 #include "models/llama.h"
+#include "passes/pipeline.h"
+#include "runtime/executor.h"
 #include "testing/process.h"
 #include "train/planner.h"
+#include "train/step_options.h"
 #include "util/error.h"
 
 namespace autosp {
@@ -344,6 +347,49 @@ TEST(Plan, TheCliOrdersStrategiesAsTheirMemory) {
   const auto bad = run_command(str(AUTOSP_BINARY, " plan --model ", dir / "config.json", " --device-memory '80 parsecs'"));
   EXPECT_EQ(bad.exit_code, 1) << bad.output;
   EXPECT_NE(bad.output.find("--device-memory 80 parsecs: unknown unit"), std::string::npos) << bad.output;
+}
+
+// `autosp plan --backend cuda` plans the arena the cuda executor allocates, on a machine
+// without a GPU: the step the trainer compiles for --backend cuda (its options from the
+// config, train/step_options.h; lowered for cuda, so its plan holds the CUDA kernels'
+// workspaces), made executable as the cuda executor makes it, has the planner's arena. Where
+// the peak holds a kernel's scratch the CPU kernels' plan differs (measured: 2 of these 18
+// steps at S 2048), so a planner that sized scratch with the CPU's kernels (as
+// `autosp plan` did before the lower pass) fails here.
+TEST(Plan, TheCudaPlanIsTheArenaTheCudaExecutorAllocates) {
+  const models::LlamaConfig model = small_llama();
+  const int64_t S = 2048;
+  int differs_from_cpu = 0, cases = 0;
+  for (int zero : {0, 1, 3})
+    for (const char* policy : {"none", "sac", "full"})
+      for (int64_t accumulation : {1, 2}) {
+        SCOPED_TRACE(str("ZeRO-", zero, " ", policy, " accumulation ", accumulation));
+        const int64_t W = 2;
+        train::TrainConfig config;  // what `autosp train --backend cuda` runs at SP 2 on 2 ranks
+        config.sequence_parallel_size = 2;
+        config.compile = {.deepcompile = true, .passes = {"autosp"}, .checkpoint = policy};
+        config.zero_stage = config.zero.stage = zero;
+        config.train_micro_batch_size_per_gpu = 1;
+        config.gradient_accumulation_steps = accumulation;
+        config.backend = "cuda";
+        train::resolve_batch(config, 1, "test");
+        const train::MemoryStrategy strategy = train::strategy_candidates(config.compile, 0).front();
+        // As Trainer compiles its step, and the cuda executor plans the graphs it is given.
+        const CompiledStep step =
+            compile_step(models::llama_forward(model, {.batch = 1, .seq_len = S}),
+                         train::step_compile_options(config, W, omp_get_max_threads(), strategy), accumulation);
+        const int64_t executor_arena =
+            std::max(cuda_arena_bytes(step.last), step.has_earlier() ? cuda_arena_bytes(step.earlier) : 0);
+
+        train::PlanSetup setup{.model = model, .world = W, .sp = 2, .zero = zero, .dtype = DType::f32,
+                               .accumulation_steps = accumulation, .threads = omp_get_max_threads(),
+                               .backend = Backend::cuda};
+        EXPECT_EQ(train::plan_step(setup, strategy, S).arena, executor_arena);
+        setup.backend = Backend::cpu;
+        differs_from_cpu += train::plan_step(setup, strategy, S).arena != executor_arena;
+        ++cases;
+      }
+  EXPECT_GT(differs_from_cpu, 0) << "of " << cases;
 }
 
 }  // namespace
