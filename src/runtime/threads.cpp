@@ -27,10 +27,10 @@ namespace autosp {
 //    compile starting beside the demo (1 rank, 2 threads) took its step from 0.025 s to 1.25 s
 //    mid-run. A start-up check of the load average cannot see that coming; a rank cannot
 //    re-exec mid-run, and libgomp reads the policy only when it is loaded.
-//  - Sleeping cost nothing measurable there: the demo's step with OMP_WAIT_POLICY=passive was
-//    0.017-0.020 s (median, beside other work) against 0.027 s at best spinning. It costs a
-//    futex wake per parallel region, small against kernels of milliseconds.
-// A user who owns the node and wants spinning sets OMP_WAIT_POLICY=active (or GOMP_SPINCOUNT).
+//  - Sleeping cost nothing measurable there: the demo's best step was 0.017 s passive against
+//    0.027 s spinning, and beside one busy loop its median step 0.05 s against 0.27-0.39 s.
+//    A sleeping waiter costs a futex wake per parallel region, small against kernels of
+//    milliseconds; a user who owns the node and wants spinning sets OMP_WAIT_POLICY=active.
 ThreadPlan plan_threads(const ThreadInputs& in) {
   const int node = std::max(in.node_cpus, 1);
   const int ranks = std::max(in.local_ranks, 1);
