@@ -17,6 +17,7 @@
 #include "models/llama.h"
 #include "passes/autosp.h"
 #include "passes/pipeline.h"
+#include "runtime/threads.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
 #include "train/data.h"
@@ -324,6 +325,7 @@ int run_demo(const TrainArgs& args, std::optional<uint64_t> seed, const Launch& 
       (long long)model.num_key_value_heads, (long long)model.vocab_size,
       (long long)models::llama_num_parameters(model));
   say(launch, "%s\n", cpu::kernels_summary().c_str());
+  say(launch, "%s\n", threads_summary().c_str());
   say(launch, "training: %lld steps of %lld sequences x %lld tokens, AdamW lr %.0e, warmup + cosine; "
       "sequence parallel over %d rank(s), %lld tokens each\n\n",
       (long long)steps, (long long)*config.train_micro_batch_size_per_gpu, (long long)S, config.optimizer.lr,
@@ -648,6 +650,7 @@ int run_train(const TrainArgs& args, MpiRuntime* mpi) {
   say(launch, "%s\n", train::describe_data_order(config.data).c_str());
   say(launch, "%s\n%s\n", train::describe_optimizer(config).c_str(), train::describe_scheduler(config).c_str());
   say(launch, "%s\n", cpu::kernels_summary().c_str());
+  say(launch, "%s\n", threads_summary().c_str());
   const int64_t to_train = std::max<int64_t>(0, args.steps - state.step);
   const int64_t last_sample = state.consumed_samples + to_train * layout.global();
   if (epoch_samples > 0 && to_train > 0 && (last_sample - 1) / epoch_samples > state.consumed_samples / epoch_samples)

@@ -13,6 +13,7 @@
 #include "comm/mpi_communicator.h"
 #include "kernels/cpu/isa.h"
 #include "runtime/backend_info.h"
+#include "runtime/threads.h"
 #include "util/error.h"
 
 namespace {
@@ -218,6 +219,8 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "autosp: error: %s (see autosp %s--help)\n", e.what(), sub.empty() ? "" : (sub + " ").c_str());
     return 1;
   }
+  // Before MPI_Init: it may re-exec this process (OMP_WAIT_POLICY is read when libgomp loads).
+  if (*train_cmd) autosp::configure_threads(argv);
   std::unique_ptr<autosp::MpiRuntime> mpi;
   try {
     if (*train_cmd && autosp::MpiRuntime::launched_by_mpirun())
