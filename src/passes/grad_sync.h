@@ -22,7 +22,7 @@
 // (read_grad_buckets says which parameter elements those are). Gradients are no longer
 // graph outputs, so each lives from its production to its bucket's concat, and only the
 // 1/W shards stay alive to the end of the step. Stage 1 and stage 2 differ in what the
-// trainer keeps between micro batches (train/grad_sync.h), not in the graph.
+// trainer keeps between micro batches (train/sharded_adamw.h), not in the graph.
 //
 // Stage 3 (zero_stage == 3): the parameters themselves are sharded. They are grouped by
 // layer (the parameters named "model.layers.N.*" form group "layer N"; every other

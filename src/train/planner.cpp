@@ -8,7 +8,7 @@
 #include "passes/pipeline.h"
 #include "passes/plan_memory.h"
 #include "passes/tile.h"
-#include "train/grad_sync.h"
+#include "train/sharded_adamw.h"
 #include "train/step_options.h"
 #include "util/error.h"
 

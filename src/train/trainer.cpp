@@ -14,7 +14,7 @@
 #include "passes/autosp.h"
 #include "passes/pipeline.h"
 #include "passes/plan_memory.h"
-#include "train/grad_sync.h"
+#include "train/sharded_adamw.h"
 #include "train/lr_schedule.h"
 #include "train/step_options.h"
 #include "util/error.h"

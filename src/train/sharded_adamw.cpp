@@ -1,4 +1,4 @@
-#include "train/grad_sync.h"
+#include "train/sharded_adamw.h"
 
 #include <algorithm>
 #include <cmath>
