@@ -99,7 +99,7 @@ extern const OpDef linear_op = {
                              {{"trans_a", int64_t{1}}});
       if (c.node.inputs.size() == 3 && c.needs[2]) {
         const ValueId dy = as_2d(c.b, c.dout[0]);
-        const TensorType& t = c.b.type(dy);
+        const TensorType t = c.b.type(dy);  // a copy: emitting grows the graph
         Attrs ones{{"shape", Shape{t.shape[0], 1}}, {"value", 1.0}};
         if (t.dtype != DType::f32) ones.set("dtype", std::string(dtype_name(t.dtype)));
         const ValueId ones_col = c.b.emit1(OpKind::fill, {}, ones);
