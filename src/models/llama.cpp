@@ -354,11 +354,13 @@ LlamaConfig parse_llama_config(const json& j, const std::string& source, std::ve
   if (c.num_attention_heads % c.num_key_value_heads != 0)
     r.bad("num_key_value_heads", str(c.num_key_value_heads, " does not divide num_attention_heads = ",
                                      c.num_attention_heads));
-  if (!r.find("head_dim") && c.hidden_size % c.num_attention_heads != 0)
+  // Qwen3Config's head_dim defaults to 128; the others' to hidden_size / num_attention_heads.
+  const bool qwen3 = name == "Qwen3ForCausalLM";
+  if (!r.find("head_dim") && !qwen3 && c.hidden_size % c.num_attention_heads != 0)
     r.bad("hidden_size", str(c.hidden_size, " is not a multiple of num_attention_heads = ",
                              c.num_attention_heads, " (and no head_dim is given)"));
   // Any head_dim: the projections are [NH * D, H], as transformers makes them.
-  c.head_dim = r.positive_int("head_dim", c.hidden_size / c.num_attention_heads);
+  c.head_dim = r.positive_int("head_dim", qwen3 ? 128 : c.hidden_size / c.num_attention_heads);
   if (c.head_dim % 2 != 0) r.bad("head_dim", str(c.head_dim, " must be even for rotary embeddings"));
   if (c.vocab_size > INT32_MAX) r.bad("vocab_size", "must fit in 32 bits");
   // Dimensions up to 2^24 keep every product below in range; real models are far smaller.

@@ -376,6 +376,72 @@ TEST(HfConfig, BothFormsDescribeTheSameModel) {
   EXPECT_EQ(models::llama_config_json(models::parse_llama_config(both, "both")), models::llama_config_json(a));
 }
 
+// Qwen2, Qwen3 and Mistral configs as transformers 4.57 wrote them (tests/fixtures/hf_families):
+// each architecture's settings, its defaults where a key is missing, and what autosp refuses.
+json family_config(const char* name) {
+  return read_json(source_path(str("tests/fixtures/hf_families/", name, "/config.json")));
+}
+
+TEST(HfConfig, QwenAndMistralSettingsDefaultsAndRefusals) {
+  std::vector<std::string> warnings;
+  for (const char* name : {"qwen2", "qwen3", "mistral"}) {
+    models::parse_llama_config(family_config(name), name, &warnings);
+    EXPECT_TRUE(warnings.empty()) << name << ": every key transformers wrote is known: " << warnings.front();
+  }
+  // Mistral: sliding_window null is none; missing is MistralConfig's default, 4096.
+  json c = family_config("mistral");
+  c["sliding_window"] = nullptr;
+  EXPECT_EQ(models::parse_llama_config(c, "cfg.json").sliding_window, 0);
+  c.erase("sliding_window");
+  EXPECT_EQ(models::parse_llama_config(c, "cfg.json").sliding_window, 4096);
+  c["sliding_window"] = 0;
+  expect_contains(user_error_of([&] { models::parse_llama_config(c, "cfg.json"); }),
+                  {"cfg.json", "sliding_window", "positive integer"});
+  // Qwen3: head_dim missing is Qwen3Config's 128, not hidden_size / heads.
+  c = family_config("qwen3");
+  c.erase("head_dim");
+  EXPECT_EQ(models::parse_llama_config(c, "cfg.json").head_dim, 128);
+  c = family_config("qwen3");
+  c["attention_bias"] = true;
+  expect_contains(user_error_of([&] { models::parse_llama_config(c, "cfg.json"); }),
+                  {"cfg.json", "attention_bias", "Qwen3ForCausalLM"});
+  // Qwen2's and Qwen3's window (layers from max_window_layers on) is refused, by key.
+  for (const char* name : {"qwen2", "qwen3"}) {
+    c = family_config(name);
+    c["use_sliding_window"] = true;
+    c["sliding_window"] = 8;
+    expect_contains(user_error_of([&] { models::parse_llama_config(c, "cfg.json"); }),
+                    {"cfg.json", "use_sliding_window", "true is not supported", "full attention"});
+    c = family_config(name);
+    c["layer_types"][1] = "sliding_attention";
+    expect_contains(user_error_of([&] { models::parse_llama_config(c, "cfg.json"); }),
+                    {"cfg.json", "layer_types[1]", "sliding_attention", "is not supported"});
+  }
+  // An architecture autosp does not train, or a model_type that is another's.
+  c = family_config("qwen2");
+  c["architectures"] = {"Qwen2MoeForCausalLM"};
+  expect_contains(user_error_of([&] { models::parse_llama_config(c, "cfg.json"); }),
+                  {"cfg.json", "architectures", "Qwen2MoeForCausalLM", "is not supported", "Qwen3ForCausalLM"});
+  c = family_config("qwen2");
+  c["model_type"] = "qwen3";
+  expect_contains(user_error_of([&] { models::parse_llama_config(c, "cfg.json"); }),
+                  {"cfg.json", "model_type", "\"qwen3\" does not match", "Qwen2ForCausalLM"});
+  // Without architectures, model_type says which.
+  c = family_config("mistral");
+  c.erase("architectures");
+  EXPECT_EQ(models::parse_llama_config(c, "cfg.json").architecture, "MistralForCausalLM");
+  // Written back in code (llama_config_json), each reads as the same model.
+  for (const char* name : {"qwen2", "qwen3", "mistral"}) {
+    const models::LlamaConfig m = models::parse_llama_config(family_config(name), name);
+    const models::LlamaConfig back = models::parse_llama_config(models::llama_config_json(m), name);
+    EXPECT_EQ(models::llama_config_json(back), models::llama_config_json(m)) << name;
+    EXPECT_EQ(back.architecture, m.architecture);
+    EXPECT_EQ(back.qkv_bias, m.qkv_bias);
+    EXPECT_EQ(back.qk_norm, m.qk_norm);
+    EXPECT_EQ(back.sliding_window, m.sliding_window);
+  }
+}
+
 TEST(HfConfig, RopeKeysThatDisagreeAreAnErrorNamingBoth) {
   json c = v5_config();
   c["rope_theta"] = 10000.0;
