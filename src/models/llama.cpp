@@ -257,10 +257,6 @@ void parse_rope(const Reader& r, LlamaConfig& c, std::vector<std::string>& unkno
   }
 }
 
-}  // namespace
-
-namespace {
-
 // The architecture config.json names (architectures[0], else its model_type; neither:
 // Llama), checked against its model_type.
 const Architecture& architecture_of(const Reader& r) {
@@ -514,8 +510,9 @@ std::vector<size_t> llama_state_dict_order(const LlamaConfig& c) {
       "self_attn.v_proj.weight", "self_attn.v_proj.bias",  "self_attn.o_proj.weight", "self_attn.q_norm.weight",
       "self_attn.k_norm.weight", "mlp.gate_proj.weight",   "mlp.up_proj.weight",      "mlp.down_proj.weight",
       "input_layernorm.weight",  "post_attention_layernorm.weight"};
+  const std::string kLayers = "model.layers.";
   auto rank = [&](const std::string& name) {
-    const size_t dot = name.find('.', std::string("model.layers.").size());
+    const size_t dot = name.find('.', kLayers.size());
     const auto it = std::find(kLayerOrder.begin(), kLayerOrder.end(), name.substr(dot + 1));
     AUTOSP_CHECK(it != kLayerOrder.end(), "llama_state_dict_order does not know ", name);
     return it - kLayerOrder.begin();
@@ -525,8 +522,8 @@ std::vector<size_t> llama_state_dict_order(const LlamaConfig& c) {
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
   // Each layer's run of tensors (they are consecutive) sorted by kLayerOrder; embed_tokens
   // first, norm and lm_head last, stay where they are.
-  for (size_t begin = 1; begin < params.size() && params[begin].name.starts_with("model.layers.");) {
-    const std::string layer = params[begin].name.substr(0, params[begin].name.find('.', 13) + 1);
+  for (size_t begin = 1; begin < params.size() && params[begin].name.starts_with(kLayers);) {
+    const std::string layer = params[begin].name.substr(0, params[begin].name.find('.', kLayers.size()) + 1);
     size_t end = begin;
     while (end < params.size() && params[end].name.starts_with(layer)) ++end;
     std::stable_sort(order.begin() + long(begin), order.begin() + long(end),
