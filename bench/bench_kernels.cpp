@@ -13,10 +13,11 @@
 // (sgemm 2048 and memcpy, at the start and the end) and linear (cpu::gemm, i.e. OpenBLAS)
 // do not depend on the set and run once.
 //
-// --only runs the named parts: sgemm, linear, memcpy, fma_peak, attention, rms_norm, rope,
-// swiglu, cross_entropy, embedding (e.g. --only sgemm,attention). A part's baselines run
-// with it (attention: sgemm and fma_peak; linear: sgemm; the memory-bound kernels: memcpy),
-// so every ratio printed is against a baseline of this run.
+// --only runs the named parts: sgemm, linear, memcpy, fma_peak, attention, documents, window,
+// rms_norm, rope, swiglu, cross_entropy, embedding (e.g. --only sgemm,attention). A part's
+// baselines run with it (attention, documents, window: sgemm and fma_peak; linear: sgemm; the
+// memory-bound kernels: memcpy), so every ratio printed is against a baseline of this run;
+// documents and window also time full causal attention of their S, their own baseline.
 //
 // Threads: OMP_NUM_THREADS (default all cores); OpenBLAS is set to the same count.
 // OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE are read from the environment, never changed.
@@ -208,6 +209,13 @@ struct Bench {
     size_t row;
   };
   std::vector<DocumentsPoint> documents;
+  // Sliding-window attention fwd+bwd: full causal (window 0) and windowed rows of one S, per set.
+  struct WindowPoint {
+    std::string isa;
+    int64_t S, D, window;
+    size_t row;
+  };
+  std::vector<WindowPoint> windows;
 
   // rate / the row's instruction set's FMA peak; 0 when it has none (or it was not measured).
   double vs_peak(const Row& r) const {
@@ -431,6 +439,7 @@ struct AttentionData {
   cpu::AttentionDims d;
   std::vector<float> q, k, v, dout, out, lse, dq, dk, dv, ws;
   std::vector<int32_t> docs;  // document ids (B = 1), empty: one document
+  int64_t window = 0;         // sliding window, 0: none
   float scale;
   explicit AttentionData(const cpu::AttentionDims& dims) : d(dims) {
     const int64_t nq = d.B * d.S * d.NH * d.D, nk = d.B * d.S * d.NKV * d.D;
@@ -450,18 +459,19 @@ struct AttentionData {
   }
   void forward() {
     cpu::attention_forward(d, true, scale, q.data(), k.data(), v.data(), out.data(), lse.data(),
-                           ws.data(), omp_get_max_threads(), docs.empty() ? nullptr : docs.data());
+                           ws.data(), omp_get_max_threads(), docs.empty() ? nullptr : docs.data(), window);
   }
   void backward() {
     cpu::attention_backward(d, true, scale, q.data(), k.data(), v.data(), out.data(), lse.data(),
                             dout.data(), dq.data(), dk.data(), dv.data(), ws.data(),
-                            omp_get_max_threads(), docs.empty() ? nullptr : docs.data());
+                            omp_get_max_threads(), docs.empty() ? nullptr : docs.data(), window);
   }
-  // The first key query i sees: its document's start (0 for one document).
+  // The first key query i sees: its document's start (0 for one document), or the window's.
   int64_t first_key(int64_t i) const {
     int64_t j = i;
     while (!docs.empty() && j > 0 && docs[j - 1] == docs[i]) --j;
-    return docs.empty() ? 0 : j;
+    const int64_t doc_start = docs.empty() ? 0 : j;
+    return window > 0 ? std::max(doc_start, i - window + 1) : doc_start;
   }
 };
 
@@ -593,6 +603,31 @@ void bench_documents(Bench& bench, int64_t S, int64_t D) {
     bench.add({"attention fwd+bwd, documents", shape, t, work, true, n == 1 ? "sgemm 2048" : "1 document", base});
     if (n == 1) one = bench.rows.size() - 1;
     bench.documents.push_back({bench.isa, S, D, n, bench.rows.size() - 1});
+  }
+}
+
+// Sliding-window attention (Mistral): S tokens, a window of W, against full causal attention
+// of the same S in the same run. Tiles wholly outside the window are skipped forward and
+// backward, so the work is (W (W + 1) / 2 + (S - W) W) / (S (S + 1) / 2) of causal's (0.44
+// at S = 16384, W = 4096): the ideal time ratio, which the tiles across the window's edge
+// (computed whole, masked) keep it a little above. Each row counts the FLOPs of the pairs
+// it computes.
+void bench_window(Bench& bench, int64_t S, int64_t W, int64_t D) {
+  const cpu::AttentionDims d{1, S, 4, 2, D};
+  const double causal = attention_flops(d, 14);
+  const double kept = (double(W) * (W + 1) / 2 + double(S - W) * W) / (double(S) * (S + 1) / 2);
+  size_t full = 0;
+  for (int64_t window : {int64_t{0}, W}) {
+    AttentionData a(d);
+    a.window = window;
+    const std::string shape = dims({1, S, 4, 2, D}, "B S NH NKV D") + " causal" +
+                              (window ? ", window " + std::to_string(window) : "");
+    const Timing t = measure([&] { a.forward(); a.backward(); }, [&] { check_attention_rows(a, true); }, 1.0, 0);
+    const double base = window ? bench.rows[full].rate() : 0.0;
+    bench.add({"attention fwd+bwd, window", shape, t, window ? causal * kept : causal, true,
+               window ? "causal" : "sgemm 2048", base});
+    if (!window) full = bench.rows.size() - 1;
+    bench.windows.push_back({bench.isa, S, D, window, bench.rows.size() - 1});
   }
 }
 
@@ -818,9 +853,30 @@ nlohmann::json print_documents(const Bench& b) {
   return out;
 }
 
+// Issue 24: sliding-window attention time over full causal attention's at the same S.
+nlohmann::json print_windows(const Bench& b) {
+  nlohmann::json out = nlohmann::json::array();
+  if (b.windows.empty()) return out;
+  std::printf("\nSummary: sliding-window attention fwd+bwd (B=1 NH=4 NKV=2 causal), time over full causal "
+              "attention's of the same S and set (ideal: the share of (query, key) pairs in the window)\n\n");
+  std::printf("%-7s %6s %4s %7s %12s %14s %8s\n", "isa", "S", "D", "window", "median ms", "t / t(causal)", "ideal");
+  double t_causal = 0;
+  for (const auto& p : b.windows) {
+    const Row& r = b.rows[p.row];
+    if (p.window == 0) t_causal = r.t.median_s;
+    const double S = double(p.S), W = double(p.window), ratio = r.t.median_s / t_causal;
+    const double ideal = p.window ? (W * (W + 1) / 2 + (S - W) * W) / (S * (S + 1) / 2) : 1.0;
+    std::printf("%-7s %6lld %4lld %7lld %12.1f %14.3f %8.3f\n", p.isa.c_str(), (long long)p.S, (long long)p.D,
+                (long long)p.window, r.t.median_s * 1e3, ratio, ideal);
+    out.push_back({{"isa", p.isa}, {"S", p.S}, {"D", p.D}, {"window", p.window}, {"median_ms", r.t.median_s * 1e3},
+                   {"time_over_causal", ratio}, {"ideal", ideal}});
+  }
+  return out;
+}
+
 void write_json(const Bench& b, const std::string& path, int threads,
                 const std::vector<cpu::Isa>& isas, const std::set<std::string>& parts,
-                const nlohmann::json& summary, const nlohmann::json& documents) {
+                const nlohmann::json& summary, const nlohmann::json& documents, const nlohmann::json& windows) {
   nlohmann::json j;
   std::vector<std::string> supported, ran;
   for (cpu::Isa isa : cpu::supported_isas()) supported.push_back(cpu::isa_name(isa));
@@ -846,7 +902,7 @@ void write_json(const Bench& b, const std::string& path, int threads,
                     {"fma_peak_gflops", b.fma_peak_gflops},
                     {"fma_peak_gflops_start_end", b.fma_peak_runs}};
   j["notes"] = kNotes;
-  j["summary"] = {{"attention_fwd_bwd_S_ge_2048", summary}, {"documents", documents}};
+  j["summary"] = {{"attention_fwd_bwd_S_ge_2048", summary}, {"documents", documents}, {"window", windows}};
   j["rows"] = nlohmann::json::array();
   for (const Row& r : b.rows) {
     nlohmann::json row = {
@@ -877,7 +933,7 @@ void write_json(const Bench& b, const std::string& path, int threads,
 
 // The parts --only can name, in the order they run. The per-set ones run once per
 // instruction set.
-const char* const kParts[] = {"sgemm", "linear", "memcpy", "fma_peak", "attention", "documents",
+const char* const kParts[] = {"sgemm", "linear", "memcpy", "fma_peak", "attention", "documents", "window",
                               "rms_norm", "rope", "swiglu", "cross_entropy", "embedding"};
 const std::set<std::string> kMemoryParts = {"rms_norm", "rope", "swiglu", "cross_entropy",
                                             "embedding"};
@@ -894,7 +950,7 @@ int main(int argc, char** argv) {
                                    "every one this CPU supports)")
       ->check(CLI::IsMember({"avx2", "avx512"}));
   app.add_option("--only", only, "comma list of parts to run (default all): sgemm, linear, "
-                                 "memcpy, fma_peak, attention, documents, rms_norm, rope, swiglu, "
+                                 "memcpy, fma_peak, attention, documents, window, rms_norm, rope, swiglu, "
                                  "cross_entropy, embedding; a part's baselines run with it")
       ->check([](const std::string& list) {
         // One comma list (CLI11's delimiter would also take the JSON path as a part).
@@ -911,7 +967,8 @@ int main(int argc, char** argv) {
   std::stringstream only_list(only);
   for (std::string p; std::getline(only_list, p, ',');) parts.insert(p);
   if (parts.empty()) parts.insert(std::begin(kParts), std::end(kParts));
-  if (parts.count("attention") || parts.count("documents")) parts.insert({"sgemm", "fma_peak"});
+  if (parts.count("attention") || parts.count("documents") || parts.count("window"))
+    parts.insert({"sgemm", "fma_peak"});
   if (parts.count("linear")) parts.insert("sgemm");
   for (const auto& p : kMemoryParts)
     if (parts.count(p)) parts.insert("memcpy");
@@ -972,6 +1029,7 @@ int main(int argc, char** argv) {
       for (int64_t D : {32, 64, 128})
         for (int64_t S : {1024, 2048, 4096, 8192}) bench_attention(bench, S, D);
     if (want("documents")) bench_documents(bench, 16384, 64);
+    if (want("window")) bench_window(bench, 16384, 4096, 64);
     if (want("rms_norm")) bench_rms_norm(bench);
     if (want("rope")) bench_rope(bench);
     if (want("swiglu")) bench_swiglu(bench);
@@ -998,6 +1056,7 @@ int main(int argc, char** argv) {
     warn_drift((isa + " FMA peak").c_str(), runs, "GFLOP/s");
   const nlohmann::json summary = print_summary(bench, isas);
   const nlohmann::json documents = print_documents(bench);
+  const nlohmann::json windows = print_windows(bench);
   std::printf("\n");
   for (const char* n : kNotes) std::printf("  - %s\n", n);
   std::printf("\nmachine: %s; %d OpenMP threads; OpenBLAS %d threads, core %s; "
@@ -1005,7 +1064,7 @@ int main(int argc, char** argv) {
               cpu_model().c_str(), threads, openblas_get_num_threads(), openblas_get_corename(),
               env_or("OPENBLAS_CORETYPE", "unset").c_str(), env_or("OPENBLAS_L2_SIZE", "unset").c_str(),
               isa_list.c_str(), seconds_since(t0));
-  write_json(bench, json_path, threads, isas, parts, summary, documents);
+  write_json(bench, json_path, threads, isas, parts, summary, documents, windows);
   std::printf("wrote %s\n", json_path.c_str());
   return 0;
 }

@@ -657,9 +657,12 @@ int run_train(const TrainArgs& args, MpiRuntime* mpi) {
     say(launch, "data: this run reads samples %lld..%lld of %lld, so it repeats the data (%.2f epochs in all)\n",
         (long long)state.consumed_samples, (long long)last_sample - 1, (long long)epoch_samples,
         double(last_sample) / double(epoch_samples));
-  say(launch, "model: %lld parameters; micro batch %lld x %lld tokens, %lld accumulation steps; "
+  const std::string window =
+      model.sliding_window > 0 ? str(", attention within a sliding window of ", model.sliding_window, " tokens") : "";
+  say(launch, "model: %s%s, %lld parameters; micro batch %lld x %lld tokens, %lld accumulation steps; "
       "%d rank(s): data parallel %d x sequence parallel %d (%lld tokens per rank), ZeRO stage %d\n",
-      (long long)models::llama_num_parameters(model), (long long)layout.micro_batch, (long long)S,
+      model.architecture.c_str(), window.c_str(), (long long)models::llama_num_parameters(model),
+      (long long)layout.micro_batch, (long long)S,
       (long long)layout.grad_accum, launch.world_size, groups.dp_size, groups.sp_size,
       (long long)split_sequence(S, groups.sp_size).local, config.zero_stage);
   if (to_train == 0) {

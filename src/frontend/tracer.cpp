@@ -27,6 +27,7 @@ Tensor Tracer::input(Role role, const std::string& name, DType dtype, const Shap
 
 Tensor Tracer::embedding(Tensor w, Tensor tokens) { return op(OpKind::embedding, {w, tokens}); }
 Tensor Tracer::linear(Tensor x, Tensor w) { return op(OpKind::linear, {x, w}); }
+Tensor Tracer::linear(Tensor x, Tensor w, Tensor bias) { return op(OpKind::linear, {x, w, bias}); }
 Tensor Tracer::add(Tensor a, Tensor b) { return op(OpKind::add, {a, b}); }
 Tensor Tracer::mul(Tensor a, Tensor b) { return op(OpKind::mul, {a, b}); }
 Tensor Tracer::scale(Tensor x, double alpha) { return op(OpKind::scale, {x}, {{"alpha", alpha}}); }
@@ -61,12 +62,21 @@ Tensor Tracer::rope(Tensor x, Tensor positions, const RopeOptions& o) {
   return op(OpKind::rope, {x, positions}, attrs);
 }
 
-Tensor Tracer::attention(Tensor q, Tensor k, Tensor v, bool causal, double scale) {
-  return op(OpKind::attention, {q, k, v}, {{"causal", int64_t{causal}}, {"scale", scale}});
+namespace {
+// The window attribute only where there is one: a graph without stays as it always was.
+Attrs attention_attrs(bool causal, double scale, int64_t window) {
+  Attrs attrs{{"causal", int64_t{causal}}, {"scale", scale}};
+  if (window != 0) attrs.set("window", window);
+  return attrs;
+}
+}  // namespace
+
+Tensor Tracer::attention(Tensor q, Tensor k, Tensor v, bool causal, double scale, int64_t window) {
+  return op(OpKind::attention, {q, k, v}, attention_attrs(causal, scale, window));
 }
 
-Tensor Tracer::attention(Tensor q, Tensor k, Tensor v, Tensor documents, bool causal, double scale) {
-  return op(OpKind::attention, {q, k, v, documents}, {{"causal", int64_t{causal}}, {"scale", scale}});
+Tensor Tracer::attention(Tensor q, Tensor k, Tensor v, Tensor documents, bool causal, double scale, int64_t window) {
+  return op(OpKind::attention, {q, k, v, documents}, attention_attrs(causal, scale, window));
 }
 
 Tensor Tracer::cross_entropy(Tensor logits, Tensor labels, int64_t ignore_index) {

@@ -48,7 +48,8 @@ class Tracer {
   const Shape& shape(Tensor t) const { return graph_.shape(t.id); }
 
   Tensor embedding(Tensor weight, Tensor tokens);
-  Tensor linear(Tensor x, Tensor weight);  // x W^T
+  Tensor linear(Tensor x, Tensor weight);               // x W^T
+  Tensor linear(Tensor x, Tensor weight, Tensor bias);  // x W^T + b
   Tensor add(Tensor a, Tensor b);
   Tensor mul(Tensor a, Tensor b);
   Tensor scale(Tensor x, double alpha);
@@ -56,10 +57,11 @@ class Tracer {
   Tensor swiglu(Tensor gate, Tensor up);  // silu(gate) * up
   Tensor rms_norm(Tensor x, Tensor weight, double eps);
   Tensor rope(Tensor x, Tensor positions, const RopeOptions& options);
-  Tensor attention(Tensor q, Tensor k, Tensor v, bool causal, double scale);
+  // window W > 0 (causal only): query i sees only keys i - W < j <= i (a sliding window).
+  Tensor attention(Tensor q, Tensor k, Tensor v, bool causal, double scale, int64_t window = 0);
   // Attention within documents: `documents` (i32 [B, S], non-decreasing) keeps each query to
   // the keys of its own document (packed samples).
-  Tensor attention(Tensor q, Tensor k, Tensor v, Tensor documents, bool causal, double scale);
+  Tensor attention(Tensor q, Tensor k, Tensor v, Tensor documents, bool causal, double scale, int64_t window = 0);
   // Mean over labelled tokens (label != ignore_index) of -log softmax(logits)[label].
   Tensor cross_entropy(Tensor logits, Tensor labels, int64_t ignore_index = -100);
   // cross_entropy(linear(x, weight), labels) as one fused op that never holds the

@@ -1,5 +1,6 @@
 #include "models/llama.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -62,14 +63,32 @@ struct Reader {
 
 namespace {
 
-// config.json keys that LlamaForCausalLM reads: autosp implements each (parse_llama_config)
-// or refuses a value it does not implement, naming the key.
+// The architectures autosp trains: one decoder, parameterised (LlamaConfig). Each reads the
+// config keys every one of them reads (kModelKeys) and its own (keys): autosp implements
+// each, or refuses a value it does not implement, naming the key.
+struct Architecture {
+  const char* name;        // config.json's architectures[0]
+  const char* model_type;  // and its model_type
+  std::set<std::string> keys;
+};
+const Architecture kArchitectures[] = {
+    {"LlamaForCausalLM", "llama", {"attention_bias", "mlp_bias", "pretraining_tp"}},
+    // transformers' Qwen2 and Qwen3 read use_sliding_window, sliding_window and
+    // max_window_layers (into layer_types, which newer versions write too).
+    {"Qwen2ForCausalLM", "qwen2", {"use_sliding_window", "sliding_window", "max_window_layers", "layer_types"}},
+    {"Qwen3ForCausalLM",
+     "qwen3",
+     {"attention_bias", "use_sliding_window", "sliding_window", "max_window_layers", "layer_types"}},
+    {"MistralForCausalLM", "mistral", {"sliding_window"}},
+};
+
+// config.json keys that every architecture above reads.
 const std::set<std::string> kModelKeys = {
     "architectures", "model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
     "num_attention_heads", "num_key_value_heads", "head_dim", "hidden_act", "rms_norm_eps", "rope_theta",
     "rope_scaling", "rope_parameters", "tie_word_embeddings", "max_position_embeddings", "initializer_range",
-    "attention_bias", "mlp_bias", "pretraining_tp", "attention_dropout", "partial_rotary_factor", "torch_dtype",
-    "dtype", "quantization_config", "original_max_position_embeddings"};
+    "attention_dropout", "partial_rotary_factor", "torch_dtype", "dtype", "quantization_config",
+    "original_max_position_embeddings"};
 // Keys transformers writes (or wrote: older versions kept the generation settings here,
 // before generation_config.json) that change nothing in a training step: known, so not
 // warned about.
@@ -160,8 +179,8 @@ void parse_rope(const Reader& r, LlamaConfig& c, std::vector<std::string>& unkno
     const std::string name = obj == params ? "rope_parameters" : "rope_scaling";
     for (const auto& [key, v] : obj->items()) {
       // transformers 5 nests one set per attention type ({"full_attention": {...}, ...}) for
-      // models that mix them; Llama has one.
-      if (v.is_object()) r.bad(str(name, ".", key), "per-attention-type rope settings are not supported (Llama has one set)");
+      // models that mix them; the architectures autosp trains have one.
+      if (v.is_object()) r.bad(str(name, ".", key), "per-attention-type rope settings are not supported (one set)");
     }
   }
   const RopeKeys keys{r, params, scaling};
@@ -238,25 +257,79 @@ void parse_rope(const Reader& r, LlamaConfig& c, std::vector<std::string>& unkno
   }
 }
 
+// The architecture config.json names (architectures[0], else its model_type; neither:
+// Llama), checked against its model_type.
+const Architecture& architecture_of(const Reader& r) {
+  auto supported = [] {
+    std::string names;
+    for (const Architecture& a : kArchitectures) names += str(names.empty() ? "" : ", ", a.name);
+    return names;
+  };
+  const std::string type = r.string("model_type");
+  const Architecture* arch = nullptr;
+  if (const json* list = r.find("architectures")) {
+    if (!list->is_array() || list->empty() || !(*list)[0].is_string()) r.bad("architectures", "expected a list of names");
+    const std::string name = (*list)[0].get<std::string>();
+    for (const Architecture& a : kArchitectures)
+      if (name == a.name) arch = &a;
+    if (!arch) r.bad("architectures", str("\"", name, "\" is not supported (autosp trains ", supported(), ")"));
+  } else if (!type.empty()) {
+    for (const Architecture& a : kArchitectures)
+      if (type == a.model_type) arch = &a;
+    if (!arch) r.bad("model_type", str("\"", type, "\" is not supported (autosp trains ", supported(), ")"));
+  } else {
+    arch = &kArchitectures[0];
+  }
+  if (!type.empty() && type != arch->model_type)
+    r.bad("model_type", str("\"", type, "\" does not match architectures \"", arch->name, "\" (expected \"",
+                            arch->model_type, "\")"));
+  return *arch;
+}
+
+// The sliding window as the architecture reads it (LlamaConfig::sliding_window).
+int64_t parse_sliding_window(const Reader& r, const Architecture& arch, int64_t layers) {
+  const std::string name = arch.name;
+  if (name == "MistralForCausalLM") {
+    // Every layer; null is none, and a config without the key gets MistralConfig's default.
+    if (!r.j.contains("sliding_window")) return 4096;
+    if (!r.find("sliding_window")) return 0;
+    return r.positive_int("sliding_window");
+  }
+  if (name == "Qwen2ForCausalLM" || name == "Qwen3ForCausalLM") {
+    // transformers windows the layers from max_window_layers on (its layer_types), and its
+    // attention implementations have not always agreed on which (4.46's eager and sdpa
+    // masks windowed every layer): autosp trains these models with full attention only.
+    if (r.boolean("use_sliding_window", false))
+      r.bad("use_sliding_window", str("true is not supported (autosp trains ", name,
+                                      " with full attention in every layer: false; the window is ignored then)"));
+    if (const json* types = r.find("layer_types")) {
+      if (!types->is_array() || int64_t(types->size()) != layers)
+        r.bad("layer_types", str("expected a list of num_hidden_layers = ", layers, " attention types"));
+      for (size_t i = 0; i < types->size(); ++i)
+        if ((*types)[i] != "full_attention")
+          r.bad(str("layer_types[", i, "]"), str((*types)[i].dump(), " is not supported (autosp trains ", name,
+                                                 " with \"full_attention\" in every layer)"));
+    }
+  }
+  return 0;
+}
+
 }  // namespace
 
 LlamaConfig parse_llama_config(const json& j, const std::string& source, std::vector<std::string>* warnings) {
   if (!j.is_object()) user_error(source, ": expected a JSON object");
   Reader r{j, source};
-  if (const json* arch = r.find("architectures")) {
-    if (!arch->is_array() || arch->empty() || !(*arch)[0].is_string())
-      r.bad("architectures", "expected a list of names");
-    const std::string a = (*arch)[0].get<std::string>();
-    if (a != "LlamaForCausalLM")
-      r.bad("architectures", str("\"", a, "\" is not supported (autosp trains LlamaForCausalLM)"));
-  }
-  if (std::string type = r.string("model_type"); !type.empty() && type != "llama")
-    r.bad("model_type", str("\"", type, "\" is not supported (expected \"llama\")"));
-  if (r.boolean("attention_bias", false)) r.bad("attention_bias", "true is not supported (Llama has no attention bias)");
-  if (r.boolean("mlp_bias", false)) r.bad("mlp_bias", "true is not supported");
+  const Architecture& arch = architecture_of(r);
+  const std::string name = arch.name;
+  // Llama's attention_bias puts a bias on all four projections, Qwen3's too; Qwen2's q, k and
+  // v always have one (it reads no key for it) and Mistral's never do.
+  if (arch.keys.count("attention_bias") && r.boolean("attention_bias", false))
+    r.bad("attention_bias", str("true is not supported (", name, " without projection biases: false)"));
+  if (arch.keys.count("mlp_bias") && r.boolean("mlp_bias", false)) r.bad("mlp_bias", "true is not supported");
   if (std::string act = r.string("hidden_act"); !act.empty() && act != "silu")
     r.bad("hidden_act", str("\"", act, "\" is not supported (expected \"silu\")"));
-  if (const json* tp = r.find("pretraining_tp"); tp && !(tp->is_number_integer() && tp->get<int64_t>() == 1))
+  if (const json* tp = arch.keys.count("pretraining_tp") ? r.find("pretraining_tp") : nullptr;
+      tp && !(tp->is_number_integer() && tp->get<int64_t>() == 1))
     r.bad("pretraining_tp", "only 1 is supported");
   // transformers applies attention dropout in training mode; autosp has no dropout.
   if (const json* p = r.find("attention_dropout"); p && !(p->is_number() && p->get<double>() == 0))
@@ -265,6 +338,9 @@ LlamaConfig parse_llama_config(const json& j, const std::string& source, std::ve
     r.bad("quantization_config", "quantized models are not supported (autosp trains F32, BF16 or F16 weights)");
 
   LlamaConfig c;
+  c.architecture = name;
+  c.qkv_bias = name == "Qwen2ForCausalLM";
+  c.qk_norm = name == "Qwen3ForCausalLM";
   c.vocab_size = r.positive_int("vocab_size");
   c.hidden_size = r.positive_int("hidden_size");
   c.intermediate_size = r.positive_int("intermediate_size");
@@ -274,11 +350,13 @@ LlamaConfig parse_llama_config(const json& j, const std::string& source, std::ve
   if (c.num_attention_heads % c.num_key_value_heads != 0)
     r.bad("num_key_value_heads", str(c.num_key_value_heads, " does not divide num_attention_heads = ",
                                      c.num_attention_heads));
-  if (!r.find("head_dim") && c.hidden_size % c.num_attention_heads != 0)
+  // Qwen3Config's head_dim defaults to 128; the others' to hidden_size / num_attention_heads.
+  const bool qwen3 = name == "Qwen3ForCausalLM";
+  if (!r.find("head_dim") && !qwen3 && c.hidden_size % c.num_attention_heads != 0)
     r.bad("hidden_size", str(c.hidden_size, " is not a multiple of num_attention_heads = ",
                              c.num_attention_heads, " (and no head_dim is given)"));
   // Any head_dim: the projections are [NH * D, H], as transformers makes them.
-  c.head_dim = r.positive_int("head_dim", c.hidden_size / c.num_attention_heads);
+  c.head_dim = r.positive_int("head_dim", qwen3 ? 128 : c.hidden_size / c.num_attention_heads);
   if (c.head_dim % 2 != 0) r.bad("head_dim", str(c.head_dim, " must be even for rotary embeddings"));
   if (c.vocab_size > INT32_MAX) r.bad("vocab_size", "must fit in 32 bits");
   // Dimensions up to 2^24 keep every product below in range; real models are far smaller.
@@ -286,6 +364,7 @@ LlamaConfig parse_llama_config(const json& j, const std::string& source, std::ve
                                {"num_hidden_layers", c.num_hidden_layers}, {"num_attention_heads", c.num_attention_heads},
                                {"head_dim", c.head_dim}})
     if (v > (int64_t{1} << 24)) r.bad(key, str(v, " is larger than autosp supports (2^24)"));
+  c.sliding_window = parse_sliding_window(r, arch, c.num_hidden_layers);
   c.rms_norm_eps = r.positive_number("rms_norm_eps", 1e-6);
   c.tie_word_embeddings = r.boolean("tie_word_embeddings", false);
   c.max_position_embeddings = r.positive_int("max_position_embeddings", 2048);
@@ -306,12 +385,12 @@ LlamaConfig parse_llama_config(const json& j, const std::string& source, std::ve
   std::vector<std::string> unknown;
   parse_rope(r, c, unknown);
   for (const auto& [key, v] : j.items())
-    if (!kModelKeys.count(key) && !kInertKeys.count(key)) unknown.push_back(key);
+    if (!kModelKeys.count(key) && !arch.keys.count(key) && !kInertKeys.count(key)) unknown.push_back(key);
   if (warnings && !unknown.empty()) {
     std::string list;
     for (const std::string& key : unknown) list += (list.empty() ? "" : ", ") + key;
-    warnings->push_back(str(source, ": ignoring keys that autosp does not know (nor does transformers' "
-                            "LlamaForCausalLM read them): ", list));
+    warnings->push_back(str(source, ": ignoring keys that autosp does not know (nor does transformers' ", name,
+                            " read them): ", list));
   }
   return c;
 }
@@ -341,9 +420,13 @@ json integral_or_number(double v) {
 }  // namespace
 
 json llama_config_json(const LlamaConfig& c) {
+  const Architecture* arch = nullptr;
+  for (const Architecture& a : kArchitectures)
+    if (c.architecture == a.name) arch = &a;
+  AUTOSP_CHECK(arch, "no architecture ", c.architecture);
   json j = {
-      {"architectures", {"LlamaForCausalLM"}},
-      {"model_type", "llama"},
+      {"architectures", {c.architecture}},
+      {"model_type", arch->model_type},
       {"vocab_size", c.vocab_size},
       {"hidden_size", c.hidden_size},
       {"intermediate_size", c.intermediate_size},
@@ -357,10 +440,18 @@ json llama_config_json(const LlamaConfig& c) {
       {"tie_word_embeddings", c.tie_word_embeddings},
       {"max_position_embeddings", c.max_position_embeddings},
       {"initializer_range", c.initializer_range},
-      {"attention_bias", false},
-      {"mlp_bias", false},
       {"torch_dtype", "float32"},
   };
+  // Each architecture's own keys, as its transformers config class writes them.
+  if (arch->keys.count("attention_bias")) j["attention_bias"] = false;
+  if (arch->keys.count("mlp_bias")) j["mlp_bias"] = false;
+  if (arch->keys.count("use_sliding_window")) {
+    j["use_sliding_window"] = false;
+    j["sliding_window"] = nullptr;
+    j["max_window_layers"] = c.num_hidden_layers;
+  } else if (arch->keys.count("sliding_window")) {
+    j["sliding_window"] = c.sliding_window > 0 ? json(c.sliding_window) : json(nullptr);
+  }
   if (c.rope.rope_type == "llama3")
     j["rope_scaling"] = {{"rope_type", "llama3"},
                          {"factor", c.rope.factor},
@@ -391,10 +482,15 @@ std::vector<ParameterSpec> llama_parameters(const LlamaConfig& c) {
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     const std::string p = str("model.layers.", i, ".");
     params.push_back({p + "input_layernorm.weight", {H}});
-    params.push_back({p + "self_attn.q_proj.weight", {NH * D, H}});
-    params.push_back({p + "self_attn.k_proj.weight", {NKV * D, H}});
-    params.push_back({p + "self_attn.v_proj.weight", {NKV * D, H}});
+    for (const auto& [name, heads] : {std::pair{"q_proj", NH}, {"k_proj", NKV}, {"v_proj", NKV}}) {
+      params.push_back({str(p, "self_attn.", name, ".weight"), {heads * D, H}});
+      if (c.qkv_bias) params.push_back({str(p, "self_attn.", name, ".bias"), {heads * D}});
+    }
     params.push_back({p + "self_attn.o_proj.weight", {H, NH * D}});
+    if (c.qk_norm) {
+      params.push_back({p + "self_attn.q_norm.weight", {D}});
+      params.push_back({p + "self_attn.k_norm.weight", {D}});
+    }
     params.push_back({p + "post_attention_layernorm.weight", {H}});
     params.push_back({p + "mlp.gate_proj.weight", {F, H}});
     params.push_back({p + "mlp.up_proj.weight", {F, H}});
@@ -406,16 +502,34 @@ std::vector<ParameterSpec> llama_parameters(const LlamaConfig& c) {
 }
 
 std::vector<size_t> llama_state_dict_order(const LlamaConfig& c) {
-  // Per layer, llama_parameters has input_layernorm, q, k, v, o, post_attention_layernorm,
-  // gate, up, down; LlamaDecoderLayer registers self_attn, mlp, then the two norms.
-  constexpr size_t kLayer = 9, kOrder[kLayer] = {1, 2, 3, 4, 6, 7, 8, 0, 5};
+  // A decoder layer registers self_attn (q, k, v, o projections, each weight then bias, then
+  // q_norm, k_norm), mlp (gate, up, down), then its two norms; llama_parameters puts the
+  // norms first and second to last.
+  static const std::vector<std::string> kLayerOrder = {
+      "self_attn.q_proj.weight", "self_attn.q_proj.bias",  "self_attn.k_proj.weight", "self_attn.k_proj.bias",
+      "self_attn.v_proj.weight", "self_attn.v_proj.bias",  "self_attn.o_proj.weight", "self_attn.q_norm.weight",
+      "self_attn.k_norm.weight", "mlp.gate_proj.weight",   "mlp.up_proj.weight",      "mlp.down_proj.weight",
+      "input_layernorm.weight",  "post_attention_layernorm.weight"};
+  const std::string kLayers = "model.layers.";
+  auto rank = [&](const std::string& name) {
+    const size_t dot = name.find('.', kLayers.size());
+    const auto it = std::find(kLayerOrder.begin(), kLayerOrder.end(), name.substr(dot + 1));
+    AUTOSP_CHECK(it != kLayerOrder.end(), "llama_state_dict_order does not know ", name);
+    return it - kLayerOrder.begin();
+  };
   const std::vector<ParameterSpec> params = llama_parameters(c);
-  std::vector<size_t> order = {0};  // embed_tokens
-  for (int64_t i = 0; i < c.num_hidden_layers; ++i)
-    for (size_t k : kOrder) order.push_back(1 + size_t(i) * kLayer + k);
-  for (size_t i = order.size(); i < params.size(); ++i) order.push_back(i);  // norm, lm_head
-  AUTOSP_CHECK(order.size() == params.size() && params[order[1]].name.ends_with("self_attn.q_proj.weight"),
-               "llama_state_dict_order does not follow llama_parameters");
+  std::vector<size_t> order(params.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  // Each layer's run of tensors (they are consecutive) sorted by kLayerOrder; embed_tokens
+  // first, norm and lm_head last, stay where they are.
+  for (size_t begin = 1; begin < params.size() && params[begin].name.starts_with(kLayers);) {
+    const std::string layer = params[begin].name.substr(0, params[begin].name.find('.', kLayers.size()) + 1);
+    size_t end = begin;
+    while (end < params.size() && params[end].name.starts_with(layer)) ++end;
+    std::stable_sort(order.begin() + long(begin), order.begin() + long(end),
+                     [&](size_t a, size_t b) { return rank(params[a].name) < rank(params[b].name); });
+    begin = end;
+  }
   return order;
 }
 
@@ -432,7 +546,8 @@ int64_t llama_num_parameters(const LlamaConfig& c) {
 
 std::vector<float> llama_init(const LlamaConfig& c, const ParameterSpec& param, uint64_t seed) {
   std::vector<float> values(numel(param.shape));
-  if (param.shape.size() == 1) {  // norm weights
+  if (param.name.ends_with(".bias")) return values;  // zeros
+  if (param.shape.size() == 1) {                      // norm weights
     std::fill(values.begin(), values.end(), 1.0f);
     return values;
   }
@@ -470,13 +585,20 @@ Graph llama_forward(const LlamaConfig& c, const LlamaTraceOptions& o) {
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     const std::string p = str("model.layers.", i, ".");
     Tensor h = t.rms_norm(x, w[p + "input_layernorm.weight"], eps);
-    Tensor q = t.reshape(t.linear(h, w[p + "self_attn.q_proj.weight"]), {B, S, NH, D});
-    Tensor k = t.reshape(t.linear(h, w[p + "self_attn.k_proj.weight"]), {B, S, NKV, D});
-    Tensor v = t.reshape(t.linear(h, w[p + "self_attn.v_proj.weight"]), {B, S, NKV, D});
+    auto project = [&](const char* name, int64_t heads) {
+      const std::string proj = str(p, "self_attn.", name);
+      Tensor y = c.qkv_bias ? t.linear(h, w[proj + ".weight"], w[proj + ".bias"]) : t.linear(h, w[proj + ".weight"]);
+      return t.reshape(y, {B, S, heads, D});
+    };
+    Tensor q = project("q_proj", NH), k = project("k_proj", NKV), v = project("v_proj", NKV);
+    if (c.qk_norm) {  // over each head's D features, before rope
+      q = t.rms_norm(q, w[p + "self_attn.q_norm.weight"], eps);
+      k = t.rms_norm(k, w[p + "self_attn.k_norm.weight"], eps);
+    }
     q = t.rope(q, position_ids, c.rope);
     k = t.rope(k, position_ids, c.rope);
-    Tensor attn = document_ids ? t.attention(q, k, v, *document_ids, /*causal=*/true, scale)
-                               : t.attention(q, k, v, /*causal=*/true, scale);
+    Tensor attn = document_ids ? t.attention(q, k, v, *document_ids, /*causal=*/true, scale, c.sliding_window)
+                               : t.attention(q, k, v, /*causal=*/true, scale, c.sliding_window);
     Tensor a = t.reshape(attn, {B, S, NH * D});
     x = t.add(x, t.linear(a, w[p + "self_attn.o_proj.weight"]));
 

@@ -1,6 +1,13 @@
-// Llama (Hugging Face LlamaForCausalLM semantics), written once as single-device model
-// code in the tracing API. Everything about how it is trained (ranks, sharding, what is
-// kept for the backward) is the compiler's business, not this file's.
+// The Llama family of decoders, written once as single-device model code in the tracing API:
+// Hugging Face's LlamaForCausalLM and the models that differ from it by a few settings of
+// one parameterised decoder layer, each as transformers defines it:
+//   Qwen2ForCausalLM    biases on the q, k and v projections
+//   Qwen3ForCausalLM    an RMSNorm over each head of q and of k before rope (q_norm, k_norm),
+//                       and a head_dim that need not be hidden_size / num_attention_heads
+//   MistralForCausalLM  a sliding window: query i attends to keys i - W < j <= i
+// config.json's `architectures` says which. Everything about how a model is trained (ranks,
+// sharding, what is kept for the backward) is the compiler's business, not this file's: no
+// pass knows these names.
 #pragma once
 #include <cstdint>
 #include <map>
@@ -14,6 +21,12 @@
 namespace autosp::models {
 
 struct LlamaConfig {
+  // config.json's architectures[0]: LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM or
+  // MistralForCausalLM. The three settings below follow from it (and from sliding_window).
+  std::string architecture = "LlamaForCausalLM";
+  bool qkv_bias = false;       // q_proj, k_proj, v_proj have a bias [out-features] (Qwen2)
+  bool qk_norm = false;        // q_norm, k_norm [head_dim]: RMSNorm of each q and k head (Qwen3)
+  int64_t sliding_window = 0;  // W > 0: query i sees keys i - W < j <= i (Mistral); 0: all keys
   int64_t vocab_size = 0, hidden_size = 0, intermediate_size = 0, num_hidden_layers = 0;
   int64_t num_attention_heads = 0, num_key_value_heads = 0, head_dim = 0;
   double rms_norm_eps = 1e-6;
@@ -32,12 +45,14 @@ struct LlamaConfig {
 
 // Parses a Hugging Face config.json as transformers 4 and 5 write it: the rope settings in
 // `rope_parameters` (5) or as top-level `rope_theta` and `rope_scaling` (4), both given
-// being an error where they disagree; the dtype as `dtype` (5) or `torch_dtype` (4). A key
-// that changes the maths in a way autosp does not implement (attention_bias true, a rope
-// type other than default/llama3, attention_dropout, partial_rotary_factor, ...) is a
-// UserError naming `source` and the key. Keys neither autosp nor LlamaForCausalLM reads
-// are listed in one message added to `warnings` (when not null); the keys transformers
-// always writes (token ids, use_cache, transformers_version, ...) are known, not listed.
+// being an error where they disagree; the dtype as `dtype` (5) or `torch_dtype` (4). An
+// architecture autosp does not train, or a key that changes the maths in a way autosp does
+// not implement (attention_bias true, a rope type it lacks, attention_dropout,
+// partial_rotary_factor, Qwen2's and Qwen3's use_sliding_window true, ...), is a UserError
+// naming `source` and the key. Keys neither autosp nor the architecture's transformers
+// class reads are listed in one message added to `warnings` (when not null); the keys
+// transformers always writes (token ids, use_cache, transformers_version, ...) are known,
+// not listed.
 LlamaConfig parse_llama_config(const nlohmann::json& json, const std::string& source,
                                std::vector<std::string>* warnings = nullptr);
 LlamaConfig load_llama_config(const std::string& path, std::vector<std::string>* warnings = nullptr);
@@ -48,16 +63,17 @@ struct ParameterSpec {
   std::string name;  // Hugging Face tensor name
   Shape shape;
 };
-// Every trainable tensor, in Hugging Face order (lm_head.weight only when untied).
+// Every trainable tensor (lm_head.weight only when untied; the q, k, v biases and q_norm,
+// k_norm where the architecture has them), per layer in the order the forward reads them.
 std::vector<ParameterSpec> llama_parameters(const LlamaConfig& config);
 int64_t llama_num_parameters(const LlamaConfig& config);
-// LlamaForCausalLM's state_dict order, as indices into llama_parameters: the order in which
-// save_pretrained puts tensors into shards.
+// The transformers class's state_dict order, as indices into llama_parameters: the order in
+// which save_pretrained puts tensors into shards.
 std::vector<size_t> llama_state_dict_order(const LlamaConfig& config);
 
 // Seeded initialisation as transformers does it: normal(0, initializer_range) for
-// embeddings and projections, ones for norm weights. Each tensor's values depend only on
-// (seed, its name), not on the order of initialisation.
+// embeddings and projection weights, zeros for biases, ones for norm weights. Each tensor's
+// values depend only on (seed, its name), not on the order of initialisation.
 std::vector<float> llama_init(const LlamaConfig& config, const ParameterSpec& param, uint64_t seed);
 
 struct LlamaTraceOptions {

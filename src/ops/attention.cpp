@@ -1,7 +1,10 @@
 // Causal (or full) attention with grouped KV heads, flash-style: the forward saves only
 // the log-sum-exp of each query row, and neither direction holds an S x S matrix. An
 // optional last operand, document ids i32 [B, S] (packed samples), keeps each query within
-// its own document.
+// its own document; an optional attribute `window` W (causal only; Mistral's sliding window)
+// keeps query i to the W keys i - W < j <= i. The window counts sequence positions, so it
+// is the same whether the sequence was whole from the start or gathered by the autosp pass's
+// all-to-all; with documents, both limits apply.
 #include "kernels/cpu/attention.h"
 #include "ops/op.h"
 #include "kernels/cuda/limits.h"
@@ -50,14 +53,23 @@ const int32_t* documents_operand(const KernelArgs& a, size_t at, const cpu::Atte
   return docs;
 }
 
+// The sliding window W (attribute "window", absent: 0 = none).
+int64_t window_of(const Attrs& attrs) { return attrs.get_int("window", 0); }
+
 void check_attrs(const Attrs& attrs) {
   require(attrs.has("scale") && attrs.get_float("scale") > 0, "needs a positive 'scale'");
   require(attrs.has("causal"), "needs 'causal' (0 or 1)");
+  require(window_of(attrs) >= 0, "'window' must be positive (or 0: none), got ", window_of(attrs));
+  require(window_of(attrs) == 0 || attrs.get_int("causal") != 0, "a 'window' needs causal attention");
 }
 
-double attention_flops(const cpu::AttentionDims& d, bool causal, double matmuls) {
-  // Each S x S x D matmul is 2 S^2 D FLOPs per head; causal halves the work.
-  return matmuls * 2.0 * d.B * d.NH * d.S * d.S * d.D * (causal ? 0.5 : 1.0);
+double attention_flops(const cpu::AttentionDims& d, const Attrs& attrs, double matmuls) {
+  // Each S x S x D matmul is 2 S^2 D FLOPs per head over the (query, key) pairs: S^2, causal
+  // about half; a window W < S leaves W (W + 1) / 2 + (S - W) W of the causal S (S + 1) / 2.
+  const double S = double(d.S), W = double(window_of(attrs));
+  double pairs = attrs.get_int("causal") != 0 ? 0.5 * S * S : S * S;
+  if (W > 0 && W < S) pairs *= (W * (W + 1) / 2 + (S - W) * W) / (S * (S + 1) / 2);
+  return matmuls * 2.0 * d.B * d.NH * pairs * d.D;
 }
 
 }  // namespace
@@ -71,7 +83,7 @@ cuda::AttentionDims cuda_dims(const cpu::AttentionDims& d) { return {d.B, d.S, d
 void cuda_attention(const KernelArgs& a, const CudaContext& c) {
   const cpu::AttentionDims d = attention_dims({*a.in_types[0], *a.in_types[1], *a.in_types[2]});
   const int32_t* doc = a.inputs.size() == 4 ? a.in<int32_t>(3) : nullptr;
-  cuda::attention_forward(cuda_in_dt(a, 0), cuda_dims(d), a.attrs->get_int("causal") != 0,
+  cuda::attention_forward(cuda_in_dt(a, 0), cuda_dims(d), a.attrs->get_int("causal") != 0, window_of(*a.attrs),
                           float(a.attrs->get_float("scale")), a.in<void>(0), a.in<void>(1), a.in<void>(2), doc,
                           a.out<void>(0), a.out<float>(1), c.stream);
 }
@@ -79,7 +91,7 @@ void cuda_attention(const KernelArgs& a, const CudaContext& c) {
 void cuda_attention_backward(const KernelArgs& a, const CudaContext& c) {
   const cpu::AttentionDims d = attention_dims({*a.in_types[1], *a.in_types[2], *a.in_types[3]});
   const int32_t* doc = a.inputs.size() == 7 ? a.in<int32_t>(6) : nullptr;
-  cuda::attention_backward(cuda_in_dt(a, 1), cuda_dims(d), a.attrs->get_int("causal") != 0,
+  cuda::attention_backward(cuda_in_dt(a, 1), cuda_dims(d), a.attrs->get_int("causal") != 0, window_of(*a.attrs),
                            float(a.attrs->get_float("scale")), a.in<void>(1), a.in<void>(2), a.in<void>(3),
                            a.in<void>(4), a.in<float>(5), a.in<void>(0), doc, a.out<void>(0), a.out<void>(1),
                            a.out<void>(2), static_cast<float*>(a.workspace), c.stream);
@@ -87,10 +99,11 @@ void cuda_attention_backward(const KernelArgs& a, const CudaContext& c) {
 #endif
 }  // namespace
 
-// attention(q, k, v[, documents]) {causal, scale} -> (out [B, S, NH, D], lse [B, NH, S])
+// attention(q, k, v[, documents]) {causal, scale[, window]} -> (out [B, S, NH, D], lse [B, NH, S])
 // documents (i32 [B, S], non-decreasing along S): query i sees key j only when both are in
-// one document. The cost rule counts the S^2 work of one document (an upper bound: it does
-// not see the ids).
+// one document. window W > 0 (causal only): query i sees keys i - W < j <= i. The cost rule
+// counts the work of one document (an upper bound: it does not see the ids), within the
+// window.
 // out has q's dtype; lse is f32 for bf16 operands too, as FlashAttention's softmax_lse: the
 // backward rebuilds the probabilities exp(s - lse) from it, and an lse near 10 rounded to
 // bf16 (8 significant bits) is off by up to 0.03, scaling its row's probabilities by 3%.
@@ -105,7 +118,7 @@ extern const OpDef attention_op = {
       return {in[0], {DType::f32, {d.B, d.NH, d.S}}};
     },
     .cost = [](const Types& in, const Types&, const Attrs& attrs) {
-      return Cost{attention_flops(attention_dims(in), attrs.get_int("causal") != 0, 2), 0};
+      return Cost{attention_flops(attention_dims(in), attrs, 2), 0};
     },
     // FlashAttention backward: recomputes the probabilities from q, k and lse.
     .grad = [](GradContext& c) {
@@ -120,7 +133,8 @@ extern const OpDef attention_op = {
       cpu::AttentionDims d = attention_dims({*a.in_types[0], *a.in_types[1], *a.in_types[2]});
       cpu::attention_forward(d, a.attrs->get_int("causal") != 0, float(a.attrs->get_float("scale")),
                              a.in(0), a.in(1), a.in(2), a.out(0), a.out(1),
-                             static_cast<float*>(a.workspace), a.threads, documents_operand(a, 3, d));
+                             static_cast<float*>(a.workspace), a.threads, documents_operand(a, 3, d),
+                             window_of(*a.attrs));
     },
     .cpu_workspace_bytes = [](const Types& in, const Attrs&, int threads) -> int64_t {
       return cpu::attention_forward_workspace_floats(attention_dims(in), threads) * 4;
@@ -146,7 +160,7 @@ extern const OpDef attention_op = {
              .check = [](const Types& in, const Attrs&) { cuda_attention_check_dims(attention_dims(in)); }},
 };
 
-// attention_backward(dout, q, k, v, out, lse[, documents]) {causal, scale} -> (dq, dk, dv),
+// attention_backward(dout, q, k, v, out, lse[, documents]) {causal, scale[, window]} -> (dq, dk, dv),
 // each of its operand's type (so of q's dtype); lse is f32; documents as the forward's.
 extern const OpDef attention_backward_op = {
     .num_inputs = -1,
@@ -162,8 +176,7 @@ extern const OpDef attention_backward_op = {
       return {in[1], in[2], in[3]};
     },
     .cost = [](const Types& in, const Types&, const Attrs& attrs) {
-      return Cost{attention_flops(attention_dims({in[1], in[2], in[3]}),
-                                  attrs.get_int("causal") != 0, 5), 0};
+      return Cost{attention_flops(attention_dims({in[1], in[2], in[3]}), attrs, 5), 0};
     },
     .grad = nullptr,
     .cpu = [](const KernelArgs& a) {
@@ -171,7 +184,7 @@ extern const OpDef attention_backward_op = {
       cpu::attention_backward(d, a.attrs->get_int("causal") != 0, float(a.attrs->get_float("scale")),
                               a.in(1), a.in(2), a.in(3), a.in(4), a.in(5), a.in(0), a.out(0),
                               a.out(1), a.out(2), static_cast<float*>(a.workspace), a.threads,
-                              documents_operand(a, 6, d));
+                              documents_operand(a, 6, d), window_of(*a.attrs));
     },
     .cpu_workspace_bytes = [](const Types& in, const Attrs&, int threads) -> int64_t {
       return cpu::attention_backward_workspace_floats(attention_dims({in[1], in[2], in[3]}), threads) * 4;

@@ -1,4 +1,6 @@
-// linear (x W^T, the layer) and matmul (op(A) op(B), what its gradients are made of).
+// linear (x W^T + b, the layer) and matmul (op(A) op(B), what its gradients are made of).
+#include <algorithm>
+
 #include "kernels/cpu/basic.h"
 #include "ops/op.h"
 #ifdef AUTOSP_HAVE_CUDA
@@ -44,10 +46,15 @@ MatmulDims matmul_dims(const Types& in, const Attrs& attrs) {
 #ifdef AUTOSP_HAVE_CUDA
 namespace {
 // Both are one cublasGemmEx (fp32 accumulation; the result in the operands' dtype).
+// With a bias, the result rows start as the bias and the gemm adds x W^T to them (beta 1):
+// one rounding of x W^T + b to the result's dtype, as the CPU kernel's one fp32 sum.
 void cuda_linear(const KernelArgs& a, const CudaContext& c) {
   const Shape& w = a.in_shape(1);
-  cuda_gemm(c, cuda_in_dt(a, 0), cuda_out_dt(a, 0), false, true, rows_of(a.in_shape(0)), w[0], w[1], a.in<void>(0),
-            a.in<void>(1), a.out<void>(0), false, "linear");
+  const int64_t rows = rows_of(a.in_shape(0));
+  const bool bias = a.inputs.size() == 3;
+  if (bias) cuda::broadcast_rows(cuda_in_dt(a, 2), a.in<void>(2), rows, w[0], a.out<void>(0), c.stream);
+  cuda_gemm(c, cuda_in_dt(a, 0), cuda_out_dt(a, 0), false, true, rows, w[0], w[1], a.in<void>(0), a.in<void>(1),
+            a.out<void>(0), bias, "linear");
 }
 void cuda_matmul(const KernelArgs& a, const CudaContext& c) {
   const MatmulDims d = matmul_dims({*a.in_types[0], *a.in_types[1]}, *a.attrs);
@@ -57,12 +64,15 @@ void cuda_matmul(const KernelArgs& a, const CudaContext& c) {
 }  // namespace
 #endif
 
-// linear(x[..., K], W[N, K]) = x W^T : [..., N], x and W of one dtype (a bf16 GPU gemm
-// accumulates in fp32 and rounds its result to bf16)
+// linear(x[..., K], W[N, K][, b[N]]) = x W^T (+ b) : [..., N], every operand of one dtype (a
+// bf16 GPU gemm accumulates in fp32 and rounds its result to bf16). The bias (Qwen2's q, k
+// and v projections) is added to every row.
 extern const OpDef linear_op = {
-    .num_inputs = 2,
+    .num_inputs = -1,
     .num_outputs = 1,
     .infer = [](const Types& in, const Attrs&) -> Types {
+      require(in.size() == 2 || in.size() == 3, "expected x, weight and an optional bias, got ", in.size(),
+              " operands");
       require_floating(in[0], "x");
       require_floating(in[1], "weight");
       require_same_dtype(in[0], "x", in[1], "weight");
@@ -70,24 +80,44 @@ extern const OpDef linear_op = {
       require_rank(in[1], 2, "weight");
       require(in[0].shape.back() == in[1].shape[1], "x's last dim (", in[0].shape.back(),
               ") must equal weight's in-features (dim 1 = ", in[1].shape[1], ")");
+      if (in.size() == 3) {
+        require_same_dtype(in[0], "x", in[2], "bias");
+        require(in[2].shape == Shape{in[1].shape[0]}, "bias must be [", in[1].shape[0],
+                "] (weight's out-features), got ", shape_str(in[2].shape));
+      }
       return {{in[0].dtype, with_last(in[0].shape, in[1].shape[0])}};
     },
     .cost = [](const Types& in, const Types&, const Attrs&) {
-      return Cost{2.0 * rows_of(in[0].shape) * in[1].shape[0] * in[1].shape[1], 0};
+      const double rows = double(rows_of(in[0].shape)), N = double(in[1].shape[0]);
+      return Cost{2.0 * rows * N * double(in[1].shape[1]) + (in.size() == 3 ? rows * N : 0.0), 0};
     },
-    // dx = dy W ;  dW = dy^T x  (rows flattened)
+    // dx = dy W ;  dW = dy^T x  (rows flattened) ;  db = sum over rows of dy = 1^T dy
     .grad = [](GradContext& c) {
       if (c.needs[0]) c.din[0] = c.b.emit1(OpKind::matmul, {c.dout[0], c.in(1)});
       if (c.needs[1])
         c.din[1] = c.b.emit1(OpKind::matmul, {as_2d(c.b, c.dout[0]), as_2d(c.b, c.in(0))},
                              {{"trans_a", int64_t{1}}});
+      if (c.node.inputs.size() == 3 && c.needs[2]) {
+        const ValueId dy = as_2d(c.b, c.dout[0]);
+        const TensorType t = c.b.type(dy);  // a copy: emitting grows the graph
+        Attrs ones{{"shape", Shape{t.shape[0], 1}}, {"value", 1.0}};
+        if (t.dtype != DType::f32) ones.set("dtype", std::string(dtype_name(t.dtype)));
+        const ValueId ones_col = c.b.emit1(OpKind::fill, {}, ones);
+        const ValueId db = c.b.emit1(OpKind::matmul, {ones_col, dy}, {{"trans_a", int64_t{1}}});
+        c.din[2] = c.b.emit1(OpKind::reshape, {db}, {{"shape", Shape{t.shape[1]}}});
+      }
     },
     .cpu = [](const KernelArgs& a) {
       const Shape& w = a.in_shape(1);
-      cpu::gemm(false, true, rows_of(a.in_shape(0)), w[0], w[1], a.in(0), a.in(1), a.out(0));
+      const int64_t rows = rows_of(a.in_shape(0));
+      const bool bias = a.inputs.size() == 3;
+      if (bias)  // C starts as the bias rows; the gemm adds x W^T (beta 1)
+        for (int64_t r = 0; r < rows; ++r) std::copy_n(a.in(2), w[0], a.out(0) + r * w[0]);
+      cpu::gemm(false, true, rows, w[0], w[1], a.in(0), a.in(1), a.out(0), bias);
     },
     .shard = [](const Shardings& in, const Types& t, const Attrs& a) -> Shardings {
       require(is_replicated(in[1]), "the weight must be replicated");
+      require(in.size() < 3 || is_replicated(in[2]), "the bias must be replicated");
       return shard_rowwise(in, t, a);
     },
     .recompute = Recompute::matmul,

@@ -253,8 +253,10 @@ json saved_config_json(const models::LlamaConfig& c) {
       j["rope_scaling"] = scaling;
     }
   }
-  if (!j.contains("architectures") || j["architectures"].is_null()) j["architectures"] = {"LlamaForCausalLM"};
-  if (!j.contains("model_type")) j["model_type"] = "llama";
+  // The names of the architecture parse_llama_config found (from model_type, or Llama).
+  const json names = models::llama_config_json(c);
+  if (!j.contains("architectures") || j["architectures"].is_null()) j["architectures"] = names["architectures"];
+  if (!j.contains("model_type")) j["model_type"] = names["model_type"];
   return j;
 }
 

@@ -448,16 +448,31 @@ void Trainer::predict(const int32_t* inputs, int64_t B, int64_t S, int32_t* argm
 double Trainer::loss_and_grads(const int32_t* inputs, const int32_t* labels,
                                std::vector<std::vector<float>>& grads) {
   AUTOSP_CHECK(groups_->world->size() == 1, "loss_and_grads is for one process");
-  AUTOSP_CHECK(config_.zero_stage < 2, "loss_and_grads reads full gradients, which ZeRO stage ", config_.zero_stage,
-               " does not keep");
-  std::copy(inputs, inputs + inputs_.size(), inputs_.begin());
-  std::copy(labels, labels + labels_.size(), labels_.begin());
-  for (size_t i = 0; i < positions_.size(); ++i) positions_[i] = static_cast<int32_t>(i % seq_len_);
-  std::fill(documents_.begin(), documents_.end(), 0);  // packed: one document
+  SequenceBatch full{micro_batch_, seq_len_, {inputs, inputs + micro_batch_ * seq_len_},
+                     {labels, labels + micro_batch_ * seq_len_}, std::vector<int32_t>(micro_batch_ * seq_len_), {}};
+  for (size_t i = 0; i < full.position_ids.size(); ++i) full.position_ids[i] = static_cast<int32_t>(i % seq_len_);
+  if (config_.data.packed) full.document_ids.assign(full.position_ids.size(), 0);  // one document
+  return loss_and_grads(full, grads);
+}
+
+double Trainer::loss_and_grads(const SequenceBatch& full, std::vector<std::vector<float>>& grads) {
+  AUTOSP_CHECK(groups_->dp_size == 1, "loss_and_grads runs one replica, not ", groups_->dp_size);
+  AUTOSP_CHECK(config_.zero_stage == 0 || (config_.zero_stage == 1 && groups_->world->size() == 1),
+               "loss_and_grads reads full gradients, which ZeRO stage ", config_.zero_stage, " on ",
+               groups_->world->size(), " ranks does not keep");
+  AUTOSP_CHECK(full.B == micro_batch_ && full.S == seq_len_, "the step was compiled for ", micro_batch_, " x ",
+               seq_len_, " tokens, not ", full.B, " x ", full.S);
+  AUTOSP_CHECK(config_.data.packed == !full.document_ids.empty(), "the step was compiled for ",
+               config_.data.packed ? "packed" : "unpacked", " samples");
+  const SequenceBatch local = prepare_autosp_inputs(full, groups_->sp_rank, groups_->sp_size);
+  std::copy(local.input_ids.begin(), local.input_ids.end(), inputs_.begin());
+  std::copy(local.labels.begin(), local.labels.end(), labels_.begin());
+  std::copy(local.position_ids.begin(), local.position_ids.end(), positions_.begin());
+  std::copy(local.document_ids.begin(), local.document_ids.end(), documents_.begin());
   for (auto& g : grads_) std::fill(g.begin(), g.end(), 0.0f);  // no earlier micro batches
   executor_->run();
-  // One rank: every bucket output holds its whole bucket (all-reduced, or reduce-scattered
-  // over one rank).
+  // Every bucket output holds its whole bucket: all-reduced over the ranks (ZeRO-0), or
+  // reduce-scattered over one rank.
   std::map<std::string, size_t> index;
   for (size_t i = 0; i < state_.specs.size(); ++i) index[state_.specs[i].name] = i;
   grads.assign(state_.specs.size(), {});
@@ -467,7 +482,11 @@ double Trainer::loss_and_grads(const int32_t* inputs, const int32_t* labels,
     for (size_t j = 0; j < buckets[k].params.size(); d += buckets[k].numel[j], ++j)
       grads.at(index.at(buckets[k].params[j])).assign(d, d + buckets[k].numel[j]);
   }
-  return executor_->output("loss")[0];
+  // The replica's loss is the sum of its ranks' parts (each: its tokens' losses over the
+  // group's count of labelled tokens).
+  double loss = executor_->output("loss")[0];
+  groups_->world->all_reduce_sum(&loss, 1);
+  return loss;
 }
 
 }  // namespace autosp::train

@@ -9,6 +9,7 @@
 #include "comm/communicator.h"
 #include "ir/graph.h"
 #include "models/llama.h"
+#include "passes/autosp.h"
 #include "passes/checkpoint.h"
 #include "passes/tile.h"
 #include "runtime/executor.h"
@@ -116,10 +117,16 @@ class Trainer {
   // first use and drops them after the last (passes/grad_sync.h), as the training step does.
   std::vector<float> logits(const int32_t* inputs, int64_t B, int64_t S);
   // Runs the step's last program once on one micro batch (one process, no sequence
-  // parallelism, ZeRO stage 0 or 1, no earlier micro batches); returns its loss and fills
-  // `grads` (one vector per parameter), for tests.
+  // parallelism, ZeRO stage 0 or 1, no earlier micro batches; positions 0..S-1, packed: one
+  // document); returns its loss and fills `grads` (one vector per parameter), for tests.
   double loss_and_grads(const int32_t* inputs, const int32_t* labels,
                         std::vector<std::vector<float>>& grads);
+  // The same for a micro batch given whole (input ids, labels, positions and, packed, document
+  // ids of B x S tokens), on one replica: one process, or under sequence parallelism every
+  // rank of the group (a collective; no data parallelism, ZeRO-0 beyond one rank), each
+  // keeping its slice as a training step does. The loss and the gradients are the replica's,
+  // the same on every rank, for tests.
+  double loss_and_grads(const SequenceBatch& full, std::vector<std::vector<float>>& grads);
 
   const ModelState& state() const { return state_; }
   // This rank's part of the state for a checkpoint (train::save_checkpoint): the tensors it

@@ -363,9 +363,18 @@ new_case model_attention_bias && mutate json "$CASE/config.json" 'c["attention_b
 new_case model_rope_longrope && mutate json "$CASE/config.json" 'c["rope_scaling"]["rope_type"] = "longrope"' &&
   train_case model_rope_longrope "$CASE/config.json" "rope_type" "longrope" "is not supported"
 
-new_case model_architecture_mistral &&
+new_case model_architecture_gemma &&
+  mutate json "$CASE/config.json" 'c["architectures"] = ["GemmaForCausalLM"]' &&
+  train_case model_architecture_gemma "$CASE/config.json" "GemmaForCausalLM" "is not supported"
+
+new_case model_type_mismatch &&
   mutate json "$CASE/config.json" 'c["architectures"] = ["MistralForCausalLM"]' &&
-  train_case model_architecture_mistral "$CASE/config.json" "MistralForCausalLM"
+  train_case model_type_mismatch "$CASE/config.json" "model_type" "MistralForCausalLM" "mistral"
+
+# Qwen2's window (layers from max_window_layers on) is not implemented: refused by key.
+new_case model_qwen2_use_sliding_window &&
+  mutate json "$CASE/config.json" 'c["architectures"] = ["Qwen2ForCausalLM"]; c["model_type"] = "qwen2"; c.pop("attention_bias", None); c.pop("mlp_bias", None); c["use_sliding_window"] = True; c["sliding_window"] = 8' &&
+  train_case model_qwen2_use_sliding_window "$CASE/config.json" "use_sliding_window" "Qwen2ForCausalLM"
 
 new_case model_kv_heads_not_dividing && mutate json "$CASE/config.json" 'c["num_key_value_heads"] = 3' &&
   train_case model_kv_heads_not_dividing "$CASE/config.json" "num_key_value_heads" "num_attention_heads"

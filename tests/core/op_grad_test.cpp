@@ -71,6 +71,14 @@ TEST(OpGrad, Linear) {
   check_gradients(t.finish(), {});
 }
 
+// With a bias (Qwen2's q, k, v projections): db = sum of dy over rows.
+TEST(OpGrad, LinearWithBias) {
+  Tracer t;
+  Tensor x = t.parameter("x", {2, 3, 5}), w = t.parameter("w", {4, 5}), b = t.parameter("b", {4});
+  t.output("y0", t.linear(x, w, b));
+  check_gradients(t.finish(), {});
+}
+
 TEST(OpGrad, MatmulEveryTransposition) {
   for (int64_t ta : {0, 1})
     for (int64_t tb : {0, 1}) {
@@ -192,6 +200,31 @@ TEST(OpGrad, AttentionWithDocuments) {
       else
         ids.insert(ids.end(), ids.begin(), ids.end());
       feed.i["documents"] = ids;
+      check_gradients(t.finish(), feed);
+    }
+}
+
+// A sliding window (Mistral): windows of 1, 3 and longer than S = 9; with documents too.
+// S = 70 with W = 20 has tiles wholly outside the window and tiles across its edge.
+TEST(OpGrad, AttentionWithSlidingWindow) {
+  for (auto [S, window] : {std::pair<int64_t, int64_t>{9, 1}, {9, 3}, {9, 12}, {70, 20}})
+    for (bool packed : {false, true}) {
+      SCOPED_TRACE(str("S=", S, " window=", window, packed ? " packed" : ""));
+      const int64_t B = 2, NH = 4, NKV = 2, D = 4;
+      Tracer t;
+      Tensor q = t.parameter("q", {B, S, NH, D});
+      Tensor k = t.parameter("k", {B, S, NKV, D});
+      Tensor v = t.parameter("v", {B, S, NKV, D});
+      const double scale = 1.0 / std::sqrt(double(D));
+      Feed feed;
+      if (packed) {
+        Tensor docs = t.input(Role::documents, "documents", DType::i32, {B, S});
+        t.output("y0", t.attention(q, k, v, docs, true, scale, window));
+        for (int64_t b = 0; b < B; ++b)
+          for (int64_t i = 0; i < S; ++i) feed.i["documents"].push_back(int32_t(i >= S / 3) + int32_t(b && i >= S / 2));
+      } else {
+        t.output("y0", t.attention(q, k, v, true, scale, window));
+      }
       check_gradients(t.finish(), feed);
     }
 }

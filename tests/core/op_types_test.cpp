@@ -91,6 +91,7 @@ void matmuls_norms_rope_and_embedding_follow_the_operand_dtype() {
   for (DType d : {f32, bf16}) {
     SCOPED_TRACE(dtype_name(d));
     EXPECT_EQ(infer(OpKind::linear, {T(d, {2, 5, 8}), T(d, {3, 8})}), Types{T(d, {2, 5, 3})});
+    EXPECT_EQ(infer(OpKind::linear, {T(d, {2, 5, 8}), T(d, {3, 8}), T(d, {3})}), Types{T(d, {2, 5, 3})});
     EXPECT_EQ(infer(OpKind::matmul, {T(d, {5, 8}), T(d, {5, 3})}, {{"trans_a", int64_t{1}}}),
               Types{T(d, {8, 3})});
     // rstd, one value per row, is f32 whatever x is
@@ -120,6 +121,15 @@ void attention_keeps_an_f32_log_sum_exp() {
             std::string::npos);
   EXPECT_NE(infer_error(OpKind::attention, {q, T(f32, {1, 6, 2, 8}), kv}, attrs)
                 .find("q and k must have the same dtype, got q bf16[1, 6, 4, 8] and k f32[1, 6, 2, 8]"),
+            std::string::npos);
+  // A sliding window is causal only, and positive.
+  EXPECT_EQ(infer(OpKind::attention, {q, kv, kv}, {{"causal", int64_t{1}}, {"scale", 0.5}, {"window", int64_t{4}}}),
+            (Types{q, T(f32, {1, 4, 6})}));
+  EXPECT_NE(infer_error(OpKind::attention, {q, kv, kv}, {{"causal", int64_t{0}}, {"scale", 0.5}, {"window", int64_t{4}}})
+                .find("a 'window' needs causal attention"),
+            std::string::npos);
+  EXPECT_NE(infer_error(OpKind::attention, {q, kv, kv}, {{"causal", int64_t{1}}, {"scale", 0.5}, {"window", int64_t{-1}}})
+                .find("'window' must be positive"),
             std::string::npos);
 }
 
@@ -194,6 +204,8 @@ void mixed_f32_and_bf16_is_an_error_naming_both_types() {
   EXPECT_NE(infer_error(OpKind::swiglu, {a, b}).find("gate and up must have the same dtype"), std::string::npos);
   EXPECT_NE(infer_error(OpKind::silu_backward, {b, a}).find("dy and x must have the same dtype"), std::string::npos);
   EXPECT_NE(infer_error(OpKind::div_scalar, {b, T(f32, {})}).find("x and s must have the same dtype"),
+            std::string::npos);
+  EXPECT_NE(infer_error(OpKind::linear, {T(f32, {2, 8}), T(f32, {3, 8}), T(f32, {8})}).find("bias must be [3]"),
             std::string::npos);
   EXPECT_NE(infer_error(OpKind::linear, {T(bf16, {2, 8}), T(f32, {3, 8})})
                 .find("x and weight must have the same dtype, got x bf16[2, 8] and weight f32[3, 8]"),

@@ -205,6 +205,8 @@ std::vector<OpCase> op_cases() {
   cases.push_back({"embedding_backward", {{"dy", DType::f32, {2, 5, 8}}, {"t", DType::i32, {2, 5}}},
                    one(OpKind::embedding_backward, {{"vocab", int64_t{11}}}), {{"t", ids(10, 4, 2)}}, {}, false});
   cases.push_back({"linear", {{"x", DType::f32, {2, 5, H}}, {"w", DType::f32, {12, H}}}, one(OpKind::linear)});
+  cases.push_back({"linear_bias", {{"x", DType::f32, {2, 5, H}}, {"w", DType::f32, {12, H}}, {"b", DType::f32, {12}}},
+                   one(OpKind::linear)});
   cases.push_back({"matmul", {{"a", DType::f32, {6, 7}}, {"b", DType::f32, {7, 5}}}, one(OpKind::matmul)});
   cases.push_back({"matmul_ta", {{"a", DType::f32, {7, 6}}, {"b", DType::f32, {7, 5}}},
                    one(OpKind::matmul, {{"trans_a", int64_t{1}}})});
@@ -273,6 +275,24 @@ std::vector<OpCase> op_cases() {
                       {"v", DType::f32, {Bt, S, NKV, D}}, {"doc", DType::i32, {Bt, S}}},
                      [a](B& b, const Ins& in) { return b.emit(OpKind::attention, in, a); }, {{"doc", doc}}, {}, true, 1});
     cases.push_back({"attention_and_backward_documents",
+                     {{"q", DType::f32, {Bt, S, NH, D}}, {"k", DType::f32, {Bt, S, NKV, D}},
+                      {"v", DType::f32, {Bt, S, NKV, D}}, {"dout", DType::f32, {Bt, S, NH, D}},
+                      {"doc", DType::i32, {Bt, S}}},
+                     [a](B& b, const Ins& in) {
+                       auto f = b.emit(OpKind::attention, {in[0], in[1], in[2], in[4]}, a);
+                       return b.emit(OpKind::attention_backward, {in[3], in[0], in[1], in[2], f[0], f[1], in[4]}, a);
+                     }, {{"doc", doc}}, {}, false});
+  }
+  // A sliding window shorter than S (Mistral's), alone and with documents.
+  {
+    std::vector<int32_t> doc;
+    for (int64_t b = 0; b < Bt; ++b)
+      for (int64_t i = 0; i < S; ++i) doc.push_back(static_cast<int32_t>(i < S / 2 ? 0 : 1));
+    const Attrs a{{"causal", int64_t{1}}, {"scale", scale}, {"window", int64_t{3}}};
+    cases.push_back({"attention_window",
+                     {{"q", DType::f32, {Bt, S, NH, D}}, {"k", DType::f32, {Bt, S, NKV, D}}, {"v", DType::f32, {Bt, S, NKV, D}}},
+                     [a](B& b, const Ins& in) { return b.emit(OpKind::attention, in, a); }, {}, {}, true, 1});
+    cases.push_back({"attention_and_backward_window_documents",
                      {{"q", DType::f32, {Bt, S, NH, D}}, {"k", DType::f32, {Bt, S, NKV, D}},
                       {"v", DType::f32, {Bt, S, NKV, D}}, {"dout", DType::f32, {Bt, S, NH, D}},
                       {"doc", DType::i32, {Bt, S}}},
@@ -523,8 +543,8 @@ TEST(CudaAttentionKernel, DocumentIdsMaskAcrossDocuments) {
       DeviceBuffer<float> dq_(q), dk_(k), dv_(v), ddout(dout), out(q.size()), lse(ref.lse.size()), gq(q.size()),
           gk(k.size()), gv(v.size()), delta(ref.lse.size());
       DeviceBuffer<int32_t> ddoc(doc);
-      cuda::attention_forward(cuda::Dt::f32, d, causal, float(scale), dq_.p, dk_.p, dv_.p, ddoc.p, out.p, lse.p, nullptr);
-      cuda::attention_backward(cuda::Dt::f32, d, causal, float(scale), dq_.p, dk_.p, dv_.p, out.p, lse.p, ddout.p,
+      cuda::attention_forward(cuda::Dt::f32, d, causal, 0, float(scale), dq_.p, dk_.p, dv_.p, ddoc.p, out.p, lse.p, nullptr);
+      cuda::attention_backward(cuda::Dt::f32, d, causal, 0, float(scale), dq_.p, dk_.p, dv_.p, out.p, lse.p, ddout.p,
                                ddoc.p, gq.p, gk.p, gv.p, delta.p, nullptr);
       check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize", "attention kernels");
       // f32 against double over sums of <= S terms: ~S * 2^-24; 2e-5 as kF32Tol.
@@ -549,8 +569,8 @@ TEST(CudaAttentionKernel, LongSequenceMatchesTheDoubleReference) {
   const AttnRef ref = attention_reference(d, true, scale, q, k, v, dout, doc);
   DeviceBuffer<float> dq_(q), dk_(k), dv_(v), ddout(dout), out(q.size()), lse(ref.lse.size()), gq(q.size()),
       gk(k.size()), gv(v.size()), delta(ref.lse.size());
-  cuda::attention_forward(cuda::Dt::f32, d, true, float(scale), dq_.p, dk_.p, dv_.p, nullptr, out.p, lse.p, nullptr);
-  cuda::attention_backward(cuda::Dt::f32, d, true, float(scale), dq_.p, dk_.p, dv_.p, out.p, lse.p, ddout.p, nullptr,
+  cuda::attention_forward(cuda::Dt::f32, d, true, 0, float(scale), dq_.p, dk_.p, dv_.p, nullptr, out.p, lse.p, nullptr);
+  cuda::attention_backward(cuda::Dt::f32, d, true, 0, float(scale), dq_.p, dk_.p, dv_.p, out.p, lse.p, ddout.p, nullptr,
                            gq.p, gk.p, gv.p, delta.p, nullptr);
   check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize", "attention kernels");
   EXPECT_LT(normalised_error(out.host(), as_float(ref.out)), kF32Tol);

@@ -1,8 +1,9 @@
 // The flash-style CPU attention kernels against the plain double-precision reference:
 // forward (out, lse) and backward (dq, dk, dv) over sequence lengths that are and are not
 // multiples of the tile, GQA ratios, head dims, causal and not, with and without document
-// ids (packed samples); bitwise determinism across thread counts; and the O(S) workspace,
-// including one long run at S = 16384.
+// ids (packed samples), with a sliding window (alone and with documents); bitwise
+// determinism across thread counts; and the O(S) workspace, including one long run at
+// S = 16384.
 #include "kernels/cpu/attention.h"
 
 #include <gtest/gtest.h>
@@ -60,7 +61,7 @@ Tensors make_inputs(const AttentionDims& d, uint32_t seed) {
 
 // Runs forward then backward with a workspace of exactly the advertised size.
 void run_kernels(const AttentionDims& d, bool causal, float scale, Tensors& t,
-                 const int32_t* documents = nullptr) {
+                 const int32_t* documents = nullptr, int64_t window = 0) {
   const int threads = omp_get_max_threads();
   t.out.assign(d.B * d.S * d.NH * d.D, 0.0f);
   t.lse.assign(d.B * d.NH * d.S, 0.0f);
@@ -72,10 +73,10 @@ void run_kernels(const AttentionDims& d, bool causal, float scale, Tensors& t,
                                  autosp::cpu::attention_backward_workspace_floats(d, threads)),
                         std::numeric_limits<float>::quiet_NaN());
   autosp::cpu::attention_forward(d, causal, scale, t.q.data(), t.k.data(), t.v.data(),
-                                 t.out.data(), t.lse.data(), ws.data(), threads, documents);
+                                 t.out.data(), t.lse.data(), ws.data(), threads, documents, window);
   autosp::cpu::attention_backward(d, causal, scale, t.q.data(), t.k.data(), t.v.data(),
                                   t.out.data(), t.lse.data(), t.dout.data(), t.dq.data(),
-                                  t.dk.data(), t.dv.data(), ws.data(), threads, documents);
+                                  t.dk.data(), t.dv.data(), ws.data(), threads, documents, window);
 }
 
 // Document ids [B, S]: row b holds documents of lengths[b % lengths.size()] in order; the
@@ -261,6 +262,120 @@ TEST(AttentionKernelDocuments, BitwiseEqualAcrossThreadCountsAndSchedules) {
       }
     }
   }
+  omp_set_num_threads(saved);
+  EXPECT_TRUE(saw_split && saw_fused) << "both backward schedules must be compared";
+}
+
+// ---- sliding window (Mistral) ----------------------------------------------------------
+// Windows of 1 (each query sees itself), shorter than a tile, a tile and one more, across
+// several tiles, and longer than S (no effect); alone and with documents, on both GQA
+// layouts; the same tolerance as above (the same sums over at most W keys).
+TEST(AttentionKernelWindow, ForwardAndBackwardMatchDouble) {
+  for (int64_t window : {1, 5, 64, 65, 100, 300})
+    for (int64_t S : {100, 257})
+      for (auto [NH, NKV] : {std::pair<int64_t, int64_t>{4, 2}, {4, 1}})
+        for (int64_t D : {16, 40})
+          for (bool packed : {false, true}) {
+            const AttentionDims d{2, S, NH, NKV, D};
+            const std::vector<int32_t> docs = documents_of(d, {{37, 27, 100}, {64, 1, 70}});
+            const int32_t* ids = packed ? docs.data() : nullptr;
+            const std::string at = "window " + std::to_string(window) + " S=" + std::to_string(S) + " NH=" +
+                                   std::to_string(NH) + " NKV=" + std::to_string(NKV) + " D=" + std::to_string(D) +
+                                   (packed ? " packed" : "");
+            const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+            Tensors t = make_inputs(d, static_cast<uint32_t>(S + NH + D + window));
+            run_kernels(d, true, scale, t, ids, window);
+            std::vector<double> out(t.out.size()), lse(t.lse.size());
+            std::vector<double> dq(t.dq.size()), dk(t.dk.size()), dv(t.dv.size());
+            const auto q = to_double(t.q), k = to_double(t.k), v = to_double(t.v), dout = to_double(t.dout);
+            autosp::cpu::attention_forward_reference(d, true, scale, q.data(), k.data(), v.data(), out.data(),
+                                                     lse.data(), ids, window);
+            autosp::cpu::attention_backward_reference(d, true, scale, q.data(), k.data(), v.data(), dout.data(),
+                                                      dq.data(), dk.data(), dv.data(), ids, window);
+            EXPECT_LE(normalised_max_error(t.out, out), kTolerance) << "out, " << at;
+            EXPECT_LE(normalised_max_error(t.lse, lse), kTolerance) << "lse, " << at;
+            EXPECT_LE(normalised_max_error(t.dq, dq), kTolerance) << "dq, " << at;
+            EXPECT_LE(normalised_max_error(t.dk, dk), kTolerance) << "dk, " << at;
+            EXPECT_LE(normalised_max_error(t.dv, dv), kTolerance) << "dv, " << at;
+          }
+}
+
+// The reference's window is what Hugging Face's Mistral masks (masking_utils'
+// sliding_window_overlay: kv_idx > q_idx - sliding_window): query i sees W keys, itself
+// and the W - 1 before it. With W = 1 attention returns each query's own value row.
+TEST(AttentionKernelWindow, WindowOfOneSeesOnlyItself) {
+  const AttentionDims d{1, 70, 2, 1, 16};
+  Tensors t = make_inputs(d, 3);
+  run_kernels(d, true, 0.25f, t, nullptr, 1);
+  for (int64_t i = 0; i < d.S; ++i)
+    for (int64_t h = 0; h < d.NH; ++h)
+      for (int64_t e = 0; e < d.D; ++e)
+        ASSERT_EQ(t.out[(i * d.NH + h) * d.D + e], t.v[i * d.D + e]) << "row " << i << " head " << h;
+}
+
+// Tiles wholly outside the window are never computed, forward or backward: with W = 64,
+// key block [0, 64) is outside every window of query blocks from 128 on, and query block
+// [192, 256) outside every window over key block [0, 64). NaN in those rows (keys and
+// values; queries and output gradients) leaves what only far rows read bitwise as with
+// finite values there; a kernel that computed the tile (even masked: 0 x NaN) would not.
+TEST(AttentionKernelWindow, TilesOutsideTheWindowAreSkippedBothWays) {
+  const AttentionDims d{1, 256, 4, 2, 32};
+  const int64_t W = 64;
+  const int saved = omp_get_max_threads();
+  for (int threads : {1, 16}) {  // the fused and the split backward schedules
+    omp_set_num_threads(threads);
+    Tensors clean = make_inputs(d, 9);
+    run_kernels(d, true, 0.2f, clean, nullptr, W);
+    Tensors far_keys = make_inputs(d, 9), far_queries = make_inputs(d, 9);
+    for (int64_t j = 0; j < 64; ++j)
+      for (int64_t e = 0; e < d.NKV * d.D; ++e)
+        far_keys.k[j * d.NKV * d.D + e] = far_keys.v[j * d.NKV * d.D + e] = NAN;
+    for (int64_t i = 192; i < 256; ++i)
+      for (int64_t e = 0; e < d.NH * d.D; ++e)
+        far_queries.q[i * d.NH * d.D + e] = far_queries.dout[i * d.NH * d.D + e] = NAN;
+    run_kernels(d, true, 0.2f, far_keys, nullptr, W);
+    run_kernels(d, true, 0.2f, far_queries, nullptr, W);
+    const std::string where = std::to_string(threads) + " threads";
+    // Queries from 128 on (out, dq; lse is [NH, S]) never read keys 0..63.
+    const size_t q_from = 128 * d.NH * d.D;
+    EXPECT_EQ(0, std::memcmp(clean.out.data() + q_from, far_keys.out.data() + q_from,
+                             (clean.out.size() - q_from) * sizeof(float))) << "out, " << where;
+    EXPECT_EQ(0, std::memcmp(clean.dq.data() + q_from, far_keys.dq.data() + q_from,
+                             (clean.dq.size() - q_from) * sizeof(float))) << "dq, " << where;
+    for (int64_t h = 0; h < d.NH; ++h)
+      EXPECT_EQ(0, std::memcmp(clean.lse.data() + h * d.S + 128, far_keys.lse.data() + h * d.S + 128,
+                               128 * sizeof(float))) << "lse, " << where;
+    // Keys 0..63 (dk, dv) never meet queries from 192 on.
+    const size_t k_to = 64 * d.NKV * d.D;
+    EXPECT_EQ(0, std::memcmp(clean.dk.data(), far_queries.dk.data(), k_to * sizeof(float))) << "dk, " << where;
+    EXPECT_EQ(0, std::memcmp(clean.dv.data(), far_queries.dv.data(), k_to * sizeof(float))) << "dv, " << where;
+  }
+  omp_set_num_threads(saved);
+}
+
+// With a window too, results are bitwise the same on any thread count and schedule.
+TEST(AttentionKernelWindow, BitwiseEqualAcrossThreadCountsAndSchedules) {
+  const int saved = omp_get_max_threads();
+  bool saw_split = false, saw_fused = false;
+  for (const AttentionDims d : {AttentionDims{2, 300, 8, 2, 64}, AttentionDims{1, 300, 4, 2, 40}})
+    for (bool packed : {false, true}) {
+      const std::vector<int32_t> docs = documents_of(d, {{37, 127, 100}, {64, 1, 170}});
+      Tensors one = make_inputs(d, 5);
+      omp_set_num_threads(1);
+      run_kernels(d, true, 0.125f, one, packed ? docs.data() : nullptr, 90);
+      for (int threads : {3, 16}) {
+        Tensors many = make_inputs(d, 5);
+        omp_set_num_threads(threads);
+        const bool split = autosp::cpu::attention_backward_is_split(d, threads);
+        (split ? saw_split : saw_fused) = true;
+        run_kernels(d, true, 0.125f, many, packed ? docs.data() : nullptr, 90);
+        const std::string where = "B=" + std::to_string(d.B) + (packed ? " packed " : " ") + std::to_string(threads) +
+                                  " threads";
+        for (auto [a, b, name] : {std::tuple{&one.out, &many.out, "out"}, {&one.lse, &many.lse, "lse"},
+                                  {&one.dq, &many.dq, "dq"}, {&one.dk, &many.dk, "dk"}, {&one.dv, &many.dv, "dv"}})
+          EXPECT_EQ(0, std::memcmp(a->data(), b->data(), a->size() * sizeof(float))) << name << ", " << where;
+      }
+    }
   omp_set_num_threads(saved);
   EXPECT_TRUE(saw_split && saw_fused) << "both backward schedules must be compared";
 }

@@ -68,10 +68,17 @@ TEST(Isa, AnInstructionSetThisCpuLacksIsRefused) {
 // different orders; they must agree to fp32 rounding (each is within 2e-6 of the double
 // reference in attention_test.cpp). S = 200 is not a multiple of the tile, D = 40 not of
 // either vector width, NH / NKV = 3; also with documents (packed samples) whose boundaries
-// fall inside tiles and on a tile edge.
+// fall inside tiles and on a tile edge, and with a sliding window of 50 (tiles wholly
+// outside it skipped, tiles across its edge masked), alone and with the documents.
 TEST(Isa, Avx2AndAvx512AttentionAgree) {
   if (!both_run()) GTEST_SKIP() << "needs a CPU with AVX-512 to run both copies";
-  for (auto [D, packed] : {std::pair{int64_t{40}, false}, {64, false}, {40, true}, {64, true}}) {
+  struct Case {
+    int64_t D;
+    bool packed;
+    int64_t window;
+  };
+  for (auto [D, packed, window] : {Case{40, false, 0}, {64, false, 0}, {40, true, 0}, {64, true, 0}, {40, false, 50},
+                                   {64, true, 50}}) {
     const cpu::AttentionDims d{2, 200, 6, 2, D};
     const size_t nq = d.B * d.S * d.NH * d.D, nk = d.B * d.S * d.NKV * d.D;
     const auto q = random_floats(nq, 1, -2, 2), k = random_floats(nk, 2, -2, 2);
@@ -91,9 +98,9 @@ TEST(Isa, Avx2AndAvx512AttentionAgree) {
                std::vector<float>(nk), std::vector<float>(nk)};
       std::vector<float> ws(std::max(fwd_ws(d, threads), bwd_ws(d, threads)), NAN);
       const float scale = 1.0f / std::sqrt(float(D));
-      fwd(d, true, scale, q.data(), k.data(), v.data(), r.out.data(), r.lse.data(), ws.data(), threads, docs);
+      fwd(d, true, scale, q.data(), k.data(), v.data(), r.out.data(), r.lse.data(), ws.data(), threads, docs, window);
       bwd(d, true, scale, q.data(), k.data(), v.data(), r.out.data(), r.lse.data(), dout.data(),
-          r.dq.data(), r.dk.data(), r.dv.data(), ws.data(), threads, docs);
+          r.dq.data(), r.dk.data(), r.dv.data(), ws.data(), threads, docs, window);
       return r;
     };
     const Result a = run(cpu::avx2::attention_forward_workspace_floats, cpu::avx2::attention_backward_workspace_floats,
@@ -101,11 +108,11 @@ TEST(Isa, Avx2AndAvx512AttentionAgree) {
     const Result b = run(cpu::avx512::attention_forward_workspace_floats,
                          cpu::avx512::attention_backward_workspace_floats, cpu::avx512::attention_forward,
                          cpu::avx512::attention_backward);
-    EXPECT_LT(normalised_error(a.out, b.out), 4e-6) << "D=" << D << " packed=" << packed;
-    EXPECT_LT(normalised_error(a.lse, b.lse), 4e-6) << "D=" << D << " packed=" << packed;
-    EXPECT_LT(normalised_error(a.dq, b.dq), 4e-6) << "D=" << D << " packed=" << packed;
-    EXPECT_LT(normalised_error(a.dk, b.dk), 4e-6) << "D=" << D << " packed=" << packed;
-    EXPECT_LT(normalised_error(a.dv, b.dv), 4e-6) << "D=" << D << " packed=" << packed;
+    EXPECT_LT(normalised_error(a.out, b.out), 4e-6) << "D=" << D << " packed=" << packed << " window=" << window;
+    EXPECT_LT(normalised_error(a.lse, b.lse), 4e-6) << "D=" << D << " packed=" << packed << " window=" << window;
+    EXPECT_LT(normalised_error(a.dq, b.dq), 4e-6) << "D=" << D << " packed=" << packed << " window=" << window;
+    EXPECT_LT(normalised_error(a.dk, b.dk), 4e-6) << "D=" << D << " packed=" << packed << " window=" << window;
+    EXPECT_LT(normalised_error(a.dv, b.dv), 4e-6) << "D=" << D << " packed=" << packed << " window=" << window;
   }
 }
 

@@ -39,7 +39,7 @@ def main():
         "torch_dtype": str(config.torch_dtype).replace("torch.", ""),
         "weight_dtypes": weight_dtypes,
         "rope_theta": config.rope_theta,
-        "rope_scaling": config.rope_scaling,
+        "rope_scaling": getattr(config, "rope_scaling", None),  # not every config class has one
         "bos_token_id": config.bos_token_id,
         "eos_token_id": config.eos_token_id,
         "warnings": [str(w.message) for w in caught],

@@ -77,6 +77,40 @@ TEST(AutospPass, FourAllToAllPerAttentionAndOneLossCountAllReduce) {
   }
 }
 
+// Qwen2 (q/k/v biases), Qwen3 (per-head q/k norms) and Mistral (a sliding window) are the
+// same decoder to the pass, which knows none of their names: the same collectives, the
+// biases and q/k norms run on this rank's sequence slice before the exchange (row-wise, with
+// replicated weights), and the window stays on each attention, which runs on the whole
+// (padded) sequence, so it counts global positions.
+TEST(AutospPass, QwenAndMistralGetTheSameCollectivesAndKeepTheWindow) {
+  for (const char* family : {"qwen2", "qwen3", "mistral"}) {
+    SCOPED_TRACE(family);
+    const int64_t layers = 2, S = 13, P = 2;
+    models::LlamaConfig c = small_llama(layers, 4, 1);
+    c.qkv_bias = std::string(family) == "qwen2";
+    c.qk_norm = std::string(family) == "qwen3";
+    c.sliding_window = std::string(family) == "mistral" ? 5 : 0;
+    Graph g = autosp(models::llama_forward(c, {.batch = 2, .seq_len = S}), {.sp_size = P});
+    EXPECT_EQ(collectives(g).size(), size_t(4 * layers + 1));
+    int attentions = 0, norms_before = 0, biased = 0;
+    for (const Node& n : g.nodes()) {
+      if (n.op == OpKind::attention) {
+        ++attentions;
+        EXPECT_EQ(g.shape(n.inputs[0])[1], 14);  // the whole sequence, padded to a multiple of P
+        EXPECT_EQ(n.attrs.get_int("window", 0), c.sliding_window);
+      }
+      if (n.op == OpKind::rms_norm && g.shape(n.inputs[0]).size() == 4) {
+        ++norms_before;
+        EXPECT_EQ(g.shape(n.inputs[0])[1], 7);  // this rank's slice
+      }
+      if (n.op == OpKind::linear && n.inputs.size() == 3) ++biased;
+    }
+    EXPECT_EQ(attentions, layers);
+    EXPECT_EQ(norms_before, c.qk_norm ? 2 * layers : 0);
+    EXPECT_EQ(biased, c.qkv_bias ? 3 * layers : 0);
+  }
+}
+
 // Packed samples: the document ids are a sequence input, split like the others, and one
 // all_gather (dim 1, over the group) makes them whole for every attention, which then runs
 // on head shards over the whole padded sequence; tokens, positions and labels stay sharded.

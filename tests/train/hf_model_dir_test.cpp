@@ -306,6 +306,60 @@ TEST(HfModelDir, TransformersLoadsTheCheckpointAndComputesAutospsNextLoss) {
   }
 }
 
+// Qwen2, Qwen3 and Mistral (tests/fixtures/hf_families): a checkpoint keeps the config.json
+// transformers wrote (architecture, model_type, its own keys such as Mistral's sliding_window;
+// dtype as saved) and holds exactly the tensors transformers' save_pretrained wrote, by name and
+// shape; transformers 4.46 (the test venv) loads
+// the Qwen2 and Mistral checkpoints without a missing or unexpected key and computes the loss
+// autosp's next step computes. (4.46 has no Qwen3: its checkpoint is held to the names, shapes
+// and config transformers 4.57 wrote, which loaded it when this test was written; see the
+// fixture script.)
+TEST(HfModelDir, QwenAndMistralCheckpointsAreModelsTransformersLoads) {
+  for (const char* name : {"qwen2", "qwen3", "mistral"}) {
+    SCOPED_TRACE(name);
+    const std::string dir = source_path(str("tests/fixtures/hf_families/", name));
+    const json expected = read_json(dir + "/expected.json");
+    const std::vector<int32_t> tokens = expected["tokens"].get<std::vector<int32_t>>();
+    testing::TempDir tmp("hf_family_ckpt");
+    std::ofstream(tmp / "tokens.bin", std::ios::binary)
+        .write(reinterpret_cast<const char*>(tokens.data()), std::streamsize(tokens.size() * 4));
+    std::ofstream(tmp / "ds.json") << R"({"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
+        "optimizer": {"type": "AdamW", "params": {"lr": 0.01}}})";
+    const std::string train = str(AUTOSP_BINARY, " train --config ", tmp / "ds.json", " --data ", tmp / "tokens.bin");
+    auto r = testing::run_command(str(train, " --model ", dir, " --seq-len 30 --steps 2 --save ", tmp / "ck"));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    r = testing::run_command(str(train, " --resume ", tmp / "ck", " --steps 3 --metrics ", tmp / "next.jsonl"));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const auto next = testing::read_metrics(tmp / "next.jsonl");
+    ASSERT_EQ(next.size(), 1u);
+
+    json saved = read_json(tmp / "ck/config.json"), given = read_json(dir + "/config.json");
+    EXPECT_EQ(saved["torch_dtype"], "float32");
+    saved.erase("torch_dtype");
+    EXPECT_EQ(saved.dump(), given.dump());
+    const auto ours = io::read_safetensors(tmp / "ck/model.safetensors");
+    const auto theirs = io::read_safetensors(dir + "/model.safetensors");
+    ASSERT_EQ(ours.size(), theirs.size());
+    for (const auto& [tensor, t] : theirs) {
+      ASSERT_TRUE(ours.count(tensor)) << tensor;
+      EXPECT_EQ(ours.at(tensor).shape, t.shape) << tensor;
+    }
+
+    if (std::string(name) == "qwen3") continue;
+    const json hf = transformers_load(tmp / "ck", tokens);
+    ASSERT_TRUE(hf.contains("loss")) << hf.dump();
+    EXPECT_EQ(hf["missing_keys"], json::array());
+    EXPECT_EQ(hf["unexpected_keys"], json::array());
+    EXPECT_EQ(hf["mismatched_keys"], json::array());
+    EXPECT_EQ(hf["error_msgs"], json::array());
+    // fp32 weights: transformers (float64) and autosp's next step (fp32) on the same ones,
+    // as the Llama checkpoint test above.
+    EXPECT_NEAR(hf["loss"].get<double>(), next[0]["loss"].get<double>(), 1e-5);
+    std::printf("%s: transformers %.9f, autosp's next step %.9f\n", name, hf["loss"].get<double>(),
+                next[0]["loss"].get<double>());
+  }
+}
+
 // ---------------------------------------------------------------------------- config.json
 json v5_config() { return read_json(source_path("tests/fixtures/hf/llama3_f32_v5/config.json")); }
 json v4_config() { return read_json(source_path("tests/fixtures/hf/llama3_f32_v4/config.json")); }
@@ -320,6 +374,72 @@ TEST(HfConfig, BothFormsDescribeTheSameModel) {
   both["rope_scaling"] = v4_config()["rope_scaling"];
   both["torch_dtype"] = "float32";
   EXPECT_EQ(models::llama_config_json(models::parse_llama_config(both, "both")), models::llama_config_json(a));
+}
+
+// Qwen2, Qwen3 and Mistral configs as transformers 4.57 wrote them (tests/fixtures/hf_families):
+// each architecture's settings, its defaults where a key is missing, and what autosp refuses.
+json family_config(const char* name) {
+  return read_json(source_path(str("tests/fixtures/hf_families/", name, "/config.json")));
+}
+
+TEST(HfConfig, QwenAndMistralSettingsDefaultsAndRefusals) {
+  std::vector<std::string> warnings;
+  for (const char* name : {"qwen2", "qwen3", "mistral"}) {
+    models::parse_llama_config(family_config(name), name, &warnings);
+    EXPECT_TRUE(warnings.empty()) << name << ": every key transformers wrote is known: " << warnings.front();
+  }
+  // Mistral: sliding_window null is none; missing is MistralConfig's default, 4096.
+  json c = family_config("mistral");
+  c["sliding_window"] = nullptr;
+  EXPECT_EQ(models::parse_llama_config(c, "cfg.json").sliding_window, 0);
+  c.erase("sliding_window");
+  EXPECT_EQ(models::parse_llama_config(c, "cfg.json").sliding_window, 4096);
+  c["sliding_window"] = 0;
+  expect_contains(user_error_of([&] { models::parse_llama_config(c, "cfg.json"); }),
+                  {"cfg.json", "sliding_window", "positive integer"});
+  // Qwen3: head_dim missing is Qwen3Config's 128, not hidden_size / heads.
+  c = family_config("qwen3");
+  c.erase("head_dim");
+  EXPECT_EQ(models::parse_llama_config(c, "cfg.json").head_dim, 128);
+  c = family_config("qwen3");
+  c["attention_bias"] = true;
+  expect_contains(user_error_of([&] { models::parse_llama_config(c, "cfg.json"); }),
+                  {"cfg.json", "attention_bias", "Qwen3ForCausalLM"});
+  // Qwen2's and Qwen3's window (layers from max_window_layers on) is refused, by key.
+  for (const char* name : {"qwen2", "qwen3"}) {
+    c = family_config(name);
+    c["use_sliding_window"] = true;
+    c["sliding_window"] = 8;
+    expect_contains(user_error_of([&] { models::parse_llama_config(c, "cfg.json"); }),
+                    {"cfg.json", "use_sliding_window", "true is not supported", "full attention"});
+    c = family_config(name);
+    c["layer_types"][1] = "sliding_attention";
+    expect_contains(user_error_of([&] { models::parse_llama_config(c, "cfg.json"); }),
+                    {"cfg.json", "layer_types[1]", "sliding_attention", "is not supported"});
+  }
+  // An architecture autosp does not train, or a model_type that is another's.
+  c = family_config("qwen2");
+  c["architectures"] = {"Qwen2MoeForCausalLM"};
+  expect_contains(user_error_of([&] { models::parse_llama_config(c, "cfg.json"); }),
+                  {"cfg.json", "architectures", "Qwen2MoeForCausalLM", "is not supported", "Qwen3ForCausalLM"});
+  c = family_config("qwen2");
+  c["model_type"] = "qwen3";
+  expect_contains(user_error_of([&] { models::parse_llama_config(c, "cfg.json"); }),
+                  {"cfg.json", "model_type", "\"qwen3\" does not match", "Qwen2ForCausalLM"});
+  // Without architectures, model_type says which.
+  c = family_config("mistral");
+  c.erase("architectures");
+  EXPECT_EQ(models::parse_llama_config(c, "cfg.json").architecture, "MistralForCausalLM");
+  // Written back in code (llama_config_json), each reads as the same model.
+  for (const char* name : {"qwen2", "qwen3", "mistral"}) {
+    const models::LlamaConfig m = models::parse_llama_config(family_config(name), name);
+    const models::LlamaConfig back = models::parse_llama_config(models::llama_config_json(m), name);
+    EXPECT_EQ(models::llama_config_json(back), models::llama_config_json(m)) << name;
+    EXPECT_EQ(back.architecture, m.architecture);
+    EXPECT_EQ(back.qkv_bias, m.qkv_bias);
+    EXPECT_EQ(back.qk_norm, m.qk_norm);
+    EXPECT_EQ(back.sliding_window, m.sliding_window);
+  }
 }
 
 TEST(HfConfig, RopeKeysThatDisagreeAreAnErrorNamingBoth) {

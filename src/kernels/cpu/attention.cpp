@@ -119,29 +119,45 @@ constexpr int64_t region(int64_t floats) { return round_up(floats, W); }
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// ---- document masks --------------------------------------------------------------------
-// The document ids of one sequence of the batch, or none (one document). Ids are
-// non-decreasing, so rows [r0, r0 + n) hold documents ids[r0] .. ids[r0 + n - 1], and a tile
-// of queries [i0, i0 + qb) and keys [j0, j0 + kb) is
-//   skip:  no query sees any key (their id ranges are disjoint): not computed at all;
-//   whole: every row in one document: no mask beyond the causal one;
-//   mixed: some pairs cross documents: those scores are masked one by one.
-struct Docs {
+// ---- masks beyond causal ---------------------------------------------------------------
+// Documents and the sliding window, for one sequence of the batch. Document ids (null: one
+// document) are non-decreasing, so rows [r0, r0 + n) hold documents ids[r0] .. ids[r0 + n - 1];
+// the window W (0: none) hides key j from query i when i - j >= W. A tile of queries
+// [i0, i0 + qb) and keys [j0, j0 + kb) is
+//   skip:  no query sees any key (their document ranges are disjoint, or even the nearest
+//          pair (i0, j0 + kb - 1) is W or more apart): not computed at all;
+//   whole: every pair in one document and within the window: no mask beyond the causal one;
+//   mixed: some pairs are hidden: those scores are masked one by one (hidden()).
+// So the work is the sum over documents of their squared lengths, and with a window about
+// S x W instead of S^2 / 2.
+struct Mask {
   enum Tile { skip, whole, mixed };
   const int32_t* ids = nullptr;
+  int64_t window = 0;
 
   Tile tile(int64_t i0, int64_t qb, int64_t j0, int64_t kb) const {
-    if (!ids) return whole;
-    const int32_t qlo = ids[i0], qhi = ids[i0 + qb - 1], klo = ids[j0], khi = ids[j0 + kb - 1];
-    if (qhi < klo || khi < qlo) return skip;
-    return qlo == qhi && klo == khi ? whole : mixed;
+    Tile t = whole;
+    if (window > 0) {
+      if (i0 - (j0 + kb - 1) >= window) return skip;
+      if (i0 + qb - 1 - j0 >= window) t = mixed;  // the farthest pair is outside
+    }
+    if (ids) {
+      const int32_t qlo = ids[i0], qhi = ids[i0 + qb - 1], klo = ids[j0], khi = ids[j0 + kb - 1];
+      if (qhi < klo || khi < qlo) return skip;
+      if (qlo != qhi || klo != khi) t = mixed;
+    }
+    return t;
   }
-  // The ids a tile must mask by, or null when it needs none.
-  const int32_t* mask(Tile t) const { return t == mixed ? ids : nullptr; }
+  // Whether query i must not see key j <= i (a mixed tile's pairs; causality is apart).
+  bool hidden(int64_t i, int64_t j) const { return (ids && ids[i] != ids[j]) || (window > 0 && i - j >= window); }
+  // What a tile must mask by (tile_p_ds): this mask for a mixed tile, else null.
+  const Mask* mixed_mask(Tile t) const { return t == mixed ? this : nullptr; }
+  // Window: whether query block i0 and every later one are past all of key block [j0, j0 + kb).
+  bool past_window(int64_t i0, int64_t j0, int64_t kb) const { return window > 0 && i0 - (j0 + kb - 1) >= window; }
 };
 
-Docs docs_of(const int32_t* documents, int64_t S, int64_t b) {
-  return {documents ? documents + b * S : nullptr};
+Mask mask_of(const int32_t* documents, int64_t window, int64_t S, int64_t b) {
+  return {documents ? documents + b * S : nullptr, window};
 }
 
 struct ForwardPlan {
@@ -224,7 +240,7 @@ BackwardPlan plan_backward(const AttentionDims& d, int threads) {
 // One work item: query block [i0, i0 + qb) of head h in batch b.
 void forward_block(const AttentionDims& d, bool causal, float scale, const float* q,
                    const float* k, const float* v, float* out, float* lse, int64_t b, int64_t h,
-                   int64_t i0, const Docs& docs, float* ws, const ForwardPlan& plan) {
+                   int64_t i0, const Mask& mask, float* ws, const ForwardPlan& plan) {
   const int64_t S = d.S, D = d.D, NH = d.NH, NKV = d.NKV;
   const int64_t kvh = h / (NH / NKV);
   const int64_t qb = std::min(kBq, S - i0);
@@ -243,11 +259,13 @@ void forward_block(const AttentionDims& d, bool causal, float scale, const float
   for (int64_t r = 0; r < kBq; ++r) m[r] = -std::numeric_limits<float>::infinity(), l[r] = 0.0f;
 
   const int64_t j_end = causal ? i0 + qb : S;  // keys at or past j_end are masked for all rows
+  // Window: key blocks before the one holding i0 - W + 1 are hidden from every row.
+  const int64_t j_begin = mask.window > 0 ? std::max<int64_t>(0, i0 - mask.window + 1) / kBk * kBk : 0;
   bool first = true;
-  for (int64_t j0 = 0; j0 < j_end; j0 += kBk) {
+  for (int64_t j0 = j_begin; j0 < j_end; j0 += kBk) {
     const int64_t kb = std::min(kBk, j_end - j0);
-    const Docs::Tile tile = docs.tile(i0, qb, j0, kb);
-    if (tile == Docs::skip) continue;
+    const Mask::Tile tile = mask.tile(i0, qb, j0, kb);
+    if (tile == Mask::skip) continue;
     const float* krow = k + ((b * S + j0) * NKV + kvh) * D;
     const float* vrow = v + ((b * S + j0) * NKV + kvh) * D;
     // S^T = K_j (scale Q_i)^T: rows are keys, the vector dimension is queries, so the
@@ -258,16 +276,16 @@ void forward_block(const AttentionDims& d, bool causal, float scale, const float
         for (int64_t r = 0; r < std::min(kBq, j0 + c - i0); ++r)
           st[c * kBq + r] = -std::numeric_limits<float>::infinity();
     }
-    if (const int32_t* ids = docs.mask(tile)) {
+    if (tile == Mask::mixed) {
       for (int64_t c = 0; c < kb; ++c)
         for (int64_t r = 0; r < qb; ++r)
-          if (ids[i0 + r] != ids[j0 + c]) st[c * kBq + r] = -std::numeric_limits<float>::infinity();
+          if (mask.hidden(i0 + r, j0 + c)) st[c * kBq + r] = -std::numeric_limits<float>::infinity();
     }
     for (int64_t r = 0; r < kBq; r += W) {
       vf mx = load(m + r);
       const vf m_old = mx;
       for (int64_t c = 0; c < kb; ++c) mx = vmax(mx, load(st + c * kBq + r));
-      // A row that has seen no key yet (documents) still has max -inf; subtracting the
+      // A row that has seen no key yet (documents, window) still has max -inf; subtracting the
       // lowest float instead makes its exp(-inf - max) 0, not NaN. Otherwise ms = mx.
       const vf ms = vmax(mx, splat(-std::numeric_limits<float>::max()));
       vf sum{};
@@ -342,9 +360,9 @@ void load_kv_transposed(const AttentionDims& d, const float* k, const float* v, 
 
 // P = exp(scale Q_i K_j^T - lse_i) (masked and padding keys 0) and dS = P (dO_i V_j^T - delta_i)
 // of tile (query block [i0, i0 + qb), key block [j0, j0 + kb)), into p and ds (qb x kBk).
-// mask_ids (a mixed tile's document ids, else null): pairs across documents get P = 0.
+// mixed (a mixed tile's mask, else null): its hidden pairs get P = 0.
 void tile_p_ds(const AttentionDims& d, bool causal, float scale, const HeadView& hv, int64_t i0,
-               int64_t qb, int64_t j0, int64_t kb, const int32_t* mask_ids, const float* kT,
+               int64_t qb, int64_t j0, int64_t kb, const Mask* mixed, const float* kT,
                const float* vT, float* p, float* ds) {
   const float* qi = hv.q + i0 * hv.qs;
   const float* doi = hv.dout + i0 * hv.qs;
@@ -358,9 +376,9 @@ void tile_p_ds(const AttentionDims& d, bool causal, float scale, const HeadView&
     // Masked keys (j > i) and padding columns (c >= kb) get probability 0.
     const int64_t c_end = diag ? std::clamp<int64_t>(i0 + r - j0 + 1, 0, kb) : kb;
     for (int64_t c = c_end; c < kBk; ++c) pr[c] = 0.0f;
-    if (mask_ids) {
+    if (mixed) {
       for (int64_t c = 0; c < c_end; ++c)
-        if (mask_ids[j0 + c] != mask_ids[i0 + r]) pr[c] = 0.0f;
+        if (mixed->hidden(i0 + r, j0 + c)) pr[c] = 0.0f;
     }
   }
   // dP = dO_i V_j^T, then dS = P (dP - delta_i) in place
@@ -402,7 +420,7 @@ HeadView head_view(const AttentionDims& d, const float* q, const float* dout, co
 void backward_head(const AttentionDims& d, bool causal, float scale, const float* q,
                    const float* k, const float* v, const float* out, const float* lse,
                    const float* dout, float* dq, float* dk_dst, float* dv_dst, int64_t ld,
-                   int64_t b, int64_t h, const Docs& docs, float* ws, const BackwardPlan& plan) {
+                   int64_t b, int64_t h, const Mask& mask, float* ws, const BackwardPlan& plan) {
   const int64_t S = d.S, D = d.D;
   const int64_t kvh = h / plan.G;
   float* __restrict dqa = ws + plan.dq;
@@ -416,11 +434,12 @@ void backward_head(const AttentionDims& d, bool causal, float scale, const float
     load_kv_transposed(d, k, v, b, kvh, j0, kb, ws + plan.kT, ws + plan.vT);
     bool first = true;
     for (int64_t i0 = first_query_block(causal, j0); i0 < S; i0 += kBq) {
+      if (mask.past_window(i0, j0, kb)) break;
       const int64_t qb = std::min(kBq, S - i0);
-      const Docs::Tile tile = docs.tile(i0, qb, j0, kb);
-      if (tile == Docs::skip) continue;
-      tile_p_ds(d, causal, scale, hv, i0, qb, j0, kb, docs.mask(tile), ws + plan.kT, ws + plan.vT, ws + plan.p,
-                ws + plan.ds);
+      const Mask::Tile tile = mask.tile(i0, qb, j0, kb);
+      if (tile == Mask::skip) continue;
+      tile_p_ds(d, causal, scale, hv, i0, qb, j0, kb, mask.mixed_mask(tile), ws + plan.kT, ws + plan.vT,
+                ws + plan.p, ws + plan.ds);
       tile_dk_dv(d, hv, i0, qb, kb, ws + plan.p, ws + plan.ds, ws + plan.dk, ws + plan.dv, !first);
       tile_dq(d, k, b, kvh, j0, qb, kb, ws + plan.ds, dqa + i0 * D);
       first = false;
@@ -447,7 +466,7 @@ void backward_head(const AttentionDims& d, bool causal, float scale, const float
 void backward_key_block(const AttentionDims& d, bool causal, float scale, const float* q,
                         const float* k, const float* v, const float* lse, const float* dout,
                         const float* deltas, float* dk, float* dv, int64_t b, int64_t kvh,
-                        int64_t j0, const Docs& docs, float* ws, const BackwardPlan& plan) {
+                        int64_t j0, const Mask& mask, float* ws, const BackwardPlan& plan) {
   const int64_t S = d.S, D = d.D, G = plan.G;
   const int64_t kb = std::min(kBk, S - j0);
   load_kv_transposed(d, k, v, b, kvh, j0, kb, ws + plan.kT, ws + plan.vT);
@@ -460,11 +479,12 @@ void backward_key_block(const AttentionDims& d, bool causal, float scale, const 
     const HeadView hv = head_view(d, q, dout, lse, deltas + (b * d.NH + h) * S, b, h);
     bool first = true;
     for (int64_t i0 = first_query_block(causal, j0); i0 < S; i0 += kBq) {
+      if (mask.past_window(i0, j0, kb)) break;
       const int64_t qb = std::min(kBq, S - i0);
-      const Docs::Tile tile = docs.tile(i0, qb, j0, kb);
-      if (tile == Docs::skip) continue;
-      tile_p_ds(d, causal, scale, hv, i0, qb, j0, kb, docs.mask(tile), ws + plan.kT, ws + plan.vT, ws + plan.p,
-                ws + plan.ds);
+      const Mask::Tile tile = mask.tile(i0, qb, j0, kb);
+      if (tile == Mask::skip) continue;
+      tile_p_ds(d, causal, scale, hv, i0, qb, j0, kb, mask.mixed_mask(tile), ws + plan.kT, ws + plan.vT,
+                ws + plan.p, ws + plan.ds);
       tile_dk_dv(d, hv, i0, qb, kb, ws + plan.p, ws + plan.ds, ws + plan.dk, ws + plan.dv, !first);
       first = false;
     }
@@ -496,21 +516,23 @@ void backward_key_block(const AttentionDims& d, bool causal, float scale, const 
 void backward_query_block(const AttentionDims& d, bool causal, float scale, const float* q,
                           const float* k, const float* v, const float* lse, const float* dout,
                           const float* deltas, float* dq, int64_t b, int64_t h, int64_t i0,
-                          const Docs& docs, float* ws, const BackwardPlan& plan) {
+                          const Mask& mask, float* ws, const BackwardPlan& plan) {
   const int64_t S = d.S, D = d.D;
   const int64_t kvh = h / plan.G;
   const int64_t qb = std::min(kBq, S - i0);
   const HeadView hv = head_view(d, q, dout, lse, deltas + (b * d.NH + h) * S, b, h);
   float* __restrict dqa = ws + plan.dq;
   std::memset(dqa, 0, sizeof(float) * qb * D);
-  for (int64_t j0 = 0; j0 < S; j0 += kBk) {
+  // Window: key blocks before the one holding i0 - W + 1 are hidden from every row.
+  const int64_t j_begin = mask.window > 0 ? std::max<int64_t>(0, i0 - mask.window + 1) / kBk * kBk : 0;
+  for (int64_t j0 = j_begin; j0 < S; j0 += kBk) {
     if (first_query_block(causal, j0) > i0) break;  // every later key is masked for block i0
     const int64_t kb = std::min(kBk, S - j0);
-    const Docs::Tile tile = docs.tile(i0, qb, j0, kb);
-    if (tile == Docs::skip) continue;
+    const Mask::Tile tile = mask.tile(i0, qb, j0, kb);
+    if (tile == Mask::skip) continue;
     load_kv_transposed(d, k, v, b, kvh, j0, kb, ws + plan.kT, ws + plan.vT);
-    tile_p_ds(d, causal, scale, hv, i0, qb, j0, kb, docs.mask(tile), ws + plan.kT, ws + plan.vT, ws + plan.p,
-              ws + plan.ds);
+    tile_p_ds(d, causal, scale, hv, i0, qb, j0, kb, mask.mixed_mask(tile), ws + plan.kT, ws + plan.vT,
+              ws + plan.p, ws + plan.ds);
     tile_dq(d, k, b, kvh, j0, qb, kb, ws + plan.ds, dqa);
   }
   for (int64_t r = 0; r < qb; ++r) {
@@ -536,7 +558,7 @@ int64_t attention_backward_workspace_floats(const AttentionDims& dims, int threa
 
 void attention_forward(const AttentionDims& dims, bool causal, float scale, const float* q,
                        const float* k, const float* v, float* out, float* lse, float* workspace,
-                       int threads, const int32_t* documents) {
+                       int threads, const int32_t* documents, int64_t window) {
   const ForwardPlan plan = plan_forward(dims);
   const int64_t nq = ceil_div(dims.S, kBq);
   const int64_t items = dims.B * dims.NH * nq;
@@ -550,7 +572,7 @@ void attention_forward(const AttentionDims& dims, bool causal, float scale, cons
       const int64_t bh = it / nq;
       const int64_t b = bh / dims.NH;
       forward_block(dims, causal, scale, q, k, v, out, lse, b, bh % dims.NH, qblk * kBq,
-                    docs_of(documents, dims.S, b), ws, plan);
+                    mask_of(documents, window, dims.S, b), ws, plan);
     }
   }
 }
@@ -558,7 +580,7 @@ void attention_forward(const AttentionDims& dims, bool causal, float scale, cons
 void attention_backward(const AttentionDims& dims, bool causal, float scale, const float* q,
                         const float* k, const float* v, const float* out, const float* lse,
                         const float* dout, float* dq, float* dk, float* dv, float* workspace,
-                        int threads, const int32_t* documents) {
+                        int threads, const int32_t* documents, int64_t window) {
   threads = std::max(threads, 1);
   const BackwardPlan plan = plan_backward(dims, threads);
   const int64_t S = dims.S, D = dims.D, NKV = dims.NKV, G = plan.G;
@@ -579,7 +601,7 @@ void attention_backward(const AttentionDims& dims, bool causal, float scale, con
         const int64_t bkv = it % (dims.B * NKV), jblk = it / (dims.B * NKV);
         const int64_t b = bkv / NKV;
         backward_key_block(dims, causal, scale, q, k, v, lse, dout, deltas, dk, dv, b, bkv % NKV, jblk * kBk,
-                           docs_of(documents, S, b), ws, plan);
+                           mask_of(documents, window, S, b), ws, plan);
       }
       // dQ by query block, the last (most keys) first.
 #pragma omp for schedule(dynamic, 1)
@@ -587,7 +609,7 @@ void attention_backward(const AttentionDims& dims, bool causal, float scale, con
         const int64_t bh = it % (dims.B * dims.NH), iblk = nq - 1 - it / (dims.B * dims.NH);
         const int64_t b = bh / dims.NH;
         backward_query_block(dims, causal, scale, q, k, v, lse, dout, deltas, dq, b, bh % dims.NH, iblk * kBq,
-                             docs_of(documents, S, b), ws, plan);
+                             mask_of(documents, window, S, b), ws, plan);
       }
     }
     return;
@@ -603,7 +625,7 @@ void attention_backward(const AttentionDims& dims, bool causal, float scale, con
         float* dk_bh = dk + (b * S * NKV + h) * D;
         float* dv_bh = dv + (b * S * NKV + h) * D;
         backward_head(dims, causal, scale, q, k, v, out, lse, dout, dq, dk_bh, dv_bh, NKV * D, b,
-                      h, docs_of(documents, S, b), ws, plan);
+                      h, mask_of(documents, window, S, b), ws, plan);
       }
     }
     return;
@@ -623,7 +645,7 @@ void attention_backward(const AttentionDims& dims, bool causal, float scale, con
         float* dk_part = slots + it * plan.slot;
         float* dv_part = dk_part + plan.slot / 2;
         backward_head(dims, causal, scale, q, k, v, out, lse, dout, dq, dk_part, dv_part, D, b, h,
-                      docs_of(documents, S, b), ws, plan);
+                      mask_of(documents, window, S, b), ws, plan);
       }
       // (implicit barrier) reduce rows of the wave's groups
 #pragma omp for schedule(static)

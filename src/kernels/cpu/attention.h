@@ -10,7 +10,10 @@
 // causal: query i attends to keys j <= i. With documents, query i attends only to keys of
 // its own document (documents[b, j] == documents[b, i]): packed samples. Tiles whose query
 // and key rows lie in different documents are skipped, so the work is the sum over
-// documents of their squared lengths, not S^2.
+// documents of their squared lengths, not S^2. window W > 0 (a sliding window, causal
+// only): query i attends only to keys i - W < j <= i (W keys, itself included, as Hugging
+// Face's Mistral); tiles wholly outside the window are skipped both ways (forward and
+// backward), so the work is about S x W, not S^2 / 2. Documents and window combine.
 #pragma once
 #include <cstdint>
 
@@ -30,13 +33,13 @@ int64_t attention_backward_workspace_floats(const AttentionDims& dims, int threa
 // results are bitwise the same for every thread count.
 void attention_forward(const AttentionDims& dims, bool causal, float scale, const float* q,
                        const float* k, const float* v, float* out, float* lse, float* workspace,
-                       int threads, const int32_t* documents = nullptr);
+                       int threads, const int32_t* documents = nullptr, int64_t window = 0);
 
 // Writes (does not accumulate into) dq, dk, dv.
 void attention_backward(const AttentionDims& dims, bool causal, float scale, const float* q,
                         const float* k, const float* v, const float* out, const float* lse,
                         const float* dout, float* dq, float* dk, float* dv, float* workspace,
-                        int threads, const int32_t* documents = nullptr);
+                        int threads, const int32_t* documents = nullptr, int64_t window = 0);
 
 // Which schedule attention_backward uses on `threads` threads (attention.cpp): the split
 // one (over key blocks, then query blocks) when B x NH heads are too few to keep every
@@ -50,10 +53,10 @@ int64_t first_unsorted_document(const AttentionDims& dims, const int32_t* docume
 // The plain O(S^2)-memory reference, in double, for tests: same layouts.
 void attention_forward_reference(const AttentionDims& dims, bool causal, double scale,
                                  const double* q, const double* k, const double* v, double* out,
-                                 double* lse, const int32_t* documents = nullptr);
+                                 double* lse, const int32_t* documents = nullptr, int64_t window = 0);
 void attention_backward_reference(const AttentionDims& dims, bool causal, double scale,
                                   const double* q, const double* k, const double* v,
                                   const double* dout, double* dq, double* dk, double* dv,
-                                  const int32_t* documents = nullptr);
+                                  const int32_t* documents = nullptr, int64_t window = 0);
 
 }  // namespace autosp::cpu

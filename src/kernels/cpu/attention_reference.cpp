@@ -10,9 +10,10 @@
 namespace autosp::cpu {
 
 namespace {
-// Whether key j is in query i's document (always, without documents).
-bool visible(const int32_t* documents, int64_t S, int64_t b, int64_t i, int64_t j) {
-  return !documents || documents[b * S + i] == documents[b * S + j];
+// Whether key j is in query i's document (always, without documents) and, with a window,
+// within it (i - j < window).
+bool visible(const int32_t* documents, int64_t window, int64_t S, int64_t b, int64_t i, int64_t j) {
+  return (!documents || documents[b * S + i] == documents[b * S + j]) && (window == 0 || i - j < window);
 }
 }  // namespace
 
@@ -25,7 +26,7 @@ int64_t first_unsorted_document(const AttentionDims& d, const int32_t* documents
 
 void attention_forward_reference(const AttentionDims& d, bool causal, double scale,
                                  const double* q, const double* k, const double* v, double* out,
-                                 double* lse, const int32_t* documents) {
+                                 double* lse, const int32_t* documents, int64_t window) {
   const int64_t S = d.S, D = d.D, NH = d.NH, NKV = d.NKV, G = NH / NKV;
   std::vector<double> s(S);
   for (int64_t b = 0; b < d.B; ++b)
@@ -38,7 +39,7 @@ void attention_forward_reference(const AttentionDims& d, bool causal, double sca
           const double* kj = k + ((b * S + j) * NKV + h / G) * D;
           double t = 0.0;
           for (int64_t dd = 0; dd < D; ++dd) t += qi[dd] * kj[dd];
-          s[j] = visible(documents, S, b, i, j) ? scale * t : -std::numeric_limits<double>::infinity();
+          s[j] = visible(documents, window, S, b, i, j) ? scale * t : -std::numeric_limits<double>::infinity();
           mx = std::max(mx, s[j]);
         }
         double sum = 0.0;
@@ -56,7 +57,7 @@ void attention_forward_reference(const AttentionDims& d, bool causal, double sca
 void attention_backward_reference(const AttentionDims& d, bool causal, double scale,
                                   const double* q, const double* k, const double* v,
                                   const double* dout, double* dq, double* dk, double* dv,
-                                  const int32_t* documents) {
+                                  const int32_t* documents, int64_t window) {
   const int64_t S = d.S, D = d.D, NH = d.NH, NKV = d.NKV, G = NH / NKV;
   std::fill(dq, dq + d.B * S * NH * D, 0.0);
   std::fill(dk, dk + d.B * S * NKV * D, 0.0);
@@ -74,7 +75,7 @@ void attention_backward_reference(const AttentionDims& d, bool causal, double sc
         for (int64_t j = 0; j < S; ++j) {
           double t = 0.0;
           for (int64_t dd = 0; dd < D; ++dd) t += row(q, b, i, NH, h)[dd] * row(k, b, j, NKV, kvh)[dd];
-          P[i * S + j] = j < n && visible(documents, S, b, i, j) ? scale * t
+          P[i * S + j] = j < n && visible(documents, window, S, b, i, j) ? scale * t
                                                                  : -std::numeric_limits<double>::infinity();
           mx = std::max(mx, P[i * S + j]);
         }

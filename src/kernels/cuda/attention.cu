@@ -5,7 +5,8 @@
 // results are deterministic. The fast version (tensor cores, warp-level tiles) comes beside
 // it, checked against it.
 //
-// visible(i, j) = (!causal || j <= i) && (doc == null || doc[b, j] == doc[b, i])
+// visible(i, j) = (!causal || j <= i) && (window == 0 || i - j < window)
+//                 && (doc == null || doc[b, j] == doc[b, i])
 //   forward:  s_j = scale q_i . k_j,  lse_i = log sum_visible exp(s_j),
 //             out_i = sum_visible exp(s_j - lse_i) v_j
 //   backward: p_ij = exp(s_ij - lse_i),  delta_i = dout_i . out_i,
@@ -27,14 +28,15 @@ int tile_rows(int64_t D) {
   return static_cast<int>(t < 1 ? 1 : (t > 64 ? 64 : t));
 }
 
-__device__ __forceinline__ bool visible(bool causal, const int32_t* doc, int64_t i, int64_t j, int32_t doc_i,
-                                        int32_t doc_j) {
-  return (!causal || j <= i) && (doc == nullptr || doc_i == doc_j);
+// The window (0: none) only ever comes with causal (the op's rule): keys i - window < j <= i.
+__device__ __forceinline__ bool visible(bool causal, int64_t window, const int32_t* doc, int64_t i, int64_t j,
+                                        int32_t doc_i, int32_t doc_j) {
+  return (!causal || j <= i) && (window == 0 || i - j < window) && (doc == nullptr || doc_i == doc_j);
 }
 
 template <typename T>
-__global__ void forward_kernel(AttentionDims d, bool causal, float scale, const T* q, const T* k, const T* v,
-                               const int32_t* doc, T* out, float* lse, int tile) {
+__global__ void forward_kernel(AttentionDims d, bool causal, int64_t window, float scale, const T* q, const T* k,
+                               const T* v, const int32_t* doc, T* out, float* lse, int tile) {
   extern __shared__ float smem[];
   float* ks = smem;
   float* vs = ks + tile * d.D;
@@ -66,7 +68,7 @@ __global__ void forward_kernel(AttentionDims d, bool causal, float scale, const 
     if (!active) continue;
     for (int64_t jj = 0; jj < n; ++jj) {
       const int64_t j = j0 + jj;
-      if (!visible(causal, doc, i, j, doc_i, doc ? docs[jj] : 0)) continue;
+      if (!visible(causal, window, doc, i, j, doc_i, doc ? docs[jj] : 0)) continue;
       float s = 0.0f;
       for (int64_t e = 0; e < D; ++e) s += qr[e] * ks[jj * D + e];
       s *= scale;
@@ -99,8 +101,9 @@ __global__ void delta_kernel(AttentionDims d, const T* out, const T* dout, float
 }
 
 template <typename T>
-__global__ void dq_kernel(AttentionDims d, bool causal, float scale, const T* q, const T* k, const T* v,
-                          const float* lse, const float* delta, const T* dout, const int32_t* doc, T* dq, int tile) {
+__global__ void dq_kernel(AttentionDims d, bool causal, int64_t window, float scale, const T* q, const T* k,
+                          const T* v, const float* lse, const float* delta, const T* dout, const int32_t* doc, T* dq,
+                          int tile) {
   extern __shared__ float smem[];
   float* ks = smem;
   float* vs = ks + tile * d.D;
@@ -134,7 +137,7 @@ __global__ void dq_kernel(AttentionDims d, bool causal, float scale, const T* q,
     if (!active) continue;
     for (int64_t jj = 0; jj < n; ++jj) {
       const int64_t j = j0 + jj;
-      if (!visible(causal, doc, i, j, doc_i, doc ? docs[jj] : 0)) continue;
+      if (!visible(causal, window, doc, i, j, doc_i, doc ? docs[jj] : 0)) continue;
       float s = 0.0f, dp = 0.0f;
       for (int64_t e = 0; e < D; ++e) s += qr[e] * ks[jj * D + e], dp += dor[e] * vs[jj * D + e];
       const float p = expf(s * scale - lse_i), ds = p * (dp - delta_i);
@@ -149,8 +152,8 @@ __global__ void dq_kernel(AttentionDims d, bool causal, float scale, const T* q,
 // One thread per key row j of kv head g; loops over the group's query heads and the query
 // tiles that can see j.
 template <typename T>
-__global__ void dkdv_kernel(AttentionDims d, bool causal, float scale, const T* q, const T* k, const T* v,
-                            const float* lse, const float* delta, const T* dout, const int32_t* doc, T* dk, T* dv,
+__global__ void dkdv_kernel(AttentionDims d, bool causal, int64_t window, float scale, const T* q, const T* k,
+                            const T* v, const float* lse, const float* delta, const T* dout, const int32_t* doc, T* dk, T* dv,
                             int tile) {
   extern __shared__ float smem[];
   float* qs = smem;
@@ -187,7 +190,7 @@ __global__ void dkdv_kernel(AttentionDims d, bool causal, float scale, const T* 
       if (!active) continue;
       for (int64_t ii = 0; ii < n; ++ii) {
         const int64_t i = i0 + ii;
-        if (!visible(causal, doc, i, j, doc ? docs[ii] : 0, doc_j)) continue;
+        if (!visible(causal, window, doc, i, j, doc ? docs[ii] : 0, doc_j)) continue;
         float s = 0.0f, dp = 0.0f;
         for (int64_t e = 0; e < D; ++e) s += qs[ii * D + e] * kr[e], dp += dos[ii * D + e] * vr[e];
         const float p = expf(s * scale - lses[ii]), ds = p * (dp - deltas[ii]);
@@ -206,20 +209,20 @@ dim3 grid_of(int64_t S, int64_t heads, int64_t B) {
 
 }  // namespace
 
-void attention_forward(Dt dt, const AttentionDims& d, bool causal, float scale, const void* q, const void* k,
-                       const void* v, const int32_t* doc, void* out, float* lse, cudaStream_t stream) {
+void attention_forward(Dt dt, const AttentionDims& d, bool causal, int64_t window, float scale, const void* q,
+                       const void* k, const void* v, const int32_t* doc, void* out, float* lse, cudaStream_t stream) {
   if (d.B * d.S * d.NH == 0) return;
   const int tile = tile_rows(d.D);
   const size_t smem = sizeof(float) * (2 * tile * d.D + tile);
   dispatch(dt, [&]<typename T>() {
     forward_kernel<T><<<grid_of(d.S, d.NH, d.B), kRows, smem, stream>>>(
-        d, causal, scale, static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), doc,
+        d, causal, window, scale, static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), doc,
         static_cast<T*>(out), lse, tile);
   });
 }
 
-void attention_backward(Dt dt, const AttentionDims& d, bool causal, float scale, const void* q, const void* k,
-                        const void* v, const void* out, const float* lse, const void* dout, const int32_t* doc,
+void attention_backward(Dt dt, const AttentionDims& d, bool causal, int64_t window, float scale, const void* q,
+                        const void* k, const void* v, const void* out, const float* lse, const void* dout, const int32_t* doc,
                         void* dq, void* dk, void* dv, float* delta, cudaStream_t stream) {
   if (d.B * d.S * d.NH == 0) return;
   const int tile = tile_rows(d.D);
@@ -229,11 +232,11 @@ void attention_backward(Dt dt, const AttentionDims& d, bool causal, float scale,
     delta_kernel<T><<<blocks_for(d.B * d.S * d.NH), kThreads, 0, stream>>>(d, static_cast<const T*>(out),
                                                                             static_cast<const T*>(dout), delta);
     dq_kernel<T><<<grid_of(d.S, d.NH, d.B), kRows, smem_q, stream>>>(
-        d, causal, scale, static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), lse, delta,
-        static_cast<const T*>(dout), doc, static_cast<T*>(dq), tile);
+        d, causal, window, scale, static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), lse,
+        delta, static_cast<const T*>(dout), doc, static_cast<T*>(dq), tile);
     dkdv_kernel<T><<<grid_of(d.S, d.NKV, d.B), kRows, smem_kv, stream>>>(
-        d, causal, scale, static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), lse, delta,
-        static_cast<const T*>(dout), doc, static_cast<T*>(dk), static_cast<T*>(dv), tile);
+        d, causal, window, scale, static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), lse,
+        delta, static_cast<const T*>(dout), doc, static_cast<T*>(dk), static_cast<T*>(dv), tile);
   });
 }
 

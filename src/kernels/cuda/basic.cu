@@ -20,6 +20,12 @@ __global__ void expand_kernel(const T* x, T* y, int64_t n) {
   AUTOSP_GRID_STRIDE(i, n) y[i] = v;
 }
 
+// y[r, c] = b[c] for every row r (a bias, which the linear's gemm then adds x W^T to).
+template <typename T>
+__global__ void broadcast_rows_kernel(const T* b, int64_t n, int64_t total, T* y) {
+  AUTOSP_GRID_STRIDE(i, total) y[i] = b[i % n];
+}
+
 template <typename T, typename Op>
 __global__ void binary_kernel(const T* a, const T* b, int64_t n, T* y, Op op) {
   AUTOSP_GRID_STRIDE(i, n) y[i] = from_f<T>(op(to_f(a[i]), to_f(b[i])));
@@ -329,6 +335,13 @@ void fill(Dt dt, void* y, int64_t n, float value, cudaStream_t stream) {
 void expand(Dt dt, const void* x, void* y, int64_t n, cudaStream_t stream) {
   dispatch(dt, [&]<typename T>() {
     expand_kernel<T><<<blocks_for(n), kThreads, 0, stream>>>(static_cast<const T*>(x), static_cast<T*>(y), n);
+  });
+}
+
+void broadcast_rows(Dt dt, const void* b, int64_t rows, int64_t n, void* y, cudaStream_t stream) {
+  dispatch(dt, [&]<typename T>() {
+    broadcast_rows_kernel<T><<<blocks_for(rows * n), kThreads, 0, stream>>>(static_cast<const T*>(b), n, rows * n,
+                                                                             static_cast<T*>(y));
   });
 }
 

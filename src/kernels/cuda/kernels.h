@@ -36,6 +36,9 @@ enum ErrorCode : int { kErrorNone = 0, kErrorTokenId = 1, kErrorLabel = 2 };
 // ---- elementwise and reductions ----------------------------------------------------------
 void fill(Dt dt, void* y, int64_t n, float value, cudaStream_t stream);
 void expand(Dt dt, const void* x /* [] */, void* y, int64_t n, cudaStream_t stream);
+// y[r, :] = b[:] for each of `rows` rows of n elements (a linear's bias, before its gemm adds
+// x W^T to it).
+void broadcast_rows(Dt dt, const void* b, int64_t rows, int64_t n, void* y, cudaStream_t stream);
 void add(Dt dt, const void* a, const void* b, int64_t n, void* y, cudaStream_t stream);
 void mul(Dt dt, const void* a, const void* b, int64_t n, void* y, cudaStream_t stream);
 void scale(Dt dt, const void* x, int64_t n, float alpha, void* y, cudaStream_t stream);
@@ -85,17 +88,18 @@ void rope_forward(Dt dt, const void* x, const int32_t* pos, const double* inv_fr
 
 // ---- attention (flash-style: online softmax, f32 lse saved, never S x S) ------------------
 // Layouts as kernels/cpu/attention.h: q, out [B, S, NH, D]; k, v [B, S, NKV, D]; lse
-// [B, NH, S]. Key j is visible to query i iff (!causal || j <= i) and, when doc is not null
-// (document ids, i32 [B, S]), doc[b, j] == doc[b, i].
+// [B, NH, S]. Key j is visible to query i iff (!causal || j <= i), (window == 0 || i - j <
+// window) (a sliding window: causal only) and, when doc is not null (document ids, i32
+// [B, S]), doc[b, j] == doc[b, i].
 struct AttentionDims {
   int64_t B, S, NH, NKV, D;
 };
 // D <= kAttentionMaxD (limits.h).
-void attention_forward(Dt dt, const AttentionDims& d, bool causal, float scale, const void* q,
+void attention_forward(Dt dt, const AttentionDims& d, bool causal, int64_t window, float scale, const void* q,
                        const void* k, const void* v, const int32_t* doc, void* out, float* lse,
                        cudaStream_t stream);
 // delta: B * NH * S floats of scratch (rowsum(dout * out)). Writes dq, dk, dv.
-void attention_backward(Dt dt, const AttentionDims& d, bool causal, float scale, const void* q,
+void attention_backward(Dt dt, const AttentionDims& d, bool causal, int64_t window, float scale, const void* q,
                         const void* k, const void* v, const void* out, const float* lse,
                         const void* dout, const int32_t* doc, void* dq, void* dk, void* dv,
                         float* delta, cudaStream_t stream);
