@@ -127,36 +127,22 @@ MemoryBreakdown plan_step(const PlanSetup& setup, const MemoryStrategy& strategy
   const int64_t N = models::llama_num_parameters(setup.model), W = setup.world;
   const CompiledStep step =
       compile_step(forward, step_compile_options(config, W, setup.threads, strategy), setup.accumulation_steps);
-  const int64_t kBucket = config.zero.allgather_bucket_size;
 
   MemoryBreakdown b;
-  int64_t shard = N;  // this rank's elements of the step's gradient buckets (stage 3: parameter groups)
-  if (setup.zero >= 1) {
-    shard = 0;
-    for (const GradBucket& bucket : read_grad_buckets(step.last)) shard += bucket.shard;
-  }
-  // Gradients kept beside the step (the reduced ones are the step's outputs, in the arena):
-  // with accumulation, the whole sum of the earlier micro batches (stages 0 and 1) or this
-  // rank's shards of it (stages 2 and 3).
-  const bool accumulating = setup.accumulation_steps > 1;
-  const int64_t accumulated = !accumulating ? 0 : setup.zero < 2 ? N : shard;
-  const int64_t params = setup.zero == 3 ? shard : N;  // of the parameters
+  const ModelStateBytes state = model_state_bytes(config, W, N, read_grad_buckets(step.last), setup.dtype);
+  b.parameters = state.parameters;
+  b.gradient_sum = state.gradient_sum;
+  b.optimizer_state = state.optimizer_state;
+  b.communication = state.communication;
   // With accumulation the two programs share the arena: its parts are the larger plan's.
   const MemoryPlan last = read_memory_plan(step.last);
   const MemoryPlan earlier = step.has_earlier() ? read_memory_plan(step.earlier) : MemoryPlan{};
   const bool earlier_larger = earlier.arena_bytes > last.arena_bytes;
   b.arena = std::max(last.arena_bytes, earlier.arena_bytes);
   b.arena_parts = earlier_larger ? arena_parts(step.earlier, earlier) : arena_parts(step.last, last);
-  b.communication = setup.zero == 1 || setup.zero == 2 ? 4 * (W + 1) * ShardedAdamW::chunk_elements(shard, W, kBucket) : 0;
   if (setup.dtype == DType::bf16) {
-    b.parameters = 2 * params;
-    b.gradient_sum = 4 * accumulated;  // fp32 accumulation of the graph's bf16 gradients
-    b.optimizer_state = 12 * shard;    // fp32 master weights + two moments (stage 0: shard = N)
     b.runtime_reserve = kGpuRuntimeReserveBytes;
   } else {
-    b.parameters = 4 * params;
-    b.gradient_sum = 4 * accumulated;
-    b.optimizer_state = 8 * shard;
     const int64_t local = split_sequence(S, setup.sp).local;
     b.runtime_reserve = runtime_reserve_bytes(setup.threads) + reduction_staging_bytes(step.last, W) +
                         4 * (setup.micro_batch * (3 * S + 6 * local) + S + 1);  // as Trainer::staging_bytes

@@ -28,18 +28,6 @@ int64_t ShardedAdamW::chunk_elements(int64_t shard, int64_t world, int64_t max_r
   return std::clamp<int64_t>(budget / (world + 1), 1, std::max<int64_t>(shard, 1));
 }
 
-int64_t ShardedAdamW::planned_bytes(const std::vector<GradBucket>& buckets, int64_t world,
-                                    int64_t allgather_bucket_size, int zero_stage, int64_t accumulation_steps) {
-  int64_t total = 0;
-  for (const GradBucket& b : buckets) total += b.shard;
-  if (zero_stage == 0) return 0;
-  // Two moments; the gradient shards accumulated over micro batches (stages 2 and 3);
-  // stage 3's parameter shards, or the all-gather's scratch of stages 1 and 2.
-  const int64_t shards = 2 + (zero_stage >= 2 && accumulation_steps > 1 ? 1 : 0) + (zero_stage == 3 ? 1 : 0);
-  const int64_t scratch = zero_stage == 3 ? 0 : (world + 1) * chunk_elements(total, world, allgather_bucket_size);
-  return 4 * (shards * total + scratch);
-}
-
 ShardedAdamW::ShardedAdamW(const TrainConfig& config, ProcessGroups& groups,
                            const std::vector<models::ParameterSpec>& specs, const std::vector<GradBucket>& buckets)
     : config_(config), groups_(groups), tensors_(specs.size()) {

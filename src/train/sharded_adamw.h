@@ -60,9 +60,7 @@ class ShardedAdamW {
   ShardLayout layout() const;
   std::vector<const float*> shards(StateKind kind) const;
 
-  // What bytes() will be at `zero_stage` for these buckets on `world` ranks (0 at stage 0).
-  static int64_t planned_bytes(const std::vector<GradBucket>& buckets, int64_t world,
-                               int64_t allgather_bucket_size, int zero_stage, int64_t accumulation_steps);
+  // What bytes() will be is planned by train::model_state_bytes (train/step_options.h).
 
   // Stages 2 and 3 with gradient accumulation: the reduced shards of a step's micro batches
   // add up here (accumulate, accumulated). Otherwise step() takes the last program's outputs.

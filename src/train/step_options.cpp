@@ -1,5 +1,7 @@
 #include "train/step_options.h"
 
+#include "train/sharded_adamw.h"
+
 namespace autosp::train {
 
 CompileOptions step_compile_options(const TrainConfig& config, int64_t world, int threads,
@@ -12,6 +14,26 @@ CompileOptions step_compile_options(const TrainConfig& config, int64_t world, in
                        .bucket_elements = config.zero.reduce_bucket_size,
                        .prefetch_elements = config.zero.stage3_prefetch_bucket_size};
   return options;
+}
+
+ModelStateBytes model_state_bytes(const TrainConfig& config, int64_t world, int64_t num_parameters,
+                                  const std::vector<GradBucket>& buckets, DType dtype) {
+  const int zero = config.zero_stage;
+  const int64_t N = num_parameters;
+  int64_t shard = N;
+  if (zero >= 1) {
+    shard = 0;
+    for (const GradBucket& bucket : buckets) shard += bucket.shard;
+  }
+  const bool accumulating = config.gradient_accumulation_steps.value_or(1) > 1;
+  const int64_t param_bytes = dtype == DType::bf16 ? 2 : 4;
+  ModelStateBytes b;
+  b.parameters = param_bytes * (zero == 3 ? shard : N);
+  b.gradient_sum = !accumulating ? 0 : 4 * (zero < 2 ? N : shard);
+  b.optimizer_state = (dtype == DType::bf16 ? 12 : 8) * shard;
+  if (zero == 1 || zero == 2)
+    b.communication = 4 * (world + 1) * ShardedAdamW::chunk_elements(shard, world, config.zero.allgather_bucket_size);
+  return b;
 }
 
 }  // namespace autosp::train

@@ -1,4 +1,4 @@
-// A training step's compile options, built in ONE place from the training config (DeepSpeed
+// A training step's compile options and the model state beside it, each built in ONE place from the training config (DeepSpeed
 // JSON, train/config.h) for the three that compile a step: the trainer, `autosp plan`
 // (train/planner.h) and `autosp dump`. What a strategy chooses (checkpoint policy, tiles)
 // comes with it; the rest (the autosp pass, SP size, ZeRO stage and its buckets, the backend
@@ -6,6 +6,9 @@
 #pragma once
 #include <cstdint>
 
+#include <vector>
+
+#include "passes/grad_sync.h"
 #include "passes/pipeline.h"
 #include "train/config.h"
 #include "train/trainer.h"
@@ -17,5 +20,22 @@ namespace autosp::train {
 // workspaces.
 CompileOptions step_compile_options(const TrainConfig& config, int64_t world, int threads,
                                     const MemoryStrategy& strategy);
+
+// The model state a rank holds beside its step's arena: what the trainer allocates and
+// `autosp plan` plans, from the compiled step's gradient buckets (their shards are this
+// rank's share of every parameter under ZeRO 1-3; whole under ZeRO 0).
+//   parameters       whole below ZeRO-3 (fp32, or bf16 for a bf16 run), this rank's shard at 3
+//   gradient_sum     with accumulation: the fp32 sum of the earlier micro batches, whole under
+//                    ZeRO 0 and 1 (the step's second program adds it), the shard under 2 and 3
+//   optimizer_state  the two fp32 moments (and a bf16 run's fp32 master weights): whole under
+//                    ZeRO 0, the shard from 1 on
+//   communication    ZeRO 1 and 2: the parameters' all-gather after the update, in bounded
+//                    rounds of allgather_bucket_size (ShardedAdamW::chunk_elements)
+struct ModelStateBytes {
+  int64_t parameters = 0, gradient_sum = 0, optimizer_state = 0, communication = 0;
+  int64_t total() const { return parameters + gradient_sum + optimizer_state + communication; }
+};
+ModelStateBytes model_state_bytes(const TrainConfig& config, int64_t world, int64_t num_parameters,
+                                  const std::vector<GradBucket>& buckets, DType dtype);
 
 }  // namespace autosp::train

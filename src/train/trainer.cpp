@@ -110,9 +110,7 @@ Trainer::Trainer(const models::LlamaConfig& model, const TrainConfig& config, in
   // 0 and 1 with accumulation: the step has a second program), whole moments (stage 0), and
   // the optimizer's shards and scratch, which depend on the buckets of the compiled step.
   auto model_state_of = [&](const CompiledStep& step) -> int64_t {
-    const int stage = config_.zero_stage;
-    return 4 * num_params * ((stage < 3 ? 1 : 0) + (step.has_earlier() ? 1 : 0) + (stage == 0 ? 2 : 0)) +
-           ShardedAdamW::planned_bytes(read_grad_buckets(step.last), W, config_.zero.allgather_bucket_size, stage, g);
+    return train::model_state_bytes(config_, W, num_params, read_grad_buckets(step.last), DType::f32).total();
   };
   int64_t model_state = 0;
   threads_ = omp_get_max_threads();  // what the executor (threads 0) and the plan use
