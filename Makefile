@@ -15,8 +15,9 @@ $(BUILD)/CMakeCache.txt:
 build: $(BUILD)/CMakeCache.txt
 	cmake --build $(BUILD) -j $(JOBS)
 
-# The built-in default on 2 local MPI ranks, sequence-parallel (SP = 2), one thread each.
-MPIRUN = OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 \
+# The built-in default on 2 local MPI ranks, sequence-parallel (SP = 2); each rank takes its
+# share of the CPUs (src/runtime/threads.h: one thread each on 2 cores).
+MPIRUN = OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
          mpirun -np 2 --oversubscribe
 # Only the CLI: the test binaries are most of a full build's time (issue 20: 11 min 54 s on
 # a fresh machine, now a few minutes), and the demo runs none of them.
