@@ -57,8 +57,8 @@ Hugging Face's eager attention (S x S), under this interpreter. Where both run, 
    quick 3, for autosp and torch2; torch 1.13 3 steps below S = 4096, else 2; quick 2), as
    autosp/torch2 and
    autosp/torch1.13; autosp's runs at the sizes in --profile-sizes (2048) have
-   AUTOSP_PROFILE=1 (src/runtime/profile.h: two clock reads per node, a few hundred nodes a
-   step) and their per-op table (time, share, calls, GFLOP/s, forward and backward) is
+   AUTOSP_PROFILE=1 (src/runtime/profile.h: two clock reads per node, 339 nodes a step
+   here) and their per-op table (time, share, calls, GFLOP/s, forward and backward) is
    printed under the section and kept in the JSON; and at each S in --isa-flops-sizes (8192, 16384;
    quick 4096; autosp only, 3 steps) as well: the step's FLOP/s (metrics step_gflops_per_s,
    counted from the ops' cost rules, median over the steps after the first) over OpenBLAS
@@ -117,8 +117,9 @@ ISA_MODEL = dict(MODEL, vocab_size=2048, intermediate_size=704, num_key_value_he
 ISA_LOSS_TOL = 1e-4
 # Step-1 losses of the two PyTorch peers on the same weights (and of torch 2's SDPA model
 # against its own eager module): they differ only in fp32 summation order (SDPA's online
-# softmax against the S x S one). Measured equal to the last digit (7.656396389007568, all
-# three, S = 256, 2026-12-02); 1e-4 as for the kernel sets.
+# softmax against the S x S one). Measured equal to the last digit (all three: 7.656396389007568
+# at S = 256, 7.672223091125488 at 2048, 7.675913333892822 at 4096; 2026-12-03); 1e-4 as for
+# the kernel sets.
 TORCH_LOSS_TOL = 1e-4
 
 
