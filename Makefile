@@ -58,12 +58,17 @@ fuzz: deps
 #   BENCH_ARGS=--quick for a training subset of under 10 minutes; BENCH_ARGS=--sections=isa
 #   (or sweep,cap,sp,policies,policy-cap) for some parts; BENCH_ARGS="--isas avx2" for one
 #   set in the isa section. docs/PERFORMANCE.md has the latest.
+# The training step's main peer is torch 2.x with SDPA (transformers' LlamaForCausalLM), from
+# the venv scripts/install_bench_venv.sh keeps outside the tree (a 4 GB download the first
+# time); Debian's torch 1.13 (eager attention) is the second column.
 bench: deps build
 	cmake --build $(BUILD) --target bench_kernels -j $(JOBS)
 	mkdir -p $(BUILD)/bench
 	$(BUILD)/bench_kernels $(KERNEL_ARGS) $(BUILD)/bench/bench_kernels.json
+	torch2=$$(./scripts/install_bench_venv.sh) && \
 	/usr/bin/python3 bench/bench_train.py --autosp $(BUILD)/autosp \
-	  --bench-kernels $(BUILD)/bench_kernels --out $(BUILD)/bench/bench_train.json $(BENCH_ARGS)
+	  --bench-kernels $(BUILD)/bench_kernels --out $(BUILD)/bench/bench_train.json \
+	  --torch2-python "$$torch2" $(BENCH_ARGS)
 
 clean:
 	rm -rf $(BUILD) build-asan build-fuzz

@@ -1,9 +1,18 @@
 #!/usr/bin/python3
-"""The PyTorch baseline of bench_train.py: float32 training steps of the Llama autosp trains.
+"""The PyTorch baselines of bench_train.py: float32 training steps of the Llama autosp trains.
 
 Usage:
   /usr/bin/python3 bench/torch_llama_step.py --model DIR --config DS.json --data tokens.bin
-      --seq-len S --steps N [--threads T] [--seed K]
+      --seq-len S --steps N [--threads T] [--seed K] [--impl eager|hf-sdpa]
+
+--impl eager (the default; Debian's torch 1.13): the module below.
+--impl hf-sdpa (torch 2.x with transformers, from scripts/install_bench_venv.sh): what people
+run (issue 25): transformers' LlamaForCausalLM with attn_implementation="sdpa" (causal
+scaled_dot_product_attention, no S x S tensor on the CPU's flash kernel), float32, given the
+eager module's weights (built as --impl eager builds them, then copied by name), so both
+sides start from the same weights where torch's seeded normal_ draws the same numbers. Before
+timing it checks itself: the eager module's loss on the first sample (forward only, same
+process) against its own step-1 loss ("loss_eager_same_weights" in the JSON).
 
 Same semantics as autosp's Llama (tests/reference/llama_reference.py is the float64 check of
 those): embedding, per layer RMSNorm -> q/k/v/o with rotate-half RoPE and causal GQA
@@ -21,7 +30,9 @@ autosp's (the benchmark compares time and memory; the loss is only a sanity chec
 idle baseline whose resident set the driver subtracts.
 
 Prints one JSON object on stdout: step_time_s per step, the median over the steps after the
-first (the first pays one-time allocation), loss per step, peak resident set (VmHWM).
+first (the first pays one-time allocation), loss per step, peak resident set (VmHWM), and the
+weights' float64 sum and sum of squares ("weights_sum", "weights_sumsq": the same on both
+implementations when their weights are).
 """
 import argparse
 import json
@@ -145,6 +156,23 @@ class Llama(nn.Module):
         return F.linear(x, w)
 
 
+def hf_sdpa_model(model_dir, eager):
+    """transformers' LlamaForCausalLM with SDPA attention in float32, holding eager's weights."""
+    import transformers
+    cfg = transformers.AutoConfig.from_pretrained(model_dir)
+    hf = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa")
+    if hf.config._attn_implementation != "sdpa":
+        sys.exit(f"torch_llama_step.py: transformers {transformers.__version__} made a model with "
+                 f"attn_implementation {hf.config._attn_implementation!r}, not 'sdpa'")
+    hf.float()
+    # The eager module's names are Hugging Face's without the "model." of the decoder.
+    state = {(k if k.startswith("lm_head.") else "model." + k): v
+             for k, v in eager.state_dict().items()}
+    hf.load_state_dict(state, strict=True)
+    hf.config.use_cache = False
+    return hf
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", required=True, help="directory with a HF config.json")
@@ -154,6 +182,9 @@ def main():
     ap.add_argument("--steps", type=int, required=True)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=42)
+    ap.add_argument("--impl", choices=("eager", "hf-sdpa"), default="eager",
+                    help="eager: the module here (HF's eager attention); hf-sdpa: transformers' "
+                         "LlamaForCausalLM with SDPA (torch 2.x), the same weights")
     a = ap.parse_args()
 
     torch.set_num_threads(a.threads)
@@ -172,6 +203,9 @@ def main():
     for name, p in model.named_parameters():
         if not name.endswith("norm.weight"):
             nn.init.normal_(p, 0.0, std)
+    eager = model
+    if a.impl == "hf-sdpa":
+        model = hf_sdpa_model(a.model, eager)
     op = ds["optimizer"]["params"]
     opt = torch.optim.AdamW(model.parameters(), lr=op.get("lr", 1e-3),
                             betas=tuple(op.get("betas", (0.9, 0.999))),
@@ -184,14 +218,36 @@ def main():
     if n_samples < 1:
         sys.exit(f"torch_llama_step.py: {a.data} has {len(tokens)} tokens, need {S + 1}")
 
+    def sample(k):
+        chunk = torch.from_numpy(tokens[k * S:k * S + S + 1].astype(np.int64))
+        return chunk[:-1][None], chunk[1:][None]
+
+    with torch.no_grad():
+        params = [p.detach().double() for p in model.parameters()]
+        weights_sum = float(sum(p.sum() for p in params))
+        weights_sumsq = float(sum((p * p).sum() for p in params))
+        del params
+    loss_eager = None
+    if a.impl != "eager" and a.steps > 0:
+        with torch.no_grad():
+            ids, labels = sample(0)
+            logits = eager(ids)
+            loss_eager = F.cross_entropy(logits.view(-1, logits.shape[-1]),
+                                         labels.reshape(-1)).item()
+            del logits
+    del eager
+
+    def logits_of(ids):
+        if a.impl == "eager":
+            return model(ids)
+        return model(input_ids=ids, use_cache=False).logits
+
     times, losses = [], []
     for step in range(a.steps):
-        k = step % n_samples
-        chunk = torch.from_numpy(tokens[k * S:k * S + S + 1].astype(np.int64))
-        ids, labels = chunk[:-1][None], chunk[1:][None]
+        ids, labels = sample(step % n_samples)
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        logits = model(ids)
+        logits = logits_of(ids)
         loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), labels.reshape(-1))
         loss.backward()
         if clip > 0:
@@ -209,7 +265,9 @@ def main():
             statistics.median(after_first) if after_first else None,
         "loss": losses, "peak_rss_bytes": vm_hwm_bytes(),
         "parameters": sum(p.numel() for p in model.parameters()),
-        "torch": torch.__version__,
+        "torch": torch.__version__, "impl": a.impl,
+        "weights_sum": weights_sum, "weights_sumsq": weights_sumsq,
+        "loss_eager_same_weights": loss_eager,
     }))
 
 

@@ -17,6 +17,7 @@
 #include "models/llama.h"
 #include "passes/autosp.h"
 #include "passes/pipeline.h"
+#include "runtime/profile.h"
 #include "runtime/threads.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
@@ -693,6 +694,9 @@ int run_train(const TrainArgs& args, MpiRuntime* mpi) {
   train::ThroughputWindow throughput(throughput_window_steps(config.steps_per_print));
   while (trainer.state().step < args.steps) {
     s = trainer.train_step(data);
+    // AUTOSP_PROFILE=1: the first step pays one-time costs (the arena's first touch); the
+    // profile is of the steps after it when there are any.
+    if (profile_enabled() && s.step == first_step && args.steps > s.step) global_profile().reset();
     throughput.add(s.tokens_per_s * s.seconds, s.seconds);  // the step's tokens and time
     peaks = rank_peaks(groups, s.peak_bytes);
     for (size_t r = 0; r < peaks.size(); ++r) max_peaks[r] = std::max(max_peaks[r], peaks[r]);
@@ -716,6 +720,11 @@ int run_train(const TrainArgs& args, MpiRuntime* mpi) {
   if (to_train == 0) {
     save(launch, trainer, target, model, info, groups);
     return 0;
+  }
+  if (profile_enabled() && launch.lead()) {
+    const int64_t profiled = global_profile().steps();
+    std::printf("%s", global_profile().report(str("rank 0, steps ", args.steps - profiled + 1, "..", args.steps,
+                                                  profiled < to_train ? " (the first step left out)" : "")).c_str());
   }
   const double elapsed = seconds_since(start);
   const double tokens = double(to_train * layout.global() * S);

@@ -4,6 +4,7 @@
 
 #include <malloc.h>
 
+#include <chrono>
 #include <climits>
 #include <cstdlib>
 #include <new>
@@ -14,6 +15,7 @@
 #ifdef AUTOSP_HAVE_CUDA
 #include "runtime/cuda_executor.h"
 #endif
+#include "runtime/profile.h"
 #include "util/error.h"
 
 namespace autosp {
@@ -82,6 +84,7 @@ CpuExecutor::CpuExecutor(const Graph& graph, Allocator& allocator, int threads,
     for (ValueId v : node.inputs) ++buffer_uses_[root_[v]];
   }
   for (const GraphOutput& o : graph.outputs()) ++buffer_uses_[root_[o.value]];
+  if (profile_enabled()) profiler_ = std::make_unique<NodeProfiler>(graph, threads_, global_profile());
   if (mode_ != BufferMode::arena) return;
 
   // The graph's plan if the pipeline made one, else one for this graph and thread count.
@@ -147,7 +150,15 @@ void CpuExecutor::run() {
   omp_set_num_threads(threads_);
   std::vector<int> remaining = buffer_uses_;
   try {
-    for (NodeId n = 0; n < static_cast<NodeId>(graph_.nodes().size()); ++n) run_node(n, remaining);
+    for (NodeId n = 0; n < static_cast<NodeId>(graph_.nodes().size()); ++n) {
+      if (!profiler_) {
+        run_node(n, remaining);
+        continue;
+      }
+      const auto start = std::chrono::steady_clock::now();
+      run_node(n, remaining);
+      profiler_->add(n, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    }
   } catch (...) {
     release_all();
     throw;

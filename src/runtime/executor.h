@@ -27,6 +27,8 @@
 
 namespace autosp {
 
+class NodeProfiler;  // runtime/profile.h
+
 enum class BufferMode { arena, heap };
 
 // What the trainer and the tests run a compiled graph with, whatever the backend: bind the
@@ -120,6 +122,8 @@ class CpuExecutor final : public Executor {
   int64_t arena_bytes_ = 0;
   bool owns_arena_ = true;  // false: another executor's (arena_of)
   std::vector<int64_t> offsets_, workspace_offsets_;
+  // AUTOSP_PROFILE=1 when the executor was made: times each node (runtime/profile.h).
+  std::unique_ptr<NodeProfiler> profiler_;
 };
 
 }  // namespace autosp

@@ -14,6 +14,7 @@
 #include "passes/autosp.h"
 #include "passes/pipeline.h"
 #include "passes/plan_memory.h"
+#include "runtime/profile.h"
 #include "train/sharded_adamw.h"
 #include "train/lr_schedule.h"
 #include "train/step_options.h"
@@ -355,7 +356,10 @@ StepStats Trainer::train_step(const DataSource& data) {
       reduced.push_back(executor_->mutable_output(str(config_.zero_stage == 0 ? kGradReducedPrefix : kGradShardPrefix, k)));
     scale = inv_g;
   }
+  const auto optimizer_start = std::chrono::steady_clock::now();
   const double norm = optimizer_->step(state_, lr, reduced, scale);
+  if (profile_enabled())
+    global_profile().add_outside("optimizer", std::chrono::duration<double>(std::chrono::steady_clock::now() - optimizer_start).count());
   if (!std::isfinite(norm))
     user_error("step ", t + 1, ": the gradient norm is ", norm, "; the parameters are no longer finite "
                "(checkpoints already written are intact)");
@@ -370,6 +374,7 @@ StepStats Trainer::train_step(const DataSource& data) {
   s.grad_norm = norm;
   s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   s.tokens_per_s = double(g * micro_batch_ * seq_len_ * groups_->dp_size) / s.seconds;
+  if (profile_enabled()) global_profile().add_step(s.seconds);
   s.activation_bytes = allocator_.peak_bytes();
   s.model_state_bytes = model_state_bytes();
   s.planned_peak_bytes = planned_peak_;
