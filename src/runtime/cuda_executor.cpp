@@ -36,7 +36,6 @@ int cuda_device_count(std::string* why) {
 CudaExecutor::CudaExecutor(const Graph& graph, const ProcessGroups* groups, const CudaExecutor* arena_of)
     : graph_(executable_graph(graph, Backend::cuda, 1)),
       groups_(groups),
-      root_(graph.values().size(), -1),
       input_offsets_(graph.values().size(), -1),
       host_input_(graph.values().size(), nullptr),
       device_input_(graph.values().size(), nullptr),
@@ -51,8 +50,6 @@ CudaExecutor::CudaExecutor(const Graph& graph, const ProcessGroups* groups, cons
     const Node& node = graph_.node(n);
     AUTOSP_CHECK(node.op == OpKind::input || op_def(node.op).cuda.run, op_name(node.op), " is lowered for cuda ("
                  , lowered_binding(node).kernel, ") but this build has no CUDA kernel for it");
-    for (size_t i = 0; i < node.outputs.size(); ++i)
-      root_[node.outputs[i]] = node.op == OpKind::reshape ? root_[node.inputs[0]] : node.outputs[i];
   }
   if (has_collectives(graph_)) {
     AUTOSP_CHECK(groups_, "the graph has collectives but the executor has no communicators");
@@ -60,11 +57,7 @@ CudaExecutor::CudaExecutor(const Graph& graph, const ProcessGroups* groups, cons
       nccl_ = make_nccl_groups(*groups_);
       groups_ = &nccl_;
     }
-    for (const Node& node : graph_.nodes())
-      if (node.attrs.has("group"))
-        AUTOSP_CHECK(communicator(node.attrs.get_str("group"))->size() == node.attrs.get_int("size"),
-                     op_name(node.op), " expects group '", node.attrs.get_str("group"), "' of size ",
-                     node.attrs.get_int("size"));
+    check_collective_groups(graph_, groups_);
   }
 
   // The plan of the graph as lowered for cuda (the compile's own when it was for cuda).
@@ -110,13 +103,6 @@ CudaExecutor::~CudaExecutor() {
   if (ctx_.stream) cudaStreamDestroy(ctx_.stream);
 }
 
-Communicator* CudaExecutor::communicator(const std::string& group) const {
-  Communicator* c = group == "sp" ? groups_->sp.get() : group == "dp" ? groups_->dp.get()
-                    : group == "world" ? groups_->world.get() : nullptr;
-  AUTOSP_CHECK(c, "no communicator for group '", group, "'");
-  return c;
-}
-
 void CudaExecutor::bind(ValueId input, const void* host_data) {
   AUTOSP_CHECK(graph_.is_input(input), "%", input, " is not a graph input");
   host_input_[input] = host_data;
@@ -151,17 +137,10 @@ void CudaExecutor::run() {
       data_[node.outputs[0]] = data_[node.inputs[0]];
       continue;
     }
-    KernelArgs args;
-    args.attrs = &node.attrs;
-    if (node.attrs.has("group")) args.comm = communicator(node.attrs.get_str("group"));
-    for (ValueId v : node.inputs) {
-      args.inputs.push_back(data_[v]);
-      args.in_types.push_back(&graph_.type(v));
-    }
+    KernelArgs args = node_kernel_args(graph_, node, groups_, data_);
     for (ValueId v : node.outputs) {
       data_[v] = offsets_[v] >= 0 ? arena_ + offsets_[v] : nullptr;
       args.outputs.push_back(data_[v]);
-      args.out_types.push_back(&graph_.type(v));
     }
     args.workspace = workspace_offsets_[n] >= 0 ? arena_ + workspace_offsets_[n] : nullptr;
     op_def(node.op).cuda.run(args, ctx_);

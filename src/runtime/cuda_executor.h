@@ -60,14 +60,12 @@ class CudaExecutor final : public Executor {
   int device() const { return device_; }
 
  private:
-  Communicator* communicator(const std::string& group) const;
 
   Graph graph_;  // lowered for cuda and memory-planned (executable_graph)
   const ProcessGroups* groups_;
   ProcessGroups nccl_;  // made here from MPI groups, when the graph has collectives
   int device_ = 0;
   CudaContext ctx_;
-  std::vector<ValueId> root_;             // per value: the value whose buffer it uses
   std::vector<int64_t> offsets_, workspace_offsets_;
   std::vector<int64_t> input_offsets_;    // per value: offset in the input block, or -1
   std::vector<const void*> host_input_;   // per value: bound host memory

@@ -54,7 +54,6 @@ CpuExecutor::CpuExecutor(const Graph& graph, Allocator& allocator, int threads,
       groups_(groups),
       data_(graph.values().size(), nullptr),
       owned_(graph.values().size(), false),
-      root_(graph.values().size(), -1),
       buffer_uses_(graph.values().size(), 0),
       mode_(mode) {
   // A graph lowered for the CPU must be lowered for the active instruction set's kernels
@@ -73,16 +72,11 @@ CpuExecutor::CpuExecutor(const Graph& graph, Allocator& allocator, int threads,
                    "process runs ", kernel.kernel, " (AUTOSP_ISA or the CPU differs from the compile's); compile "
                    "the graph where it runs");
     }
-    if (node.attrs.has("group")) {
-      AUTOSP_CHECK(groups_, op_name(node.op), " needs communicators but the executor has none");
-      AUTOSP_CHECK(communicator(node.attrs.get_str("group"))->size() == node.attrs.get_int("size"),
-                   op_name(node.op), " expects group '", node.attrs.get_str("group"), "' of size ",
-                   node.attrs.get_int("size"));
-    }
-    for (size_t i = 0; i < node.outputs.size(); ++i)
-      root_[node.outputs[i]] = node.op == OpKind::reshape ? root_[node.inputs[0]] : node.outputs[i];
-    for (ValueId v : node.inputs) ++buffer_uses_[root_[v]];
   }
+  check_collective_groups(graph, groups_);
+  root_ = view_roots(graph);
+  for (const Node& node : graph.nodes())
+    for (ValueId v : node.inputs) ++buffer_uses_[root_[v]];
   for (const GraphOutput& o : graph.outputs()) ++buffer_uses_[root_[o.value]];
   if (profile_enabled()) profiler_ = std::make_unique<NodeProfiler>(graph, threads_, global_profile());
   if (mode_ != BufferMode::arena) return;
@@ -115,11 +109,28 @@ CpuExecutor::~CpuExecutor() {
   if (owns_arena_) allocator_.release(arena_, arena_bytes_);
 }
 
-Communicator* CpuExecutor::communicator(const std::string& group) const {
-  Communicator* c = group == "sp" ? groups_->sp.get() : group == "dp" ? groups_->dp.get()
-                    : group == "world" ? groups_->world.get() : nullptr;
+Communicator* group_communicator(const ProcessGroups* groups, const std::string& group) {
+  AUTOSP_CHECK(groups, "a collective on group '", group, "' but the executor has no communicators");
+  Communicator* c = group == "sp" ? groups->sp.get() : group == "dp" ? groups->dp.get()
+                    : group == "world" ? groups->world.get() : nullptr;
   AUTOSP_CHECK(c, "no communicator for group '", group, "'");
   return c;
+}
+
+void check_collective_groups(const Graph& graph, const ProcessGroups* groups) {
+  for (const Node& node : graph.nodes())
+    if (node.attrs.has("group"))
+      AUTOSP_CHECK(group_communicator(groups, node.attrs.get_str("group"))->size() == node.attrs.get_int("size"),
+                   op_name(node.op), " expects group '", node.attrs.get_str("group"), "' of size ",
+                   node.attrs.get_int("size"));
+}
+
+std::vector<ValueId> view_roots(const Graph& graph) {
+  std::vector<ValueId> root(graph.values().size(), -1);
+  for (const Node& node : graph.nodes())
+    for (size_t i = 0; i < node.outputs.size(); ++i)
+      root[node.outputs[i]] = node.op == OpKind::reshape ? root[node.inputs[0]] : node.outputs[i];
+  return root;
 }
 
 void CpuExecutor::release_all() {
@@ -185,14 +196,8 @@ void CpuExecutor::run_node(NodeId n, std::vector<int>& remaining) {
     return;
   }
   const OpDef& def = op_def(node.op);
-  KernelArgs args;
-  args.attrs = &node.attrs;
+  KernelArgs args = node_kernel_args(graph_, node, groups_, data_);
   args.threads = threads_;
-  if (node.attrs.has("group")) args.comm = communicator(node.attrs.get_str("group"));
-  for (ValueId v : node.inputs) {
-    args.inputs.push_back(data_[v]);
-    args.in_types.push_back(&graph_.type(v));
-  }
   char* const arena = static_cast<char*>(arena_);
   for (ValueId v : node.outputs) {
     if (heap) {
@@ -202,7 +207,6 @@ void CpuExecutor::run_node(NodeId n, std::vector<int>& remaining) {
       data_[v] = offsets_[v] >= 0 ? arena + offsets_[v] : nullptr;
     }
     args.outputs.push_back(const_cast<void*>(data_[v]));
-    args.out_types.push_back(&graph_.type(v));
   }
   if (!heap) {
     args.workspace = workspace_offsets_[n] >= 0 ? arena + workspace_offsets_[n] : nullptr;

@@ -51,6 +51,31 @@ class Executor {
   virtual int64_t arena_bytes() const = 0;
 };
 
+// What the executors share (host and device differ in memory only): which communicator a
+// collective runs on, the graph's views, and a node's kernel arguments.
+//   group_communicator: the communicator a collective's "group" attribute names ("sp", "dp",
+//     "world"); InternalError when `groups` is null or lacks it.
+//   check_collective_groups: every collective's group exists with the size it was compiled for.
+//   view_roots: per value, the value whose buffer it is (itself; a reshape's, its operand's).
+//   node_kernel_args: a node's attributes, communicator, operand buffers (data[v]) and operand
+//     and result types; the executor places the results and the workspace.
+Communicator* group_communicator(const ProcessGroups* groups, const std::string& group);
+void check_collective_groups(const Graph& graph, const ProcessGroups* groups);
+std::vector<ValueId> view_roots(const Graph& graph);
+template <class Buffer>
+KernelArgs node_kernel_args(const Graph& graph, const Node& node, const ProcessGroups* groups,
+                            const std::vector<Buffer>& data) {
+  KernelArgs args;
+  args.attrs = &node.attrs;
+  if (node.attrs.has("group")) args.comm = group_communicator(groups, node.attrs.get_str("group"));
+  for (ValueId v : node.inputs) {
+    args.inputs.push_back(data[v]);
+    args.in_types.push_back(&graph.type(v));
+  }
+  for (ValueId v : node.outputs) args.out_types.push_back(&graph.type(v));
+  return args;
+}
+
 // The backends (`autosp train --backend`): cpu, and cuda where it is built (AUTOSP_CUDA).
 // (Backend, parse_backend and backend_name: ops/op.h.)
 bool cuda_backend_built();
@@ -105,7 +130,6 @@ class CpuExecutor final : public Executor {
  private:
   void release_all();
   void run_node(NodeId n, std::vector<int>& remaining);
-  Communicator* communicator(const std::string& group) const;
 
   const Graph& graph_;
   Allocator& allocator_;
