@@ -511,7 +511,7 @@ std::vector<size_t> llama_state_dict_order(const LlamaConfig& c) {
       "self_attn.k_norm.weight", "mlp.gate_proj.weight",   "mlp.up_proj.weight",      "mlp.down_proj.weight",
       "input_layernorm.weight",  "post_attention_layernorm.weight"};
   const std::string kLayers = "model.layers.";
-  auto rank = [&](const std::string& name) {
+  auto position = [&](const std::string& name) {
     const size_t dot = name.find('.', kLayers.size());
     const auto it = std::find(kLayerOrder.begin(), kLayerOrder.end(), name.substr(dot + 1));
     AUTOSP_CHECK(it != kLayerOrder.end(), "llama_state_dict_order does not know ", name);
@@ -527,7 +527,7 @@ std::vector<size_t> llama_state_dict_order(const LlamaConfig& c) {
     size_t end = begin;
     while (end < params.size() && params[end].name.starts_with(layer)) ++end;
     std::stable_sort(order.begin() + long(begin), order.begin() + long(end),
-                     [&](size_t a, size_t b) { return rank(params[a].name) < rank(params[b].name); });
+                     [&](size_t a, size_t b) { return position(params[a].name) < position(params[b].name); });
     begin = end;
   }
   return order;
