@@ -186,6 +186,27 @@ inline vf vexp(vf x) {
   return x < lo ? vf{} : y;
 }
 
+// 2^x for a vector of x < 128, ~2 ulp; exactly 0 below -126.5 (and for -inf). Attention's
+// softmax exponents (scores less their maximum, scaled to base 2) are never above 0: there it
+// is vexp's work without the reduction by ln 2 and the upper clamp (14 operations instead of
+// 22). x = n + f, |f| <= 1/2, 2^f by Cephes exp2f's degree-6 polynomial, 2^n by bits (n = -127
+// gives the bits of 0).
+inline vf vexp2(vf x) {
+  const vf xc = vmax(x, splat(-127.0f));
+  const vf magic = splat(12582912.0f);  // 1.5 * 2^23: adding it rounds to an integer
+  const vf n = (xc + magic) - magic;
+  const vf f = xc - n;
+  vf p = splat(1.535336188319500e-4f);
+  p = fmadd(p, f, splat(1.339887440266574e-3f));
+  p = fmadd(p, f, splat(9.618437357674640e-3f));
+  p = fmadd(p, f, splat(5.550332471162809e-2f));
+  p = fmadd(p, f, splat(2.402264791363012e-1f));
+  p = fmadd(p, f, splat(6.931472028550421e-1f));
+  p = fmadd(p, f, splat(1.0f));
+  const vi e = (__builtin_convertvector(n, vi) + 127) << 23;
+  return p * std::bit_cast<vf>(e);
+}
+
 // 1 / (1 + exp(-x)). For x < -88.3, exp(-x) saturates at ~2.2e38 rather than overflowing,
 // so s is ~4.5e-39 (true value below that) and never NaN; for x > 87.3, exp(-x) is 0 and
 // s is exactly 1.
