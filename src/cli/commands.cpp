@@ -1,7 +1,6 @@
 #include "cli/commands.h"
 
 #include <charconv>
-#include <chrono>
 #include <cstdarg>
 #include <cstdio>
 #include <filesystem>
@@ -38,10 +37,6 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 namespace {
-
-double seconds_since(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
 
 std::string human_bytes(double b) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
@@ -348,26 +343,29 @@ int run_demo(const TrainArgs& args, std::optional<uint64_t> seed, const Launch& 
   const double before = task.accuracy(predict, S, eval_samples, 20);
   say(launch, "retrieval accuracy before training: %.1f%% (chance %.1f%%, %lld held-out samples)\n\n",
       100 * before, 100 * task.chance_accuracy(), (long long)eval_samples);
-  const auto start = std::chrono::steady_clock::now();
   const int64_t print_every = 50;
   train::ThroughputWindow throughput(throughput_window_steps(print_every));
-  for (int64_t t = 0; t < steps; ++t) {
-    train::StepStats s = trainer.train_step(task);
+  train::LoopHooks hooks;
+  hooks.after_step = [&](const train::StepEvent& e) {
+    const train::StepStats& s = e.stats;
     throughput.add(s.tokens_per_s * s.seconds, s.seconds);
     const auto peaks = rank_peaks(groups, s.peak_bytes);
     metrics.write(s, throughput.tokens_per_s(), 0, peaks, rank_peaks(groups, s.model_state_bytes), rss_base,
                   rank_peaks(groups, rss_peak_bytes()));
-    if (launch.lead() && (s.step % print_every == 0 || s.step == steps))
-      print_step(s, throughput.tokens_per_s(), steps, peaks, seconds_since(start), t + 1);
-    if (const int signal = agreed_stop_signal(groups)) {
-      if (!args.save.empty()) save(launch, trainer, target, model, {.seq_len = S, .seed = config.seed}, groups);
-      return stopped_by_signal(launch, signal, s.step, steps, args.save);
-    }
-  }
+    if (launch.lead() && (s.step % print_every == 0 || e.last))
+      print_step(s, throughput.tokens_per_s(), steps, peaks, e.elapsed, e.steps_done);
+  };
+  hooks.stop_requested = [&] { return agreed_stop_signal(groups); };
+  const train::CheckpointInfo info{.seq_len = S, .seed = config.seed};
+  if (!args.save.empty()) hooks.save = [&] { save(launch, trainer, target, model, info, groups); };
+  // The last checkpoint is saved after the evaluation below, not at the last step.
+  const train::LoopResult run = train::run_loop(trainer, task, {.target_step = steps, .save_at_target = false}, hooks);
+  if (run.end == train::LoopResult::End::stopped)
+    return stopped_by_signal(launch, run.signal, run.last_stats.step, steps, args.save);
   const double after = task.accuracy(predict, S, eval_samples, 20);
   say(launch, "\nretrieval accuracy after training:  %.1f%% (before %.1f%%, chance %.1f%%)\n", 100 * after,
       100 * before, 100 * task.chance_accuracy());
-  if (!args.save.empty()) save(launch, trainer, target, model, {.seq_len = S, .seed = config.seed}, groups);
+  if (!args.save.empty()) save(launch, trainer, target, model, info, groups);
   return 0;
 }
 
