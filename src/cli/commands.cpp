@@ -1,7 +1,6 @@
 #include "cli/commands.h"
 
 #include <charconv>
-#include <chrono>
 #include <cstdarg>
 #include <cstdio>
 #include <filesystem>
@@ -22,6 +21,7 @@
 #include "train/checkpoint.h"
 #include "train/config.h"
 #include "train/data.h"
+#include "train/loop.h"
 #include "train/passkey.h"
 #include "train/throughput_window.h"
 #include "train/step_options.h"
@@ -37,10 +37,6 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 namespace {
-
-double seconds_since(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
 
 std::string human_bytes(double b) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
@@ -347,26 +343,29 @@ int run_demo(const TrainArgs& args, std::optional<uint64_t> seed, const Launch& 
   const double before = task.accuracy(predict, S, eval_samples, 20);
   say(launch, "retrieval accuracy before training: %.1f%% (chance %.1f%%, %lld held-out samples)\n\n",
       100 * before, 100 * task.chance_accuracy(), (long long)eval_samples);
-  const auto start = std::chrono::steady_clock::now();
   const int64_t print_every = 50;
   train::ThroughputWindow throughput(throughput_window_steps(print_every));
-  for (int64_t t = 0; t < steps; ++t) {
-    train::StepStats s = trainer.train_step(task);
+  train::LoopHooks hooks;
+  hooks.after_step = [&](const train::StepEvent& e) {
+    const train::StepStats& s = e.stats;
     throughput.add(s.tokens_per_s * s.seconds, s.seconds);
     const auto peaks = rank_peaks(groups, s.peak_bytes);
     metrics.write(s, throughput.tokens_per_s(), 0, peaks, rank_peaks(groups, s.model_state_bytes), rss_base,
                   rank_peaks(groups, rss_peak_bytes()));
-    if (launch.lead() && (s.step % print_every == 0 || s.step == steps))
-      print_step(s, throughput.tokens_per_s(), steps, peaks, seconds_since(start), t + 1);
-    if (const int signal = agreed_stop_signal(groups)) {
-      if (!args.save.empty()) save(launch, trainer, target, model, {.seq_len = S, .seed = config.seed}, groups);
-      return stopped_by_signal(launch, signal, s.step, steps, args.save);
-    }
-  }
+    if (launch.lead() && (s.step % print_every == 0 || e.last))
+      print_step(s, throughput.tokens_per_s(), steps, peaks, e.elapsed, e.steps_done);
+  };
+  hooks.stop_requested = [&] { return agreed_stop_signal(groups); };
+  const train::CheckpointInfo info{.seq_len = S, .seed = config.seed};
+  if (!args.save.empty()) hooks.save = [&] { save(launch, trainer, target, model, info, groups); };
+  // The last checkpoint is saved after the evaluation below, not at the last step.
+  const train::LoopResult run = train::run_loop(trainer, task, {.target_step = steps, .save_at_target = false}, hooks);
+  if (run.end == train::LoopResult::End::stopped)
+    return stopped_by_signal(launch, run.signal, run.last_stats.step, steps, args.save);
   const double after = task.accuracy(predict, S, eval_samples, 20);
   say(launch, "\nretrieval accuracy after training:  %.1f%% (before %.1f%%, chance %.1f%%)\n", 100 * after,
       100 * before, 100 * task.chance_accuracy());
-  if (!args.save.empty()) save(launch, trainer, target, model, {.seq_len = S, .seed = config.seed}, groups);
+  if (!args.save.empty()) save(launch, trainer, target, model, info, groups);
   return 0;
 }
 
@@ -687,50 +686,40 @@ int run_train(const TrainArgs& args, MpiRuntime* mpi) {
       human_bytes(double(trainer.planned_peak_bytes())).c_str(),
       human_bytes(double(trainer.planned_peak_bytes() - trainer.planned_arena_bytes() - runtime)).c_str(),
       human_bytes(double(trainer.planned_arena_bytes())).c_str(), human_bytes(double(runtime)).c_str());
-  const auto start = std::chrono::steady_clock::now();
-  const int64_t first_step = trainer.state().step + 1;
-  train::StepStats s;
-  std::vector<int64_t> peaks, max_peaks(groups.world->size(), 0);
+  // The loop (train/loop.h) decides when to save and stop; here is what the run shows.
+  std::vector<int64_t> max_peaks(groups.world->size(), 0);
   train::ThroughputWindow throughput(throughput_window_steps(config.steps_per_print));
-  while (trainer.state().step < args.steps) {
-    s = trainer.train_step(data);
-    // AUTOSP_PROFILE=1: the first step pays one-time costs (the arena's first touch); the
-    // profile is of the steps after it when there are any.
-    if (profile_enabled() && s.step == first_step && args.steps > s.step) global_profile().reset();
+  train::LoopHooks hooks;
+  hooks.after_step = [&](const train::StepEvent& e) {
+    const train::StepStats& s = e.stats;
     throughput.add(s.tokens_per_s * s.seconds, s.seconds);  // the step's tokens and time
-    peaks = rank_peaks(groups, s.peak_bytes);
+    const std::vector<int64_t> peaks = rank_peaks(groups, s.peak_bytes);
     for (size_t r = 0; r < peaks.size(); ++r) max_peaks[r] = std::max(max_peaks[r], peaks[r]);
     metrics.write(s, throughput.tokens_per_s(), epoch_samples, peaks, rank_peaks(groups, s.model_state_bytes),
                   rss_base, rank_peaks(groups, rss_peak_bytes()));
-    const bool last = s.step == args.steps;
-    if (launch.lead() && (s.step % config.steps_per_print == 0 || last))
-      print_step(s, throughput.tokens_per_s(), args.steps, peaks, seconds_since(start), s.step - first_step + 1);
-    if (epoch_samples > 0) {
-      const int64_t before = s.first_sample > 0 ? (s.first_sample - 1) / epoch_samples : 0;
-      const int64_t now = (s.consumed_samples - 1) / epoch_samples;
-      if (now > before)
-        say(launch, "data: step %lld read past the end of %s (%lld samples): epoch %lld begins, samples repeat\n",
-            (long long)s.step, args.data.c_str(), (long long)epoch_samples, (long long)now + 1);
-    }
-    const int signal = agreed_stop_signal(groups);
-    if (!args.save.empty() && (last || signal || (args.save_every > 0 && s.step % args.save_every == 0)))
-      save(launch, trainer, target, model, info, groups);
-    if (signal) return stopped_by_signal(launch, signal, s.step, args.steps, args.save);
-  }
-  if (to_train == 0) {
-    save(launch, trainer, target, model, info, groups);
-    return 0;
-  }
+    if (launch.lead() && (s.step % config.steps_per_print == 0 || e.last))
+      print_step(s, throughput.tokens_per_s(), args.steps, peaks, e.elapsed, e.steps_done);
+    if (e.epoch_begins)
+      say(launch, "data: step %lld read past the end of %s (%lld samples): epoch %lld begins, samples repeat\n",
+          (long long)s.step, args.data.c_str(), (long long)epoch_samples, (long long)*e.epoch_begins);
+  };
+  hooks.stop_requested = [&] { return agreed_stop_signal(groups); };
+  if (!args.save.empty()) hooks.save = [&] { save(launch, trainer, target, model, info, groups); };
+  const train::LoopResult run = train::run_loop(
+      trainer, data, {.target_step = args.steps, .save_every = args.save_every, .epoch_samples = epoch_samples}, hooks);
+  if (run.end == train::LoopResult::End::stopped)
+    return stopped_by_signal(launch, run.signal, run.last_stats.step, args.steps, args.save);
+  if (run.steps_done == 0) return 0;
   if (profile_enabled() && launch.lead()) {
     const int64_t profiled = global_profile().steps();
-    std::printf("%s", global_profile().report(str("rank 0, steps ", args.steps - profiled + 1, "..", args.steps,
-                                                  profiled < to_train ? " (the first step left out)" : "")).c_str());
+    const char* note = profiled < run.steps_done ? " (the first step left out)" : "";
+    std::printf("%s", global_profile().report(str("rank 0, steps ", args.steps - profiled + 1, "..", args.steps, note))
+                          .c_str());
   }
-  const double elapsed = seconds_since(start);
-  const double tokens = double(to_train * layout.global() * S);
+  const double tokens = double(run.steps_done * layout.global() * S);
   say(launch, "done: steps %lld..%lld, %.0f tokens in %s (%.0f tok/s) | final loss %.4f | peak %s\n",
-      (long long)first_step, (long long)args.steps, tokens, human_seconds(elapsed).c_str(), tokens / elapsed, s.loss,
-      peak_text(max_peaks).c_str());
+      (long long)run.first_step, (long long)args.steps, tokens, human_seconds(run.seconds).c_str(),
+      tokens / run.seconds, run.last_stats.loss, peak_text(max_peaks).c_str());
   return 0;
 }
 

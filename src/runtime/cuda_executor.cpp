@@ -5,6 +5,7 @@
 #include "kernels/cuda/kernels.h"
 #include "passes/lower.h"
 #include "passes/plan_memory.h"
+#include "runtime/node_loop.h"
 #include "util/error.h"
 
 namespace autosp {
@@ -130,22 +131,13 @@ void CudaExecutor::run() {
       check_cuda(cudaMemcpyAsync(data_[v], host_input_[v], size_t(bytes), cudaMemcpyHostToDevice, ctx_.stream),
                  "cudaMemcpyAsync", str("copying input '", graph_.value(v).name, "' to the device"));
   }
-  for (NodeId n = 0; n < static_cast<NodeId>(graph_.nodes().size()); ++n) {
-    const Node& node = graph_.node(n);
-    if (node.op == OpKind::input) continue;
-    if (node.op == OpKind::reshape) {  // a view
-      data_[node.outputs[0]] = data_[node.inputs[0]];
-      continue;
-    }
-    KernelArgs args = node_kernel_args(graph_, node, groups_, data_);
-    for (ValueId v : node.outputs) {
-      data_[v] = offsets_[v] >= 0 ? arena_ + offsets_[v] : nullptr;
-      args.outputs.push_back(data_[v]);
-    }
-    args.workspace = workspace_offsets_[n] >= 0 ? arena_ + workspace_offsets_[n] : nullptr;
+  // Not profiled (AUTOSP_PROFILE times the CPU executor): a node's host time here would be its
+  // launch, not its kernel.
+  ArenaMemory memory{arena_, offsets_, workspace_offsets_};
+  run_nodes(graph_, groups_, data_, memory, [&](NodeId n, const Node& node, KernelArgs& args) {
     op_def(node.op).cuda.run(args, ctx_);
     check_cuda(cudaGetLastError(), "a kernel launch", str(op_name(node.op), " (node ", n, ")"));
-  }
+  });
   for (size_t i = 0; i < graph_.outputs().size(); ++i) {
     const ValueId v = graph_.outputs()[i].value;
     if (host_outputs_[i].empty() || !copy_outputs_) continue;

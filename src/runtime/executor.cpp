@@ -4,7 +4,6 @@
 
 #include <malloc.h>
 
-#include <chrono>
 #include <climits>
 #include <cstdlib>
 #include <new>
@@ -15,6 +14,7 @@
 #ifdef AUTOSP_HAVE_CUDA
 #include "runtime/cuda_executor.h"
 #endif
+#include "runtime/node_loop.h"
 #include "runtime/profile.h"
 #include "util/error.h"
 
@@ -152,6 +152,45 @@ void Executor::bind(const std::string& input_name, const void* data) {
   bind(v, data);
 }
 
+// Heap mode's memory (run_nodes): each result allocated just before its node runs and freed
+// after the last use of its buffer (use counts per view root), each workspace around its
+// kernel. What it allocated is marked owned, so that release_all frees it after a throw.
+class CpuExecutor::HeapMemory {
+ public:
+  explicit HeapMemory(CpuExecutor& ex) : ex_(ex), remaining_(ex.buffer_uses_) {}
+
+  const void* result(ValueId v) {
+    ex_.data_[v] = ex_.allocator_.allocate(ex_.graph_.type(v).bytes());
+    ex_.owned_[v] = true;
+    return ex_.data_[v];
+  }
+  void* workspace(NodeId n) {
+    workspace_bytes_ = node_workspace_bytes(ex_.graph_, ex_.graph_.node(n), ex_.threads_);
+    return ex_.allocator_.allocate(workspace_bytes_);
+  }
+  void release_workspace(NodeId, void* ws) { ex_.allocator_.release(ws, workspace_bytes_); }
+  // Frees what this node was the last user of, and its results nobody uses.
+  void node_done(const Node& node) {
+    for (ValueId v : node.inputs) {
+      const ValueId root = ex_.root_[v];
+      if (--remaining_[root] == 0 && ex_.owned_[root]) release(root);
+    }
+    for (ValueId v : node.outputs)
+      if (remaining_[v] == 0 && ex_.owned_[v]) release(v);
+  }
+
+ private:
+  void release(ValueId root) {
+    ex_.allocator_.release(const_cast<void*>(ex_.data_[root]), ex_.graph_.type(root).bytes());
+    ex_.data_[root] = nullptr;
+    ex_.owned_[root] = false;
+  }
+
+  CpuExecutor& ex_;
+  std::vector<int> remaining_;  // per root: uses of its buffer still to run
+  int64_t workspace_bytes_ = 0;  // the running node's
+};
+
 void CpuExecutor::run() {
   release_all();
   for (ValueId v : graph_.inputs())
@@ -159,73 +198,22 @@ void CpuExecutor::run() {
       internal_error("input %", v, " '", graph_.value(v).name, "' is not bound");
 
   omp_set_num_threads(threads_);
-  std::vector<int> remaining = buffer_uses_;
+  auto launch = [&](NodeId, const Node& node, KernelArgs& args) {
+    args.threads = threads_;
+    op_def(node.op).cpu(args);
+  };
   try {
-    for (NodeId n = 0; n < static_cast<NodeId>(graph_.nodes().size()); ++n) {
-      if (!profiler_) {
-        run_node(n, remaining);
-        continue;
-      }
-      const auto start = std::chrono::steady_clock::now();
-      run_node(n, remaining);
-      profiler_->add(n, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    if (mode_ == BufferMode::heap) {
+      HeapMemory memory(*this);
+      run_nodes(graph_, groups_, data_, memory, launch, profiler_.get());
+    } else {
+      ArenaMemory memory{static_cast<char*>(arena_), offsets_, workspace_offsets_};
+      run_nodes(graph_, groups_, data_, memory, launch, profiler_.get());
     }
   } catch (...) {
     release_all();
     throw;
   }
-}
-
-void CpuExecutor::run_node(NodeId n, std::vector<int>& remaining) {
-  const Node& node = graph_.node(n);
-  if (node.op == OpKind::input) return;
-  const bool heap = mode_ == BufferMode::heap;
-  auto release_root = [&](ValueId root) {
-    allocator_.release(const_cast<void*>(data_[root]), graph_.type(root).bytes());
-    data_[root] = nullptr;
-    owned_[root] = false;
-  };
-  // Heap mode: free what this node was the last user of.
-  auto release_used = [&](ValueId v) {
-    const ValueId root = root_[v];
-    if (--remaining[root] == 0 && owned_[root]) release_root(root);
-  };
-  if (node.op == OpKind::reshape) {  // a view: nothing to compute or allocate
-    data_[node.outputs[0]] = data_[node.inputs[0]];
-    if (heap) release_used(node.inputs[0]);
-    return;
-  }
-  const OpDef& def = op_def(node.op);
-  KernelArgs args = node_kernel_args(graph_, node, groups_, data_);
-  args.threads = threads_;
-  char* const arena = static_cast<char*>(arena_);
-  for (ValueId v : node.outputs) {
-    if (heap) {
-      data_[v] = allocator_.allocate(graph_.type(v).bytes());
-      owned_[v] = true;
-    } else {
-      data_[v] = offsets_[v] >= 0 ? arena + offsets_[v] : nullptr;
-    }
-    args.outputs.push_back(const_cast<void*>(data_[v]));
-  }
-  if (!heap) {
-    args.workspace = workspace_offsets_[n] >= 0 ? arena + workspace_offsets_[n] : nullptr;
-    def.cpu(args);
-    return;
-  }
-  const int64_t ws_bytes = node_workspace_bytes(graph_, node, threads_);
-  args.workspace = allocator_.allocate(ws_bytes);
-  try {
-    def.cpu(args);
-  } catch (...) {
-    allocator_.release(args.workspace, ws_bytes);
-    throw;
-  }
-  allocator_.release(args.workspace, ws_bytes);
-  for (ValueId v : node.inputs) release_used(v);
-  // Results nobody uses.
-  for (ValueId v : node.outputs)
-    if (remaining[v] == 0 && owned_[v]) release_root(v);
 }
 
 const void* CpuExecutor::output_data(const std::string& name) const {

@@ -1,6 +1,7 @@
-// Runs a graph on the CPU, node by node in graph order. Inputs are bound to caller memory
-// and not copied. A reshape is a view: its result shares its operand's buffer, which lives
-// until the last use of either. A graph output is kept until the next run.
+// Runs a graph on the CPU, node by node in graph order (run_nodes, runtime/node_loop.h).
+// Inputs are bound to caller memory and not copied. A reshape is a view: its result shares
+// its operand's buffer, which lives until the last use of either. A graph output is kept
+// until the next run.
 //
 // Memory (BufferMode):
 //  - arena (the default): every result and kernel workspace lives at its offset in one
@@ -52,7 +53,8 @@ class Executor {
 };
 
 // What the executors share (host and device differ in memory only): which communicator a
-// collective runs on, the graph's views, and a node's kernel arguments.
+// collective runs on, the graph's views, a node's kernel arguments, and the loop over the
+// nodes that uses them (run_nodes, runtime/node_loop.h).
 //   group_communicator: the communicator a collective's "group" attribute names ("sp", "dp",
 //     "world"); InternalError when `groups` is null or lacks it.
 //   check_collective_groups: every collective's group exists with the size it was compiled for.
@@ -128,8 +130,8 @@ class CpuExecutor final : public Executor {
   int64_t arena_bytes() const override { return arena_bytes_; }
 
  private:
+  class HeapMemory;  // heap mode's memory for run_nodes (runtime/node_loop.h)
   void release_all();
-  void run_node(NodeId n, std::vector<int>& remaining);
 
   const Graph& graph_;
   Allocator& allocator_;

@@ -2,11 +2,12 @@
 // (AUTOSP_PROFILE=1; issue 25). Off, it costs one pointer test per node.
 //
 // On, each CpuExecutor made afterwards times every node it runs (a steady_clock read before
-// and after run_node: the kernel, and in heap mode the node's allocations) into one
-// process-wide Profile, grouped by (phase, op kind, kernel) with the node's FLOPs from its
-// op's cost rule (node_cost). The trainer adds the optimizer's time and each step's time;
-// `autosp train` leaves the first step out when more follow (it pays one-time costs: the
-// arena's first-touch page faults) and prints the table at the end (Profile::report).
+// and after each node of run_nodes, runtime/node_loop.h: the kernel, and in heap mode the
+// node's allocations) into one process-wide Profile, grouped by (phase, op kind, kernel)
+// with the node's FLOPs from its op's cost rule (node_cost). The trainer adds the
+// optimizer's time and each step's time; the training loop (train/loop.h) leaves the first
+// step out when more follow (it pays one-time costs: the arena's first-touch page faults)
+// and `autosp train` prints the table at the end (Profile::report).
 //
 // Phases: a node is forward when the graph output "loss" depends on it, backward otherwise
 // (gradient rules, the recomputation checkpointing adds for them, gradient collectives and
