@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "runtime/profile.h"
+#include "testing/counting_data.h"
 #include "testing/tiny_llama.h"
 #include "train/trainer.h"
 
@@ -19,17 +20,7 @@ namespace {
 
 constexpr int64_t kSeqLen = 6;
 
-// Tokens 0..6 repeating from sample k on, each labelled with the next: any sample index works.
-class Counting final : public DataSource {
- public:
-  void read_sample(int64_t k, int64_t S, int32_t* inputs, int32_t* labels) const override {
-    for (int64_t i = 0; i < S; ++i) {
-      inputs[i] = static_cast<int32_t>((k + i) % 7);
-      labels[i] = static_cast<int32_t>((k + i + 1) % 7);
-    }
-  }
-  std::string describe(int64_t) const override { return "counting"; }
-};
+using Counting = testing::CountingData;
 
 // One sample per step (micro batch 1, one rank): step k reads sample k - 1.
 std::unique_ptr<Trainer> make_trainer(ModelState state) {

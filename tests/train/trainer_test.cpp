@@ -5,8 +5,9 @@
 #include <cmath>
 #include <memory>
 
-#include "train/trainer.h"
+#include "testing/counting_data.h"
 #include "testing/tiny_llama.h"
+#include "train/trainer.h"
 
 namespace autosp::train {
 namespace {
@@ -40,17 +41,7 @@ TEST(Trainer, ANonFiniteLossStopsBeforeTheUpdate) {
   EXPECT_EQ(trainer.state().params, initial.params);  // untouched
 }
 
-// Tokens 0..6 repeating, each labelled with the next.
-class Counting final : public DataSource {
- public:
-  void read_sample(int64_t k, int64_t S, int32_t* inputs, int32_t* labels) const override {
-    for (int64_t i = 0; i < S; ++i) {
-      inputs[i] = static_cast<int32_t>((k + i) % 7);
-      labels[i] = static_cast<int32_t>((k + i + 1) % 7);
-    }
-  }
-  std::string describe(int64_t) const override { return "counting"; }
-};
+using Counting = testing::CountingData;
 
 // Under ZeRO-3 the trainer holds only parameter shards; evaluation gathers them, and gives
 // the logits a ZeRO-0 trainer of the same state gives, before and after a step.
