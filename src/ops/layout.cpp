@@ -2,6 +2,7 @@
 // They keep their operand's dtype. reshape and transpose accept any dtype and move bytes,
 // so their CPU kernels run on bf16 too; slice and concat take f32 or bf16 (fp32 kernels).
 #include <cstring>
+#include <vector>
 
 #include "kernels/cpu/basic.h"
 #include "ops/op.h"
@@ -248,14 +249,14 @@ extern const OpDef concat_op = {
     },
     .cpu = [](const KernelArgs& a) {
       const int64_t dim = a.attrs->get_int("dim");
-      const Shape& y = a.out_shape(0);
-      Slab s = slab_of(y, dim);
-      int64_t offset = 0;
+      const Slab s = slab_of(a.out_shape(0), dim);
+      std::vector<const float*> xs;
+      std::vector<int64_t> lens;
       for (size_t i = 0; i < a.inputs.size(); ++i) {
-        const int64_t len = a.in_shape(static_cast<int>(i))[dim];
-        cpu::copy_slab(a.in(static_cast<int>(i)), s.outer, len, 0, s.inner, len, a.out(0), y[dim], offset);
-        offset += len;
+        xs.push_back(a.in(static_cast<int>(i)));
+        lens.push_back(a.in_shape(static_cast<int>(i))[dim]);
       }
+      cpu::concat_slabs(xs.data(), lens.data(), static_cast<int64_t>(xs.size()), s.outer, s.inner, a.out(0));
     },
     .shard = [](const Shardings& in, const Types& t, const Attrs& attrs) -> Shardings {
       Shardings out = shard_elementwise(in, t, attrs);

@@ -122,6 +122,30 @@ void copy_slab(const float* x, int64_t outer, int64_t x_dim, int64_t x_off, int6
                 count * inner * sizeof(float));
 }
 
+void concat_slabs(const float* const* xs, const int64_t* lens, int64_t n, int64_t outer, int64_t inner,
+                  float* y) {
+  int64_t y_dim = 0;
+  for (int64_t i = 0; i < n; ++i) y_dim += lens[i];
+  const int64_t total = outer * y_dim * inner;
+  constexpr int64_t kMinParallel = int64_t{1} << 16;  // floats
+#pragma omp parallel if (total >= kMinParallel)
+  {
+    // This thread's part of y, [lo, hi), walked piece by piece: piece (o, i) is operand i's
+    // row o, contiguous in both x and y.
+    const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
+    const int64_t lo = total * t / threads, hi = total * (t + 1) / threads;
+    int64_t at = 0;  // where the current piece starts in y
+    for (int64_t o = 0; o < outer && at < hi; ++o) {
+      for (int64_t i = 0; i < n && at < hi; ++i) {
+        const int64_t len = lens[i] * inner;
+        const int64_t b = std::max(lo, at), e = std::min(hi, at + len);
+        if (b < e) std::memcpy(y + b, xs[i] + o * len + (b - at), (e - b) * sizeof(float));
+        at += len;
+      }
+    }
+  }
+}
+
 namespace {
 
 // OpenBLAS runs single-threaded inside autosp's OpenMP team: with its own pthreads it would

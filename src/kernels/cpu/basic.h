@@ -31,6 +31,13 @@ void permute(const void* x, const int64_t* shape, const int64_t* perm, int rank,
 void copy_slab(const float* x, int64_t outer, int64_t x_dim, int64_t x_off, int64_t inner,
                int64_t count, float* y, int64_t y_dim, int64_t y_off);
 
+// Concatenates n operands along a middle dim: operand i viewed as [outer, lens[i], inner]
+// lands in y, viewed as [outer, sum of lens, inner], after the operands before it. One
+// parallel region in which every thread copies an equal share of y (a flattened gradient
+// bucket is a single row of dozens of operands).
+void concat_slabs(const float* const* xs, const int64_t* lens, int64_t n, int64_t outer, int64_t inner,
+                  float* y);
+
 // C[M, N] = op(A) op(B), row-major, op = transpose where asked; OpenBLAS sgemm.
 // accumulate: C += op(A) op(B) instead (beta = 1), for sums over chunks of K.
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A,

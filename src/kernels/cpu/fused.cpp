@@ -302,6 +302,8 @@ void cross_entropy_backward(const float* dloss_sum, const float* logits, const i
     }
     const float* xr = logits + t * V;
     const float l = lse[t];
+    const int64_t y = labels[t];
+    const float zy = xr[y];  // before the loop: dlogits may be logits
     const vf lv = simd::splat(l), gv = simd::splat(g);
     for (int64_t v = 0; v < V; v += simd::W) {
       const int64_t len = std::min(simd::W, V - v);
@@ -310,8 +312,7 @@ void cross_entropy_backward(const float* dloss_sum, const float* logits, const i
     // g (p - 1) rather than g p - g: p - 1 is exact for p >= 1/2, so only one rounding.
     // (p itself is only as good as the float lse: ~|lse| 2^-24 absolute, see fused.h.)
     // p through the same vexp as the row, so it is the value the loop above used.
-    const int64_t y = labels[t];
-    dr[y] = g * (simd::vexp(simd::splat(xr[y] - l))[0] - 1.0f);
+    dr[y] = g * (simd::vexp(simd::splat(zy - l))[0] - 1.0f);
   }
 }
 

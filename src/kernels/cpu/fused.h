@@ -76,6 +76,7 @@ void swiglu_backward(const float* dy, const float* gate, const float* up, int64_
 void cross_entropy_forward(const float* logits, const int32_t* labels, int64_t T, int64_t V,
                            int32_t ignore_index, float* loss_sum /* [1] */, float* lse /* [T] */);
 // dlogits[t, :] = dloss_sum * (softmax(logits[t]) - onehot(label[t])) for valid rows, 0 else.
+// dlogits may be logits (in place: linear_cross_entropy's chunks).
 void cross_entropy_backward(const float* dloss_sum /* [1] */, const float* logits,
                             const int32_t* labels, const float* lse, int64_t T, int64_t V,
                             int32_t ignore_index, float* dlogits);

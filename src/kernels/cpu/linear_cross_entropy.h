@@ -7,7 +7,8 @@
 // validated to lie in [0, V) by the caller. Outputs are overwritten, never accumulated into.
 //
 // The results do not depend on the thread count: rows are independent, loss_sum is summed
-// in double in row order, and dW sums the chunks in chunk order. They do depend on
+// as cross_entropy_forward sums it within a chunk (fixed row blocks, double) and over the
+// chunks in chunk order, and dW sums the chunks in chunk order. They do depend on
 // chunk_rows (dW's summation order and gemm blocking), at fp32 rounding level.
 #pragma once
 #include <cstdint>
