@@ -219,7 +219,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "autosp: error: %s (see autosp %s--help)\n", e.what(), sub.empty() ? "" : (sub + " ").c_str());
     return 1;
   }
-  // Before MPI_Init: it may re-exec this process (OMP_WAIT_POLICY is read when libgomp loads).
+  // Before MPI_Init: it may re-exec this process (GOMP_SPINCOUNT is read when libgomp loads).
   if (*train_cmd) autosp::configure_threads(argv);
   std::unique_ptr<autosp::MpiRuntime> mpi;
   try {

@@ -16,21 +16,26 @@
 
 namespace autosp {
 
-// Why idle threads sleep whenever a rank has more than one thread, not only when the node
-// looks oversubscribed at start-up:
+// Why idle threads spin only briefly whenever a rank has more than one thread, not only
+// when the node looks oversubscribed at start-up:
 //  - libgomp's default waiter spins GOMP_SPINCOUNT = 300000 pause loops (milliseconds) at
 //    every barrier and after every parallel region before it sleeps; while a rank sits in
-//    MPI or in serial code, its idle workers burn CPUs that other processes need. It throttles
-//    that only when its own threads outnumber its own affinity mask, blind to other ranks
-//    and other jobs.
+//    MPI or in serial code, or its other thread is descheduled, its idle workers burn CPUs
+//    that other processes need. It throttles that (to 1000) only when its own threads
+//    outnumber its own affinity mask, blind to other ranks and other jobs.
 //  - The load that hurts comes and goes during a run: on a 2-CPU machine (Intel Xeon, KVM) a
 //    compile starting beside the demo (1 rank, 2 threads) took its step from 0.025 s to 1.25 s
 //    mid-run. A start-up check of the load average cannot see that coming; a rank cannot
 //    re-exec mid-run, and libgomp reads the policy only when it is loaded.
-//  - Sleeping cost nothing measurable there: the demo's best step was 0.017 s passive against
-//    0.027 s spinning, and beside one busy loop its median step 0.05 s against 0.27-0.39 s.
-//    A sleeping waiter costs a futex wake per parallel region, small against kernels of
-//    milliseconds; a user who owns the node and wants spinning sets OMP_WAIT_POLICY=active.
+//  - Sleeping at once (OMP_WAIT_POLICY=passive, autosp's earlier default) pays a futex wake
+//    per parallel region, which a virtual machine makes tens of microseconds: on that Xeon the
+//    bench model's S = 2048 step (~650 regions) took 0.355-0.372 s passive against 0.33 s
+//    spinning, and the demo's step 0.025 s against 0.010 s.
+//  - So a waiter spins kSpinCount pause loops, libgomp's own count for oversubscribed teams
+//    (tens of microseconds, about what sleeping and waking costs: at most twice the better
+//    choice either way), then sleeps. Measured there, the demo's median step: idle 0.012 s
+//    (passive 0.025, libgomp's default 0.010); beside one busy loop 0.024 s (passive 0.018,
+//    default 0.15 with steps up to 0.61). A user who owns the node sets OMP_WAIT_POLICY=active.
 ThreadPlan plan_threads(const ThreadInputs& in) {
   const int node = std::max(in.node_cpus, 1);
   const int ranks = std::max(in.local_ranks, 1);
@@ -57,8 +62,8 @@ ThreadPlan plan_threads(const ThreadInputs& in) {
     if (!in.user_wait.empty()) {
       plan.wait = in.user_wait + ", set by the user";
     } else {
-      plan.wait = "OMP_WAIT_POLICY=passive";
-      plan.restart_passive = !in.restarted;
+      plan.wait = str("GOMP_SPINCOUNT=", kSpinCount, ": idle threads sleep after a short spin");
+      plan.restart = !in.restarted;
     }
   }
   return plan;
@@ -93,9 +98,9 @@ std::optional<int> slurm_tasks_on_node(const std::string& tasks_per_node, int no
 namespace {
 
 // Set by configure_threads to its pid before it re-execs: the process with that pid is the
-// restart and its OMP_WAIT_POLICY is autosp's, not the user's. A value inherited from another
+// restart and its GOMP_SPINCOUNT is autosp's, not the user's. A value inherited from another
 // process (whatever started this one) is not.
-constexpr const char* kRestartedVar = "AUTOSP_RESTARTED_PASSIVE";
+constexpr const char* kRestartedVar = "AUTOSP_RESTARTED_SPIN";
 
 // An integer variable of the launcher, nullopt when unset, malformed or below `least`.
 std::optional<int> int_env(const char* var, int least = 1) {
@@ -193,18 +198,19 @@ void configure_threads(char** argv) {
   const ThreadInputs in = thread_inputs_from_environment();
   ThreadPlan plan = plan_threads(in);
   unsetenv(kRestartedVar);  // a process this one starts is not the restart
-  if (plan.restart_passive) {
-    setenv("OMP_WAIT_POLICY", "passive", 1);
+  if (plan.restart) {
+    setenv("GOMP_SPINCOUNT", std::to_string(kSpinCount).c_str(), 1);
     setenv(kRestartedVar, std::to_string(getpid()).c_str(), 1);
     std::fflush(nullptr);
     unbind_for_exec();
     execv("/proc/self/exe", argv);
     // Only on failure (no /proc, say): run on as the user started it.
     const int error = errno;
-    unsetenv("OMP_WAIT_POLICY");
+    unsetenv("GOMP_SPINCOUNT");
     unsetenv(kRestartedVar);
-    plan.wait = str("idle threads spin: autosp could not restart itself with OMP_WAIT_POLICY=passive (execv "
-                    "/proc/self/exe: ", std::strerror(error), "); set OMP_WAIT_POLICY=passive if the CPUs are shared");
+    plan.wait = str("idle threads spin: autosp could not restart itself with GOMP_SPINCOUNT=", kSpinCount,
+                    " (execv /proc/self/exe: ", std::strerror(error),
+                    "); set OMP_WAIT_POLICY=passive if the CPUs are shared");
   }
   // The user's OMP_NUM_THREADS is libgomp's already (it read it when it was loaded).
   if (!in.user_threads) omp_set_num_threads(plan.threads);

@@ -5,8 +5,8 @@
 //     Each rank prints one line:
 //       rank R/N threads T node_cpus C affinity_cpus A local_ranks L spincount S | <start-up line>
 //     T: OpenMP's thread count after configure_threads (what the kernels use); C, A, L: the
-//     inputs it decided from; S: GOMP_SPINCOUNT as libgomp loaded it (0: idle threads sleep,
-//     i.e. the re-exec with OMP_WAIT_POLICY=passive took effect). Under mpirun the ranks then
+//     inputs it decided from; S: GOMP_SPINCOUNT as libgomp loaded it (kSpinCount: the re-exec
+//     with GOMP_SPINCOUNT=kSpinCount took effect; libgomp's default is 300000). Under mpirun the ranks then
 //     start MPI and run a collective, so a re-exec that broke the launch fails the job.
 #include <omp.h>
 #include <unistd.h>

@@ -1,7 +1,7 @@
 // The default thread count per rank and the wait policy (issue 25: with the cores shared,
 // spinning OpenMP threads made a tiny model's step 30-50x slower). First the policy as a pure
 // function, then real processes: threads_probe under `mpirun -np 2`, under `taskset -c 0`, and
-// autosp itself restarting with OMP_WAIT_POLICY=passive under mpirun.
+// autosp itself restarting with GOMP_SPINCOUNT=kSpinCount under mpirun.
 #include <gtest/gtest.h>
 #include <sched.h>
 #include <unistd.h>
@@ -42,7 +42,7 @@ TEST(ThreadPolicy, SixteenCpusFourRanksTakeFourEach) {
 TEST(ThreadPolicy, AffinityMaskBoundsTheCount) {
   const ThreadPlan p = plan_threads(inputs(16, 3, 1));
   EXPECT_EQ(p.threads, 3);
-  EXPECT_EQ(p.summary(), "threads: 3 (3 CPUs in this process's affinity mask; OMP_WAIT_POLICY=passive)");
+  EXPECT_EQ(p.summary(), "threads: 3 (3 CPUs in this process's affinity mask; GOMP_SPINCOUNT=1000: idle threads sleep after a short spin)");
   // mpirun's binding to one core per rank.
   EXPECT_EQ(plan_threads(inputs(16, 1, 2)).threads, 1);
 }
@@ -61,22 +61,22 @@ TEST(ThreadPolicy, TheUsersOmpNumThreadsWinsAndTheLineSaysSo) {
   const ThreadPlan p = plan_threads(inputs(2, 2, 2, 3));
   EXPECT_EQ(p.threads, 3);
   EXPECT_EQ(p.summary(), "threads: 3 per rank (OMP_NUM_THREADS=3, set by the user; the default here is 1: "
-                         "2 CPUs / 2 local ranks; OMP_WAIT_POLICY=passive)");
+                         "2 CPUs / 2 local ranks; GOMP_SPINCOUNT=1000: idle threads sleep after a short spin)");
   EXPECT_EQ(plan_threads(inputs(16, 16, 1, 1)).threads, 1);
 }
 
-TEST(ThreadPolicy, MoreThanOneThreadRestartsPassiveOnce) {
+TEST(ThreadPolicy, MoreThanOneThreadRestartsWithAShortSpinOnce) {
   ThreadInputs in = inputs(4, 4, 1);
-  EXPECT_TRUE(plan_threads(in).restart_passive);
-  in.restarted = true;  // the re-exec itself: passive already, and no second exec
+  EXPECT_TRUE(plan_threads(in).restart);
+  in.restarted = true;  // the re-exec itself: the short spin already, and no second exec
   const ThreadPlan again = plan_threads(in);
-  EXPECT_FALSE(again.restart_passive);
-  EXPECT_EQ(again.summary(), "threads: 4 (4 CPUs; OMP_WAIT_POLICY=passive)");
+  EXPECT_FALSE(again.restart);
+  EXPECT_EQ(again.summary(), "threads: 4 (4 CPUs; GOMP_SPINCOUNT=1000: idle threads sleep after a short spin)");
 }
 
 TEST(ThreadPolicy, OneThreadHasNoIdleThreadsToPutToSleep) {
   const ThreadPlan p = plan_threads(inputs(2, 2, 2));
-  EXPECT_FALSE(p.restart_passive);
+  EXPECT_FALSE(p.restart);
   EXPECT_EQ(p.wait, "");
 }
 
@@ -84,10 +84,10 @@ TEST(ThreadPolicy, TheUsersWaitPolicyWins) {
   ThreadInputs in = inputs(4, 4, 1);
   in.user_wait = "OMP_WAIT_POLICY=active";
   const ThreadPlan p = plan_threads(in);
-  EXPECT_FALSE(p.restart_passive);
+  EXPECT_FALSE(p.restart);
   EXPECT_EQ(p.summary(), "threads: 4 (4 CPUs; OMP_WAIT_POLICY=active, set by the user)");
   in.user_wait = "GOMP_SPINCOUNT=1000";
-  EXPECT_FALSE(plan_threads(in).restart_passive);
+  EXPECT_FALSE(plan_threads(in).restart);
 }
 
 TEST(ThreadPolicy, SlurmTaskLayoutPerNode) {
@@ -154,7 +154,7 @@ TEST(ThreadsUnderMpirun, TwoRanksTakeTheirShareOfTheNode) {
     EXPECT_EQ(l.threads, expected.threads) << r.output;
     EXPECT_EQ(l.summary, expected.summary()) << r.output;
     if (expected.threads > 1) {
-      EXPECT_EQ(l.spincount, "0") << "idle threads still spin:\n" << r.output;
+      EXPECT_EQ(l.spincount, std::to_string(kSpinCount)) << "idle threads spin long:\n" << r.output;
     }
   }
 }
@@ -184,16 +184,16 @@ TEST(ThreadsUnderMpirun, TasksetToOneCpuGivesOneThreadPerRank) {
   }
 }
 
-// The user's OMP_NUM_THREADS=2 on each of 2 ranks: both restart with OMP_WAIT_POLICY=passive
-// (libgomp then spins 0 times), and MPI starts after the re-exec.
-TEST(ThreadsUnderMpirun, UsersThreadsRestartPassiveAndMpiStillStarts) {
+// The user's OMP_NUM_THREADS=2 on each of 2 ranks: both restart with GOMP_SPINCOUNT=kSpinCount
+// (libgomp's default would be 300000), and MPI starts after the re-exec.
+TEST(ThreadsUnderMpirun, UsersThreadsRestartWithAShortSpinAndMpiStillStarts) {
   const auto r = mpirun_probe("OMP_NUM_THREADS=2 ", "--bind-to none");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const std::vector<ProbeLine> lines = probe_lines(r.output);
   ASSERT_EQ(lines.size(), 2u) << r.output;
   for (const ProbeLine& l : lines) {
     EXPECT_EQ(l.threads, 2) << r.output;
-    EXPECT_EQ(l.spincount, "0") << r.output;
+    EXPECT_EQ(l.spincount, std::to_string(kSpinCount)) << r.output;
     EXPECT_NE(l.summary.find("OMP_NUM_THREADS=2, set by the user"), std::string::npos) << r.output;
   }
 }
@@ -212,27 +212,27 @@ TEST(ThreadsOneProcess, TheUsersWaitPolicyIsKept) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const std::vector<ProbeLine> lines = probe_lines(r.output);
   ASSERT_EQ(lines.size(), 1u) << r.output;
-  EXPECT_NE(lines[0].spincount, "0") << r.output;
+  EXPECT_NE(lines[0].spincount, std::to_string(kSpinCount)) << r.output;
   EXPECT_NE(lines[0].summary.find("OMP_WAIT_POLICY=active, set by the user"), std::string::npos) << r.output;
 }
 
-TEST(ThreadsOneProcess, TwoThreadsRestartPassive) {
+TEST(ThreadsOneProcess, TwoThreadsRestartWithAShortSpin) {
   const auto r = run_command(str(kCleanEnv, "OMP_NUM_THREADS=2 ", AUTOSP_THREADS_PROBE));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const std::vector<ProbeLine> lines = probe_lines(r.output);
   ASSERT_EQ(lines.size(), 1u) << r.output;
   EXPECT_EQ(lines[0].threads, 2) << r.output;
-  EXPECT_EQ(lines[0].spincount, "0") << r.output;
+  EXPECT_EQ(lines[0].spincount, std::to_string(kSpinCount)) << r.output;
 }
 
 // The restart marker of another process (an autosp that started this one) is not this
-// process's restart: it still restarts passive.
+// process's restart: it still restarts.
 TEST(ThreadsOneProcess, AnInheritedRestartMarkerIsIgnored) {
-  const auto r = run_command(str(kCleanEnv, "OMP_NUM_THREADS=2 AUTOSP_RESTARTED_PASSIVE=1 ", AUTOSP_THREADS_PROBE));
+  const auto r = run_command(str(kCleanEnv, "OMP_NUM_THREADS=2 AUTOSP_RESTARTED_SPIN=1 ", AUTOSP_THREADS_PROBE));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const std::vector<ProbeLine> lines = probe_lines(r.output);
   ASSERT_EQ(lines.size(), 1u) << r.output;
-  EXPECT_EQ(lines[0].spincount, "0") << r.output;
+  EXPECT_EQ(lines[0].spincount, std::to_string(kSpinCount)) << r.output;
 }
 
 // With OMP_PROC_BIND, libgomp binds the main thread to one place when it loads; the count
@@ -255,7 +255,7 @@ TEST(ThreadsUnderMpirun, AutospSaysItsThreadsAndTrainsAfterRestarting) {
   const size_t at = r.output.find(line);
   ASSERT_NE(at, std::string::npos) << r.output;
   EXPECT_EQ(r.output.find(line, at + 1), std::string::npos) << "printed more than once:\n" << r.output;
-  EXPECT_NE(r.output.find("; OMP_WAIT_POLICY=passive)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("; GOMP_SPINCOUNT=1000: idle threads sleep after a short spin)"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("step 2/2"), std::string::npos) << r.output;
 }
 
