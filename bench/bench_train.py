@@ -52,7 +52,10 @@ Hugging Face's eager attention (S x S), under this interpreter. Where both run, 
 6. Per instruction set (issue 9), on the issue's model (ISA_MODEL: the benchmark model with
    2 kv heads, ffn 704, vocab 2048), SP = 1, --threads threads: for each kernel set autosp
    runs on this CPU (`autosp --version`; --isas to choose), autosp with AUTOSP_ISA=set
-   against torch2 and torch 1.13 (each run once per S) at each S in --isa-sizes (2048, 4096;
+   against torch2 and torch 1.13, both sides with every library limited to that set (avx2
+   on an AVX-512 CPU: ATEN_CPU_CAPABILITY=avx2, MKL_ENABLE_INSTRUCTIONS=AVX2,
+   ONEDNN_MAX_CPU_ISA=AVX2 and, unless the environment sets one, OPENBLAS_CORETYPE=Haswell;
+   isa_stack_env), the peers once per S and environment, at each S in --isa-sizes (2048, 4096;
    quick 1024, 2048): median step time of the steps after the first (--isa-steps, default 4,
    quick 3, for autosp and torch2; torch 1.13 3 steps below S = 4096, else 2; quick 2), as
    autosp/torch2 and
@@ -63,8 +66,8 @@ Hugging Face's eager attention (S x S), under this interpreter. Where both run, 
    quick 4096; autosp only, 3 steps) as well: the step's FLOP/s (metrics step_gflops_per_s,
    counted from the ops' cost rules, median over the steps after the first) over OpenBLAS
    sgemm's, measured by `bench_kernels --only sgemm` (--bench-kernels, default next to
-   --autosp) in this environment with the same threads, before and after the section (the
-   mean is the reference). Each run's "cpu kernels:" line is checked against AUTOSP_ISA,
+   --autosp) in each set's environment with the same threads, before and after the section
+   (the mean is that set's reference). Each run's "cpu kernels:" line is checked against AUTOSP_ISA,
    and step-1 losses of the sets against each other.
 --sections picks a subset (default all six); 2. and 3. reuse the sweep's runs only when
 it ran.
@@ -278,7 +281,7 @@ class Bench:
         return self.ds[key]
 
     def autosp(self, S, steps, threads, sp=1, cap=None, timeout=None, policy=None,
-               model=None, isa=None, profile=False):
+               model=None, isa=None, profile=False, env=None):
         """model: (dir, tokens) from add_model (default the benchmark model); isa: the
         kernel set (AUTOSP_ISA; default autosp's choice); profile: AUTOSP_PROFILE=1, its
         table parsed into "profile"."""
@@ -290,7 +293,9 @@ class Bench:
         args = [self.a.autosp, "train", "--config", config, "--model", model_dir,
                 "--data", tokens, "--seq-len", str(S), "--steps", str(steps),
                 "--metrics", metrics]
-        extra = {"AUTOSP_ISA": isa} if isa else {}
+        extra = dict(env or {})
+        if isa:
+            extra["AUTOSP_ISA"] = isa
         if profile:
             extra["AUTOSP_PROFILE"] = "1"
         if sp > 1:
@@ -365,7 +370,8 @@ class Bench:
             r["peak_rss_bytes"] = max((x for x in ranks if x), default=None)
         return r
 
-    def torch(self, S, steps, threads, cap=None, timeout=None, model=None, impl="eager"):
+    def torch(self, S, steps, threads, cap=None, timeout=None, model=None, impl="eager",
+              env=None):
         """impl: "eager" (torch_llama_step.py's module under this interpreter, Debian's
         torch 1.13) or "hf-sdpa" (transformers' LlamaForCausalLM with SDPA under
         --torch2-python, torch 2.x): the side is "torch" or "torch2"."""
@@ -380,7 +386,7 @@ class Bench:
                "--model", model_dir, "--config", self.ds[1], "--data", tokens,
                "--seq-len", str(S), "--steps", str(steps), "--threads", str(threads),
                "--impl", impl]
-        extra = {}
+        extra = dict(env or {})
         if self.a.torch_malloc_retain:
             # glibc returns every freed block over 32 MiB to the kernel (mmap), so eager
             # torch pays first-touch page faults for its S*S tensors every step; this keeps
@@ -400,14 +406,14 @@ class Bench:
                 r[k] = out.get(k)
         return r
 
-    def sgemm(self, threads):
+    def sgemm(self, threads, env=None):
         """OpenBLAS sgemm GFLOP/s (2048^3, at the start and end of one process) as
-        bench_kernels measures it, in this environment with `threads` threads."""
+        bench_kernels measures it, in this environment (plus env) with `threads` threads."""
         base = self._paths("sgemm")
         out = base + ".json"
         r, _ = run_measured([self.a.bench_kernels, "--only", "sgemm", out],
-                            thread_env(threads), base + ".log", self.a.run_timeout_s)
-        r.update({"side": "sgemm", "threads": threads})
+                            thread_env(threads, env), base + ".log", self.a.run_timeout_s)
+        r.update({"side": "sgemm", "threads": threads, "env": dict(env or {})})
         if r["status"] == "ok":
             with open(out) as f:
                 j = json.load(f)
@@ -805,50 +811,89 @@ def isa_torch_steps(S, quick):
     return 2 if quick or S >= 4096 else 3
 
 
+def isa_stack_env(isa, cpu_isas):
+    """The environment that makes this machine an `isa` machine for every library of both
+    sides: empty for the widest set the CPU runs; for avx2 on an AVX-512 CPU, torch's own
+    kernels (ATEN_CPU_CAPABILITY), its MKL and oneDNN, and OpenBLAS (autosp's and torch
+    1.13's sgemm; OPENBLAS_CORETYPE=Haswell unless the environment already sets a core,
+    which is then left as it is) limited to AVX2, as on the AVX2-only Zen 3 of issue 25."""
+    if not cpu_isas or isa == cpu_isas[-1] or isa != "avx2":
+        return {}
+    env = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+           "ONEDNN_MAX_CPU_ISA": "AVX2"}
+    if not os.environ.get("OPENBLAS_CORETYPE"):
+        env["OPENBLAS_CORETYPE"] = "Haswell"
+    return env
+
+
 def isa_section(b, T, isas, cpu_isas, sizes, flops_sizes, steps, quick, log,
                 profile_sizes=()):
-    """Section 6: see the module doc. torch 2 (SDPA) and torch 1.13 run once per S in sizes,
-    next to autosp's runs of that S; sgemm before and after all of them. autosp's runs at
-    an S in profile_sizes print AUTOSP_PROFILE=1's table."""
+    """Section 6: see the module doc. Each kernel set runs in its isa_stack_env, both sides:
+    torch 2 (SDPA) and torch 1.13 once per S in sizes and per distinct environment, next to
+    autosp's runs of that S; sgemm in each environment before and after all of them. autosp's
+    runs at an S in profile_sizes print AUTOSP_PROFILE=1's table."""
     model = b.add_model("model_isa", ISA_MODEL)
-    sgemm = [b.sgemm(T)]
-    log(f"isa: sgemm {fmt(sgemm[0].get('gflops'), '.1f')} GFLOP/s ({sgemm[0]['status']})")
+    envs = {isa: isa_stack_env(isa, cpu_isas) for isa in isas}
+    groups = []  # [env, [isas]]: the peers run once per distinct environment
+    for isa in isas:
+        g = next((g for g in groups if g[0] == envs[isa]), None)
+        if g:
+            g[1].append(isa)
+        else:
+            groups.append([envs[isa], [isa]])
+
+    def env_note(env):
+        return " ".join(f"{k}={v}" for k, v in env.items()) or "as given"
+
+    sgemm = {isa: [] for isa in isas}
+
+    def run_sgemm():
+        for env, members in groups:
+            r = b.sgemm(T, env)
+            log(f"isa: sgemm ({env_note(env)}) {fmt(r.get('gflops'), '.1f')} GFLOP/s ({r['status']})")
+            for isa in members:
+                sgemm[isa].append(r)
+
+    run_sgemm()
     rows, torch_runs = [], []
     for S in sorted(set(sizes) | set(flops_sizes)):
         if S in sizes:
-            runs = {"S": S}
-            for side, impl in (("torch2", "hf-sdpa"), ("torch", "eager")):
-                # torch 2's first steps are slow (2.6 s, 0.5 s, then 0.12 s at S = 512): it
-                # takes as many steps as autosp; torch 1.13's S x S steps are long enough.
-                n = steps if side == "torch2" else isa_torch_steps(S, quick)
-                rt = b.torch(S, n, T, model=model, impl=impl)
-                log(f"isa {side} ({impl}) S={S}: {rt['status']} {fmt(ok_time(rt))} s/step, "
-                    f"busy {fmt(busy(rt, T))}")
-                runs[side] = rt
-            torch_runs.append(runs)
+            for env, members in groups:
+                runs = {"S": S, "isas": members, "env": env}
+                for side, impl in (("torch2", "hf-sdpa"), ("torch", "eager")):
+                    # torch 2's first steps are slow (2.6 s, 0.5 s, then 0.12 s at S = 512): it
+                    # takes as many steps as autosp; torch 1.13's S x S steps are long enough.
+                    n = steps if side == "torch2" else isa_torch_steps(S, quick)
+                    rt = b.torch(S, n, T, model=model, impl=impl, env=env)
+                    log(f"isa {side} ({impl}, {env_note(env)}) S={S}: {rt['status']} "
+                        f"{fmt(ok_time(rt))} s/step, busy {fmt(busy(rt, T))}")
+                    runs[side] = rt
+                torch_runs.append(runs)
         for isa in isas:
             ra = b.autosp(S, steps if S in sizes else 3, T, model=model, isa=isa,
-                          profile=S in sizes and S in profile_sizes)
+                          profile=S in sizes and S in profile_sizes, env=envs[isa])
             log(f"isa autosp {isa} S={S}: {ra['status']} {fmt(ok_time(ra))} s/step, "
                 f"{fmt(ra.get('median_step_gflops_per_s'), '.1f')} GFLOP/s, "
                 f"busy {fmt(busy(ra, T))}")
             rows.append({"S": S, "isa": isa, "autosp": ra})
-    sgemm.append(b.sgemm(T))
-    log(f"isa: sgemm {fmt(sgemm[1].get('gflops'), '.1f')} GFLOP/s ({sgemm[1]['status']})")
-    rates = [x["gflops"] for x in sgemm if x["status"] == "ok"]
-    ref = statistics.mean(rates) if rates else None
+    run_sgemm()
+    refs = {}
+    for isa in isas:
+        rates = [x["gflops"] for x in sgemm[isa] if x["status"] == "ok"]
+        refs[isa] = statistics.mean(rates) if rates else None
     for row in rows:
         ra = row["autosp"]
         g = ra.get("median_step_gflops_per_s") if ra["status"] == "ok" else None
-        row["step_gflops_over_sgemm"] = ratio(g, ref)
-        runs = next((x for x in torch_runs if x["S"] == row["S"]), {})
+        row["step_gflops_over_sgemm"] = ratio(g, refs[row["isa"]])
+        runs = next((x for x in torch_runs if x["S"] == row["S"] and row["isa"] in x["isas"]), {})
         row["time_autosp_over_torch2"] = ratio(ok_time(ra), ok_time(runs.get("torch2")))
         row["time_autosp_over_torch113"] = ratio(ok_time(ra), ok_time(runs.get("torch")))
     return {"model": ISA_MODEL, "isas": isas, "cpu_isas": cpu_isas, "sizes": sizes,
             "flops_sizes": flops_sizes, "steps": steps, "flops_steps": 3,
             "profile_sizes": [S for S in sizes if S in profile_sizes],
             "torch_steps_by_S": {S: isa_torch_steps(S, quick) for S in sizes},
-            "torch2_steps": steps, "sgemm_runs": sgemm, "sgemm_gflops": ref, "torch": torch_runs, "rows": rows}
+            "torch2_steps": steps, "envs": envs, "sgemm_runs": sgemm, "sgemm_gflops": refs,
+            "torch": torch_runs, "rows": rows}
 
 
 def torch_pair_notes(t2, t1, where):
@@ -1113,18 +1158,27 @@ def print_isa(res):
     x = res["isa"]
     m = x["model"]
     V = m["vocab_size"]
-    sg = [fmt(r.get("gflops"), ".1f") if r["status"] == "ok" else r["status"]
-          for r in x["sgemm_runs"]]
-    core = next((r["machine"].get("openblas_core") for r in x["sgemm_runs"]
-                 if r["status"] == "ok"), None)
+    sgemm_lines = []
+    for isa in x["isas"]:
+        runs = x["sgemm_runs"][isa]
+        sg = " / ".join(fmt(r.get("gflops"), ".1f") if r["status"] == "ok" else r["status"]
+                        for r in runs)
+        core = next((r["machine"].get("openblas_core") for r in runs if r["status"] == "ok"), None)
+        env = " ".join(f"`{k}={v}`" for k, v in x["envs"][isa].items())
+        sgemm_lines.append(f"{isa}: {env or 'the environment as given'}; sgemm {sg} GFLOP/s, "
+                           f"reference {fmt(x['sgemm_gflops'][isa], '.1f')} (OpenBLAS core {core})")
     print(f"\n### Kernel sets (AUTOSP_ISA): autosp vs PyTorch 2 (SDPA) and 1.13, and the "
           f"step's FLOP/s over sgemm, SP = 1, {T} threads each\n")
     print(f"Model: Llama {m['num_hidden_layers']} layers, hidden {m['hidden_size']}, "
           f"{m['num_attention_heads']} heads ({m['num_key_value_heads']} kv), head_dim "
-          f"{m['head_dim']}, ffn {m['intermediate_size']}, vocab {V}; micro batch 1, AdamW. "
-          f"sgemm 2048 (OpenBLAS, `bench_kernels --only sgemm`, this environment) before / "
-          f"after: {' / '.join(sg)} GFLOP/s, reference {fmt(x['sgemm_gflops'], '.1f')} "
-          f"(OpenBLAS core {core}).\n")
+          f"{m['head_dim']}, ffn {m['intermediate_size']}, vocab {V}; micro batch 1, AdamW.\n")
+    print("Each kernel set runs with every library of both sides limited to it (autosp's "
+          "AUTOSP_ISA, OpenBLAS, torch's ATen, MKL and oneDNN), as on a machine that has only "
+          "that set; sgemm 2048 (OpenBLAS, `bench_kernels --only sgemm`) before / after, in "
+          "that environment:\n")
+    for line in sgemm_lines:
+        print(f"- {line}")
+    print()
     versions = {side: next((t[side].get("torch") for t in x["torch"]
                             if t.get(side, {}).get("torch")), None) for side in ("torch2", "torch")}
     print(f"PyTorch peers: torch2 = torch {versions['torch2'] or '2.x'} with transformers' "
@@ -1135,14 +1189,13 @@ def print_isa(res):
           "autosp / torch1.13 | step GFLOP | step GFLOP/s | / sgemm | "
           "loss1 autosp / torch2 / torch1.13 | busy autosp / torch2 / torch1.13 |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|")
-    torch_by_S = {t["S"]: t for t in x["torch"]}
     notes = []
     for t in x["torch"]:
-        notes += torch_pair_notes(t.get("torch2"), t.get("torch"), f"S={t['S']}")
+        notes += torch_pair_notes(t.get("torch2"), t.get("torch"), f"S={t['S']} ({'/'.join(t['isas'])})")
     for isa in x["isas"]:
         for row in (r for r in x["rows"] if r["isa"] == isa):
             ra = row["autosp"]
-            peers = torch_by_S.get(row["S"], {})
+            peers = next((t for t in x["torch"] if t["S"] == row["S"] and isa in t["isas"]), {})
             rt2, rt = peers.get("torch2"), peers.get("torch")
             flops = ra.get("step_flops") if ra["status"] == "ok" else None
             g = ra.get("median_step_gflops_per_s") if ra["status"] == "ok" else None
