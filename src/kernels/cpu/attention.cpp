@@ -54,6 +54,10 @@ inline void micro_kernel(int64_t K, const float* __restrict A, int64_t ars, int6
   vf acc[MR][NV];
   for (int i = 0; i < MR; ++i)
     for (int v = 0; v < NV; ++v) acc[i][v] = accumulate ? load(C + i * ldc + v * W) : vf{};
+  // Unrolled by 4 (the same operations in the same order): K is only D or a tile's 64 here,
+  // and the loop's own overhead showed (one thread, S 2048, D 32, medians of 5 alternating
+  // runs: backward 78.4 -> 80.6 GFLOP/s avx2, 119 -> 121 avx512; 8 measured the same as 4).
+#pragma GCC unroll 4
   for (int64_t k = 0; k < K; ++k) {
     vf b[NV];
     for (int v = 0; v < NV; ++v) b[v] = load(B + k * ldb + v * W);
