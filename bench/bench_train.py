@@ -402,8 +402,16 @@ class Bench:
             r["step_time_s"] = out["step_time_s"]
             r["median_step_time_s"] = out["median_step_time_s"]
             r["loss_step1"] = out["loss"][0] if out["loss"] else None
-            for k in ("torch", "weights_sum", "weights_sumsq", "loss_eager_same_weights"):
+            for k in ("torch", "weights_sum", "weights_sumsq", "loss_eager_same_weights",
+                      "cpu_capability"):
                 r[k] = out.get(k)
+            # A restricted stack (isa_stack_env) that torch ignored would compare against
+            # kernels of another instruction set: such a run is not a result.
+            asked = (env or {}).get("ATEN_CPU_CAPABILITY")
+            if asked and (r["cpu_capability"] or "").lower() != asked.lower():
+                r["status"] = "error"
+                r["log_tail"] = (f"asked ATEN_CPU_CAPABILITY={asked}, torch's kernels run "
+                                 f"{r['cpu_capability']!r}")
         return r
 
     def sgemm(self, threads, env=None):
@@ -591,10 +599,11 @@ def main():
     avail = read_meminfo_bytes("MemAvailable:")
     a.guard_bytes = int((a.mem_guard_gib * GIB) if a.mem_guard_gib else
                         min(14 * GIB, 0.8 * avail))
-    isa_sizes = [int(s) for s in a.isa_sizes.split(",")] if a.isa_sizes else \
-        ([1024, 2048] if q else [2048, 4096])
-    isa_flops_sizes = [int(s) for s in a.isa_flops_sizes.split(",")] \
-        if a.isa_flops_sizes else ([4096] if q else [8192, 16384])
+    # Given but empty ("--isa-flops-sizes="): none of those runs, not the defaults.
+    isa_sizes = [int(s) for s in a.isa_sizes.split(",") if s.strip()] \
+        if a.isa_sizes is not None else ([1024, 2048] if q else [2048, 4096])
+    isa_flops_sizes = [int(s) for s in a.isa_flops_sizes.split(",") if s.strip()] \
+        if a.isa_flops_sizes is not None else ([4096] if q else [8192, 16384])
     isa_steps = a.isa_steps if a.isa_steps is not None else (3 if q else 4)
     profile_sizes = [int(s) for s in a.profile_sizes.split(",") if s.strip()]
     if a.torch2_python is None:
@@ -1165,8 +1174,12 @@ def print_isa(res):
                         for r in runs)
         core = next((r["machine"].get("openblas_core") for r in runs if r["status"] == "ok"), None)
         env = " ".join(f"`{k}={v}`" for k, v in x["envs"][isa].items())
+        caps = next((", torch's own kernels: " + " / ".join(
+            f"{side} {t[side].get('cpu_capability')}" for side in ("torch2", "torch") if t.get(side))
+            for t in x["torch"] if isa in t["isas"]), "")
         sgemm_lines.append(f"{isa}: {env or 'the environment as given'}; sgemm {sg} GFLOP/s, "
-                           f"reference {fmt(x['sgemm_gflops'][isa], '.1f')} (OpenBLAS core {core})")
+                           f"reference {fmt(x['sgemm_gflops'][isa], '.1f')} (OpenBLAS core {core})"
+                           f"{caps}")
     print(f"\n### Kernel sets (AUTOSP_ISA): autosp vs PyTorch 2 (SDPA) and 1.13, and the "
           f"step's FLOP/s over sgemm, SP = 1, {T} threads each\n")
     print(f"Model: Llama {m['num_hidden_layers']} layers, hidden {m['hidden_size']}, "

@@ -265,10 +265,20 @@ def main():
             statistics.median(after_first) if after_first else None,
         "loss": losses, "peak_rss_bytes": vm_hwm_bytes(),
         "parameters": sum(p.numel() for p in model.parameters()),
-        "torch": torch.__version__, "impl": a.impl,
+        "torch": torch.__version__, "impl": a.impl, "cpu_capability": cpu_capability(),
         "weights_sum": weights_sum, "weights_sumsq": weights_sumsq,
         "loss_eager_same_weights": loss_eager,
     }))
+
+
+def cpu_capability():
+    """The kernel set torch's own CPU kernels dispatch to ("AVX2", "AVX512", ...): what
+    ATEN_CPU_CAPABILITY asked for, if torch honoured it. torch.__config__.show() says it in 1.13
+    and 2.x alike; None if it does not."""
+    for line in torch.__config__.show().splitlines():
+        if "CPU capability usage:" in line:
+            return line.split(":", 1)[1].strip()
+    return None
 
 
 if __name__ == "__main__":
