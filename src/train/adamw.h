@@ -41,19 +41,28 @@ struct AdamWParams {
 
 // One AdamW (or, with decoupled_weight_decay false, Adam) step on n elements, in place. `step` is 1-based (the step count after this
 // update, as torch's state["step"]); `lr` is this step's learning rate (params.lr is not
-// read, so a schedule can drive it). Multi-threaded with OpenMP over elements; the result
-// does not depend on the thread count.
+// read, so a schedule can drive it). The gradient used is grad * grad_scale, rounded to fp32
+// (grad itself is not written): with grad_scale = clip_coefficient(...) that is exactly
+// clip_grad_norm's g *= coef followed by the step, without a pass over the gradients.
+// Multi-threaded with OpenMP over elements; the result does not depend on the thread count.
 void adamw_step(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n,
-                const AdamWParams& params, int64_t step, double lr);
+                const AdamWParams& params, int64_t step, double lr, float grad_scale = 1.0f);
 
 // sqrt(sum over all tensors and elements of g^2), accumulated in double in a fixed order
-// (fixed-size blocks summed in index order), so it does not depend on the thread count.
+// (fixed-size blocks, each summed in 8 interleaved lanes, the blocks' sums in index order),
+// so it does not depend on the thread count.
 // Mathematically the 2-norm of the per-tensor 2-norms, as clip_grad_norm_ computes it; torch
 // accumulates in fp32, so the two agree to fp32 accumulation error, not bit for bit.
 double global_grad_norm(const std::vector<std::pair<const float*, int64_t>>& grads);
+// Its square before the root: a ZeRO shard's part of the world's sum.
+double global_grad_sum_of_squares(const std::vector<std::pair<const float*, int64_t>>& grads);
 
 // g *= coef for every element of every tensor (fp32 multiply, as torch's mul_).
 void scale_grads(const std::vector<std::pair<float*, int64_t>>& grads, float coef);
+
+// clip_grad_norm_'s coefficient for a total norm: min(max_norm / (total + 1e-6), 1.0),
+// rounded to fp32 (nan for a nan total). max_norm > 0.
+float clip_coefficient(double total, double max_norm);
 
 // torch.nn.utils.clip_grad_norm_(max_norm): total = global_grad_norm(grads);
 // coef = min(max_norm / (total + 1e-6), 1.0), rounded to fp32; every gradient is multiplied

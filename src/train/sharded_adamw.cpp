@@ -141,34 +141,31 @@ double ShardedAdamW::step(ModelState& state, double lr, const std::vector<float*
       }
       spans.emplace_back(g, len);
     });
+  // Clipping multiplies every gradient by coef (clip_grad_norm_'s g *= coef); the step applies
+  // it as it reads g (adamw_step's grad_scale), the same rounded product without a pass of
+  // its own. 1 without clipping (x * 1 is x).
+  const std::vector<std::pair<const float*, int64_t>> views(spans.begin(), spans.end());
   double norm;
+  float coef = 1.0f;
   if (config_.zero_stage == 0) {  // every rank has every gradient: torch's clip_grad_norm_
-    if (config_.gradient_clipping > 0) {
-      norm = clip_grad_norm(spans, config_.gradient_clipping);
-    } else {
-      std::vector<std::pair<const float*, int64_t>> c(spans.begin(), spans.end());
-      norm = global_grad_norm(c);
-    }
+    norm = global_grad_norm(views);
+    if (config_.gradient_clipping > 0) coef = clip_coefficient(norm, config_.gradient_clipping);
   } else {  // the shards' squares, summed over the world
-    double sq = 0;
-    for (const auto& [g, len] : spans)
-      for (int64_t j = 0; j < len; ++j) sq += double(g[j]) * double(g[j]);
+    double sq = global_grad_sum_of_squares(views);
     groups_.world->all_reduce_sum(&sq, 1);
     norm = std::sqrt(sq);
-    const float coef = clip_coef(norm, config_.gradient_clipping);
-    if (config_.gradient_clipping > 0)
-      for (const auto& [g, len] : spans)
-        for (int64_t j = 0; j < len; ++j) g[j] *= coef;
+    if (config_.gradient_clipping > 0) coef = clip_coef(norm, config_.gradient_clipping);
   }
   for (size_t k = 0; k < reduced.size(); ++k)
     for_each_mine(k, [&](size_t i, int64_t e, int64_t at, float* g, int64_t len) {
       if (config_.zero_stage == 0) {
         adamw_step(state.params[i].data() + e, g, state.exp_avg[i].data() + e, state.exp_avg_sq[i].data() + e, len,
-                   config_.optimizer, t, lr);
+                   config_.optimizer, t, lr, coef);
         return;
       }
       float* param = config_.zero_stage == 3 ? param_shard_[k].data() + at : state.params[i].data() + e;
-      adamw_step(param, g, bucket_avg_[k].data() + at, bucket_avg_sq_[k].data() + at, len, config_.optimizer, t, lr);
+      adamw_step(param, g, bucket_avg_[k].data() + at, bucket_avg_sq_[k].data() + at, len, config_.optimizer, t, lr,
+                 coef);
     });
   // Stages 1 and 2 gather the updated parameters; stage 3's next step gathers each layer's
   // where it needs them.
