@@ -330,6 +330,32 @@ TEST(AdamW, ClipLeavesSmallGradientsAndScalesLargeOnes) {
   EXPECT_EQ(g[1], 4.0f * coef);
 }
 
+TEST(AdamW, GradScaleIsClippingTheGradientFirst) {
+  // adamw_step(..., grad_scale = coef) must be clip_grad_norm's in-place g *= coef followed by
+  // the step, bit for bit, for AdamW and Adam (whose L2 term is added after clipping); the
+  // gradient it reads stays as it was.
+  for (const bool decoupled : {true, false}) {
+    AdamWParams params;
+    params.weight_decay = 0.1;
+    params.decoupled_weight_decay = decoupled;
+    const std::vector<float> g0 = hashed_tensor(2, 1000, 1, 3.0f);
+    std::vector<float> p1 = hashed_tensor(2, 1000, 0, 1.0f), p2 = p1, m1(1000, 0.0f), v1(1000, 0.0f), m2 = m1,
+                       v2 = v1;
+    for (int64_t step = 1; step <= 3; ++step) {
+      std::vector<float> clipped = g0, read = g0;
+      clip_grad_norm({{clipped.data(), 1000}}, 1.0);
+      const float coef = clip_coefficient(global_grad_norm({{g0.data(), 1000}}), 1.0);
+      ASSERT_LT(coef, 1.0f);
+      adamw_step(p1.data(), clipped.data(), m1.data(), v1.data(), 1000, params, step, 1e-2);
+      adamw_step(p2.data(), read.data(), m2.data(), v2.data(), 1000, params, step, 1e-2, coef);
+      EXPECT_EQ(read, g0);
+    }
+    EXPECT_EQ(p1, p2) << "decoupled " << decoupled;
+    EXPECT_EQ(m1, m2) << "decoupled " << decoupled;
+    EXPECT_EQ(v1, v2) << "decoupled " << decoupled;
+  }
+}
+
 TEST(AdamW, ScalarFirstStepByHand) {
   // Step 1 from m = v = 0: m = (1-b1) g, v = (1-b2) g^2, bc1 = 1-b1, bc2 = 1-b2, so
   // m / bc1 = g and sqrt(v / bc2) = |g|: the update is lr * sign(g) (up to eps), after
