@@ -219,6 +219,9 @@ Graph grad_sync(const Graph& joint, const GradSyncOptions& options) {
                ", bucket ", options.bucket_elements);
   const int64_t W = options.world_size;
   const bool whole = options.zero_stage == 0;
+  // A world of one reduces nothing: with stage 0 each gradient is a bucket of its own, so no
+  // concat copies the gradients into a second, model-sized buffer (grad_sync.h).
+  const int64_t bucket_elements = W == 1 && whole ? 1 : options.bucket_elements;
 
   // The gradient outputs in the order they become final (ties: output order).
   std::vector<size_t> grads;
@@ -229,7 +232,7 @@ Graph grad_sync(const Graph& joint, const GradSyncOptions& options) {
   std::vector<Bucket> buckets;
   for (size_t i : grads) {
     const int64_t n = numel(joint.shape(joint.outputs()[i].value));
-    if (buckets.empty() || (!buckets.back().outputs.empty() && buckets.back().elements + n > options.bucket_elements))
+    if (buckets.empty() || (!buckets.back().outputs.empty() && buckets.back().elements + n > bucket_elements))
       buckets.emplace_back();
     buckets.back().outputs.push_back(i);
     buckets.back().elements += n;

@@ -55,6 +55,9 @@
 //     %b   = concat(%f_0, ..., %f_k) {dim=0}                            "grad_bucket:<k>"
 //     %s   = all_reduce(%b) {group="world", size=W}                     (in place)
 // and the graph output "grad_reduced:<k>" = %s, the bucket's gradients summed over the world.
+// With W = 1 there is nothing to reduce, and every gradient is a bucket of its own (whatever
+// bucket_elements says): no concat, so no second, model-sized copy of the gradients and no
+// pass over them (the all_reduce of one rank works in place and moves nothing).
 //
 // Gradient accumulation (stages 0 and 1, as DeepSpeed and torch DDP's no_sync): the
 // gradients of a step's micro batches are summed on each rank and reduced once, by the step

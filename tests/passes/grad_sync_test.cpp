@@ -7,9 +7,10 @@
 // memory-planned step still reduces before backward ends, every reduction is in the plan,
 // and the plan is smaller than keeping every full gradient to the end of the step; at one
 // rank the shards are bitwise the gradients, and the reduced sums bitwise gradient +
-// accumulated input.
+// accumulated input; at one rank stage 0 copies no gradient into a bucket.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <set>
 
@@ -72,6 +73,26 @@ TEST(GradSync, StagesZeroAndOneReduceOnlyWhenAsked) {
   }
   for (const GraphOutput& o : zero.outputs())
     EXPECT_TRUE(o.name == "loss" || o.name.starts_with(kGradReducedPrefix)) << o.name;
+}
+
+// A world of one reduces nothing: at stage 0 every gradient is its own bucket whatever
+// bucket_elements says, so no concat copies the gradients; two ranks still bucket them.
+TEST(GradSync, StageZeroAtOneRankBucketsNothing) {
+  const Graph joint = joint_graph(4);
+  auto concats = [](const Graph& g) {
+    return std::count_if(g.nodes().begin(), g.nodes().end(), [](const Node& n) { return n.op == OpKind::concat; });
+  };
+  const Graph one = grad_sync(joint, {.zero_stage = 0, .reduce = true, .world_size = 1, .bucket_elements = 100});
+  verify(one);
+  EXPECT_EQ(concats(one), 0);
+  const std::vector<GradBucket> buckets = read_grad_buckets(one);
+  size_t grads = 0;
+  for (const GraphOutput& o : joint.outputs()) grads += o.name.starts_with(kGradPrefix);
+  ASSERT_EQ(buckets.size(), grads);
+  for (const GradBucket& bucket : buckets) EXPECT_EQ(bucket.params.size(), 1u);
+  const Graph two = grad_sync(joint, {.zero_stage = 0, .reduce = true, .world_size = 2, .bucket_elements = 100});
+  EXPECT_GT(concats(two), 0);
+  EXPECT_LT(read_grad_buckets(two).size(), grads);
 }
 
 // The last micro batch of an accumulating step: one input "grad_acc:<name>" per parameter,
