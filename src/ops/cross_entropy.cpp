@@ -99,6 +99,15 @@ int64_t cuda_linear_cross_entropy_backward_workspace(const Types& in, const Type
   return cuda_aligned(4 * chunk * V) + cuda_aligned(2 * chunk * V) + 4 * V * H;
 }
 
+// The composition's: the rows' lse, then the larger of the two kernels' scratch (they run
+// one after the other).
+int64_t cuda_linear_cross_entropy_with_grad_workspace(const Types& in, const Types&, const Attrs& attrs) {
+  const TensorType lse{DType::f32, in[2].shape};
+  const int64_t forward = cuda_linear_cross_entropy_workspace({in[0], in[1], in[2]}, {}, attrs);
+  const int64_t backward = cuda_linear_cross_entropy_backward_workspace({in[3], in[0], in[1], in[2], lse}, {}, attrs);
+  return cuda_aligned(4 * numel(lse.shape)) + std::max(forward, backward);
+}
+
 #ifdef AUTOSP_HAVE_CUDA
 void cuda_cross_entropy(const KernelArgs& a, const CudaContext& c) {
   const Shape& x = a.in_shape(0);
@@ -160,6 +169,30 @@ void cuda_linear_cross_entropy_backward(const KernelArgs& a, const CudaContext& 
     cuda_gemm(c, dt, cuda::Dt::f32, true, false, V, H, r, dz, xc, dw_acc, t0 > 0, "linear_cross_entropy_backward");
   }
   if (dt != cuda::Dt::f32) cuda::convert(cuda::Dt::f32, dt, dw_acc, V * H, a.out<void>(1), c.stream);
+}
+// linear_cross_entropy_with_grad(x, W, labels, dloss) -> (loss_sum, dx, dW): on the device the
+// forward kernel (its lse into the workspace), then the backward kernel reading it: the two
+// ops' numbers, without the CPU kernel's saved gemm. The fuse pass makes this op for the cpu
+// backend only, so no cuda graph holds it yet.
+void cuda_linear_cross_entropy_with_grad(const KernelArgs& a, const CudaContext& c) {
+  const TensorType lse_type{DType::f32, a.in_shape(2)};
+  char* ws = static_cast<char*>(a.workspace);
+  float* lse = reinterpret_cast<float*>(ws);
+  void* rest = ws + cuda_aligned(4 * numel(lse_type.shape));
+  KernelArgs f = a;
+  f.inputs = {a.inputs.at(0), a.inputs.at(1), a.inputs.at(2)};
+  f.in_types = {a.in_types.at(0), a.in_types.at(1), a.in_types.at(2)};
+  f.outputs = {a.outputs.at(0), lse};
+  f.out_types = {a.out_types.at(0), &lse_type};
+  f.workspace = rest;
+  cuda_linear_cross_entropy(f, c);
+  KernelArgs b = a;
+  b.inputs = {a.inputs.at(3), a.inputs.at(0), a.inputs.at(1), a.inputs.at(2), lse};
+  b.in_types = {a.in_types.at(3), a.in_types.at(0), a.in_types.at(1), a.in_types.at(2), &lse_type};
+  b.outputs = {a.outputs.at(1), a.outputs.at(2)};
+  b.out_types = {a.out_types.at(1), a.out_types.at(2)};
+  b.workspace = rest;
+  cuda_linear_cross_entropy_backward(b, c);
 }
 void cuda_count_valid(const KernelArgs& a, const CudaContext& c) {
   cuda::count_valid(a.in<int32_t>(0), a.in_numel(0), ignore_index(*a.attrs), a.out<float>(0), c.stream);
@@ -317,6 +350,43 @@ extern const OpDef linear_cross_entropy_backward_op = {
     .cuda = {.name = "linear_cross_entropy_backward",
              .run = AUTOSP_CUDA_RUN(cuda_linear_cross_entropy_backward),
              .workspace_bytes = cuda_linear_cross_entropy_backward_workspace},
+};
+
+// linear_cross_entropy_with_grad(x, weight, labels, dloss_sum []) {ignore_index, chunk}
+//   -> (loss_sum [], dx, dweight): linear_cross_entropy and its backward in one pass over the
+// chunks (the logits made once, not again by the backward), for a step whose dloss_sum does
+// not depend on the loss: the fuse pass makes it from the pair (passes/fuse.h). The same
+// numbers as the pair, bit for bit (kernels/cpu/linear_cross_entropy.h).
+extern const OpDef linear_cross_entropy_with_grad_op = {
+    .num_inputs = 4,
+    .num_outputs = 3,
+    .infer = [](const Types& in, const Attrs& attrs) -> Types {
+      check_linear_labels(in[0], in[1], in[2], attrs);
+      require(in[3] == TensorType{DType::f32, {}}, "dloss must be f32[]");
+      return {{DType::f32, {}}, in[0], in[1]};
+    },
+    // the logits gemm, dx and dW + cross_entropy's 4 per logit forward and 3 backward
+    .cost = [](const Types& in, const Types&, const Attrs&) {
+      const double TV = double(rows_of(in[0].shape)) * double(in[1].shape[0]);
+      return Cost{6.0 * TV * double(in[1].shape[1]) + 7.0 * TV, 0};
+    },
+    .grad = nullptr,
+    .cpu = [](const KernelArgs& a) {
+      const Shape& w = a.in_shape(1);
+      const int64_t ignore = a.attrs->get_int("ignore_index", kDefaultIgnoreIndex);
+      check_labels(a.in<int32_t>(2), a.in_numel(2), w[0], ignore, "linear_cross_entropy");
+      cpu::linear_cross_entropy_with_grad(a.in(0), a.in(1), a.in<int32_t>(2), a.in(3), rows_of(a.in_shape(0)), w[1],
+                                          w[0], static_cast<int32_t>(ignore), chunk_rows(*a.attrs, w[0]),
+                                          a.out(0), a.out(1), a.out(2), static_cast<float*>(a.workspace));
+    },
+    .cpu_workspace_bytes = [](const Types& in, const Attrs& attrs, int) -> int64_t {
+      const int64_t V = in[1].shape[0];
+      return int64_t{sizeof(float)} * cpu::linear_cross_entropy_with_grad_workspace_floats(
+                                          rows_of(in[0].shape), V, chunk_rows(attrs, V));
+    },
+    .cuda = {.name = "linear_cross_entropy_with_grad",
+             .run = AUTOSP_CUDA_RUN(cuda_linear_cross_entropy_with_grad),
+             .workspace_bytes = cuda_linear_cross_entropy_with_grad_workspace},
 };
 
 // count_valid(labels i32[...]) {ignore_index} -> f32[]: how many labels are not ignored

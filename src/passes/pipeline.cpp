@@ -9,6 +9,7 @@
 #include "ops/op.h"
 #include "passes/autodiff.h"
 #include "passes/autosp.h"
+#include "passes/fuse.h"
 #include "passes/plan_memory.h"
 #include "passes/schedule.h"
 #include "passes/tile.h"
@@ -17,8 +18,8 @@
 namespace autosp {
 
 const std::vector<std::string>& pipeline_stages() {
-  static const std::vector<std::string> stages = {"forward", "autosp", "tile", "joint", "checkpoint", "schedule",
-                                                  "grad_sync", "lower", "plan_memory"};
+  static const std::vector<std::string> stages = {"forward",  "autosp",    "tile",  "joint",      "checkpoint", "fuse",
+                                                  "schedule", "grad_sync", "lower", "plan_memory"};
   return stages;
 }
 
@@ -70,6 +71,11 @@ Graph compile(const Graph& forward, const CompileOptions& options,
     Graph checkpointed = checkpoint(g, options.checkpoint);
     verify(checkpointed);
     return checkpointed;
+  });
+  g = run("fuse", [&] {
+    Graph fused = fuse(g, {.backend = options.backend});
+    verify(fused);
+    return fused;
   });
   const int threads = options.threads > 0 ? options.threads : omp_get_max_threads();
   g = run("schedule", [&] { return schedule(g, {.threads = threads, .backend = options.backend}); });

@@ -1,12 +1,12 @@
 // The compiler pipeline, as one straight list of passes (DESIGN.md "The pipeline"):
 //
-//   forward --autosp--> --tile--> --autodiff--> joint --checkpoint--> --schedule-->
+//   forward --autosp--> --tile--> --autodiff--> joint --checkpoint--> --fuse--> --schedule-->
 //   --grad_sync--> --lower--> --plan_memory--> lowered
 //
-// Built so far: autosp, tile, autodiff, checkpoint, schedule, grad_sync, lower and
-// plan_memory (stages "forward", "autosp", "tile", "joint", "checkpoint", "schedule",
+// Built so far: autosp, tile, autodiff, checkpoint, fuse, schedule, grad_sync, lower and
+// plan_memory (stages "forward", "autosp", "tile", "joint", "checkpoint", "fuse", "schedule",
 // "grad_sync", "lower", "plan_memory"); tile runs before autodiff (see passes/tile.h) and checkpoint right after
-// it. grad_sync reduces the gradients inside the step (all-reduce under ZeRO stage 0,
+// it. fuse makes the loss and its gradient one node on the cpu backend (passes/fuse.h). grad_sync reduces the gradients inside the step (all-reduce under ZeRO stage 0,
 // reduce-scatter under 1-3) and gathers the parameters under stage 3 (passes/grad_sync.h),
 // after schedule so that the gathers stay where it put them. lower binds every node to
 // the kernel of `backend` (passes/lower.h), refusing what it cannot run, and plan_memory

@@ -143,6 +143,7 @@ void cross_entropy_keeps_an_f32_loss_and_log_sum_exp() {
     const TensorType x = T(d, {2, 5, 8}), w = T(d, {11, 8});
     EXPECT_EQ(infer(OpKind::linear_cross_entropy, {x, w, labels}), (Types{loss, lse}));
     EXPECT_EQ(infer(OpKind::linear_cross_entropy_backward, {loss, x, w, labels, lse}), (Types{x, w}));
+    EXPECT_EQ(infer(OpKind::linear_cross_entropy_with_grad, {x, w, labels, loss}), (Types{loss, x, w}));
     EXPECT_EQ(infer(OpKind::count_valid, {labels}), Types{loss});
   }
   const TensorType logits = T(bf16, {2, 5, 11}), labels = T(i32, {2, 5});
@@ -150,6 +151,10 @@ void cross_entropy_keeps_an_f32_loss_and_log_sum_exp() {
                 .find("dloss must be f32[]"),
             std::string::npos);
   EXPECT_NE(infer_error(OpKind::cross_entropy, {logits, T(bf16, {2, 5})}).find("labels must be i32"),
+            std::string::npos);
+  EXPECT_NE(infer_error(OpKind::linear_cross_entropy_with_grad,
+                        {T(bf16, {2, 5, 8}), T(bf16, {11, 8}), labels, T(bf16, {})})
+                .find("dloss must be f32[]"),
             std::string::npos);
   EXPECT_NE(infer_error(OpKind::linear_cross_entropy, {T(bf16, {2, 5, 8}), T(f32, {11, 8}), labels})
                 .find("x and weight must have the same dtype"),

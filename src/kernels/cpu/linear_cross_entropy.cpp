@@ -5,7 +5,8 @@
 // into lse and the chunk's loss (forward) or into dlogits in place (backward), and the
 // backward finishes with two gemms: dx_c = dz W and dW += dz^T x_c. So the fused and unfused
 // paths run the same row maths and agree to within the gemms' rounding (bit for bit in the
-// row pass when the rows fit one chunk).
+// row pass when the rows fit one chunk). linear_cross_entropy_with_grad runs both in one pass
+// over the chunks (the training step's form, passes/fuse.h).
 #include "kernels/cpu/linear_cross_entropy.h"
 
 #include <algorithm>
@@ -68,6 +69,41 @@ void linear_cross_entropy_backward(const float* dloss_sum, const float* x, const
     gemm(true, false, V, H, r, dz, x + t0 * H, dW, dW_written);    // dW += dz^T x_c
     dW_written = true;
   }
+  if (!dW_written) std::memset(dW, 0, sizeof(float) * V * H);
+}
+
+int64_t linear_cross_entropy_with_grad_workspace_floats(int64_t T, int64_t V, int64_t chunk_rows) {
+  if (T == 0) return 0;
+  const int64_t rows = rows_per_chunk(T, chunk_rows);
+  return rows * V + rows;  // logits (then dz), and the chunk's lse
+}
+
+void linear_cross_entropy_with_grad(const float* x, const float* W, const int32_t* labels,
+                                    const float* dloss_sum, int64_t T, int64_t H, int64_t V,
+                                    int32_t ignore_index, int64_t chunk_rows, float* loss_sum,
+                                    float* dx, float* dW, float* workspace) {
+  const int64_t rows = rows_per_chunk(T, chunk_rows);
+  float* z = workspace;
+  float* lse = workspace + rows * V;
+  double total = 0.0;  // as linear_cross_entropy_forward: the chunks' sums in chunk order
+  bool dW_written = false;
+  for (int64_t t0 = 0; t0 < T; t0 += rows) {
+    const int64_t r = std::min(rows, T - t0);
+    // An all-ignored chunk: loss 0 (the forward's sum adds +0) and dz = 0.
+    if (std::all_of(labels + t0, labels + t0 + r, [&](int32_t y) { return y == ignore_index; })) {
+      std::memset(dx + t0 * H, 0, sizeof(float) * r * H);
+      continue;
+    }
+    gemm(false, true, r, V, H, x + t0 * H, W, z);
+    float chunk_loss = 0.0f;
+    cross_entropy_forward(z, labels + t0, r, V, ignore_index, &chunk_loss, lse);
+    total += chunk_loss;
+    cross_entropy_backward(dloss_sum, z, labels + t0, lse, r, V, ignore_index, z);  // in place
+    gemm(false, false, r, H, V, z, W, dx + t0 * H);             // dx_c = dz W
+    gemm(true, false, V, H, r, z, x + t0 * H, dW, dW_written);  // dW += dz^T x_c
+    dW_written = true;
+  }
+  *loss_sum = static_cast<float>(total);
   if (!dW_written) std::memset(dW, 0, sizeof(float) * V * H);
 }
 

@@ -34,4 +34,16 @@ void linear_cross_entropy_backward(const float* dloss_sum /* [1] */, const float
                                    int64_t T, int64_t H, int64_t V, int32_t ignore_index,
                                    int64_t chunk_rows, float* dx, float* dW, float* workspace);
 
+// Both at once, for a training step whose dloss_sum is known before the loss (it is: the
+// seed over the label count): per chunk the logits once, their lse and loss, dz in place,
+// then dx_c = dz W and dW += dz^T x_c. loss_sum equals linear_cross_entropy_forward's and
+// dx, dW linear_cross_entropy_backward's bit for bit (the same chunks, gemms and row passes),
+// with one gemm of the three-plus-one saved: the backward's recomputation of the logits.
+// An all-ignored chunk adds nothing to the loss and skips its gemms, as the backward does.
+int64_t linear_cross_entropy_with_grad_workspace_floats(int64_t T, int64_t V, int64_t chunk_rows);
+void linear_cross_entropy_with_grad(const float* x, const float* W, const int32_t* labels,
+                                    const float* dloss_sum /* [1] */, int64_t T, int64_t H, int64_t V,
+                                    int32_t ignore_index, int64_t chunk_rows, float* loss_sum /* [1] */,
+                                    float* dx, float* dW, float* workspace);
+
 }  // namespace autosp::cpu
