@@ -322,6 +322,12 @@ std::vector<OpCase> op_cases() {
                      auto d = b.emit(OpKind::linear_cross_entropy_backward, {in[3], in[0], in[1], in[2], f[1]}, a);
                      return std::vector<ValueId>{f[0], f[1], d[0], d[1]};
                    }, {{"l", labels_with_ignored(10, V, 6)}}, {{"d", {1.25f}}}, false});
+  // The fuse pass's form of the pair (the cuda kernel runs the pair's two kernels).
+  cases.push_back({"linear_cross_entropy_with_grad",
+                   {{"x", DType::f32, {2, 5, H}}, {"w", DType::f32, {V, H}}, {"l", DType::i32, {2, 5}},
+                    {"d", DType::f32, {}, true}},
+                   one(OpKind::linear_cross_entropy_with_grad, {{"chunk", int64_t{3}}}),
+                   {{"l", labels_with_ignored(10, V, 6)}}, {{"d", {1.25f}}}, false});
   cases.push_back({"count_valid", {{"l", DType::i32, {2, 5}}},
                    one(OpKind::count_valid), {{"l", labels_with_ignored(10, V, 7)}}, {}, false});
   cases.push_back({"reshape_then_scale", {{"x", DType::f32, {2, 3, 4}}},
