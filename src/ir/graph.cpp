@@ -145,6 +145,26 @@ NodeId Graph::add_node(OpKind op, std::vector<ValueId> inputs, Attrs attrs,
   return id;
 }
 
+NodeId copy_node(const Graph& from, NodeId n, Graph& to, std::vector<ValueId>& map) {
+  const Node& node = from.node(n);
+  std::vector<ValueId> inputs;
+  for (ValueId v : node.inputs) {
+    AUTOSP_CHECK(map.at(v) >= 0, "copy_node: node ", n, " (", op_name(node.op), ") reads %", v,
+                 ", not made yet");
+    inputs.push_back(map[v]);
+  }
+  std::vector<TensorType> types;
+  for (ValueId v : node.outputs) types.push_back(from.type(v));
+  const NodeId m = to.add_node(node.op, std::move(inputs), node.attrs, types);
+  for (size_t i = 0; i < node.outputs.size(); ++i) {
+    const ValueId v = node.outputs[i], w = to.node(m).outputs[i];
+    map[v] = w;
+    to.mutable_value(w).name = from.value(v).name;
+    to.mutable_value(w).sharding = from.value(v).sharding;
+  }
+  return m;
+}
+
 ValueId Graph::add_input(Role role, const TensorType& type, const std::string& name) {
   NodeId n = add_node(OpKind::input, {}, Attrs{{"role", std::string(role_name(role))}}, {type});
   ValueId v = nodes_[n].outputs[0];

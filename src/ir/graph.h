@@ -119,6 +119,12 @@ std::string print_graph(const Graph& graph);
 // Types are taken as written (run `verify` to check them against the op rules).
 Graph parse_graph(const std::string& text, const std::string& source = "<string>");
 
+// Appends to `to` a copy of `from`'s node n: its op, attributes, result types, names and
+// shardings, its operands read through `map` (a value of `from` -> its value in `to`, which
+// must be made already), its results recorded in `map`. Returns the new node. For the passes
+// that rebuild a graph node by node.
+NodeId copy_node(const Graph& from, NodeId n, Graph& to, std::vector<ValueId>& map);
+
 // Structural checks: ids in range, every operand defined before use, each value defined
 // once by the node that claims it, input nodes well-formed, outputs refer to values.
 // Throws InternalError naming the node and the broken invariant.

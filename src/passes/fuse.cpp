@@ -58,21 +58,7 @@ Graph fuse(const Graph& g, const FuseOptions& options) {
   std::vector<ValueId> map(g.values().size(), -1);
   std::vector<int8_t> emitted(N, 0);
   auto copy = [&](NodeId n) {
-    const Node& node = g.node(n);
-    std::vector<ValueId> inputs;
-    for (ValueId v : node.inputs) {
-      AUTOSP_CHECK(map[v] >= 0, "fuse: node ", n, " (", op_name(node.op), ") reads a value not yet made");
-      inputs.push_back(map[v]);
-    }
-    std::vector<TensorType> types;
-    for (ValueId v : node.outputs) types.push_back(g.type(v));
-    const NodeId m = out.add_node(node.op, std::move(inputs), node.attrs, types);
-    for (size_t i = 0; i < node.outputs.size(); ++i) {
-      const ValueId v = node.outputs[i], w = out.node(m).outputs[i];
-      map[v] = w;
-      out.mutable_value(w).name = g.value(v).name;
-      out.mutable_value(w).sharding = g.value(v).sharding;
-    }
+    copy_node(g, n, out, map);
     emitted[n] = 1;
   };
   // The nodes `v` depends on that are not emitted yet (all after the forward node: those

@@ -253,18 +253,7 @@ Graph grad_sync(const Graph& joint, const GradSyncOptions& options) {
   std::vector<ValueId> reduced(buckets.size(), -1);
   size_t next = 0, next_grad = 0;  // the next bucket to emit (buckets are ordered by `last`), the next add
   for (NodeId n = 0; n < NodeId(joint.nodes().size()); ++n) {
-    const Node& node = joint.node(n);
-    std::vector<ValueId> inputs;
-    for (ValueId in : node.inputs) inputs.push_back(map[in]);
-    std::vector<TensorType> types;
-    for (ValueId out : node.outputs) types.push_back(joint.type(out));
-    const NodeId id = g.add_node(node.op, std::move(inputs), node.attrs, types);
-    for (size_t i = 0; i < node.outputs.size(); ++i) {
-      const ValueId old = node.outputs[i], now = g.node(id).outputs[i];
-      g.mutable_value(now).sharding = joint.value(old).sharding;
-      g.mutable_value(now).name = joint.value(old).name;
-      map[old] = now;
-    }
+    copy_node(joint, n, g, map);
     for (; accumulated && next_grad < grads.size() && producer(grads[next_grad]) == n; ++next_grad) {
       const size_t i = grads[next_grad];
       const GraphOutput& out = joint.outputs()[i];

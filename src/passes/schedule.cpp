@@ -98,20 +98,7 @@ class GreedyScheduler {
 Graph reorder(const Graph& g, const std::vector<NodeId>& order) {
   Graph out;
   std::vector<ValueId> map(g.values().size(), -1);
-  for (NodeId n : order) {
-    const Node& node = g.node(n);
-    std::vector<ValueId> inputs;
-    for (ValueId v : node.inputs) inputs.push_back(map[v]);
-    std::vector<TensorType> types;
-    for (ValueId v : node.outputs) types.push_back(g.type(v));
-    const NodeId m = out.add_node(node.op, std::move(inputs), node.attrs, types);
-    for (size_t i = 0; i < node.outputs.size(); ++i) {
-      const ValueId v = node.outputs[i], w = out.node(m).outputs[i];
-      map[v] = w;
-      out.mutable_value(w).name = g.value(v).name;
-      out.mutable_value(w).sharding = g.value(v).sharding;
-    }
-  }
+  for (NodeId n : order) copy_node(g, n, out, map);
   for (const GraphOutput& o : g.outputs()) out.add_output(o.name, map[o.value]);
   verify_structure(out);
   return out;

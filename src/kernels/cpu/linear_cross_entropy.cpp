@@ -20,6 +20,20 @@ namespace {
 
 int64_t rows_per_chunk(int64_t T, int64_t chunk_rows) { return std::max<int64_t>(1, std::min(T, chunk_rows)); }
 
+bool all_ignored(const int32_t* labels, int64_t r, int32_t ignore_index) {
+  return std::all_of(labels, labels + r, [&](int32_t y) { return y == ignore_index; });
+}
+
+// A chunk's backward from its logits z (r x V): dz = dloss_sum (softmax - onehot) in place,
+// then dx_c = dz W and dW = (or, with accumulate, +=) dz^T x_c.
+void chunk_backward(const float* dloss_sum, float* z, const float* x_c, const float* W, const int32_t* labels_c,
+                    const float* lse_c, int64_t r, int64_t H, int64_t V, int32_t ignore_index, float* dx_c,
+                    float* dW, bool accumulate) {
+  cross_entropy_backward(dloss_sum, z, labels_c, lse_c, r, V, ignore_index, z);
+  gemm(false, false, r, H, V, z, W, dx_c);
+  gemm(true, false, V, H, r, z, x_c, dW, accumulate);
+}
+
 }  // namespace
 
 int64_t linear_cross_entropy_forward_workspace_floats(int64_t T, int64_t V, int64_t chunk_rows) {
@@ -59,14 +73,13 @@ void linear_cross_entropy_backward(const float* dloss_sum, const float* x, const
   for (int64_t t0 = 0; t0 < T; t0 += rows) {
     const int64_t r = std::min(rows, T - t0);
     // A chunk of ignored rows (padding, masked prompts) has dz = 0: skip its three gemms.
-    if (std::all_of(labels + t0, labels + t0 + r, [&](int32_t y) { return y == ignore_index; })) {
+    if (all_ignored(labels + t0, r, ignore_index)) {
       std::memset(dx + t0 * H, 0, sizeof(float) * r * H);
       continue;
     }
     gemm(false, true, r, V, H, x + t0 * H, W, dz);  // recompute the logits
-    cross_entropy_backward(dloss_sum, dz, labels + t0, lse + t0, r, V, ignore_index, dz);  // in place
-    gemm(false, false, r, H, V, dz, W, dx + t0 * H);               // dx_c = dz W
-    gemm(true, false, V, H, r, dz, x + t0 * H, dW, dW_written);    // dW += dz^T x_c
+    chunk_backward(dloss_sum, dz, x + t0 * H, W, labels + t0, lse + t0, r, H, V, ignore_index, dx + t0 * H, dW,
+                   dW_written);
     dW_written = true;
   }
   if (!dW_written) std::memset(dW, 0, sizeof(float) * V * H);
@@ -90,7 +103,7 @@ void linear_cross_entropy_with_grad(const float* x, const float* W, const int32_
   for (int64_t t0 = 0; t0 < T; t0 += rows) {
     const int64_t r = std::min(rows, T - t0);
     // An all-ignored chunk: loss 0 (the forward's sum adds +0) and dz = 0.
-    if (std::all_of(labels + t0, labels + t0 + r, [&](int32_t y) { return y == ignore_index; })) {
+    if (all_ignored(labels + t0, r, ignore_index)) {
       std::memset(dx + t0 * H, 0, sizeof(float) * r * H);
       continue;
     }
@@ -98,9 +111,7 @@ void linear_cross_entropy_with_grad(const float* x, const float* W, const int32_
     float chunk_loss = 0.0f;
     cross_entropy_forward(z, labels + t0, r, V, ignore_index, &chunk_loss, lse);
     total += chunk_loss;
-    cross_entropy_backward(dloss_sum, z, labels + t0, lse, r, V, ignore_index, z);  // in place
-    gemm(false, false, r, H, V, z, W, dx + t0 * H);             // dx_c = dz W
-    gemm(true, false, V, H, r, z, x + t0 * H, dW, dW_written);  // dW += dz^T x_c
+    chunk_backward(dloss_sum, z, x + t0 * H, W, labels + t0, lse, r, H, V, ignore_index, dx + t0 * H, dW, dW_written);
     dW_written = true;
   }
   *loss_sum = static_cast<float>(total);
