@@ -12,6 +12,7 @@
 #include "cli/commands.h"
 #include "comm/mpi_communicator.h"
 #include "kernels/cpu/isa.h"
+#include "passes/pipeline.h"
 #include "runtime/backend_info.h"
 #include "runtime/threads.h"
 #include "util/error.h"
@@ -146,9 +147,9 @@ int main(int argc, char** argv) {
       ->required()->check(CLI::ExistingDirectory);
   dump_cmd->add_option("--seq-len", dump.seq_len, "Sequence length S")->required()->check(kPositive);
   dump_cmd->add_option("--batch", dump.batch, "Micro batch size")->check(kPositive);
-  dump_cmd->add_option("--stage", dump.stage,
-                       "forward | autosp | tile | joint | checkpoint | schedule | grad_sync | lower | plan_memory")
-      ->required();
+  std::string stages;  // the pipeline's own list, so the help cannot fall behind it
+  for (const std::string& s : autosp::pipeline_stages()) stages += (stages.empty() ? "" : " | ") + s;
+  dump_cmd->add_option("--stage", dump.stage, stages)->required();
   dump_cmd->add_option("--backend", dump.backend,
                        "The kernels lower binds and plan_memory sizes: cpu (default) or cuda (no GPU needed)");
   dump_cmd->add_option("--dtype", dump.dtype, "f32 (default) or bf16 (the cuda backend's training dtype)");
