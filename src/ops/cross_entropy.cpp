@@ -21,8 +21,7 @@ namespace {
 
 constexpr int64_t kDefaultIgnoreIndex = -100;  // as torch.nn.CrossEntropyLoss
 
-void check_labels(const int32_t* labels, int64_t n, int64_t V, int64_t ignore,
-                  const char* op = "cross_entropy") {
+void check_labels(const int32_t* labels, int64_t n, int64_t V, int64_t ignore, const char* op) {
   for (int64_t i = 0; i < n; ++i)
     if (labels[i] != ignore && (labels[i] < 0 || labels[i] >= V))
       user_error(op, ": label ", labels[i], " at position ", i, " is outside [0, ", V,
@@ -71,6 +70,14 @@ namespace {
 
 int32_t ignore_index(const Attrs& attrs) {
   return static_cast<int32_t>(attrs.get_int("ignore_index", kDefaultIgnoreIndex));
+}
+
+// A CPU kernel's ignore index, once every label of input `labels` is checked to lie in [0, V)
+// or be it (a UserError naming `op` otherwise).
+int32_t checked_ignore_index(const KernelArgs& a, int labels, int64_t V, const char* op) {
+  const int32_t ignore = ignore_index(*a.attrs);
+  check_labels(a.in<int32_t>(labels), a.in_numel(labels), V, ignore, op);
+  return ignore;
 }
 
 // linear_cross_entropy's rows per chunk on the GPU: the "chunk" attribute, or as many rows
@@ -222,10 +229,8 @@ extern const OpDef cross_entropy_op = {
     },
     .cpu = [](const KernelArgs& a) {
       const Shape& x = a.in_shape(0);
-      const int64_t ignore = a.attrs->get_int("ignore_index", kDefaultIgnoreIndex);
-      check_labels(a.in<int32_t>(1), a.in_numel(1), x.back(), ignore);
-      cpu::cross_entropy_forward(a.in(0), a.in<int32_t>(1), rows_of(x), x.back(),
-                                 static_cast<int32_t>(ignore), a.out(0), a.out(1));
+      const int32_t ignore = checked_ignore_index(a, 1, x.back(), "cross_entropy");
+      cpu::cross_entropy_forward(a.in(0), a.in<int32_t>(1), rows_of(x), x.back(), ignore, a.out(0), a.out(1));
     },
     // rows split alike: each rank's loss_sum is its part of the whole sum
     .shard = [](const Shardings& in, const Types& t, const Attrs& a) -> Shardings {
@@ -255,10 +260,9 @@ extern const OpDef cross_entropy_backward_op = {
     .grad = nullptr,
     .cpu = [](const KernelArgs& a) {
       const Shape& x = a.in_shape(1);
-      const int64_t ignore = a.attrs->get_int("ignore_index", kDefaultIgnoreIndex);
-      check_labels(a.in<int32_t>(2), a.in_numel(2), x.back(), ignore);
-      cpu::cross_entropy_backward(a.in(0), a.in(1), a.in<int32_t>(2), a.in(3), rows_of(x), x.back(),
-                                  static_cast<int32_t>(ignore), a.out(0));
+      const int32_t ignore = checked_ignore_index(a, 2, x.back(), "cross_entropy");
+      cpu::cross_entropy_backward(a.in(0), a.in(1), a.in<int32_t>(2), a.in(3), rows_of(x), x.back(), ignore,
+                                  a.out(0));
     },
     .cpu_per_isa = true,
     .cuda = {.name = "cross_entropy_backward_rows", .run = AUTOSP_CUDA_RUN(cuda_cross_entropy_backward)},
@@ -292,11 +296,9 @@ extern const OpDef linear_cross_entropy_op = {
     },
     .cpu = [](const KernelArgs& a) {
       const Shape& w = a.in_shape(1);
-      const int64_t ignore = a.attrs->get_int("ignore_index", kDefaultIgnoreIndex);
-      check_labels(a.in<int32_t>(2), a.in_numel(2), w[0], ignore, "linear_cross_entropy");
-      cpu::linear_cross_entropy_forward(a.in(0), a.in(1), a.in<int32_t>(2), rows_of(a.in_shape(0)),
-                                        w[1], w[0], static_cast<int32_t>(ignore),
-                                        chunk_rows(*a.attrs, w[0]), a.out(0), a.out(1),
+      const int32_t ignore = checked_ignore_index(a, 2, w[0], "linear_cross_entropy");
+      cpu::linear_cross_entropy_forward(a.in(0), a.in(1), a.in<int32_t>(2), rows_of(a.in_shape(0)), w[1], w[0],
+                                        ignore, chunk_rows(*a.attrs, w[0]), a.out(0), a.out(1),
                                         static_cast<float*>(a.workspace));
     },
     .cpu_workspace_bytes = [](const Types& in, const Attrs& attrs, int) -> int64_t {
@@ -335,12 +337,10 @@ extern const OpDef linear_cross_entropy_backward_op = {
     .grad = nullptr,
     .cpu = [](const KernelArgs& a) {
       const Shape& w = a.in_shape(2);
-      const int64_t ignore = a.attrs->get_int("ignore_index", kDefaultIgnoreIndex);
-      check_labels(a.in<int32_t>(3), a.in_numel(3), w[0], ignore, "linear_cross_entropy_backward");
-      cpu::linear_cross_entropy_backward(a.in(0), a.in(1), a.in(2), a.in<int32_t>(3), a.in(4),
-                                         rows_of(a.in_shape(1)), w[1], w[0],
-                                         static_cast<int32_t>(ignore), chunk_rows(*a.attrs, w[0]),
-                                         a.out(0), a.out(1), static_cast<float*>(a.workspace));
+      const int32_t ignore = checked_ignore_index(a, 3, w[0], "linear_cross_entropy_backward");
+      cpu::linear_cross_entropy_backward(a.in(0), a.in(1), a.in(2), a.in<int32_t>(3), a.in(4), rows_of(a.in_shape(1)),
+                                         w[1], w[0], ignore, chunk_rows(*a.attrs, w[0]), a.out(0), a.out(1),
+                                         static_cast<float*>(a.workspace));
     },
     .cpu_workspace_bytes = [](const Types& in, const Attrs& attrs, int) -> int64_t {
       const int64_t V = in[2].shape[0];
@@ -373,11 +373,10 @@ extern const OpDef linear_cross_entropy_with_grad_op = {
     .grad = nullptr,
     .cpu = [](const KernelArgs& a) {
       const Shape& w = a.in_shape(1);
-      const int64_t ignore = a.attrs->get_int("ignore_index", kDefaultIgnoreIndex);
-      check_labels(a.in<int32_t>(2), a.in_numel(2), w[0], ignore, "linear_cross_entropy");
+      const int32_t ignore = checked_ignore_index(a, 2, w[0], "linear_cross_entropy");
       cpu::linear_cross_entropy_with_grad(a.in(0), a.in(1), a.in<int32_t>(2), a.in(3), rows_of(a.in_shape(0)), w[1],
-                                          w[0], static_cast<int32_t>(ignore), chunk_rows(*a.attrs, w[0]),
-                                          a.out(0), a.out(1), a.out(2), static_cast<float*>(a.workspace));
+                                          w[0], ignore, chunk_rows(*a.attrs, w[0]), a.out(0), a.out(1), a.out(2),
+                                          static_cast<float*>(a.workspace));
     },
     .cpu_workspace_bytes = [](const Types& in, const Attrs& attrs, int) -> int64_t {
       const int64_t V = in[1].shape[0];
@@ -400,7 +399,7 @@ extern const OpDef count_valid_op = {
     .cost = nullptr,
     .grad = nullptr,
     .cpu = [](const KernelArgs& a) {
-      const int64_t ignore = a.attrs->get_int("ignore_index", kDefaultIgnoreIndex);
+      const int32_t ignore = ignore_index(*a.attrs);
       const int32_t* labels = a.in<int32_t>(0);
       int64_t count = 0;
       for (int64_t i = 0; i < a.in_numel(0); ++i) count += labels[i] != ignore;

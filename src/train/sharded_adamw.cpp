@@ -9,17 +9,6 @@
 
 namespace autosp::train {
 
-namespace {
-
-// torch.nn.utils.clip_grad_norm_: coef = max_norm / (norm + 1e-6), applied when below 1.
-float clip_coef(double norm, double max_norm) {
-  if (max_norm <= 0) return 1.0f;
-  const double coef = max_norm / (norm + 1e-6);
-  return coef < 1.0 ? float(coef) : 1.0f;
-}
-
-}  // namespace
-
 int64_t ShardedAdamW::chunk_elements(int64_t shard, int64_t world, int64_t max_round) {
   if (world <= 1) return 0;
   // At least one element per round, so a tiny model still makes progress. A round moves
@@ -146,16 +135,14 @@ double ShardedAdamW::step(ModelState& state, double lr, const std::vector<float*
   // its own. 1 without clipping (x * 1 is x).
   const std::vector<std::pair<const float*, int64_t>> views(spans.begin(), spans.end());
   double norm;
-  float coef = 1.0f;
   if (config_.zero_stage == 0) {  // every rank has every gradient: torch's clip_grad_norm_
     norm = global_grad_norm(views);
-    if (config_.gradient_clipping > 0) coef = clip_coefficient(norm, config_.gradient_clipping);
   } else {  // the shards' squares, summed over the world
     double sq = global_grad_sum_of_squares(views);
     groups_.world->all_reduce_sum(&sq, 1);
     norm = std::sqrt(sq);
-    if (config_.gradient_clipping > 0) coef = clip_coef(norm, config_.gradient_clipping);
   }
+  const float coef = config_.gradient_clipping > 0 ? clip_coefficient(norm, config_.gradient_clipping) : 1.0f;
   for (size_t k = 0; k < reduced.size(); ++k)
     for_each_mine(k, [&](size_t i, int64_t e, int64_t at, float* g, int64_t len) {
       if (config_.zero_stage == 0) {
