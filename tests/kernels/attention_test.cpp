@@ -136,8 +136,9 @@ std::string case_name(const ::testing::TestParamInfo<Case>& info) {
 
 // Tiles are 64 x 64: S = 1, 7, 100, 257 leave partial tiles, 64 is exactly one.
 // (NH, NKV): GQA ratios 1, 2, 4, and NKV = 1 (multi-query) with ratios 2 and 4.
-// D = 16 and 64 everywhere; D = 40 (not a multiple of the 16-float vector) and D = 128
-// (two 64-wide column panels) on a few shapes.
+// D = 16 and 64 everywhere; on a few shapes D = 12 and 40 (a masked last vector: 12 is
+// 8 + 4 floats on avx2 and 12 of 16 on avx512, 40 is 32 + 8 on avx512) and D = 128 (two
+// 64-wide column panels).
 std::vector<Case> all_cases() {
   std::vector<Case> cases;
   const std::pair<int64_t, int64_t> heads[] = {{2, 2}, {4, 2}, {8, 2}, {2, 1}, {4, 1}};
@@ -145,7 +146,7 @@ std::vector<Case> all_cases() {
     for (auto [NH, NKV] : heads)
       for (int64_t D : {16, 64})
         for (bool causal : {false, true}) cases.emplace_back(S, NH, NKV, D, causal);
-  for (int64_t D : {40, 128})
+  for (int64_t D : {12, 40, 128})
     for (int64_t S : {7, 130})
       for (bool causal : {false, true}) cases.emplace_back(S, 4, 2, D, causal);
   return cases;

@@ -47,16 +47,21 @@ using namespace simd;
 // A is read element by element (broadcast) through strides, so A may be a transposed view:
 // a(i, k) = A[i * ars + k * acs]. B and C are row-major with leading dims ldb, ldc; the
 // vector dimension is N. All the tile products of attention are this one shape.
-template <int MR, int NV>
+// Tail: one vector of which only the first `cols` (< W) columns exist; masked loads and
+// stores never touch B's or C's memory past them (a head dim that is not a multiple of W).
+template <int MR, int NV, bool Tail = false>
 inline void micro_kernel(int64_t K, const float* __restrict A, int64_t ars, int64_t acs,
                          const float* __restrict B, int64_t ldb, float* __restrict C,
-                         int64_t ldc, bool accumulate, const float* __restrict row_scale) {
+                         int64_t ldc, bool accumulate, const float* __restrict row_scale,
+                         int64_t cols = W) {
+  static_assert(!Tail || NV == 1);
+  const auto ld = [cols](const float* p) { return Tail ? load(p, cols) : load(p); };
   vf acc[MR][NV];
   for (int i = 0; i < MR; ++i)
     for (int v = 0; v < NV; ++v) {
       if (!accumulate) acc[i][v] = vf{};
-      else if (row_scale) acc[i][v] = load(C + i * ldc + v * W) * splat(row_scale[i]);
-      else acc[i][v] = load(C + i * ldc + v * W);
+      else if (row_scale) acc[i][v] = ld(C + i * ldc + v * W) * splat(row_scale[i]);
+      else acc[i][v] = ld(C + i * ldc + v * W);
     }
   // Unrolled by 4 (the same operations in the same order): K is only D or a tile's 64 here,
   // and the loop's own overhead showed (one thread, S 2048, D 32, medians of 5 alternating
@@ -64,7 +69,7 @@ inline void micro_kernel(int64_t K, const float* __restrict A, int64_t ars, int6
 #pragma GCC unroll 4
   for (int64_t k = 0; k < K; ++k) {
     vf b[NV];
-    for (int v = 0; v < NV; ++v) b[v] = load(B + k * ldb + v * W);
+    for (int v = 0; v < NV; ++v) b[v] = ld(B + k * ldb + v * W);
     const float* a = A + k * acs;
     for (int i = 0; i < MR; ++i) {
       const vf ai = splat(a[i * ars]);
@@ -72,22 +77,26 @@ inline void micro_kernel(int64_t K, const float* __restrict A, int64_t ars, int6
     }
   }
   for (int i = 0; i < MR; ++i)
-    for (int v = 0; v < NV; ++v) store(C + i * ldc + v * W, acc[i][v]);
+    for (int v = 0; v < NV; ++v) {
+      if constexpr (Tail) store(C + i * ldc + v * W, cols, acc[i][v]);
+      else store(C + i * ldc + v * W, acc[i][v]);
+    }
 }
 
 // Rows of one column panel of NV vectors, in blocks of MR with a compile-time tail. row_scale
 // (null: none) holds the panel's rows' scales, moved along with C's rows.
-template <int MR, int NV>
+template <int MR, int NV, bool Tail = false>
 void panel(int64_t M, int64_t K, const float* A, int64_t ars, int64_t acs, const float* B,
-           int64_t ldb, float* C, int64_t ldc, bool accumulate, const float* row_scale) {
+           int64_t ldb, float* C, int64_t ldc, bool accumulate, const float* row_scale,
+           int64_t cols = W) {
   int64_t i = 0;
   for (; i + MR <= M; i += MR)
-    micro_kernel<MR, NV>(K, A + i * ars, ars, acs, B, ldb, C + i * ldc, ldc, accumulate,
-                         row_scale ? row_scale + i : nullptr);
+    micro_kernel<MR, NV, Tail>(K, A + i * ars, ars, acs, B, ldb, C + i * ldc, ldc, accumulate,
+                               row_scale ? row_scale + i : nullptr, cols);
   if constexpr (MR > 1) {
     if (i < M)
-      panel<MR - 1, NV>(M - i, K, A + i * ars, ars, acs, B, ldb, C + i * ldc, ldc, accumulate,
-                        row_scale ? row_scale + i : nullptr);
+      panel<MR - 1, NV, Tail>(M - i, K, A + i * ars, ars, acs, B, ldb, C + i * ldc, ldc, accumulate,
+                              row_scale ? row_scale + i : nullptr, cols);
   }
 }
 
@@ -118,14 +127,8 @@ void gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t ars, int64_t 
     panel<8, 1>(M, K, A, ars, acs, B + n, ldb, C + n, ldc, accumulate, row_scale);
     n += W;
   }
-  if (n < N) {  // D not a multiple of W: plain scalar columns
-    for (int64_t i = 0; i < M; ++i)
-      for (int64_t c = n; c < N; ++c) {
-        float s = !accumulate ? 0.0f : row_scale ? C[i * ldc + c] * row_scale[i] : C[i * ldc + c];
-        for (int64_t k = 0; k < K; ++k) s += A[i * ars + k * acs] * B[k * ldb + c];
-        C[i * ldc + c] = s;
-      }
-  }
+  if (n < N)  // D not a multiple of W: the last columns in one masked vector
+    panel<8, 1, true>(M, K, A, ars, acs, B + n, ldb, C + n, ldc, accumulate, row_scale, N - n);
 }
 
 // ---- tiling and workspace layout -------------------------------------------------------
