@@ -76,11 +76,8 @@ inline Graph with_probe_loss(const Graph& forward) {
   return g;
 }
 
-inline double probe_loss(const Graph& forward, const Feed& feed) {
-  HeapAllocator alloc;
-  CpuExecutor ex(forward, alloc);
-  feed.bind(ex, forward);
-  ex.run();
+// L of the executor's last run, its r_i read from `feed`.
+inline double probe_loss(const Executor& ex, const Graph& forward, const Feed& feed) {
   double L = 0;
   for (const std::string& name : y_outputs(forward)) {
     std::vector<float> y = ex.output_vector(name);
@@ -112,22 +109,33 @@ inline double check_gradients(const Graph& forward, Feed feed, uint32_t seed = 1
   feed.bind(ex, joint);
   ex.run();
 
-  // The forward of the probe graph without its loss output evaluates L on the host.
+  // The forward of the probe graph evaluates L on the host: one executor, run again for each
+  // perturbed element of its bound inputs (a rerun must not depend on the previous one).
+  Feed probe = feed;
+  HeapAllocator probe_alloc;
+  CpuExecutor probe_ex(probed, probe_alloc);
+  probe.bind(probe_ex, probed);
+  const auto L_at = [&](std::vector<float>& xs, size_t k, float value) {
+    const float saved = xs[k];
+    xs[k] = value;
+    probe_ex.run();
+    xs[k] = saved;
+    return probe_loss(probe_ex, probed, probe);
+  };
   double worst = 0;
   for (ValueId p : forward.inputs_with_role(Role::parameter)) {
     const std::string& name = forward.value(p).name;
     std::vector<float> analytic = ex.output_vector(kGradPrefix + name);
     std::vector<double> fd(analytic.size());
     double fd_max = 0;
+    std::vector<float>& xs = probe.f.at(name);
     for (size_t k = 0; k < analytic.size(); ++k) {
-      Feed plus = feed, minus = feed;
-      const double x = feed.f.at(name)[k];
+      const double x = xs[k];
       const double h = opt.step * std::max(1.0, std::abs(x));
-      plus.f[name][k] = float(x + h);
-      minus.f[name][k] = float(x - h);
+      const float plus = float(x + h), minus = float(x - h);
       // The step actually taken after rounding to fp32.
-      const double taken = double(plus.f[name][k]) - double(minus.f[name][k]);
-      fd[k] = (probe_loss(probed, plus) - probe_loss(probed, minus)) / taken;
+      const double taken = double(plus) - double(minus);
+      fd[k] = (L_at(xs, k, plus) - L_at(xs, k, minus)) / taken;
       fd_max = std::max(fd_max, std::abs(fd[k]));
     }
     double err = 0;
