@@ -2,12 +2,15 @@
 BUILD ?= build
 JOBS ?= $(shell nproc)
 
-.PHONY: all deps build demo test test-asan fuzz bench clean
+.PHONY: all deps deps-fuzz build demo test test-asan fuzz bench clean
 
 all: build
 
 deps:
 	@./scripts/install_deps.sh
+
+deps-fuzz:
+	@./scripts/install_deps.sh --fuzz
 
 $(BUILD)/CMakeCache.txt:
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release
@@ -42,7 +45,7 @@ test-asan: deps
 # `make test` replays the corpora without fuzzing (tests/fuzz/corpus_replay_test.cpp).
 FUZZ_SECONDS ?= 60
 FUZZ_TARGETS ?=
-fuzz: deps
+fuzz: deps-fuzz
 	cmake -S . -B build-fuzz -DAUTOSP_FUZZ=ON -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER=clang++-14
 	cmake --build build-fuzz --target fuzz_targets -j $(JOBS)
 	FUZZ_SECONDS=$(FUZZ_SECONDS) ./scripts/fuzz.sh build-fuzz $(FUZZ_TARGETS)

@@ -1,18 +1,24 @@
 #!/usr/bin/env bash
-# Installs what autosp needs to build and test, from Debian packages, if it is missing, and the
-# transformers venv the tests load checkpoints with (install_hf_venv.sh, from PyPI).
+# install_deps.sh [--fuzz]: installs what autosp needs to build and test, from Debian packages,
+# if it is missing, and the transformers venv the tests load checkpoints with
+# (install_hf_venv.sh, from PyPI). --fuzz adds clang and libFuzzer for `make fuzz`, which
+# `make test` does not need (it replays the fuzz corpora in the gcc build).
 # Idempotent: a machine that has everything installs nothing.
 set -euo pipefail
 
 packages=(
   g++ cmake make pkg-config
-  clang-14 libclang-rt-14-dev libomp-14-dev
   libopenblas-dev
   libopenmpi-dev openmpi-bin
   nlohmann-json3-dev libcli11-dev
-  libgtest-dev libgmock-dev libbenchmark-dev
+  libgtest-dev
   python3-torch python3-numpy python3-venv
 )
+case "${1:-}" in
+  "") ;;
+  --fuzz) packages+=(clang-14 libclang-rt-14-dev libomp-14-dev) ;;
+  *) echo "usage: $0 [--fuzz]" >&2; exit 2 ;;
+esac
 
 missing=()
 for p in "${packages[@]}"; do
