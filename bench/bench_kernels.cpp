@@ -1003,7 +1003,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "checking %s attention against the double reference (S=130)\n",
                    cpu::isa_name(isa));
       cpu::set_active_isa(isa);
-      for (int64_t D : {32, 64, 128}) check_attention_reference(D);
+      for (int64_t D : {32, 40, 64, 128}) check_attention_reference(D);
     }
 
   Bench bench;
@@ -1026,8 +1026,9 @@ int main(int argc, char** argv) {
     cpu::set_active_isa(isa);
     bench.isa = cpu::isa_name(isa);
     if (want("attention"))
-      for (int64_t D : {32, 64, 128})
-        for (int64_t S : {1024, 2048, 4096, 8192}) bench_attention(bench, S, D);
+      for (int64_t D : {32, 40, 64, 128})  // 40: a last vector of 8 floats in the avx512 copy
+        for (int64_t S : {1024, 2048, 4096, 8192})
+          if (D != 40 || S == 2048 || S == 4096) bench_attention(bench, S, D);
     if (want("documents")) bench_documents(bench, 16384, 64);
     if (want("window")) bench_window(bench, 16384, 4096, 64);
     if (want("rms_norm")) bench_rms_norm(bench);
