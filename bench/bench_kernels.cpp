@@ -10,8 +10,9 @@
 // rope, swiglu, cross_entropy; src/kernels/cpu/isa.h) run once per set this CPU supports
 // (cpu::set_active_isa before each; rows and JSON carry the set), so an AVX-512 machine
 // measures the AVX2 kernels too (STYLE.md rule 13). --isa runs one set only. The baselines
-// (sgemm 2048 and memcpy, at the start and the end) and linear (cpu::gemm, i.e. OpenBLAS)
-// do not depend on the set and run once.
+// (sgemm 2048 and memcpy, at the start and the end, and OpenBLAS at each linear shape) do
+// not depend on the set and run once; linear (cpu::gemm, autosp's own gemm since issue 25)
+// runs per set: x W^T at T 4096, and the bench model's forward, dx and dW gemms at S 2048.
 //
 // --only runs the named parts: sgemm, linear, memcpy, fma_peak, attention, documents, window,
 // rms_norm, rope, swiglu, cross_entropy, embedding (e.g. --only sgemm,attention). A part's
@@ -256,9 +257,8 @@ std::string dims(std::initializer_list<int64_t> d, const char* names) {
 }
 
 // ---- baselines ---------------------------------------------------------------------------
-// C = op(A) op(B) through cblas directly, on OpenBLAS's own threads (as many as OpenMP's).
-// cpu::gemm instead runs OpenBLAS single-threaded inside autosp's OpenMP team and sets
-// OpenBLAS to one thread when it runs, so the count is set again before every call.
+// C = op(A) op(B) through cblas directly, on OpenBLAS's own threads (as many as OpenMP's;
+// set again before every call, cheaply, in case anything changed it).
 void sgemm(bool trans_b, int64_t M, int64_t N, int64_t K, const float* A, const float* B,
            float* C) {
   if (openblas_get_num_threads() != omp_get_max_threads()) openblas_set_num_threads(omp_get_max_threads());
@@ -409,8 +409,11 @@ void bench_fma_peak(Bench& bench, cpu::Isa isa, const char* when) {
   settle();
 }
 
-// ---- linear: y[T, N] = x[T, H] W[N, H]^T ---------------------------------------------------
-void bench_linear(Bench& bench, int64_t T, int64_t H, int64_t N) {
+// ---- linear: y[T, N] = x[T, H] W[N, H]^T, and the bench model's gemms ---------------------
+// cpu::gemm is autosp's own kernel (kernels/cpu/gemm.h), one copy per instruction set; its
+// baseline is OpenBLAS sgemm at the same shape(s), run by cblas on OpenBLAS's own threads
+// (with the core the environment gives it: OPENBLAS_CORETYPE, as for every sgemm row).
+void bench_linear(Bench& bench, const std::vector<cpu::Isa>& isas, int64_t T, int64_t H, int64_t N) {
   const auto x = random_floats(T * H, 4, -1, 1), w = random_floats(N * H, 5, -1, 1);
   std::vector<float> y(T * N);
   const double work = 2.0 * T * N * H;
@@ -421,11 +424,99 @@ void bench_linear(Bench& bench, int64_t T, int64_t H, int64_t N) {
   const Row& base = bench.add({"sgemm (linear shape)", shape, tb, work, true, "sgemm 2048", 0.0});
   const double base_rate = base.rate();
   settle();
-  const Timing t = measure([&] { cpu::gemm(false, true, T, N, H, x.data(), w.data(), y.data()); },
-                           [&] { check_gemm("linear " + shape, true, T, N, H, x.data(), w.data(), y.data()); },
-                           1.5, 5);
-  bench.add({"linear (cpu::gemm)", shape, t, work, true, "sgemm same shape", base_rate});
+  for (cpu::Isa isa : isas) {
+    cpu::set_active_isa(isa);
+    bench.isa = cpu::isa_name(isa);
+    const Timing t = measure([&] { cpu::gemm(false, true, T, N, H, x.data(), w.data(), y.data()); },
+                             [&] { check_gemm("linear " + shape, true, T, N, H, x.data(), w.data(), y.data()); },
+                             1.5, 5);
+    bench.add({"linear (cpu::gemm)", shape, t, work, true, "sgemm same shape", base_rate});
+  }
+  bench.isa.clear();
   settle();
+}
+
+// The gemms of one training step of bench_train.py's model (hidden 256, 8 heads of 32, 2 kv
+// heads, ffn 704, vocab 2048) at S tokens, in three groups: the forward's x W^T (q, k, v, o,
+// gate, up, down, lm_head), the backward's dx = dy W and dW = dy^T x. Each group is timed as
+// one run of its gemms in turn, operands cold for all but the weights, as in the step.
+struct GemmCall {
+  bool ta, tb;
+  int64_t M, N, K;
+};
+std::vector<GemmCall> model_gemms(const std::string& group, int64_t S) {
+  const int64_t H = 256, KV = 64, F = 704, V = 2048;
+  const int64_t outs[] = {H, KV, KV, H, F, F, H, V}, ins[] = {H, H, H, H, H, H, F, H};
+  std::vector<GemmCall> calls;
+  for (int i = 0; i < 8; ++i) {
+    const int64_t out = outs[i], in = ins[i];
+    if (group == "forward") calls.push_back({false, true, S, out, in});      // y = x W^T
+    else if (group == "dx") calls.push_back({false, false, S, in, out});     // dx = dy W
+    else calls.push_back({true, false, out, in, S});                          // dW = dy^T x
+  }
+  return calls;
+}
+
+void bench_model_gemms(Bench& bench, const std::vector<cpu::Isa>& isas, int64_t S) {
+  for (const char* group : {"forward", "dx", "dW"}) {
+    const std::vector<GemmCall> calls = model_gemms(group, S);
+    std::vector<std::vector<float>> a, b, c;
+    double work = 0.0;
+    for (const GemmCall& g : calls) {
+      a.push_back(random_floats(g.M * g.K, 6, -1, 1));
+      b.push_back(random_floats(g.K * g.N, 7, -1, 1));
+      c.emplace_back(g.M * g.N);
+      work += 2.0 * g.M * g.N * g.K;
+    }
+    const auto cblas_all = [&] {
+      if (openblas_get_num_threads() != omp_get_max_threads()) openblas_set_num_threads(omp_get_max_threads());
+      for (size_t i = 0; i < calls.size(); ++i) {
+        const GemmCall& g = calls[i];
+        cblas_sgemm(CblasRowMajor, g.ta ? CblasTrans : CblasNoTrans, g.tb ? CblasTrans : CblasNoTrans, g.M, g.N,
+                    g.K, 1.0f, a[i].data(), g.ta ? g.M : g.K, b[i].data(), g.tb ? g.K : g.N, 0.0f, c[i].data(), g.N);
+      }
+    };
+    // Spot entries of every product against double sums (check_gemm's picks, any transposes).
+    const auto check_all = [&](const std::string& who) {
+      for (size_t i = 0; i < calls.size(); ++i) {
+        const GemmCall& g = calls[i];
+        check_finite(who, c[i].data(), g.M * g.N);
+        const int64_t picks[][2] = {{0, 0}, {g.M - 1, g.N - 1}, {g.M / 2, g.N / 3}};
+        for (const auto& p : picks) {
+          double sum = 0.0, mag = 0.0;
+          for (int64_t k = 0; k < g.K; ++k) {
+            const double v = double(g.ta ? a[i][k * g.M + p[0]] : a[i][p[0] * g.K + k]) *
+                             (g.tb ? b[i][p[1] * g.K + k] : b[i][k * g.N + p[1]]);
+            sum += v;
+            mag += std::abs(v);
+          }
+          if (std::abs(c[i][p[0] * g.N + p[1]] - sum) > 1e-5 * mag + 1e-6)
+            fail(who + ", product " + std::to_string(i) + ": C[" + std::to_string(p[0]) + "," +
+                 std::to_string(p[1]) + "] = " + std::to_string(c[i][p[0] * g.N + p[1]]) + ", expected " +
+                 std::to_string(sum));
+        }
+      }
+    };
+    const std::string shape = std::string(group) + " " + dims({S}, "S") + ", 8 gemms";
+    const Timing tb = measure(cblas_all, [&] { check_all("sgemm model " + shape); }, 1.0, 5);
+    const Row& base = bench.add({"sgemm (model gemms)", shape, tb, work, true, "sgemm 2048", 0.0});
+    const double base_rate = base.rate();
+    settle();
+    for (cpu::Isa isa : isas) {
+      cpu::set_active_isa(isa);
+      bench.isa = cpu::isa_name(isa);
+      const auto ours = [&] {
+        for (size_t i = 0; i < calls.size(); ++i) {
+          const GemmCall& g = calls[i];
+          cpu::gemm(g.ta, g.tb, g.M, g.N, g.K, a[i].data(), b[i].data(), c[i].data());
+        }
+      };
+      const Timing t = measure(ours, [&] { check_all("cpu::gemm model " + shape); }, 1.0, 5);
+      bench.add({"gemm (model gemms)", shape, t, work, true, "sgemm same shapes", base_rate});
+    }
+    bench.isa.clear();
+    settle();
+  }
 }
 
 // ---- attention ---------------------------------------------------------------------------
@@ -1009,8 +1100,9 @@ int main(int argc, char** argv) {
   Bench bench;
   if (want("sgemm")) bench_sgemm_square(bench, "(start)");
   if (want("linear")) {
-    bench_linear(bench, kT, kH, kH);
-    bench_linear(bench, kT, kH, kF);
+    bench_linear(bench, isas, kT, kH, kH);
+    bench_linear(bench, isas, kT, kH, kF);
+    bench_model_gemms(bench, isas, 2048);
   }
   if (want("memcpy")) bench_copy(bench, "(start)");
   // The FMA peaks are baselines too: every set's at the start and at the end.

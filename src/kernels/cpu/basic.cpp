@@ -1,6 +1,5 @@
 #include "kernels/cpu/basic.h"
 
-#include <cblas.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -142,65 +141,6 @@ void concat_slabs(const float* const* xs, const int64_t* lens, int64_t n, int64_
         if (b < e) std::memcpy(y + b, xs[i] + o * len + (b - at), (e - b) * sizeof(float));
         at += len;
       }
-    }
-  }
-}
-
-namespace {
-
-// OpenBLAS runs single-threaded inside autosp's OpenMP team: with its own pthreads it would
-// run beside OpenMP workers still spinning after the last parallel region, two thread pools
-// on the same cores (measured on 2 cores, Llama S = 2048 step: ~20% of the time in libgomp's
-// spin-wait while sgemm ran).
-void sgemm_rows(bool trans_a, bool trans_b, int64_t m0, int64_t m1, int64_t n0, int64_t n1,
-                int64_t M, int64_t N, int64_t K, const float* A, const float* B, float* C,
-                bool accumulate) {
-  // OpenBLAS's sgemm touches packing-buffer pages in proportion to M (measured on OpenBLAS
-  // 0.3.21, 2 threads, N = 48, K = 32: +176 KiB at M = 1024, +2 MiB at M = 16384), memory
-  // outside the plan that grew with the sequence. Row blocks of kGemmRows bound it.
-  constexpr int64_t kGemmRows = 2048;
-  const int lda = static_cast<int>(trans_a ? M : K);
-  const int ldb = static_cast<int>(trans_b ? K : N);
-  const float* Bn = trans_b ? B + n0 * K : B + n0;
-  for (int64_t r0 = m0; r0 < m1; r0 += kGemmRows) {
-    const int64_t mb = std::min(kGemmRows, m1 - r0);
-    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
-                static_cast<int>(mb), static_cast<int>(n1 - n0), static_cast<int>(K), 1.0f,
-                A + (trans_a ? r0 : r0 * K), lda, Bn, ldb, accumulate ? 1.0f : 0.0f, C + r0 * N + n0,
-                static_cast<int>(N));
-  }
-}
-
-}  // namespace
-
-void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A,
-          const float* B, float* C, bool accumulate) {
-  if (M == 0 || N == 0) return;
-  if (K == 0) {
-    if (!accumulate) fill(C, M * N, 0.0f);
-    return;
-  }
-  // Each OpenMP thread runs single-threaded sgemm on a contiguous block of C's rows (or, when
-  // C is wider than tall, its columns): every element is still one sgemm's K loop, whatever
-  // the split. Small products stay on one thread.
-  constexpr double kMinWorkPerThread = 1 << 21;  // multiply-adds
-  const int team = omp_in_parallel() ? 1 : omp_get_max_threads();
-  const bool by_rows = M >= N;
-  const int64_t extent = by_rows ? M : N;
-  const int64_t parts = std::clamp<int64_t>(
-      std::min<int64_t>(team, static_cast<int64_t>(double(M) * double(N) * double(K) / kMinWorkPerThread)), 1,
-      std::max<int64_t>(1, extent / 16));
-  if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
-#pragma omp parallel for num_threads(parts) schedule(static) if (parts > 1)
-  for (int64_t p = 0; p < parts; ++p) {
-    // Block boundaries on multiples of 16 (a cache line of floats).
-    const int64_t lo = std::min(extent, (extent * p / parts + 15) / 16 * 16);
-    const int64_t hi = p + 1 == parts ? extent : std::min(extent, (extent * (p + 1) / parts + 15) / 16 * 16);
-    if (lo >= hi) continue;
-    if (by_rows) {
-      sgemm_rows(trans_a, trans_b, lo, hi, 0, N, M, N, K, A, B, C, accumulate);
-    } else {
-      sgemm_rows(trans_a, trans_b, 0, M, lo, hi, M, N, K, A, B, C, accumulate);
     }
   }
 }

@@ -38,8 +38,9 @@ void copy_slab(const float* x, int64_t outer, int64_t x_dim, int64_t x_off, int6
 void concat_slabs(const float* const* xs, const int64_t* lens, int64_t n, int64_t outer, int64_t inner,
                   float* y);
 
-// C[M, N] = op(A) op(B), row-major, op = transpose where asked; OpenBLAS sgemm.
-// accumulate: C += op(A) op(B) instead (beta = 1), for sums over chunks of K.
+// C[M, N] = op(A) op(B), row-major, op = transpose where asked; the packed kernel of the
+// active instruction set (gemm.h: each element one FMA chain over K in order, bitwise the
+// same on any thread count and either set). accumulate: C += op(A) op(B) instead (beta = 1).
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A,
           const float* B, float* C, bool accumulate = false);
 

@@ -6,6 +6,7 @@
 
 #include <vector>
 
+#include "kernels/cpu/basic.h"
 #include "kernels/cpu/isa.h"
 #include "kernels/cpu/isa_kernels.h"
 #include "util/error.h"
@@ -89,6 +90,24 @@ void cross_entropy_backward(const float* dloss_sum, const float* logits, const i
                             float* dlogits) {
   AUTOSP_DISPATCH(cross_entropy_backward, dloss_sum, logits, labels, lse, T, V, ignore_index,
                   dlogits);
+}
+
+int64_t gemm_workspace_floats(int threads) { AUTOSP_DISPATCH(gemm_workspace_floats, threads); }
+void gemm_packed(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A,
+                 const float* B, float* C, bool accumulate, float* workspace, int threads) {
+  AUTOSP_DISPATCH(gemm_packed, trans_a, trans_b, M, N, K, A, B, C, accumulate, workspace, threads);
+}
+
+// The packing workspace of the calling thread's gemms: allocated on its first gemm (or a first
+// with more threads) and kept, so a training step's hundreds of gemms allocate nothing.
+// runtime_reserve_bytes (train/trainer.h) counts it.
+void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A,
+          const float* B, float* C, bool accumulate) {
+  thread_local std::vector<float> workspace;
+  const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
+  const auto floats = static_cast<size_t>(gemm_workspace_floats(threads));
+  if (workspace.size() < floats) workspace.resize(floats);
+  gemm_packed(trans_a, trans_b, M, N, K, A, B, C, accumulate, workspace.data(), threads);
 }
 
 }  // namespace autosp::cpu

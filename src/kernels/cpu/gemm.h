@@ -1,0 +1,34 @@
+// The matmul kernel behind cpu::gemm (basic.h): C[M, N] (+)= op(A) op(B), fp32, row-major,
+// compiled once per instruction set (isa.h) like attention's kernels. Callers use cpu::gemm,
+// which owns the workspace; only dispatch.cpp and the kernel tests call these directly.
+//
+// How (BLIS's loop nest, GotoBLAS's packing): op(B) is copied, one block of at most kKC rows
+// and kNC columns at a time, into panels of NR columns (zero-padded), so the micro-kernel
+// streams each panel from L1 with aligned loads; A is not copied: the micro-kernel broadcasts
+// its elements straight from A (or from A^T's columns, which are rows of A), MR rows at a
+// time, a block of rows reused from L2 across the panels. Register tile MR x NR: 14 x 32 in
+// the avx512 copy (28 of 32 zmm accumulate), 6 x 16 in the avx2 copy (12 of 16 ymm).
+//
+// Threads: the columns' panels are split between the threads (each packs only its own), and
+// the rows too when there are fewer panels than threads. Small products run on one thread.
+//
+// Numbers: every C element is one chain of fused multiply-adds over k = 0, 1, ..., K - 1,
+// starting from 0 (or from C's own value with accumulate); blocking K only stores and reloads
+// the partial sum, which is exact. So C is bitwise the same for any M, N blocking, thread
+// count, thread split and instruction set.
+#pragma once
+#include <cstdint>
+
+namespace autosp::cpu {
+
+// Floats of workspace gemm_packed needs for `threads` threads (a packed block of op(B) each,
+// plus alignment).
+int64_t gemm_workspace_floats(int threads);
+
+// C[M, N] = op(A) op(B) (accumulate: C += op(A) op(B)), op = transpose where asked; A is
+// [M, K] ([K, M] with trans_a), B is [K, N] ([N, K] with trans_b), C is [M, N], all
+// row-major and dense. Runs on at most `threads` OpenMP threads (1 inside a parallel region).
+void gemm_packed(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A,
+                 const float* B, float* C, bool accumulate, float* workspace, int threads);
+
+}  // namespace autosp::cpu
