@@ -61,11 +61,12 @@ std::string strategy_name(const MemoryStrategy& s);  // "sac", "sac+matmuls", "f
 std::vector<MemoryStrategy> strategy_candidates(const CompileConfig& compile, int64_t budget_bytes);
 
 // What the runtime holds beyond the plan's buffers and does not grow with the sequence:
-// thread stacks and OpenMP's and OpenBLAS's per-thread buffers (OpenBLAS's grow with a
-// gemm's rows, so cpu::gemm bounds the rows per call), the executor's bookkeeping. Measured
-// as VmHWM minus (model state + arena + batch staging) on the reference Llama: 1.95-2.15 MB
-// with 2 threads (one process, S = 1024..16384), 1.35-1.55 MB with 1 thread (each of 2 MPI
-// ranks, S = 8192). Counted in every planned peak.
+// thread stacks, OpenMP's per-thread state and cpu::gemm's packing workspace (270 KiB a
+// thread, kernels/cpu/gemm.h), the executor's bookkeeping. Measured as VmHWM minus (model
+// state + arena + batch staging) on the reference Llama: 1.95-2.15 MB with 2 threads (one
+// process, S = 1024..16384), 1.35-1.55 MB with 1 thread (each of 2 MPI ranks, S = 8192),
+// when OpenBLAS ran the gemms with per-thread buffers of its own (issue 25 replaced it; the
+// reserve was kept). Counted in every planned peak.
 inline int64_t runtime_reserve_bytes(int threads) { return (int64_t{768} << 10) + (int64_t{640} << 10) * threads; }
 
 // What MPI stages the step's reductions in, beside the plan, on `world` ranks: 3 x the

@@ -329,9 +329,9 @@ TEST(Tile, NumbersEqualTheUntiledRunUpToTheOrderOfGradientSums) {
   for (int64_t R : {64, 32, 7}) {  // 100 rows: 64 + 36, 3 x 32 + 4, 14 x 7 + 2
     std::vector<std::vector<float>> none;
     const double tiled_loss = run(R, "none", none);
-    // Every forward op is row by row; the gemms' sums along K could still be blocked
-    // differently for another row count. Observed bitwise equal (OpenBLAS 0.3.21 on an
-    // AVX-512 Xeon), so the bound is only fp32 rounding of the loss.
+    // Every forward op is row by row, and cpu::gemm sums along K in one FMA chain per
+    // element whatever the row count (kernels/cpu/gemm.h): observed bitwise equal; the bound
+    // is only fp32 rounding of the loss, as for a BLAS that blocks K by the row count.
     EXPECT_NEAR(tiled_loss, loss, 1e-6 * std::abs(loss)) << "R=" << R;
     double worst = 0;
     for (size_t i = 0; i < none.size(); ++i) {
