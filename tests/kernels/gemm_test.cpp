@@ -102,12 +102,13 @@ TEST_P(GemmTest, EveryTransposeAndRemainderIsTheFmaChain) {
 }
 
 TEST_P(GemmTest, SameBitsOnAnyThreadCount) {
-  // 300 columns: 10 (avx512) or 19 (avx2) panels split between the threads; 3 columns: one
-  // panel, the rows split; 2000 x 40 x 300 (A^T): a weight's gradient shape, rows split.
+  // Wider than tall: the 10 (avx512) or 19 (avx2) panels of 300 columns split between the
+  // threads; taller than wide: the rows split, A and A^T (a weight's gradient: K the tokens).
   for (int threads : {1, 3}) {
     check(false, true, {70, 300, 260}, false, threads, false);
-    check(false, false, {200, 3, 40}, true, threads, false);
     check(true, false, {40, 300, 300}, false, threads, false);
+    check(false, false, {200, 3, 40}, true, threads, false);
+    check(true, false, {300, 40, 520}, false, threads, false);
   }
 }
 

@@ -9,8 +9,9 @@
 // time, a block of rows reused from L2 across the panels. Register tile MR x NR: 14 x 32 in
 // the avx512 copy (28 of 32 zmm accumulate), 6 x 16 in the avx2 copy (12 of 16 ymm).
 //
-// Threads: the columns' panels are split between the threads (each packs only its own), and
-// the rows too when there are fewer panels than threads. Small products run on one thread.
+// Threads: a product with at least as many rows as columns splits its rows between the
+// threads (each packs all of op(B)); a wider one its panels (each packs its own), and the rows
+// too when there are fewer panels than threads. Small products run on one thread.
 //
 // Numbers: every C element is one chain of fused multiply-adds over k = 0, 1, ..., K - 1,
 // starting from 0 (or from C's own value with accumulate); blocking K only stores and reloads
