@@ -1,9 +1,10 @@
 // The packed, register-blocked gemm (gemm.h), compiled once per instruction set.
 //
-// Why not OpenBLAS: at the training step's shapes (K of 256-2048, N of 64-2048, one row block
-// per thread) OpenBLAS 0.3.21 ran at 0.55-0.95 of its own 2048^3 rate; this kernel, whose
-// K fits one or a few blocks and whose packing is only op(B)'s, runs those shapes 5-40%
-// faster on one core on both sets (docs/PERFORMANCE.md, bench_kernels --only linear).
+// Why not OpenBLAS: at the training step's shapes (K of 256-2048, N of 64-2048) OpenBLAS
+// 0.3.21 ran at 0.82-0.90 of its own 2048^3 rate. This kernel packs only op(B) (and A^T's
+// tiles), keeps one A tile in L1 across a block's panels, and splits rows between threads
+// without splitting K: on the bench model's gemms it runs 1.04-1.20x OpenBLAS's rate with
+// each set (bench_kernels --only linear; docs/PERFORMANCE.md).
 #include <omp.h>
 
 #include <algorithm>
@@ -173,13 +174,13 @@ void gemm_packed(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, co
   // weight, or for a weight's gradient K rows of activations). Split by columns, every thread
   // would read all of A. Measured on the bench model's step at S 2048: rows 1.5-3% faster.
   const int64_t col_parts = M >= N ? 1 : std::min(parts, panels);
-  const int64_t row_parts = std::clamp<int64_t>(parts / col_parts, 1, ceil_div(M, kMR));
-  const int64_t row_tiles = ceil_div(M, kMR);
+  const int64_t tiles = ceil_div(M, kMR);  // row tiles; a row part is whole tiles
+  const int64_t row_parts = std::clamp<int64_t>(parts / col_parts, 1, tiles);
 #pragma omp parallel for num_threads(static_cast<int>(col_parts * row_parts)) schedule(static) if (col_parts * row_parts > 1)
   for (int64_t t = 0; t < col_parts * row_parts; ++t) {
     const int64_t c = t % col_parts, r = t / col_parts;
     const int64_t n0 = std::min(N, panels * c / col_parts * kNR), n1 = std::min(N, panels * (c + 1) / col_parts * kNR);
-    const int64_t m0 = std::min(M, row_tiles * r / row_parts * kMR), m1 = std::min(M, row_tiles * (r + 1) / row_parts * kMR);
+    const int64_t m0 = std::min(M, tiles * r / row_parts * kMR), m1 = std::min(M, tiles * (r + 1) / row_parts * kMR);
     if (n0 < n1 && m0 < m1)
       gemm_block(trans_a, trans_b, M, N, K, A, B, C, accumulate, m0, m1, n0, n1,
                  ws + int64_t{omp_get_thread_num()} * kPackFloats);

@@ -2,12 +2,12 @@
 // compiled once per instruction set (isa.h) like attention's kernels. Callers use cpu::gemm,
 // which owns the workspace; only dispatch.cpp and the kernel tests call these directly.
 //
-// How (BLIS's loop nest, GotoBLAS's packing): op(B) is copied, one block of at most kKC rows
-// and kNC columns at a time, into panels of NR columns (zero-padded), so the micro-kernel
-// streams each panel from L1 with aligned loads; A is not copied: the micro-kernel broadcasts
-// its elements straight from A (or from A^T's columns, which are rows of A), MR rows at a
-// time, a block of rows reused from L2 across the panels. Register tile MR x NR: 14 x 32 in
-// the avx512 copy (28 of 32 zmm accumulate), 6 x 16 in the avx2 copy (12 of 16 ymm).
+// How (BLIS's loop nest, GotoBLAS's packing): op(B) is copied, one block of at most 256 rows
+// and 256 columns at a time, into panels of NR columns (zero-padded) that the micro-kernel
+// streams from L2; A is not copied: the micro-kernel broadcasts its elements straight from
+// A's rows, one tile of MR rows kept in L1 across all the block's panels (A^T's tiles, whose
+// rows lie M floats apart, are first copied k-major). Register tile MR x NR: 14 x 32 in the
+// avx512 copy (28 of 32 zmm accumulate), 6 x 16 in the avx2 copy (12 of 16 ymm).
 //
 // Threads: a product with at least as many rows as columns splits its rows between the
 // threads (each packs all of op(B)); a wider one its panels (each packs its own), and the rows
@@ -22,8 +22,8 @@
 
 namespace autosp::cpu {
 
-// Floats of workspace gemm_packed needs for `threads` threads (a packed block of op(B) each,
-// plus alignment).
+// Floats of workspace gemm_packed needs for `threads` threads (each a packed block of op(B)
+// and a tile of A^T, about 270 KiB; plus alignment).
 int64_t gemm_workspace_floats(int threads);
 
 // C[M, N] = op(A) op(B) (accumulate: C += op(A) op(B)), op = transpose where asked; A is
