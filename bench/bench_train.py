@@ -823,9 +823,10 @@ def isa_torch_steps(S, quick):
 def isa_stack_env(isa, cpu_isas):
     """The environment that makes this machine an `isa` machine for every library of both
     sides: empty for the widest set the CPU runs; for avx2 on an AVX-512 CPU, torch's own
-    kernels (ATEN_CPU_CAPABILITY), its MKL and oneDNN, and OpenBLAS (autosp's and torch
-    1.13's sgemm; OPENBLAS_CORETYPE=Haswell unless the environment already sets a core,
-    which is then left as it is) limited to AVX2, as on the AVX2-only Zen 3 of issue 25."""
+    kernels (ATEN_CPU_CAPABILITY), its MKL and oneDNN, and OpenBLAS (torch 1.13's sgemm and
+    the sgemm reference; autosp's gemm is its own, chosen by AUTOSP_ISA;
+    OPENBLAS_CORETYPE=Haswell unless the environment already sets a core, which is then left
+    as it is) limited to AVX2, as on the AVX2-only Zen 3 of issue 25."""
     if not cpu_isas or isa == cpu_isas[-1] or isa != "avx2":
         return {}
     env = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2",
@@ -1186,7 +1187,7 @@ def print_isa(res):
           f"{m['num_attention_heads']} heads ({m['num_key_value_heads']} kv), head_dim "
           f"{m['head_dim']}, ffn {m['intermediate_size']}, vocab {V}; micro batch 1, AdamW.\n")
     print("Each kernel set runs with every library of both sides limited to it (autosp's "
-          "AUTOSP_ISA, OpenBLAS, torch's ATen, MKL and oneDNN), as on a machine that has only "
+          "AUTOSP_ISA, which also picks its gemm; OpenBLAS, torch's ATen, MKL and oneDNN), as on a machine that has only "
           "that set; sgemm 2048 (OpenBLAS, `bench_kernels --only sgemm`) before / after, in "
           "that environment:\n")
     for line in sgemm_lines:
