@@ -8,7 +8,7 @@ set -euo pipefail
 
 packages=(
   g++ cmake make pkg-config
-  libopenblas-dev
+  libopenblas-dev  # the benchmarks' sgemm baseline (autosp's own gemm is kernels/cpu/gemm.h)
   libopenmpi-dev openmpi-bin
   nlohmann-json3-dev libcli11-dev
   libgtest-dev
