@@ -6,7 +6,7 @@
 //   bench_kernels [--isa avx2|avx512] [--only NAME[,NAME...]] [out.json]
 //                                     (default bench_kernels.json)
 //
-// The kernels autosp compiles once per instruction set (attention, embedding, rms_norm,
+// The kernels autosp compiles once per instruction set (gemm, attention, embedding, rms_norm,
 // rope, swiglu, cross_entropy; src/kernels/cpu/isa.h) run once per set this CPU supports
 // (cpu::set_active_isa before each; rows and JSON carry the set), so an AVX-512 machine
 // measures the AVX2 kernels too (STYLE.md rule 13). --isa runs one set only. The baselines

@@ -1,14 +1,16 @@
 // The instruction sets the CPU kernels are built for, and the one they run with.
 //
-// The SIMD kernels (attention.cpp, fused.cpp) are compiled once per instruction set, each
-// copy into its own namespace (autosp::cpu::avx2, autosp::cpu::avx512) with that set's
-// compiler flags, tile shapes and vector width; everything else is built for the baseline,
-// x86-64-v3 (AVX2 + FMA), so one binary runs on any such machine. The public functions of
-// attention.h and fused.h call the copy of the active instruction set (dispatch.cpp).
+// The SIMD kernels (attention.cpp, fused.cpp, gemm.cpp) are compiled once per instruction
+// set, each copy into its own namespace (autosp::cpu::avx2, autosp::cpu::avx512) with that
+// set's compiler flags, tile shapes and vector width; everything else is built for the
+// baseline, x86-64-v3 (AVX2 + FMA), so one binary runs on any such machine. The public
+// functions of attention.h and fused.h, and cpu::gemm (basic.h), call the copy of the active
+// instruction set (dispatch.cpp).
 //
 // The active set is chosen once, on first use: the AUTOSP_ISA environment variable if set
 // ("avx2" or "avx512"; one this CPU lacks is an error), otherwise the widest this CPU has.
-// Results differ between instruction sets only by fp32 summation order.
+// Results differ between instruction sets only by fp32 summation order (the gemm's not at
+// all: gemm.h).
 #pragma once
 #include <string>
 #include <vector>

@@ -1,7 +1,7 @@
 // The kernels compiled once per instruction set (see isa.h): each public function named
 // here has a copy with the same signature in autosp::cpu::avx2 and autosp::cpu::avx512,
-// defined by attention.cpp, fused.cpp and gemm.cpp built with that set's flags. Only dispatch.cpp
-// and tests that compare the copies call them directly.
+// defined by attention.cpp, fused.cpp and gemm.cpp built with that set's flags. Only
+// dispatch.cpp and tests that compare the copies call them directly.
 #pragma once
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/fused.h"
