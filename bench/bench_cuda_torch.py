@@ -3,15 +3,17 @@
 
 A plain Llama (RMSNorm, rotate-half RoPE, GQA, SwiGLU, tied or untied head) written with
 torch ops, fp32 master weights under bf16 autocast, F.scaled_dot_product_attention (flash
-attention on the H200), torch.optim.AdamW(fused=True). Checkpoint policies: none, and full
-(every decoder layer under torch.utils.checkpoint, non-reentrant). Memory is
+attention on the H200), torch.optim.AdamW(fused=True). Weights are drawn as autosp's llama_init draws them (normal,
+std initializer_range; norms 1), so both sides start near loss ln(V); the values differ.
+The model is built on the device (no host init). Checkpoint policies: none, and full (every
+decoder layer under torch.utils.checkpoint, non-reentrant). Memory is
 torch.cuda.max_memory_allocated (what the caching allocator handed out at its peak).
 
   bench_cuda_torch.py --config CONFIG.json --seq-len S [--steps N] [--checkpoint none|full]
                       [--max-seq] --out FILE.json
 
---max-seq: doubling S from --seq-len, one training step each, until CUDA runs out of memory;
-reports the longest S that trained.
+--max-seq: doubling S from --seq-len, one training step each (one model and optimizer for
+every S), until CUDA runs out of memory; reports the longest S that trained.
 """
 import argparse
 import json
@@ -90,6 +92,10 @@ class Llama(torch.nn.Module):
         if not self.tied:
             self.head = torch.nn.Linear(c["hidden_size"], c["vocab_size"], bias=False)
         self.full_checkpoint = full_checkpoint
+        std = c.get("initializer_range", 0.02)
+        for m in self.modules():
+            if isinstance(m, (torch.nn.Linear, torch.nn.Embedding)):
+                torch.nn.init.normal_(m.weight, 0.0, std)
 
     def forward(self, ids, labels):
         S = ids.shape[1]
@@ -112,11 +118,17 @@ def model_flops(c, B, S, params):
     return 6 * matmul * B * S + 3 * attn_fwd  # as bench_cuda.cpp's model_flops
 
 
-def one_run(c, S, B, steps, policy, dev):
+def make_model(c, policy, dev):
+    torch.manual_seed(42)
+    with torch.device(dev):
+        model = Llama(c, policy == "full")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
+    return model, opt
+
+
+def one_run(model, opt, c, S, B, steps, dev):
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
-    model = Llama(c, policy == "full").to(dev)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
     g = torch.Generator(device=dev).manual_seed(1)
     ids = torch.randint(0, c["vocab_size"], (B, S + 1), device=dev, generator=g)
     times, losses = [], []
@@ -130,16 +142,16 @@ def one_run(c, S, B, steps, policy, dev):
         opt.zero_grad(set_to_none=True)
         torch.cuda.synchronize()
         dt = time.perf_counter() - t0
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
         if step > 0:
             times.append(dt)
-        print(f"torch step {step}: {dt:.3f} s, loss {float(loss):.4f}", flush=True)
+        print(f"torch S {S} step {step}: {dt:.3f} s, loss {losses[-1]:.4f}", flush=True)
     params = sum(p.numel() for p in model.parameters())
     peak = torch.cuda.max_memory_allocated()
-    del model, opt
+    first = times[0] if times else dt
     times.sort()
-    return {"step_seconds": times[len(times) // 2] if times else 0.0, "peak_bytes": peak, "losses": losses,
-            "parameters": params}
+    return {"step_seconds": times[len(times) // 2] if times else 0.0, "first_step_seconds": first,
+            "peak_bytes": peak, "losses": losses, "parameters": params}
 
 
 def main():
@@ -157,21 +169,23 @@ def main():
     dev = torch.device("cuda")
     result = {"torch": torch.__version__, "gpu": torch.cuda.get_device_name(0), "checkpoint": a.checkpoint,
               "batch": a.batch}
+    model, opt = make_model(c, a.checkpoint, dev)
     if a.max_seq:
         best, tried, S = 0, [], a.seq_len
         while S <= (1 << 22):
             try:
-                r = one_run(c, S, a.batch, 0, a.checkpoint, dev)
-                tried.append({"seq_len": S, "peak_bytes": r["peak_bytes"], "step_seconds_first": None})
+                r = one_run(model, opt, c, S, a.batch, 0, dev)
+                tried.append({"seq_len": S, "peak_bytes": r["peak_bytes"], "step_seconds": r["first_step_seconds"]})
                 best = S
                 S *= 2
             except torch.cuda.OutOfMemoryError:
                 tried.append({"seq_len": S, "oom": True})
                 break
+        opt.zero_grad(set_to_none=True)
         torch.cuda.empty_cache()
         result["max_seq"] = {"seq_len": best, "tried": tried, "step_run": True}
     else:
-        r = one_run(c, a.seq_len, a.batch, a.steps, a.checkpoint, dev)
+        r = one_run(model, opt, c, a.seq_len, a.batch, a.steps, dev)
         result.update(r)
         result["seq_len"] = a.seq_len
         result["model_flops"] = model_flops(c, a.batch, a.seq_len, r["parameters"])

@@ -67,7 +67,7 @@ with open(out, "w") as f:
     json.dump(doc, f, indent=2)
     f.write("\n")
 EOF
-  if [ -n "${OUT:-}" ]; then cp "$result" "$OUT/gpu_check.json"; fi
+  if [ -n "${OUT:-}" ] && ! [ "$result" -ef "$OUT/gpu_check.json" ]; then cp "$result" "$OUT/gpu_check.json"; fi
 }
 
 # record STAGE STATUS SECONDS [JSON-FILE-WITH-DETAILS]

@@ -338,7 +338,8 @@ std::vector<OpCase> op_cases() {
   cases.push_back({"transpose", {{"x", DType::f32, {2, 3, 4, 5}}}, one(OpKind::transpose, {{"perm", Shape{2, 0, 3, 1}}})});
   cases.push_back({"slice", {{"x", DType::f32, {2, 7, 3}}}, one(OpKind::slice, {{"dim", int64_t{1}}, {"start", int64_t{1}}, {"end", int64_t{5}}})});
   cases.push_back({"slice_backward", {{"x", DType::f32, {2, 3, 3}}},
-                   one(OpKind::slice_backward, {{"dim", int64_t{1}}, {"start", int64_t{2}}, {"size", int64_t{7}}})});
+                   one(OpKind::slice_backward, {{"dim", int64_t{1}}, {"start", int64_t{2}}, {"size", int64_t{7}}}),
+                   {}, {}, false});
   cases.push_back({"concat", {{"a", DType::f32, {2, 3, 4}}, {"b", DType::f32, {2, 2, 4}}}, one(OpKind::concat, {{"dim", int64_t{1}}})});
   return cases;
 }
