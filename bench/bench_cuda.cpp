@@ -18,8 +18,8 @@
 // --plan-only: compile and plan, print the planned device bytes (no device needed).
 // --max-seq: for the checkpoint policy given, the longest S (doubling from --seq-len) whose
 // planned device memory fits in 95% of the free memory, and whether its arena then
-// allocates. The step at that S is not run (the reference attention kernel is O(S^2) and
-// slow at long S); the JSON says so.
+// allocates. The step at that S is not run (attention's work grows as S^2: a step at the
+// longest S would outlast the GPU check's time); the JSON says so.
 #include <cuda_runtime_api.h>
 
 #include <CLI/CLI.hpp>

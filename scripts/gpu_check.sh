@@ -43,7 +43,9 @@ mkdir -p "$logs" "$(dirname "$result")"
 stages_file="$logs/stages.jsonl"
 : > "$stages_file"
 started=$(date -u +%Y-%m-%dT%H:%M:%SZ)
-commit=$(git rev-parse HEAD 2>/dev/null || echo unknown)
+# AUTOSP_COMMIT names the commit where the checkout's git metadata is not the tree's (a tree
+# copied to a GPU machine beside an older .git, say).
+commit=${AUTOSP_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
 gpu=$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1 || true)
 [ -n "$gpu" ] || gpu="no GPU found by nvidia-smi"
 overall="passed"

@@ -7,9 +7,9 @@
 // all-to-all; with documents, both limits apply.
 #include "kernels/cpu/attention.h"
 #include "ops/op.h"
-#include "kernels/cuda/limits.h"
+#include "kernels/cuda/attention_blocks.h"
 #ifdef AUTOSP_HAVE_CUDA
-#include "ops/cuda_kernels.h"
+#include "ops/cuda_attention.h"
 #endif
 
 namespace autosp {
@@ -75,26 +75,33 @@ double attention_flops(const cpu::AttentionDims& d, const Attrs& attrs, double m
 }  // namespace
 
 namespace {
-void cuda_attention_check_dims(const cpu::AttentionDims& d) {
-  require(d.D <= cuda::kAttentionMaxD, "head dim D = ", d.D, " exceeds the kernel's ", cuda::kAttentionMaxD);
+// Scratch of the cuda kernels: one block of queries' scores (kernels/cuda/attention_blocks.h).
+int64_t cuda_attention_workspace(const Types& qkv, bool backward) {
+  const cpu::AttentionDims d = attention_dims(qkv);
+  return cuda::attention_block_layout(backward, d.B, d.S, d.NH, d.NKV, d.D, qkv[0].dtype == DType::bf16 ? 2 : 4)
+      .bytes;
 }
 #ifdef AUTOSP_HAVE_CUDA
 cuda::AttentionDims cuda_dims(const cpu::AttentionDims& d) { return {d.B, d.S, d.NH, d.NKV, d.D}; }
 void cuda_attention(const KernelArgs& a, const CudaContext& c) {
   const cpu::AttentionDims d = attention_dims({*a.in_types[0], *a.in_types[1], *a.in_types[2]});
   const int32_t* doc = a.inputs.size() == 4 ? a.in<int32_t>(3) : nullptr;
-  cuda::attention_forward(cuda_in_dt(a, 0), cuda_dims(d), a.attrs->get_int("causal") != 0, window_of(*a.attrs),
-                          float(a.attrs->get_float("scale")), a.in<void>(0), a.in<void>(1), a.in<void>(2), doc,
-                          a.out<void>(0), a.out<float>(1), c.stream);
+  const cuda::Dt dt = cuda_in_dt(a, 0);
+  cuda_attention_forward_blocks(c, dt, cuda_dims(d), a.attrs->get_int("causal") != 0, window_of(*a.attrs),
+                                float(a.attrs->get_float("scale")), a.in<void>(0), a.in<void>(1), a.in<void>(2), doc,
+                                a.out<void>(0), a.out<float>(1), a.workspace,
+                                cuda::attention_block_rows(d.B, d.S, d.NH, d.NKV, d.D, dt == cuda::Dt::bf16 ? 2 : 4));
 }
 // attention_backward(dout, q, k, v, out, lse[, doc]) -> (dq, dk, dv)
 void cuda_attention_backward(const KernelArgs& a, const CudaContext& c) {
   const cpu::AttentionDims d = attention_dims({*a.in_types[1], *a.in_types[2], *a.in_types[3]});
   const int32_t* doc = a.inputs.size() == 7 ? a.in<int32_t>(6) : nullptr;
-  cuda::attention_backward(cuda_in_dt(a, 1), cuda_dims(d), a.attrs->get_int("causal") != 0, window_of(*a.attrs),
-                           float(a.attrs->get_float("scale")), a.in<void>(1), a.in<void>(2), a.in<void>(3),
-                           a.in<void>(4), a.in<float>(5), a.in<void>(0), doc, a.out<void>(0), a.out<void>(1),
-                           a.out<void>(2), static_cast<float*>(a.workspace), c.stream);
+  const cuda::Dt dt = cuda_in_dt(a, 1);
+  cuda_attention_backward_blocks(c, dt, cuda_dims(d), a.attrs->get_int("causal") != 0, window_of(*a.attrs),
+                                 float(a.attrs->get_float("scale")), a.in<void>(1), a.in<void>(2), a.in<void>(3),
+                                 a.in<void>(4), a.in<float>(5), a.in<void>(0), doc, a.out<void>(0), a.out<void>(1),
+                                 a.out<void>(2), a.workspace,
+                                 cuda::attention_block_rows(d.B, d.S, d.NH, d.NKV, d.D, dt == cuda::Dt::bf16 ? 2 : 4));
 }
 #endif
 }  // namespace
@@ -155,9 +162,11 @@ extern const OpDef attention_op = {
       return {in[0], in[0]};
     },
     .cpu_per_isa = true,
-    .cuda = {.name = "attention_forward",
+    .cuda = {.name = "attention_blocks_forward",
              .run = AUTOSP_CUDA_RUN(cuda_attention),
-             .check = [](const Types& in, const Attrs&) { cuda_attention_check_dims(attention_dims(in)); }},
+             .workspace_bytes = [](const Types& in, const Types&, const Attrs&) -> int64_t {
+               return cuda_attention_workspace({in[0], in[1], in[2]}, false);
+             }},
 };
 
 // attention_backward(dout, q, k, v, out, lse[, documents]) {causal, scale[, window]} -> (dq, dk, dv),
@@ -190,15 +199,11 @@ extern const OpDef attention_backward_op = {
       return cpu::attention_backward_workspace_floats(attention_dims({in[1], in[2], in[3]}), threads) * 4;
     },
     .cpu_per_isa = true,
-    .cuda = {.name = "attention_backward",
+    .cuda = {.name = "attention_blocks_backward",
              .run = AUTOSP_CUDA_RUN(cuda_attention_backward),
-             // delta [B, NH, S]: rowsum(dout * out)
+             // delta [B, NH, S], then one block's scores and the f32 sums of dk and dv
              .workspace_bytes = [](const Types& in, const Types&, const Attrs&) -> int64_t {
-               const Shape& q = in[1].shape;
-               return 4 * q[0] * q[1] * q[2];
-             },
-             .check = [](const Types& in, const Attrs&) {
-               cuda_attention_check_dims(attention_dims({in[1], in[2], in[3]}));
+               return cuda_attention_workspace({in[1], in[2], in[3]}, true);
              }},
 };
 

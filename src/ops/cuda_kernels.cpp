@@ -34,17 +34,23 @@ cudaDataType_t cublas_type(cuda::Dt dt) { return dt == cuda::Dt::bf16 ? CUDA_R_1
 // Row-major C is column-major C^T = op(B)^T op(A)^T, so cuBLAS is called with the operands
 // swapped and each one's row-major leading dimension.
 void cuda_gemm(const CudaContext& c, cuda::Dt ab_dt, cuda::Dt c_dt, bool ta, bool tb, int64_t M, int64_t N,
-               int64_t K, const void* A, const void* B, void* C, bool accumulate, const char* op) {
+               int64_t K, float alpha, const void* A, int64_t lda, const void* B, int64_t ldb, float beta, void* C,
+               int64_t ldc, const char* op) {
   if (M == 0 || N == 0) return;
-  if (M > INT_MAX || N > INT_MAX || K > INT_MAX)
-    user_error("cuda backend: ", op, ": a matmul of ", M, " x ", N, " x ", K, " exceeds cuBLAS's int dimensions");
-  const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-  const int lda = static_cast<int>(ta ? M : K), ldb = static_cast<int>(tb ? K : N);
+  for (int64_t x : {M, N, K, lda, ldb, ldc})
+    if (x > INT_MAX)
+      user_error("cuda backend: ", op, ": a matmul of ", M, " x ", N, " x ", K, " exceeds cuBLAS's int dimensions");
   check_cublas(cublasGemmEx(c.cublas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
                             static_cast<int>(N), static_cast<int>(M), static_cast<int>(K), &alpha, B,
-                            cublas_type(ab_dt), ldb, A, cublas_type(ab_dt), lda, &beta, C, cublas_type(c_dt),
-                            static_cast<int>(N), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                            cublas_type(ab_dt), static_cast<int>(ldb), A, cublas_type(ab_dt), static_cast<int>(lda),
+                            &beta, C, cublas_type(c_dt), static_cast<int>(ldc), CUBLAS_COMPUTE_32F,
+                            CUBLAS_GEMM_DEFAULT),
                "cublasGemmEx", op);
+}
+
+void cuda_gemm(const CudaContext& c, cuda::Dt ab_dt, cuda::Dt c_dt, bool ta, bool tb, int64_t M, int64_t N,
+               int64_t K, const void* A, const void* B, void* C, bool accumulate, const char* op) {
+  cuda_gemm(c, ab_dt, c_dt, ta, tb, M, N, K, 1.0f, A, ta ? M : K, B, tb ? K : N, accumulate ? 1.0f : 0.0f, C, N, op);
 }
 
 void cuda_copy_bytes(void* dst, const void* src, int64_t bytes, const CudaContext& c, const char* op) {

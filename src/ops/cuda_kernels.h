@@ -45,6 +45,12 @@ inline cuda::Dt cuda_out_dt(const KernelArgs& a, int i) { return cuda_dt(*a.out_
 // accumulation (cublasGemmEx). `op` names the caller in errors.
 void cuda_gemm(const CudaContext& c, cuda::Dt ab_dt, cuda::Dt c_dt, bool ta, bool tb, int64_t M, int64_t N,
                int64_t K, const void* A, const void* B, void* C, bool accumulate, const char* op);
+// The general form: C = alpha op(A) op(B) + beta C, each operand a row-major matrix whose
+// rows lie ld elements apart (the row length as stored, so the transposed operand's ld counts
+// its stored rows' length), e.g. one head's rows inside [S, NH, D] with ld = NH * D.
+void cuda_gemm(const CudaContext& c, cuda::Dt ab_dt, cuda::Dt c_dt, bool ta, bool tb, int64_t M, int64_t N,
+               int64_t K, float alpha, const void* A, int64_t lda, const void* B, int64_t ldb, float beta, void* C,
+               int64_t ldc, const char* op);
 // A device-to-device copy on the context's stream (nothing when dst == src).
 void cuda_copy_bytes(void* dst, const void* src, int64_t bytes, const CudaContext& c, const char* op);
 // The NCCL communicator of a collective's group (UserError when it is another kind).

@@ -22,6 +22,7 @@
 #include "kernels/cuda/kernels.h"
 #include "models/llama.h"
 #include "passes/plan_memory.h"
+#include "ops/cuda_attention.h"
 #include "ops/cuda_kernels.h"
 #include "ops/op.h"
 #include "passes/autodiff.h"
@@ -467,7 +468,7 @@ struct AttnRef {
 };
 AttnRef attention_reference(const cuda::AttentionDims& d, bool causal, double scale, const std::vector<float>& q,
                             const std::vector<float>& k, const std::vector<float>& v, const std::vector<float>& dout,
-                            const std::vector<int32_t>& doc) {
+                            const std::vector<int32_t>& doc, int64_t window = 0) {
   AttnRef r;
   r.out.assign(q.size(), 0);
   r.dq.assign(q.size(), 0);
@@ -484,7 +485,8 @@ AttnRef attention_reference(const cuda::AttentionDims& d, bool causal, double sc
         std::vector<double> s(size_t(d.S), -INFINITY), p(size_t(d.S), 0);
         double m = -INFINITY;
         for (int64_t j = 0; j < d.S; ++j) {
-          if ((causal && j > i) || doc[size_t(b * d.S + j)] != doc[size_t(b * d.S + i)]) continue;
+          if ((causal && j > i) || (window > 0 && i - j >= window) || doc[size_t(b * d.S + j)] != doc[size_t(b * d.S + i)])
+            continue;
           double dot = 0;
           for (int64_t e = 0; e < d.D; ++e) dot += double(q[size_t(Q(b, i, h) + e)]) * k[size_t(K(b, j, g) + e)];
           s[size_t(j)] = scale * dot;
@@ -532,58 +534,102 @@ struct DeviceBuffer {
 
 std::vector<float> as_float(const std::vector<double>& x) { return std::vector<float>(x.begin(), x.end()); }
 
+// The attention implementations: the reference kernels (one thread per row), and the blocks
+// of queries the ops run (cuBLAS scores), here with blocks of `rows` queries so that a
+// sequence spans several blocks (and a causal block sees fewer keys than the sequence).
+struct AttentionImpl {
+  const char* name;
+  int64_t rows;  // 0: the reference kernels
+};
+const AttentionImpl kAttentionImpls[] = {{"reference", 0}, {"blocks of 16", 16}, {"blocks of 64", 64}};
+
+struct AttentionRun {
+  AttentionImpl impl;
+  cublasHandle_t cublas = nullptr;
+  explicit AttentionRun(AttentionImpl i) : impl(i) { check_cublas(cublasCreate(&cublas), "cublasCreate", "test"); }
+  ~AttentionRun() { cublasDestroy(cublas); }
+  // forward, then backward (delta: the reference's scratch)
+  void run(const cuda::AttentionDims& d, bool causal, float scale, const float* q, const float* k, const float* v,
+           const int32_t* doc, float* out, float* lse, const float* dout, float* dq, float* dk, float* dv,
+           float* delta, int64_t window = 0) const {
+    if (impl.rows == 0) {
+      cuda::attention_forward(cuda::Dt::f32, d, causal, window, scale, q, k, v, doc, out, lse, nullptr);
+      cuda::attention_backward(cuda::Dt::f32, d, causal, window, scale, q, k, v, out, lse, dout, doc, dq, dk, dv,
+                               delta, nullptr);
+      return;
+    }
+    const CudaContext c{nullptr, cublas, nullptr};
+    const int64_t bytes = std::max(
+        cuda::attention_block_layout(false, d.B, d.S, d.NH, d.NKV, d.D, 4, impl.rows).bytes,
+        cuda::attention_block_layout(true, d.B, d.S, d.NH, d.NKV, d.D, 4, impl.rows).bytes);
+    DeviceBuffer<char> workspace(static_cast<size_t>(bytes));
+    cuda_attention_forward_blocks(c, cuda::Dt::f32, d, causal, window, scale, q, k, v, doc, out, lse, workspace.p,
+                                  impl.rows);
+    cuda_attention_backward_blocks(c, cuda::Dt::f32, d, causal, window, scale, q, k, v, out, lse, dout, doc, dq, dk,
+                                   dv, workspace.p, impl.rows);
+    check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize", "attention blocks");
+  }
+};
+
 // f32 kernels against the double reference, packed documents (ids non-decreasing), causal
 // and not, one tile and several (S = 150 > the 64-row blocks and the tile of 4096 / D keys).
 TEST(CudaAttentionKernel, DocumentIdsMaskAcrossDocuments) {
   SKIP_WITHOUT_GPU();
-  for (int64_t S : {9, 150}) {
-    for (bool causal : {true, false}) {
-      SCOPED_TRACE(str("S=", S, causal ? " causal" : " full"));
-      const cuda::AttentionDims d{2, S, 4, 2, 16};
-      const double scale = 1.0 / std::sqrt(16.0);
-      const auto q = random_normal(d.B * S * d.NH * d.D, 1), k = random_normal(d.B * S * d.NKV * d.D, 2),
-                 v = random_normal(d.B * S * d.NKV * d.D, 3), dout = random_normal(d.B * S * d.NH * d.D, 4);
-      std::vector<int32_t> doc;
-      for (int64_t b = 0; b < d.B; ++b)
-        for (int64_t i = 0; i < S; ++i) doc.push_back(static_cast<int32_t>(b == 0 ? i / 4 : (i < S / 2 ? 0 : 1)));
-      const AttnRef ref = attention_reference(d, causal, scale, q, k, v, dout, doc);
-      DeviceBuffer<float> dq_(q), dk_(k), dv_(v), ddout(dout), out(q.size()), lse(ref.lse.size()), gq(q.size()),
-          gk(k.size()), gv(v.size()), delta(ref.lse.size());
-      DeviceBuffer<int32_t> ddoc(doc);
-      cuda::attention_forward(cuda::Dt::f32, d, causal, 0, float(scale), dq_.p, dk_.p, dv_.p, ddoc.p, out.p, lse.p, nullptr);
-      cuda::attention_backward(cuda::Dt::f32, d, causal, 0, float(scale), dq_.p, dk_.p, dv_.p, out.p, lse.p, ddout.p,
-                               ddoc.p, gq.p, gk.p, gv.p, delta.p, nullptr);
-      check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize", "attention kernels");
-      // f32 against double over sums of <= S terms: ~S * 2^-24; 2e-5 as kF32Tol.
-      EXPECT_LT(normalised_error(out.host(), as_float(ref.out)), kF32Tol);
-      EXPECT_LT(normalised_error(lse.host(), as_float(ref.lse)), kF32Tol);
-      EXPECT_LT(normalised_error(gq.host(), as_float(ref.dq)), kF32Tol);
-      EXPECT_LT(normalised_error(gk.host(), as_float(ref.dk)), kF32Tol);
-      EXPECT_LT(normalised_error(gv.host(), as_float(ref.dv)), kF32Tol);
+  for (const AttentionImpl& impl : kAttentionImpls) {
+    const AttentionRun runner(impl);
+    for (int64_t S : {9, 150}) {
+      for (bool causal : {true, false}) {
+        SCOPED_TRACE(str(impl.name, ", S=", S, causal ? " causal" : " full"));
+        const cuda::AttentionDims d{2, S, 4, 2, 16};
+        const double scale = 1.0 / std::sqrt(16.0);
+        const auto q = random_normal(d.B * S * d.NH * d.D, 1), k = random_normal(d.B * S * d.NKV * d.D, 2),
+                   v = random_normal(d.B * S * d.NKV * d.D, 3), dout = random_normal(d.B * S * d.NH * d.D, 4);
+        std::vector<int32_t> doc;
+        for (int64_t b = 0; b < d.B; ++b)
+          for (int64_t i = 0; i < S; ++i) doc.push_back(static_cast<int32_t>(b == 0 ? i / 4 : (i < S / 2 ? 0 : 1)));
+        const AttnRef ref = attention_reference(d, causal, scale, q, k, v, dout, doc);
+        DeviceBuffer<float> dq_(q), dk_(k), dv_(v), ddout(dout), out(q.size()), lse(ref.lse.size()), gq(q.size()),
+            gk(k.size()), gv(v.size()), delta(ref.lse.size());
+        DeviceBuffer<int32_t> ddoc(doc);
+        runner.run(d, causal, float(scale), dq_.p, dk_.p, dv_.p, ddoc.p, out.p, lse.p, ddout.p, gq.p, gk.p, gv.p,
+                   delta.p);
+        check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize", "attention kernels");
+        // f32 against double over sums of <= S terms: ~S * 2^-24; 2e-5 as kF32Tol.
+        EXPECT_LT(normalised_error(out.host(), as_float(ref.out)), kF32Tol);
+        EXPECT_LT(normalised_error(lse.host(), as_float(ref.lse)), kF32Tol);
+        EXPECT_LT(normalised_error(gq.host(), as_float(ref.dq)), kF32Tol);
+        EXPECT_LT(normalised_error(gk.host(), as_float(ref.dk)), kF32Tol);
+        EXPECT_LT(normalised_error(gv.host(), as_float(ref.dv)), kF32Tol);
+      }
     }
   }
 }
 
-// Without document ids the kernels equal the CPU backend's on a sequence of several tiles
-// (the op cases above use S = 9, inside one tile).
+// Without document ids the kernels equal the double reference on a sequence of several tiles
+// and blocks (the op cases above use S = 9, inside one), with and without a sliding window
+// (which starts a block's keys after the sequence's first).
 TEST(CudaAttentionKernel, LongSequenceMatchesTheDoubleReference) {
   SKIP_WITHOUT_GPU();
-  const cuda::AttentionDims d{1, 300, 2, 1, 64};
-  const double scale = 0.125;
-  const auto q = random_normal(d.S * d.NH * d.D, 5), k = random_normal(d.S * d.NKV * d.D, 6),
-             v = random_normal(d.S * d.NKV * d.D, 7), dout = random_normal(d.S * d.NH * d.D, 8);
-  const std::vector<int32_t> doc(size_t(d.S), 0);  // one document: no mask beyond causality
-  const AttnRef ref = attention_reference(d, true, scale, q, k, v, dout, doc);
-  DeviceBuffer<float> dq_(q), dk_(k), dv_(v), ddout(dout), out(q.size()), lse(ref.lse.size()), gq(q.size()),
-      gk(k.size()), gv(v.size()), delta(ref.lse.size());
-  cuda::attention_forward(cuda::Dt::f32, d, true, 0, float(scale), dq_.p, dk_.p, dv_.p, nullptr, out.p, lse.p, nullptr);
-  cuda::attention_backward(cuda::Dt::f32, d, true, 0, float(scale), dq_.p, dk_.p, dv_.p, out.p, lse.p, ddout.p, nullptr,
-                           gq.p, gk.p, gv.p, delta.p, nullptr);
-  check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize", "attention kernels");
-  EXPECT_LT(normalised_error(out.host(), as_float(ref.out)), kF32Tol);
-  EXPECT_LT(normalised_error(gq.host(), as_float(ref.dq)), kF32Tol);
-  EXPECT_LT(normalised_error(gk.host(), as_float(ref.dk)), kF32Tol);
-  EXPECT_LT(normalised_error(gv.host(), as_float(ref.dv)), kF32Tol);
+  for (const AttentionImpl& impl : kAttentionImpls)
+  for (int64_t window : {int64_t{0}, int64_t{50}}) {
+    SCOPED_TRACE(str(impl.name, ", window ", window));
+    const AttentionRun runner(impl);
+    const cuda::AttentionDims d{1, 300, 2, 1, 64};
+    const double scale = 0.125;
+    const auto q = random_normal(d.S * d.NH * d.D, 5), k = random_normal(d.S * d.NKV * d.D, 6),
+               v = random_normal(d.S * d.NKV * d.D, 7), dout = random_normal(d.S * d.NH * d.D, 8);
+    const std::vector<int32_t> doc(size_t(d.S), 0);  // one document: no mask beyond causality
+    const AttnRef ref = attention_reference(d, true, scale, q, k, v, dout, doc, window);
+    DeviceBuffer<float> dq_(q), dk_(k), dv_(v), ddout(dout), out(q.size()), lse(ref.lse.size()), gq(q.size()),
+        gk(k.size()), gv(v.size()), delta(ref.lse.size());
+    runner.run(d, true, float(scale), dq_.p, dk_.p, dv_.p, nullptr, out.p, lse.p, ddout.p, gq.p, gk.p, gv.p, delta.p,
+               window);
+    check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize", "attention kernels");
+    EXPECT_LT(normalised_error(out.host(), as_float(ref.out)), kF32Tol);
+    EXPECT_LT(normalised_error(gq.host(), as_float(ref.dq)), kF32Tol);
+    EXPECT_LT(normalised_error(gk.host(), as_float(ref.dk)), kF32Tol);
+    EXPECT_LT(normalised_error(gv.host(), as_float(ref.dv)), kF32Tol);
+  }
 }
 
 // ---- AdamW on the device against train::adamw_step -------------------------------------------

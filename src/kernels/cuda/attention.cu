@@ -207,7 +207,105 @@ dim3 grid_of(int64_t S, int64_t heads, int64_t B) {
   return dim3(static_cast<unsigned>((S + kRows - 1) / kRows), static_cast<unsigned>(heads), static_cast<unsigned>(B));
 }
 
+__device__ __forceinline__ bool key_visible(bool causal, int64_t window, const int32_t* doc_row, int64_t i,
+                                            int64_t j) {
+  return (!causal || j <= i) && (window == 0 || i - j < window) && (doc_row == nullptr || doc_row[j] == doc_row[i]);
+}
+
+// One block of threads per score row.
+template <typename T>
+__global__ void block_softmax_kernel(AttentionDims d, AttentionBlock blk, bool causal, int64_t window,
+                                     const int32_t* doc, const float* scores, T* probs, float* lse) {
+  __shared__ float red[32];
+  const int64_t G = d.NH / d.NKV, r = blockIdx.x, hh = r / blk.nq, i = blk.q0 + r % blk.nq;
+  const int64_t h = blk.g * G + hh;
+  const float* s = scores + r * blk.nk;
+  T* p = probs + r * blk.nk;
+  const int32_t* doc_row = doc ? doc + blk.b * d.S : nullptr;
+  float m = -INFINITY;
+  for (int64_t j = threadIdx.x; j < blk.nk; j += blockDim.x)
+    if (key_visible(causal, window, doc_row, i, blk.k0 + j)) m = fmaxf(m, s[j]);
+  m = block_max(m, red);
+  float l = 0.0f;
+  for (int64_t j = threadIdx.x; j < blk.nk; j += blockDim.x)
+    if (key_visible(causal, window, doc_row, i, blk.k0 + j)) l += expf(s[j] - m);
+  l = block_sum(l, red);
+  const float row_lse = m + logf(l);
+  for (int64_t j = threadIdx.x; j < blk.nk; j += blockDim.x)
+    p[j] = from_f<T>(key_visible(causal, window, doc_row, i, blk.k0 + j) ? expf(s[j] - row_lse) : 0.0f);
+  if (threadIdx.x == 0) lse[(blk.b * d.NH + h) * d.S + i] = row_lse;
+}
+
+template <typename T>
+__global__ void block_backward_probs_kernel(AttentionDims d, AttentionBlock blk, bool causal, int64_t window,
+                                            const int32_t* doc, const float* scores, const float* dprobs,
+                                            const float* lse, const float* delta, T* probs, T* dscores) {
+  const int64_t G = d.NH / d.NKV;
+  const int32_t* doc_row = doc ? doc + blk.b * d.S : nullptr;
+  AUTOSP_GRID_STRIDE(e, G * blk.nq * blk.nk) {
+    const int64_t r = e / blk.nk, j = e % blk.nk, hh = r / blk.nq, i = blk.q0 + r % blk.nq;
+    const int64_t row = (blk.b * d.NH + blk.g * G + hh) * d.S + i;
+    float p = 0.0f, ds = 0.0f;
+    if (key_visible(causal, window, doc_row, i, blk.k0 + j)) {
+      p = expf(scores[e] - lse[row]);
+      ds = p * (dprobs[e] - delta[row]);
+    }
+    probs[e] = from_f<T>(p);
+    dscores[e] = from_f<T>(ds);
+  }
+}
+
+template <typename T>
+__global__ void store_kv_grads_kernel(AttentionDims d, int64_t b, int64_t g, const float* dk_sum,
+                                      const float* dv_sum, T* dk, T* dv) {
+  AUTOSP_GRID_STRIDE(e, d.S * d.D) {
+    const int64_t j = e / d.D, x = e % d.D, at = ((b * d.S + j) * d.NKV + g) * d.D + x;
+    dk[at] = from_f<T>(dk_sum[e]);
+    dv[at] = from_f<T>(dv_sum[e]);
+  }
+}
+
 }  // namespace
+
+void attention_block_softmax(Dt dt, const AttentionDims& d, const AttentionBlock& blk, bool causal, int64_t window,
+                             const int32_t* doc, const float* scores, void* probs, float* lse, cudaStream_t stream) {
+  const int64_t rows = (d.NH / d.NKV) * blk.nq;
+  if (rows == 0 || blk.nk == 0) return;
+  dispatch(dt, [&]<typename T>() {
+    block_softmax_kernel<T><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(d, blk, causal, window, doc, scores,
+                                                                                    static_cast<T*>(probs), lse);
+  });
+}
+
+void attention_delta(Dt dt, const AttentionDims& d, const void* out, const void* dout, float* delta,
+                     cudaStream_t stream) {
+  if (d.B * d.S * d.NH == 0) return;
+  dispatch(dt, [&]<typename T>() {
+    delta_kernel<T><<<blocks_for(d.B * d.S * d.NH), kThreads, 0, stream>>>(d, static_cast<const T*>(out),
+                                                                            static_cast<const T*>(dout), delta);
+  });
+}
+
+void attention_block_backward_probs(Dt dt, const AttentionDims& d, const AttentionBlock& blk, bool causal,
+                                    int64_t window, const int32_t* doc, const float* scores, const float* dprobs,
+                                    const float* lse, const float* delta, void* probs, void* dscores,
+                                    cudaStream_t stream) {
+  const int64_t n = (d.NH / d.NKV) * blk.nq * blk.nk;
+  if (n == 0) return;
+  dispatch(dt, [&]<typename T>() {
+    block_backward_probs_kernel<T><<<blocks_for(n), kThreads, 0, stream>>>(
+        d, blk, causal, window, doc, scores, dprobs, lse, delta, static_cast<T*>(probs), static_cast<T*>(dscores));
+  });
+}
+
+void attention_store_kv_grads(Dt dt, const AttentionDims& d, int64_t b, int64_t g, const float* dk_sum,
+                              const float* dv_sum, void* dk, void* dv, cudaStream_t stream) {
+  if (d.S * d.D == 0) return;
+  dispatch(dt, [&]<typename T>() {
+    store_kv_grads_kernel<T><<<blocks_for(d.S * d.D), kThreads, 0, stream>>>(d, b, g, dk_sum, dv_sum,
+                                                                              static_cast<T*>(dk), static_cast<T*>(dv));
+  });
+}
 
 void attention_forward(Dt dt, const AttentionDims& d, bool causal, int64_t window, float scale, const void* q,
                        const void* k, const void* v, const int32_t* doc, void* out, float* lse, cudaStream_t stream) {

@@ -104,6 +104,31 @@ void attention_backward(Dt dt, const AttentionDims& d, bool causal, int64_t wind
                         const void* dout, const int32_t* doc, void* dq, void* dk, void* dv,
                         float* delta, cudaStream_t stream);
 
+// ---- attention by blocks of queries (ops/cuda_attention.cpp runs the gemms; these are its
+// row kernels; kernels/cuda/attention_blocks.h has the layout) ------------------------------
+// A block: batch b, kv head g, queries [q0, q0 + nq) of its G = NH / NKV query heads, keys
+// [k0, k0 + nk). Its score rows are r = hh * nq + ii (query head g * G + hh, query q0 + ii),
+// nk scores each, already scaled.
+struct AttentionBlock {
+  int64_t b, g, q0, nq, k0, nk;
+};
+// probs[r, j] = exp(scores[r, j] - lse) for visible keys, 0 for the others; lse of each row
+// into lse [B, NH, S].
+void attention_block_softmax(Dt dt, const AttentionDims& d, const AttentionBlock& blk, bool causal, int64_t window,
+                             const int32_t* doc, const float* scores, void* probs, float* lse, cudaStream_t stream);
+// delta [B, NH, S] = rowsum(dout * out).
+void attention_delta(Dt dt, const AttentionDims& d, const void* out, const void* dout, float* delta,
+                     cudaStream_t stream);
+// p = exp(scores - lse) (0 where not visible) into probs, and dS = p (dprobs - delta) into
+// dscores, both of dtype dt.
+void attention_block_backward_probs(Dt dt, const AttentionDims& d, const AttentionBlock& blk, bool causal,
+                                    int64_t window, const int32_t* doc, const float* scores, const float* dprobs,
+                                    const float* lse, const float* delta, void* probs, void* dscores,
+                                    cudaStream_t stream);
+// dk, dv rows of kv head g in batch b ([B, S, NKV, D], dtype dt) from the f32 sums [S, D].
+void attention_store_kv_grads(Dt dt, const AttentionDims& d, int64_t b, int64_t g, const float* dk_sum,
+                              const float* dv_sum, void* dk, void* dv, cudaStream_t stream);
+
 // ---- cross entropy over rows of V logits (of dtype logits_dt: the op's, or f32 for a
 // chunk of linear_cross_entropy's logits) ----------------------------------------------------
 // lse[t] for every row; row_loss[t] = lse - logit[label] for labelled rows, else 0.
