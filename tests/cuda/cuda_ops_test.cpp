@@ -5,9 +5,10 @@
 // op takes three operands, AdamW, NCCL on one rank).
 //
 // Without a GPU every test is skipped with the reason (GTEST_SKIP), and ctest lists them as
-// skipped. NOTHING HERE HAS RUN ON A GPU YET: the tolerances below are set from the
-// arithmetic, not from observed failures; the first run of scripts/gpu_check.sh on a GPU
-// should replace each reason with the worst error it saw.
+// skipped. The tolerances below are set from the arithmetic; on an H200 (scripts/gpu_check.sh,
+// docs/gpu_check.json, 2026-12-04) the worst errors seen were 5.7e-7 in f32 (attention with a
+// window and documents), 7.2e-3 in bf16 (attention and its backward with documents) and
+// 1.5e-4 of max(1, |fd|) against finite differences (cross_entropy's dz).
 #include <gtest/gtest.h>
 
 #include <cmath>
