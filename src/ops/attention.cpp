@@ -75,7 +75,8 @@ double attention_flops(const cpu::AttentionDims& d, const Attrs& attrs, double m
 }  // namespace
 
 namespace {
-// Scratch of the cuda kernels: one block of queries' scores (kernels/cuda/attention_blocks.h).
+// Scratch of the cuda kernels: one block of queries' scores (kernels/cuda/attention_blocks.h),
+// for the block size the kernels take themselves (cuda_attention.h, rows 0).
 int64_t cuda_attention_workspace(const Types& qkv, bool backward) {
   const cpu::AttentionDims d = attention_dims(qkv);
   return cuda::attention_block_layout(backward, d.B, d.S, d.NH, d.NKV, d.D, qkv[0].dtype == DType::bf16 ? 2 : 4)
@@ -86,22 +87,18 @@ cuda::AttentionDims cuda_dims(const cpu::AttentionDims& d) { return {d.B, d.S, d
 void cuda_attention(const KernelArgs& a, const CudaContext& c) {
   const cpu::AttentionDims d = attention_dims({*a.in_types[0], *a.in_types[1], *a.in_types[2]});
   const int32_t* doc = a.inputs.size() == 4 ? a.in<int32_t>(3) : nullptr;
-  const cuda::Dt dt = cuda_in_dt(a, 0);
-  cuda_attention_forward_blocks(c, dt, cuda_dims(d), a.attrs->get_int("causal") != 0, window_of(*a.attrs),
+  cuda_attention_forward_blocks(c, cuda_in_dt(a, 0), cuda_dims(d), a.attrs->get_int("causal") != 0, window_of(*a.attrs),
                                 float(a.attrs->get_float("scale")), a.in<void>(0), a.in<void>(1), a.in<void>(2), doc,
-                                a.out<void>(0), a.out<float>(1), a.workspace,
-                                cuda::attention_block_rows(d.B, d.S, d.NH, d.NKV, d.D, dt == cuda::Dt::bf16 ? 2 : 4));
+                                a.out<void>(0), a.out<float>(1), a.workspace);
 }
 // attention_backward(dout, q, k, v, out, lse[, doc]) -> (dq, dk, dv)
 void cuda_attention_backward(const KernelArgs& a, const CudaContext& c) {
   const cpu::AttentionDims d = attention_dims({*a.in_types[1], *a.in_types[2], *a.in_types[3]});
   const int32_t* doc = a.inputs.size() == 7 ? a.in<int32_t>(6) : nullptr;
-  const cuda::Dt dt = cuda_in_dt(a, 1);
-  cuda_attention_backward_blocks(c, dt, cuda_dims(d), a.attrs->get_int("causal") != 0, window_of(*a.attrs),
+  cuda_attention_backward_blocks(c, cuda_in_dt(a, 1), cuda_dims(d), a.attrs->get_int("causal") != 0, window_of(*a.attrs),
                                  float(a.attrs->get_float("scale")), a.in<void>(1), a.in<void>(2), a.in<void>(3),
                                  a.in<void>(4), a.in<float>(5), a.in<void>(0), doc, a.out<void>(0), a.out<void>(1),
-                                 a.out<void>(2), a.workspace,
-                                 cuda::attention_block_rows(d.B, d.S, d.NH, d.NKV, d.D, dt == cuda::Dt::bf16 ? 2 : 4));
+                                 a.out<void>(2), a.workspace);
 }
 #endif
 }  // namespace

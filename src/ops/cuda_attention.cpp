@@ -35,6 +35,7 @@ void cuda_attention_forward_blocks(const CudaContext& c, cuda::Dt dt, const cuda
                                    const int32_t* doc, void* out, float* lse, void* workspace, int64_t rows) {
   if (d.B * d.S * d.NH == 0) return;
   const int64_t G = d.NH / d.NKV, D = d.D;
+  if (rows <= 0) rows = cuda::attention_block_rows(d.B, d.S, d.NH, d.NKV, D, elem_bytes(dt));
   const cuda::AttentionBlockLayout l =
       cuda::attention_block_layout(false, d.B, d.S, d.NH, d.NKV, D, elem_bytes(dt), rows);
   float* scores = piece<float>(workspace, l.scores);
@@ -63,6 +64,7 @@ void cuda_attention_backward_blocks(const CudaContext& c, cuda::Dt dt, const cud
                                     void* dk, void* dv, void* workspace, int64_t rows) {
   if (d.B * d.S * d.NH == 0) return;
   const int64_t G = d.NH / d.NKV, D = d.D;
+  if (rows <= 0) rows = cuda::attention_block_rows(d.B, d.S, d.NH, d.NKV, D, elem_bytes(dt));
   const cuda::AttentionBlockLayout l =
       cuda::attention_block_layout(true, d.B, d.S, d.NH, d.NKV, D, elem_bytes(dt), rows);
   float* delta = piece<float>(workspace, l.delta);

@@ -8,7 +8,11 @@ namespace autosp::cuda {
 
 // The largest head dim of the rope kernel (its inverse frequencies are passed by value).
 constexpr int64_t kRopeMaxD = 256;
-// The largest head dim of the attention kernels (a query row's accumulator in registers).
+// The largest head dim of the reference attention kernels (kernels.h, attention_forward and
+// attention_backward: a query row's accumulator in registers). The attention ops run the
+// blocks of ops/cuda_attention.cpp, whose gemms take any head dim, so lower refuses no head
+// dim for attention; the reference kernels are what the tests hold the blocks to, and their
+// callers keep D within this.
 constexpr int64_t kAttentionMaxD = 256;
 
 }  // namespace autosp::cuda
