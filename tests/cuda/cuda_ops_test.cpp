@@ -15,6 +15,7 @@
 #include <cstring>
 #include <functional>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -440,6 +441,25 @@ TEST(CudaKernelTable, EveryOpHasAKernel) {
     if (op != OpKind::input && !op_def(op).cuda.run) missing += str(op_name(op), " ");
   }
   EXPECT_EQ(missing, "") << "ops without a CUDA kernel";
+}
+
+// The reference attention kernels keep a row of D floats in registers: a larger D is refused
+// on the host before any launch (so this runs without a GPU too), never written past.
+TEST(CudaAttentionKernel, ReferenceRefusesAHeadDimPastItsRegisters) {
+  const cuda::AttentionDims d{1, 8, 2, 1, cuda::kAttentionMaxD + 1};
+  for (const bool backward : {false, true}) {
+    try {
+      if (backward)
+        cuda::attention_backward(cuda::Dt::f32, d, true, 0, 1.0f, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
+                                 nullptr, nullptr, nullptr, nullptr, nullptr, nullptr);
+      else
+        cuda::attention_forward(cuda::Dt::f32, d, true, 0, 1.0f, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
+                                nullptr);
+      ADD_FAILURE() << "D = " << d.D << " was launched (backward " << backward << ")";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("head dim D = 257"), std::string::npos) << e.what();
+    }
+  }
 }
 
 // Without a GPU (this test runs only there): asking for the backend is a UserError that

@@ -13,6 +13,9 @@
 //             ds_ij = p_ij (dout_i . v_j - delta_i)
 //             dq_i = scale sum_j ds_ij k_j,  dk_j = scale sum_i ds_ij q_i,  dv_j = sum_i p_ij dout_i
 //   (GQA: dk, dv of kv head g sum over the NH / NKV query heads that read it.)
+#include <stdexcept>
+#include <string>
+
 #include "kernels/cuda/common.cuh"
 
 namespace autosp::cuda {
@@ -21,6 +24,15 @@ namespace {
 
 constexpr int kRows = 64;  // query (or key) rows per block, one per thread
 constexpr int kMaxD = static_cast<int>(kAttentionMaxD);
+
+// The reference kernels hold a row of D floats in registers (qr, acc, ...): refuse a larger
+// D on the host, before any launch, instead of writing past those arrays.
+void require_reference_head_dim(const AttentionDims& d, const char* kernel) {
+  if (d.D < 1 || d.D > kAttentionMaxD)
+    throw std::invalid_argument(std::string(kernel) + ": head dim D = " + std::to_string(d.D) +
+                                " is outside the reference kernel's 1.." + std::to_string(kAttentionMaxD) +
+                                " (kAttentionMaxD, kernels/cuda/limits.h)");
+}
 
 // Rows per shared-memory tile: two tiles of tile x D floats in 32 KiB.
 int tile_rows(int64_t D) {
@@ -310,6 +322,7 @@ void attention_store_kv_grads(Dt dt, const AttentionDims& d, int64_t b, int64_t 
 void attention_forward(Dt dt, const AttentionDims& d, bool causal, int64_t window, float scale, const void* q,
                        const void* k, const void* v, const int32_t* doc, void* out, float* lse, cudaStream_t stream) {
   if (d.B * d.S * d.NH == 0) return;
+  require_reference_head_dim(d, "cuda::attention_forward");
   const int tile = tile_rows(d.D);
   const size_t smem = sizeof(float) * (2 * tile * d.D + tile);
   dispatch(dt, [&]<typename T>() {
@@ -323,6 +336,7 @@ void attention_backward(Dt dt, const AttentionDims& d, bool causal, int64_t wind
                         const void* k, const void* v, const void* out, const float* lse, const void* dout, const int32_t* doc,
                         void* dq, void* dk, void* dv, float* delta, cudaStream_t stream) {
   if (d.B * d.S * d.NH == 0) return;
+  require_reference_head_dim(d, "cuda::attention_backward");
   const int tile = tile_rows(d.D);
   const size_t smem_q = sizeof(float) * (2 * tile * d.D + tile);
   const size_t smem_kv = sizeof(float) * (2 * tile * d.D + 3 * tile);

@@ -94,7 +94,8 @@ void rope_forward(Dt dt, const void* x, const int32_t* pos, const double* inv_fr
 struct AttentionDims {
   int64_t B, S, NH, NKV, D;
 };
-// The reference kernels; the ops run ops/cuda_attention.cpp's blocks. D <= kAttentionMaxD (limits.h).
+// The reference kernels; the ops run ops/cuda_attention.cpp's blocks. D <= kAttentionMaxD (limits.h): a larger
+// D throws std::invalid_argument before any launch.
 void attention_forward(Dt dt, const AttentionDims& d, bool causal, int64_t window, float scale, const void* q,
                        const void* k, const void* v, const int32_t* doc, void* out, float* lse,
                        cudaStream_t stream);

@@ -11,8 +11,8 @@ constexpr int64_t kRopeMaxD = 256;
 // The largest head dim of the reference attention kernels (kernels.h, attention_forward and
 // attention_backward: a query row's accumulator in registers). The attention ops run the
 // blocks of ops/cuda_attention.cpp, whose gemms take any head dim, so lower refuses no head
-// dim for attention; the reference kernels are what the tests hold the blocks to, and their
-// callers keep D within this.
+// dim for attention; the reference kernels are what the tests hold the blocks to, and they
+// refuse a larger D on the host (std::invalid_argument) rather than overrun their registers.
 constexpr int64_t kAttentionMaxD = 256;
 
 }  // namespace autosp::cuda
