@@ -488,8 +488,9 @@ std::string first_enabled(const Ctx& ctx, const json& value, const std::string& 
   return "";
 }
 
-// DeepSpeed's mixed-precision sections. The CPU backend has no bf16 or fp16 kernels, so an
-// enabled one runs in fp32 with a warning saying so, and its other keys (which only steer
+// DeepSpeed's mixed-precision sections. autosp train runs fp32 on either backend (the CPU
+// kernels are fp32 only; the cuda backend's bf16 step is bench_cuda's, not yet the trainer's), so
+// an enabled one runs in fp32 with a warning saying so, and its other keys (which only steer
 // the mixed-precision machinery, loss scaling above all) are accepted as part of it.
 struct PrecisionSection {
   const char* key;
@@ -526,7 +527,8 @@ std::string parse_precision(const Ctx& ctx, const json& config) {
     requested = p.precision;
     requested_by = path;
     warn(ctx, path,
-         str("true, but the CPU backend has no bf16 or fp16 kernels: this run is fp32 throughout (fp32 compute, "
+         str("true, but autosp train runs fp32 on either backend (the CPU kernels are fp32 only; the cuda "
+             "backend's bf16 step runs in bench_cuda, not yet in train): this run is fp32 throughout (fp32 compute, "
              "fp32 master weights, gradients and optimizer state), so its numbers are those of an fp32 run",
              std::string_view(p.key) == "bf16" || std::string_view(p.key) == "bfloat16"
                  ? ""

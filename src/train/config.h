@@ -34,7 +34,8 @@
 //                         (the permutations' seed; default the top-level seed)}
 //
 // Mixed precision: bf16 (or its old name bfloat16), fp16, amp, torch_autocast, each
-// {enabled: bool (default false), ...}. The CPU backend has no bf16 or fp16 kernels, so an
+// {enabled: bool (default false), ...}. autosp train runs fp32 on either backend (the CPU
+// kernels are fp32 only; the cuda backend's bf16 step is bench_cuda's so far), so an
 // enabled section runs the whole step in fp32 (compute, master weights, gradients,
 // optimizer state): requested_precision records what was asked and a warning says what runs.
 // The section's other DeepSpeed keys (fp16: auto_cast, loss_scale, initial_scale_power,
