@@ -28,6 +28,18 @@ cuda::AttentionBlock block_of(const cuda::AttentionDims& d, bool causal, int64_t
   return {b, g, q0, nq, k0, k1 - k0};
 }
 
+// The workspace layout of a run, its block size with it: `rows` queries a block, or for rows 0
+// the sizing rule's, through the same call the op's workspace rule makes (ops/attention.cpp).
+cuda::AttentionBlockLayout layout_of(bool backward, cuda::Dt dt, const cuda::AttentionDims& d, int64_t rows) {
+  return rows > 0 ? cuda::attention_block_layout(backward, d.B, d.S, d.NH, d.NKV, d.D, elem_bytes(dt), rows)
+                  : cuda::attention_block_layout(backward, d.B, d.S, d.NH, d.NKV, d.D, elem_bytes(dt));
+}
+
+// The first key row a block reads of k or v ([B, S, NKV, D]): key blk.k0 of kv head blk.g.
+const void* block_keys(const void* kv, const cuda::AttentionDims& d, const cuda::AttentionBlock& blk, cuda::Dt dt) {
+  return at(kv, ((blk.b * d.S + blk.k0) * d.NKV + blk.g) * d.D, dt);
+}
+
 }  // namespace
 
 void cuda_attention_forward_blocks(const CudaContext& c, cuda::Dt dt, const cuda::AttentionDims& d, bool causal,
@@ -35,18 +47,16 @@ void cuda_attention_forward_blocks(const CudaContext& c, cuda::Dt dt, const cuda
                                    const int32_t* doc, void* out, float* lse, void* workspace, int64_t rows) {
   if (d.B * d.S * d.NH == 0) return;
   const int64_t G = d.NH / d.NKV, D = d.D;
-  if (rows <= 0) rows = cuda::attention_block_rows(d.B, d.S, d.NH, d.NKV, D, elem_bytes(dt));
-  const cuda::AttentionBlockLayout l =
-      cuda::attention_block_layout(false, d.B, d.S, d.NH, d.NKV, D, elem_bytes(dt), rows);
+  const cuda::AttentionBlockLayout l = layout_of(false, dt, d, rows);
   float* scores = piece<float>(workspace, l.scores);
   void* probs = piece<char>(workspace, l.probs);
   const char* op = "attention";
   for (int64_t b = 0; b < d.B; ++b)
     for (int64_t g = 0; g < d.NKV; ++g)
-      for (int64_t q0 = 0; q0 < d.S; q0 += rows) {
-        const cuda::AttentionBlock blk = block_of(d, causal, window, b, g, q0, rows);
-        const void* kg = at(k, ((b * d.S + blk.k0) * d.NKV + g) * D, dt);
-        const void* vg = at(v, ((b * d.S + blk.k0) * d.NKV + g) * D, dt);
+      for (int64_t q0 = 0; q0 < d.S; q0 += l.rows) {
+        const cuda::AttentionBlock blk = block_of(d, causal, window, b, g, q0, l.rows);
+        const void* kg = block_keys(k, d, blk, dt);
+        const void* vg = block_keys(v, d, blk, dt);
         for (int64_t hh = 0; hh < G; ++hh)  // scores = scale q_h k_g^T
           cuda_gemm(c, dt, cuda::Dt::f32, false, true, blk.nq, blk.nk, D, scale,
                     at(q, ((b * d.S + q0) * d.NH + g * G + hh) * D, dt), d.NH * D, kg, d.NKV * D, 0.0f,
@@ -64,9 +74,7 @@ void cuda_attention_backward_blocks(const CudaContext& c, cuda::Dt dt, const cud
                                     void* dk, void* dv, void* workspace, int64_t rows) {
   if (d.B * d.S * d.NH == 0) return;
   const int64_t G = d.NH / d.NKV, D = d.D;
-  if (rows <= 0) rows = cuda::attention_block_rows(d.B, d.S, d.NH, d.NKV, D, elem_bytes(dt));
-  const cuda::AttentionBlockLayout l =
-      cuda::attention_block_layout(true, d.B, d.S, d.NH, d.NKV, D, elem_bytes(dt), rows);
+  const cuda::AttentionBlockLayout l = layout_of(true, dt, d, rows);
   float* delta = piece<float>(workspace, l.delta);
   float* scores = piece<float>(workspace, l.scores);
   float* dprobs = piece<float>(workspace, l.dprobs);
@@ -80,10 +88,10 @@ void cuda_attention_backward_blocks(const CudaContext& c, cuda::Dt dt, const cud
     for (int64_t g = 0; g < d.NKV; ++g) {
       check_cuda(cudaMemsetAsync(dk_sum, 0, size_t(4 * d.S * D), c.stream), "cudaMemsetAsync", op);
       check_cuda(cudaMemsetAsync(dv_sum, 0, size_t(4 * d.S * D), c.stream), "cudaMemsetAsync", op);
-      for (int64_t q0 = 0; q0 < d.S; q0 += rows) {
-        const cuda::AttentionBlock blk = block_of(d, causal, window, b, g, q0, rows);
-        const void* kg = at(k, ((b * d.S + blk.k0) * d.NKV + g) * D, dt);
-        const void* vg = at(v, ((b * d.S + blk.k0) * d.NKV + g) * D, dt);
+      for (int64_t q0 = 0; q0 < d.S; q0 += l.rows) {
+        const cuda::AttentionBlock blk = block_of(d, causal, window, b, g, q0, l.rows);
+        const void* kg = block_keys(k, d, blk, dt);
+        const void* vg = block_keys(v, d, blk, dt);
         const int64_t cells = blk.nq * blk.nk;
         for (int64_t hh = 0; hh < G; ++hh) {
           const int64_t row = ((b * d.S + q0) * d.NH + g * G + hh) * D;
