@@ -653,6 +653,52 @@ TEST(CudaAttentionKernel, LongSequenceMatchesTheDoubleReference) {
   }
 }
 
+// The blocks in bf16, the cuda backend's training dtype, over a sequence of several blocks:
+// the op cases run bf16 attention only at S = 9, inside one block, so a causal block's
+// shorter key range, GQA's second kv head and a window's later first key meet bf16 only
+// here. Inputs bf16-rounded, the double reference from the same rounded values. lse is fp32
+// from fp32 scores (cuBLAS accumulates bf16 products in fp32): kF32Tol. out, dq, dk, dv are
+// bf16 results, P and dS are rounded to bf16 before their products and the backward reads
+// the bf16 out (delta): kBf16Tol's two or three roundings. A float64 model of these
+// roundings (numpy, four seeds, with and without the window) gives 1.9e-3 to 4.6e-3 here.
+// Compiled and skipped without a GPU; written in a session without one, not yet run.
+TEST(CudaAttentionKernel, Bf16BlocksOverALongSequenceMatchTheDoubleReference) {
+  SKIP_WITHOUT_GPU();
+  const auto as_f32 = [](const DeviceBuffer<uint16_t>& b) {
+    const std::vector<uint16_t> h = b.host();
+    return from_bf16(h.data(), static_cast<int64_t>(h.size()));
+  };
+  for (int64_t rows : {int64_t{16}, int64_t{64}})
+    for (int64_t window : {int64_t{0}, int64_t{50}}) {
+      SCOPED_TRACE(str("blocks of ", rows, ", window ", window));
+      const AttentionRun runner({"bf16 blocks", rows});  // owns the cuBLAS handle
+      const CudaContext c{nullptr, runner.cublas, nullptr};
+      const cuda::AttentionDims d{1, 300, 4, 2, 64};
+      const double scale = 0.125;
+      const auto q = round_bf16(random_normal(d.S * d.NH * d.D, 9)), k = round_bf16(random_normal(d.S * d.NKV * d.D, 10)),
+                 v = round_bf16(random_normal(d.S * d.NKV * d.D, 11)),
+                 dout = round_bf16(random_normal(d.S * d.NH * d.D, 12));
+      const std::vector<int32_t> doc(size_t(d.S), 0);  // one document: no mask beyond causality and the window
+      const AttnRef ref = attention_reference(d, true, scale, q, k, v, dout, doc, window);
+      DeviceBuffer<uint16_t> bq(to_bf16(q)), bk(to_bf16(k)), bv(to_bf16(v)), bdout(to_bf16(dout)), out(q.size()),
+          gq(q.size()), gk(k.size()), gv(v.size());
+      DeviceBuffer<float> lse(ref.lse.size());
+      const int64_t bytes = std::max(cuda::attention_block_layout(false, d.B, d.S, d.NH, d.NKV, d.D, 2, rows).bytes,
+                                     cuda::attention_block_layout(true, d.B, d.S, d.NH, d.NKV, d.D, 2, rows).bytes);
+      DeviceBuffer<char> workspace(static_cast<size_t>(bytes));
+      cuda_attention_forward_blocks(c, cuda::Dt::bf16, d, true, window, float(scale), bq.p, bk.p, bv.p, nullptr, out.p,
+                                    lse.p, workspace.p, rows);
+      cuda_attention_backward_blocks(c, cuda::Dt::bf16, d, true, window, float(scale), bq.p, bk.p, bv.p, out.p, lse.p,
+                                     bdout.p, nullptr, gq.p, gk.p, gv.p, workspace.p, rows);
+      check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize", "bf16 attention blocks");
+      EXPECT_LT(normalised_error(lse.host(), as_float(ref.lse)), kF32Tol);
+      EXPECT_LT(normalised_error(as_f32(out), as_float(ref.out)), kBf16Tol);
+      EXPECT_LT(normalised_error(as_f32(gq), as_float(ref.dq)), kBf16Tol);
+      EXPECT_LT(normalised_error(as_f32(gk), as_float(ref.dk)), kBf16Tol);
+      EXPECT_LT(normalised_error(as_f32(gv), as_float(ref.dv)), kBf16Tol);
+    }
+}
+
 // ---- AdamW on the device against train::adamw_step -------------------------------------------
 
 // The same fp32 operations in the same order with the same fused multiply-adds (explicit
