@@ -661,7 +661,6 @@ TEST(CudaAttentionKernel, LongSequenceMatchesTheDoubleReference) {
 // bf16 results, P and dS are rounded to bf16 before their products and the backward reads
 // the bf16 out (delta): kBf16Tol's two or three roundings. A float64 model of these
 // roundings (numpy, four seeds, with and without the window) gives 1.9e-3 to 4.6e-3 here.
-// Compiled and skipped without a GPU; written in a session without one, not yet run.
 TEST(CudaAttentionKernel, Bf16BlocksOverALongSequenceMatchTheDoubleReference) {
   SKIP_WITHOUT_GPU();
   const auto as_f32 = [](const DeviceBuffer<uint16_t>& b) {
