@@ -569,25 +569,24 @@ struct AttentionRun {
   cublasHandle_t cublas = nullptr;
   explicit AttentionRun(AttentionImpl i) : impl(i) { check_cublas(cublasCreate(&cublas), "cublasCreate", "test"); }
   ~AttentionRun() { cublasDestroy(cublas); }
-  // forward, then backward (delta: the reference's scratch)
-  void run(const cuda::AttentionDims& d, bool causal, float scale, const float* q, const float* k, const float* v,
-           const int32_t* doc, float* out, float* lse, const float* dout, float* dq, float* dk, float* dv,
-           float* delta, int64_t window = 0) const {
+  // forward, then backward (delta: the reference's scratch); q ... dv of dtype dt, lse f32
+  void run(const cuda::AttentionDims& d, bool causal, float scale, const void* q, const void* k, const void* v,
+           const int32_t* doc, void* out, float* lse, const void* dout, void* dq, void* dk, void* dv,
+           float* delta, int64_t window = 0, cuda::Dt dt = cuda::Dt::f32) const {
     if (impl.rows == 0) {
-      cuda::attention_forward(cuda::Dt::f32, d, causal, window, scale, q, k, v, doc, out, lse, nullptr);
-      cuda::attention_backward(cuda::Dt::f32, d, causal, window, scale, q, k, v, out, lse, dout, doc, dq, dk, dv,
-                               delta, nullptr);
+      cuda::attention_forward(dt, d, causal, window, scale, q, k, v, doc, out, lse, nullptr);
+      cuda::attention_backward(dt, d, causal, window, scale, q, k, v, out, lse, dout, doc, dq, dk, dv, delta, nullptr);
       return;
     }
     const CudaContext c{nullptr, cublas, nullptr};
+    const int64_t elem = dt == cuda::Dt::bf16 ? 2 : 4;
     const int64_t bytes = std::max(
-        cuda::attention_block_layout(false, d.B, d.S, d.NH, d.NKV, d.D, 4, impl.rows).bytes,
-        cuda::attention_block_layout(true, d.B, d.S, d.NH, d.NKV, d.D, 4, impl.rows).bytes);
+        cuda::attention_block_layout(false, d.B, d.S, d.NH, d.NKV, d.D, elem, impl.rows).bytes,
+        cuda::attention_block_layout(true, d.B, d.S, d.NH, d.NKV, d.D, elem, impl.rows).bytes);
     DeviceBuffer<char> workspace(static_cast<size_t>(bytes));
-    cuda_attention_forward_blocks(c, cuda::Dt::f32, d, causal, window, scale, q, k, v, doc, out, lse, workspace.p,
-                                  impl.rows);
-    cuda_attention_backward_blocks(c, cuda::Dt::f32, d, causal, window, scale, q, k, v, out, lse, dout, doc, dq, dk,
-                                   dv, workspace.p, impl.rows);
+    cuda_attention_forward_blocks(c, dt, d, causal, window, scale, q, k, v, doc, out, lse, workspace.p, impl.rows);
+    cuda_attention_backward_blocks(c, dt, d, causal, window, scale, q, k, v, out, lse, dout, doc, dq, dk, dv,
+                                   workspace.p, impl.rows);
     check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize", "attention blocks");
   }
 };
@@ -667,11 +666,11 @@ TEST(CudaAttentionKernel, Bf16BlocksOverALongSequenceMatchTheDoubleReference) {
     const std::vector<uint16_t> h = b.host();
     return from_bf16(h.data(), static_cast<int64_t>(h.size()));
   };
-  for (int64_t rows : {int64_t{16}, int64_t{64}})
+  for (const AttentionImpl& impl : kAttentionImpls) {
+    if (impl.rows == 0) continue;  // the blocks only: the ops' bf16 path
+    const AttentionRun runner(impl);
     for (int64_t window : {int64_t{0}, int64_t{50}}) {
-      SCOPED_TRACE(str("blocks of ", rows, ", window ", window));
-      const AttentionRun runner({"bf16 blocks", rows});  // owns the cuBLAS handle
-      const CudaContext c{nullptr, runner.cublas, nullptr};
+      SCOPED_TRACE(str(impl.name, ", window ", window));
       const cuda::AttentionDims d{1, 300, 4, 2, 64};
       const double scale = 0.125;
       const auto q = round_bf16(random_normal(d.S * d.NH * d.D, 9)), k = round_bf16(random_normal(d.S * d.NKV * d.D, 10)),
@@ -682,20 +681,15 @@ TEST(CudaAttentionKernel, Bf16BlocksOverALongSequenceMatchTheDoubleReference) {
       DeviceBuffer<uint16_t> bq(to_bf16(q)), bk(to_bf16(k)), bv(to_bf16(v)), bdout(to_bf16(dout)), out(q.size()),
           gq(q.size()), gk(k.size()), gv(v.size());
       DeviceBuffer<float> lse(ref.lse.size());
-      const int64_t bytes = std::max(cuda::attention_block_layout(false, d.B, d.S, d.NH, d.NKV, d.D, 2, rows).bytes,
-                                     cuda::attention_block_layout(true, d.B, d.S, d.NH, d.NKV, d.D, 2, rows).bytes);
-      DeviceBuffer<char> workspace(static_cast<size_t>(bytes));
-      cuda_attention_forward_blocks(c, cuda::Dt::bf16, d, true, window, float(scale), bq.p, bk.p, bv.p, nullptr, out.p,
-                                    lse.p, workspace.p, rows);
-      cuda_attention_backward_blocks(c, cuda::Dt::bf16, d, true, window, float(scale), bq.p, bk.p, bv.p, out.p, lse.p,
-                                     bdout.p, nullptr, gq.p, gk.p, gv.p, workspace.p, rows);
-      check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize", "bf16 attention blocks");
+      runner.run(d, true, float(scale), bq.p, bk.p, bv.p, nullptr, out.p, lse.p, bdout.p, gq.p, gk.p, gv.p, nullptr,
+                 window, cuda::Dt::bf16);
       EXPECT_LT(normalised_error(lse.host(), as_float(ref.lse)), kF32Tol);
       EXPECT_LT(normalised_error(as_f32(out), as_float(ref.out)), kBf16Tol);
       EXPECT_LT(normalised_error(as_f32(gq), as_float(ref.dq)), kBf16Tol);
       EXPECT_LT(normalised_error(as_f32(gk), as_float(ref.dk)), kBf16Tol);
       EXPECT_LT(normalised_error(as_f32(gv), as_float(ref.dv)), kBf16Tol);
     }
+  }
 }
 
 // ---- AdamW on the device against train::adamw_step -------------------------------------------
