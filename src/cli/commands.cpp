@@ -530,6 +530,7 @@ int run_train(const TrainArgs& args, MpiRuntime* mpi) {
   if (seed) config.seed = *seed;
   if (!config.data.seed) config.data.seed = config.seed;  // data.seed defaults to the run's seed
   config.backend = backend_name(parse_backend(args.backend));
+  if (const auto w = train::precision_warning(config, args.config)) warn_all(launch, {*w});
   const train::BatchLayout layout{*config.train_micro_batch_size_per_gpu, *config.gradient_accumulation_steps,
                                   groups.dp_size};
 

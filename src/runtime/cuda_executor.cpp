@@ -1,5 +1,7 @@
 #include "runtime/cuda_executor.h"
 
+#include <algorithm>
+
 #include "comm/mpi_communicator.h"
 #include "comm/nccl_communicator.h"
 #include "kernels/cuda/kernels.h"
@@ -34,7 +36,8 @@ int cuda_device_count(std::string* why) {
   return count;
 }
 
-CudaExecutor::CudaExecutor(const Graph& graph, const ProcessGroups* groups, const CudaExecutor* arena_of)
+CudaExecutor::CudaExecutor(const Graph& graph, const ProcessGroups* groups, const CudaExecutor* arena_of,
+                           const std::vector<std::string>& device_bound)
     : graph_(executable_graph(graph, Backend::cuda, 1)),
       groups_(groups),
       input_offsets_(graph.values().size(), -1),
@@ -67,6 +70,7 @@ CudaExecutor::CudaExecutor(const Graph& graph, const ProcessGroups* groups, cons
   workspace_offsets_ = plan.workspace_offsets;
   arena_bytes_ = plan.arena_bytes;  // cuda_arena_bytes(graph): what `autosp plan --backend cuda` plans
   for (ValueId v : graph_.inputs()) {
+    if (std::find(device_bound.begin(), device_bound.end(), graph_.value(v).name) != device_bound.end()) continue;
     input_offsets_[v] = input_bytes_;
     input_bytes_ += aligned(graph_.type(v).bytes());
   }
@@ -89,6 +93,9 @@ CudaExecutor::CudaExecutor(const Graph& graph, const ProcessGroups* groups, cons
   check_cuda(cudaMalloc(reinterpret_cast<void**>(&inputs_), size_t(input_bytes_)), "cudaMalloc",
              str("the graph inputs (", input_bytes_, " bytes)"));
   ctx_.error = reinterpret_cast<int*>(inputs_ + error_offset);
+  check_cuda(cudaMallocHost(reinterpret_cast<void**>(&error_host_), sizeof(int)), "cudaMallocHost",
+             "the cuda executor's error flag");
+  *error_host_ = 0;
   host_outputs_.resize(graph_.outputs().size());
   for (size_t i = 0; i < graph_.outputs().size(); ++i)
     host_outputs_[i].resize(size_t(graph_.type(graph_.outputs()[i].value).bytes()));
@@ -100,6 +107,7 @@ CudaExecutor::~CudaExecutor() {
   if (ctx_.stream) cudaStreamSynchronize(ctx_.stream);
   if (arena_ && owns_arena_) cudaFree(arena_);
   if (inputs_) cudaFree(inputs_);
+  if (error_host_) cudaFreeHost(error_host_);
   if (ctx_.cublas) cublasDestroy(ctx_.cublas);
   if (ctx_.stream) cudaStreamDestroy(ctx_.stream);
 }
@@ -117,8 +125,18 @@ void CudaExecutor::bind_device(ValueId input, const void* device_data) {
 }
 
 void CudaExecutor::run() {
+  run_async();
+  check_cuda(cudaStreamSynchronize(ctx_.stream), "cudaStreamSynchronize (the step's kernels)",
+             "the cuda executor's run");
+  check_errors();
+}
+
+void CudaExecutor::run_async() {
   const std::string where = "the cuda executor's run";
-  check_cuda(cudaMemsetAsync(ctx_.error, 0, sizeof(int), ctx_.stream), "cudaMemsetAsync", where);
+  if (errors_checked_) {
+    check_cuda(cudaMemsetAsync(ctx_.error, 0, sizeof(int), ctx_.stream), "cudaMemsetAsync", where);
+    errors_checked_ = false;
+  }
   for (ValueId v : graph_.inputs()) {
     const int64_t bytes = graph_.type(v).bytes();
     if (device_input_[v]) {
@@ -126,6 +144,8 @@ void CudaExecutor::run() {
       continue;
     }
     if (!host_input_[v] && bytes > 0) internal_error("input %", v, " '", graph_.value(v).name, "' is not bound");
+    if (input_offsets_[v] < 0 && bytes > 0)
+      internal_error("input '", graph_.value(v).name, "' was declared device-bound but bound to host memory");
     data_[v] = inputs_ + input_offsets_[v];
     if (bytes > 0)
       check_cuda(cudaMemcpyAsync(data_[v], host_input_[v], size_t(bytes), cudaMemcpyHostToDevice, ctx_.stream),
@@ -145,10 +165,14 @@ void CudaExecutor::run() {
                                ctx_.stream),
                "cudaMemcpyAsync", str("copying output '", graph_.outputs()[i].name, "' to the host"));
   }
-  int error = 0;
-  check_cuda(cudaMemcpyAsync(&error, ctx_.error, sizeof(int), cudaMemcpyDeviceToHost, ctx_.stream), "cudaMemcpyAsync",
-             where);
-  check_cuda(cudaStreamSynchronize(ctx_.stream), "cudaStreamSynchronize (the step's kernels)", where);
+  // The flag is sticky until check_errors: a data error of any run since then stays set.
+  check_cuda(cudaMemcpyAsync(error_host_, ctx_.error, sizeof(int), cudaMemcpyDeviceToHost, ctx_.stream),
+             "cudaMemcpyAsync", where);
+}
+
+void CudaExecutor::check_errors() {
+  const int error = *error_host_;
+  errors_checked_ = true;
   if (error == cuda::kErrorTokenId)
     user_error("embedding: a token id is outside [0, vocab_size) (found by the cuda backend's embedding kernel)");
   if (error == cuda::kErrorLabel)

@@ -38,8 +38,10 @@ class CudaExecutor final : public Executor {
   // groups: the communicators collectives run on (NcclCommunicators, or MPI ones to make
   // NCCL groups from); none: a graph without collectives.
   // arena_of: share that executor's device arena (make_executor).
+  // device_bound: inputs (by name) the caller will only ever bind_device(); they get no room
+  // in the inputs' block (a device-resident model's parameters and batch).
   explicit CudaExecutor(const Graph& graph, const ProcessGroups* groups = nullptr,
-                        const CudaExecutor* arena_of = nullptr);
+                        const CudaExecutor* arena_of = nullptr, const std::vector<std::string>& device_bound = {});
   ~CudaExecutor() override;
   CudaExecutor(const CudaExecutor&) = delete;
   CudaExecutor& operator=(const CudaExecutor&) = delete;
@@ -47,7 +49,19 @@ class CudaExecutor final : public Executor {
   void bind(ValueId input, const void* host_data) override;
   using Executor::bind;
   void bind_device(ValueId input, const void* device_data);
+  // run_async() + a synchronisation of the stream + check_errors().
   void run() override;
+  // Enqueues the run on stream() and returns without waiting: the inputs' copies, the
+  // nodes, and (unless set_copy_outputs(false)) the outputs' copies to host memory, which
+  // are only valid once the stream has reached them. Data errors the kernels find are
+  // reported by check_errors(), after the caller has synchronised the stream: every run
+  // since the last check_errors() is covered (the device flag is cleared only by the first
+  // run after a check). Host memory bound with bind() must stay unchanged until the stream
+  // has copied it.
+  void run_async();
+  // After the stream has reached the end of the last run_async(): a UserError for a data
+  // error any run since the previous check found.
+  void check_errors();
   const void* output_data(const std::string& name) const override;
   const void* output_device(const std::string& name) const;
   // false: run() leaves the outputs on the device (output_device; output_data is refused),
@@ -75,6 +89,8 @@ class CudaExecutor final : public Executor {
   char* arena_ = nullptr;
   bool owns_arena_ = true;  // false: another executor's (arena_of)
   char* inputs_ = nullptr;
+  int* error_host_ = nullptr;   // pinned: the device error flag as the last run copied it
+  bool errors_checked_ = true;  // the next run clears the device flag
   int64_t arena_bytes_ = 0, input_bytes_ = 0;
   bool copy_outputs_ = true;
 };

@@ -10,6 +10,7 @@
 #include <set>
 #include <sstream>
 #include <string_view>
+#include <tuple>
 
 #include "models/llama.h"
 #include "passes/checkpoint.h"
@@ -488,10 +489,11 @@ std::string first_enabled(const Ctx& ctx, const json& value, const std::string& 
   return "";
 }
 
-// DeepSpeed's mixed-precision sections. autosp train runs fp32 on either backend (the CPU
-// kernels are fp32 only; the cuda backend's bf16 step is bench_cuda's, not yet the trainer's), so
-// an enabled one runs in fp32 with a warning saying so, and its other keys (which only steer
-// the mixed-precision machinery, loss scaling above all) are accepted as part of it.
+// DeepSpeed's mixed-precision sections. autosp runs bf16 on the cuda backend (the bf16
+// section) and fp32 otherwise; what runs depends on --backend, which the config does not
+// know, so the parse records what was asked (and where) and precision_warning says what runs.
+// The sections' other keys (which only steer the mixed-precision machinery, loss scaling above
+// all) are accepted as part of them.
 struct PrecisionSection {
   const char* key;
   const char* precision;  // TrainConfig::requested_precision when enabled
@@ -512,7 +514,7 @@ const std::vector<PrecisionSection> kPrecisionSections = {
     {"torch_autocast", "torch_autocast", {"enabled", "dtype", "lower_precision_safe_modules"}},
 };
 
-std::string parse_precision(const Ctx& ctx, const json& config) {
+std::pair<std::string, std::string> parse_precision(const Ctx& ctx, const json& config) {
   std::string requested = "fp32", requested_by;
   for (const PrecisionSection& p : kPrecisionSections) {
     if (!config.contains(p.key)) continue;
@@ -526,16 +528,27 @@ std::string parse_precision(const Ctx& ctx, const json& config) {
                  "mode at a time: enable at most one");
     requested = p.precision;
     requested_by = path;
-    warn(ctx, path,
-         str("true, but autosp train runs fp32 on either backend (the CPU kernels are fp32 only; the cuda "
-             "backend's bf16 step runs in bench_cuda, not yet in train): this run is fp32 throughout (fp32 compute, "
-             "fp32 master weights, gradients and optimizer state), so its numbers are those of an fp32 run",
-             std::string_view(p.key) == "bf16" || std::string_view(p.key) == "bfloat16"
-                 ? ""
-                 : ", without loss scaling (fp32 needs none)"));
   }
-  return requested;
+  return {requested, requested_by};
 }
+
+}  // namespace
+
+std::optional<std::string> precision_warning(const TrainConfig& config, const std::string& source) {
+  if (config.requested_precision == "fp32") return std::nullopt;
+  if (config.requested_precision == "bf16" && config.backend == "cuda") return std::nullopt;
+  const std::string fp32 =
+      "this run is fp32 throughout (fp32 compute, fp32 master weights, gradients and optimizer state), so its "
+      "numbers are those of an fp32 run";
+  const std::string no_scaling = config.requested_precision == "bf16" ? "" : ", without loss scaling (fp32 needs none)";
+  if (config.backend == "cuda")
+    return str(source, ": ", config.precision_key, ": true, but the cuda backend's mixed precision is bf16 (the bf16 "
+               "section): ", fp32, no_scaling);
+  return str(source, ": ", config.precision_key, ": true, but the cpu backend runs fp32 (its kernels are fp32 only; "
+             "--backend cuda runs bf16): ", fp32, no_scaling);
+}
+
+namespace {
 
 // communication_data_type and its kin: fp32 (or null, DeepSpeed's "decide from the rest")
 // is what autosp does; a 16-bit type would round what is communicated, so it is refused.
@@ -728,7 +741,7 @@ TrainConfig parse_train_config(const nlohmann::json& json_in, const std::string&
   check_no_effect_keys(ctx, json);
   TrainConfig c;
   c.auto_batch_keys = auto_batch_keys;
-  c.requested_precision = parse_precision(ctx, json);
+  std::tie(c.requested_precision, c.precision_key) = parse_precision(ctx, json);
   auto has = [&](const char* key) { return json.contains(key); };
   for (const char* key :
        {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"}) {

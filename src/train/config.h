@@ -34,10 +34,10 @@
 //                         (the permutations' seed; default the top-level seed)}
 //
 // Mixed precision: bf16 (or its old name bfloat16), fp16, amp, torch_autocast, each
-// {enabled: bool (default false), ...}. autosp train runs fp32 on either backend (the CPU
-// kernels are fp32 only; the cuda backend's bf16 step is bench_cuda's so far), so an
-// enabled section runs the whole step in fp32 (compute, master weights, gradients,
-// optimizer state): requested_precision records what was asked and a warning says what runs.
+// {enabled: bool (default false), ...}. bf16 on the cuda backend runs the bf16 step with fp32
+// master weights and optimizer state on the device (train/device_step.h); anything else runs
+// the whole step in fp32 (compute, master weights, gradients, optimizer state) on either
+// backend: requested_precision records what was asked and precision_warning says what runs.
 // The section's other DeepSpeed keys (fp16: auto_cast, loss_scale, initial_scale_power,
 // loss_scale_window, hysteresis, consecutive_hysteresis, min_loss_scale,
 // fp16_master_weights_and_grads; bf16: immediate_grad_update, check_grad_overflow,
@@ -208,6 +208,7 @@ struct TrainConfig {
   // "fp32", or the mixed precision a section asked for ("bf16", "fp16", "amp",
   // "torch_autocast"). The CPU backend runs fp32 either way; parsing warns when they differ.
   std::string requested_precision = "fp32";
+  std::string precision_key;  // the key that asked for it ("bf16.enabled", ...); empty for fp32
   // Where the step runs: "cpu" or "cuda" (runtime/executor.h, make_executor). Not a
   // DeepSpeed key: `autosp train --backend` sets it.
   std::string backend = "cpu";
@@ -229,6 +230,11 @@ std::string describe_scheduler(const TrainConfig& config);
 // Unknown keys are appended to *warnings (if not null) as "<source>: <key path>: ...".
 TrainConfig parse_train_config(const nlohmann::json& json, const std::string& source,
                                std::vector<std::string>* warnings);
+
+// What runs when the config asked for a precision the backend (config.backend) does not run
+// (anything but fp32, or bf16 on cuda): the warning "<source>: <key>: true, but ...", which says
+// the run is fp32 throughout.
+std::optional<std::string> precision_warning(const TrainConfig& config, const std::string& source);
 
 // Reads and parses the file at `path`; unreadable files, invalid JSON and duplicate keys
 // (which DeepSpeed also rejects) are UserErrors naming the path.

@@ -6,9 +6,14 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/kernels.h"
 #include "train/adamw.h"
 
 namespace autosp::train {
+
+// The kernels' fp32 scalars for optimizer step `step` (1-based) at `lr`, computed in double
+// and rounded to fp32 exactly as adamw_step does.
+cuda::AdamWScalars cuda_adamw_scalars(const AdamWParams& params, int64_t step, double lr);
 
 // Enqueued on `stream`; the scalars are computed here in double and rounded to fp32 exactly
 // as adamw_step does, so the device update equals the host one element for element.

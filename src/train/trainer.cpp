@@ -15,6 +15,7 @@
 #include "passes/pipeline.h"
 #include "passes/plan_memory.h"
 #include "runtime/profile.h"
+#include "train/device_layout.h"
 #include "train/sharded_adamw.h"
 #include "train/lr_schedule.h"
 #include "train/step_options.h"
@@ -103,14 +104,23 @@ Trainer::Trainer(const models::LlamaConfig& model, const TrainConfig& config, in
   AUTOSP_CHECK(groups_->sp_size == config.sequence_parallel_size, "groups were made for sp_size ",
                groups_->sp_size, ", the config says ", config.sequence_parallel_size);
   int64_t num_params = 0;
-  for (const auto& spec : state_.specs) num_params += numel(spec.shape);
+  std::vector<int64_t> numels;
+  for (const auto& spec : state_.specs) numels.push_back(numel(spec.shape));
+  for (int64_t n : numels) num_params += n;
   const int64_t W = groups_->world->size();
+  // bf16 on the cuda backend: the step and its state live on the device (device_step.h).
+  const bool on_device = config_.backend == "cuda" && config_.requested_precision == "bf16";
+  if (on_device && W > 1)
+    user_error("bf16 on the cuda backend trains on one GPU so far (sequence and data parallelism for it are issue "
+               "43), and this job has ", W, " ranks: run one rank, or leave bf16 off for the fp32 step, which "
+               "runs on several");
   const int64_t g = config.gradient_accumulation_steps.value();
   // Model state as it will be once the optimizer holds its shards (built after compiling):
   // the parameters (whole below stage 3), the sum of a step's earlier micro batches (stages
   // 0 and 1 with accumulation: the step has a second program), whole moments (stage 0), and
   // the optimizer's shards and scratch, which depend on the buckets of the compiled step.
   auto model_state_of = [&](const CompiledStep& step) -> int64_t {
+    if (on_device) return device_state_bytes(numels);
     return train::model_state_bytes(config_, W, num_params, read_grad_buckets(step.last), DType::f32).total();
   };
   int64_t model_state = 0;
@@ -122,18 +132,25 @@ Trainer::Trainer(const models::LlamaConfig& model, const TrainConfig& config, in
   // others' size), so all ranks choose alike, or all fail here, before the first step.
   const size_t heap_before = mallinfo2().uordblks;
   Graph forward = models::llama_forward(model_, {.batch = micro_batch_, .seq_len = seq_len_,
+                                                 .dtype = on_device ? DType::bf16 : DType::f32,
                                                  .documents = config_.data.packed});
   const double budget = config.compile.memory_budget_gb.value_or(0) * double(1 << 30);  // 0: none
   std::string tried;
   int64_t smallest = INT64_MAX;
   for (const MemoryStrategy& candidate : strategy_candidates(config.compile, int64_t(budget))) {
     // Lowered for config.backend: the plan holds its kernels' workspaces.
-    CompiledStep step = compile_step(forward, step_compile_options(config, W, threads_, candidate), g);
+    // The device path sums the micro batches' gradients in fp32 itself: one program, whose
+    // gradients on one rank need no reduction (ZeRO stages differ in nothing on one rank).
+    CompileOptions options = step_compile_options(config, W, threads_, candidate);
+    if (on_device) options.grad_sync = {.zero_stage = 0, .world_size = 1};
+    CompiledStep step = compile_step(forward, options, on_device ? 1 : g);
     const int64_t arena = std::max(read_memory_plan(step.last).arena_bytes,
                                    step.has_earlier() ? read_memory_plan(step.earlier).arena_bytes : 0);
     model_state = model_state_of(step);
     reduction_staging_ = reduction_staging_bytes(step.last, W);  // the earlier program does not reduce more
-    const int64_t planned = model_state + arena + staging_bytes() + runtime_reserve();
+    // On the device path: device bytes (the state, the arena, two slots of the batch).
+    const int64_t planned = on_device ? model_state + arena + 2 * staging_bytes()
+                                      : model_state + arena + staging_bytes() + runtime_reserve();
     tried += str(tried.empty() ? "" : ", ", strategy_name(candidate), " ", double(planned) / double(1 << 30), " GiB");
     smallest = std::min(smallest, planned);
     if (budget > 0 && double(planned) > budget) continue;
@@ -152,7 +169,8 @@ Trainer::Trainer(const models::LlamaConfig& model, const TrainConfig& config, in
                " GiB); the smallest budget that fits is ",
                double(smallest) / double(1 << 30),
                config.compile.checkpoint == "auto" ? "" : " for this policy (\"auto\" tries every policy)");
-  require_host_memory(double(planned_peak_), str("training with micro batch ", micro_batch_, " x ", seq_len_, " tokens"));
+  if (!on_device)
+    require_host_memory(double(planned_peak_), str("training with micro batch ", micro_batch_, " x ", seq_len_, " tokens"));
   // Compiling freed what it used, but glibc keeps freed heap resident (HeapAllocator turns
   // trimming off so steps reuse pages): hand it back now, or it stays in the resident set
   // beside the arena, outside the plan (measured: +0.75 MB for a tiled graph of 9k nodes).
@@ -163,7 +181,9 @@ Trainer::Trainer(const models::LlamaConfig& model, const TrainConfig& config, in
   // with accumulation run one after the other: the one with the larger arena allocates it,
   // the other works in it.
   const Backend backend = parse_backend(config_.backend);
-  if (earlier_.nodes().empty()) {
+  if (on_device) {
+    device_ = make_device_step(joint_, state_.specs, micro_batch_ * local_len_, config_.data.packed);
+  } else if (earlier_.nodes().empty()) {
     executor_ = make_executor(backend, joint_, allocator_, 0, groups_);
   } else if (read_memory_plan(joint_).arena_bytes >= read_memory_plan(earlier_).arena_bytes) {
     executor_ = make_executor(backend, joint_, allocator_, 0, groups_);
@@ -187,6 +207,42 @@ Trainer::Trainer(const models::LlamaConfig& model, const TrainConfig& config, in
   // is read here, each rank reading only what it keeps: the whole parameters below stage 3,
   // the whole moments at stage 0, else its shards. Every buffer it fills exists before the
   // reading starts, so the resident peak while reading measures what reading itself costs.
+  if (device_) {
+    // Tensor by tensor onto the device, from the whole state or a checkpoint's files; the
+    // host keeps none of it.
+    const RssPhase phase;
+    const auto start = std::chrono::steady_clock::now();
+    device_->load(state_);
+    if (state_.stored) {
+      state_load_.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      state_load_.rss_growth = phase.peak_growth();
+    }
+    state_.stored.reset();
+    state_.params = {};
+    state_.exp_avg = {};
+    state_.exp_avg_sq = {};
+  } else {
+    load_host_state();
+  }
+  // A fresh state was whole on every rank until here: glibc keeps what was freed resident
+  // (HeapAllocator turns trimming off), so it is handed back.
+  malloc_trim(0);
+  // The sum of a step's earlier micro batches (stages 0 and 1 with accumulation); otherwise
+  // no gradient is kept beside the step: the optimizer works on its reduced outputs.
+  if (!earlier_.nodes().empty())
+    for (const auto& spec : state_.specs) grads_.emplace_back(numel(spec.shape), 0.0f);
+  AUTOSP_CHECK(model_state_bytes() == model_state, "planned model state ", model_state, " != held ",
+               model_state_bytes());
+  const int64_t n = micro_batch_ * local_len_;
+  inputs_.resize(n);
+  labels_.resize(n);
+  positions_.resize(n);
+  if (config_.data.packed) documents_.resize(n);
+  if (executor_) bind_step(*executor_);
+  if (earlier_executor_) bind_step(*earlier_executor_);
+}
+
+void Trainer::load_host_state() {
   optimizer_ = std::make_unique<ShardedAdamW>(config_, *groups_, state_.specs, read_grad_buckets(joint_));
   if (state_.stored) {
     std::vector<std::pair<StateKind, std::vector<std::vector<float>>*>> whole;
@@ -214,22 +270,6 @@ Trainer::Trainer(const models::LlamaConfig& model, const TrainConfig& config, in
     state_.exp_avg_sq.clear();
   }
   if (config_.zero_stage == 3) state_.params = {};  // the optimizer holds this rank's shards of them
-  // A fresh state was whole on every rank until here: glibc keeps what was freed resident
-  // (HeapAllocator turns trimming off), so it is handed back.
-  malloc_trim(0);
-  // The sum of a step's earlier micro batches (stages 0 and 1 with accumulation); otherwise
-  // no gradient is kept beside the step: the optimizer works on its reduced outputs.
-  if (!earlier_.nodes().empty())
-    for (const auto& spec : state_.specs) grads_.emplace_back(numel(spec.shape), 0.0f);
-  AUTOSP_CHECK(model_state_bytes() == model_state, "planned model state ", model_state, " != held ",
-               model_state_bytes());
-  const int64_t n = micro_batch_ * local_len_;
-  inputs_.resize(n);
-  labels_.resize(n);
-  positions_.resize(n);
-  if (config_.data.packed) documents_.resize(n);
-  bind_step(*executor_);
-  if (earlier_executor_) bind_step(*earlier_executor_);
 }
 
 Trainer::~Trainer() {
@@ -280,7 +320,11 @@ void Trainer::bind_parameters(Executor& ex) const {
 
 // Every rank of an SP group reads the same samples and keeps its slice of the sequence;
 // the tail past S (when P does not divide S) is padding: token 0, no label.
-void Trainer::load_micro_batch(const DataSource& data, int64_t micro) {
+BatchBuffers Trainer::host_batch() {
+  return {inputs_.data(), labels_.data(), positions_.data(), config_.data.packed ? documents_.data() : nullptr};
+}
+
+void Trainer::load_micro_batch(const DataSource& data, int64_t consumed, int64_t micro, const BatchBuffers& dst) {
   AUTOSP_CHECK(data.packed() == config_.data.packed, "the step was compiled for ",
                config_.data.packed ? "packed" : "unpacked", " samples");
   SequenceBatch full{micro_batch_, seq_len_, {}, {}, {}, {}};
@@ -289,20 +333,21 @@ void Trainer::load_micro_batch(const DataSource& data, int64_t micro) {
   full.position_ids.resize(micro_batch_ * seq_len_);
   full.document_ids.resize(micro_batch_ * seq_len_);
   for (int64_t j = 0; j < micro_batch_; ++j) {
-    const int64_t k = io::TokenFile::sample_index(state_.consumed_samples, micro, groups_->dp_rank,
+    const int64_t k = io::TokenFile::sample_index(consumed, micro, groups_->dp_rank,
                                                   groups_->dp_size, j, micro_batch_);
     const int64_t row = j * seq_len_;
     data.read_sample(k, seq_len_, full.input_ids.data() + row, full.labels.data() + row);
     data.read_layout(k, seq_len_, full.position_ids.data() + row, full.document_ids.data() + row);
   }
   SequenceBatch local = prepare_autosp_inputs(full, groups_->sp_rank, groups_->sp_size);
-  std::copy(local.input_ids.begin(), local.input_ids.end(), inputs_.begin());
-  std::copy(local.labels.begin(), local.labels.end(), labels_.begin());
-  std::copy(local.position_ids.begin(), local.position_ids.end(), positions_.begin());
-  if (config_.data.packed) std::copy(local.document_ids.begin(), local.document_ids.end(), documents_.begin());
+  std::copy(local.input_ids.begin(), local.input_ids.end(), dst.input_ids);
+  std::copy(local.labels.begin(), local.labels.end(), dst.labels);
+  std::copy(local.position_ids.begin(), local.position_ids.end(), dst.position_ids);
+  if (config_.data.packed) std::copy(local.document_ids.begin(), local.document_ids.end(), dst.document_ids);
 }
 
 StepStats Trainer::train_step(const DataSource& data) {
+  if (device_) return train_step_on_device(data);
   const auto start = std::chrono::steady_clock::now();
   const int64_t g = config_.gradient_accumulation_steps.value();
   const int64_t t = state_.step;
@@ -311,7 +356,7 @@ StepStats Trainer::train_step(const DataSource& data) {
   // DeepSpeed scales each micro batch's loss by 1/g: the step's gradient is the mean.
   const float inv_g = g == 1 ? 1.0f : 1.0f / float(g);
   for (int64_t m = 0; m < g; ++m) {
-    load_micro_batch(data, m);
+    load_micro_batch(data, state_.consumed_samples, m, host_batch());
     if (earlier_executor_ && m + 1 < g) {
       // Before the last micro batch (stages 0 and 1): the gradients add up on the rank, and
       // the last program adds them to its own and reduces the sum once.
@@ -364,9 +409,19 @@ StepStats Trainer::train_step(const DataSource& data) {
     user_error("step ", t + 1, ": the gradient norm is ", norm, "; the parameters are no longer finite "
                "(checkpoints already written are intact)");
   state_.step = t + 1;
-  StepStats s;
-  s.first_sample = state_.consumed_samples;
+  const int64_t first_sample = state_.consumed_samples;
   state_.consumed_samples += g * micro_batch_ * groups_->dp_size;
+  StepStats s = step_stats(first_sample, loss, lr, norm, start);
+  s.activation_bytes = allocator_.peak_bytes();
+  s.peak_bytes = s.activation_bytes + s.model_state_bytes;
+  return s;
+}
+
+StepStats Trainer::step_stats(int64_t first_sample, double loss, double lr, double norm,
+                              std::chrono::steady_clock::time_point start) const {
+  const int64_t g = config_.gradient_accumulation_steps.value();
+  StepStats s;
+  s.first_sample = first_sample;
   s.consumed_samples = state_.consumed_samples;
   s.step = state_.step;
   s.loss = loss;
@@ -375,16 +430,71 @@ StepStats Trainer::train_step(const DataSource& data) {
   s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   s.tokens_per_s = double(g * micro_batch_ * seq_len_ * groups_->dp_size) / s.seconds;
   if (profile_enabled()) global_profile().add_step(s.seconds);
-  s.activation_bytes = allocator_.peak_bytes();
   s.model_state_bytes = model_state_bytes();
   s.planned_peak_bytes = planned_peak_;
   s.flops = step_flops_;
+  return s;
+}
+
+// The device path (device_step.h): everything is enqueued, and the host waits once, at the
+// end, for the loss and the norm. While the device runs a micro batch, the host reads the
+// next one from the data and its copy is enqueued on the copy stream; after the optimizer,
+// the next step's first micro batch is read and copied the same way.
+StepStats Trainer::train_step_on_device(const DataSource& data) {
+  const auto start = std::chrono::steady_clock::now();
+  const int64_t g = config_.gradient_accumulation_steps.value();
+  const int64_t t = state_.step;
+  // A checkpoint's host copy of the state (checkpoint_shards) is not kept past it.
+  state_.params = {};
+  state_.exp_avg = {};
+  state_.exp_avg_sq = {};
+  auto stage = [&](int64_t consumed, int64_t micro) {
+    load_micro_batch(data, consumed, micro, device_->staging());
+    device_->upload();
+  };
+  if (prefetched_from_ != &data || prefetched_at_ != state_.consumed_samples) stage(state_.consumed_samples, 0);
+  prefetched_from_ = nullptr;
+  // DeepSpeed scales each micro batch's loss by 1/g: the step's gradient is the mean.
+  const float inv_g = g == 1 ? 1.0f : 1.0f / float(g);
+  for (int64_t m = 0; m < g; ++m) {
+    device_->micro_batch(m == 0, inv_g);
+    if (m + 1 < g) stage(state_.consumed_samples, m + 1);
+  }
+  const double lr = lr_at(config_.scheduler, config_.optimizer.lr, t);
+  device_->optimizer(config_.optimizer, lr, t + 1, config_.gradient_clipping);
+  const int64_t next = state_.consumed_samples + g * micro_batch_ * groups_->dp_size;
+  stage(next, 0);
+  prefetched_from_ = &data;
+  prefetched_at_ = next;
+  const DeviceStepResult r = device_->finish();
+  const double loss = r.loss_sum / double(g);
+  if (!std::isfinite(loss))
+    user_error("step ", t + 1, ": the loss is ", loss, " (a micro batch with no labelled tokens gives 0/0; "
+               "otherwise the model diverged: lower the learning rate); no update was applied");
+  if (!r.applied || !std::isfinite(r.grad_norm))
+    user_error("step ", t + 1, ": the gradient norm is ", r.grad_norm, "; no update was applied "
+               "(checkpoints already written are intact)");
+  state_.step = t + 1;
+  const int64_t first_sample = state_.consumed_samples;
+  state_.consumed_samples = next;
+  StepStats s = step_stats(first_sample, loss, lr, r.grad_norm, start);
+  s.activation_bytes = device_->arena_bytes();
   s.peak_bytes = s.activation_bytes + s.model_state_bytes;
   return s;
 }
 
-StateShards Trainer::checkpoint_shards() const {
+StateShards Trainer::checkpoint_shards() {
   StateShards out;
+  if (device_) {
+    device_->download(state_, true);
+    for (StateKind kind : kStateKinds) {
+      const auto& whole = kind == StateKind::params ? state_.params
+                          : kind == StateKind::exp_avg ? state_.exp_avg : state_.exp_avg_sq;
+      for (const auto& t : whole) out.whole[static_cast<size_t>(kind)].push_back(t.data());
+    }
+    out.round_elements = std::min(config_.zero.allgather_bucket_size, ShardedAdamW::kMaxScratchFloats);
+    return out;
+  }
   if (config_.zero_stage >= 1) out.layout = optimizer_->layout();
   for (StateKind kind : kStateKinds) {
     const size_t q = static_cast<size_t>(kind);
@@ -404,6 +514,7 @@ StateShards Trainer::checkpoint_shards() const {
 }
 
 int64_t Trainer::model_state_bytes() const {
+  if (device_) return device_->state_bytes();
   int64_t n = 0;
   for (const auto* tensors : {&state_.params, &grads_, &state_.exp_avg, &state_.exp_avg_sq})
     for (const auto& t : *tensors) n += static_cast<int64_t>(t.size());
@@ -426,6 +537,10 @@ std::vector<float> Trainer::logits(const int32_t* inputs, int64_t B, int64_t S) 
     eval_batch_ = B;
     eval_executor_ = make_executor(parse_backend(config_.backend), eval_graph_, eval_allocator_, 0,
                                    sharded ? groups_ : nullptr);
+    if (!device_) bind_parameters(*eval_executor_);
+  }
+  if (device_) {  // the fp32 graph, on the master weights as they are now
+    device_->download(state_, false);
     bind_parameters(*eval_executor_);
   }
   std::vector<int32_t> positions(B * S);
@@ -459,6 +574,7 @@ double Trainer::loss_and_grads(const int32_t* inputs, const int32_t* labels,
 }
 
 double Trainer::loss_and_grads(const SequenceBatch& full, std::vector<std::vector<float>>& grads) {
+  AUTOSP_CHECK(!device_, "loss_and_grads runs the host path's fp32 step, not the device-resident bf16 one");
   AUTOSP_CHECK(groups_->dp_size == 1, "loss_and_grads runs one replica, not ", groups_->dp_size);
   AUTOSP_CHECK(config_.zero_stage == 0 || (config_.zero_stage == 1 && groups_->world->size() == 1),
                "loss_and_grads reads full gradients, which ZeRO stage ", config_.zero_stage, " on ",

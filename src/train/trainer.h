@@ -1,6 +1,7 @@
 // The training loop's core: a compiled training step for one model and one batch shape,
 // the parameters and AdamW state it updates, and forward-only prediction for evaluation.
 #pragma once
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -15,6 +16,7 @@
 #include "runtime/executor.h"
 #include "train/config.h"
 #include "train/data.h"
+#include "train/device_step.h"
 #include "train/state_shards.h"
 
 namespace autosp::train {
@@ -129,10 +131,16 @@ class Trainer {
   // the same on every rank, for tests.
   double loss_and_grads(const SequenceBatch& full, std::vector<std::vector<float>>& grads);
 
+  // The state's step counters; its tensors, except on the device path (device_resident()),
+  // where they live on the GPU and checkpoint_shards() brings them to the host.
   const ModelState& state() const { return state_; }
   // This rank's part of the state for a checkpoint (train::save_checkpoint): the tensors it
-  // holds whole, and its shards with their layout.
-  StateShards checkpoint_shards() const;
+  // holds whole, and its shards with their layout. On the device path the whole state is
+  // copied to host memory first (kept until the next step).
+  StateShards checkpoint_shards();
+  // `autosp train --backend cuda` with bf16 enabled: the bf16 step with parameters, gradients
+  // and optimizer state resident on the device (train/device_step.h); stats are device bytes.
+  bool device_resident() const { return device_ != nullptr; }
   // Reading a resumed state (ModelState::stored) into what this rank keeps, in the
   // constructor: how long it took and how far the resident set's peak rose above the
   // buffers it filled (RssPhase; they are allocated first). Zero when nothing was stored.
@@ -163,7 +171,15 @@ class Trainer {
  private:
   void bind_parameters(Executor& ex) const;
   void bind_step(Executor& ex);  // parameters, the staged micro batch, the accumulated gradients
-  void load_micro_batch(const DataSource& data, int64_t micro);
+  // Micro batch `micro` of the step that begins at global sample `consumed`, this rank's
+  // slice, into dst.
+  void load_micro_batch(const DataSource& data, int64_t consumed, int64_t micro, const BatchBuffers& dst);
+  BatchBuffers host_batch();  // inputs_, labels_, positions_, documents_
+  // The host path's optimizer, holding (or reading) the state as ZeRO's stage says.
+  void load_host_state();
+  StepStats train_step_on_device(const DataSource& data);
+  StepStats step_stats(int64_t first_sample, double loss, double lr, double norm,
+                       std::chrono::steady_clock::time_point start) const;
 
   models::LlamaConfig model_;
   TrainConfig config_;
@@ -171,7 +187,12 @@ class Trainer {
   ModelState state_;
   ProcessGroups own_groups_;  // single-rank groups when none are given
   ProcessGroups* groups_;
-  std::unique_ptr<class ShardedAdamW> optimizer_;
+  std::unique_ptr<class ShardedAdamW> optimizer_;  // null on the device path
+  // The device path's step and state (null otherwise), and the step whose first micro batch it
+  // has uploaded ahead: the data and the global sample it begins at.
+  std::unique_ptr<DeviceStep> device_;
+  const DataSource* prefetched_from_ = nullptr;
+  int64_t prefetched_at_ = -1;
   int64_t local_len_ = 0;     // this rank's slice of the sequence (autosp SequenceSplit)
   Graph joint_, earlier_;
   MemoryStrategy strategy_;

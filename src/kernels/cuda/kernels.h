@@ -162,4 +162,42 @@ void adamw_step(float* param, const float* grad, float* exp_avg, float* exp_avg_
 // acc[i] (+)= g[i] in fp32: a step's bf16 (or f32) gradient into its fp32 accumulator.
 void accumulate_grad(Dt dt, const void* g, int64_t n, float* acc, bool overwrite, cudaStream_t stream);
 
+// ---- the device-resident optimizer step (train/device_step.h; kernels in optimizer.cu) -----
+// What the step leaves on the device for the host to read once, at its end: the sum of the
+// micro batches' losses, the gradient norm before clipping, clip_grad_norm's coefficient, and
+// whether the update was applied (1) or skipped (0: a non-finite loss or norm).
+struct StepStatus {
+  double loss_sum;
+  double norm;
+  float coef;
+  int applied;
+};
+// One piece of one gradient: n elements of dtype dt at src, added into the fp32 sum at dst.
+struct GradChunk {
+  const void* src;
+  float* dst;
+  int64_t n;
+};
+// For each of `count` chunks (a device array; one block each): dst[i] = (overwrite ? 0 :
+// dst[i]) + fp32(src[i]) * scale, the fp32 product rounded once. scale is 1/g for a step of g
+// micro batches (the mean gradient, as the host path's).
+void accumulate_grad_chunks(Dt dt, const GradChunk* chunks, int64_t count, float scale, bool overwrite,
+                            cudaStream_t stream);
+// status->loss_sum (=, when first; else +=) the f32 scalar *loss, in double.
+void add_loss(const float* loss, StepStatus* status, bool first, cudaStream_t stream);
+// The gradient norm in two launches with a fixed grid, so its value does not depend on the
+// device (bitwise the same on every run, and after a resume): kNormBlocks partial sums of g^2
+// in double, each over a fixed strided set of elements and reduced in a fixed tree; then one
+// block adds the partials in a fixed tree, takes the root, and sets the coefficient
+// min(max_norm / (norm + 1e-6), 1) rounded to fp32 (max_norm <= 0: no clipping, 1), and
+// applied = isfinite(loss_sum) && isfinite(norm).
+constexpr int kNormBlocks = 1024;
+void grad_norm_partials(const float* g, int64_t n, double* partials /* kNormBlocks */, cudaStream_t stream);
+void grad_norm_finish(const double* partials, double max_norm, StepStatus* status, cudaStream_t stream);
+// adamw_step (above) on the flat buffers with grad * status->coef as the gradient (rounded to
+// fp32 once, as train::adamw_step's grad_scale), and only when status->applied; the updated
+// parameter rounded to bf16 into compute_copy_bf16.
+void adamw_flat(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n,
+                const AdamWScalars& s, const StepStatus* status, void* compute_copy_bf16, cudaStream_t stream);
+
 }  // namespace autosp::cuda
