@@ -1,25 +1,28 @@
-// bench_cuda: autosp's bf16 training step on one GPU (the cuda backend), for the GPU check
-// (scripts/gpu_check.sh), against PyTorch on the same GPU (bench/bench_cuda_torch.py).
+// bench_cuda: autosp's bf16 training step on one GPU, as `autosp train --backend cuda` runs it
+// with bf16 enabled (train::Trainer's device-resident step, train/device_step.h), for the GPU
+// check (scripts/gpu_check.sh), against PyTorch on the same GPU (bench/bench_cuda_torch.py).
 //
 //   bench_cuda --model DIR --seq-len S [--batch B] [--steps N] [--checkpoint none|full|sac]
-//              [--max-seq] [--out FILE.json]
+//              [--max-seq [--max-seq-limit S] [--time-box SECONDS]] [--plan-only] [--out FILE.json]
 //
-// A step is the compiled bf16 joint graph on the CudaExecutor (parameters bound in device
-// memory as bf16 compute copies, gradients left on the device), then per parameter: its
-// bf16 gradient into an fp32 buffer and AdamW on the fp32 master weights and moments, which
-// rewrites the bf16 copy (DESIGN.md "Numbers and types"). Step time is the median of the
-// timed steps after one warm-up step, each ended by a device synchronisation.
+// The model: DIR/config.json, weights from autosp's seeded init (seed 42, the distribution
+// bench_cuda_torch.py draws from too). The data: uniformly random token ids (seed 1), each
+// sample's labels its next tokens. AdamW lr 1e-4, betas (0.9, 0.95), weight decay 0.1,
+// clipping at 1.0. Step time is the median of the steps after the first (which pays one-time
+// costs: cuBLAS's and cuDNN's first calls, the allocator's first touch); each step ends with
+// the trainer's one synchronisation.
 //
-// Memory: what autosp allocates on the device (the step's arena, the inputs' block, model
-// state at 18 bytes per parameter: fp32 master, gradient and two moments, bf16 copy), and
-// what the device reports used (cudaMemGetInfo, which adds the CUDA context and cuBLAS's
+// Memory: what autosp allocates on the device (the trainer's plan: model state at 18 bytes a
+// parameter, the step's arena, the batch's two device slots), and what the device reports used
+// beyond what it used before (cudaMemGetInfo, which adds the CUDA context and cuBLAS's
 // workspace). The torch side reports torch.cuda.max_memory_allocated: compare the first.
 //
 // --plan-only: compile and plan, print the planned device bytes (no device needed).
-// --max-seq: for the checkpoint policy given, the longest S (doubling from --seq-len) whose
-// planned device memory fits in 95% of the free memory, and whether its arena then
-// allocates. The step at that S is not run (attention's work grows as S^2: a step at the
-// longest S would outlast the GPU check's time); the JSON says so.
+// --max-seq: for the checkpoint policy given, S doubling from --seq-len up to --max-seq-limit
+// (262144 by default): at each S the trainer is built (planned and allocated) and ONE step
+// runs; the longest S whose step ran is the answer, with the plan and the device memory used
+// beside it. Stops at the first S that does not plan, allocate or run, or when the next S
+// (attention's work grows as S^2: 4x the last step's time) would pass the time box.
 #include <cuda_runtime_api.h>
 
 #include <CLI/CLI.hpp>
@@ -31,72 +34,49 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
-#include "kernels/cuda/kernels.h"
 #include "models/llama.h"
 #include "ops/cuda_kernels.h"
-#include "ops/op.h"
-#include "passes/autodiff.h"
-#include "passes/pipeline.h"
-#include "passes/plan_memory.h"
 #include "runtime/cuda_executor.h"
-#include "train/cuda_adamw.h"
+#include "runtime/profile.h"
+#include "train/config.h"
+#include "train/data.h"
+#include "train/trainer.h"
+#include "util/error.h"
 
 namespace autosp {
 namespace {
 
-struct DeviceState {
-  std::vector<models::ParameterSpec> specs;
-  std::vector<float*> master, grad, m, v;
-  std::vector<void*> copy;  // bf16
-  int64_t bytes = 0;
-  ~DeviceState() {
-    for (auto* vec : {&master, &grad, &m, &v})
-      for (float* p : *vec) cudaFree(p);
-    for (void* p : copy) cudaFree(p);
+// Uniformly random token ids, the same for every run: sample k is its own stream of S + 1.
+class RandomTokens final : public train::DataSource {
+ public:
+  explicit RandomTokens(int64_t vocab) : vocab_(vocab) {}
+  void read_sample(int64_t sample, int64_t S, int32_t* inputs, int32_t* labels) const override {
+    std::mt19937_64 rng(uint64_t(sample) * 0x9E3779B97F4A7C15ull + 1);
+    int32_t next = int32_t(rng() % uint64_t(vocab_));
+    for (int64_t i = 0; i < S; ++i) {
+      inputs[i] = next;
+      next = int32_t(rng() % uint64_t(vocab_));
+      labels[i] = next;
+    }
   }
+  std::string describe(int64_t S) const override { return str("random tokens, samples of ", S); }
+
+ private:
+  int64_t vocab_;
 };
 
-template <typename T>
-T* device_alloc(int64_t n, int64_t elem, int64_t& total, const std::string& what) {
-  void* p = nullptr;
-  check_cuda(cudaMalloc(&p, size_t(std::max<int64_t>(n * elem, 1))), "cudaMalloc", what);
-  total += n * elem;
-  return static_cast<T*>(p);
-}
-
-void init_state(DeviceState& s, const models::LlamaConfig& model) {
-  s.specs = models::llama_parameters(model);
-  for (const auto& spec : s.specs) {
-    const int64_t n = numel(spec.shape);
-    s.master.push_back(device_alloc<float>(n, 4, s.bytes, spec.name));
-    s.grad.push_back(device_alloc<float>(n, 4, s.bytes, spec.name));
-    s.m.push_back(device_alloc<float>(n, 4, s.bytes, spec.name));
-    s.v.push_back(device_alloc<float>(n, 4, s.bytes, spec.name));
-    s.copy.push_back(device_alloc<void>(n, 2, s.bytes, spec.name));
-    const std::vector<float> init = models::llama_init(model, spec, 42);
-    check_cuda(cudaMemcpy(s.master.back(), init.data(), size_t(4 * n), cudaMemcpyHostToDevice), "cudaMemcpy", spec.name);
-    check_cuda(cudaMemset(s.m.back(), 0, size_t(4 * n)), "cudaMemset", spec.name);
-    check_cuda(cudaMemset(s.v.back(), 0, size_t(4 * n)), "cudaMemset", spec.name);
-    cuda::convert(cuda::Dt::f32, cuda::Dt::bf16, s.master.back(), n, s.copy.back(), nullptr);
-  }
-  check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize", "model state");
-}
-
-Graph compile_step(const models::LlamaConfig& model, int64_t B, int64_t S, CheckpointPolicy policy) {
-  const Graph forward = models::llama_forward(model, {.batch = B, .seq_len = S, .dtype = DType::bf16});
-  CompileOptions options;
-  options.threads = 1;
-  options.backend = Backend::cuda;
-  options.checkpoint.policy = policy;
-  return compile(forward, options);
-}
-
-// What plan_memory gives the cuda executor for this step, and its inputs' block.
-int64_t planned_device_bytes(const Graph& joint) {
-  const MemoryPlan plan = read_memory_plan(executable_graph(joint, Backend::cuda, 1));
-  int64_t inputs = 0;
-  for (ValueId v : joint.inputs()) inputs += (joint.type(v).bytes() + 63) / 64 * 64;
-  return plan.arena_bytes + inputs;
+train::TrainConfig bench_config(int64_t B, const std::string& policy) {
+  train::TrainConfig config;
+  config.train_micro_batch_size_per_gpu = B;
+  config.gradient_accumulation_steps = 1;
+  config.gradient_clipping = 1.0;
+  config.optimizer = {.lr = 1e-4, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
+  config.compile.checkpoint = policy;
+  config.requested_precision = "bf16";
+  config.precision_key = "bf16.enabled";
+  config.backend = "cuda";
+  train::resolve_batch(config, 1, "bench_cuda");
+  return config;
 }
 
 // Model FLOPs of one step, counted the same way for autosp and torch (no recomputation):
@@ -114,132 +94,138 @@ double model_flops(const models::LlamaConfig& m, int64_t B, int64_t S) {
   return 6.0 * matmul_params * T + 3.0 * attn_fwd;
 }
 
+int64_t device_used() {
+  size_t free = 0, total = 0;
+  check_cuda(cudaMemGetInfo(&free, &total), "cudaMemGetInfo", "bench_cuda");
+  return int64_t(total) - int64_t(free);
+}
+
+double gib(int64_t bytes) { return double(bytes) / double(1 << 30); }
+
+// The per-op profile's rows (AUTOSP_PROFILE=1), for the JSON.
+nlohmann::json profile_rows() {
+  nlohmann::json rows = nlohmann::json::array();
+  for (const ProfileRow& r : global_profile().rows())
+    rows.push_back({{"phase", phase_name(r.phase)}, {"op", r.op}, {"kernel", r.kernel}, {"calls", r.calls},
+                    {"seconds", r.seconds}, {"flops", r.flops}});
+  return rows;
+}
+
 int run(int argc, char** argv) {
-  std::string model_dir, out_path, policy_name = "none";
-  int64_t S = 4096, B = 1, steps = 5;
+  std::string model_dir, out_path, policy = "none";
+  int64_t S = 4096, B = 1, steps = 5, max_seq_limit = 262144;
   double peak_tflops = 989.0;  // H200 SXM dense bf16
-  bool max_seq = false;
+  double time_box = 240;
+  bool max_seq = false, plan_only = false;
   CLI::App app{"autosp's bf16 training step on one GPU"};
   app.add_option("--model", model_dir, "Model directory (config.json)")->required();
   app.add_option("--seq-len", S, "Sequence length");
   app.add_option("--batch", B, "Micro batch");
   app.add_option("--steps", steps, "Timed steps (after one warm-up)");
-  app.add_option("--checkpoint", policy_name, "none | full | sac");
+  app.add_option("--checkpoint", policy, "none | full | sac");
   app.add_option("--peak-tflops", peak_tflops, "The GPU's dense bf16 peak, for MFU");
-  app.add_flag("--max-seq", max_seq, "Find the longest S that fits (planned, allocated, not run)");
+  app.add_flag("--max-seq", max_seq, "The longest S whose step runs, doubling from --seq-len");
+  app.add_option("--max-seq-limit", max_seq_limit, "--max-seq: the largest S tried");
+  app.add_option("--time-box", time_box, "--max-seq: seconds for the whole search");
   app.add_option("--out", out_path, "Write the result as JSON here");
-  bool plan_only = false;
   app.add_flag("--plan-only", plan_only, "Compile and plan the step's device memory; no device needed");
   CLI11_PARSE(app, argc, argv);
   const models::LlamaConfig model = models::load_llama_config(model_dir + "/config.json");
-  const CheckpointPolicy policy = parse_checkpoint_policy(policy_name, "--checkpoint");
   nlohmann::json result = {{"model", model_dir}, {"parameters", models::llama_num_parameters(model)},
-                           {"checkpoint", policy_name}, {"batch", B}};
+                           {"checkpoint", policy}, {"batch", B}};
+  const RandomTokens data(model.vocab_size);
+
   if (plan_only) {
-    const int64_t need = planned_device_bytes(compile_step(model, B, S, policy));
-    const int64_t state = 18 * models::llama_num_parameters(model);
-    std::printf("S %lld, %s: planned arena + inputs %.2f GiB, model state %.2f GiB (18 bytes per parameter)\n",
-                (long long)S, policy_name.c_str(), double(need) / double(1 << 30), double(state) / double(1 << 30));
-    return 0;
+    // The trainer plans before it touches the device: its planned peak is in the error a
+    // budget of 1 byte makes it give.
+    train::TrainConfig config = bench_config(B, policy);
+    config.compile.memory_budget_gb = 1.0 / double(1 << 30);
+    try {
+      train::Trainer trainer(model, config, S, train::ModelState::initial(model, 42));
+    } catch (const UserError& e) {
+      std::printf("S %lld, %s: %s\n", (long long)S, policy.c_str(), e.what());
+      return 0;
+    }
+    user_error("bench_cuda --plan-only: a budget of 1 byte was met");
   }
   std::string why;
   if (cuda_device_count(&why) == 0) user_error("bench_cuda: no CUDA device (", why, ")");
   cudaDeviceProp prop{};
   check_cuda(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties", "bench_cuda");
   result["gpu"] = prop.name;
-  size_t free0 = 0, total = 0;
-  check_cuda(cudaMemGetInfo(&free0, &total), "cudaMemGetInfo", "bench_cuda");
-
-  DeviceState state;
-  init_state(state, model);
-  result["model_state_bytes"] = state.bytes;
+  check_cuda(cudaFree(nullptr), "cudaFree (creating the context)", "bench_cuda");
+  const int64_t used0 = device_used();  // the context alone
 
   if (max_seq) {
-    size_t free1 = 0;
-    check_cuda(cudaMemGetInfo(&free1, &total), "cudaMemGetInfo", "bench_cuda");
-    const double budget = 0.95 * double(free1);
-    int64_t best = 0, best_bytes = 0;
     nlohmann::json tried = nlohmann::json::array();
-    for (int64_t s = S; s <= (int64_t{1} << 22); s *= 2) {
-      const Graph joint = compile_step(model, B, s, policy);
-      const int64_t need = planned_device_bytes(joint);
-      tried.push_back({{"seq_len", s}, {"planned_bytes", need}});
-      std::printf("max-seq %s: S %lld plans %.2f GiB of %.2f GiB free\n", policy_name.c_str(), (long long)s,
-                  double(need) / double(1 << 30), double(free1) / double(1 << 30));
-      std::fflush(stdout);
-      if (double(need) > budget) break;
-      best = s;
-      best_bytes = need;
-    }
-    result["max_seq"] = {{"seq_len", best}, {"planned_bytes", best_bytes}, {"tried", tried}, {"step_run", false}};
-    if (best > 0) {
-      bool allocated = true;
-      try {
-        const Graph joint = compile_step(model, B, best, policy);
-        CudaExecutor ex(joint);
-      } catch (const CudaError& e) {
-        allocated = false;
-        result["max_seq"]["allocation_error"] = e.what();
+    int64_t best = 0;
+    nlohmann::json best_entry;
+    double last_step = 0;
+    const auto begin = std::chrono::steady_clock::now();
+    for (int64_t s = S; s <= max_seq_limit; s *= 2) {
+      const double spent = std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+      if (last_step > 0 && spent + 4.5 * last_step > time_box) {
+        tried.push_back({{"seq_len", s}, {"skipped", str("the time box: ", spent, " s spent, the last step took ",
+                                                          last_step, " s and this one would take about 4x")}});
+        break;
       }
-      result["max_seq"]["allocated"] = allocated;
+      nlohmann::json entry = {{"seq_len", s}};
+      bool ran = false;
+      try {
+        train::Trainer trainer(model, bench_config(B, policy), s, train::ModelState::initial(model, 42));
+        entry["planned_bytes"] = trainer.planned_peak_bytes();
+        const train::StepStats st = trainer.train_step(data);
+        entry["step_seconds"] = st.seconds;
+        entry["loss"] = st.loss;
+        entry["device_used_bytes"] = device_used() - used0;
+        entry["used_over_planned"] = double(device_used() - used0) / double(trainer.planned_peak_bytes());
+        last_step = st.seconds;
+        ran = std::isfinite(st.loss);
+      } catch (const std::exception& e) {  // a plan over the device's memory, an allocation or a step that failed
+        entry["error"] = e.what();
+        cudaGetLastError();
+      }
+      std::printf("max-seq %s: S %lld: %s\n", policy.c_str(), (long long)s, entry.dump().c_str());
+      std::fflush(stdout);
+      tried.push_back(entry);
+      if (!ran) break;
+      best = s;
+      best_entry = entry;
     }
+    result["max_seq"] = {{"seq_len", best}, {"at_longest", best_entry}, {"tried", tried}, {"step_run", true},
+                         {"limit", max_seq_limit}};
   } else {
-    const Graph joint = compile_step(model, B, S, policy);
-    double graph_flops = 0;
-    for (const Node& node : joint.nodes()) graph_flops += node_cost(joint, node).flops;
-    CudaExecutor ex(joint);
-    ex.set_copy_outputs(false);
-    for (size_t i = 0; i < state.specs.size(); ++i) ex.bind_device(joint.find_input(state.specs[i].name), state.copy[i]);
-    std::mt19937 rng(1);
-    std::vector<int32_t> ids(size_t(B * S)), labels(size_t(B * S)), pos(size_t(B * S));
-    for (auto& x : ids) x = static_cast<int32_t>(rng() % uint32_t(model.vocab_size));
-    for (size_t i = 0; i < ids.size(); ++i) {
-      labels[i] = i + 1 < ids.size() ? ids[i + 1] : -100;
-      pos[i] = static_cast<int32_t>(int64_t(i) % S);
-    }
-    ex.bind("input_ids", ids.data());
-    ex.bind("labels", labels.data());
-    ex.bind("position_ids", pos.data());
-    const train::AdamWParams adam{.lr = 1e-4, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
+    train::Trainer trainer(model, bench_config(B, policy), S, train::ModelState::initial(model, 42));
     std::vector<double> times, losses;
     for (int64_t step = 0; step <= steps; ++step) {
-      const auto t0 = std::chrono::steady_clock::now();
-      ex.run();
-      for (size_t i = 0; i < state.specs.size(); ++i) {
-        const int64_t n = numel(state.specs[i].shape);
-        cuda::accumulate_grad(cuda::Dt::bf16, ex.output_device(kGradPrefix + state.specs[i].name), n, state.grad[i],
-                              true, ex.stream());
-        train::cuda_adamw_step(state.master[i], state.grad[i], state.m[i], state.v[i], n, adam, step + 1, adam.lr,
-                               state.copy[i], ex.stream());
-      }
-      check_cuda(cudaStreamSynchronize(ex.stream()), "cudaStreamSynchronize", "the optimizer step");
-      check_cuda(cudaGetLastError(), "the optimizer kernels", "bench_cuda");
-      const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      float loss = 0;
-      check_cuda(cudaMemcpy(&loss, ex.output_device("loss"), 4, cudaMemcpyDeviceToHost), "cudaMemcpy", "loss");
-      std::printf("step %lld: %.3f s, loss %.4f\n", (long long)step, sec, double(loss));
+      const train::StepStats st = trainer.train_step(data);
+      std::printf("step %lld: %.3f s, loss %.4f, grad norm %.4f\n", (long long)step, st.seconds, st.loss,
+                  st.grad_norm);
       std::fflush(stdout);
-      losses.push_back(loss);
-      if (step > 0) times.push_back(sec);
+      losses.push_back(st.loss);
+      if (step > 0) times.push_back(st.seconds);
+      if (step == 0) global_profile().reset();  // AUTOSP_PROFILE=1: the timed steps only
     }
     std::sort(times.begin(), times.end());
     const double median = times.empty() ? 0 : times[times.size() / 2];
-    size_t free2 = 0;
-    check_cuda(cudaMemGetInfo(&free2, &total), "cudaMemGetInfo", "bench_cuda");
     const double flops = model_flops(model, B, S);
     result["seq_len"] = S;
     result["step_seconds"] = median;
     result["losses"] = losses;
-    result["allocated_bytes"] = ex.arena_bytes() + ex.input_bytes() + state.bytes;
-    result["arena_bytes"] = ex.arena_bytes();
-    result["device_used_bytes"] = int64_t(free0) - int64_t(free2);
+    result["allocated_bytes"] = trainer.planned_peak_bytes();
+    result["model_state_bytes"] = trainer.model_state_bytes();
+    result["arena_bytes"] = trainer.planned_arena_bytes();
+    result["device_used_bytes"] = device_used() - used0;
     result["model_flops"] = flops;
-    result["graph_flops"] = graph_flops;
     result["mfu"] = median > 0 ? flops / median / (peak_tflops * 1e12) : 0;
     result["peak_tflops"] = peak_tflops;
-    std::printf("autosp cuda: S %lld, %s: %.3f s/step, MFU %.1f%%, allocated %.2f GiB\n", (long long)S,
-                policy_name.c_str(), median, 100 * double(result["mfu"]),
-                double(result["allocated_bytes"].get<int64_t>()) / double(1 << 30));
+    if (profile_enabled()) {
+      std::printf("%s", global_profile().report(str("bench_cuda S ", S, " ", policy)).c_str());
+      result["profile"] = profile_rows();
+    }
+    std::printf("autosp cuda: S %lld, %s: %.3f s/step, MFU %.1f%%, planned %.2f GiB, device used %.2f GiB\n",
+                (long long)S, policy.c_str(), median, 100 * double(result["mfu"]),
+                gib(trainer.planned_peak_bytes()), gib(result["device_used_bytes"].get<int64_t>()));
   }
   if (!out_path.empty()) std::ofstream(out_path) << result.dump(2) << "\n";
   return 0;

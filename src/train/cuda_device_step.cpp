@@ -6,7 +6,7 @@
 #include <utility>
 
 #include "kernels/cuda/kernels.h"
-#include "passes/grad_sync.h"
+#include "passes/autodiff.h"
 #include "passes/plan_memory.h"
 #include "runtime/cuda_executor.h"
 #include "train/cuda_adamw.h"
@@ -63,10 +63,9 @@ class CudaDeviceStep final : public DeviceStep {
     for (const auto& spec : specs_) sizes.push_back(autosp::numel(spec.shape));
     layout_ = flat_layout(sizes);
 
-    // The step's outputs: "loss" and one unreduced bucket per parameter (ZeRO 0 on one rank).
     std::vector<std::string> device_bound(kBatchInputs.begin(), kBatchInputs.begin() + batch_inputs_);
     for (const auto& spec : specs_) device_bound.push_back(spec.name);
-    index_of_bucket(joint);
+    check_gradients(joint);
 
     // Everything this step allocates on the device, against what is free, before allocating.
     const int64_t planned = device_state_bytes(sizes) + read_memory_plan(joint).arena_bytes +
@@ -242,27 +241,13 @@ class CudaDeviceStep final : public DeviceStep {
     return b;
   }
 
-  // Per parameter: its bucket's output and its first element there (one rank, ZeRO 0: a
-  // bucket per parameter, but the mapping does not rely on it).
-  void index_of_bucket(const Graph& joint) {
-    const std::vector<GradBucket> buckets = read_grad_buckets(joint);
-    grad_source_.assign(specs_.size(), {"", 0});
-    std::vector<bool> seen(specs_.size(), false);
-    for (size_t k = 0; k < buckets.size(); ++k) {
-      AUTOSP_CHECK(buckets[k].whole, "the device-resident step takes whole (stage 0) gradient buckets");
-      int64_t at = 0;
-      for (size_t j = 0; j < buckets[k].params.size(); at += buckets[k].numel[j], ++j) {
-        const auto it = std::find_if(specs_.begin(), specs_.end(),
-                                     [&](const models::ParameterSpec& s) { return s.name == buckets[k].params[j]; });
-        AUTOSP_CHECK(it != specs_.end(), "gradient bucket ", k, " holds ", buckets[k].params[j], ", not a parameter");
-        const size_t i = size_t(it - specs_.begin());
-        AUTOSP_CHECK(!seen[i] && buckets[k].numel[j] == numel(it->shape), "bucket ", k, ": ", it->name);
-        seen[i] = true;
-        grad_source_[i] = {str(kGradReducedPrefix, k), at};
-      }
+  // The step's gradient outputs: "grad:<name>" of every parameter, of the compute dtype.
+  void check_gradients(const Graph& joint) const {
+    for (const auto& spec : specs_) {
+      const ValueId g = joint.output(kGradPrefix + spec.name);
+      AUTOSP_CHECK(joint.type(g) == (TensorType{DType::bf16, spec.shape}), "the step's gradient of ", spec.name,
+                   " is not bf16 of its shape");
     }
-    for (size_t i = 0; i < specs_.size(); ++i)
-      AUTOSP_CHECK(seen[i], "the compiled step has no gradient of ", specs_[i].name);
   }
 
   // The accumulation's chunks point into the step's outputs, which live at planned offsets of
@@ -272,8 +257,8 @@ class CudaDeviceStep final : public DeviceStep {
     bool changed = false;
     for (size_t c = 0; c < chunks_.size(); ++c) {
       const TensorChunk& t = chunks_[c];
-      const auto& [output, at] = grad_source_[size_t(t.tensor)];
-      const cuda::GradChunk g{static_cast<const char*>(ex_->output_device(output)) + 2 * (at + t.begin),
+      const std::string& output = kGradPrefix + specs_[size_t(t.tensor)].name;
+      const cuda::GradChunk g{static_cast<const char*>(ex_->output_device(output)) + 2 * t.begin,
                               grad_.as<float>() + layout_.offset[size_t(t.tensor)] + t.begin, t.n};
       changed |= g.src != table[c].src || g.dst != table[c].dst || g.n != table[c].n;
       if (chunk_table_ready_) continue;
@@ -296,7 +281,6 @@ class CudaDeviceStep final : public DeviceStep {
   std::unique_ptr<CudaExecutor> ex_;
   DeviceMemory master_, grad_, exp_avg_, exp_avg_sq_, copy_, partials_, status_, status_host_;
   std::vector<TensorChunk> chunks_;
-  std::vector<std::pair<std::string, int64_t>> grad_source_;  // per parameter: bucket output, offset
   DeviceMemory chunk_table_, chunk_table_host_;
   bool chunk_table_ready_ = false;
   cudaStream_t copy_stream_ = nullptr;

@@ -85,8 +85,7 @@ class DeviceStep {
 };
 
 // `joint`: the step compiled for the cuda backend in bf16, one rank, gradients unreduced
-// (ZeRO stage 0, world 1, one micro batch a program), so its outputs are "loss" and one
-// "grad_reduced:<k>" bucket per parameter. micro_batch x seq_len tokens; `packed`: it has the
+// (no grad_sync: its outputs are "loss" and "grad:<name>" of every parameter, bf16). micro_batch x seq_len tokens; `packed`: it has the
 // document_ids input. A UserError, before anything is allocated, when the planned state and
 // arena do not fit in the device's free memory; a UserError in a build without the cuda
 // backend.

@@ -139,11 +139,17 @@ Trainer::Trainer(const models::LlamaConfig& model, const TrainConfig& config, in
   int64_t smallest = INT64_MAX;
   for (const MemoryStrategy& candidate : strategy_candidates(config.compile, int64_t(budget))) {
     // Lowered for config.backend: the plan holds its kernels' workspaces.
-    // The device path sums the micro batches' gradients in fp32 itself: one program, whose
-    // gradients on one rank need no reduction (ZeRO stages differ in nothing on one rank).
+    // The device path sums the micro batches' gradients in fp32 itself: one program for
+    // every micro batch, whose "grad:<name>" outputs on one rank need no reduction (ZeRO
+    // stages differ in nothing on one rank), so the graph has no collectives at all.
     CompileOptions options = step_compile_options(config, W, threads_, candidate);
-    if (on_device) options.grad_sync = {.zero_stage = 0, .world_size = 1};
-    CompiledStep step = compile_step(forward, options, on_device ? 1 : g);
+    CompiledStep step;
+    if (on_device) {
+      options.grad_sync = {};  // reduce false: the graph's gradients are left as they are
+      step.last = compile(forward, options);
+    } else {
+      step = compile_step(forward, options, g);
+    }
     const int64_t arena = std::max(read_memory_plan(step.last).arena_bytes,
                                    step.has_earlier() ? read_memory_plan(step.earlier).arena_bytes : 0);
     model_state = model_state_of(step);
