@@ -69,7 +69,7 @@ class CudaDeviceStep final : public DeviceStep {
 
     // Everything this step allocates on the device, against what is free, before allocating.
     const int64_t planned = device_state_bytes(sizes) + read_memory_plan(joint).arena_bytes +
-                            2 * batch_inputs_ * 4 * tokens_;
+                            device_batch_bytes(tokens_, packed);
     size_t free = 0, total = 0;
     check_cuda(cudaMemGetInfo(&free, &total), "cudaMemGetInfo", kWhere);
     if (double(planned) > double(free))
@@ -96,6 +96,9 @@ class CudaDeviceStep final : public DeviceStep {
       check_cuda(cudaMemset(m->as<void>(), 0, size_t(4 * n)), "cudaMemset", kWhere);
     check_cuda(cudaMemset(copy_.as<void>(), 0, size_t(2 * n)), "cudaMemset", kWhere);
     check_cuda(cudaMemset(status_.as<void>(), 0, sizeof(cuda::StepStatus)), "cudaMemset", kWhere);
+    // cudaMemset runs on the legacy stream, which the executor's non-blocking streams do not
+    // wait for.
+    check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize", kWhere);
 
     check_cuda(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags", kWhere);
     for (int s = 0; s < 2; ++s) {
@@ -198,6 +201,9 @@ class CudaDeviceStep final : public DeviceStep {
                    "cudaMemcpy", str("loading ", specs_[i].name, " onto the device"));
       }
     }
+    // A pageable cudaMemcpy may return before its DMA is done, and the executor's stream does
+    // not wait for the legacy stream's copies: the whole device first.
+    check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize", kWhere);
     cuda::convert(cuda::Dt::f32, cuda::Dt::bf16, master_.as<void>(), layout_.total, copy_.as<void>(), ex_->stream());
     check_cuda(cudaGetLastError(), "the bf16 copy's launch", kWhere);
     sync();
@@ -222,7 +228,9 @@ class CudaDeviceStep final : public DeviceStep {
   }
 
   int64_t state_bytes() const override { return device_state_bytes(layout_.numel); }
-  int64_t arena_bytes() const override { return ex_->arena_bytes() + ex_->input_bytes() + 2 * batch_inputs_ * 4 * tokens_; }
+  int64_t arena_bytes() const override {
+    return ex_->arena_bytes() + ex_->input_bytes() + device_batch_bytes(tokens_, batch_inputs_ == 4);
+  }
 
  private:
   void sync() {

@@ -155,7 +155,8 @@ Trainer::Trainer(const models::LlamaConfig& model, const TrainConfig& config, in
     model_state = model_state_of(step);
     reduction_staging_ = reduction_staging_bytes(step.last, W);  // the earlier program does not reduce more
     // On the device path: device bytes (the state, the arena, two slots of the batch).
-    const int64_t planned = on_device ? model_state + arena + 2 * staging_bytes()
+    const int64_t planned = on_device ? model_state + arena + device_batch_bytes(micro_batch_ * local_len_,
+                                                                                 config_.data.packed)
                                       : model_state + arena + staging_bytes() + runtime_reserve();
     tried += str(tried.empty() ? "" : ", ", strategy_name(candidate), " ", double(planned) / double(1 << 30), " GiB");
     smallest = std::min(smallest, planned);
