@@ -94,8 +94,9 @@ ArenaParts arena_parts(const Graph& g, const MemoryPlan& plan) {
 std::string describe_precision(const PlanSetup& setup) {
   if (setup.dtype == DType::bf16)
     return "bf16 parameters, activations and gradients (reduced in the step, in the plan's arena); fp32 master "
-           "weights and AdamW moments, sharded 1/W from ZeRO-1 on; with gradient accumulation the fp32 sum of a "
-           "step's micro batches beside the step (whole under ZeRO 0 and 1, 1/W under 2 and 3); the bf16 "
+           "weights and AdamW moments, sharded 1/W from ZeRO-1 on; with gradient accumulation (and "
+           "always on one GPU, where every micro batch's gradients add into it) the fp32 sum of a step's micro "
+           "batches beside the step (whole under ZeRO 0 and 1, 1/W under 2 and 3); the bf16 "
            "parameters sharded too under ZeRO-3, each layer's gathered in the arena; runtime reserve 1 GiB per GPU "
            "(CUDA context, cuBLAS and NCCL buffers)";
   return "fp32 parameters, activations, gradients and AdamW moments (the CPU runtime; gradients reduced in the "

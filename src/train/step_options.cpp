@@ -29,7 +29,10 @@ ModelStateBytes model_state_bytes(const TrainConfig& config, int64_t world, int6
   const int64_t param_bytes = dtype == DType::bf16 ? 2 : 4;
   ModelStateBytes b;
   b.parameters = param_bytes * (zero == 3 ? shard : N);
-  b.gradient_sum = !accumulating ? 0 : 4 * (zero < 2 ? N : shard);
+  // bf16 on one GPU (the device-resident step, train/device_step.h): the bf16 gradients of
+  // every micro batch add into an fp32 sum, one micro batch or many.
+  const bool device_sum = dtype == DType::bf16 && world == 1;
+  b.gradient_sum = !accumulating && !device_sum ? 0 : 4 * (zero < 2 ? N : shard);
   b.optimizer_state = (dtype == DType::bf16 ? 12 : 8) * shard;
   if (zero == 1 || zero == 2)
     b.communication = 4 * (world + 1) * ShardedAdamW::chunk_elements(shard, world, config.zero.allgather_bucket_size);

@@ -26,7 +26,9 @@ CompileOptions step_compile_options(const TrainConfig& config, int64_t world, in
 // rank's share of every parameter under ZeRO 1-3; whole under ZeRO 0).
 //   parameters       whole below ZeRO-3 (fp32, or bf16 for a bf16 run), this rank's shard at 3
 //   gradient_sum     with accumulation: the fp32 sum of the earlier micro batches, whole under
-//                    ZeRO 0 and 1 (the step's second program adds it), the shard under 2 and 3
+//                    ZeRO 0 and 1 (the step's second program adds it), the shard under 2 and 3;
+//                    bf16 on one rank (the device-resident step): the fp32 sum every micro
+//                    batch's bf16 gradients add into, with or without accumulation
 //   optimizer_state  the two fp32 moments (and a bf16 run's fp32 master weights): whole under
 //                    ZeRO 0, the shard from 1 on
 //   communication    ZeRO 1 and 2: the parameters' all-gather after the update, in bounded
