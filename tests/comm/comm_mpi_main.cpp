@@ -7,7 +7,8 @@
 //     MPI calls and split into many (a max_call_bytes of a few bytes), against values each
 //     rank computes locally: send buffers are a function of (world rank, index), so every
 //     rank knows what every other rank sent. Also group membership, error handling and
-//     check_same_on_all_ranks; agreed_error on every group, and the checkpoint verification
+//     check_same_on_all_ranks; the staging communicator's host collectives
+//     (StagedCollectives: f32 and bf16 reductions, moves of any byte count); agreed_error on every group, and the checkpoint verification
 //     it serves (train::verify_checkpoint_files over the world: each file read by one rank,
 //     every rank with one process's verdict). Rank 0 prints one line per check and a
 //     summary; failing ranks print what differed. Exit status 1 on any failure, on every rank.
@@ -35,6 +36,8 @@
 #include <vector>
 
 #include "comm/mpi_communicator.h"
+#include "comm/staged_collectives.h"
+#include "io/safetensors.h"
 #include "train/checkpoint.h"
 #include "util/error.h"
 #include "util/hash.h"
@@ -176,6 +179,81 @@ Finding check_all_reduce_same_bits(Group& g, const std::vector<int64_t>& sizes) 
           first.empty())
         first = str("all_reduce_sum<float> n=", n, ": group rank ", p,
                    " got different bits from this rank");
+    }
+  }
+  return first;
+}
+
+// ---- StagedCollectives (comm/staged_collectives.h): the staging communicator's logic ----------
+// bf16 values every rank can compute: 1 + k 2^-7 is a bf16 (7 stored mantissa bits), and a
+// few ranks' sums are exact in fp32 but need rounding to bf16, which must happen once, to
+// nearest even, after an fp32 sum (pairwise bf16 adds round at every step and differ).
+float staged_value(int wr, int64_t i) { return 1.0f + float((wr * 5 + i) % 97) * 0.0078125f; }
+
+Finding check_staged_all_reduce(Group& g, const std::vector<int64_t>& sizes) {
+  Finding first;
+  autosp::StagedCollectives staged(*g.comm);
+  for (autosp::DType dt : {autosp::DType::f32, autosp::DType::bf16})
+    for (int64_t n : sizes) {
+      std::vector<uint16_t> bits(static_cast<size_t>(n));
+      std::vector<float> f32(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) {
+        f32[size_t(i)] = staged_value(g.me, i);
+        bits[size_t(i)] = autosp::io::float_to_bf16(staged_value(g.me, i));
+      }
+      staged.all_reduce_sum(dt == autosp::DType::f32 ? static_cast<void*>(f32.data()) : bits.data(), n, dt);
+      for (int64_t i = 0; i < n && first.empty(); ++i) {
+        float sum = 0;
+        for (int wr : g.members) sum += staged_value(wr, i);
+        const float got = dt == autosp::DType::f32 ? f32[size_t(i)] : autosp::io::bf16_to_float(bits[size_t(i)]);
+        const float want = dt == autosp::DType::f32 ? sum : autosp::io::bf16_to_float(autosp::io::float_to_bf16(sum));
+        if (got != want)
+          first = str("staged all_reduce_sum ", autosp::dtype_name(dt), " n=", n, ": element ", i, " is ", got,
+                      ", expected ", want);
+      }
+    }
+  return first;
+}
+
+// Moves of any byte count (odd ones too: a bf16 block of 3 elements is 6 bytes).
+Finding check_staged_moves(Group& g, const std::vector<int64_t>& byte_sizes) {
+  Finding first;
+  autosp::StagedCollectives staged(*g.comm);
+  const int P = static_cast<int>(g.members.size()), me = g.my_group_rank();
+  auto byte = [](int wr, int dest, int64_t j) { return static_cast<unsigned char>((wr * 41 + dest * 13 + j * 7 + 3) & 0xff); };
+  for (int64_t bytes : byte_sizes) {
+    std::vector<unsigned char> send(static_cast<size_t>(P * bytes)), recv(send.size(), 0xEE);
+    for (int p = 0; p < P; ++p)
+      for (int64_t j = 0; j < bytes; ++j) send[size_t(p * bytes + j)] = byte(g.me, p, j);
+    staged.all_to_all(send.data(), recv.data(), bytes);
+    for (int64_t i = 0; i < P * bytes && first.empty(); ++i)
+      if (recv[size_t(i)] != byte(g.members[size_t(i / bytes)], me, i % bytes))
+        first = str("staged all_to_all of ", bytes, " bytes a block: byte ", i, " is wrong");
+    std::vector<unsigned char> mine(static_cast<size_t>(bytes)), all(static_cast<size_t>(P * bytes), 0xEE);
+    for (int64_t j = 0; j < bytes; ++j) mine[size_t(j)] = byte(g.me, 0, j);
+    staged.all_gather(mine.data(), all.data(), bytes);
+    for (int64_t i = 0; i < P * bytes && first.empty(); ++i)
+      if (all[size_t(i)] != byte(g.members[size_t(i / bytes)], 0, i % bytes))
+        first = str("staged all_gather of ", bytes, " bytes: byte ", i, " is wrong");
+  }
+  return first;
+}
+
+Finding check_staged_reduce_scatter(Group& g, const std::vector<int64_t>& sizes) {
+  Finding first;
+  autosp::StagedCollectives staged(*g.comm);
+  const int P = static_cast<int>(g.members.size()), me = g.my_group_rank();
+  for (int64_t n : sizes) {
+    std::vector<uint16_t> send(static_cast<size_t>(P * n)), recv(static_cast<size_t>(n), 0xFFFF);
+    for (int64_t i = 0; i < P * n; ++i) send[size_t(i)] = autosp::io::float_to_bf16(staged_value(g.me, i));
+    staged.reduce_scatter_sum(send.data(), recv.data(), n, autosp::DType::bf16);
+    for (int64_t i = 0; i < n && first.empty(); ++i) {
+      float sum = 0;
+      for (int wr : g.members) sum += staged_value(wr, me * n + i);
+      if (recv[size_t(i)] != autosp::io::float_to_bf16(sum))
+        first = str("staged reduce_scatter_sum bf16 n=", n, ": element ", i, " is ",
+                    autosp::io::bf16_to_float(recv[size_t(i)]), ", expected ",
+                    autosp::io::bf16_to_float(autosp::io::float_to_bf16(sum)));
     }
   }
   return first;
@@ -361,6 +439,9 @@ void check_group(Checker& checker, Group& g, int64_t max_call_bytes) {
   checker.run(at + " gather", [&] { return check_gather(g, sizes); });
   checker.run(at + " reduce_scatter_sum", [&] { return check_reduce_scatter(g, sizes); });
   checker.run(at + " broadcast", [&] { return check_broadcast(g, byte_sizes); });
+  checker.run(at + " staged all_reduce_sum f32 and bf16", [&] { return check_staged_all_reduce(g, sizes); });
+  checker.run(at + " staged all_to_all and all_gather of any bytes", [&] { return check_staged_moves(g, byte_sizes); });
+  checker.run(at + " staged reduce_scatter_sum bf16", [&] { return check_staged_reduce_scatter(g, sizes); });
   checker.run(at + " agreed_error", [&] { return check_agreed_error(g); });
   checker.run(at + " barrier", [&] {
     g.comm->barrier();
