@@ -2,6 +2,8 @@
 
 #include <cstdlib>
 
+#include "comm/cuda_staged_communicator.h"
+#include "comm/device_comm.h"
 #include "comm/mpi_communicator.h"
 #include "util/error.h"
 
@@ -147,6 +149,29 @@ ProcessGroups make_nccl_groups(const ProcessGroups& mpi_groups) {
   g.sp = nccl_over(mpi_groups.sp.get(), "sp");
   g.dp = nccl_over(mpi_groups.dp.get(), "dp");
   return g;
+}
+
+ProcessGroups make_device_groups(const ProcessGroups& mpi_groups) {
+  // Whether any node runs more ranks than it has devices, the same answer on every rank.
+  bool shared = false;
+  if (mpi_groups.world->size() > 1) {
+    const auto* mpi = dynamic_cast<const MpiCommunicator*>(mpi_groups.world.get());
+    AUTOSP_CHECK(mpi, "make_device_groups: the world (", mpi_groups.world->size(), " ranks) is not an MpiCommunicator");
+    MPI_Comm node = MPI_COMM_NULL;
+    check_mpi(MPI_Comm_split_type(mpi->comm(), MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node), "MPI_Comm_split_type",
+              mpi->name());
+    int local = 1;
+    check_mpi(MPI_Comm_size(node, &local), "MPI_Comm_size", "this node's ranks");
+    check_mpi(MPI_Comm_free(&node), "MPI_Comm_free", "this node's ranks");
+    int devices = 0;
+    if (cudaGetDeviceCount(&devices) != cudaSuccess) devices = 0;
+    double over = local > devices ? 1.0 : 0.0;
+    mpi_groups.world->all_reduce_sum(&over, 1);
+    shared = over > 0;
+  }
+  const char* env = std::getenv("AUTOSP_COMM");
+  return device_comm_choice(env ? env : "", shared) == DeviceComm::staged ? make_staged_groups(mpi_groups)
+                                                                          : make_nccl_groups(mpi_groups);
 }
 
 int select_local_device() {

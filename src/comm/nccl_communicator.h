@@ -22,6 +22,7 @@
 #include <string>
 
 #include "comm/communicator.h"
+#include "comm/device_collectives.h"
 #include "kernels/cuda/kernels.h"
 
 // MPI's C API, as mpi_communicator.h includes it.
@@ -39,7 +40,7 @@ struct NcclError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-class NcclCommunicator final : public Communicator {
+class NcclCommunicator final : public Communicator, public DeviceCollectives {
  public:
   // Collective over the ranks of `mpi_comm` (which is only used to bootstrap; it is not
   // adopted). `name` says which group this is in error messages.
@@ -64,10 +65,10 @@ class NcclCommunicator final : public Communicator {
   void barrier() override;
 
   // Enqueued on `stream`, for f32 or bf16 elements (dt); byte counts where only bytes move.
-  void all_reduce_sum_async(void* data, int64_t n, cuda::Dt dt, cudaStream_t stream);
-  void all_to_all_async(const void* send, void* recv, int64_t chunk_bytes, cudaStream_t stream);
-  void all_gather_async(const void* send, void* recv, int64_t bytes, cudaStream_t stream);
-  void reduce_scatter_sum_async(const void* send, void* recv, int64_t n, cuda::Dt dt, cudaStream_t stream);
+  void all_reduce_sum_async(void* data, int64_t n, cuda::Dt dt, cudaStream_t stream) override;
+  void all_to_all_async(const void* send, void* recv, int64_t chunk_bytes, cudaStream_t stream) override;
+  void all_gather_async(const void* send, void* recv, int64_t bytes, cudaStream_t stream) override;
+  void reduce_scatter_sum_async(const void* send, void* recv, int64_t n, cuda::Dt dt, cudaStream_t stream) override;
 
  private:
   NcclCommunicator(std::string name, int rank, int size, const ncclUniqueId& id);
@@ -81,6 +82,14 @@ class NcclCommunicator final : public Communicator {
   cudaStream_t stream_ = nullptr;  // for the synchronous interface
   void* scratch_ = nullptr;        // one float, for barrier()
 };
+
+// The device groups the cuda executor runs collectives on, beside the MPI ones: NCCL's
+// (make_nccl_groups), or, when ranks share a GPU (NCCL refuses two ranks on one device) or
+// AUTOSP_COMM=mpi says so, the staging communicators over the MPI groups
+// (comm/cuda_staged_communicator.h), which refer to `mpi_groups` (they must outlive them).
+// AUTOSP_COMM=nccl forces NCCL; unset or "auto" decides from the ranks per node and the
+// devices (device_comm_choice), the same on every rank. Collective over the world.
+ProcessGroups make_device_groups(const ProcessGroups& mpi_groups);
 
 // NCCL groups beside the MPI ones: world, sp and dp as in `mpi_groups` (whose
 // communicators of more than one rank must be MpiCommunicators), each bootstrapped over

@@ -41,7 +41,7 @@ int64_t cuda_reduce_scatter_workspace(const Types& in, const Types&, const Attrs
 // As the CPU kernels, with device copies and NCCL calls enqueued on the executor's stream.
 int64_t esize(const TensorType& t) { return dtype_size(t.dtype); }
 void cuda_all_to_all(const KernelArgs& a, const CudaContext& c) {
-  NcclCommunicator& comm = cuda_nccl(a, "all_to_all");
+  DeviceCollectives& comm = cuda_collectives(a, "all_to_all");
   const int64_t P = a.attrs->get_int("size"), s = a.attrs->get_int("scatter_dim"), g = a.attrs->get_int("gather_dim");
   const int64_t es = esize(*a.in_types[0]), bytes = a.in_types[0]->bytes(), chunk = bytes / P;
   char* send = static_cast<char*>(a.workspace);
@@ -59,12 +59,12 @@ void cuda_all_to_all(const KernelArgs& a, const CudaContext& c) {
                     es, c.stream);
 }
 void cuda_all_reduce(const KernelArgs& a, const CudaContext& c) {
-  NcclCommunicator& comm = cuda_nccl(a, "all_reduce");
+  DeviceCollectives& comm = cuda_collectives(a, "all_reduce");
   cuda_copy_bytes(a.out<void>(0), a.in<void>(0), a.out_types[0]->bytes(), c, "all_reduce");
   comm.all_reduce_sum_async(a.out<void>(0), a.out_numel(0), cuda_out_dt(a, 0), c.stream);
 }
 void cuda_all_gather(const KernelArgs& a, const CudaContext& c) {
-  NcclCommunicator& comm = cuda_nccl(a, "all_gather");
+  DeviceCollectives& comm = cuda_collectives(a, "all_gather");
   const int64_t P = a.attrs->get_int("size"), d = a.attrs->get_int("dim"), es = esize(*a.in_types[0]);
   const Slab xs = slab_of(a.in_shape(0), d);
   if (xs.outer == 1) {  // rank p's block is where the rank order puts it
@@ -78,7 +78,7 @@ void cuda_all_gather(const KernelArgs& a, const CudaContext& c) {
                     xs.len * P, p * xs.len, es, c.stream);
 }
 void cuda_reduce_scatter(const KernelArgs& a, const CudaContext& c) {
-  NcclCommunicator& comm = cuda_nccl(a, "reduce_scatter");
+  DeviceCollectives& comm = cuda_collectives(a, "reduce_scatter");
   const int64_t P = a.attrs->get_int("size"), d = a.attrs->get_int("dim"), es = esize(*a.in_types[0]);
   const Slab xs = slab_of(a.in_shape(0), d);
   const int64_t cnt = xs.len / P, chunk = a.out_numel(0);

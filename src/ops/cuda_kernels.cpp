@@ -58,12 +58,12 @@ void cuda_copy_bytes(void* dst, const void* src, int64_t bytes, const CudaContex
   check_cuda(cudaMemcpyAsync(dst, src, size_t(bytes), cudaMemcpyDeviceToDevice, c.stream), "cudaMemcpyAsync", op);
 }
 
-NcclCommunicator& cuda_nccl(const KernelArgs& a, const char* op) {
-  auto* n = dynamic_cast<NcclCommunicator*>(a.comm);
-  if (!n)
+DeviceCollectives& cuda_collectives(const KernelArgs& a, const char* op) {
+  auto* d = dynamic_cast<DeviceCollectives*>(a.comm);
+  if (!d)
     user_error("cuda backend: ", op, " on group '", a.attrs->get_str("group"),
-               "' needs an NCCL communicator (comm/nccl_communicator.h, make_nccl_groups)");
-  return *n;
+               "' needs a device communicator (NCCL or staged: comm/nccl_communicator.h, make_device_groups)");
+  return *d;
 }
 
 }  // namespace autosp

@@ -16,7 +16,7 @@
 
 namespace autosp {
 
-class NcclCommunicator;
+class DeviceCollectives;
 
 // What a CUDA kernel runs with: the executor's stream and cuBLAS handle (bound to that
 // stream), and a device int for data errors (kernels/cuda/kernels.h, ErrorCode).
@@ -53,7 +53,8 @@ void cuda_gemm(const CudaContext& c, cuda::Dt ab_dt, cuda::Dt c_dt, bool ta, boo
                int64_t ldc, const char* op);
 // A device-to-device copy on the context's stream (nothing when dst == src).
 void cuda_copy_bytes(void* dst, const void* src, int64_t bytes, const CudaContext& c, const char* op);
-// The NCCL communicator of a collective's group (UserError when it is another kind).
-NcclCommunicator& cuda_nccl(const KernelArgs& a, const char* op);
+// The device communicator of a collective's group (NCCL or staged; UserError when it is
+// another kind).
+DeviceCollectives& cuda_collectives(const KernelArgs& a, const char* op);
 
 }  // namespace autosp

@@ -55,14 +55,16 @@ CudaExecutor::CudaExecutor(const Graph& graph, const ProcessGroups* groups, cons
     AUTOSP_CHECK(node.op == OpKind::input || op_def(node.op).cuda.run, op_name(node.op), " is lowered for cuda ("
                  , lowered_binding(node).kernel, ") but this build has no CUDA kernel for it");
   }
-  if (has_collectives(graph_)) {
-    AUTOSP_CHECK(groups_, "the graph has collectives but the executor has no communicators");
-    if (!dynamic_cast<NcclCommunicator*>(groups_->world.get())) {
-      nccl_ = make_nccl_groups(*groups_);
-      groups_ = &nccl_;
-    }
-    check_collective_groups(graph_, groups_);
+  // Device groups for the graph's collectives, and for a caller's own across several ranks
+  // (the device-resident step's gradient reduction): NCCL, or staged over MPI where ranks
+  // share a GPU (make_device_groups).
+  if (has_collectives(graph_)) AUTOSP_CHECK(groups_, "the graph has collectives but the executor has no communicators");
+  if (groups_ && (has_collectives(graph_) || groups_->world->size() > 1) &&
+      !dynamic_cast<DeviceCollectives*>(groups_->world.get())) {
+    device_groups_ = make_device_groups(*groups_);
+    groups_ = &device_groups_;
   }
+  if (has_collectives(graph_)) check_collective_groups(graph_, groups_);
 
   // The plan of the graph as lowered for cuda (the compile's own when it was for cuda).
   const MemoryPlan plan = read_memory_plan(graph_);

@@ -12,8 +12,9 @@
 // it where it is.
 //
 // Refused at construction, with the op named: an op without a CUDA kernel (by lower), a collective
-// whose group has no NCCL communicator (MPI groups given are turned into NCCL ones here,
-// collectively over the world), and no CUDA device at all.
+// whose group has no device communicator (MPI groups given are turned into NCCL ones here, or
+// staging ones where ranks share a GPU: make_device_groups, collectively over the world), and
+// no CUDA device at all.
 //
 // Data errors the kernels find (a token id or a label out of range) are reported by run()
 // as a UserError after the step, not at the element (kernels/cuda/kernels.h).
@@ -72,12 +73,14 @@ class CudaExecutor final : public Executor {
   int64_t input_bytes() const { return input_bytes_; }
   cudaStream_t stream() const { return ctx_.stream; }
   int device() const { return device_; }
+  // The groups collectives run on (their communicators are DeviceCollectives), or null.
+  const ProcessGroups* device_groups() const { return groups_; }
 
  private:
 
   Graph graph_;  // lowered for cuda and memory-planned (executable_graph)
   const ProcessGroups* groups_;
-  ProcessGroups nccl_;  // made here from MPI groups, when the graph has collectives
+  ProcessGroups device_groups_;  // made here from MPI groups (make_device_groups)
   int device_ = 0;
   CudaContext ctx_;
   std::vector<int64_t> offsets_, workspace_offsets_;
