@@ -3,7 +3,8 @@
 // check (scripts/gpu_check.sh), against PyTorch on the same GPU (bench/bench_cuda_torch.py).
 //
 //   bench_cuda --model DIR --seq-len S [--batch B] [--steps N] [--checkpoint none|full|sac]
-//              [--max-seq [--max-seq-limit S] [--time-box SECONDS]] [--plan-only] [--out FILE.json]
+//              [--max-seq [--max-seq-limit S] [--time-box SECONDS]] [--plan-only] [--profile]
+//              [--kernels] [--out FILE.json]
 //
 // The model: DIR/config.json, weights from autosp's seeded init (seed 42, the distribution
 // bench_cuda_torch.py draws from too). The data: uniformly random token ids (seed 1), each
@@ -23,6 +24,12 @@
 // runs; the longest S whose step ran is the answer, with the plan and the device memory used
 // beside it. Stops at the first S that does not plan, allocate or run, or when the next S
 // (attention's work grows as S^2: 4x the last step's time) would pass the time box.
+// --profile (or AUTOSP_PROFILE=1): the per-op device time of the timed steps (CUDA events
+// around each node, runtime/cuda_executor.h; the first step left out), printed as the table
+// `autosp train` prints and written to the JSON ("profile": rows, "profile_table": the table).
+// --kernels: first, the fused row kernels (kernels/cuda/fused.h) against the reference ones
+// (kernels.h) at this model's shapes (T = B * S rows), bf16: the median device time of each
+// over 20 launches, their ratio and the fused kernel's bandwidth ("kernels").
 #include <cuda_runtime_api.h>
 
 #include <CLI/CLI.hpp>
@@ -31,9 +38,12 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "kernels/cpu/fused.h"
+#include "kernels/cuda/fused.h"
 #include "models/llama.h"
 #include "ops/cuda_kernels.h"
 #include "runtime/cuda_executor.h"
@@ -111,6 +121,128 @@ nlohmann::json profile_rows() {
   return rows;
 }
 
+// Device memory for --kernels, freed with the scope.
+struct DeviceScratch {
+  std::vector<void*> blocks;
+  ~DeviceScratch() {
+    for (void* p : blocks) cudaFree(p);
+  }
+  template <typename T>
+  T* alloc(int64_t n, int64_t elem = int64_t(sizeof(T))) {
+    void* p = nullptr;
+    check_cuda(cudaMalloc(&p, size_t(std::max<int64_t>(n * elem, 1))), "cudaMalloc",
+               str("bench_cuda --kernels (", n * elem, " bytes)"));
+    blocks.push_back(p);
+    return static_cast<T*>(p);
+  }
+};
+
+// Median device time (ms) of `launch` over `reps` launches on the default stream, after two
+// warm-up launches, each timed by its own pair of events.
+double median_ms(const std::function<void()>& launch, int reps = 20) {
+  cudaEvent_t a, b;
+  check_cuda(cudaEventCreate(&a), "cudaEventCreate", "--kernels");
+  check_cuda(cudaEventCreate(&b), "cudaEventCreate", "--kernels");
+  launch();
+  launch();
+  std::vector<double> ms;
+  for (int i = 0; i < reps; ++i) {
+    check_cuda(cudaEventRecord(a, nullptr), "cudaEventRecord", "--kernels");
+    launch();
+    check_cuda(cudaEventRecord(b, nullptr), "cudaEventRecord", "--kernels");
+    check_cuda(cudaEventSynchronize(b), "cudaEventSynchronize", "--kernels");
+    check_cuda(cudaGetLastError(), "a kernel launch", "--kernels");
+    float t = 0;
+    check_cuda(cudaEventElapsedTime(&t, a, b), "cudaEventElapsedTime", "--kernels");
+    ms.push_back(t);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+// The fused kernels against the reference ones, bf16, at the model's shapes: rms_norm over
+// [T, H], rope over q [T, NH, D], swiglu over [T, I], the embedding's table [V, H]. min_bytes:
+// what a kernel must move at least (its operands read once, its results written once).
+nlohmann::json bench_kernels(const models::LlamaConfig& m, int64_t T) {
+  using cuda::Dt;
+  const int64_t H = m.hidden_size, I = m.intermediate_size, V = m.vocab_size, NH = m.num_attention_heads;
+  const int64_t D = m.head_dim > 0 ? m.head_dim : H / NH;
+  const int64_t big = std::max({T * std::max(H, NH * D), T * I, V * H});
+  DeviceScratch mem;
+  // Five bf16 buffers of `big` elements from a normal distribution (finite values keep expf
+  // and the sums on their usual paths).
+  std::mt19937 rng(3);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> host(static_cast<size_t>(std::min<int64_t>(big, int64_t{1} << 24)));
+  for (float& x : host) x = dist(rng);
+  const int64_t chunk = int64_t(host.size());
+  float* staging = mem.alloc<float>(chunk);
+  check_cuda(cudaMemcpy(staging, host.data(), size_t(4 * chunk), cudaMemcpyHostToDevice), "cudaMemcpy", "--kernels");
+  void* buf[5];
+  for (void*& p : buf) {
+    p = mem.alloc<char>(big, 2);
+    for (int64_t at = 0; at < big; at += chunk)
+      cuda::convert(Dt::f32, Dt::bf16, staging, std::min(chunk, big - at), static_cast<char*>(p) + 2 * at, nullptr);
+  }
+  float* rstd = mem.alloc<float>(T);
+  float* acc = mem.alloc<float>(std::max(V * H, cuda::rms_norm_backward_workspace_bytes(T, H) / 4));
+  int* error = mem.alloc<int>(1);
+  check_cuda(cudaMemset(error, 0, 4), "cudaMemset", "--kernels");
+  std::vector<int32_t> ids_host(static_cast<size_t>(T)), pos_host(static_cast<size_t>(T));
+  for (size_t i = 0; i < ids_host.size(); ++i) ids_host[i] = int32_t(rng() % uint32_t(V)), pos_host[i] = int32_t(i);
+  int32_t* ids = mem.alloc<int32_t>(T);
+  int32_t* pos = mem.alloc<int32_t>(T);
+  check_cuda(cudaMemcpy(ids, ids_host.data(), 4 * ids_host.size(), cudaMemcpyHostToDevice), "cudaMemcpy", "--kernels");
+  check_cuda(cudaMemcpy(pos, pos_host.data(), 4 * pos_host.size(), cudaMemcpyHostToDevice), "cudaMemcpy", "--kernels");
+  check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize", "--kernels");
+  std::vector<double> inv_freq(static_cast<size_t>(D / 2));
+  cpu::rope_inv_freq(D, m.rope.theta, cpu::RopeScaling{}, inv_freq.data());
+
+  void *a = buf[0], *b = buf[1], *c = buf[2], *d = buf[3], *e = buf[4];
+  const float eps = float(m.rms_norm_eps);
+  struct Case {
+    const char* name;
+    double min_bytes;
+    std::function<void()> reference, fused;
+  };
+  const std::vector<Case> cases = {
+      {"rms_norm_forward", 2.0 * (2 * T * H + H) + 4.0 * T,
+       [&] { cuda::rms_norm_forward(Dt::bf16, a, b, T, H, eps, c, rstd, nullptr); },
+       [&] { cuda::rms_norm_forward_fused(Dt::bf16, a, b, T, H, eps, c, rstd, nullptr); }},
+      {"rms_norm_backward", 2.0 * (3 * T * H + 2 * H) + 4.0 * T,
+       [&] { cuda::rms_norm_backward(Dt::bf16, a, b, c, rstd, T, H, d, e, acc, nullptr); },
+       [&] { cuda::rms_norm_backward_fused(Dt::bf16, a, b, c, rstd, T, H, d, e, acc, nullptr); }},
+      {"rope_q", 2.0 * 2 * T * NH * D + 4.0 * T,
+       [&] { cuda::rope_forward(Dt::bf16, a, pos, inv_freq.data(), T, NH, D, false, b, nullptr); },
+       [&] { cuda::rope_forward_fused(Dt::bf16, a, pos, inv_freq.data(), T, NH, D, false, b, nullptr); }},
+      {"swiglu_forward", 2.0 * 3 * T * I, [&] { cuda::swiglu_forward(Dt::bf16, a, b, T * I, c, nullptr); },
+       [&] { cuda::swiglu_forward_fused(Dt::bf16, a, b, T * I, c, nullptr); }},
+      {"swiglu_backward", 2.0 * 5 * T * I, [&] { cuda::swiglu_backward(Dt::bf16, a, b, c, T * I, d, e, nullptr); },
+       [&] { cuda::swiglu_backward_fused(Dt::bf16, a, b, c, T * I, d, e, nullptr); }},
+      {"embedding_forward", 2.0 * 2 * T * H + 4.0 * T,
+       [&] { cuda::embedding_forward(Dt::bf16, a, ids, T, H, V, b, error, nullptr); },
+       [&] { cuda::embedding_forward_fused(Dt::bf16, a, ids, T, H, V, b, error, nullptr); }},
+      // dW [V, H] is written whole (zeros where no token is): V H bf16 at least.
+      {"embedding_backward", 2.0 * (T * H + V * H) + 4.0 * T,
+       [&] { cuda::embedding_backward(Dt::bf16, a, ids, T, H, V, b, acc, error, nullptr); },
+       [&] { cuda::embedding_backward_fused(Dt::bf16, a, ids, T, H, V, b, acc, error, nullptr); }},
+  };
+  nlohmann::json out = nlohmann::json::array();
+  std::printf("| kernel (bf16, T %lld) | reference ms | fused ms | reference / fused | fused GB/s |\n", (long long)T);
+  std::printf("|---|---:|---:|---:|---:|\n");
+  for (const Case& k : cases) {
+    const double ref = median_ms(k.reference), fused = median_ms(k.fused);
+    const double gbs = fused > 0 ? k.min_bytes / (fused * 1e-3) * 1e-9 : 0;
+    std::printf("| %s | %.4f | %.4f | %.2f | %.0f |\n", k.name, ref, fused, fused > 0 ? ref / fused : 0.0, gbs);
+    out.push_back({{"kernel", k.name}, {"reference_ms", ref}, {"fused_ms", fused},
+                   {"speedup", fused > 0 ? ref / fused : 0.0}, {"fused_gb_per_s", gbs}, {"min_bytes", k.min_bytes}});
+  }
+  std::fflush(stdout);
+  return out;
+}
+
 int run(int argc, char** argv) {
   std::string model_dir, out_path, policy = "none";
   int64_t S = 4096, B = 1, steps = 5, max_seq_limit = 262144;
@@ -129,6 +261,9 @@ int run(int argc, char** argv) {
   app.add_option("--time-box", time_box, "--max-seq: seconds for the whole search");
   app.add_option("--out", out_path, "Write the result as JSON here");
   app.add_flag("--plan-only", plan_only, "Compile and plan the step's device memory; no device needed");
+  bool profile = false, kernels = false;
+  app.add_flag("--profile", profile, "Per-op device time of the timed steps (as AUTOSP_PROFILE=1), into --out");
+  app.add_flag("--kernels", kernels, "First, the fused row kernels against the reference ones at this model's shapes");
   CLI11_PARSE(app, argc, argv);
   const models::LlamaConfig model = models::load_llama_config(model_dir + "/config.json");
   nlohmann::json result = {{"model", model_dir}, {"parameters", models::llama_num_parameters(model)},
@@ -155,6 +290,8 @@ int run(int argc, char** argv) {
   result["gpu"] = prop.name;
   check_cuda(cudaFree(nullptr), "cudaFree (creating the context)", "bench_cuda");
   const int64_t used0 = device_used();  // the context alone
+  if (kernels) result["kernels"] = bench_kernels(model, B * S);  // its memory is freed again
+  if (profile) set_profile_enabled(true);  // before the trainer makes its executor
 
   if (max_seq) {
     nlohmann::json tried = nlohmann::json::array();
@@ -222,6 +359,7 @@ int run(int argc, char** argv) {
     if (profile_enabled()) {
       std::printf("%s", global_profile().report(str("bench_cuda S ", S, " ", policy)).c_str());
       result["profile"] = profile_rows();
+      result["profile_table"] = global_profile().report(str("bench_cuda S ", S, " ", policy));
     }
     std::printf("autosp cuda: S %lld, %s: %.3f s/step, MFU %.1f%%, planned %.2f GiB, device used %.2f GiB\n",
                 (long long)S, policy.c_str(), median, 100 * double(result["mfu"]),

@@ -19,6 +19,7 @@
 #   bench       bench_cuda (the trainer's bf16 step) vs bench/bench_cuda_torch.py, Llama 3.2
 #               1B shape, S = 4096 and 16384: step time ratio (targets 0.8 and 0.95), peak
 #               memory ratio, MFU of each (target 45% at 16384), and autosp's per-op profile
+#               (rows and table); at 4096 also the fused row kernels against the reference ones
 #   max_seq     the longest S per checkpoint policy whose step runs: autosp none/full/sac (one
 #               trainer step at each S, doubling, device memory used vs the plan), torch
 #               none/full (one training step each, doubling until OOM); time-boxed
@@ -245,8 +246,9 @@ bench() {
   set -euo pipefail  # exported functions run in a fresh bash: no inherited -e
   local out="{" seq
   for seq in 4096 16384; do
+    # --kernels (S 4096 only: a few seconds): the fused row kernels against the reference ones.
     AUTOSP_PROFILE=1 "$bin/bench_cuda" --model "$model" --seq-len "$seq" --steps "$steps" --checkpoint none \
-      --out "$logs/bench_autosp_$seq.json"
+      $([ "$seq" = 4096 ] && echo --kernels) --out "$logs/bench_autosp_$seq.json"
     "$AUTOSP_PYTHON" bench/bench_cuda_torch.py --config "$model/config.json" --seq-len "$seq" --steps "$steps" \
       --checkpoint none --out "$logs/bench_torch_$seq.json"
     out="$out\"$seq\": $("$AUTOSP_PYTHON" - "$logs/bench_autosp_$seq.json" "$logs/bench_torch_$seq.json" <<'EOF'
@@ -264,6 +266,8 @@ print(json.dumps({
     "targets": {"step_time_ratio_at_most": {4096: 0.8, 16384: 0.95}.get(S),
                 "mfu_at_least": 0.45 if S == 16384 else None},
     "profile": a.get("profile", []),
+    "profile_table": a.get("profile_table", ""),
+    "fused_kernels": a.get("kernels", []),
 }))
 EOF
 ),"

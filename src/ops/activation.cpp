@@ -2,6 +2,7 @@
 #include "kernels/cpu/fused.h"
 #include "ops/op.h"
 #ifdef AUTOSP_HAVE_CUDA
+#include "kernels/cuda/fused.h"
 #include "ops/cuda_kernels.h"
 #endif
 
@@ -37,11 +38,11 @@ void cuda_silu_backward(const KernelArgs& a, const CudaContext& c) {
   cuda::silu_backward(cuda_in_dt(a, 0), a.in<void>(0), a.in<void>(1), a.in_numel(0), a.out<void>(0), c.stream);
 }
 void cuda_swiglu(const KernelArgs& a, const CudaContext& c) {
-  cuda::swiglu_forward(cuda_in_dt(a, 0), a.in<void>(0), a.in<void>(1), a.in_numel(0), a.out<void>(0), c.stream);
+  cuda::swiglu_forward_fused(cuda_in_dt(a, 0), a.in<void>(0), a.in<void>(1), a.in_numel(0), a.out<void>(0), c.stream);
 }
 void cuda_swiglu_backward(const KernelArgs& a, const CudaContext& c) {
-  cuda::swiglu_backward(cuda_in_dt(a, 0), a.in<void>(0), a.in<void>(1), a.in<void>(2), a.in_numel(0),
-                        a.out<void>(0), a.out<void>(1), c.stream);
+  cuda::swiglu_backward_fused(cuda_in_dt(a, 0), a.in<void>(0), a.in<void>(1), a.in<void>(2), a.in_numel(0),
+                              a.out<void>(0), a.out<void>(1), c.stream);
 }
 }  // namespace
 #endif
@@ -101,7 +102,7 @@ extern const OpDef swiglu_op = {
     .cpu_inplace = true,
     .recompute = Recompute::cheap,
     .cpu_per_isa = true,
-    .cuda = {.name = "swiglu_forward", .run = AUTOSP_CUDA_RUN(cuda_swiglu), .inplace = true},
+    .cuda = {.name = "swiglu_fused", .run = AUTOSP_CUDA_RUN(cuda_swiglu), .inplace = true},
 };
 
 // swiglu_backward(dy, gate, up) -> (dgate, dup)
@@ -118,7 +119,7 @@ extern const OpDef swiglu_backward_op = {
     },
     .cpu_inplace = true,
     .cpu_per_isa = true,
-    .cuda = {.name = "swiglu_backward", .run = AUTOSP_CUDA_RUN(cuda_swiglu_backward), .inplace = true},
+    .cuda = {.name = "swiglu_backward_fused", .run = AUTOSP_CUDA_RUN(cuda_swiglu_backward), .inplace = true},
 };
 
 }  // namespace autosp

@@ -1,7 +1,9 @@
 // embedding (a row gather) and its backward (a scatter-add).
 #include "kernels/cpu/fused.h"
+#include "kernels/cuda/fused_layout.h"
 #include "ops/op.h"
 #ifdef AUTOSP_HAVE_CUDA
+#include "kernels/cuda/fused.h"
 #include "ops/cuda_kernels.h"
 #endif
 
@@ -21,19 +23,19 @@ void check_ids(const int32_t* ids, int64_t n, int64_t vocab) {
 namespace {
 // embedding_backward's device scratch: dW's fp32 sums for a bf16 dW (f32 sums in dW itself).
 int64_t cuda_embedding_backward_workspace(const Types&, const Types& out, const Attrs&) {
-  return out[0].dtype == DType::f32 ? 0 : 4 * numel(out[0].shape);
+  return cuda::embedding_backward_workspace_bytes(out[0].dtype == DType::f32, out[0].shape[0], out[0].shape[1]);
 }
 #ifdef AUTOSP_HAVE_CUDA
 void cuda_embedding(const KernelArgs& a, const CudaContext& c) {
   const Shape& w = a.in_shape(0);
-  cuda::embedding_forward(cuda_in_dt(a, 0), a.in<void>(0), a.in<int32_t>(1), a.in_numel(1), w[1], w[0],
-                          a.out<void>(0), c.error, c.stream);
+  cuda::embedding_forward_fused(cuda_in_dt(a, 0), a.in<void>(0), a.in<int32_t>(1), a.in_numel(1), w[1], w[0],
+                                a.out<void>(0), c.error, c.stream);
 }
 void cuda_embedding_backward(const KernelArgs& a, const CudaContext& c) {
   const Shape& w = a.out_shape(0);
   float* acc = cuda_out_dt(a, 0) == cuda::Dt::f32 ? a.out<float>(0) : static_cast<float*>(a.workspace);
-  cuda::embedding_backward(cuda_in_dt(a, 0), a.in<void>(0), a.in<int32_t>(1), a.in_numel(1), w[1], w[0],
-                           a.out<void>(0), acc, c.error, c.stream);
+  cuda::embedding_backward_fused(cuda_in_dt(a, 0), a.in<void>(0), a.in<int32_t>(1), a.in_numel(1), w[1], w[0],
+                                 a.out<void>(0), acc, c.error, c.stream);
 }
 #endif
 }  // namespace
@@ -69,7 +71,7 @@ extern const OpDef embedding_op = {
       return {in[1]};
     },
     .cpu_per_isa = true,
-    .cuda = {.name = "embedding_forward", .run = AUTOSP_CUDA_RUN(cuda_embedding)},
+    .cuda = {.name = "embedding_fused", .run = AUTOSP_CUDA_RUN(cuda_embedding)},
 };
 
 // embedding_backward(dy[..., H], tokens i32[...]) {vocab} -> dW[vocab, H] of dy's dtype
@@ -95,7 +97,9 @@ extern const OpDef embedding_backward_op = {
       cpu::embedding_backward(a.in(0), a.in<int32_t>(1), a.in_numel(1), w[1], w[0], a.out(0));
     },
     .cpu_per_isa = true,
-    .cuda = {.name = "embedding_backward", .run = AUTOSP_CUDA_RUN(cuda_embedding_backward), .workspace_bytes = cuda_embedding_backward_workspace},
+    .cuda = {.name = "embedding_backward_fused",
+             .run = AUTOSP_CUDA_RUN(cuda_embedding_backward),
+             .workspace_bytes = cuda_embedding_backward_workspace},
 };
 
 }  // namespace autosp

@@ -1,28 +1,31 @@
 // rms_norm over the last dim, saving 1/rms per row for the backward.
 #include "kernels/cpu/fused.h"
+#include "kernels/cuda/fused_layout.h"
 #include "ops/op.h"
 #ifdef AUTOSP_HAVE_CUDA
+#include "kernels/cuda/fused.h"
 #include "ops/cuda_kernels.h"
 #endif
 
 namespace autosp {
 
 namespace {
-// rms_norm_backward's device scratch: dw's fp32 sums, H floats.
+// rms_norm_backward's device scratch: the fused kernel's per-block column sums of dw
+// (kernels/cuda/fused_layout.h).
 int64_t cuda_rms_norm_backward_workspace(const Types& in, const Types&, const Attrs&) {
-  return 4 * in[1].shape.back();
+  return cuda::rms_norm_backward_workspace_bytes(rows_of(in[1].shape), in[1].shape.back());
 }
 #ifdef AUTOSP_HAVE_CUDA
 void cuda_rms_norm(const KernelArgs& a, const CudaContext& c) {
   const Shape& x = a.in_shape(0);
-  cuda::rms_norm_forward(cuda_in_dt(a, 0), a.in<void>(0), a.in<void>(1), rows_of(x), x.back(),
+  cuda::rms_norm_forward_fused(cuda_in_dt(a, 0), a.in<void>(0), a.in<void>(1), rows_of(x), x.back(),
                          float(a.attrs->get_float("eps")), a.out<void>(0), a.out<float>(1), c.stream);
 }
 void cuda_rms_norm_backward(const KernelArgs& a, const CudaContext& c) {
   const Shape& x = a.in_shape(1);
-  float* acc = cuda_out_dt(a, 1) == cuda::Dt::f32 ? a.out<float>(1) : static_cast<float*>(a.workspace);
-  cuda::rms_norm_backward(cuda_in_dt(a, 1), a.in<void>(0), a.in<void>(1), a.in<void>(2), a.in<float>(3), rows_of(x),
-                          x.back(), a.out<void>(0), a.out<void>(1), acc, c.stream);
+  cuda::rms_norm_backward_fused(cuda_in_dt(a, 1), a.in<void>(0), a.in<void>(1), a.in<void>(2), a.in<float>(3),
+                                rows_of(x), x.back(), a.out<void>(0), a.out<void>(1),
+                                static_cast<float*>(a.workspace), c.stream);
 }
 #endif
 }  // namespace
@@ -62,7 +65,7 @@ extern const OpDef rms_norm_op = {
     .shard = shard_rowwise,  // y and rstd share x's sharded (row) dim
     .recompute = Recompute::cheap,
     .cpu_per_isa = true,
-    .cuda = {.name = "rms_norm_forward", .run = AUTOSP_CUDA_RUN(cuda_rms_norm)},
+    .cuda = {.name = "rms_norm_fused", .run = AUTOSP_CUDA_RUN(cuda_rms_norm)},
 };
 
 // rms_norm_backward(dy, x, w, rstd f32) -> (dx, dw) of x's dtype
@@ -94,7 +97,9 @@ extern const OpDef rms_norm_backward_op = {
       return 8 * cpu::rms_norm_backward_scratch_doubles(rows_of(in[1].shape), in[1].shape.back());
     },
     .cpu_per_isa = true,
-    .cuda = {.name = "rms_norm_backward", .run = AUTOSP_CUDA_RUN(cuda_rms_norm_backward), .workspace_bytes = cuda_rms_norm_backward_workspace},
+    .cuda = {.name = "rms_norm_backward_fused",
+             .run = AUTOSP_CUDA_RUN(cuda_rms_norm_backward),
+             .workspace_bytes = cuda_rms_norm_backward_workspace},
 };
 
 }  // namespace autosp

@@ -6,6 +6,7 @@
 #include "ops/rope.h"
 #include "kernels/cuda/limits.h"
 #ifdef AUTOSP_HAVE_CUDA
+#include "kernels/cuda/fused.h"
 #include "ops/cuda_kernels.h"
 #endif
 
@@ -46,8 +47,8 @@ void cuda_rope(const KernelArgs& a, const CudaContext& c) {
   const int64_t D = x[3];
   std::vector<double> inv_freq(D / 2);
   cpu::rope_inv_freq(D, a.attrs->get_float("theta"), rope_scaling(*a.attrs), inv_freq.data());
-  cuda::rope_forward(cuda_in_dt(a, 0), a.in<void>(0), a.in<int32_t>(1), inv_freq.data(), x[0] * x[1], x[2], D,
-                     a.attrs->get_int("inverse", 0) != 0, a.out<void>(0), c.stream);
+  cuda::rope_forward_fused(cuda_in_dt(a, 0), a.in<void>(0), a.in<int32_t>(1), inv_freq.data(), x[0] * x[1], x[2], D,
+                           a.attrs->get_int("inverse", 0) != 0, a.out<void>(0), c.stream);
 }
 #endif
 }  // namespace
@@ -111,7 +112,7 @@ extern const OpDef rope_op = {
     .cpu_inplace = true,
     .recompute = Recompute::cheap,
     .cpu_per_isa = true,
-    .cuda = {.name = "rope_forward", .run = AUTOSP_CUDA_RUN(cuda_rope), .check = cuda_rope_check, .inplace = true},
+    .cuda = {.name = "rope_fused", .run = AUTOSP_CUDA_RUN(cuda_rope), .check = cuda_rope_check, .inplace = true},
 };
 
 }  // namespace autosp

@@ -101,12 +101,16 @@ CudaExecutor::CudaExecutor(const Graph& graph, const ProcessGroups* groups, cons
   host_outputs_.resize(graph_.outputs().size());
   for (size_t i = 0; i < graph_.outputs().size(); ++i)
     host_outputs_[i].resize(size_t(graph_.type(graph_.outputs()[i].value).bytes()));
+  if (profile_enabled()) profiler_ = std::make_unique<NodeProfiler>(graph_, 1, global_profile());
 }
 
 CudaExecutor::~CudaExecutor() {
   // Destructors cannot throw: a failure to free is ignored (the process is ending or the
   // device is already broken, and the error was reported where it happened).
   if (ctx_.stream) cudaStreamSynchronize(ctx_.stream);
+  for (const ProfileRun& r : profile_runs_)
+    for (cudaEvent_t e : r.events)
+      if (e) cudaEventDestroy(e);
   if (arena_ && owns_arena_) cudaFree(arena_);
   if (inputs_) cudaFree(inputs_);
   if (error_host_) cudaFreeHost(error_host_);
@@ -153,12 +157,18 @@ void CudaExecutor::run_async() {
       check_cuda(cudaMemcpyAsync(data_[v], host_input_[v], size_t(bytes), cudaMemcpyHostToDevice, ctx_.stream),
                  "cudaMemcpyAsync", str("copying input '", graph_.value(v).name, "' to the device"));
   }
-  // Not profiled (AUTOSP_PROFILE times the CPU executor): a node's host time here would be its
-  // launch, not its kernel.
+  // Profiled by device events around each node (a node's host time here would be its launch,
+  // not its kernel), read by check_errors once the stream has passed them (add_profile).
   ArenaMemory memory{arena_, offsets_, workspace_offsets_};
+  ProfileRun* prof = profiler_ ? &next_profile_run() : nullptr;
   run_nodes(graph_, groups_, data_, memory, [&](NodeId n, const Node& node, KernelArgs& args) {
+    if (prof) check_cuda(cudaEventRecord(prof->events[2 * n], ctx_.stream), "cudaEventRecord", "AUTOSP_PROFILE");
     op_def(node.op).cuda.run(args, ctx_);
     check_cuda(cudaGetLastError(), "a kernel launch", str(op_name(node.op), " (node ", n, ")"));
+    if (prof) {
+      check_cuda(cudaEventRecord(prof->events[2 * n + 1], ctx_.stream), "cudaEventRecord", "AUTOSP_PROFILE");
+      prof->timed[n] = 1;
+    }
   });
   for (size_t i = 0; i < graph_.outputs().size(); ++i) {
     const ValueId v = graph_.outputs()[i].value;
@@ -173,6 +183,7 @@ void CudaExecutor::run_async() {
 }
 
 void CudaExecutor::check_errors() {
+  if (profiler_) add_profile();  // the stream has reached the end of the runs: their events are complete
   const int error = *error_host_;
   errors_checked_ = true;
   if (error == cuda::kErrorTokenId)
@@ -180,6 +191,42 @@ void CudaExecutor::check_errors() {
   if (error == cuda::kErrorLabel)
     user_error("cross_entropy: a label is outside [0, V) and is not the ignore index (found by the cuda backend)");
   AUTOSP_CHECK(error == 0, "unknown cuda kernel error code ", error);
+}
+
+CudaExecutor::ProfileRun& CudaExecutor::next_profile_run() {
+  if (profile_pending_ == kMaxProfileRuns) {
+    // A caller that runs this often without check_errors: read what has run so far.
+    check_cuda(cudaStreamSynchronize(ctx_.stream), "cudaStreamSynchronize", "AUTOSP_PROFILE (pending runs)");
+    add_profile();
+  }
+  if (profile_pending_ == profile_runs_.size()) {
+    ProfileRun r;
+    r.events.resize(2 * graph_.nodes().size(), nullptr);
+    r.timed.resize(graph_.nodes().size(), 0);
+    profile_runs_.push_back(std::move(r));
+    for (cudaEvent_t& e : profile_runs_.back().events)
+      check_cuda(cudaEventCreate(&e), "cudaEventCreate", "the cuda executor's profile events (AUTOSP_PROFILE=1)");
+  }
+  ProfileRun& r = profile_runs_[profile_pending_++];
+  std::fill(r.timed.begin(), r.timed.end(), 0);
+  return r;
+}
+
+void CudaExecutor::add_profile() {
+  std::vector<double> seconds(graph_.nodes().size());
+  for (size_t k = 0; k < profile_pending_; ++k) {
+    const ProfileRun& r = profile_runs_[k];
+    for (NodeId n = 0; n < static_cast<NodeId>(seconds.size()); ++n) {
+      seconds[n] = 0;
+      if (!r.timed[n]) continue;  // an input or a view: nothing launched
+      float ms = 0;
+      check_cuda(cudaEventElapsedTime(&ms, r.events[2 * n], r.events[2 * n + 1]), "cudaEventElapsedTime",
+                 str("AUTOSP_PROFILE: the time of ", op_name(graph_.node(n).op), " (node ", n, ")"));
+      seconds[n] = 1e-3 * double(ms);
+    }
+    profiler_->add_run(seconds);
+  }
+  profile_pending_ = 0;
 }
 
 const void* CudaExecutor::output_data(const std::string& name) const {

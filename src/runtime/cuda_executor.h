@@ -18,6 +18,15 @@
 //
 // Data errors the kernels find (a token id or a label out of range) are reported by run()
 // as a UserError after the step, not at the element (kernels/cuda/kernels.h).
+//
+// AUTOSP_PROFILE=1 (runtime/profile.h) when the executor is made: each run records a CUDA
+// event on the stream before and after each node's kernels (two per node, from a pool made on
+// first use and reused: one set per run between two check_errors, e.g. a step's micro
+// batches), and check_errors, which the caller calls once the stream has passed the runs,
+// adds each node's device time between its events into the process-wide Profile, in the CPU
+// executor's rows (phase, op, kernel, FLOPs). A node's time is its stream's: its kernels, and
+// any wait for the host to launch them. Off, a run pays a pointer test before and after each
+// node.
 #pragma once
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
@@ -28,6 +37,7 @@
 
 #include "ops/cuda_kernels.h"
 #include "runtime/executor.h"
+#include "runtime/profile.h"
 
 namespace autosp {
 
@@ -77,6 +87,15 @@ class CudaExecutor final : public Executor {
   const ProcessGroups* device_groups() const { return groups_; }
 
  private:
+  // AUTOSP_PROFILE: the events of one run (node n: 2n before its kernels, 2n + 1 after) and
+  // the nodes that launched (not inputs and views).
+  struct ProfileRun {
+    std::vector<cudaEvent_t> events;
+    std::vector<char> timed;
+  };
+  static constexpr size_t kMaxProfileRuns = 64;  // runs without check_errors before a forced read
+  ProfileRun& next_profile_run();
+  void add_profile();  // the pending runs' node times (the stream has passed them) into the profile
 
   Graph graph_;  // lowered for cuda and memory-planned (executable_graph)
   const ProcessGroups* groups_;
@@ -96,6 +115,9 @@ class CudaExecutor final : public Executor {
   bool errors_checked_ = true;  // the next run clears the device flag
   int64_t arena_bytes_ = 0, input_bytes_ = 0;
   bool copy_outputs_ = true;
+  std::unique_ptr<NodeProfiler> profiler_;  // AUTOSP_PROFILE only, as the events
+  std::vector<ProfileRun> profile_runs_;    // reused; the first profile_pending_ await check_errors
+  size_t profile_pending_ = 0;
 };
 
 std::unique_ptr<Executor> make_cuda_executor(const Graph& graph, const ProcessGroups* groups,

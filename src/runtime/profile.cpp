@@ -158,6 +158,11 @@ Profile& global_profile() {
   return profile;
 }
 
+void NodeProfiler::add_run(const std::vector<double>& seconds) {
+  AUTOSP_CHECK(seconds.size() == row_.size(), "a run's node times: ", seconds.size(), " for ", row_.size(), " nodes");
+  for (NodeId n = 0; n < static_cast<NodeId>(seconds.size()); ++n) add(n, seconds[n]);
+}
+
 NodeProfiler::NodeProfiler(const Graph& graph, int threads, Profile& into)
     : into_(into), row_(graph.nodes().size(), -1), flops_(graph.nodes().size(), 0) {
   const std::vector<Phase> phases = node_phases(graph);

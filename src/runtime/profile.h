@@ -1,10 +1,12 @@
-// Where a step's time goes on the CPU: per op kind and kernel, forward and backward
-// (AUTOSP_PROFILE=1; issue 25). Off, it costs one pointer test per node.
+// Where a step's time goes: per op kind and kernel, forward and backward (AUTOSP_PROFILE=1;
+// issue 25 on the CPU, issue 42 on the GPU). Off, it costs one pointer test per node.
 //
 // On, each CpuExecutor made afterwards times every node it runs (a steady_clock read before
 // and after each node of run_nodes, runtime/node_loop.h: the kernel, and in heap mode the
 // node's allocations) into one process-wide Profile, grouped by (phase, op kind, kernel)
-// with the node's FLOPs from its op's cost rule (node_cost). The trainer adds the
+// with the node's FLOPs from its op's cost rule (node_cost). A CudaExecutor made afterwards
+// times each node's device work with CUDA events into the same rows (runtime/cuda_executor.h,
+// NodeProfiler::add_run), so the table reads alike for both backends. The trainer adds the
 // optimizer's time and each step's time; the training loop (train/loop.h) leaves the first
 // step out when more follow (it pays one-time costs: the arena's first-touch page faults)
 // and `autosp train` prints the table at the end (Profile::report).
@@ -74,13 +76,20 @@ class Profile {
 // The process-wide profile executors record into.
 Profile& global_profile();
 
-// What a CpuExecutor keeps to profile its graph: each node's row and FLOPs.
+// What an executor keeps to profile its graph: each node's row and FLOPs. The rows are the
+// same for every backend (phase, op, the kernel the graph is lowered to), so one table
+// (Profile::report) reads alike for the CPU and the cuda executor.
 class NodeProfiler {
  public:
   NodeProfiler(const Graph& graph, int threads, Profile& into);
   void add(NodeId n, double seconds) {
     if (row_[n] >= 0) into_.add(row_[n], seconds, flops_[n]);
   }
+  // One run of the graph whose node times are known only after it (the cuda executor reads
+  // its events after the step's synchronisation): node n took seconds[n]; every node but the
+  // inputs is one call, as run_nodes times them on the CPU (a view, which launches nothing,
+  // is a call of 0 s). seconds has one entry per node (InternalError otherwise).
+  void add_run(const std::vector<double>& seconds);
 
  private:
   Profile& into_;

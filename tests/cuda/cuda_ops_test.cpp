@@ -252,6 +252,36 @@ std::vector<OpCase> op_cases() {
                                       {"factor", 8.0}, {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0},
                                       {"original_max_position_embeddings", 8.0}}),
                    {{"p", positions(Bt, 6, 100)}}});
+  // The fused kernels' paths at the op level (cuda_fused_test.cpp holds them to the reference
+  // kernels): 16-byte vectors over whole rows (H = 4096, 40), a row of 257 vectors (2048 + 8),
+  // the scalar fallback (1030), over an odd number of rows (7); swiglu's flat tail (7 H % 8);
+  // rope with D = 128 (vectors in both dtypes). The values are O(1) and each result rounds
+  // once in bf16, so kBf16Tol's reasoning holds at these sizes; the finite differences stay
+  // with the small cases above.
+  for (const int64_t h : {int64_t{4096}, int64_t{2048 + 8}, int64_t{40}, int64_t{1030}}) {
+    cases.push_back({str("rms_norm_and_backward_H", h),
+                     {{"x", DType::f32, {1, 7, h}}, {"w", DType::f32, {h}}, {"dy", DType::f32, {1, 7, h}}},
+                     [](B& b, const Ins& in) {
+                       auto f = b.emit(OpKind::rms_norm, {in[0], in[1]}, {{"eps", 1e-5}});
+                       auto d = b.emit(OpKind::rms_norm_backward, {in[2], in[0], in[1], f[1]});
+                       return std::vector<ValueId>{f[0], f[1], d[0], d[1]};
+                     }, {}, {}, false});
+    cases.push_back({str("swiglu_and_backward_H", h),
+                     {{"g", DType::f32, {1, 7, h}}, {"u", DType::f32, {1, 7, h}}, {"dy", DType::f32, {1, 7, h}}},
+                     [](B& b, const Ins& in) {
+                       auto d = b.emit(OpKind::swiglu_backward, {in[2], in[0], in[1]});
+                       return std::vector<ValueId>{b.emit1(OpKind::swiglu, {in[0], in[1]}), d[0], d[1]};
+                     }, {}, {}, false});
+    cases.push_back({str("embedding_and_backward_H", h),
+                     {{"w", DType::f32, {11, h}}, {"t", DType::i32, {1, 7}}, {"dy", DType::f32, {1, 7, h}}},
+                     [](B& b, const Ins& in) {
+                       return std::vector<ValueId>{b.emit1(OpKind::embedding, {in[0], in[1]}),
+                                                   b.emit1(OpKind::embedding_backward, {in[2], in[1]},
+                                                           {{"vocab", int64_t{11}}})};
+                     }, {{"t", {3, 9, 3, 0, 10, 3, 9}}}, {}, false});
+  }
+  cases.push_back({"rope_D128", {{"x", DType::f32, {1, 3, 4, 128}}, {"p", DType::i32, {1, 3}}},
+                   one(OpKind::rope, {{"theta", 500000.0}}), {{"p", positions(1, 3, 4000)}}, {}, false});
   for (int causal : {1, 0}) {
     const Attrs a{{"causal", int64_t{causal}}, {"scale", scale}};
     cases.push_back({str("attention_", causal ? "causal" : "full"),

@@ -5,12 +5,15 @@
 
 #include <cmath>
 #include <map>
+#include <string>
+#include <vector>
 
 #include "models/llama.h"
 #include "ops/op.h"
 #include "passes/autodiff.h"
 #include "passes/checkpoint.h"
 #include "passes/pipeline.h"
+#include "passes/lower.h"
 #include "runtime/executor.h"
 #include "runtime/profile.h"
 #include "testing/memory.h"
@@ -156,6 +159,50 @@ TEST(Profile, StepsAndTimeOutsideTheGraphsAreReportedPerStep) {
   p.reset();
   EXPECT_TRUE(p.rows().empty());
   EXPECT_EQ(p.row(Phase::backward, "linear", "cpu.linear"), bwd);
+}
+
+// The cuda executor learns its nodes' times after the run (CUDA events, read after the
+// step's synchronisation) and hands them over as one vector (NodeProfiler::add_run): every
+// node but the inputs is one call in its (phase, op, kernel) row, with its time and FLOPs, so
+// the table is the CPU's with the cuda kernels' names. No GPU needed: the times are made up.
+TEST(Profile, NodeTimesOfARunGoToTheirRows) {
+  const Graph joint = executable_graph(autodiff(tiny_forward()), Backend::cuda, 1);
+  Profile p;
+  NodeProfiler profiler(joint, 1, p);
+  const std::vector<Phase> phases = node_phases(joint);
+  std::vector<double> seconds(joint.nodes().size());
+  std::map<std::string, double> want_s, want_flops;  // "phase op kernel"
+  std::map<std::string, int64_t> want_calls;
+  const int runs = 2;
+  for (NodeId n = 0; n < static_cast<NodeId>(joint.nodes().size()); ++n) {
+    const Node& node = joint.node(n);
+    seconds[n] = node.op == OpKind::reshape ? 0.0 : 1e-6 * double(n + 1);  // a view launches nothing
+    if (node.op == OpKind::input) continue;
+    const std::string key = str(phase_name(phases[n]), " ", op_name(node.op), " ", lowered_binding(node).kernel);
+    want_s[key] += runs * seconds[n];
+    want_flops[key] += runs * node_cost(joint, node).flops;
+    want_calls[key] += runs;
+  }
+  for (int r = 0; r < runs; ++r) profiler.add_run(seconds);
+  std::map<std::string, double> got_s, got_flops;
+  std::map<std::string, int64_t> got_calls;
+  for (const ProfileRow& r : p.rows()) {
+    const std::string key = str(phase_name(r.phase), " ", r.op, " ", r.kernel);
+    got_s[key] = r.seconds, got_flops[key] = r.flops, got_calls[key] = r.calls;
+    EXPECT_TRUE(r.kernel.starts_with("cuda.")) << key;
+  }
+  EXPECT_EQ(got_calls, want_calls);
+  ASSERT_EQ(got_s.size(), want_s.size());
+  for (const auto& [key, s] : want_s) {
+    EXPECT_NEAR(got_s[key], s, 1e-12) << key;
+    EXPECT_NEAR(got_flops[key], want_flops[key], 1e-9 * want_flops[key]) << key;
+  }
+  EXPECT_TRUE(want_calls.count("forward rms_norm cuda.rms_norm_fused")) << "the fused kernels name the rows";
+  EXPECT_TRUE(want_calls.count("backward rms_norm_backward cuda.rms_norm_backward_fused"));
+  const std::string table = p.report("cuda");
+  EXPECT_NE(table.find("| forward | rms_norm | cuda.rms_norm_fused |"), std::string::npos) << table;
+  // One time per node, or it is a bug in the executor.
+  EXPECT_THROW(profiler.add_run(std::vector<double>(seconds.size() - 1, 0.0)), InternalError);
 }
 
 // Off (the default), an executor records nothing.

@@ -1,5 +1,6 @@
 // The cuda backend's reference kernels: one plain, obviously correct kernel per op (llm.c's
-// rule: a reference first, a fast one beside it later, checked against it). They take raw
+// rule: a reference first, a fast one beside it later, checked against it). The fast ones
+// beside them: kernels/cuda/fused.h (rms_norm, rope, swiglu, embedding), which those ops run. They take raw
 // device pointers and sizes, as the CPU kernels do, and know nothing of the IR; each op's
 // definition (src/ops/<op>.cpp, OpDef::cuda) binds them to nodes. Matmuls are not here: they
 // are cuBLAS calls (ops/cuda_kernels.h, cuda_gemm()).
