@@ -366,6 +366,36 @@ TEST(CudaFused, EmbeddingMatchesTheReference) {
     }
 }
 
+// The backward adds each row's tokens in token order (one block owns a row): the same bits on
+// every run, which a save resumed on the device needs. Many ids (several rows a block), more
+// tokens than one chunk of ids, a popular id (every 3rd token) beside rare ones; against the
+// reference within the sums' tolerance, and bit for bit against itself.
+TEST(CudaFused, EmbeddingBackwardIsTheSameBitsEveryRun) {
+  SKIP_WITHOUT_GPU();
+  const int64_t T = 2500, V = 3001, H = 72;
+  std::vector<int32_t> ids(static_cast<size_t>(T));
+  for (int64_t t = 0; t < T; ++t) ids[size_t(t)] = int32_t(t % 3 == 0 ? 17 : (t * 7919) % V);
+  DeviceArray<int32_t> tokens(ids);
+  DeviceArray<int> error(std::vector<int>{0});
+  for (Dt dt : kDts) {
+    SCOPED_TRACE(dt_name(dt));
+    Tensor dy(dt, random_normal(T * H, 21)), dW_ref(dt, V * H), a(dt, V * H), b(dt, V * H);
+    Tensor acc(Dt::f32, V * H);
+    cuda::embedding_backward(dt, dy.p(), tokens.p, T, H, V, dW_ref.p(), dt == Dt::f32 ? dW_ref.f() : acc.f(),
+                             error.p, nullptr);
+    for (Tensor* out : {&a, &b})
+      cuda::embedding_backward_fused(dt, dy.p(), tokens.p, T, H, V, out->p(), dt == Dt::f32 ? out->f() : acc.f(),
+                                     error.p, nullptr);
+    check_cuda(cudaGetLastError(), "the embedding kernels", "EmbeddingBackwardIsTheSameBitsEveryRun");
+    // Row 17 sums 834 rows of dy: the tolerance of a long fp32 sum in another order, or of
+    // one bf16 rounding of it.
+    expect_close(str("embedding_backward.T", T, ".V", V, ".H", H), 0, a, dW_ref, dt == Dt::f32 ? 1e-5 : kBf16Tol);
+    const std::vector<float> fa = a.floats(), fb = b.floats();
+    EXPECT_EQ(std::memcmp(fa.data(), fb.data(), 4 * fa.size()), 0) << "two runs gave different bits";
+    EXPECT_EQ(device_int(error.p), 0);
+  }
+}
+
 // A token id outside [0, V) sets the error code; forward zeroes its row, backward skips it
 // (the other rows' sums are still right).
 TEST(CudaFused, EmbeddingReportsABadTokenAndSkipsIt) {

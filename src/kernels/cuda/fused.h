@@ -48,10 +48,10 @@ void swiglu_backward_fused(Dt dt, const void* dy, const void* gate, const void* 
 // A row copy per token; an id outside [0, V) sets *error (kErrorTokenId) and zeroes its row.
 void embedding_forward_fused(Dt dt, const void* W, const int32_t* tokens, int64_t T, int64_t H, int64_t V, void* out,
                              int* error, cudaStream_t stream);
-// dW[v, :] = sum of dy[t, :] over t with tokens[t] == v: fp32 atomics into acc (V x H; for
-// f32, acc may be dW itself), four columns per atomic (float4, sm_90), then rounded into dW
-// by a vectorised pass. As the reference: the order of the additions is not fixed, so a bf16
-// dW can differ by one ulp from run to run. An id outside [0, V) sets *error and is skipped.
+// dW[v, :] = sum of dy[t, :] over t with tokens[t] == v, added in fp32 into acc (V x H; for
+// f32, acc may be dW itself) in token order by the one block that owns row v (no atomics: the
+// same bits on every run, unlike the reference's atomics), then rounded into dW by a
+// vectorised pass. An id outside [0, V) sets *error and is skipped.
 void embedding_backward_fused(Dt dt, const void* dy, const int32_t* tokens, int64_t T, int64_t H, int64_t V,
                               void* dW, float* acc, int* error, cudaStream_t stream);
 
