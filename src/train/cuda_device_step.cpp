@@ -5,6 +5,7 @@
 #include <array>
 #include <utility>
 
+#include "comm/device_collectives.h"
 #include "kernels/cuda/kernels.h"
 #include "passes/autodiff.h"
 #include "passes/plan_memory.h"
@@ -57,7 +58,8 @@ const std::array<const char*, 4> kBatchInputs = {"input_ids", "labels", "positio
 
 class CudaDeviceStep final : public DeviceStep {
  public:
-  CudaDeviceStep(const Graph& joint, const std::vector<models::ParameterSpec>& specs, int64_t tokens, bool packed)
+  CudaDeviceStep(const Graph& joint, const std::vector<models::ParameterSpec>& specs, int64_t tokens, bool packed,
+                 const ProcessGroups* groups)
       : specs_(specs), tokens_(tokens), batch_inputs_(packed ? 4 : 3) {
     std::vector<int64_t> sizes;
     for (const auto& spec : specs_) sizes.push_back(autosp::numel(spec.shape));
@@ -79,7 +81,11 @@ class CudaDeviceStep final : public DeviceStep {
                  double(free) / double(1 << 30), " GiB free of ", double(total) / double(1 << 30),
                  " GiB (a shorter sequence, checkpointing (compile.checkpoint) or a smaller model would need less)");
 
-    ex_ = std::make_unique<CudaExecutor>(joint, nullptr, nullptr, device_bound);
+    ex_ = std::make_unique<CudaExecutor>(joint, groups, nullptr, device_bound);
+    if (groups && groups->world->size() > 1) {
+      world_ = dynamic_cast<DeviceCollectives*>(ex_->device_groups()->world.get());
+      AUTOSP_CHECK(world_, "the executor made no device communicator for the world");
+    }
     ex_->set_copy_outputs(false);
     const int64_t n = layout_.total;
     for (DeviceMemory* m : {&master_, &grad_, &exp_avg_, &exp_avg_sq_}) *m = DeviceMemory(4 * n, false, kWhere);
@@ -168,6 +174,8 @@ class CudaDeviceStep final : public DeviceStep {
   void optimizer(const AdamWParams& params, double lr, int64_t step, double max_norm) override {
     cudaStream_t stream = ex_->stream();
     auto* status = status_.as<cuda::StepStatus>();
+    // Every rank's parts of the gradients, summed in fp32 (the padding too: zeros on every rank).
+    if (world_) world_->all_reduce_sum_async(grad_.as<float>(), layout_.total, cuda::Dt::f32, stream);
     cuda::grad_norm_partials(grad_.as<float>(), layout_.total, partials_.as<double>(), stream);
     cuda::grad_norm_finish(partials_.as<double>(), max_norm, status, stream);
     cuda::adamw_flat(master_.as<float>(), grad_.as<float>(), exp_avg_.as<float>(), exp_avg_sq_.as<float>(),
@@ -287,6 +295,7 @@ class CudaDeviceStep final : public DeviceStep {
   int batch_inputs_;
   FlatLayout layout_;
   std::unique_ptr<CudaExecutor> ex_;
+  DeviceCollectives* world_ = nullptr;  // the executor's world group, with more than one rank
   DeviceMemory master_, grad_, exp_avg_, exp_avg_sq_, copy_, partials_, status_, status_host_;
   std::vector<TensorChunk> chunks_;
   DeviceMemory chunk_table_, chunk_table_host_;
@@ -301,12 +310,12 @@ class CudaDeviceStep final : public DeviceStep {
 }  // namespace
 
 std::unique_ptr<DeviceStep> make_device_step(const Graph& joint, const std::vector<models::ParameterSpec>& specs,
-                                             int64_t tokens, bool packed) {
+                                             int64_t tokens, bool packed, const ProcessGroups* groups) {
   std::string why;
   if (cuda_device_count(&why) == 0)
     user_error("backend cuda: no CUDA device is usable here (", why,
                "); run on a machine with an NVIDIA GPU and its driver, or use --backend cpu");
-  return std::make_unique<CudaDeviceStep>(joint, specs, tokens, packed);
+  return std::make_unique<CudaDeviceStep>(joint, specs, tokens, packed, groups);
 }
 
 }  // namespace autosp::train

@@ -24,8 +24,11 @@
 // batch (and the trainer's reading of it from disk) overlaps the step running on the device.
 // Two slots alternate; the copy into a slot waits (on the device) for the step that read it.
 //
-// One rank for now (issue 43 brings sequence and data parallelism to it): the step's
-// gradients are whole and need no reduction.
+// Several ranks (sequence and data parallel, ZeRO stage 0: every rank holds the whole state):
+// the compiled step's collectives and the gradients' reduction run on the executor's device
+// groups (NCCL, or staged over MPI where ranks share a GPU: comm/nccl_communicator.h,
+// make_device_groups). After the last micro batch the fp32 gradient sums are summed over the
+// world in one all-reduce (fp32: no bf16 rounding in the reduction), before the norm.
 //
 // Host code only here (no CUDA types): the trainer, built with or without the cuda backend,
 // holds one through this interface; make_device_step is cuda_device_step.cpp's.
@@ -34,6 +37,7 @@
 #include <memory>
 #include <vector>
 
+#include "comm/communicator.h"
 #include "ir/graph.h"
 #include "models/llama.h"
 #include "train/adamw.h"
@@ -84,12 +88,14 @@ class DeviceStep {
   virtual int64_t arena_bytes() const = 0;  // the step's arena and its inputs' block
 };
 
-// `joint`: the step compiled for the cuda backend in bf16, one rank, gradients unreduced
-// (no grad_sync: its outputs are "loss" and "grad:<name>" of every parameter, bf16). micro_batch x seq_len tokens; `packed`: it has the
+// `joint`: the step compiled for the cuda backend in bf16, gradients unreduced (no grad_sync:
+// its outputs are "loss", this rank's part of its replica's loss, and "grad:<name>" of every
+// parameter, bf16, this rank's part of the gradient). micro_batch x seq_len tokens; `packed`: it has the
 // document_ids input. A UserError, before anything is allocated, when the planned state and
 // arena do not fit in the device's free memory; a UserError in a build without the cuda
 // backend.
+// `groups`: this rank's (their MPI groups; null or one rank: no reduction).
 std::unique_ptr<DeviceStep> make_device_step(const Graph& joint, const std::vector<models::ParameterSpec>& specs,
-                                             int64_t tokens, bool packed);
+                                             int64_t tokens, bool packed, const ProcessGroups* groups = nullptr);
 
 }  // namespace autosp::train

@@ -110,10 +110,10 @@ Trainer::Trainer(const models::LlamaConfig& model, const TrainConfig& config, in
   const int64_t W = groups_->world->size();
   // bf16 on the cuda backend: the step and its state live on the device (device_step.h).
   const bool on_device = config_.backend == "cuda" && config_.requested_precision == "bf16";
-  if (on_device && W > 1)
-    user_error("bf16 on the cuda backend trains on one GPU so far (sequence and data parallelism for it are issue "
-               "43), and this job has ", W, " ranks: run one rank, or leave bf16 off for the fp32 step, which "
-               "runs on several");
+  if (on_device && W > 1 && config_.zero_stage > 0)
+    user_error("zero_optimization.stage ", config_.zero_stage, " with bf16 on the cuda backend across ", W,
+               " ranks: the device-resident step keeps the whole state on every rank so far (ZeRO stage 0); set "
+               "stage 0, or leave bf16 off for the fp32 step, which shards it");
   const int64_t g = config.gradient_accumulation_steps.value();
   // Model state as it will be once the optimizer holds its shards (built after compiling):
   // the parameters (whole below stage 3), the sum of a step's earlier micro batches (stages
@@ -189,7 +189,7 @@ Trainer::Trainer(const models::LlamaConfig& model, const TrainConfig& config, in
   // the other works in it.
   const Backend backend = parse_backend(config_.backend);
   if (on_device) {
-    device_ = make_device_step(joint_, state_.specs, micro_batch_ * local_len_, config_.data.packed);
+    device_ = make_device_step(joint_, state_.specs, micro_batch_ * local_len_, config_.data.packed, groups_);
   } else if (earlier_.nodes().empty()) {
     executor_ = make_executor(backend, joint_, allocator_, 0, groups_);
   } else if (read_memory_plan(joint_).arena_bytes >= read_memory_plan(earlier_).arena_bytes) {
@@ -461,20 +461,26 @@ StepStats Trainer::train_step_on_device(const DataSource& data) {
   };
   if (prefetched_from_ != &data || prefetched_at_ != state_.consumed_samples) stage(state_.consumed_samples, 0);
   prefetched_from_ = nullptr;
-  // DeepSpeed scales each micro batch's loss by 1/g: the step's gradient is the mean.
-  const float inv_g = g == 1 ? 1.0f : 1.0f / float(g);
+  // DeepSpeed scales each micro batch's loss by 1/g: the step's gradient is the mean. The
+  // world's sum (reduce_gradients) is then over the sequence ranks' parts of each replica's
+  // gradient and the data-parallel replicas, which average: 1/D as well.
+  const int64_t D = groups_->dp_size;
+  const float scale = g * D == 1 ? 1.0f : float(1.0 / double(g * D));
   for (int64_t m = 0; m < g; ++m) {
-    device_->micro_batch(m == 0, inv_g);
+    device_->micro_batch(m == 0, scale);
     if (m + 1 < g) stage(state_.consumed_samples, m + 1);
   }
   const double lr = lr_at(config_.scheduler, config_.optimizer.lr, t);
   device_->optimizer(config_.optimizer, lr, t + 1, config_.gradient_clipping);
-  const int64_t next = state_.consumed_samples + g * micro_batch_ * groups_->dp_size;
+  const int64_t next = state_.consumed_samples + g * micro_batch_ * D;
   stage(next, 0);
   prefetched_from_ = &data;
   prefetched_at_ = next;
   const DeviceStepResult r = device_->finish();
-  const double loss = r.loss_sum / double(g);
+  // The replica's loss is the sum of its SP ranks' parts; the step's is the DP mean.
+  double loss_sum = r.loss_sum;
+  groups_->world->all_reduce_sum(&loss_sum, 1);
+  const double loss = loss_sum / double(g) / double(D);
   if (!std::isfinite(loss))
     user_error("step ", t + 1, ": the loss is ", loss, " (a micro batch with no labelled tokens gives 0/0; "
                "otherwise the model diverged: lower the learning rate); no update was applied");
