@@ -2,7 +2,7 @@
 # Packs what scripts/gpu_check.sh needs onto a GPU machine that has CUDA and PyTorch but not
 # autosp's build dependencies (OpenBLAS, Open MPI, ...): the binaries of a cuda build made
 # here, and the shared libraries they load that are not CUDA's (the GPU machine brings the
-# driver, cuBLAS and NCCL) nor the C library's.
+# driver, cuBLAS, NCCL, cuDNN and NVRTC) nor the C library's.
 #
 #   scripts/gpu_bundle.sh [BUILD_DIR] [BUNDLE_DIR]     (defaults: build, .gpu-bundle)
 #
@@ -24,7 +24,9 @@ for b in "$bundle"/bin/*; do
 done | sort -u | while read -r lib; do
   case "$(basename "$lib")" in
     libc.so*|libm.so*|libdl.so*|libpthread.so*|librt.so*|ld-linux*|libstdc++.so*|libgcc_s.so*) ;;
-    libcuda.so*|libcudart.so*|libcublas*|libnccl.so*|libnvidia*) ;;
+    # cuDNN (its 100 MB engine libraries, loaded by libcudnn at run time, are not even listed by
+    # ldd) and NVRTC (100 MB) would not fit a device run's carry either.
+    libcuda.so*|libcudart.so*|libcublas*|libnccl.so*|libnvidia*|libcudnn*|libnvrtc*) ;;
     *) cp -L "$lib" "$bundle/lib/" ;;
   esac
 done

@@ -10,6 +10,8 @@
 #               machine (for a GPU machine without autosp's build dependencies)
 #   op_tests    cuda_ops_test: every op on cuda vs the CPU backend (f32 and bf16) and vs
 #               finite differences, the attention kernels with document ids, AdamW, NCCL
+#   cudnn_attention  cuda_ops_test's CudnnAttention.*: cuDNN's fused attention (bf16) vs the
+#               double reference and the blocks, its THD kernel, graph cache and workspace
 #   llama_bf16  the Llama reference test in f32 and bf16 (in the same binary)
 #   train_cli   `autosp train --backend cuda` vs `--backend cpu` on the reference model: the
 #               same losses (f32, to 1e-4 relative)
@@ -127,7 +129,11 @@ if [ -n "$bundle" ]; then
   # NCCL and cuBLAS from the machine: the CUDA toolkit's, and PyTorch's pip wheels'.
   nccl_dir=$("$python" -c 'import os, nvidia.nccl as n; print(os.path.join(list(n.__path__)[0], "lib"))' 2>/dev/null || true)
   cublas_dir=$("$python" -c 'import os, nvidia.cublas as n; print(os.path.join(list(n.__path__)[0], "lib"))' 2>/dev/null || true)
-  export LD_LIBRARY_PATH="$bundle/lib:/usr/local/cuda/lib64:${nccl_dir}:${cublas_dir}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  # cuDNN and NVRTC (a build with cuDNN attention links both; gpu_bundle.sh leaves them out): the
+  # CUDA toolkit's, else PyTorch's wheels'.
+  cudnn_dir=$("$python" -c 'import os, nvidia.cudnn as n; print(os.path.join(list(n.__path__)[0], "lib"))' 2>/dev/null || true)
+  nvrtc_dir=$("$python" -c 'import os, nvidia.cuda_nvrtc as n; print(os.path.join(list(n.__path__)[0], "lib"))' 2>/dev/null || true)
+  export LD_LIBRARY_PATH="$bundle/lib:/usr/local/cuda/lib64:${nccl_dir}:${cublas_dir}:${cudnn_dir}:${nvrtc_dir}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   run_stage build 60 "$bin/autosp" --version
 else
   bin="$root/build-gpu"
@@ -161,9 +167,16 @@ print(json.dumps({"passed": count("PASSED"), "skipped": len(skipped),
                   "failed": sorted(set(failed)), "measured": errors[:400]}))
 EOF
 }
-run_stage op_tests 120 "$bin/cuda_ops_test" --gtest_filter='-CudaLlamaReference.*'
+run_stage op_tests 120 "$bin/cuda_ops_test" --gtest_filter='-CudaLlamaReference.*:CudnnAttention.*'
 gtest_summary "$logs/op_tests.log" > "$logs/op_tests.json" || echo '{}' > "$logs/op_tests.json"
 record op_tests "$STAGE_STATUS" "$STAGE_SECONDS" "$logs/op_tests.json"
+
+# cuDNN's fused attention against the double reference and the blocks, its THD layout kernel,
+# its graph cache and its workspace plan: a stage of its own, since each new shape builds cuDNN
+# graphs (NVRTC compiles, seconds each). Its log has the measured errors and workspaces.
+run_stage cudnn_attention 180 "$bin/cuda_ops_test" --gtest_filter='CudnnAttention.*'
+gtest_summary "$logs/cudnn_attention.log" > "$logs/cudnn_attention.json" || echo '{}' > "$logs/cudnn_attention.json"
+record cudnn_attention "$STAGE_STATUS" "$STAGE_SECONDS" "$logs/cudnn_attention.json"
 
 run_stage llama_bf16 120 "$bin/cuda_ops_test" --gtest_filter='CudaLlamaReference.*'
 gtest_summary "$logs/llama_bf16.log" > "$logs/llama_bf16.json" || echo '{}' > "$logs/llama_bf16.json"

@@ -2,7 +2,9 @@
 # install_deps.sh [--fuzz]: installs what autosp needs to build and test, from Debian packages,
 # if it is missing, and the transformers venv the tests load checkpoints with
 # (install_hf_venv.sh, from PyPI). --fuzz adds clang and libFuzzer for `make fuzz`, which
-# `make test` does not need (it replays the fuzz corpora in the gcc build).
+# `make test` does not need (it replays the fuzz corpora in the gcc build). Where nvcc is found
+# (the cuda backend builds), also the cudnn-frontend headers of its fused attention
+# (install_cudnn_frontend.sh, into .deps/); the CPU-only build needs none of it.
 # Idempotent: a machine that has everything installs nothing.
 set -euo pipefail
 
@@ -25,8 +27,15 @@ for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+python_deps() {
+  "$here/install_hf_venv.sh"
+  if command -v nvcc > /dev/null || [ -x /usr/local/cuda/bin/nvcc ]; then
+    "$here/install_cudnn_frontend.sh"
+  fi
+}
 if [ ${#missing[@]} -eq 0 ]; then
-  exec "$here/install_hf_venv.sh"
+  python_deps
+  exit 0
 fi
 
 echo "install_deps: installing ${missing[*]}"
@@ -35,4 +44,4 @@ sudo_cmd=()
 export DEBIAN_FRONTEND=noninteractive
 "${sudo_cmd[@]}" apt-get update -qq
 "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
-"$here/install_hf_venv.sh"
+python_deps

@@ -5,9 +5,13 @@
 // keeps query i to the W keys i - W < j <= i. The window counts sequence positions, so it
 // is the same whether the sequence was whole from the start or gathered by the autosp pass's
 // all-to-all; with documents, both limits apply.
+#include <algorithm>
+#include <cstdlib>
+
 #include "kernels/cpu/attention.h"
 #include "ops/op.h"
 #include "kernels/cuda/attention_blocks.h"
+#include "kernels/cuda/cudnn_attention.h"
 #ifdef AUTOSP_HAVE_CUDA
 #include "ops/cuda_attention.h"
 #endif
@@ -75,26 +79,72 @@ double attention_flops(const cpu::AttentionDims& d, const Attrs& attrs, double m
 }  // namespace
 
 namespace {
-// Scratch of the cuda kernels: one block of queries' scores (kernels/cuda/attention_blocks.h),
-// for the block size the kernels take themselves (cuda_attention.h, rows 0).
-int64_t cuda_attention_workspace(const Types& qkv, bool backward) {
+// The cuda kernels run cuDNN's fused SDPA or the blocks of queries, as cuda::choose_attention
+// says for the node's key (kernels/cuda/cudnn_attention.h) and AUTOSP_ATTENTION. Forward and
+// backward ask with keys that differ only in `backward`, so a node's two directions choose alike.
+cuda::CudnnSdpaKey cuda_attention_key(const Types& qkv, const Attrs& attrs, bool documents, bool backward,
+                                      int device = 0) {
   const cpu::AttentionDims d = attention_dims(qkv);
-  return cuda::attention_block_layout(backward, d.B, d.S, d.NH, d.NKV, d.D, qkv[0].dtype == DType::bf16 ? 2 : 4)
-      .bytes;
+  return cuda::cudnn_sdpa_key(backward, qkv[0].dtype == DType::bf16 ? cuda::Dt::bf16 : cuda::Dt::f32, d.B, d.S, d.NH,
+                              d.NKV, d.D, attrs.get_int("causal") != 0, window_of(attrs),
+                              float(attrs.get_float("scale")), documents, device);
+}
+cuda::AttentionChoice cuda_attention_choice(const cuda::CudnnSdpaKey& key, bool built_with_cudnn) {
+  cuda::AttentionMode mode;
+  const char* env = std::getenv("AUTOSP_ATTENTION");
+  if (!cuda::parse_attention_mode(env, &mode))
+    user_error("AUTOSP_ATTENTION=", env, ": expected auto, blocks or cudnn (the cuda backend's attention)");
+  cuda::AttentionChoice choice = cuda::choose_attention(mode, built_with_cudnn, key);
+  if (choice.error)
+    user_error("AUTOSP_ATTENTION=cudnn, but attention (", cuda::cudnn_sdpa_key_str(key), ") cannot run on cuDNN: ",
+               choice.why);
+  return choice;
+}
+// Scratch of the cuda kernels: one block of queries' scores (kernels/cuda/attention_blocks.h),
+// for the block size the kernels take themselves (cuda_attention.h, rows 0); where cuDNN runs,
+// the larger of that and cuDNN's (a run may fall back to the blocks). Planned as if this build
+// had cuDNN, so that `autosp plan` plans on any machine what a GPU build runs.
+int64_t cuda_attention_workspace(const Types& qkv, const Attrs& attrs, bool documents, bool backward) {
+  const cpu::AttentionDims d = attention_dims(qkv);
+  const int64_t blocks =
+      cuda::attention_block_layout(backward, d.B, d.S, d.NH, d.NKV, d.D, qkv[0].dtype == DType::bf16 ? 2 : 4).bytes;
+  const cuda::CudnnSdpaKey key = cuda_attention_key(qkv, attrs, documents, backward);
+  if (cuda_attention_choice(key, true).impl != cuda::AttentionImplementation::cudnn) return blocks;
+  return std::max(blocks, cuda::cudnn_sdpa_layout(key).bytes);
 }
 #ifdef AUTOSP_HAVE_CUDA
 cuda::AttentionDims cuda_dims(const cpu::AttentionDims& d) { return {d.B, d.S, d.NH, d.NKV, d.D}; }
+int cuda_current_device() {
+  int device = 0;
+  check_cuda(cudaGetDevice(&device), "cudaGetDevice", "attention");
+  return device;
+}
 void cuda_attention(const KernelArgs& a, const CudaContext& c) {
-  const cpu::AttentionDims d = attention_dims({*a.in_types[0], *a.in_types[1], *a.in_types[2]});
+  const Types qkv = {*a.in_types[0], *a.in_types[1], *a.in_types[2]};
+  const cpu::AttentionDims d = attention_dims(qkv);
   const int32_t* doc = a.inputs.size() == 4 ? a.in<int32_t>(3) : nullptr;
+  const cuda::CudnnSdpaKey key = cuda_attention_key(qkv, *a.attrs, doc != nullptr, false, cuda_current_device());
+  const cuda::AttentionChoice choice = cuda_attention_choice(key, cuda_cudnn_attention_built());
+  if (choice.impl == cuda::AttentionImplementation::cudnn &&
+      cuda_attention_forward_cudnn(c, key, choice.forced, a.in<void>(0), a.in<void>(1), a.in<void>(2), doc,
+                                   a.out<void>(0), a.out<float>(1), a.workspace))
+    return;
   cuda_attention_forward_blocks(c, cuda_in_dt(a, 0), cuda_dims(d), a.attrs->get_int("causal") != 0, window_of(*a.attrs),
                                 float(a.attrs->get_float("scale")), a.in<void>(0), a.in<void>(1), a.in<void>(2), doc,
                                 a.out<void>(0), a.out<float>(1), a.workspace);
 }
 // attention_backward(dout, q, k, v, out, lse[, doc]) -> (dq, dk, dv)
 void cuda_attention_backward(const KernelArgs& a, const CudaContext& c) {
-  const cpu::AttentionDims d = attention_dims({*a.in_types[1], *a.in_types[2], *a.in_types[3]});
+  const Types qkv = {*a.in_types[1], *a.in_types[2], *a.in_types[3]};
+  const cpu::AttentionDims d = attention_dims(qkv);
   const int32_t* doc = a.inputs.size() == 7 ? a.in<int32_t>(6) : nullptr;
+  const cuda::CudnnSdpaKey key = cuda_attention_key(qkv, *a.attrs, doc != nullptr, true, cuda_current_device());
+  const cuda::AttentionChoice choice = cuda_attention_choice(key, cuda_cudnn_attention_built());
+  if (choice.impl == cuda::AttentionImplementation::cudnn &&
+      cuda_attention_backward_cudnn(c, key, choice.forced, a.in<void>(1), a.in<void>(2), a.in<void>(3), a.in<void>(4),
+                                    a.in<float>(5), a.in<void>(0), doc, a.out<void>(0), a.out<void>(1),
+                                    a.out<void>(2), a.workspace))
+    return;
   cuda_attention_backward_blocks(c, cuda_in_dt(a, 1), cuda_dims(d), a.attrs->get_int("causal") != 0, window_of(*a.attrs),
                                  float(a.attrs->get_float("scale")), a.in<void>(1), a.in<void>(2), a.in<void>(3),
                                  a.in<void>(4), a.in<float>(5), a.in<void>(0), doc, a.out<void>(0), a.out<void>(1),
@@ -161,8 +211,8 @@ extern const OpDef attention_op = {
     .cpu_per_isa = true,
     .cuda = {.name = "attention_blocks_forward",
              .run = AUTOSP_CUDA_RUN(cuda_attention),
-             .workspace_bytes = [](const Types& in, const Types&, const Attrs&) -> int64_t {
-               return cuda_attention_workspace({in[0], in[1], in[2]}, false);
+             .workspace_bytes = [](const Types& in, const Types&, const Attrs& attrs) -> int64_t {
+               return cuda_attention_workspace({in[0], in[1], in[2]}, attrs, in.size() == 4, false);
              }},
 };
 
@@ -198,9 +248,9 @@ extern const OpDef attention_backward_op = {
     .cpu_per_isa = true,
     .cuda = {.name = "attention_blocks_backward",
              .run = AUTOSP_CUDA_RUN(cuda_attention_backward),
-             // delta [B, NH, S], then one block's scores and the f32 sums of dk and dv
-             .workspace_bytes = [](const Types& in, const Types&, const Attrs&) -> int64_t {
-               return cuda_attention_workspace({in[1], in[2], in[3]}, true);
+             // blocks: delta [B, NH, S], then one block's scores and the f32 sums of dk and dv
+             .workspace_bytes = [](const Types& in, const Types&, const Attrs& attrs) -> int64_t {
+               return cuda_attention_workspace({in[1], in[2], in[3]}, attrs, in.size() == 7, true);
              }},
 };
 

@@ -4,6 +4,7 @@
 
 #include "comm/mpi_communicator.h"
 #include "comm/nccl_communicator.h"
+#include "kernels/cuda/cudnn_attention.h"
 #include "kernels/cuda/kernels.h"
 #include "passes/lower.h"
 #include "passes/plan_memory.h"
@@ -190,6 +191,10 @@ void CudaExecutor::check_errors() {
     user_error("embedding: a token id is outside [0, vocab_size) (found by the cuda backend's embedding kernel)");
   if (error == cuda::kErrorLabel)
     user_error("cross_entropy: a label is outside [0, V) and is not the ignore index (found by the cuda backend)");
+  if (error == cuda::kErrorTooManyDocuments)
+    user_error("attention: a batch has more documents than cuDNN's attention graph holds (",
+               cuda::kCudnnDocumentsPerRow, " per batch row, kernels/cuda/cudnn_attention.h); run with "
+               "AUTOSP_ATTENTION=blocks, whose attention has no such bound");
   AUTOSP_CHECK(error == 0, "unknown cuda kernel error code ", error);
 }
 

@@ -24,15 +24,15 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/dtype.h"
 #include "kernels/cuda/limits.h"
 
 namespace autosp::cuda {
 
-enum class Dt : int { f32 = 0, bf16 = 1 };
-inline int64_t dt_size(Dt dt) { return dt == Dt::f32 ? 4 : 2; }
-
 // What *error holds after a run: 0 = none, else the first code set.
-enum ErrorCode : int { kErrorNone = 0, kErrorTokenId = 1, kErrorLabel = 2 };
+// kErrorTooManyDocuments: a batch with more documents than cuDNN's attention graph holds
+// (cudnn_attention.h, cudnn_max_documents).
+enum ErrorCode : int { kErrorNone = 0, kErrorTokenId = 1, kErrorLabel = 2, kErrorTooManyDocuments = 3 };
 
 // ---- elementwise and reductions ----------------------------------------------------------
 void fill(Dt dt, void* y, int64_t n, float value, cudaStream_t stream);
@@ -130,6 +130,19 @@ void attention_block_backward_probs(Dt dt, const AttentionDims& d, const Attenti
 // dk, dv rows of kv head g in batch b ([B, S, NKV, D], dtype dt) from the f32 sums [S, D].
 void attention_store_kv_grads(Dt dt, const AttentionDims& d, int64_t b, int64_t g, const float* dk_sum,
                               const float* dv_sum, void* dk, void* dv, cudaStream_t stream);
+
+// ---- cuDNN's fused attention (ops/cuda_attention_cudnn.cpp): its THD layout and Stats ---------
+// The THD arrays of packed documents (kernels/cuda/cudnn_attention.h: cudnn_thd_layout is the
+// specification, these the same arrays on the device) from the document ids doc (i32 [B, S])
+// into seq_len (i32 [max_documents]) and offset_qo, offset_kv, offset_stats (i64
+// [max_documents + 1] each); more than max_documents documents set *error to
+// kErrorTooManyDocuments. One block, no host sync.
+void cudnn_thd_layout(const int32_t* doc, int64_t B, int64_t S, int64_t NH, int64_t NKV, int64_t D,
+                      int64_t max_documents, int32_t* seq_len, int64_t* offset_qo, int64_t* offset_kv,
+                      int64_t* offset_stats, int* error, cudaStream_t stream);
+// lse [B, NH, S] to cuDNN's token-major Stats [B S, NH] of the THD layout, and back.
+void lse_to_token_major(const float* lse, int64_t B, int64_t S, int64_t NH, float* stats, cudaStream_t stream);
+void lse_from_token_major(const float* stats, int64_t B, int64_t S, int64_t NH, float* lse, cudaStream_t stream);
 
 // ---- cross entropy over rows of V logits (of dtype logits_dt: the op's, or f32 for a
 // chunk of linear_cross_entropy's logits) ----------------------------------------------------
