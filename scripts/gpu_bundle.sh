@@ -30,6 +30,32 @@ done | sort -u | while read -r lib; do
     *) cp -L "$lib" "$bundle/lib/" ;;
   esac
 done
+# Open MPI, for gpu_check's sp_one_gpu stage (several ranks on the one GPU) where the GPU
+# machine has none: mpirun and its daemon, the plugins (Open MPI's and PMIx's) and help files
+# in the layout of Debian's prefix (/usr), relocated by OPAL_PREFIX=<bundle>/ompi (gpu_check.sh
+# sets it), and the libraries they load beside the binaries' in lib/.
+if command -v orterun > /dev/null; then
+  ompi="$bundle/ompi"
+  arch=$(dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null || echo x86_64-linux-gnu)
+  mkdir -p "$ompi/bin" "$ompi/lib/$arch" "$ompi/share"
+  cp -L "$(command -v orterun)" "$ompi/bin/mpirun"
+  cp -L "$(command -v orted)" "$ompi/bin/orted"
+  for d in openmpi pmix2; do
+    [ -d "/usr/lib/$arch/$d" ] && cp -rL "/usr/lib/$arch/$d" "$ompi/lib/$arch/"
+  done
+  rm -rf "$ompi/lib/$arch/openmpi/include"
+  cp -r /usr/share/openmpi "$ompi/share/"
+  [ -d /usr/share/pmix ] && cp -r /usr/share/pmix "$ompi/share/"
+  find "$ompi" -name '*.so*' -o -path "$ompi/bin/*" | while read -r f; do
+    ldd "$f" 2>/dev/null | awk '/=> \// {print $3}'
+  done | sort -u | while read -r lib; do
+    case "$(basename "$lib")" in
+      libc.so*|libm.so*|libdl.so*|libpthread.so*|librt.so*|ld-linux*|libstdc++.so*|libgcc_s.so*) ;;
+      libcuda.so*|libcudart.so*|libcublas*|libnccl.so*|libnvidia*|libcudnn*|libnvrtc*) ;;
+      *) [ -e "$bundle/lib/$(basename "$lib")" ] || cp -L "$lib" "$bundle/lib/" ;;
+    esac
+  done
+fi
 # (.gitignore lists .gpu-bundle: it travels to a GPU machine only when carried.)
 du -sh "$bundle"
 # A device run carries at most 64 MiB with the working tree (.library/device/README.md).

@@ -10,6 +10,7 @@ set -euo pipefail
 
 packages=(
   g++ cmake make pkg-config
+  unzip  # install_cudnn_frontend.sh unpacks the headers from their wheel
   libopenblas-dev  # the benchmarks' sgemm baseline (autosp's own gemm is kernels/cpu/gemm.h)
   libopenmpi-dev openmpi-bin
   nlohmann-json3-dev libcli11-dev
