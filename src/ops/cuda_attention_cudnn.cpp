@@ -229,6 +229,9 @@ std::string build(const cuda::CudnnSdpaKey& k, cudnnHandle_t handle, CachedGraph
   if (why.empty()) why = step(g->build_operation_graph(handle), "build_operation_graph");
   if (why.empty()) why = step(g->create_execution_plans({fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK}),
                               "create_execution_plans");
+  // Engines that would need more workspace than the plan holds are passed over for the next
+  // candidate, rather than the shape falling back to the blocks.
+  if (why.empty()) g->deselect_workspace_greater_than(cuda::cudnn_engine_workspace_bytes(k));
   if (why.empty()) why = step(g->check_support(handle), "check_support");
   if (why.empty()) why = step(g->build_plans(handle), "build_plans");
   if (!why.empty()) return why;

@@ -99,9 +99,7 @@ CudaExecutor::CudaExecutor(const Graph& graph, const ProcessGroups* groups, cons
   check_cuda(cudaMallocHost(reinterpret_cast<void**>(&error_host_), sizeof(int)), "cudaMallocHost",
              "the cuda executor's error flag");
   *error_host_ = 0;
-  host_outputs_.resize(graph_.outputs().size());
-  for (size_t i = 0; i < graph_.outputs().size(); ++i)
-    host_outputs_[i].resize(size_t(graph_.type(graph_.outputs()[i].value).bytes()));
+  host_outputs_.resize(graph_.outputs().size());  // sized by the first run that copies them
   if (profile_enabled()) profiler_ = std::make_unique<NodeProfiler>(graph_, 1, global_profile());
 }
 
@@ -173,7 +171,10 @@ void CudaExecutor::run_async() {
   });
   for (size_t i = 0; i < graph_.outputs().size(); ++i) {
     const ValueId v = graph_.outputs()[i].value;
-    if (host_outputs_[i].empty() || !copy_outputs_) continue;
+    if (!copy_outputs_) break;
+    // Host memory only for outputs that are copied (a device-resident step's gradients never are).
+    host_outputs_[i].resize(size_t(graph_.type(v).bytes()));
+    if (host_outputs_[i].empty()) continue;
     check_cuda(cudaMemcpyAsync(host_outputs_[i].data(), data_[v], host_outputs_[i].size(), cudaMemcpyDeviceToHost,
                                ctx_.stream),
                "cudaMemcpyAsync", str("copying output '", graph_.outputs()[i].name, "' to the host"));

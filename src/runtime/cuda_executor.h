@@ -83,6 +83,9 @@ class CudaExecutor final : public Executor {
   int64_t input_bytes() const { return input_bytes_; }
   cudaStream_t stream() const { return ctx_.stream; }
   int device() const { return device_; }
+  // The kernels' data-error flag (a device int, kernels/cuda/kernels.h ErrorCode): sticky until
+  // check_errors, so a kernel enqueued after a run can read it.
+  const int* error_flag() const { return ctx_.error; }
   // The groups collectives run on (their communicators are DeviceCollectives), or null.
   const ProcessGroups* device_groups() const { return groups_; }
 

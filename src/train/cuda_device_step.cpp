@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "comm/device_collectives.h"
+#include "comm/nccl_communicator.h"
 #include "kernels/cuda/kernels.h"
 #include "passes/autodiff.h"
 #include "passes/plan_memory.h"
@@ -138,7 +139,8 @@ class CudaDeviceStep final : public DeviceStep {
   }
 
   void upload() override {
-    AUTOSP_CHECK(pending_ < 0, "a micro batch was uploaded and not yet run");
+    // A batch uploaded and not run (a step that failed after staging the next one's first
+    // micro batch, or a prefetch the trainer cannot use) is replaced: its slot is left alone.
     const int s = next_;
     // The device slot is free once the step that read it has run past its inputs.
     check_cuda(cudaStreamWaitEvent(copy_stream_, consumed_[s], 0), "cudaStreamWaitEvent", "the batch upload");
@@ -163,7 +165,7 @@ class CudaDeviceStep final : public DeviceStep {
     // The whole step has been enqueued after its reads of the batch, so the slot is free once
     // the stream reaches here.
     check_cuda(cudaEventRecord(consumed_[s], stream), "cudaEventRecord", kWhere);
-    upload_chunk_table();
+    upload_chunk_table();  // the first run's; later runs check the outputs stayed where they were
     cuda::accumulate_grad_chunks(cuda::Dt::bf16, chunk_table_.as<cuda::GradChunk>(), int64_t(chunks_.size()), scale,
                                  first, stream);
     cuda::add_loss(static_cast<const float*>(ex_->output_device("loss")), status_.as<cuda::StepStatus>(), first,
@@ -177,7 +179,7 @@ class CudaDeviceStep final : public DeviceStep {
     // Every rank's parts of the gradients, summed in fp32 (the padding too: zeros on every rank).
     if (world_) world_->all_reduce_sum_async(grad_.as<float>(), layout_.total, cuda::Dt::f32, stream);
     cuda::grad_norm_partials(grad_.as<float>(), layout_.total, partials_.as<double>(), stream);
-    cuda::grad_norm_finish(partials_.as<double>(), max_norm, status, stream);
+    cuda::grad_norm_finish(partials_.as<double>(), max_norm, !world_, ex_->error_flag(), status, stream);
     cuda::adamw_flat(master_.as<float>(), grad_.as<float>(), exp_avg_.as<float>(), exp_avg_sq_.as<float>(),
                      layout_.total, cuda_adamw_scalars(params, step, lr), status, copy_.as<void>(), stream);
     check_cuda(cudaGetLastError(), "the optimizer's launches", kWhere);
@@ -269,20 +271,20 @@ class CudaDeviceStep final : public DeviceStep {
   // The accumulation's chunks point into the step's outputs, which live at planned offsets of
   // the arena: known once the first run has been enqueued, and the same for every run after.
   void upload_chunk_table() {
+    std::vector<const char*> sources(specs_.size());
+    for (size_t i = 0; i < specs_.size(); ++i)
+      sources[i] = static_cast<const char*>(ex_->output_device(kGradPrefix + specs_[i].name));
+    if (chunk_table_ready_) {
+      AUTOSP_CHECK(sources == grad_sources_, "the step's gradient outputs moved between runs (the plan's offsets "
+                   "are fixed)");
+      return;
+    }
+    grad_sources_ = sources;
     auto* table = chunk_table_host_.as<cuda::GradChunk>();
-    bool changed = false;
     for (size_t c = 0; c < chunks_.size(); ++c) {
       const TensorChunk& t = chunks_[c];
-      const std::string& output = kGradPrefix + specs_[size_t(t.tensor)].name;
-      const cuda::GradChunk g{static_cast<const char*>(ex_->output_device(output)) + 2 * t.begin,
-                              grad_.as<float>() + layout_.offset[size_t(t.tensor)] + t.begin, t.n};
-      changed |= g.src != table[c].src || g.dst != table[c].dst || g.n != table[c].n;
-      if (chunk_table_ready_) continue;
-      table[c] = g;
-    }
-    if (chunk_table_ready_) {
-      AUTOSP_CHECK(!changed, "the step's gradient outputs moved between runs (the plan's offsets are fixed)");
-      return;
+      table[c] = {sources[size_t(t.tensor)] + 2 * t.begin, grad_.as<float>() + layout_.offset[size_t(t.tensor)] + t.begin,
+                  t.n};
     }
     check_cuda(cudaMemcpyAsync(chunk_table_.as<void>(), table, sizeof(cuda::GradChunk) * chunks_.size(),
                                cudaMemcpyHostToDevice, ex_->stream()),
@@ -298,6 +300,7 @@ class CudaDeviceStep final : public DeviceStep {
   DeviceCollectives* world_ = nullptr;  // the executor's world group, with more than one rank
   DeviceMemory master_, grad_, exp_avg_, exp_avg_sq_, copy_, partials_, status_, status_host_;
   std::vector<TensorChunk> chunks_;
+  std::vector<const char*> grad_sources_;  // per parameter: its gradient output, as the first run placed it
   DeviceMemory chunk_table_, chunk_table_host_;
   bool chunk_table_ready_ = false;
   cudaStream_t copy_stream_ = nullptr;
@@ -315,6 +318,7 @@ std::unique_ptr<DeviceStep> make_device_step(const Graph& joint, const std::vect
   if (cuda_device_count(&why) == 0)
     user_error("backend cuda: no CUDA device is usable here (", why,
                "); run on a machine with an NVIDIA GPU and its driver, or use --backend cpu");
+  select_local_device();  // this rank's GPU, before the free-memory check looks at it
   return std::make_unique<CudaDeviceStep>(joint, specs, tokens, packed, groups);
 }
 

@@ -483,7 +483,10 @@ StepStats Trainer::train_step_on_device(const DataSource& data) {
   const double loss = loss_sum / double(g) / double(D);
   if (!std::isfinite(loss))
     user_error("step ", t + 1, ": the loss is ", loss, " (a micro batch with no labelled tokens gives 0/0; "
-               "otherwise the model diverged: lower the learning rate); no update was applied");
+               "otherwise the model diverged: lower the learning rate); ",
+               r.applied ? "the update of its finite gradients was applied on the device (checkpoints already "
+                           "written are intact)"
+                         : "no update was applied");
   if (!r.applied || !std::isfinite(r.grad_norm))
     user_error("step ", t + 1, ": the gradient norm is ", r.grad_norm, "; no update was applied "
                "(checkpoints already written are intact)");
@@ -499,13 +502,18 @@ StepStats Trainer::train_step_on_device(const DataSource& data) {
 StateShards Trainer::checkpoint_shards() {
   StateShards out;
   if (device_) {
-    device_->download(state_, true);
+    // Every rank holds the whole state (ZeRO stage 0) and only rank 0 writes it
+    // (train::save_checkpoint): the others pass no tensors, which the writer never reads.
+    const bool lead = groups_->world->rank() == 0;
+    if (lead) device_->download(state_, true);
     for (StateKind kind : kStateKinds) {
       const auto& whole = kind == StateKind::params ? state_.params
                           : kind == StateKind::exp_avg ? state_.exp_avg : state_.exp_avg_sq;
-      for (const auto& t : whole) out.whole[static_cast<size_t>(kind)].push_back(t.data());
+      for (size_t i = 0; i < state_.specs.size(); ++i)
+        out.whole[static_cast<size_t>(kind)].push_back(lead ? whole[i].data() : nullptr);
     }
-    out.round_elements = std::min(config_.zero.allgather_bucket_size, ShardedAdamW::kMaxScratchFloats);
+    out.round_elements = std::max<int64_t>(
+        1, std::min(config_.zero.allgather_bucket_size, ShardedAdamW::kMaxScratchFloats) / groups_->world->size());
     return out;
   }
   if (config_.zero_stage >= 1) out.layout = optimizer_->layout();

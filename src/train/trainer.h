@@ -189,7 +189,8 @@ class Trainer {
   ProcessGroups* groups_;
   std::unique_ptr<class ShardedAdamW> optimizer_;  // null on the device path
   // The device path's step and state (null otherwise), and the step whose first micro batch it
-  // has uploaded ahead: the data and the global sample it begins at.
+  // has uploaded ahead: the data (by address: the training loop passes one DataSource, whose
+  // samples do not change) and the global sample it begins at.
   std::unique_ptr<DeviceStep> device_;
   const DataSource* prefetched_from_ = nullptr;
   int64_t prefetched_at_ = -1;

@@ -15,7 +15,7 @@ constexpr int kThdThreads = 1024;
 // exclusive scan of the counts over the block gives each start its document index k, and the
 // start token t_k goes to offset_stats[k], used as scratch (k <= max_documents: t_max is kept
 // too, the end of the last document laid out). Then every entry is written from the starts.
-__global__ void thd_layout_kernel(const int32_t* doc, int64_t B, int64_t S, int64_t NH, int64_t NKV, int64_t D,
+__global__ void __launch_bounds__(kThdThreads) thd_layout_kernel(const int32_t* doc, int64_t B, int64_t S, int64_t NH, int64_t NKV, int64_t D,
                                   int64_t max_documents, int32_t* seq_len, int64_t* offset_qo, int64_t* offset_kv,
                                   int64_t* offset_stats, int* error) {
   __shared__ int64_t counts[kThdThreads];

@@ -322,13 +322,15 @@ __global__ void __launch_bounds__(kRowThreads) embedding_fused_kernel(const U* W
   }
 }
 
-// Deterministic: block b owns acc's rows [b R, (b + 1) R) and alone writes them, adding the dy
-// row of every token whose id falls there in token order (no atomics), so dW is the same bits
-// on every run, which a save resumed on the device needs to match the run that never stopped.
-// Each block reads every token id (in chunks through shared memory: T x blocks reads of 4 bytes
-// from L2, about 1 ms at T = 256K and ~1000 blocks) and the dy rows of its own tokens once;
-// a thread keeps its columns, so a row's repeated tokens add in order within one thread.
-// Block 0 reports ids outside [0, V); they are skipped.
+// Deterministic: block (b, c) owns acc's rows [b R, (b + 1) R), columns [c kRowThreads,
+// (c + 1) kRowThreads), and alone writes them, adding the dy of every token whose id falls there
+// in token order (no atomics), so dW is the same bits on every run, which a save resumed on the
+// device needs to match the run that never stopped. The column tiles spread a frequent id's
+// work (low ids of byte-level vocabularies: spaces, punctuation) over H / 256 blocks. Each
+// block reads every token id (in chunks through shared memory: T x blocks reads of 4 bytes
+// from L2) and its columns of its own tokens' dy rows once; a thread keeps its column, so a
+// row's repeated tokens add in order within one thread. Block (0, 0) reports ids outside
+// [0, V); they are skipped.
 constexpr int kEmbeddingIdChunk = 1024;
 template <typename T>
 __global__ void __launch_bounds__(kRowThreads)
@@ -342,15 +344,14 @@ __global__ void __launch_bounds__(kRowThreads)
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
       const int32_t id = tokens[base + i];
       ids[i] = id;
-      if (blockIdx.x == 0 && (id < 0 || id >= V)) set_error(error, kErrorTokenId);
+      if (blockIdx.x == 0 && blockIdx.y == 0 && (id < 0 || id >= V)) set_error(error, kErrorTokenId);
     }
     __syncthreads();
     for (int i = 0; i < n; ++i) {
       const int64_t id = ids[i];
       if (id < lo || id >= hi) continue;  // uniform over the block
-      float* row = acc + id * H;
-      const T* src = dy + (base + i) * H;
-      for (int64_t c = threadIdx.x; c < H; c += blockDim.x) row[c] += to_f(src[c]);
+      const int64_t c = int64_t(blockIdx.y) * blockDim.x + threadIdx.x;
+      if (c < H) acc[id * H + c] += to_f(dy[(base + i) * H + c]);
     }
   }
 }
@@ -461,7 +462,8 @@ void embedding_backward_fused(Dt dt, const void* dy, const int32_t* tokens, int6
     if (T * H == 0 || V == 0) return;
     // About 1024 blocks (a few per SM), each owning `rows` rows of the table.
     const int64_t rows = (V + 1023) / 1024, blocks = (V + rows - 1) / rows;
-    embedding_backward_owned_kernel<Ty><<<static_cast<unsigned>(blocks), kRowThreads, 0, stream>>>(
+    const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>((H + kRowThreads - 1) / kRowThreads));
+    embedding_backward_owned_kernel<Ty><<<grid, kRowThreads, 0, stream>>>(
         static_cast<const Ty*>(dy), tokens, T, H, V, rows, acc, error);
   });
   if (static_cast<void*>(acc) == dW || V * H == 0) return;

@@ -204,10 +204,14 @@ void add_loss(const float* loss, StepStatus* status, bool first, cudaStream_t st
 // in double, each over a fixed strided set of elements and reduced in a fixed tree; then one
 // block adds the partials in a fixed tree, takes the root, and sets the coefficient
 // min(max_norm / (norm + 1e-6), 1) rounded to fp32 (max_norm <= 0: no clipping, 1), and
-// applied = isfinite(loss_sum) && isfinite(norm).
+// applied = isfinite(norm) && no data error was found (*error == 0, the executor's flag: the
+// host path stops before its update there too) && (check_loss: isfinite(loss_sum); across
+// ranks the norm alone decides, as it is the same on every rank after the gradients'
+// reduction, so that every rank updates or none does).
 constexpr int kNormBlocks = 1024;
 void grad_norm_partials(const float* g, int64_t n, double* partials /* kNormBlocks */, cudaStream_t stream);
-void grad_norm_finish(const double* partials, double max_norm, StepStatus* status, cudaStream_t stream);
+void grad_norm_finish(const double* partials, double max_norm, bool check_loss, const int* error, StepStatus* status,
+                      cudaStream_t stream);
 // adamw_step (above) on the flat buffers with grad * status->coef as the gradient (rounded to
 // fp32 once, as train::adamw_step's grad_scale), and only when status->applied; the updated
 // parameter rounded to bf16 into compute_copy_bf16.

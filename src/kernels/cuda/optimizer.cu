@@ -42,7 +42,8 @@ __global__ void norm_partials_kernel(const float* g, int64_t n, double* partials
   if (threadIdx.x == 0) partials[blockIdx.x] = s;
 }
 
-__global__ void norm_finish_kernel(const double* partials, double max_norm, StepStatus* status) {
+__global__ void norm_finish_kernel(const double* partials, double max_norm, bool check_loss, const int* error,
+                                   StepStatus* status) {
   __shared__ double shared[32];
   double s = 0;
   for (int i = threadIdx.x; i < kNormBlocks; i += blockDim.x) s += partials[i];
@@ -53,7 +54,8 @@ __global__ void norm_finish_kernel(const double* partials, double max_norm, Step
     const float coef = max_norm > 0 ? float(fmin(max_norm / (norm + 1e-6), 1.0)) : 1.0f;
     status->norm = norm;
     status->coef = coef;
-    status->applied = isfinite(status->loss_sum) && isfinite(norm) ? 1 : 0;
+    const bool data_ok = error == nullptr || *error == kErrorNone;
+    status->applied = isfinite(norm) && data_ok && (!check_loss || isfinite(status->loss_sum)) ? 1 : 0;
   }
 }
 
@@ -94,8 +96,9 @@ void grad_norm_partials(const float* g, int64_t n, double* partials, cudaStream_
   norm_partials_kernel<<<kNormBlocks, kThreads, 0, stream>>>(g, n, partials);
 }
 
-void grad_norm_finish(const double* partials, double max_norm, StepStatus* status, cudaStream_t stream) {
-  norm_finish_kernel<<<1, kThreads, 0, stream>>>(partials, max_norm, status);
+void grad_norm_finish(const double* partials, double max_norm, bool check_loss, const int* error, StepStatus* status,
+                      cudaStream_t stream) {
+  norm_finish_kernel<<<1, kThreads, 0, stream>>>(partials, max_norm, check_loss, error, status);
 }
 
 void adamw_flat(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n,
