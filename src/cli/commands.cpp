@@ -523,6 +523,7 @@ int run_train(const TrainArgs& args, MpiRuntime* mpi) {
     user_error(args.config, ": ", e.what());
   }
   ProcessGroups groups = launch.groups(config.sequence_parallel_size);
+  groups.device_comm = config.comm;
   on_lead(launch, *groups.world, [&] { refuse_to_overwrite(args); });
   const std::vector<int64_t> rss_base = rank_peaks(groups, rss_bytes());  // before the model exists
   std::vector<std::string> auto_notes;

@@ -6,6 +6,18 @@
 
 namespace autosp {
 
+namespace {
+struct Finished final : PendingCollective {
+  bool test() override { return true; }
+  void wait() override {}
+};
+}  // namespace
+
+std::unique_ptr<PendingCollective> Communicator::all_to_all_start(const float* send, float* recv, int64_t chunk) {
+  all_to_all(send, recv, chunk);
+  return std::make_unique<Finished>();
+}
+
 std::string agreed_error(Communicator& group, const std::string& error, int64_t order) {
   AUTOSP_CHECK(order >= 0 && order < (int64_t{1} << 53), "order ", order, " is not exact in a double");
   if (group.size() == 1) return error;

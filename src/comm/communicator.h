@@ -13,6 +13,18 @@
 
 namespace autosp {
 
+// A collective started and not yet finished (Communicator::all_to_all_start): its buffers
+// must stay untouched until wait() returns.
+class PendingCollective {
+ public:
+  virtual ~PendingCollective() = default;
+  // Lets it progress (MPI moves a nonblocking collective only inside MPI calls); true once it
+  // has finished.
+  virtual bool test() = 0;
+  // Until it has finished.
+  virtual void wait() = 0;
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -25,6 +37,10 @@ class Communicator {
   // send holds size() chunks of `chunk` elements; chunk p goes to rank p, and recv's chunk
   // p comes from rank p.
   virtual void all_to_all(const float* send, float* recv, int64_t chunk) = 0;
+  // all_to_all, started: it runs while the caller computes, until wait() (the executor's
+  // overlap of the sequence-parallel exchanges with compute). Started collectives of a group
+  // finish in the order they were started, on every rank alike. This default runs it at once.
+  virtual std::unique_ptr<PendingCollective> all_to_all_start(const float* send, float* recv, int64_t chunk);
   // recv (size() * n) = every rank's send (n), in rank order.
   virtual void all_gather(const float* send, float* recv, int64_t n) = 0;
   // On `root`: recv (size() * n) = every rank's send (n), in rank order; recv is not used on
@@ -61,6 +77,9 @@ struct ProcessGroups {
   std::unique_ptr<Communicator> world, sp, dp;
   int sp_size = 1, dp_size = 1;
   int sp_rank = 0, dp_rank = 0;  // this rank's index in its SP group and its DP group
+  // What the cuda backend runs these groups' collectives on (comm/device_comm.h: "auto",
+  // "nccl" or "mpi"; the config's comm key).
+  std::string device_comm = "auto";
 };
 
 }  // namespace autosp

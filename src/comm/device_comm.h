@@ -9,9 +9,9 @@ namespace autosp {
 
 enum class DeviceComm { nccl, staged };
 
-// AUTOSP_COMM's value: "nccl" or "mpi" force one; "" (unset) or "auto" take staging when
-// `ranks_share_a_device` (some node of the job runs more ranks than it has GPUs), else NCCL.
-// Anything else is a UserError naming the variable and the values it takes.
+// What was asked (AUTOSP_COMM, else the config's comm key): "nccl" or "mpi" force one; "" or
+// "auto" take staging when `ranks_share_a_device` (some node of the job runs more ranks than
+// it has GPUs), else NCCL. Anything else is a UserError naming the values it takes.
 DeviceComm device_comm_choice(const std::string& autosp_comm, bool ranks_share_a_device);
 
 const char* device_comm_name(DeviceComm comm);

@@ -196,6 +196,64 @@ void MpiCommunicator::all_to_all(const float* send, float* recv, int64_t chunk) 
   }
 }
 
+namespace {
+
+// The requests of one started all_to_all (one per piece of at most max_call_bytes), and the
+// piece types they use (freed after them).
+class MpiPending final : public PendingCollective {
+ public:
+  MpiPending(const MpiCommunicator& comm, std::string what) : comm_(comm), what_(std::move(what)) {}
+  ~MpiPending() override {
+    // Only reached unfinished when a step failed: the job is being aborted (abort_all), and
+    // the requests are left to it rather than waited for here.
+  }
+  std::vector<MPI_Request> requests;
+  std::vector<std::unique_ptr<StridedBlock>> types;
+  bool test() override {
+    if (done_) return true;
+    int flag = 0;
+    check_mpi(MPI_Testall(int(requests.size()), requests.data(), &flag, MPI_STATUSES_IGNORE), "MPI_Testall",
+              comm_.name());
+    done_ = flag != 0;
+    return done_;
+  }
+  void wait() override {
+    if (done_) return;
+    for (MPI_Request& r : requests) comm_.wait_request(r, "MPI_Ialltoall", what_);
+    done_ = true;
+  }
+
+ private:
+  const MpiCommunicator& comm_;
+  std::string what_;
+  bool done_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<PendingCollective> MpiCommunicator::all_to_all_start(const float* send, float* recv, int64_t chunk) {
+  AUTOSP_CHECK(chunk >= 0, chunk);
+  const int64_t total_bytes = size_ * chunk * int64_t{sizeof(float)};
+  AUTOSP_CHECK(!overlaps(send, total_bytes, recv, total_bytes), "all_to_all buffers overlap");
+  auto pending = std::make_unique<MpiPending>(*this, str("all_to_all of ", chunk, " floats per rank"));
+  const int64_t step = max_count(sizeof(float));
+  if (chunk <= step) {
+    const int count = static_cast<int>(chunk);
+    pending->requests.emplace_back();
+    check(MPI_Ialltoall(send, count, MPI_FLOAT, recv, count, MPI_FLOAT, comm_, &pending->requests.back()),
+          "MPI_Ialltoall");
+    return pending;
+  }
+  for (int64_t off = 0; off < chunk; off += step) {
+    pending->types.push_back(std::make_unique<StridedBlock>(MPI_FLOAT, std::min(step, chunk - off), chunk, name_));
+    pending->requests.emplace_back();
+    check(MPI_Ialltoall(send + off, 1, pending->types.back()->type(), recv + off, 1, pending->types.back()->type(),
+                        comm_, &pending->requests.back()),
+          "MPI_Ialltoall");
+  }
+  return pending;
+}
+
 void MpiCommunicator::all_gather(const float* send, float* recv, int64_t n) {
   AUTOSP_CHECK(n >= 0, n);
   const int64_t bytes = n * int64_t{sizeof(float)};

@@ -91,6 +91,12 @@ class MpiCommunicator final : public Communicator {
   void all_reduce_sum(float* data, int64_t n) override;
   void all_reduce_sum(double* data, int64_t n) override;
   void all_to_all(const float* send, float* recv, int64_t chunk) override;
+  // The MPI_Ialltoall calls of all_to_all, issued; wait() completes them (with the timeout).
+  std::unique_ptr<PendingCollective> all_to_all_start(const float* send, float* recv, int64_t chunk) override;
+  // Completes a request of this group's, as its collectives do (--comm-timeout applies).
+  void wait_request(MPI_Request& request, const char* call, const std::string& what) const {
+    wait(request, call, what);
+  }
   void all_gather(const float* send, float* recv, int64_t n) override;
   void gather(const float* send, float* recv, int64_t n, int root) override;
   void reduce_scatter_sum(const float* send, float* recv, int64_t n) override;

@@ -170,8 +170,9 @@ ProcessGroups make_device_groups(const ProcessGroups& mpi_groups) {
     shared = over > 0;
   }
   const char* env = std::getenv("AUTOSP_COMM");
-  return device_comm_choice(env ? env : "", shared) == DeviceComm::staged ? make_staged_groups(mpi_groups)
-                                                                          : make_nccl_groups(mpi_groups);
+  const std::string asked = env && *env ? env : mpi_groups.device_comm;
+  return device_comm_choice(asked, shared) == DeviceComm::staged ? make_staged_groups(mpi_groups)
+                                                                 : make_nccl_groups(mpi_groups);
 }
 
 int select_local_device() {

@@ -87,8 +87,9 @@ class NcclCommunicator final : public Communicator, public DeviceCollectives {
 // (make_nccl_groups), or, when ranks share a GPU (NCCL refuses two ranks on one device) or
 // AUTOSP_COMM=mpi says so, the staging communicators over the MPI groups
 // (comm/cuda_staged_communicator.h), which refer to `mpi_groups` (they must outlive them).
-// AUTOSP_COMM=nccl forces NCCL; unset or "auto" decides from the ranks per node and the
-// devices (device_comm_choice), the same on every rank. Collective over the world.
+// What is asked: AUTOSP_COMM when set, else mpi_groups.device_comm (the config's comm key);
+// "auto" decides from the ranks per node and the devices (device_comm_choice), the same on
+// every rank. Collective over the world.
 ProcessGroups make_device_groups(const ProcessGroups& mpi_groups);
 
 // NCCL groups beside the MPI ones: world, sp and dp as in `mpi_groups` (whose

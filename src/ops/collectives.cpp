@@ -2,6 +2,8 @@
 // so its shape rule is static. Their gradients are collectives again. They move f32 or bf16
 // values and keep the dtype (a bf16 all-to-all moves half the bytes; its cost says so).
 #include <algorithm>
+#include <functional>
+#include <memory>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -35,6 +37,33 @@ int64_t cuda_all_gather_workspace(const Types& in, const Types&, const Attrs& at
 }
 int64_t cuda_reduce_scatter_workspace(const Types& in, const Types&, const Attrs& attrs) {
   return slab_of(in[0].shape, dim_attr(attrs, "dim", in[0])).outer == 1 ? 0 : in[0].bytes();
+}
+
+// all_to_all on the CPU: x's blocks packed into the workspace's send half and the exchange
+// started; its finish waits for it and unpacks the received half into the result.
+StartedKernel cpu_all_to_all_start(const KernelArgs& a) {
+  const int64_t P = a.attrs->get_int("size");
+  const int64_t s = a.attrs->get_int("scatter_dim"), g = a.attrs->get_int("gather_dim");
+  const int64_t chunk = a.in_numel(0) / P;
+  float* send = static_cast<float*>(a.workspace);
+  float* recv = send + a.in_numel(0);
+  const Slab xs = slab_of(a.in_shape(0), s);
+  const int64_t c = xs.len / P;
+  for (int64_t p = 0; p < P; ++p)
+    cpu::copy_slab(a.in(0), xs.outer, xs.len, p * c, xs.inner, c, send + p * chunk, c, 0);
+  std::shared_ptr<PendingCollective> pending = a.comm->all_to_all_start(send, recv, chunk);
+  // A received block has x's shape with the scatter dim cut to c; it fills slab p of the
+  // gather dim.
+  Shape block = a.in_shape(0);
+  block[s] = c;
+  const Slab bs = slab_of(block, g);
+  float* out = a.out(0);
+  return {[pending] { return pending->test(); },
+          [pending, recv, chunk, bs, P, out] {
+            pending->wait();
+            for (int64_t p = 0; p < P; ++p)
+              cpu::copy_slab(recv + p * chunk, bs.outer, bs.len, 0, bs.inner, bs.len, out, bs.len * P, p * bs.len);
+          }};
 }
 
 #ifdef AUTOSP_HAVE_CUDA
@@ -125,29 +154,12 @@ extern const OpDef all_to_all_op = {
       a.set("gather_dim", c.attrs().get_int("scatter_dim"));
       c.din[0] = c.b.emit1(OpKind::all_to_all, {c.dout[0]}, a);
     },
-    .cpu = [](const KernelArgs& a) {
-      const int64_t P = a.attrs->get_int("size");
-      const int64_t s = a.attrs->get_int("scatter_dim"), g = a.attrs->get_int("gather_dim");
-      const int64_t chunk = a.in_numel(0) / P;
-      float* send = static_cast<float*>(a.workspace);
-      float* recv = send + a.in_numel(0);
-      const Slab xs = slab_of(a.in_shape(0), s);
-      const int64_t c = xs.len / P;
-      for (int64_t p = 0; p < P; ++p)
-        cpu::copy_slab(a.in(0), xs.outer, xs.len, p * c, xs.inner, c, send + p * chunk, c, 0);
-      a.comm->all_to_all(send, recv, chunk);
-      // A received block has x's shape with the scatter dim cut to c; it fills slab p of the
-      // gather dim.
-      Shape block = a.in_shape(0);
-      block[s] = c;
-      const Slab bs = slab_of(block, g);
-      for (int64_t p = 0; p < P; ++p)
-        cpu::copy_slab(recv + p * chunk, bs.outer, bs.len, 0, bs.inner, bs.len, a.out(0), bs.len * P, p * bs.len);
-    },
+    .cpu = [](const KernelArgs& a) { cpu_all_to_all_start(a).finish(); },
     .cpu_workspace_bytes = [](const Types& in, const Attrs&, int) -> int64_t { return 2 * in[0].bytes(); },
     .cuda = {.name = "nccl_all_to_all",
              .run = AUTOSP_CUDA_RUN(cuda_all_to_all),
              .workspace_bytes = cuda_all_to_all_workspace},
+    .cpu_start = cpu_all_to_all_start,
 };
 
 // all_reduce(x) {group, size}: the sum over the group, on every rank.

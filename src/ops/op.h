@@ -34,6 +34,7 @@
 // (bind_kernel below) and writes the binding into the graph.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -155,6 +156,13 @@ inline int64_t cuda_aligned(int64_t bytes) { return (bytes + 255) / 256 * 256; }
 #define AUTOSP_CUDA_RUN(fn) nullptr
 #endif
 
+// A kernel started by OpDef::cpu_start: `progress` lets its exchange move (true once it is
+// done), `finish` waits for it and writes the results.
+struct StartedKernel {
+  std::function<bool()> progress;
+  std::function<void()> finish;
+};
+
 struct OpDef {
   int num_inputs;   // -1: variadic, at least one
   int num_outputs;
@@ -184,6 +192,11 @@ struct OpDef {
   // active set's copy, whose tile shapes (so workspace sizes) are that set's.
   bool cpu_per_isa = false;
   CudaKernelRules cuda = {};
+  // A collective whose exchange can overlap compute (plan_memory's `overlap`): starts it (the
+  // CPU kernel's work up to the exchange) and returns how it goes on (StartedKernel), which
+  // the CPU executor finishes before the first node that reads a result. The workspace stays
+  // the kernel's until then (plan_memory keeps it). nullptr: the node runs whole (cpu).
+  StartedKernel (*cpu_start)(const KernelArgs& args) = nullptr;
 };
 
 // Sharding shorthands for rules.

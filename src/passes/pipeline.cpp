@@ -87,7 +87,7 @@ Graph compile(const Graph& forward, const CompileOptions& options,
     return synced;
   });
   g = run("lower", [&] { return lower(g, {.backend = options.backend, .threads = threads}); });
-  g = run("plan_memory", [&] { return plan_memory(g, {.threads = threads}); });
+  g = run("plan_memory", [&] { return plan_memory(g, {.threads = threads, .overlap = options.overlap}); });
   return g;
 }
 
@@ -112,7 +112,8 @@ CompiledStep compile_step(const Graph& forward, const CompileOptions& options, i
     Graph earlier = grad_sync(scheduled, local);
     verify(earlier);
     const int threads = options.threads > 0 ? options.threads : omp_get_max_threads();
-    step.earlier = plan_memory(lower(earlier, {.backend = options.backend, .threads = threads}), {.threads = threads});
+    step.earlier = plan_memory(lower(earlier, {.backend = options.backend, .threads = threads}),
+                               {.threads = threads, .overlap = options.overlap});
   }
   return step;
 }

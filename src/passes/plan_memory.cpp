@@ -35,6 +35,7 @@ struct Buffers {
   std::vector<Buffer> buffers;
   std::vector<int> of_value;      // per value: its buffer, -1 outside the arena
   std::vector<int> of_workspace;  // per node: its workspace's buffer, -1 for none
+  std::vector<NodeId> wait;       // per node: where an overlapped collective finishes, -1 for none
 };
 
 // Lifetimes from the node order. A reshape joins its operand's buffer (extending it to the
@@ -85,6 +86,27 @@ Buffers find_buffers(const Graph& g, const PlanMemoryOptions& options) {
       r.of_workspace[n] = static_cast<int>(r.buffers.size());
       r.buffers.push_back({ws, n, n});
     }
+  }
+  r.wait.assign(g.nodes().size(), -1);
+  if (!options.overlap || (lowered ? lowered_backend(g) : std::optional<Backend>(options.backend)) != Backend::cpu)
+    return r;
+  const NodeId N = static_cast<NodeId>(g.nodes().size());
+  for (NodeId n = 0; n < N; ++n) {
+    const Node& node = g.node(n);
+    if (node.op == OpKind::input || !op_def(node.op).cpu_start) continue;
+    // The first node after it that computes from a result's buffer (a view shares it).
+    std::vector<int> results;
+    for (ValueId out : node.outputs)
+      if (r.of_value[out] >= 0) results.push_back(r.of_value[out]);
+    NodeId w = N;
+    for (NodeId m = n + 1; m < N && w == N; ++m) {
+      const Node& reader = g.node(m);
+      if (reader.op == OpKind::reshape || reader.op == OpKind::input) continue;
+      for (ValueId in : reader.inputs)
+        if (std::find(results.begin(), results.end(), r.of_value[in]) != results.end()) w = m;
+    }
+    r.wait[n] = w;
+    if (const int ws = r.of_workspace[n]; ws >= 0) r.buffers[ws].end = w;
   }
   return r;
 }
@@ -192,7 +214,7 @@ int64_t pack(std::vector<Buffer>& buffers, int64_t stop_above = -1) {
 Attrs without_plan(const Attrs& attrs) {
   Attrs a;
   for (const auto& [key, value] : attrs.all())
-    if (key != "mem_offsets" && key != "mem_workspace") a.set(key, value);
+    if (key != "mem_offsets" && key != "mem_workspace" && key != "async_wait") a.set(key, value);
   return a;
 }
 
@@ -214,6 +236,7 @@ Graph plan_memory(const Graph& g, const PlanMemoryOptions& options) {
       attrs.set("mem_offsets", offsets);
       if (const int w = r.of_workspace[n]; w >= 0)
         attrs.set("mem_workspace", std::vector<int64_t>{r.buffers[w].offset, r.buffers[w].bytes});
+      if (r.wait[n] >= 0) attrs.set("async_wait", int64_t{r.wait[n]});
     }
     std::vector<TensorType> types;
     for (ValueId out : node.outputs) types.push_back(g.type(out));

@@ -4,6 +4,7 @@
 
 #include <malloc.h>
 
+#include <chrono>
 #include <climits>
 #include <cstdlib>
 #include <new>
@@ -198,9 +199,51 @@ void CpuExecutor::run() {
       internal_error("input %", v, " '", graph_.value(v).name, "' is not bound");
 
   omp_set_num_threads(threads_);
-  auto launch = [&](NodeId, const Node& node, KernelArgs& args) {
+  // Collectives the plan overlaps (plan_memory's async_wait, arena mode only: the plan keeps
+  // their workspace to that node): started at their node, moved along before every later
+  // node, finished before the node that reads them (or after the last node).
+  using clock = std::chrono::steady_clock;
+  struct Started {
+    NodeId wait;
+    StartedKernel kernel;
+    clock::time_point start, done;
+    bool finished_early = false;
+  };
+  std::vector<Started> started;
+  auto finish = [&](Started& s) {
+    const auto t0 = clock::now();
+    s.kernel.finish();
+    const auto t1 = clock::now();
+    if (profile_enabled()) {
+      const double blocked = std::chrono::duration<double>(t1 - t0).count();
+      const double in_flight = std::chrono::duration<double>((s.finished_early ? s.done : t1) - s.start).count();
+      global_profile().add_overlap(in_flight, s.finished_early ? 0.0 : blocked);
+    }
+  };
+  auto finish_due = [&](NodeId n) {
+    for (auto it = started.begin(); it != started.end();) {
+      if (!it->finished_early && it->kernel.progress()) {
+        it->finished_early = true;
+        it->done = clock::now();
+      }
+      if (it->wait > n) {
+        ++it;
+        continue;
+      }
+      finish(*it);
+      it = started.erase(it);
+    }
+  };
+  auto launch = [&](NodeId n, const Node& node, KernelArgs& args) {
+    if (!started.empty()) finish_due(n);
     args.threads = threads_;
-    op_def(node.op).cpu(args);
+    const OpDef& def = op_def(node.op);
+    if (def.cpu_start && mode_ == BufferMode::arena && node.attrs.has("async_wait")) {
+      started.push_back({static_cast<NodeId>(node.attrs.get_int("async_wait")), def.cpu_start(args), clock::now(),
+                         {}, false});
+      return;
+    }
+    def.cpu(args);
   };
   try {
     if (mode_ == BufferMode::heap) {
@@ -210,6 +253,7 @@ void CpuExecutor::run() {
       ArenaMemory memory{static_cast<char*>(arena_), offsets_, workspace_offsets_};
       run_nodes(graph_, groups_, data_, memory, launch, profiler_.get());
     }
+    for (Started& s : started) finish(s);  // results read by no node: the graph's outputs
   } catch (...) {
     release_all();
     throw;

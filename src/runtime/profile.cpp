@@ -81,10 +81,23 @@ void Profile::add_step(double seconds) {
   step_seconds_ += seconds;
 }
 
+void Profile::add_overlap(double in_flight, double blocked) {
+  std::lock_guard lock(mutex_);
+  ++overlap_.calls;
+  overlap_.in_flight += in_flight;
+  overlap_.blocked += blocked;
+}
+
+Profile::Overlap Profile::overlap() const {
+  std::lock_guard lock(mutex_);
+  return overlap_;
+}
+
 void Profile::reset() {
   std::lock_guard lock(mutex_);
   for (ProfileRow& r : rows_) r.calls = 0, r.seconds = r.flops = 0;
   outside_.clear();
+  overlap_ = {};
   steps_ = 0;
   step_seconds_ = 0;
 }
@@ -150,6 +163,9 @@ std::string Profile::report(const std::string& title) const {
   }
   if (steps > 0) emit(", the rest %.3f s (%.1f%%)", (whole - accounted) * per, pct(whole - accounted));
   out += "\n";
+  if (const Overlap o = overlap(); o.calls > 0)
+    emit("overlapped collectives: %.0f%s, %.2f ms in flight%s, of which %.2f ms waited for: %.1f%% hidden by compute\n",
+         double(o.calls) * per, unit, o.in_flight * per * 1e3, unit, o.blocked * per * 1e3, 100.0 * o.hidden());
   return out;
 }
 

@@ -56,6 +56,16 @@ class Profile {
   // Time of the step outside the graphs (the optimizer); rows by name.
   void add_outside(const std::string& what, double seconds);
   void add_step(double seconds);
+  // An overlapped collective (plan_memory's overlap): the time from its start until the
+  // executor found it done (or finished waiting for it), and the part of that the executor
+  // spent blocked waiting. The report says which share of the in-flight time compute hid.
+  void add_overlap(double in_flight, double blocked);
+  struct Overlap {
+    int64_t calls = 0;
+    double in_flight = 0, blocked = 0;
+    double hidden() const { return in_flight > 0 ? 1.0 - blocked / in_flight : 0.0; }
+  };
+  Overlap overlap() const;
   // Zeroes every count and time (the rows stay, so executors' row ids stay valid).
   void reset();
 
@@ -71,6 +81,7 @@ class Profile {
   std::vector<std::pair<std::string, double>> outside_;
   int64_t steps_ = 0;
   double step_seconds_ = 0;
+  Overlap overlap_;
 };
 
 // The process-wide profile executors record into.

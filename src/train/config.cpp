@@ -304,7 +304,7 @@ SchedulerConfig parse_scheduler(const Ctx& ctx, const json& section, std::vector
 CompileConfig parse_compile(const Ctx& ctx, const json& section) {
   const std::string path = "compile";
   object_at(ctx, section, path);
-  warn_unknown(ctx, section, path, {"deepcompile", "passes", "checkpoint", "memory_budget_gb", "tile_rows"});
+  warn_unknown(ctx, section, path, {"deepcompile", "passes", "checkpoint", "memory_budget_gb", "tile_rows", "overlap"});
   CompileConfig c;
   if (section.contains("checkpoint")) {
     const std::string policy = string_at(ctx, section["checkpoint"], "compile.checkpoint");
@@ -319,6 +319,7 @@ CompileConfig parse_compile(const Ctx& ctx, const json& section) {
     user_error(ctx.source, ": compile.checkpoint: \"auto\" picks the cheapest plan that fits compile.memory_budget_gb, "
                "which is missing");
   if (section.contains("tile_rows")) c.tile_rows = int_at(ctx, section["tile_rows"], "compile.tile_rows", 0);
+  if (section.contains("overlap")) c.overlap = bool_at(ctx, section["overlap"], "compile.overlap");
   if (section.contains("deepcompile"))
     c.deepcompile = bool_at(ctx, section["deepcompile"], "compile.deepcompile");
   if (section.contains("passes")) {
@@ -724,7 +725,7 @@ TrainConfig parse_train_config(const nlohmann::json& json_in, const std::string&
   warn_unknown(ctx, json, "",
                {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
                 "gradient_clipping", "optimizer", "scheduler", "compile", "sequence_parallel_size",
-                "zero_optimization", "steps_per_print", "seed", "data", "checkpoint",
+                "zero_optimization", "steps_per_print", "seed", "data", "checkpoint", "comm",
                 // mixed precision (parse_precision)
                 "bf16", "bfloat16", "fp16", "amp", "torch_autocast",
                 // refused when on (refuse_math_changes)
@@ -767,6 +768,13 @@ TrainConfig parse_train_config(const nlohmann::json& json_in, const std::string&
   if (has("steps_per_print"))
     c.steps_per_print = int_at(ctx, json["steps_per_print"], "steps_per_print", 1);
   if (has("seed")) c.seed = static_cast<uint64_t>(int_at(ctx, json["seed"], "seed", 0));
+  if (has("comm")) {
+    c.comm = string_at(ctx, json["comm"], "comm");
+    if (c.comm != "auto" && c.comm != "nccl" && c.comm != "mpi")
+      user_error(ctx.source, ": comm: expected \"auto\", \"nccl\" or \"mpi\" (the cuda backend's collectives: NCCL, "
+                 "one GPU per rank; or staged through host memory over MPI, for ranks that share a GPU), got \"",
+                 c.comm, "\"");
+  }
   if (has("data")) c.data = parse_data(ctx, json["data"]);
   if (has("checkpoint")) c.max_shard_bytes = parse_checkpoint(ctx, json["checkpoint"]);
   return c;

@@ -23,12 +23,17 @@
 //                         checkpoint: "none" | "full" | "sac" | "auto" (passes/checkpoint.h;
 //                         default sac with autosp, else none), memory_budget_gb: number > 0
 //                         (GiB per rank; "auto" needs it), tile_rows: integer >= 0, rows of
-//                         this rank's sequence per MLP tile (passes/tile.h; default 0 = off)}
+//                         this rank's sequence per MLP tile (passes/tile.h; default 0 = off),
+//                         overlap: bool (the CPU executor overlaps the sequence-parallel
+//                         all-to-alls with compute; default false)}
 //   sequence_parallel_size integer >= 1 (default 1)
 //   zero_optimization     {stage: 0..3} (or DeepSpeed's legacy bool; see ZeroConfig for the
 //                         other keys, their meaning in autosp, and what is refused)
 //   steps_per_print       integer >= 1 (default 10, as DeepSpeed)
 //   seed                  integer >= 0 (autosp's own key; default 42)
+//   comm                  "auto" | "nccl" | "mpi" (autosp's own key; default "auto"): what the
+//                         cuda backend's collectives run on, comm/device_comm.h; AUTOSP_COMM
+//                         in the environment overrides it
 //   data                  {pack: bool, eos_token_id: integer >= 0 (packed documents; see
 //                         train/data.h), shuffle: bool (default true), seed: integer >= 0
 //                         (the permutations' seed; default the top-level seed)}
@@ -118,6 +123,9 @@ struct CompileConfig {
   std::optional<double> memory_budget_gb;
   // compile.tile_rows: sequence rows per tile of the row-wise regions; 0 = no tiling.
   int64_t tile_rows = 0;
+  // compile.overlap: the CPU executor runs the sequence-parallel all-to-alls while it computes
+  // what does not need them (passes/plan_memory.h, overlap); the numbers do not change.
+  bool overlap = false;
 };
 
 // zero_optimization, with DeepSpeed's keys as DeepSpeed means them (deepspeed/runtime/zero/
@@ -199,6 +207,7 @@ struct TrainConfig {
   int zero_stage = 0;  // zero.stage: 0, 1, 2 or 3
   ZeroConfig zero;
   int64_t steps_per_print = 10;
+  std::string comm = "auto";  // the cuda backend's collectives (comm/device_comm.h)
   uint64_t seed = 42;
   DataConfig data;
   // checkpoint.max_shard_size: --save shards the weights above this many bytes, as

@@ -10,6 +10,7 @@ CompileOptions step_compile_options(const TrainConfig& config, int64_t world, in
   options.backend = parse_backend(config.backend);
   options.checkpoint = strategy.checkpoint;
   options.tile = strategy.tile;
+  options.overlap = config.compile.overlap;
   options.grad_sync = {.zero_stage = config.zero_stage, .world_size = world,
                        .bucket_elements = config.zero.reduce_bucket_size,
                        .prefetch_elements = config.zero.stage3_prefetch_bucket_size};

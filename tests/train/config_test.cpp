@@ -152,6 +152,8 @@ TEST(TrainConfig, BadValuesNameTheKeyPath) {
   EXPECT_PARSE_ERROR(R"({"steps_per_print": 0})", "steps_per_print: expected an integer >= 1");
   EXPECT_PARSE_ERROR(R"({"gradient_clipping": -1})", "gradient_clipping: expected a number >= 0, got -1");
   EXPECT_PARSE_ERROR(R"({"seed": -3})", "seed: expected an integer >= 0, got -3");
+  EXPECT_PARSE_ERROR(R"({"comm": "gloo"})", "config.json: comm: expected \"auto\", \"nccl\" or \"mpi\"", "got \"gloo\"");
+  EXPECT_PARSE_ERROR(R"({"comm": 1})", "comm: expected a string");
   EXPECT_PARSE_ERROR(R"({"train_batch_size": 99999999999999999999})", "train_batch_size: expected an integer");
   EXPECT_PARSE_ERROR(R"({"optimizer": {"type": "AdamW", "params": {"lr": -0.1}}})",
                      "optimizer.params.lr: expected a number >= 0, got -0.1");
@@ -408,6 +410,17 @@ TEST(TrainConfig, OptimizerKeysThatChangeTheMathsAreRefusedOrTypeChecked) {
                      "config.json: optimizer.params.adam_w_mode: expected true or false, got 0");
   EXPECT_PARSE_ERROR(R"({"optimizer": {"type": "AdamW", "params": {"amsgrad": "false"}}})",
                      "optimizer.params.amsgrad: expected true or false");
+}
+
+// comm: what the cuda backend's collectives run on (comm/device_comm.h), autosp's own key.
+TEST(TrainConfig, CommChoosesTheDeviceCollectives) {
+  TrainConfig c;
+  EXPECT_TRUE(warnings_of("{}", &c).empty());
+  EXPECT_EQ(c.comm, "auto");
+  for (const char* v : {"auto", "nccl", "mpi"}) {
+    EXPECT_TRUE(warnings_of(str(R"({"comm": ")", v, R"("})"), &c).empty()) << v;
+    EXPECT_EQ(c.comm, v);
+  }
 }
 
 TEST(TrainConfig, MixedPrecisionSaysWhatEachBackendRuns) {
