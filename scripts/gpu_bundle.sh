@@ -19,17 +19,22 @@ for b in autosp cuda_ops_test bench_cuda; do
   cp "$build/$b" "$bundle/bin/"
   strip --strip-unneeded "$bundle/bin/$b"  # symbols would double the bundle
 done
-for b in "$bundle"/bin/*; do
-  ldd "$b" | awk '/=> \// {print $3}'
-done | sort -u | while read -r lib; do
-  case "$(basename "$lib")" in
-    libc.so*|libm.so*|libdl.so*|libpthread.so*|librt.so*|ld-linux*|libstdc++.so*|libgcc_s.so*) ;;
-    # cuDNN (its 100 MB engine libraries, loaded by libcudnn at run time, are not even listed by
-    # ldd) and NVRTC (100 MB) would not fit a device run's carry either.
-    libcuda.so*|libcudart.so*|libcublas*|libnccl.so*|libnvidia*|libcudnn*|libnvrtc*) ;;
-    *) cp -L "$lib" "$bundle/lib/" ;;
-  esac
-done
+# bundle_libs FILE...: the shared libraries they load into $bundle/lib, but the C library's and
+# what the GPU machine brings: the driver, cuBLAS, NCCL, and cuDNN (its 100 MB engine
+# libraries, loaded by libcudnn at run time, are not even listed by ldd) and NVRTC (100 MB),
+# which would not fit a device run's carry either.
+bundle_libs() {
+  for f in "$@"; do
+    ldd "$f" 2>/dev/null | awk '/=> \// {print $3}'
+  done | sort -u | while read -r lib; do
+    case "$(basename "$lib")" in
+      libc.so*|libm.so*|libdl.so*|libpthread.so*|librt.so*|ld-linux*|libstdc++.so*|libgcc_s.so*) ;;
+      libcuda.so*|libcudart.so*|libcublas*|libnccl.so*|libnvidia*|libcudnn*|libnvrtc*) ;;
+      *) [ -e "$bundle/lib/$(basename "$lib")" ] || cp -L "$lib" "$bundle/lib/" ;;
+    esac
+  done
+}
+bundle_libs "$bundle"/bin/*
 # Open MPI, for gpu_check's sp_one_gpu stage (several ranks on the one GPU) where the GPU
 # machine has none: mpirun and its daemon, the plugins (Open MPI's and PMIx's) and help files
 # in the layout of Debian's prefix (/usr), relocated by OPAL_PREFIX=<bundle>/ompi (gpu_check.sh
@@ -46,15 +51,8 @@ if command -v orterun > /dev/null; then
   rm -rf "$ompi/lib/$arch/openmpi/include"
   cp -r /usr/share/openmpi "$ompi/share/"
   [ -d /usr/share/pmix ] && cp -r /usr/share/pmix "$ompi/share/"
-  find "$ompi" -name '*.so*' -o -path "$ompi/bin/*" | while read -r f; do
-    ldd "$f" 2>/dev/null | awk '/=> \// {print $3}'
-  done | sort -u | while read -r lib; do
-    case "$(basename "$lib")" in
-      libc.so*|libm.so*|libdl.so*|libpthread.so*|librt.so*|ld-linux*|libstdc++.so*|libgcc_s.so*) ;;
-      libcuda.so*|libcudart.so*|libcublas*|libnccl.so*|libnvidia*|libcudnn*|libnvrtc*) ;;
-      *) [ -e "$bundle/lib/$(basename "$lib")" ] || cp -L "$lib" "$bundle/lib/" ;;
-    esac
-  done
+  mapfile -t ompi_files < <(find "$ompi" -name '*.so*' -o -path "$ompi/bin/*")
+  bundle_libs "${ompi_files[@]}"
 fi
 # (.gitignore lists .gpu-bundle: it travels to a GPU machine only when carried.)
 du -sh "$bundle"

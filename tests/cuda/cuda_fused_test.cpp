@@ -45,20 +45,13 @@
 #include "runtime/cuda_executor.h"
 #include "testing/compare.h"
 #include "util/error.h"
+#include "cuda/skip_without_gpu.h"
 
 namespace autosp {
 namespace {
 
 using cuda::Dt;
 using testing::normalised_error;
-
-#define SKIP_WITHOUT_GPU()                                                                          \
-  do {                                                                                              \
-    std::string why;                                                                                \
-    if (cuda_device_count(&why) == 0)                                                               \
-      GTEST_SKIP() << "no CUDA device here (" << why                                                \
-                   << "): the cuda backend is built but not run; scripts/gpu_check.sh runs this on a GPU"; \
-  } while (0)
 
 constexpr double kF32Tol = 1e-5;
 constexpr double kBf16Tol = 1e-2;

@@ -14,17 +14,10 @@
 #include "runtime/cuda_executor.h"
 #include "runtime/profile.h"
 #include "testing/memory.h"
+#include "cuda/skip_without_gpu.h"
 
 namespace autosp {
 namespace {
-
-#define SKIP_WITHOUT_GPU()                                                                          \
-  do {                                                                                              \
-    std::string why;                                                                                \
-    if (cuda_device_count(&why) == 0)                                                               \
-      GTEST_SKIP() << "no CUDA device here (" << why                                                \
-                   << "): the cuda backend is built but not run; scripts/gpu_check.sh runs this on a GPU"; \
-  } while (0)
 
 // On, every node that ran is one call per run in its (phase, op, kernel) row, named by the
 // cuda kernel it is lowered to, with the device time between its two events; views (reshape)

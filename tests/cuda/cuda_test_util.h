@@ -19,17 +19,11 @@
 #include "ops/cuda_kernels.h"
 #include "runtime/cuda_executor.h"
 #include "testing/gradcheck.h"  // random_normal
+#include "cuda/skip_without_gpu.h"
 
 namespace autosp::testing {
 
 // Skips the test, visibly, where there is no GPU.
-#define SKIP_WITHOUT_GPU()                                                                          \
-  do {                                                                                              \
-    std::string why;                                                                                \
-    if (::autosp::cuda_device_count(&why) == 0)                                                    \
-      GTEST_SKIP() << "no CUDA device here (" << why                                                \
-                   << "): the cuda backend is built but not run; scripts/gpu_check.sh runs this on a GPU"; \
-  } while (0)
 
 // ---- tolerances --------------------------------------------------------------------------
 // f32 on cuda vs f32 on the CPU: the same maths in another summation order (cuBLAS's

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "models/llama.h"
+#include "testing/process.h"
 
 namespace autosp::train {
 namespace {
@@ -53,15 +54,8 @@ TEST(DeviceLayout, ChunksCoverEveryElementOnce) {
 // element of the flat layout (4 master + 4 gradient sum + 4 + 4 moments + 2 bf16 copy) and
 // the small tables, for a real model's tensors (Llama 3.2 1B: 16 layers, GQA, tied head).
 TEST(DeviceLayout, StateBytesAreEighteenAParameterPlusTables) {
-  models::LlamaConfig m;
-  m.vocab_size = 128256;
-  m.hidden_size = 2048;
-  m.intermediate_size = 8192;
-  m.num_hidden_layers = 16;
-  m.num_attention_heads = 32;
-  m.num_key_value_heads = 8;
-  m.head_dim = 64;
-  m.tie_word_embeddings = true;
+  const models::LlamaConfig m =
+      models::load_llama_config(testing::source_path("bench/models/llama-3.2-1b/config.json"));
   std::vector<int64_t> sizes;
   for (const auto& spec : models::llama_parameters(m)) sizes.push_back(numel(spec.shape));
   const FlatLayout l = flat_layout(sizes);

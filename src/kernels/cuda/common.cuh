@@ -68,6 +68,21 @@ __device__ A block_max(A v, A* shared) {
   return v;
 }
 
+// One AdamW (or Adam) element in train::adamw_step's operation order and fused multiply-adds,
+// from the gradient g as the step uses it (already scaled): updates the moments and returns
+// the new parameter.
+__device__ __forceinline__ float adamw_element(float param, float g, float& exp_avg, float& exp_avg_sq,
+                                               const AdamWScalars& s) {
+  if (s.l2 != 0.0f) g = __fmaf_rn(param, s.l2, g);
+  const float p = __fmul_rn(param, s.decay);
+  const float m = __fmaf_rn(g, s.one_minus_beta1, __fmul_rn(exp_avg, s.beta1));
+  const float v = __fmaf_rn(__fmul_rn(s.one_minus_beta2, g), g, __fmul_rn(exp_avg_sq, s.beta2));
+  const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(v), s.sqrt_bc2), s.eps);
+  exp_avg = m;
+  exp_avg_sq = v;
+  return __fadd_rn(p, __fdiv_rn(__fmul_rn(s.step_size, m), denom));
+}
+
 __device__ __forceinline__ void set_error(int* error, int code) {
   if (error) atomicCAS(error, kErrorNone, code);
 }

@@ -64,15 +64,7 @@ __global__ void adamw_flat_kernel(float* param, const float* grad, float* exp_av
   if (!status->applied) return;
   const float coef = status->coef;
   AUTOSP_GRID_STRIDE(i, n) {
-    const float gs = __fmul_rn(grad[i], coef);
-    const float g = s.l2 != 0.0f ? __fmaf_rn(param[i], s.l2, gs) : gs;
-    const float p = __fmul_rn(param[i], s.decay);
-    const float m = __fmaf_rn(g, s.one_minus_beta1, __fmul_rn(exp_avg[i], s.beta1));
-    const float v = __fmaf_rn(__fmul_rn(s.one_minus_beta2, g), g, __fmul_rn(exp_avg_sq[i], s.beta2));
-    const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(v), s.sqrt_bc2), s.eps);
-    exp_avg[i] = m;
-    exp_avg_sq[i] = v;
-    const float np = __fadd_rn(p, __fdiv_rn(__fmul_rn(s.step_size, m), denom));
+    const float np = adamw_element(param[i], __fmul_rn(grad[i], coef), exp_avg[i], exp_avg_sq[i], s);
     param[i] = np;
     if (copy) copy[i] = __float2bfloat16_rn(np);
   }
