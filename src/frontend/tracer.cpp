@@ -34,6 +34,9 @@ Tensor Tracer::scale(Tensor x, double alpha) { return op(OpKind::scale, {x}, {{"
 Tensor Tracer::silu(Tensor x) { return op(OpKind::silu, {x}); }
 Tensor Tracer::swiglu(Tensor gate, Tensor up) { return op(OpKind::swiglu, {gate, up}); }
 Tensor Tracer::sum(Tensor x) { return op(OpKind::sum, {x}); }
+Tensor Tracer::fill(const Shape& shape, double value, DType dtype) {
+  return op(OpKind::fill, {}, {{"shape", shape}, {"value", value}, {"dtype", std::string(dtype_name(dtype))}});
+}
 Tensor Tracer::convert(Tensor x, DType dtype) {
   return op(OpKind::convert, {x}, {{"dtype", std::string(dtype_name(dtype))}});
 }

@@ -72,6 +72,7 @@ class Tracer {
   Tensor slice(Tensor x, int64_t dim, int64_t start, int64_t end);
   Tensor concat(const std::vector<Tensor>& xs, int64_t dim);
   Tensor sum(Tensor x);
+  Tensor fill(const Shape& shape, double value, DType dtype = DType::f32);  // a constant
   Tensor convert(Tensor x, DType dtype);  // f32 <-> bf16, rounding to nearest even
 
  private:

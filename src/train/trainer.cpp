@@ -65,6 +65,19 @@ ModelState ModelState::initial(const models::LlamaConfig& config, uint64_t seed)
   return s;
 }
 
+ModelState ModelState::with_weights(std::vector<models::ParameterSpec> specs, std::vector<std::vector<float>> params) {
+  AUTOSP_CHECK(specs.size() == params.size(), specs.size(), " specs, ", params.size(), " tensors");
+  ModelState s;
+  s.specs = std::move(specs);
+  s.params = std::move(params);
+  for (size_t i = 0; i < s.specs.size(); ++i) {
+    AUTOSP_CHECK(int64_t(s.params[i].size()) == numel(s.specs[i].shape), s.specs[i].name);
+    s.exp_avg.emplace_back(s.params[i].size(), 0.0f);
+    s.exp_avg_sq.emplace_back(s.params[i].size(), 0.0f);
+  }
+  return s;
+}
+
 void ModelState::read(StateKind kind, size_t i, int64_t begin, int64_t n, float* out) const {
   const auto& whole = kind == StateKind::params ? params : kind == StateKind::exp_avg ? exp_avg : exp_avg_sq;
   if (i < whole.size()) {
@@ -88,7 +101,13 @@ int64_t reduction_staging_bytes(const Graph& step, int64_t world) {
 
 Trainer::Trainer(const models::LlamaConfig& model, const TrainConfig& config, int64_t seq_len,
                  ModelState state, ProcessGroups* groups)
-    : model_(model),
+    : Trainer(models::llama_model(model), config, seq_len, std::move(state), groups) {
+  model_ = model;
+}
+
+Trainer::Trainer(const models::Model& model, const TrainConfig& config, int64_t seq_len, ModelState state,
+                 ProcessGroups* groups)
+    : program_(model),
       config_(config),
       seq_len_(seq_len),
       micro_batch_(config.train_micro_batch_size_per_gpu.value()),
@@ -131,7 +150,7 @@ Trainer::Trainer(const models::LlamaConfig& model, const TrainConfig& config, in
   // budget. Every rank compiles the same graphs (the last SP rank's slice is padded to the
   // others' size), so all ranks choose alike, or all fail here, before the first step.
   const size_t heap_before = mallinfo2().uordblks;
-  Graph forward = models::llama_forward(model_, {.batch = micro_batch_, .seq_len = seq_len_,
+  Graph forward = program_.forward({.batch = micro_batch_, .seq_len = seq_len_,
                                                  .dtype = on_device ? DType::bf16 : DType::f32,
                                                  .documents = config_.data.packed});
   const double budget = config.compile.memory_budget_gb.value_or(0) * double(1 << 30);  // 0: none
@@ -547,7 +566,7 @@ std::vector<float> Trainer::logits(const int32_t* inputs, int64_t B, int64_t S) 
   const bool sharded = config_.zero_stage == 3;
   if (!eval_executor_ || eval_batch_ != B) {
     eval_executor_.reset();
-    eval_graph_ = models::llama_forward(model_, {.batch = B, .seq_len = S, .output_loss = false,
+    eval_graph_ = program_.forward({.batch = B, .seq_len = S, .output_loss = false,
                                                  .output_logits = true});
     // Under ZeRO-3 each layer's parameters are gathered where forward needs them, as in the
     // training step (the same groups, so the same shards), and dropped after their last use.
@@ -574,7 +593,7 @@ std::vector<float> Trainer::logits(const int32_t* inputs, int64_t B, int64_t S) 
 
 void Trainer::predict(const int32_t* inputs, int64_t B, int64_t S, int32_t* argmax) {
   std::vector<float> l = logits(inputs, B, S);
-  const int64_t V = model_.vocab_size;
+  const int64_t V = program_.vocab_size;
   for (int64_t r = 0; r < B * S; ++r) {
     const float* row = l.data() + r * V;
     int64_t best = 0;

@@ -10,6 +10,7 @@
 #include "comm/communicator.h"
 #include "ir/graph.h"
 #include "models/llama.h"
+#include "models/model.h"
 #include "passes/autosp.h"
 #include "passes/checkpoint.h"
 #include "passes/tile.h"
@@ -46,6 +47,8 @@ struct ModelState {
 
   // Fresh state: seeded init, zero moments.
   static ModelState initial(const models::LlamaConfig& config, uint64_t seed);
+  // Given weights (one per spec, in order), zero moments.
+  static ModelState with_weights(std::vector<models::ParameterSpec> specs, std::vector<std::vector<float>> params);
 };
 
 // How a step trades compute for memory: which activations backward recomputes, and whether
@@ -110,6 +113,10 @@ class Trainer {
   // groups.sp_size > 1). Without groups: one process, one rank.
   Trainer(const models::LlamaConfig& model, const TrainConfig& config, int64_t seq_len,
           ModelState state, ProcessGroups* groups = nullptr);
+  // Any model (an imported PyTorch program, frontend/torch_import.h): the same compiler and
+  // runtime; model() is then a default LlamaConfig, which nothing of the step reads.
+  Trainer(const models::Model& model, const TrainConfig& config, int64_t seq_len, ModelState state,
+          ProcessGroups* groups = nullptr);
   ~Trainer();
 
   // One optimizer step: gradient_accumulation_steps micro batches, clipping, AdamW. Reads the
@@ -185,6 +192,7 @@ class Trainer {
                        std::chrono::steady_clock::time_point start) const;
 
   models::LlamaConfig model_;
+  models::Model program_;  // what the step is compiled from
   TrainConfig config_;
   int64_t seq_len_, micro_batch_;
   ModelState state_;

@@ -1,0 +1,100 @@
+"""Export a PyTorch causal language model to a .pt2 archive that `autosp import` reads.
+
+    from autosp.export import export
+    export(model, "model.pt2")          # model(input_ids, labels=...) -> .loss, e.g. transformers
+
+The model code is not changed. What this does, and nothing else:
+  - registers `autosp::attention(q, k, v, causal, scale, window)`, a PyTorch custom op whose
+    eager implementation is scaled_dot_product_attention, and, for transformers models, an
+    attention function "autosp" (transformers' AttentionInterface) that calls it and a mask
+    function "autosp" (AttentionMaskInterface) that builds no mask: attention is then one
+    node in the exported graph instead of a B x 1 x S x S mask subgraph, and autosp's
+    compiler shards it (causal, sliding window);
+  - exports `forward(input_ids, labels) -> loss` with torch.export.export, the batch and the
+    sequence length dynamic, and saves it with torch.export.save.
+Models that call torch.nn.functional.scaled_dot_product_attention(is_causal=True) themselves
+need none of the registration; autosp reads that node as it is.
+"""
+import math
+
+import torch
+
+_registered = False
+
+
+def _attention_reference(q, k, v, causal: bool, scale: float, window: int):
+    # q [B, H, S, D], k and v [B, KV, S, D] (grouped-query attention: H a multiple of KV).
+    rep = q.shape[1] // k.shape[1]
+    if rep > 1:
+        k = k.repeat_interleave(rep, dim=1)
+        v = v.repeat_interleave(rep, dim=1)
+    if window > 0:
+        s = q.shape[2]
+        i = torch.arange(s, device=q.device)
+        keep = (i[None, :] <= i[:, None]) & (i[:, None] - i[None, :] < window)
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=keep, scale=scale)
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+
+
+def register():
+    """Registers the custom op and, when transformers is importable, its "autosp" attention."""
+    global _registered
+    if _registered:
+        return
+    torch.library.define("autosp::attention",
+                         "(Tensor q, Tensor k, Tensor v, bool causal, float scale, int window) -> Tensor")
+    torch.library.impl("autosp::attention", "CompositeImplicitAutograd")(_attention_reference)
+    try:
+        from transformers import AttentionInterface
+        from transformers.masking_utils import AttentionMaskInterface
+    except ImportError:
+        _registered = True
+        return
+
+    def autosp_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
+                         sliding_window=None, **kwargs):
+        if dropout:
+            raise ValueError("autosp attention: attention dropout is not supported (set attention_dropout=0)")
+        if kwargs.get("softcap") is not None:
+            raise ValueError("autosp attention: attention logit softcapping is not supported")
+        scale = scaling if scaling is not None else 1.0 / math.sqrt(query.shape[-1])
+        out = torch.ops.autosp.attention(query, key, value, True, float(scale), int(sliding_window or 0))
+        return out.transpose(1, 2).contiguous(), None
+
+    AttentionInterface.register("autosp", autosp_attention)
+    AttentionMaskInterface.register("autosp", lambda *args, **kwargs: None)
+    _registered = True
+
+
+class _LossOf(torch.nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, labels):
+        out = self.model(input_ids=input_ids, labels=labels, use_cache=False)
+        return out.loss if hasattr(out, "loss") else out
+
+
+def use_autosp_attention(model):
+    """Points a transformers model (and its sub-configs) at the "autosp" attention."""
+    register()
+    config = getattr(model, "config", None)
+    if config is not None and hasattr(config, "_attn_implementation"):
+        model.set_attn_implementation("autosp") if hasattr(model, "set_attn_implementation") \
+            else setattr(config, "_attn_implementation", "autosp")
+    return model
+
+
+def export(model, path, batch: int = 2, seq_len: int = 16, max_seq_len: int = 1 << 20, vocab_size=None):
+    """Exports `model`'s training loss, forward(input_ids, labels) -> loss, to `path` (.pt2)."""
+    use_autosp_attention(model)
+    model.train()
+    vocab = vocab_size or model.config.vocab_size
+    ids = torch.randint(0, vocab, (batch, seq_len))
+    b = torch.export.Dim("batch", min=1, max=1 << 16)
+    s = torch.export.Dim("seq_len", min=2, max=max_seq_len)
+    program = torch.export.export(_LossOf(model), (ids, ids.clone()),
+                                  dynamic_shapes=({0: b, 1: s}, {0: b, 1: s}))
+    torch.export.save(program, path)
+    return program

@@ -1,0 +1,1131 @@
+#include "frontend/torch_import.h"
+
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <set>
+
+#include "frontend/tracer.h"
+#include "io/zip_archive.h"
+#include "util/error.h"
+
+// TEMP until the layer_norm/gelu ops land
+#define TRACER_GELU(x, tanh) (user_error("gelu: not yet"), x)
+#define TRACER_LAYER_NORM(x, w, b, eps) (user_error("layer_norm: not yet"), x)
+
+namespace autosp {
+
+using nlohmann::json;
+
+namespace {
+
+// torch's ScalarType numbering as torch.export serialises it (torch/_export/serde/schema.py).
+enum TorchDType : int { kUint8 = 1, kInt8 = 2, kInt16 = 3, kInt32 = 4, kInt64 = 5, kFloat16 = 6, kFloat32 = 7,
+                        kFloat64 = 8, kBool = 12, kBFloat16 = 13 };
+
+int64_t torch_item_size(int dtype) {
+  switch (dtype) {
+    case kUint8: case kInt8: case kBool: return 1;
+    case kInt16: case kFloat16: case kBFloat16: return 2;
+    case kInt32: case kFloat32: return 4;
+    case kInt64: case kFloat64: return 8;
+    default: return 0;
+  }
+}
+
+float bf16_to_f32(uint16_t v) {
+  uint32_t bits = uint32_t(v) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+float f16_to_f32(uint16_t h) {
+  const uint32_t sign = uint32_t(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, mant = h & 0x3ff;
+  uint32_t bits;
+  if (exp == 0) {
+    if (mant == 0) {
+      bits = sign;
+    } else {  // subnormal: renormalise
+      int e = -1;
+      uint32_t m = mant;
+      do { ++e; m <<= 1; } while ((m & 0x400) == 0);
+      bits = sign | uint32_t(127 - 15 - e) << 23 | (m & 0x3ff) << 13;
+    }
+  } else if (exp == 31) {
+    bits = sign | 0x7f800000u | mant << 13;
+  } else {
+    bits = sign | (exp + 127 - 15) << 23 | mant << 13;
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+// One node of the exported graph (torch/_export/serde/schema.py's Node), arguments kept as JSON.
+struct FxNode {
+  std::string name, target, stack_trace;
+  std::vector<std::pair<std::string, json>> args;  // (schema name, Argument)
+  std::vector<std::string> outputs;                // the names it defines, in order
+  const json* subgraph = nullptr;                  // wrap_with_set_grad_enabled's graph
+};
+
+// A stored tensor of the archive: a parameter, buffer or constant.
+struct StoredTensor {
+  std::string entry;  // zip entry of its bytes
+  int dtype = 0;
+  Shape shape;
+};
+
+}  // namespace
+
+struct TorchProgram::Impl {
+  std::string path, prefix;  // prefix: the archive's top folder ("model/")
+  io::ZipArchive zip;
+  json program;
+  std::vector<FxNode> nodes;
+  std::map<std::string, size_t> producer;  // value name -> node index
+  std::map<std::string, std::string> symbols;  // sym_int value name -> its expression ("s27")
+  std::vector<std::string> user_inputs;        // placeholder names of input_ids, labels
+  std::string loss;                            // the output's value name
+  std::map<std::string, std::string> parameter_of;  // placeholder -> state-dict name (prefix-free)
+  std::map<std::string, StoredTensor> stored;       // placeholder -> its bytes (params, buffers, constants)
+  std::vector<models::ParameterSpec> specs;
+  std::vector<std::string> spec_placeholders;
+  mutable int64_t vocab = 0;
+
+  explicit Impl(const std::string& p) : path(p), zip(p) {}
+
+  [[noreturn]] void fail_at(const FxNode& n, const std::string& why) const {
+    std::string where = n.stack_trace;
+    // The model's own line is the last frame of the trace: keep the last two lines.
+    size_t cut = where.size();
+    for (int lines = 0; lines < 2 && cut != std::string::npos && cut > 0; ++lines) cut = where.rfind("\n  File", cut - 1);
+    if (cut != std::string::npos && cut < where.size()) where = where.substr(cut + 1);
+    user_error(path, ": node '", n.name, "' (", n.target, "): ", why,
+               where.empty() ? std::string() : str("\n  at ", where));
+  }
+  std::vector<float> read_floats(const StoredTensor& t, const std::string& name) const;
+};
+
+namespace {
+
+const json& field(const json& j, const char* key, const std::string& where) {
+  if (!j.is_object() || !j.contains(key)) user_error(where, ": the exported program has no '", key, "'");
+  return j.at(key);
+}
+
+std::string tensor_name(const json& arg) {
+  if (arg.is_object() && arg.contains("as_tensor")) return arg["as_tensor"].value("name", "");
+  return "";
+}
+
+void read_nodes(const json& graph, std::vector<FxNode>& out, const std::string& where) {
+  for (const json& n : field(graph, "nodes", where)) {
+    FxNode node;
+    node.target = n.value("target", "");
+    for (const json& in : n.value("inputs", json::array())) node.args.emplace_back(in.value("name", ""), in.value("arg", json()));
+    for (const json& o : n.value("outputs", json::array())) {
+      if (o.contains("as_tensor")) node.outputs.push_back(o["as_tensor"].value("name", ""));
+      else if (o.contains("as_tensors"))
+        for (const json& t : o["as_tensors"]) node.outputs.push_back(t.value("name", ""));
+      else if (o.contains("as_sym_int") && o["as_sym_int"].contains("as_name"))
+        node.outputs.push_back(o["as_sym_int"]["as_name"].get<std::string>());
+    }
+    node.name = n.value("name", node.outputs.empty() ? std::string("?") : node.outputs[0]);
+    if (const json* meta = n.contains("metadata") ? &n["metadata"] : nullptr; meta && meta->contains("stack_trace") &&
+                                                                              (*meta)["stack_trace"].is_string())
+      node.stack_trace = (*meta)["stack_trace"].get<std::string>();
+    for (const auto& [name, arg] : node.args)
+      if (arg.is_object() && arg.contains("as_graph")) node.subgraph = &arg["as_graph"]["graph"];
+    out.push_back(std::move(node));
+  }
+}
+
+StoredTensor stored_tensor(const json& config, const std::string& key, const std::string& folder,
+                           const std::string& where) {
+  const json& c = field(config, key.c_str(), where);
+  if (c.value("use_pickle", false))
+    user_error(where, ": tensor ", key, " is pickled; autosp reads the raw tensors torch.export.save writes");
+  StoredTensor t;
+  t.entry = folder + c.value("path_name", "");
+  const json& meta = field(c, "tensor_meta", where + " " + key);
+  t.dtype = meta.value("dtype", 0);
+  for (const json& d : meta.value("sizes", json::array())) {
+    if (!d.contains("as_int")) user_error(where, ": tensor ", key, " has a symbolic size");
+    t.shape.push_back(d["as_int"].get<int64_t>());
+  }
+  // Stored contiguous: strides row-major, offset 0 (what torch.export.save writes for a parameter).
+  int64_t expect = 1;
+  const json& strides = meta.value("strides", json::array());
+  for (int64_t i = int64_t(t.shape.size()) - 1; i >= 0; --i) {
+    if (size_t(i) < strides.size() && t.shape[i] > 1 && strides[i].value("as_int", int64_t{-1}) != expect)
+      user_error(where, ": tensor ", key, " is stored non-contiguous");
+    expect *= t.shape[i];
+  }
+  if (torch_item_size(t.dtype) == 0) user_error(where, ": tensor ", key, " has dtype code ", t.dtype, ", which autosp does not read");
+  return t;
+}
+
+}  // namespace
+
+std::vector<float> TorchProgram::Impl::read_floats(const StoredTensor& t, const std::string& name) const {
+  const int64_t n = numel(t.shape), item = torch_item_size(t.dtype);
+  const io::ZipArchive::Entry& e = zip.entry(t.entry);
+  if (e.size < uint64_t(n * item))
+    user_error(path, ": ", name, " is ", shape_str(t.shape), " of ", item, "-byte elements, but its entry ", t.entry,
+               " has ", e.size, " bytes");
+  std::vector<uint8_t> bytes(n * item);
+  zip.read(t.entry, 0, bytes.data(), bytes.size());
+  std::vector<float> out(n);
+  for (int64_t i = 0; i < n; ++i) {
+    const uint8_t* p = &bytes[i * item];
+    switch (t.dtype) {
+      case kFloat32: std::memcpy(&out[i], p, 4); break;
+      case kFloat64: { double d; std::memcpy(&d, p, 8); out[i] = float(d); break; }
+      case kBFloat16: { uint16_t v; std::memcpy(&v, p, 2); out[i] = bf16_to_f32(v); break; }
+      case kFloat16: { uint16_t v; std::memcpy(&v, p, 2); out[i] = f16_to_f32(v); break; }
+      case kInt64: { int64_t v; std::memcpy(&v, p, 8); out[i] = float(v); break; }
+      case kInt32: { int32_t v; std::memcpy(&v, p, 4); out[i] = float(v); break; }
+      default: user_error(path, ": ", name, " has dtype code ", t.dtype, ", not a number autosp reads");
+    }
+  }
+  return out;
+}
+
+TorchProgram::TorchProgram(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+TorchProgram::~TorchProgram() = default;
+TorchProgram::TorchProgram(TorchProgram&&) noexcept = default;
+TorchProgram& TorchProgram::operator=(TorchProgram&&) noexcept = default;
+const std::string& TorchProgram::path() const { return impl_->path; }
+const std::vector<models::ParameterSpec>& TorchProgram::parameters() const { return impl_->specs; }
+int64_t TorchProgram::vocab_size() const {
+  if (impl_->vocab == 0) forward({.batch = 1, .seq_len = 2});
+  return impl_->vocab;
+}
+
+std::vector<float> TorchProgram::read_parameter(size_t i) const {
+  AUTOSP_CHECK(i < impl_->specs.size(), "parameter ", i, " of ", impl_->specs.size());
+  return impl_->read_floats(impl_->stored.at(impl_->spec_placeholders[i]), impl_->specs[i].name);
+}
+
+TorchProgram TorchProgram::load(const std::string& path) {
+  auto impl = std::make_unique<Impl>(path);
+  Impl& m = *impl;
+  // The archive's folder: "<name>/models/model.json" (torch 2.6+'s pt2 archive format).
+  std::string model_json;
+  for (const auto& [name, entry] : m.zip.entries()) {
+    const std::string suffix = "models/model.json";
+    if (name.size() >= suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0 &&
+        name.find('/') == name.size() - suffix.size() - 1) {
+      model_json = name;
+      m.prefix = name.substr(0, name.size() - suffix.size());
+    }
+  }
+  if (model_json.empty())
+    user_error(path, ": no <name>/models/model.json in the archive: not a program torch.export.save (torch >= 2.6) "
+               "wrote; export with python/autosp/export.py");
+  try {
+    m.program = json::parse(m.zip.read_text(model_json));
+  } catch (const json::exception& e) {
+    user_error(path, ": ", model_json, " is not JSON: ", e.what());
+  }
+  const std::string where = path + " (" + model_json + ")";
+  try {
+    const json& gm = field(m.program, "graph_module", where);
+    const json& graph = field(gm, "graph", where);
+    read_nodes(graph, m.nodes, where);
+    for (size_t i = 0; i < m.nodes.size(); ++i)
+      for (const std::string& o : m.nodes[i].outputs) m.producer[o] = i;
+    for (const auto& [name, v] : graph.value("sym_int_values", json::object()).items())
+      if (v.contains("as_expr")) m.symbols[name] = v["as_expr"].value("expr_str", "");
+    const json& outs = field(graph, "outputs", where);
+    if (outs.size() != 1 || tensor_name(outs[0]).empty())
+      user_error(where, ": the program returns ", outs.size(), " values; autosp imports forward(input_ids, labels) -> "
+                 "loss (one scalar)");
+    m.loss = tensor_name(outs[0]);
+
+    const json weights = json::parse(m.zip.read_text(m.prefix + "data/weights/model_weights_config.json"));
+    json constants = json::object();
+    if (m.zip.contains(m.prefix + "data/constants/model_constants_config.json"))
+      constants = json::parse(m.zip.read_text(m.prefix + "data/constants/model_constants_config.json"));
+    const json& wconfig = field(weights, "config", where + " weights");
+    const json& cconfig = constants.value("config", json::object());
+
+    const json& sig = field(gm, "signature", where);
+    std::vector<std::pair<std::string, std::string>> params;  // placeholder, state-dict name
+    for (const json& spec : field(sig, "input_specs", where)) {
+      if (spec.contains("parameter")) {
+        const std::string ph = spec["parameter"]["arg"].value("name", ""), key = spec["parameter"].value("parameter_name", "");
+        m.stored[ph] = stored_tensor(wconfig, key, m.prefix + "data/weights/", where);
+        params.emplace_back(ph, key);
+      } else if (spec.contains("buffer")) {
+        const std::string ph = spec["buffer"]["arg"].value("name", ""), key = spec["buffer"].value("buffer_name", "");
+        const json& cfg = wconfig.contains(key) ? wconfig : cconfig;
+        m.stored[ph] = stored_tensor(cfg, key, m.prefix + (&cfg == &wconfig ? "data/weights/" : "data/constants/"), where);
+      } else if (spec.contains("tensor_constant")) {
+        const std::string ph = spec["tensor_constant"]["arg"].value("name", ""), key = spec["tensor_constant"].value("tensor_constant_name", "");
+        m.stored[ph] = stored_tensor(cconfig, key, m.prefix + "data/constants/", where);
+      } else if (spec.contains("constant_input")) {
+        // a Python constant folded into the signature: nothing to read
+      } else if (spec.contains("user_input")) {
+        const std::string name = tensor_name(spec["user_input"]["arg"]);
+        if (name.empty()) user_error(where, ": a user input that is not a tensor");
+        m.user_inputs.push_back(name);
+      } else {
+        user_error(where, ": an input of kind ", spec.begin().key(), ", which autosp does not import");
+      }
+    }
+    if (m.user_inputs.size() != 2)
+      user_error(where, ": the program takes ", m.user_inputs.size(), " inputs; autosp imports forward(input_ids, "
+                 "labels) -> loss");
+    // The export wrapper's attribute ("model." of python/autosp/export.py) is not part of the model's names.
+    bool wrapped = !params.empty();
+    for (const auto& [ph, key] : params) wrapped = wrapped && key.rfind("model.", 0) == 0;
+    for (const auto& [ph, key] : params) {
+      const std::string name = wrapped ? key.substr(6) : key;
+      m.parameter_of[ph] = name;
+      const StoredTensor& t = m.stored[ph];
+      if (t.dtype != kFloat32 && t.dtype != kBFloat16 && t.dtype != kFloat16)
+        user_error(where, ": parameter ", name, " has dtype code ", t.dtype, "; autosp trains f32, bf16 or f16 weights");
+      m.specs.push_back({name, t.shape});
+      m.spec_placeholders.push_back(ph);
+    }
+  } catch (const json::exception& e) {
+    user_error(where, ": malformed exported program: ", e.what());
+  }
+  return TorchProgram(std::move(impl));
+}
+
+// ---------------------------------------------------------------------------------------------
+// The import proper: from the loss back to the inputs, each needed node once.
+
+namespace {
+
+// What a value of the exported graph is, as the importer sees it.
+struct Imported {
+  enum Kind { tensor, positions, labels_raw, labels_padded, host, rope_table, tuple, integer, none } kind = none;
+  Tensor t;                    // tensor: the IR value
+  std::vector<int64_t> perm;   // tensor: torch's value is transpose(t, perm) (empty: t itself)
+  Shape shape;                 // the torch shape (tensor, positions, host)
+  std::vector<float> data;     // host: the values (a buffer or constant); rope_table: inv_freq
+  double number = 0;           // integer; rope_table: attention scaling
+  bool is_cos = false;         // rope_table
+  std::vector<std::string> items;  // tuple: the value names it holds
+};
+
+bool is_identity(const std::vector<int64_t>& perm) {
+  for (size_t i = 0; i < perm.size(); ++i)
+    if (perm[i] != int64_t(i)) return false;
+  return true;
+}
+
+}  // namespace
+
+class TorchImporter {
+ public:
+  TorchImporter(const TorchProgram::Impl& m, const models::LlamaTraceOptions& o) : m_(m), o_(o) {}
+
+  Graph run() {
+    if (o_.documents)
+      user_error(m_.path, ": packed documents (data.packed) with an imported program are not supported yet");
+    if (o_.output_logits || !o_.output_loss) user_error(m_.path, ": an imported program gives its loss only");
+    // The inputs the trainer binds, in its order, whether or not the model reads positions.
+    tokens_ = t_.input(Role::tokens, "input_ids", DType::i32, {o_.batch, o_.seq_len});
+    positions();
+    Tensor loss = tensor_of(m_.loss);
+    t_.output("loss", loss);
+    return t_.finish();
+  }
+
+ private:
+  const TorchProgram::Impl& m_;
+  const models::LlamaTraceOptions& o_;
+  Tracer t_;
+  std::map<std::string, Imported> values_;
+  std::optional<Tensor> positions_, tokens_, labels_;
+  std::map<std::string, Tensor> params_;
+  std::map<std::string, std::vector<float>> host_cache_;
+
+  // ---- the node that defines a value, and its arguments ----
+  const FxNode* node_of(const std::string& name) const {
+    auto it = m_.producer.find(name);
+    return it == m_.producer.end() ? nullptr : &m_.nodes[it->second];
+  }
+  static const json* arg(const FxNode& n, const std::string& name, size_t position) {
+    for (const auto& [k, v] : n.args)
+      if (k == name) return &v;
+    return position < n.args.size() && n.args[position].first.empty() ? &n.args[position].second : nullptr;
+  }
+  static std::string arg_tensor(const FxNode& n, const std::string& name, size_t position) {
+    const json* a = arg(n, name, position);
+    return a ? tensor_name(*a) : "";
+  }
+  const std::string& target(const std::string& value) const {
+    static const std::string none;
+    const FxNode* n = node_of(value);
+    return n ? n->target : none;
+  }
+  static bool is(const FxNode* n, const char* op) { return n && n->target == std::string("torch.ops.aten.") + op; }
+
+  int64_t int_arg(const FxNode& n, const std::string& name, size_t position, std::optional<int64_t> def = {}) {
+    const json* a = arg(n, name, position);
+    if (!a || a->contains("as_none")) {
+      if (def) return *def;
+      m_.fail_at(n, str("argument '", name, "' is missing"));
+    }
+    return int_value(n, *a);
+  }
+  int64_t int_value(const FxNode& n, const json& a) {
+    if (a.contains("as_int")) return a["as_int"].get<int64_t>();
+    if (a.contains("as_sym_int")) {
+      const json& s = a["as_sym_int"];
+      if (s.contains("as_int")) return s["as_int"].get<int64_t>();
+      if (s.contains("as_name")) return sym_int(n, s["as_name"].get<std::string>());
+    }
+    m_.fail_at(n, str("expected an integer argument, got ", a.dump()));
+  }
+  std::vector<int64_t> ints_arg(const FxNode& n, const std::string& name, size_t position) {
+    const json* a = arg(n, name, position);
+    if (!a) m_.fail_at(n, str("argument '", name, "' is missing"));
+    std::vector<int64_t> out;
+    if (a->contains("as_ints")) return (*a)["as_ints"].get<std::vector<int64_t>>();
+    if (a->contains("as_sym_ints")) {
+      for (const json& s : (*a)["as_sym_ints"]) {
+        if (s.contains("as_int")) out.push_back(s["as_int"].get<int64_t>());
+        else out.push_back(sym_int(n, s.value("as_name", "")));
+      }
+      return out;
+    }
+    if (a->contains("as_int") || a->contains("as_sym_int")) return {int_value(n, *a)};
+    m_.fail_at(n, str("expected a list of integers for '", name, "', got ", a->dump()));
+  }
+  double float_arg(const FxNode& n, const std::string& name, size_t position, std::optional<double> def = {}) {
+    const json* a = arg(n, name, position);
+    if (!a || a->contains("as_none")) {
+      if (def) return *def;
+      m_.fail_at(n, str("argument '", name, "' is missing"));
+    }
+    if (a->contains("as_float")) return (*a)["as_float"].get<double>();
+    if (a->contains("as_int")) return double((*a)["as_int"].get<int64_t>());
+    if (a->contains("as_bool")) return (*a)["as_bool"].get<bool>() ? 1.0 : 0.0;
+    m_.fail_at(n, str("expected a number for '", name, "', got ", a->dump()));
+  }
+  bool bool_arg(const FxNode& n, const std::string& name, size_t position, bool def) {
+    const json* a = arg(n, name, position);
+    if (!a || !a->contains("as_bool")) return def;
+    return (*a)["as_bool"].get<bool>();
+  }
+  // A scalar operand: a number, or a host constant of one element.
+  std::optional<double> scalar(const FxNode& n, const std::string& name, size_t position) {
+    const json* a = arg(n, name, position);
+    if (!a) return std::nullopt;
+    if (a->contains("as_float")) return (*a)["as_float"].get<double>();
+    if (a->contains("as_int")) return double((*a)["as_int"].get<int64_t>());
+    const std::string t = tensor_name(*a);
+    if (t.empty()) return std::nullopt;
+    const Imported& v = value(t);
+    if (v.kind == Imported::host && v.data.size() == 1) return double(v.data[0]);
+    return std::nullopt;
+  }
+
+  // The sequence and batch sizes by their symbols: sym_size(input_ids, d) in the graph, or the
+  // symbol the first user input's dim d has.
+  int64_t sym_int(const FxNode& n, const std::string& name) {
+    auto v = values_.find(name);
+    if (v != values_.end() && v->second.kind == Imported::integer) return int64_t(v->second.number);
+    const FxNode* def = node_of(name);
+    if (!def) m_.fail_at(n, str("symbolic size ", name, " has no definition"));
+    Imported out;
+    out.kind = Imported::integer;
+    if (def->target == "torch.ops.aten.sym_size.int") {
+      const Imported& x = value(arg_tensor(*def, "self", 0));
+      const int64_t d = int_arg(*def, "dim", 1);
+      const int64_t r = int64_t(x.shape.size());
+      if (d < -r || d >= r) m_.fail_at(*def, "dim out of range");
+      out.number = double(x.shape[d < 0 ? d + r : d]);
+    } else {
+      m_.fail_at(*def, "symbolic size arithmetic is not supported: export with the batch and sequence as the only "
+                       "dynamic dims");
+    }
+    values_[name] = out;
+    return int64_t(out.number);
+  }
+
+  // ---- values ----
+  const Imported& value(const std::string& name) {
+    if (auto it = values_.find(name); it != values_.end()) return it->second;
+    Imported v = make(name);
+    return values_[name] = std::move(v);
+  }
+  Tensor tensor_of(const std::string& name) { return materialize(value(name), name); }
+  Tensor materialize(const Imported& v, const std::string& name) {
+    switch (v.kind) {
+      case Imported::tensor: return v.perm.empty() || is_identity(v.perm) ? v.t : t_.transpose(v.t, v.perm);
+      case Imported::positions: return positions();
+      default: break;
+    }
+    const FxNode* n = node_of(name);
+    if (n) m_.fail_at(*n, "this value is used as a tensor, in a way autosp does not import");
+    user_error(m_.path, ": value ", name, " is used as a tensor, in a way autosp does not import");
+  }
+  Tensor positions() {
+    if (!positions_) positions_ = t_.input(Role::positions, "position_ids", DType::i32, {o_.batch, o_.seq_len});
+    return *positions_;
+  }
+  static Imported tensor_value(Tensor t, Shape shape) {
+    Imported v;
+    v.kind = Imported::tensor;
+    v.t = t;
+    v.shape = std::move(shape);
+    return v;
+  }
+  Imported ir(Tensor t) { return tensor_value(t, t_.shape(t)); }
+
+  // Looks through the no-ops (casts to the float type, contiguous, alias, clone, detach) to
+  // the value they pass on.
+  std::string through(std::string name) {
+    for (;;) {
+      const FxNode* n = node_of(name);
+      if (!n || !passes_through(*n)) return name;
+      name = arg_tensor(*n, "self", 0);
+    }
+  }
+  bool passes_through(const FxNode& n) {
+    const std::string& t = n.target;
+    if (t == "torch.ops.aten.contiguous.default" || t == "torch.ops.aten.alias.default" ||
+        t == "torch.ops.aten.clone.default" || t == "torch.ops.aten.detach.default" ||
+        t == "torch.ops.aten.detach_.default" || t == "torch.ops.aten.lift_fresh_copy.default" ||
+        t == "torch.ops.aten.type_as.default")
+      return true;
+    if (t == "torch.ops.aten.to.dtype" || t == "torch.ops.aten.to.dtype_layout" || t == "torch.ops.aten._to_copy.default") {
+      const json* d = arg(n, "dtype", 1);
+      if (!d || !d->contains("as_scalar_type")) return true;
+      const int dt = (*d)["as_scalar_type"].get<int>();
+      return dt == kFloat32 || dt == kBFloat16 || dt == kInt64 || dt == kInt32;
+    }
+    if (t == "torch.ops.aten.dropout.default") return float_arg(n, "p", 1, 0.0) == 0.0 || !bool_arg(n, "train", 2, true);
+    return false;
+  }
+
+  Tensor parameter(const std::string& placeholder) {
+    if (auto it = params_.find(placeholder); it != params_.end()) return it->second;
+    const std::string& name = m_.parameter_of.at(placeholder);
+    Tensor p = t_.parameter(name, m_.stored.at(placeholder).shape, o_.dtype);
+    return params_[placeholder] = p;
+  }
+
+  Imported make(const std::string& name) {
+    // Graph inputs.
+    if (m_.parameter_of.count(name)) return ir(parameter(name));
+    if (m_.stored.count(name)) {
+      Imported v;
+      v.kind = Imported::host;
+      v.shape = m_.stored.at(name).shape;
+      v.data = m_.read_floats(m_.stored.at(name), name);
+      return v;
+    }
+    if (name == m_.user_inputs[0]) {
+      if (!tokens_) tokens_ = t_.input(Role::tokens, "input_ids", DType::i32, {o_.batch, o_.seq_len});
+      return ir(*tokens_);
+    }
+    if (name == m_.user_inputs[1]) {
+      Imported v;
+      v.kind = Imported::labels_raw;
+      v.shape = {o_.batch, o_.seq_len};
+      return v;
+    }
+    const FxNode* np = node_of(name);
+    if (!np) user_error(m_.path, ": value ", name, " has no definition in the program");
+    const FxNode& n = *np;
+    const std::string& op = n.target;
+    auto A = [&](const char* arg_name, size_t pos) { return arg_tensor(n, arg_name, pos); };
+    auto unsupported = [&]() -> Imported {
+      m_.fail_at(n, "autosp has no mapping for this op (python/autosp/export.py says what it imports)");
+    };
+    if (passes_through(n)) return value(A("self", 0));
+
+    // getitem of a tuple (split, chunk, the rope tables).
+    if (op == "<built-in function getitem>" || op == "_operator.getitem") {
+      const Imported& tuple = value(tensor_name(n.args.at(0).second));
+      const int64_t i = int_value(n, n.args.at(1).second);
+      if (tuple.kind != Imported::tuple || i < 0 || size_t(i) >= tuple.items.size()) m_.fail_at(n, "not an item of a tuple");
+      return value(tuple.items[i]);
+    }
+    if (op == "torch.ops.higher_order.wrap_with_set_grad_enabled") return rope_tables(n);
+    // Splits: each piece a node of its own, named by the outputs.
+    if (op == "torch.ops.aten.split.Tensor" || op == "torch.ops.aten.chunk.default" ||
+        op == "torch.ops.aten.split_with_sizes.default") {
+      // A multi-output node's value is its first output; the tuple is registered for all of them.
+      return split(n, name);
+    }
+
+    if (op == "torch.ops.aten.arange.start" || op == "torch.ops.aten.arange.default") {
+      const bool with_start = op == "torch.ops.aten.arange.start";
+      const int64_t start = with_start ? int_arg(n, "start", 0) : 0, end = int_arg(n, "end", with_start ? 1 : 0);
+      if (start != 0 || end != o_.seq_len)
+        m_.fail_at(n, str("arange(", start, ", ", end, ") is not the positions 0..S-1 (S = ", o_.seq_len,
+                          "); autosp imports positions only"));
+      Imported v;
+      v.kind = Imported::positions;
+      v.shape = {o_.seq_len};
+      return v;
+    }
+    if (op == "torch.ops.aten.unsqueeze.default" || op == "torch.ops.aten.expand.default") {
+      const Imported& x = value(A("self", 0));
+      if (x.kind == Imported::positions) {
+        Imported v = x;
+        if (op == "torch.ops.aten.unsqueeze.default") {
+          if (int_arg(n, "dim", 1) != 0 || v.shape.size() != 1) m_.fail_at(n, "positions unsqueezed on another dim than 0");
+          v.shape = {1, o_.seq_len};
+        } else {
+          std::vector<int64_t> size = ints_arg(n, "size", 1);
+          if (size.size() != 2 || (size[0] != o_.batch && size[0] != 1 && size[0] != -1))
+            m_.fail_at(n, "positions expanded to a shape other than [B, S]");
+          v.shape = {o_.batch, o_.seq_len};
+        }
+        return v;
+      }
+      if (op == "torch.ops.aten.unsqueeze.default" && x.kind == Imported::tensor) {
+        int64_t d = int_arg(n, "dim", 1);
+        Shape s = x.shape;
+        if (d < 0) d += int64_t(s.size()) + 1;
+        s.insert(s.begin() + d, 1);
+        return tensor_value(t_.reshape(materialize(x, A("self", 0)), s), s);
+      }
+      return unsupported();
+    }
+    if (op == "torch.ops.aten.pad.default") {
+      const Imported& x = value(A("self", 0));
+      if (x.kind == Imported::labels_raw && ints_arg(n, "pad", 1) == std::vector<int64_t>{0, 1} &&
+          float_arg(n, "value", 3, 0.0) == -100.0) {
+        Imported v = x;
+        v.kind = Imported::labels_padded;
+        return v;
+      }
+      m_.fail_at(n, "a pad autosp does not import (it reads transformers' label shift, pad(labels, (0, 1), -100)[:, 1:])");
+    }
+    if (op == "torch.ops.aten.slice.Tensor") {
+      const Imported& x = value(A("self", 0));
+      const int64_t rank = int64_t(x.shape.size());
+      int64_t dim = int_arg(n, "dim", 1, 0);
+      if (dim < 0) dim += rank;
+      if (x.kind == Imported::labels_padded) {
+        if (dim == 1 && int_arg(n, "start", 2, 0) == 1 && int_arg(n, "end", 3, INT64_MAX) >= o_.seq_len + 1)
+          return labels_value();
+        m_.fail_at(n, "a slice of the padded labels other than [:, 1:]");
+      }
+      if (x.kind != Imported::tensor || dim < 0 || dim >= rank) return unsupported();
+      const int64_t size = x.shape[dim];
+      int64_t start = int_arg(n, "start", 2, 0), end = int_arg(n, "end", 3, INT64_MAX);
+      if (start < 0) start += size;
+      if (end < 0) end += size;
+      start = std::clamp<int64_t>(start, 0, size), end = std::clamp<int64_t>(end, start, size);
+      if (const json* step = arg(n, "step", 4); step && int_value(n, *step) != 1) m_.fail_at(n, "a strided slice");
+      if (start == 0 && end == size) return x;
+      Shape s = x.shape;
+      s[dim] = end - start;
+      if (end == start) {
+        Imported v;
+        v.kind = Imported::tensor;
+        v.shape = s;
+        v.t = Tensor{-1};  // empty: only a cat may take it
+        return v;
+      }
+      return tensor_value(t_.slice(materialize(x, A("self", 0)), dim, start, end), s);
+    }
+    if (op == "torch.ops.aten.embedding.default") {
+      const std::string w = A("weight", 0), idx = A("indices", 1);
+      const Imported& ids = value(idx);
+      if (const json* pad = arg(n, "padding_idx", 2); pad && pad->contains("as_int") && (*pad)["as_int"].get<int64_t>() >= 0)
+        padding_idx_note(n);
+      Tensor weight = tensor_of(w);
+      Tensor index = ids.kind == Imported::positions ? positions() : tensor_of(idx);
+      Tensor e = t_.embedding(weight, index);
+      if (ids.kind == Imported::positions) {  // torch's [1, S, H] (or [S, H]); autosp's [B, S, H] adds alike
+        Shape s = ids.shape;
+        s.push_back(t_.shape(weight)[1]);
+        Imported v = ir(e);
+        v.shape = s;
+        return v;
+      }
+      return ir(e);
+    }
+    if (op == "torch.ops.aten.linear.default") {
+      Tensor x = tensor_of(A("input", 0)), w = tensor_of(A("weight", 1));
+      const std::string b = A("bias", 2);
+      return ir(b.empty() ? t_.linear(x, w) : t_.linear(x, w, tensor_of(b)));
+    }
+    if (op == "torch.ops.aten.addmm.default") {  // bias + mat1 @ mat2: Conv1D's weight is [in, out]
+      if (float_arg(n, "beta", 3, 1.0) != 1.0 || float_arg(n, "alpha", 4, 1.0) != 1.0) return unsupported();
+      Tensor x = tensor_of(A("mat1", 1)), w = tensor_of(A("mat2", 2)), b = tensor_of(A("self", 0));
+      return ir(t_.linear(x, t_.transpose(w, {1, 0}), b));
+    }
+    if (op == "torch.ops.aten.view.default" || op == "torch.ops.aten.reshape.default" ||
+        op == "torch.ops.aten._unsafe_view.default" || op == "torch.ops.aten.flatten.using_ints") {
+      const Imported& x = value(A("self", 0));
+      std::vector<int64_t> size;
+      if (op == "torch.ops.aten.flatten.using_ints") {
+        const int64_t r = int64_t(x.shape.size());
+        int64_t a = int_arg(n, "start_dim", 1, 0), b = int_arg(n, "end_dim", 2, -1);
+        if (a < 0) a += r;
+        if (b < 0) b += r;
+        for (int64_t i = 0; i < r; ++i) {
+          if (i <= a || i > b) size.push_back(x.shape[i]);
+          else size.back() *= x.shape[i];
+        }
+      } else {
+        size = ints_arg(n, "size", 1);
+      }
+      if (x.kind != Imported::tensor) {
+        if (x.kind == Imported::labels_raw) m_.fail_at(n, "the labels are reshaped before transformers' shift");
+        return unsupported();
+      }
+      int64_t known = 1, infer = -1;
+      for (size_t i = 0; i < size.size(); ++i) {
+        if (size[i] == -1) infer = int64_t(i);
+        else known *= size[i];
+      }
+      const int64_t total = numel(x.shape);
+      if (infer >= 0) size[infer] = known == 0 ? 0 : total / known;
+      if (numel(size) != total) m_.fail_at(n, str("a view of ", shape_str(x.shape), " as ", shape_str(size)));
+      if (size == x.shape) return x;
+      return tensor_value(t_.reshape(materialize(x, A("self", 0)), size), size);
+    }
+    if (op == "torch.ops.aten.transpose.int" || op == "torch.ops.aten.permute.default") {
+      const Imported& x = value(A("self", 0));
+      if (x.kind != Imported::tensor) return unsupported();
+      const int64_t r = int64_t(x.shape.size());
+      std::vector<int64_t> p(r);
+      for (int64_t i = 0; i < r; ++i) p[i] = i;
+      if (op == "torch.ops.aten.transpose.int") {
+        int64_t a = int_arg(n, "dim0", 1), b = int_arg(n, "dim1", 2);
+        if (a < 0) a += r;
+        if (b < 0) b += r;
+        std::swap(p[a], p[b]);
+      } else {
+        p = ints_arg(n, "dims", 1);
+        for (int64_t& d : p)
+          if (d < 0) d += r;
+      }
+      // Composed lazily: torch's value is x.t permuted by x.perm, then by p.
+      Imported v = x;
+      std::vector<int64_t> base = x.perm.empty() ? std::vector<int64_t>(p.size()) : x.perm;
+      if (x.perm.empty())
+        for (int64_t i = 0; i < r; ++i) base[i] = i;
+      v.perm.assign(r, 0);
+      for (int64_t i = 0; i < r; ++i) v.perm[i] = base[p[i]];
+      for (int64_t i = 0; i < r; ++i) v.shape[i] = x.shape[p[i]];
+      return v;
+    }
+    if (op == "torch.ops.aten.mul.Tensor") return mul(n);
+    if (op == "torch.ops.aten.add.Tensor") return add(n);
+    if (op == "torch.ops.aten.neg.default") {
+      Tensor x = tensor_of(A("self", 0));
+      return ir(t_.scale(x, -1.0));
+    }
+    if (op == "torch.ops.aten.silu.default") return ir(t_.silu(tensor_of(A("self", 0))));
+    if (op == "torch.ops.aten.gelu.default") {
+      const json* a = arg(n, "approximate", 1);
+      const std::string approx = a && a->contains("as_string") ? (*a)["as_string"].get<std::string>() : "none";
+      if (approx != "none" && approx != "tanh") m_.fail_at(n, str("gelu approximate='", approx, "'"));
+      return ir(TRACER_GELU(tensor_of(A("self", 0)), approx == "tanh"));
+    }
+    if (op == "torch.ops.aten.layer_norm.default") {
+      const std::vector<int64_t> shape = ints_arg(n, "normalized_shape", 1);
+      const Imported& x = value(A("input", 0));
+      if (shape.size() != 1 || x.shape.empty() || shape[0] != x.shape.back())
+        m_.fail_at(n, "layer_norm over more than the last dim");
+      const std::string w = A("weight", 2), b = A("bias", 3);
+      if (w.empty() || b.empty()) m_.fail_at(n, "layer_norm without a weight or a bias");
+      return ir(TRACER_LAYER_NORM(tensor_of(A("input", 0)), tensor_of(w), tensor_of(b), float_arg(n, "eps", 4, 1e-5)));
+    }
+    if (op == "torch.ops.aten.cat.default") return cat(n);
+    if (op == "torch.ops.autosp.attention.default") {
+      return attention(n, A("q", 0), A("k", 1), A("v", 2), bool_arg(n, "causal", 3, true), float_arg(n, "scale", 4),
+                       int_arg(n, "window", 5, 0));
+    }
+    if (op == "torch.ops.aten.scaled_dot_product_attention.default") {
+      if (!A("attn_mask", 3).empty()) m_.fail_at(n, "attention with a mask tensor: export with python/autosp/export.py "
+                                                    "(its 'autosp' attention builds no mask), or use is_causal=True");
+      if (float_arg(n, "dropout_p", 4, 0.0) != 0.0) m_.fail_at(n, "attention dropout");
+      const Imported& q = value(A("query", 0));
+      const double scale = float_arg(n, "scale", 6, 1.0 / std::sqrt(double(q.shape.back())));
+      return attention(n, A("query", 0), A("key", 1), A("value", 2), bool_arg(n, "is_causal", 5, false), scale, 0);
+    }
+    if (op == "torch.ops.aten.cross_entropy_loss.default") return cross_entropy(n);
+    return unsupported();
+  }
+
+  void padding_idx_note(const FxNode&) {
+    // padding_idx only zeroes that row's gradient in torch; autosp's embedding has no such
+    // row, so the gradient differs for inputs that contain the padding id. Training data
+    // with the padding id as an input token is rare (it is masked by the labels); recorded.
+    padding_idx_seen_ = true;
+  }
+  bool padding_idx_seen_ = false;
+
+  Tensor labels() {
+    if (!labels_) labels_ = t_.input(Role::labels, "labels", DType::i32, {o_.batch, o_.seq_len});
+    return *labels_;
+  }
+  Imported labels_value() { return ir(labels()); }
+
+  Imported split(const FxNode& n, const std::string& name) {
+    const Imported& x = value(arg_tensor(n, "self", 0));
+    if (x.kind != Imported::tensor) m_.fail_at(n, "a split of a value that is not a tensor");
+    const int64_t r = int64_t(x.shape.size());
+    int64_t dim = int_arg(n, "dim", 2, 0);
+    if (dim < 0) dim += r;
+    const int64_t size = x.shape[dim];
+    std::vector<int64_t> sizes;
+    if (n.target == "torch.ops.aten.chunk.default") {
+      const int64_t chunks = int_arg(n, "chunks", 1);
+      const int64_t each = (size + chunks - 1) / chunks;
+      for (int64_t at = 0; at < size; at += each) sizes.push_back(std::min(each, size - at));
+    } else if (n.target == "torch.ops.aten.split.Tensor") {
+      const int64_t each = int_arg(n, "split_size", 1);
+      for (int64_t at = 0; at < size; at += each) sizes.push_back(std::min(each, size - at));
+    } else {
+      sizes = ints_arg(n, "split_sizes", 1);
+    }
+    if (sizes.size() != n.outputs.size()) m_.fail_at(n, "the split's pieces and outputs differ in number");
+    Tensor whole = materialize(x, arg_tensor(n, "self", 0));
+    int64_t at = 0;
+    Imported first;
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      Shape s = x.shape;
+      s[dim] = sizes[i];
+      Imported piece = tensor_value(t_.slice(whole, dim, at, at + sizes[i]), s);
+      at += sizes[i];
+      if (n.outputs[i] == name) first = piece;
+      else values_[n.outputs[i]] = piece;
+    }
+    // The outputs are getitem'd through a tuple named by the node when it is an as_tensors output.
+    Imported tuple;
+    tuple.kind = Imported::tuple;
+    tuple.items = n.outputs;
+    values_[n.name] = tuple;
+    return first.kind == Imported::none ? tuple : first;
+  }
+
+  // ---- elementwise, with the patterns rooted at mul and add ----
+  Imported mul(const FxNode& n) {
+    const std::string a = arg_tensor(n, "self", 0), b = arg_tensor(n, "other", 1);
+    if (auto norm = match_rms_norm(n)) return *norm;
+    if (auto sw = match_swiglu(a, b)) return *sw;
+    if (auto g = match_gelu_tanh(n)) return *g;
+    // tensor * scalar
+    if (b.empty() || a.empty() || value(b).kind == Imported::host || value(a).kind == Imported::host) {
+      const std::string x = a.empty() || value(a).kind == Imported::host ? b : a;
+      std::optional<double> c = x == a ? scalar(n, "other", 1) : scalar(n, "self", 0);
+      if (!c || x.empty()) m_.fail_at(n, "a product with a constant that is not a scalar");
+      const Imported& xv = value(x);
+      Imported out = ir(t_.scale(tensor_of(x), *c));
+      out.shape = xv.shape;
+      return out;
+    }
+    return same_shape(n, a, b, [&](Tensor x, Tensor y) { return t_.mul(x, y); });
+  }
+  Imported add(const FxNode& n) {
+    if (float_arg(n, "alpha", 2, 1.0) != 1.0) m_.fail_at(n, "add with alpha");
+    const std::string a = arg_tensor(n, "self", 0), b = arg_tensor(n, "other", 1);
+    if (auto r = match_rope(n)) return *r;
+    if (b.empty()) {
+      std::optional<double> c = scalar(n, "other", 1);
+      if (!c) m_.fail_at(n, "add of a non-scalar constant");
+      const Imported& x = value(a);
+      Tensor xt = materialize(x, a);
+      return ir(t_.add(xt, t_.fill(t_.shape(xt), *c, o_.dtype)));
+    }
+    return same_shape(n, a, b, [&](Tensor x, Tensor y) { return t_.add(x, y); });
+  }
+  template <typename F>
+  Imported same_shape(const FxNode& n, const std::string& a, const std::string& b, F f) {
+    Tensor x = tensor_of(a), y = tensor_of(b);
+    if (t_.shape(x) != t_.shape(y))
+      m_.fail_at(n, str("operands of shapes ", shape_str(t_.shape(x)), " and ", shape_str(t_.shape(y)),
+                        ": autosp imports elementwise ops on equal shapes (a broadcast only where a subgraph pattern "
+                        "covers it)"));
+    Imported out = ir(f(x, y));
+    out.shape = value(a).shape.size() >= value(b).shape.size() ? value(a).shape : value(b).shape;
+    if (numel(out.shape) != numel(t_.shape(out.t))) out.shape = t_.shape(out.t);
+    return out;
+  }
+
+  // silu(a) * b, either order -> swiglu(a, b)
+  std::optional<Imported> match_swiglu(const std::string& a, const std::string& b) {
+    for (int k = 0; k < 2; ++k) {
+      const std::string s = through(k ? b : a), other = k ? a : b;
+      const FxNode* sn = node_of(s);
+      if (is(sn, "silu.default")) {
+        Tensor gate = tensor_of(arg_tensor(*sn, "self", 0)), up = tensor_of(other);
+        if (t_.shape(gate) != t_.shape(up)) return std::nullopt;
+        return ir(t_.swiglu(gate, up));
+      }
+    }
+    return std::nullopt;
+  }
+
+  // GPT-2's gelu_new: (0.5 * x) * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3)))
+  std::optional<Imported> match_gelu_tanh(const FxNode& n) {
+    const FxNode* half = node_of(arg_tensor(n, "self", 0));
+    const FxNode* one_plus = node_of(arg_tensor(n, "other", 1));
+    if (!is(half, "mul.Tensor") || !is(one_plus, "add.Tensor")) return std::nullopt;
+    const std::string x = arg_tensor(*half, "self", 0);
+    if (x.empty() || scalar(*half, "other", 1) != 0.5 || scalar(*one_plus, "other", 1) != 1.0) return std::nullopt;
+    const FxNode* th = node_of(arg_tensor(*one_plus, "self", 0));
+    if (!is(th, "tanh.default")) return std::nullopt;
+    const FxNode* c = node_of(arg_tensor(*th, "self", 0));
+    if (!is(c, "mul.Tensor") || !scalar(*c, "other", 1) || std::abs(*scalar(*c, "other", 1) - std::sqrt(2.0 / M_PI)) > 1e-12)
+      return std::nullopt;
+    const FxNode* inner = node_of(arg_tensor(*c, "self", 0));
+    if (!is(inner, "add.Tensor") || arg_tensor(*inner, "self", 0) != x) return std::nullopt;
+    const FxNode* cube = node_of(arg_tensor(*inner, "other", 1));
+    if (!is(cube, "mul.Tensor") || scalar(*cube, "other", 1) != 0.044715) return std::nullopt;
+    const FxNode* p = node_of(arg_tensor(*cube, "self", 0));
+    if (!is(p, "pow.Tensor_Scalar") || arg_tensor(*p, "self", 0) != x || float_arg(*p, "exponent", 1) != 3.0)
+      return std::nullopt;
+    return ir(TRACER_GELU(tensor_of(x), /*tanh_approximation=*/true));
+  }
+
+  // weight * (x * rsqrt(mean(x^2, -1, keepdim) + eps)), either order, through casts; the
+  // weight a parameter [H] or 1 + a parameter (Gemma).
+  std::optional<Imported> match_rms_norm(const FxNode& n) {
+    for (int k = 0; k < 2; ++k) {
+      const std::string normed = through(arg_tensor(n, k ? "other" : "self", k)), wname = arg_tensor(n, k ? "self" : "other", 1 - k);
+      const FxNode* nm = node_of(normed);
+      if (!is(nm, "mul.Tensor") || wname.empty()) continue;
+      for (int j = 0; j < 2; ++j) {
+        const std::string x = through(arg_tensor(*nm, j ? "other" : "self", j));
+        const FxNode* rs = node_of(through(arg_tensor(*nm, j ? "self" : "other", 1 - j)));
+        if (!is(rs, "rsqrt.default")) continue;
+        const FxNode* plus = node_of(arg_tensor(*rs, "self", 0));
+        if (!is(plus, "add.Tensor")) continue;
+        const std::optional<double> eps = scalar(*plus, "other", 1);
+        const FxNode* mean = node_of(arg_tensor(*plus, "self", 0));
+        if (!eps || !is(mean, "mean.dim") || ints_arg(*mean, "dim", 1) != std::vector<int64_t>{-1}) continue;
+        const FxNode* sq = node_of(arg_tensor(*mean, "self", 0));
+        if (!is(sq, "pow.Tensor_Scalar") || through(arg_tensor(*sq, "self", 0)) != x ||
+            float_arg(*sq, "exponent", 1) != 2.0)
+          continue;
+        // The weight: a parameter, or parameter + 1.
+        std::string w = through(wname);
+        bool plus_one = false;
+        if (const FxNode* wn = node_of(w); is(wn, "add.Tensor") && scalar(*wn, "other", 1) == 1.0) {
+          w = through(arg_tensor(*wn, "self", 0));
+          plus_one = true;
+        }
+        if (!m_.parameter_of.count(w)) continue;
+        Tensor xt = tensor_of(x), wt = tensor_of(w);
+        if (plus_one) wt = t_.add(wt, t_.fill(t_.shape(wt), 1.0, o_.dtype));
+        const Imported& xv = value(x);
+        Imported out = tensor_value(t_.rms_norm(xt, wt, *eps), xv.kind == Imported::tensor ? xv.shape : t_.shape(xt));
+        if (numel(out.shape) != numel(t_.shape(out.t))) out.shape = t_.shape(out.t);
+        return out;
+      }
+    }
+    return std::nullopt;
+  }
+
+  // The rotary embedding's tables: a no-grad block computing cos and sin of inv_freq x the
+  // positions (times an attention scaling).
+  Imported rope_tables(const FxNode& n) {
+    if (!n.subgraph) m_.fail_at(n, "a higher-order op without its graph");
+    std::vector<FxNode> sub;
+    read_nodes(*n.subgraph, sub, m_.path);
+    std::map<std::string, const FxNode*> def;
+    for (const FxNode& s : sub)
+      for (const std::string& o : s.outputs) def[o] = &s;
+    // Arguments after (enabled, graph): inv_freq, positions.
+    std::vector<std::string> args;
+    for (size_t i = 2; i < n.args.size(); ++i) args.push_back(tensor_name(n.args[i].second));
+    const json& sub_inputs = (*n.subgraph)["inputs"];
+    if (args.size() != 2 || sub_inputs.size() != 2) m_.fail_at(n, "a no-grad block that is not a rotary embedding's tables");
+    const Imported& inv = value(args[0]);
+    const Imported& pos = value(args[1]);
+    if (inv.kind != Imported::host || pos.kind != Imported::positions)
+      m_.fail_at(n, "a no-grad block that is not a rotary embedding's tables (inv_freq and the positions)");
+    Imported tuple;
+    tuple.kind = Imported::tuple;
+    for (const json& out : (*n.subgraph)["outputs"]) {
+      std::string o = tensor_name(out);
+      double scaling = 1.0;
+      bool cos = false, found = false;
+      for (int guard = 0; guard < 16 && def.count(o); ++guard) {
+        const FxNode& s = *def[o];
+        if (s.target == "torch.ops.aten.cos.default" || s.target == "torch.ops.aten.sin.default") {
+          cos = s.target == "torch.ops.aten.cos.default";
+          found = true;
+          break;
+        }
+        if (s.target == "torch.ops.aten.mul.Tensor") {
+          const json* c = arg(s, "other", 1);
+          if (!c || !(c->contains("as_float") || c->contains("as_int"))) break;
+          scaling *= c->contains("as_float") ? (*c)["as_float"].get<double>() : double((*c)["as_int"].get<int64_t>());
+        } else if (s.target.find("to.dtype") == std::string::npos && s.target.find("_assert") == std::string::npos &&
+                   s.target != "torch.ops.aten.alias.default") {
+          break;
+        }
+        o = tensor_name(s.args.at(0).second);
+      }
+      if (!found) m_.fail_at(n, "a no-grad block whose outputs are not cos and sin tables");
+      Imported table;
+      table.kind = Imported::rope_table;
+      table.is_cos = cos;
+      table.number = scaling;
+      table.data = inv.data;
+      const std::string item = n.name + "#" + std::to_string(tuple.items.size());
+      values_[item] = table;
+      tuple.items.push_back(item);
+    }
+    return tuple;
+  }
+  // unsqueeze(table, 1) or the table itself
+  const Imported* table_of(const std::string& name) {
+    std::string s = through(name);
+    if (const FxNode* u = node_of(s); is(u, "unsqueeze.default")) s = through(arg_tensor(*u, "self", 0));
+    const Imported& v = value(s);
+    return v.kind == Imported::rope_table ? &v : nullptr;
+  }
+  // q * cos + rotate_half(q) * sin, rotate_half(q) = cat(-q[..., D/2:], q[..., :D/2])
+  std::optional<Imported> match_rope(const FxNode& n) {
+    const FxNode* m1 = node_of(arg_tensor(n, "self", 0));
+    const FxNode* m2 = node_of(arg_tensor(n, "other", 1));
+    if (!is(m1, "mul.Tensor") || !is(m2, "mul.Tensor")) return std::nullopt;
+    auto split_table = [&](const FxNode& m, const Imported*& table) -> std::string {
+      for (int k = 0; k < 2; ++k) {
+        const std::string t = arg_tensor(m, k ? "self" : "other", 1 - k), x = arg_tensor(m, k ? "other" : "self", k);
+        if (t.empty() || x.empty() || !node_of(through(t))) continue;
+        const FxNode* tn = node_of(through(t));
+        if (!is(tn, "unsqueeze.default") && tn->target != "<built-in function getitem>") continue;
+        if ((table = table_of(t))) return x;
+      }
+      return "";
+    };
+    const Imported *cos = nullptr, *sin = nullptr;
+    const std::string x = through(split_table(*m1, cos)), rotated = through(split_table(*m2, sin));
+    if (x.empty() || rotated.empty() || !cos || !sin || !cos->is_cos || sin->is_cos) return std::nullopt;
+    const FxNode* c = node_of(rotated);
+    if (!is(c, "cat.default")) return std::nullopt;
+    const json* list = arg(*c, "tensors", 0);
+    if (!list || !list->contains("as_tensors") || (*list)["as_tensors"].size() != 2) return std::nullopt;
+    const FxNode* neg = node_of((*list)["as_tensors"][0].value("name", ""));
+    const FxNode* lo = node_of((*list)["as_tensors"][1].value("name", ""));
+    if (!is(neg, "neg.default") || !is(lo, "slice.Tensor")) return std::nullopt;
+    const FxNode* hi = node_of(arg_tensor(*neg, "self", 0));
+    if (!is(hi, "slice.Tensor") || through(arg_tensor(*hi, "self", 0)) != x || through(arg_tensor(*lo, "self", 0)) != x)
+      return std::nullopt;
+    const Imported& xv = value(x);
+    if (xv.kind != Imported::tensor || xv.shape.size() != 4) return std::nullopt;
+    const int64_t D = xv.shape[3];
+    if (int64_t(cos->data.size()) * 2 != D)
+      m_.fail_at(n, str("a rotary embedding over ", 2 * cos->data.size(), " of the head's ", D,
+                        " dims (partial_rotary_factor < 1) is not supported"));
+    if (cos->number != 1.0 || sin->number != 1.0)
+      m_.fail_at(n, str("a rotary embedding with attention scaling ", cos->number, " is not supported"));
+    if (cos->data != sin->data) return std::nullopt;
+    // theta from the frequencies, each checked against torch's default rope in fp32.
+    RopeOptions rope;
+    const std::vector<float>& f = cos->data;
+    rope.theta = f.size() > 1 ? std::pow(double(f[1]), -double(D) / 2.0) : 10000.0;
+    for (size_t i = 0; i < f.size(); ++i) {
+      const float expect = float(1.0 / std::pow(rope.theta, double(2 * i) / double(D)));
+      if (std::abs(f[i] - expect) > 1e-6f * std::abs(expect))
+        m_.fail_at(n, str("the rotary frequencies (inv_freq) are not the default rope's of any theta (index ", i, ": ",
+                          f[i], " vs ", expect, " for theta ", rope.theta,
+                          "); scaled rope (llama3, yarn, linear) is not imported yet"));
+    }
+    // autosp's rope is [B, S, H, D]; torch's q here is [B, H, S, D].
+    Tensor bshd = as_bshd(xv, x);
+    Imported out = ir(t_.rope(bshd, positions(), rope));
+    out.perm = {0, 2, 1, 3};
+    out.shape = xv.shape;
+    return out;
+  }
+  // torch's [B, H, S, D] value as autosp's [B, S, H, D]
+  Tensor as_bshd(const Imported& v, const std::string& name) {
+    if (v.perm == std::vector<int64_t>{0, 2, 1, 3}) return v.t;
+    return t_.transpose(materialize(v, name), {0, 2, 1, 3});
+  }
+
+  Imported cat(const FxNode& n) {
+    const json* list = arg(n, "tensors", 0);
+    if (!list || !list->contains("as_tensors")) m_.fail_at(n, "cat without a list of tensors");
+    std::vector<std::string> parts;
+    for (const json& t : (*list)["as_tensors"]) parts.push_back(t.value("name", ""));
+    std::vector<Tensor> xs;
+    Shape shape;
+    int64_t dim = int_arg(n, "dim", 1, 0);
+    std::vector<std::string> kept;
+    for (const std::string& p : parts) {
+      const Imported& v = value(p);
+      if (v.kind != Imported::tensor) m_.fail_at(n, "cat of a value that is not a tensor");
+      if (dim < 0) dim += int64_t(v.shape.size());
+      if (numel(v.shape) == 0) continue;  // an empty piece (Phi3's q_pass of a full rotary)
+      kept.push_back(p);
+    }
+    if (kept.size() == 1) return value(kept[0]);
+    for (const std::string& p : kept) xs.push_back(tensor_of(p));
+    return ir(t_.concat(xs, dim));
+  }
+
+  Imported attention(const FxNode& n, const std::string& q, const std::string& k, const std::string& v, bool causal,
+                  double scale, int64_t window) {
+    const Imported &qv = value(q), &kv = value(k), &vv = value(v);
+    if (qv.shape.size() != 4 || kv.shape.size() != 4 || vv.shape.size() != 4) m_.fail_at(n, "attention on values not [B, H, S, D]");
+    if (!causal) m_.fail_at(n, "non-causal attention: autosp trains causal language models");
+    Tensor out = t_.attention(as_bshd(qv, q), as_bshd(kv, k), as_bshd(vv, v), causal, scale, window);
+    Imported r = ir(out);
+    r.perm = {0, 2, 1, 3};
+    r.shape = qv.shape;
+    r.shape[3] = vv.shape[3];
+    return r;
+  }
+
+  // cross_entropy_loss(logits.view(-1, V), labels.view(-1)) with the mean over labelled tokens.
+  Imported cross_entropy(const FxNode& n) {
+    if (int_arg(n, "reduction", 3, 1) != 1) m_.fail_at(n, "a cross entropy not reduced by its mean");
+    if (int_arg(n, "ignore_index", 4, -100) != -100) m_.fail_at(n, "a cross entropy with ignore_index other than -100");
+    if (float_arg(n, "label_smoothing", 5, 0.0) != 0.0) m_.fail_at(n, "label smoothing");
+    if (!arg_tensor(n, "weight", 2).empty()) m_.fail_at(n, "class weights");
+    // Look through the flattening views to the [B, S, V] logits and [B, S] labels.
+    auto unflatten = [&](std::string s) {
+      s = through(s);
+      while (const FxNode* v = node_of(s)) {
+        if (!is(v, "view.default") && !is(v, "reshape.default") && !is(v, "flatten.using_ints")) break;
+        s = through(arg_tensor(*v, "self", 0));
+      }
+      return s;
+    };
+    const std::string logits = unflatten(arg_tensor(n, "self", 0)), lab = unflatten(arg_tensor(n, "target", 1));
+    const Imported& lv = value(lab);
+    Tensor labels_t;
+    if (lv.kind == Imported::tensor && lv.t.id == (labels_ ? labels_->id : -2)) labels_t = lv.t;
+    else if (lab == m_.user_inputs[1]) labels_t = labels();  // already shifted by the caller
+    else m_.fail_at(n, "the loss's labels are not the program's labels (shifted as transformers does, or as given)");
+    // The head: a bias-free linear whose logits nothing else reads -> linear_cross_entropy.
+    const FxNode* head = node_of(logits);
+    if (is(head, "linear.default") && arg_tensor(*head, "bias", 2).empty()) {
+      Tensor x = tensor_of(arg_tensor(*head, "input", 0)), w = tensor_of(arg_tensor(*head, "weight", 1));
+      m_.vocab = t_.shape(w)[0];
+      if (t_.shape(x).size() != 3) m_.fail_at(n, "logits that are not [B, S, V]");
+      return ir(t_.linear_cross_entropy(x, w, labels_t));
+    }
+    Tensor l = tensor_of(logits);
+    if (t_.shape(l).size() != 3) m_.fail_at(n, "logits that are not [B, S, V]");
+    m_.vocab = t_.shape(l).back();
+    return ir(t_.cross_entropy(l, labels_t));
+  }
+};
+
+Graph TorchProgram::forward(const models::LlamaTraceOptions& options) const {
+  if (options.batch <= 0 || options.seq_len <= 0)
+    user_error(impl_->path, ": batch ", options.batch, " and sequence length ", options.seq_len, " must be positive");
+  TorchImporter importer(*impl_, options);
+  return importer.run();
+}
+
+}  // namespace autosp

@@ -1,0 +1,73 @@
+// Importing PyTorch programs: the .pt2 archives torch.export.save writes (a JSON graph of ATen
+// ops, its parameters and constants as raw tensors), read in C++ and turned into autosp's IR,
+// so a user's PyTorch model trains sequence-parallel without model code written for autosp.
+//
+// The program is `forward(input_ids, labels) -> loss` as python/autosp/export.py exports it
+// (any module with that signature; transformers' causal LMs through the helper's "autosp"
+// attention, which puts one `autosp::attention` node where transformers would build a mask).
+// Its batch and sequence length may be dynamic: forward() instantiates the graph at any B, S.
+//
+// What is mapped, and onto what (DESIGN.md's op set; the compiler's passes know these ops, so
+// sharding, checkpointing and fusion work on imported graphs as on built ones):
+//   - whole subgraphs, matched by their shape in the ATen graph: RMSNorm (pow, mean, add eps,
+//     rsqrt, mul by the weight, or by 1 + weight as Gemma writes it) -> rms_norm; rotary
+//     embeddings (cos and sin tables from an inv_freq buffer and the positions, rotate_half)
+//     -> rope, with theta read back from inv_freq; silu(a) * b -> swiglu; GPT-2's tanh GELU
+//     written out elementwise -> gelu; cross_entropy over the logits of a bias-free linear ->
+//     linear_cross_entropy (the logits are never held); transformers' label shift
+//     (pad(labels, (0, 1), -100)[:, 1:]) -> autosp's labels input, which is already shifted
+//     (labels[i] is the token after input i, as autosp's data sources give them);
+//   - arange(S) (and its unsqueeze / expand) -> the "position_ids" input, so each SP rank
+//     sees its own positions;
+//   - one ATen op to one IR op: embedding, linear, addmm (Conv1D), layer_norm, gelu, silu,
+//     add, mul, neg, view / reshape, transpose, slice, split / chunk, cat,
+//     scaled_dot_product_attention (no mask; is_causal), autosp::attention;
+//   - no-ops: dtype casts to the graph's own float type (the IR ops keep their statistics in
+//     f32 themselves), contiguous, alias, clone, detach, dropout with p = 0, metadata asserts.
+// Only what the loss depends on is imported: nodes nothing needs (transformers' packed-
+// sequence detection, an unused mask) are never looked at. A node that is needed and not
+// mapped is a UserError naming the archive, the node, its op and the model's source line
+// (the node's stack trace).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ir/graph.h"
+#include "models/llama.h"
+
+namespace autosp {
+
+class TorchProgram {
+ public:
+  // Reads and checks the archive's graph, signature and tensor table (not the weights).
+  static TorchProgram load(const std::string& path);
+  ~TorchProgram();
+  TorchProgram(TorchProgram&&) noexcept;
+  TorchProgram& operator=(TorchProgram&&) noexcept;
+
+  const std::string& path() const;
+  // The trainable parameters in the program's order, by their state-dict names (the export
+  // wrapper's "model." prefix removed: Hugging Face's names for a transformers model). A
+  // parameter two modules share (a tied head) appears once.
+  const std::vector<models::ParameterSpec>& parameters() const;
+  // Parameter i's values as fp32 (stored f32, bf16 or f16).
+  std::vector<float> read_parameter(size_t i) const;
+  // The logits' last dim (the vocabulary), found while importing the loss.
+  int64_t vocab_size() const;
+
+  // The forward graph at batch B and sequence length S: inputs "input_ids", "position_ids"
+  // where the model uses positions, "labels" (i32 [B, S]), the parameters (of
+  // options.dtype); output "loss". options.documents and output_logits are not supported yet
+  // (UserError).
+  Graph forward(const models::LlamaTraceOptions& options) const;
+
+  struct Impl;
+
+ private:
+  explicit TorchProgram(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace autosp
