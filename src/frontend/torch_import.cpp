@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <deque>
 #include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -457,9 +458,17 @@ class TorchImporter {
   // ---- values ----
   const Imported& value(const std::string& name) {
     if (auto it = values_.find(name); it != values_.end()) return it->second;
+    if (name.empty()) {
+      // An argument the node should have (a tensor) is missing or of another kind.
+      if (!making_.empty() && node_of(making_.back())) m_.fail_at(*node_of(making_.back()), "an operand is not a tensor");
+      user_error(m_.path, ": an operand is not a tensor");
+    }
+    making_.push_back(name);
     Imported v = make(name);
+    making_.pop_back();
     return values_[name] = std::move(v);
   }
+  std::vector<std::string> making_;  // the values being imported, innermost last
   Tensor tensor_of(const std::string& name) { return materialize(value(name), name); }
   Tensor materialize(const Imported& v, const std::string& name) {
     switch (v.kind) {
@@ -490,7 +499,7 @@ class TorchImporter {
     for (;;) {
       const FxNode* n = node_of(name);
       if (!n || !passes_through(*n)) return name;
-      name = arg_tensor(*n, "self", 0);
+      name = tensor_name(n->args.at(0).second);
     }
   }
   bool passes_through(const FxNode& n) {
@@ -545,7 +554,8 @@ class TorchImporter {
     auto unsupported = [&]() -> Imported {
       m_.fail_at(n, "autosp has no mapping for this op (python/autosp/export.py says what it imports)");
     };
-    if (passes_through(n)) return value(A("self", 0));
+    if (passes_through(n)) return value(tensor_name(n.args.at(0).second));  // "self", dropout's "input"
+
 
     // getitem of a tuple (split, chunk, the rope tables).
     if (op == "<built-in function getitem>" || op == "_operator.getitem") {
@@ -554,7 +564,13 @@ class TorchImporter {
       if (tuple.kind != Imported::tuple || i < 0 || size_t(i) >= tuple.items.size()) m_.fail_at(n, "not an item of a tuple");
       return value(tuple.items[i]);
     }
-    if (op == "torch.ops.higher_order.wrap_with_set_grad_enabled") return rope_tables(n);
+    if (op == "torch.ops.higher_order.wrap_with_set_grad_enabled") {
+      // Its outputs are the tables themselves (or a tuple that getitem takes apart).
+      Imported tuple = rope_tables(n);
+      for (size_t i = 0; i < n.outputs.size() && i < tuple.items.size(); ++i)
+        if (n.outputs[i] == name) return values_.at(tuple.items[i]);
+      return tuple;
+    }
     // Splits: each piece a node of its own, named by the outputs.
     if (op == "torch.ops.aten.split.Tensor" || op == "torch.ops.aten.chunk.default" ||
         op == "torch.ops.aten.split_with_sizes.default") {
@@ -677,7 +693,7 @@ class TorchImporter {
           else size.back() *= x.shape[i];
         }
       } else {
-        size = ints_arg(n, "size", 1);
+        size = ints_arg(n, arg(n, "size", 1) ? "size" : "shape", 1);  // view's name, reshape's
       }
       if (x.kind != Imported::tensor) {
         if (x.kind == Imported::labels_raw) m_.fail_at(n, "the labels are reshaped before transformers' shift");
@@ -934,11 +950,28 @@ class TorchImporter {
   // positions (times an attention scaling).
   Imported rope_tables(const FxNode& n) {
     if (!n.subgraph) m_.fail_at(n, "a higher-order op without its graph");
-    std::vector<FxNode> sub;
-    read_nodes(*n.subgraph, sub, m_.path);
+    // Its nodes, and those of the blocks nested in it (autocast regions): a nested block's
+    // outputs are its graph's outputs.
+    std::deque<FxNode> sub;
     std::map<std::string, const FxNode*> def;
-    for (const FxNode& s : sub)
-      for (const std::string& o : s.outputs) def[o] = &s;
+    std::map<std::string, std::string> alias;
+    std::function<void(const json&)> collect = [&](const json& graph) {
+      std::vector<FxNode> nodes;
+      read_nodes(graph, nodes, m_.path);
+      for (FxNode& s : nodes) {
+        sub.push_back(std::move(s));
+        const FxNode& f = sub.back();
+        for (const std::string& o : f.outputs) def[o] = &f;
+        if (f.subgraph) {
+          const json& outs = (*f.subgraph)["outputs"];
+          // (torch names them alike; where it does not, the outer name leads to the inner one)
+          for (size_t i = 0; i < f.outputs.size() && i < outs.size(); ++i)
+            if (tensor_name(outs[i]) != f.outputs[i]) alias[f.outputs[i]] = tensor_name(outs[i]);
+          collect(*f.subgraph);
+        }
+      }
+    };
+    collect(*n.subgraph);
     // Arguments after (enabled, graph): inv_freq, positions.
     std::vector<std::string> args;
     for (size_t i = 2; i < n.args.size(); ++i) args.push_back(tensor_name(n.args[i].second));
@@ -954,7 +987,11 @@ class TorchImporter {
       std::string o = tensor_name(out);
       double scaling = 1.0;
       bool cos = false, found = false;
-      for (int guard = 0; guard < 16 && def.count(o); ++guard) {
+      for (int guard = 0; guard < 32 && def.count(o); ++guard) {
+        if (alias.count(o)) {
+          o = alias[o];
+          continue;
+        }
         const FxNode& s = *def[o];
         if (s.target == "torch.ops.aten.cos.default" || s.target == "torch.ops.aten.sin.default") {
           cos = s.target == "torch.ops.aten.cos.default";

@@ -16,6 +16,7 @@
 #include "testing/process.h"
 #include "train/config.h"
 #include "train/trainer.h"
+#include "models/model.h"
 
 namespace autosp {
 namespace {
@@ -32,6 +33,143 @@ std::string import_error(const std::string& path) {
     return e.what();
   }
   return "";
+}
+
+// A fixture: the program, PyTorch's float64 results on it (expected.json, reference.safetensors).
+struct ExportFixture {
+  std::string dir;
+  nlohmann::json expected;
+  TorchProgram program;
+  std::map<std::string, io::HostTensor> reference;
+
+  explicit ExportFixture(const std::string& name)
+      : dir(fixture(name)),
+        expected(nlohmann::json::parse(std::ifstream(dir + "/expected.json"))),
+        program(TorchProgram::load(dir + "/model.pt2")),
+        reference(io::read_safetensors(dir + "/reference.safetensors")) {}
+  int64_t B() const { return expected["B"].get<int64_t>(); }
+  int64_t S() const { return expected["S"].get<int64_t>(); }
+  std::vector<std::vector<int32_t>> tokens() const { return expected["tokens"].get<std::vector<std::vector<int32_t>>>(); }
+  models::Model model() const {
+    const TorchProgram* p = &program;
+    return {dir, p->parameters(), p->vocab_size(), [p](const models::LlamaTraceOptions& o) { return p->forward(o); }};
+  }
+  train::ModelState state() const {
+    std::vector<std::vector<float>> params;
+    for (size_t i = 0; i < program.parameters().size(); ++i) params.push_back(program.read_parameter(i));
+    return train::ModelState::with_weights(program.parameters(), std::move(params));
+  }
+  // Row r of the batch as autosp's data gives it: S inputs, the S tokens after them as labels.
+  SequenceBatch batch() const {
+    SequenceBatch b{B(), S(), {}, {}, {}, {}};
+    for (const auto& row : tokens()) {
+      b.input_ids.insert(b.input_ids.end(), row.begin(), row.begin() + S());
+      b.labels.insert(b.labels.end(), row.begin() + 1, row.begin() + S() + 1);
+      for (int64_t i = 0; i < S(); ++i) b.position_ids.push_back(int32_t(i));
+    }
+    return b;
+  }
+};
+
+// The fixture's rows, the same every step (the reference trains on one batch).
+class FixedRows final : public train::DataSource {
+ public:
+  explicit FixedRows(std::vector<std::vector<int32_t>> rows) : rows_(std::move(rows)) {}
+  void read_sample(int64_t k, int64_t S, int32_t* inputs, int32_t* labels) const override {
+    const std::vector<int32_t>& row = rows_[k % int64_t(rows_.size())];
+    for (int64_t i = 0; i < S; ++i) inputs[i] = row[i], labels[i] = row[i + 1];
+  }
+  std::string describe(int64_t) const override { return "fixture rows"; }
+
+ private:
+  std::vector<std::vector<int32_t>> rows_;
+};
+
+// The reference's training: AdamW(lr 1e-2, betas (0.9, 0.95), eps 1e-8, weight decay 0.1),
+// clipping at 1, one micro batch of B rows a step.
+train::TrainConfig fixture_config(int64_t B, int sp = 1, const std::string& policy = "none") {
+  nlohmann::json j = {{"train_micro_batch_size_per_gpu", B}, {"gradient_accumulation_steps", 1},
+                      {"gradient_clipping", 1.0},
+                      {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-2}, {"betas", {0.9, 0.95}}, {"eps", 1e-8},
+                                                                   {"weight_decay", 0.1}}}}},
+                      {"sequence_parallel_size", sp},
+                      {"compile", {{"deepcompile", true}, {"passes", {"autosp"}}, {"checkpoint", policy}}},
+                      {"zero_optimization", {{"stage", 0}}}};
+  train::TrainConfig config = train::parse_train_config(j, "torch import test", nullptr);
+  train::resolve_batch(config, 1, "torch import test");
+  return config;
+}
+
+class TorchImportReference : public ::testing::TestWithParam<std::string> {};
+
+// The loss and every gradient of the imported program against PyTorch's float64 ones on the
+// same weights, under each checkpoint policy; then five optimizer steps, each step's loss and
+// gradient norm against PyTorch's.
+TEST_P(TorchImportReference, LossGradientsAndFiveStepsEqualPyTorch) {
+  const ExportFixture f(GetParam());
+  const nlohmann::json& steps = f.expected["steps"];
+  std::vector<std::vector<float>> none_grads;
+  for (const char* policy : {"none", "sac", "full"}) {
+    SCOPED_TRACE(str(GetParam(), ", checkpoint ", policy));
+    train::Trainer trainer(f.model(), fixture_config(f.B(), 1, policy), f.S(), f.state());
+    std::vector<std::vector<float>> grads;
+    const double loss = trainer.loss_and_grads(f.batch(), grads);
+    const double want = steps[0]["loss"].get<double>();
+    EXPECT_NEAR(loss, want, 1e-6 * std::abs(want));
+    double worst = 0;
+    for (size_t i = 0; i < f.program.parameters().size(); ++i) {
+      const std::string& name = f.program.parameters()[i].name;
+      ASSERT_TRUE(f.reference.count("grad." + name)) << name;
+      const double err = normalised_error(grads[i], f.reference.at("grad." + name).data);
+      worst = std::max(worst, err);
+      EXPECT_LT(err, 5e-6) << name;
+      if (std::string(policy) == "none") none_grads.push_back(grads[i]);
+      else EXPECT_EQ(grads[i], none_grads[i]) << name;
+    }
+    std::printf("%s, checkpoint %s: loss %.10f vs PyTorch %.10f (rel %.1e), worst gradient %.1e\n", GetParam().c_str(),
+                policy, loss, want, std::abs(loss / want - 1), worst);
+  }
+  train::Trainer trainer(f.model(), fixture_config(f.B()), f.S(), f.state());
+  const FixedRows data(f.tokens());
+  for (size_t k = 0; k < steps.size(); ++k) {
+    const train::StepStats st = trainer.train_step(data);
+    const double loss = steps[k]["loss"].get<double>(), norm = steps[k]["grad_norm"].get<double>();
+    std::printf("%s step %zu: loss %.10f vs %.10f, grad norm %.8f vs %.8f\n", GetParam().c_str(), k, st.loss, loss,
+                st.grad_norm, norm);
+    EXPECT_NEAR(st.loss, loss, 1e-5 * std::abs(loss)) << "step " << k;
+    EXPECT_NEAR(st.grad_norm, norm, 1e-5 * std::abs(norm)) << "step " << k;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, TorchImportReference, ::testing::Values("llama", "phi3"),
+                         [](const auto& info) { return info.param; });
+
+// Llama through PyTorch and through autosp's own builder (models/llama.h): the same model,
+// the same numbers.
+TEST(TorchImport, ImportedLlamaEqualsTheBuilder) {
+  const ExportFixture f("llama");
+  models::LlamaConfig c;
+  c.vocab_size = 64, c.hidden_size = 32, c.intermediate_size = 48, c.num_hidden_layers = 2;
+  c.num_attention_heads = 4, c.num_key_value_heads = 2, c.head_dim = 8, c.rms_norm_eps = 1e-6;
+  train::ModelState imported = f.state();
+  train::ModelState built = train::ModelState::initial(c, 0);
+  for (size_t i = 0; i < built.specs.size(); ++i) {
+    size_t j = 0;
+    while (j < imported.specs.size() && imported.specs[j].name != built.specs[i].name) ++j;
+    ASSERT_LT(j, imported.specs.size()) << built.specs[i].name << " is not in the program";
+    ASSERT_EQ(imported.specs[j].shape, built.specs[i].shape) << built.specs[i].name;
+    built.params[i] = imported.params[j];
+  }
+  ASSERT_EQ(built.specs.size(), imported.specs.size());
+  std::vector<std::vector<float>> gi, gb;
+  const double li = train::Trainer(f.model(), fixture_config(f.B()), f.S(), imported).loss_and_grads(f.batch(), gi);
+  const double lb = train::Trainer(c, fixture_config(f.B()), f.S(), built).loss_and_grads(f.batch(), gb);
+  EXPECT_NEAR(li, lb, 1e-6 * std::abs(lb));
+  for (size_t i = 0; i < built.specs.size(); ++i) {
+    size_t j = 0;
+    while (imported.specs[j].name != built.specs[i].name) ++j;
+    EXPECT_LT(normalised_error(gi[j], gb[i]), 1e-6) << built.specs[i].name;
+  }
 }
 
 TEST(TorchImportErrors, AnUnsupportedOpIsNamedWithItsNodeAndTheModelsSourceLine) {
