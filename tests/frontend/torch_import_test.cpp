@@ -14,6 +14,7 @@
 #include "testing/compare.h"
 #include "testing/errors.h"
 #include "testing/process.h"
+#include "testing/torch_export.h"
 #include "train/config.h"
 #include "train/trainer.h"
 #include "models/model.h"
@@ -21,9 +22,10 @@
 namespace autosp {
 namespace {
 
+using testing::ExportFixture;
+using testing::FixedRows;
+using testing::fixture_config;
 using testing::normalised_error;
-
-std::string fixture(const std::string& name) { return testing::source_path("tests/fixtures/torch_export/" + name); }
 
 std::string import_error(const std::string& path) {
   try {
@@ -35,78 +37,13 @@ std::string import_error(const std::string& path) {
   return "";
 }
 
-// A fixture: the program, PyTorch's float64 results on it (expected.json, reference.safetensors).
-struct ExportFixture {
-  std::string dir;
-  nlohmann::json expected;
-  TorchProgram program;
-  std::map<std::string, io::HostTensor> reference;
-
-  explicit ExportFixture(const std::string& name)
-      : dir(fixture(name)),
-        expected(nlohmann::json::parse(std::ifstream(dir + "/expected.json"))),
-        program(TorchProgram::load(dir + "/model.pt2")),
-        reference(io::read_safetensors(dir + "/reference.safetensors")) {}
-  int64_t B() const { return expected["B"].get<int64_t>(); }
-  int64_t S() const { return expected["S"].get<int64_t>(); }
-  std::vector<std::vector<int32_t>> tokens() const { return expected["tokens"].get<std::vector<std::vector<int32_t>>>(); }
-  models::Model model() const {
-    const TorchProgram* p = &program;
-    return {dir, p->parameters(), p->vocab_size(), [p](const models::LlamaTraceOptions& o) { return p->forward(o); }};
-  }
-  train::ModelState state() const {
-    std::vector<std::vector<float>> params;
-    for (size_t i = 0; i < program.parameters().size(); ++i) params.push_back(program.read_parameter(i));
-    return train::ModelState::with_weights(program.parameters(), std::move(params));
-  }
-  // Row r of the batch as autosp's data gives it: S inputs, the S tokens after them as labels.
-  SequenceBatch batch() const {
-    SequenceBatch b{B(), S(), {}, {}, {}, {}};
-    for (const auto& row : tokens()) {
-      b.input_ids.insert(b.input_ids.end(), row.begin(), row.begin() + S());
-      b.labels.insert(b.labels.end(), row.begin() + 1, row.begin() + S() + 1);
-      for (int64_t i = 0; i < S(); ++i) b.position_ids.push_back(int32_t(i));
-    }
-    return b;
-  }
-};
-
-// The fixture's rows, the same every step (the reference trains on one batch).
-class FixedRows final : public train::DataSource {
- public:
-  explicit FixedRows(std::vector<std::vector<int32_t>> rows) : rows_(std::move(rows)) {}
-  void read_sample(int64_t k, int64_t S, int32_t* inputs, int32_t* labels) const override {
-    const std::vector<int32_t>& row = rows_[k % int64_t(rows_.size())];
-    for (int64_t i = 0; i < S; ++i) inputs[i] = row[i], labels[i] = row[i + 1];
-  }
-  std::string describe(int64_t) const override { return "fixture rows"; }
-
- private:
-  std::vector<std::vector<int32_t>> rows_;
-};
-
-// The reference's training: AdamW(lr 1e-2, betas (0.9, 0.95), eps 1e-8, weight decay 0.1),
-// clipping at 1, one micro batch of B rows a step.
-train::TrainConfig fixture_config(int64_t B, int sp = 1, const std::string& policy = "none") {
-  nlohmann::json j = {{"train_micro_batch_size_per_gpu", B}, {"gradient_accumulation_steps", 1},
-                      {"gradient_clipping", 1.0},
-                      {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-2}, {"betas", {0.9, 0.95}}, {"eps", 1e-8},
-                                                                   {"weight_decay", 0.1}}}}},
-                      {"sequence_parallel_size", sp},
-                      {"compile", {{"deepcompile", true}, {"passes", {"autosp"}}, {"checkpoint", policy}}},
-                      {"zero_optimization", {{"stage", 0}}}};
-  train::TrainConfig config = train::parse_train_config(j, "torch import test", nullptr);
-  train::resolve_batch(config, 1, "torch import test");
-  return config;
-}
-
 class TorchImportReference : public ::testing::TestWithParam<std::string> {};
 
 // The loss and every gradient of the imported program against PyTorch's float64 ones on the
 // same weights, under each checkpoint policy; then five optimizer steps, each step's loss and
 // gradient norm against PyTorch's.
 TEST_P(TorchImportReference, LossGradientsAndFiveStepsEqualPyTorch) {
-  const ExportFixture f(GetParam());
+  const ExportFixture f(testing::source_path("tests/fixtures/torch_export/" + GetParam()));
   const nlohmann::json& steps = f.expected["steps"];
   std::vector<std::vector<float>> none_grads;
   for (const char* policy : {"none", "sac", "full"}) {
@@ -147,7 +84,7 @@ INSTANTIATE_TEST_SUITE_P(Models, TorchImportReference, ::testing::Values("llama"
 // Llama through PyTorch and through autosp's own builder (models/llama.h): the same model,
 // the same numbers.
 TEST(TorchImport, ImportedLlamaEqualsTheBuilder) {
-  const ExportFixture f("llama");
+  const ExportFixture f(testing::source_path("tests/fixtures/torch_export/llama"));
   models::LlamaConfig c;
   c.vocab_size = 64, c.hidden_size = 32, c.intermediate_size = 48, c.num_hidden_layers = 2;
   c.num_attention_heads = 4, c.num_key_value_heads = 2, c.head_dim = 8, c.rms_norm_eps = 1e-6;
