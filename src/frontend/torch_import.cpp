@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <algorithm>
 #include <deque>
 #include <functional>
 #include <map>
@@ -96,6 +97,7 @@ struct TorchProgram::Impl {
   std::vector<models::ParameterSpec> specs;
   std::vector<std::string> spec_placeholders;
   mutable int64_t vocab = 0;
+  mutable std::vector<std::string> notes;  // what the import could not keep exactly
 
   explicit Impl(const std::string& p) : path(p), zip(p) {}
 
@@ -104,7 +106,7 @@ struct TorchProgram::Impl {
     // The model's own line is the last frame of the trace: keep the last two lines.
     size_t cut = where.size();
     for (int lines = 0; lines < 2 && cut != std::string::npos && cut > 0; ++lines) cut = where.rfind("\n  File", cut - 1);
-    if (cut != std::string::npos && cut < where.size()) where = where.substr(cut + 1);
+    if (cut != std::string::npos && cut < where.size()) where = where.substr(cut + 3);  // from "File"
     user_error(path, ": node '", n.name, "' (", n.target, "): ", why,
                where.empty() ? std::string() : str("\n  at ", where));
   }
@@ -202,6 +204,10 @@ TorchProgram::TorchProgram(TorchProgram&&) noexcept = default;
 TorchProgram& TorchProgram::operator=(TorchProgram&&) noexcept = default;
 const std::string& TorchProgram::path() const { return impl_->path; }
 const std::vector<models::ParameterSpec>& TorchProgram::parameters() const { return impl_->specs; }
+const std::vector<std::string>& TorchProgram::notes() const {
+  if (impl_->vocab == 0) forward({.batch = 1, .seq_len = 2});
+  return impl_->notes;
+}
 int64_t TorchProgram::vocab_size() const {
   if (impl_->vocab == 0) forward({.batch = 1, .seq_len = 2});
   return impl_->vocab;
@@ -775,13 +781,15 @@ class TorchImporter {
     return unsupported();
   }
 
-  void padding_idx_note(const FxNode&) {
-    // padding_idx only zeroes that row's gradient in torch; autosp's embedding has no such
-    // row, so the gradient differs for inputs that contain the padding id. Training data
-    // with the padding id as an input token is rare (it is masked by the labels); recorded.
-    padding_idx_seen_ = true;
+  // torch's padding_idx only keeps that row's gradient at zero; autosp's embedding has no
+  // such row, so it differs exactly where the padding id is an input token (rare in training
+  // data, whose padding the labels mask, but not never): said, in notes().
+  void padding_idx_note(const FxNode& n) {
+    const int64_t pad = int_arg(n, "padding_idx", 2);
+    const std::string note = str("node '", n.name, "': embedding padding_idx ", pad, " is not honoured: the gradient of "
+                                 "row ", pad, " is also taken where token ", pad, " is an input");
+    if (std::find(m_.notes.begin(), m_.notes.end(), note) == m_.notes.end()) m_.notes.push_back(note);
   }
-  bool padding_idx_seen_ = false;
 
   Tensor labels() {
     if (!labels_) labels_ = t_.input(Role::labels, "labels", DType::i32, {o_.batch, o_.seq_len});

@@ -56,6 +56,9 @@ class TorchProgram {
   std::vector<float> read_parameter(size_t i) const;
   // The logits' last dim (the vocabulary), found while importing the loss.
   int64_t vocab_size() const;
+  // What the import could not keep exactly, one line each, for the user to see: so far an
+  // embedding's padding_idx (its row's gradient is not held at zero).
+  const std::vector<std::string>& notes() const;
 
   // The forward graph at batch B and sequence length S: inputs "input_ids", "position_ids"
   // where the model uses positions, "labels" (i32 [B, S]), the parameters (of
