@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "comm/mpi_communicator.h"
+#include "frontend/torch_import.h"
 #include "io/model_weights.h"
 #include "kernels/cpu/isa.h"
 #include "models/llama.h"
@@ -403,6 +404,12 @@ std::string layout_text(const train::BatchLayout& l) {
 // read twice, some never), so on the same data a changed order is refused unless
 // --allow-new-data, which continues at the checkpoint's position in the new order.
 // A model's rope settings and positions, for the context-extension line.
+int64_t num_parameters(const std::vector<models::ParameterSpec>& specs) {
+  int64_t n = 0;
+  for (const models::ParameterSpec& p : specs) n += numel(p.shape);
+  return n;
+}
+
 std::string rope_text(const models::LlamaConfig& m) {
   const RopeOptions& r = m.rope;
   std::string s = str("rope ", r.rope_type, " theta ", r.theta);
@@ -540,7 +547,27 @@ int run_train(const TrainArgs& args, MpiRuntime* mpi) {
   std::optional<train::LoadedCheckpoint> ckpt;
   int64_t S = args.seq_len;
   const std::string sp_source = str("sequence_parallel_size ", config.sequence_parallel_size, " (", args.config, ")");
-  if (!args.resume.empty()) {
+  // --model FILE.pt2: a PyTorch program (frontend/torch_import.h) in place of a model directory.
+  std::optional<TorchProgram> imported;
+  const bool pt2 = args.model.size() > 4 && args.model.compare(args.model.size() - 4, 4, ".pt2") == 0;
+  if (pt2) {
+    if (!args.resume.empty())
+      user_error("--resume with --model ", args.model, ": resuming an imported PyTorch program is not supported yet");
+    if (!args.save.empty())
+      user_error("--save with --model ", args.model, ": saving an imported PyTorch program is not supported yet "
+                 "(autosp writes its checkpoints as Hugging Face model directories of the Llama family)");
+    imported.emplace(TorchProgram::load(args.model));
+    model.architecture = str("imported PyTorch program ", args.model);
+    model.vocab_size = imported->vocab_size();
+    for (const models::ParameterSpec& p : imported->parameters())  // the token embedding [V, H]
+      if (p.shape.size() == 2 && p.shape[0] == model.vocab_size && model.hidden_size == 0) model.hidden_size = p.shape[1];
+    model.max_position_embeddings = INT64_MAX;
+    warn_all(launch, imported->notes());
+    std::vector<std::vector<float>> params;
+    for (size_t i = 0; i < imported->parameters().size(); ++i) params.push_back(imported->read_parameter(i));
+    state = train::ModelState::with_weights(imported->parameters(), std::move(params));
+    say(launch, "loaded %s\n", args.model.c_str());
+  } else if (!args.resume.empty()) {
     // The layout is checked before the checkpoint is read (verifying it reads every byte):
     // from --model's config.json or the checkpoint's. One that cannot be read here is
     // load_checkpoint's to report, with its manifest's words; the check is then made after.
@@ -663,7 +690,8 @@ int run_train(const TrainArgs& args, MpiRuntime* mpi) {
       model.sliding_window > 0 ? str(", attention within a sliding window of ", model.sliding_window, " tokens") : "";
   say(launch, "model: %s%s, %lld parameters; micro batch %lld x %lld tokens, %lld accumulation steps; "
       "%d rank(s): data parallel %d x sequence parallel %d (%lld tokens per rank), ZeRO stage %d\n",
-      model.architecture.c_str(), window.c_str(), (long long)models::llama_num_parameters(model),
+      model.architecture.c_str(), window.c_str(),
+      (long long)(imported ? num_parameters(imported->parameters()) : models::llama_num_parameters(model)),
       (long long)layout.micro_batch, (long long)S,
       (long long)layout.grad_accum, launch.world_size, groups.dp_size, groups.sp_size,
       (long long)split_sequence(S, groups.sp_size).local, config.zero_stage);
@@ -675,7 +703,13 @@ int run_train(const TrainArgs& args, MpiRuntime* mpi) {
   }
 
   const train::CheckpointInfo info{S, config.seed, layout, args.data, fingerprint, order};
-  train::Trainer trainer(model, config, S, std::move(state), &groups);
+  const std::unique_ptr<train::Trainer> trainer_ptr =
+      imported ? std::make_unique<train::Trainer>(
+                     models::Model{args.model, imported->parameters(), model.vocab_size,
+                                   [&](const models::LlamaTraceOptions& o) { return imported->forward(o); }},
+                     config, S, std::move(state), &groups)
+               : std::make_unique<train::Trainer>(model, config, S, std::move(state), &groups);
+  train::Trainer& trainer = *trainer_ptr;
   if (ckpt) {
     std::string per_rank;
     for (int64_t g : rank_peaks(groups, trainer.state_load().rss_growth)) per_rank += " +" + human_bytes(double(g));

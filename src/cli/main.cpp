@@ -103,8 +103,9 @@ int main(int argc, char** argv) {
   // REQUIRED are (CLI11's ->required() would forbid the demo).
   train_cmd->add_option("--config", train.config, "REQUIRED. DeepSpeed-style JSON config")->check(CLI::ExistingFile);
   train_cmd->add_option("--model", train.model,
-                        "REQUIRED unless --resume. Model directory (config.json, optional model.safetensors)")
-      ->check(CLI::ExistingDirectory);
+                        "REQUIRED unless --resume. Model directory (config.json, optional model.safetensors), or "
+                        "a PyTorch program exported by python/autosp/export.py (FILE.pt2)")
+      ->check(CLI::ExistingDirectory | CLI::ExistingFile);
   // Not CLI::ExistingFile: an indexed dataset is named by its prefix (open_data_source).
   train_cmd->add_option("--data", train.data,
                         "REQUIRED. Flat token file (little-endian uint32 ids), or a Megatron/NeMo indexed dataset: "

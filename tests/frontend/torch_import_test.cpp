@@ -119,6 +119,41 @@ TEST(TorchImport, APaddingIdxItCannotKeepIsSaid) {
   EXPECT_TRUE(llama.program.notes().empty());
 }
 
+// `autosp train --model FILE.pt2` under mpirun with SP 2: the imported program trains (the loss
+// falls on a repeating sequence it can learn); --save is refused before anything runs.
+TEST(TorchImport, TheCliTrainsAnImportedProgramSequenceParallel) {
+  const testing::TempDir dir("torch_cli");
+  {
+    std::ofstream tokens(dir / "tokens.bin", std::ios::binary);
+    for (uint32_t i = 0; i < 2049; ++i) {
+      const uint32_t id = 1 + (i * 7) % 13;
+      tokens.write(reinterpret_cast<const char*>(&id), 4);
+    }
+    std::ofstream(dir / "ds.json") << R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
+      "optimizer": {"type": "AdamW", "params": {"lr": 0.01}}, "sequence_parallel_size": 2,
+      "compile": {"deepcompile": true, "passes": ["autosp"]}})";
+    std::ofstream(dir / "one.json") << R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1})";
+  }
+  const std::string model = testing::source_path("tests/fixtures/torch_export/phi3/model.pt2");
+  const std::string cmd = str("OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 timeout 120 ",
+                              AUTOSP_MPIEXEC, " -np 2 --oversubscribe ", AUTOSP_BINARY, " train --config ", dir / "ds.json",
+                              " --model ", model, " --data ", dir / "tokens.bin", " --seq-len 32 --steps 30 --metrics ",
+                              dir / "m.jsonl");
+  const auto r = testing::run_command(cmd);
+  ASSERT_EQ(r.exit_code, 0) << cmd << "\n" << r.output;
+  EXPECT_NE(r.output.find("sequence parallel 2"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("padding_idx 0 is not honoured"), std::string::npos) << r.output;
+  const std::vector<nlohmann::json> m = testing::read_metrics(dir / "m.jsonl");
+  ASSERT_EQ(m.size(), 30u);
+  EXPECT_LT(m.back()["loss"].get<double>(), 0.5 * m.front()["loss"].get<double>());
+  const auto refused = testing::run_command(str(AUTOSP_BINARY, " train --config ", dir / "one.json", " --model ", model,
+                                                " --data ", dir / "tokens.bin", " --seq-len 32 --steps 1 --save ",
+                                                dir / "ckpt", " 2>&1"));
+  EXPECT_EQ(refused.exit_code, 1) << refused.output;
+  EXPECT_NE(refused.output.find("saving an imported PyTorch program is not supported yet"), std::string::npos)
+      << refused.output;
+}
+
 TEST(TorchImportErrors, AnUnsupportedOpIsNamedWithItsNodeAndTheModelsSourceLine) {
   const std::string path = testing::source_path("tests/fixtures/torch_export_errors/softplus/model.pt2");
   const std::string e = import_error(path);
