@@ -550,6 +550,9 @@ int run_train(const TrainArgs& args, MpiRuntime* mpi) {
   // --model FILE.pt2: a PyTorch program (frontend/torch_import.h) in place of a model directory.
   std::optional<TorchProgram> imported;
   const bool pt2 = args.model.size() > 4 && args.model.compare(args.model.size() - 4, 4, ".pt2") == 0;
+  if (!args.model.empty() && !pt2 && !fs::is_directory(args.model))
+    user_error("--model ", args.model, ": neither a model directory (config.json) nor a PyTorch program (.pt2, "
+               "python/autosp/export.py)");
   if (pt2) {
     if (!args.resume.empty())
       user_error("--resume with --model ", args.model, ": resuming an imported PyTorch program is not supported yet");

@@ -299,6 +299,18 @@ for line in "optimizer: AdamW lr 0.01 betas (0.9, 0.95) eps 1e-8 weight_decay 0.
     { echo "FAIL sanity_valid_setup_trains: no '$line' on stdout"; FAILED+=(sanity_optimizer_line); }
 done
 
+# ---------------------------------------------------------------------------- torch programs
+# --model a file that is not a .pt2 program; a .pt2 that is not an archive; an op autosp lacks.
+new_case model_is_a_plain_file
+expect_error model_is_a_plain_file "neither a model directory" "tokens.bin" -- "$AUTOSP" train --config "$CASE/ds_config.json" \
+  --model "$CASE/tokens.bin" --data "$CASE/tokens.bin" --seq-len 16 --steps 1
+new_case pt2_not_an_archive && cp "$CASE/tokens.bin" "$CASE/model.pt2"
+expect_error pt2_not_an_archive "not a readable zip archive" -- "$AUTOSP" train --config "$CASE/ds_config.json" \
+  --model "$CASE/model.pt2" --data "$CASE/tokens.bin" --seq-len 16 --steps 1
+new_case pt2_unsupported_op
+expect_error pt2_unsupported_op "node 'softplus'" "F.softplus" -- "$AUTOSP" train --config "$CASE/ds_config.json" \
+  --model "$ROOT/tests/fixtures/torch_export_errors/softplus/model.pt2" --data "$CASE/tokens.bin" --seq-len 16 --steps 1
+
 # ---------------------------------------------------------------------------- safetensors
 for len in 0 4 8 mid-header mid-data; do
   name=st_truncated_$len
