@@ -14,6 +14,7 @@
 
 #include "io/indexed_dataset.h"
 #include "io/model_weights.h"
+#include "frontend/torch_import.h"
 #include "io/safetensors.h"
 #include "io/tokens.h"
 #include "ir/graph.h"
@@ -369,6 +370,18 @@ void model_index(const uint8_t* data, size_t size) {
   }
 }
 
+void torch_program(const uint8_t* data, size_t size) {
+  try {
+    const TorchProgram program = TorchProgram::load(as_file(data, size));
+    for (size_t i = 0; i < program.parameters().size(); ++i)
+      AUTOSP_CHECK(int64_t(program.read_parameter(i).size()) == numel(program.parameters()[i].shape), "parameter ", i);
+    const Graph g = program.forward({.batch = 2, .seq_len = 8});
+    verify(g);
+  } catch (const UserError& e) {
+    refused(e);
+  }
+}
+
 const std::vector<Target>& targets() {
   static const std::vector<Target> all = {{"safetensors", safetensors},
                                           {"model_config", model_config},
@@ -376,7 +389,8 @@ const std::vector<Target>& targets() {
                                           {"ir_text", ir_text},
                                           {"tokens", tokens},
                                           {"indexed_dataset", indexed_dataset},
-                                          {"model_index", model_index}};
+                                          {"model_index", model_index},
+                                          {"torch_program", torch_program}};
   return all;
 }
 

@@ -27,6 +27,8 @@ void indexed_dataset(const uint8_t* data, size_t size);
 // io::find_model_weights and io::ModelWeights on model.safetensors.index.json beside two
 // shards, the second optionally given by the input: every tensor's file and a few elements
 void model_index(const uint8_t* data, size_t size);
+// TorchProgram (a .pt2 archive): load, every parameter's values, the graph at B 2, S 8, verified
+void torch_program(const uint8_t* data, size_t size);
 
 struct Target {
   const char* name;  // its corpus is fuzz/corpus/<name>/
