@@ -45,6 +45,14 @@ Tensor Tracer::rms_norm(Tensor x, Tensor w, double eps) {
   return op(OpKind::rms_norm, {x, w}, {{"eps", eps}});
 }
 
+Tensor Tracer::gelu(Tensor x, bool tanh_approximation) {
+  return op(OpKind::gelu, {x}, {{"approximate", std::string(tanh_approximation ? "tanh" : "none")}});
+}
+
+Tensor Tracer::layer_norm(Tensor x, Tensor w, Tensor bias, double eps) {
+  return op(OpKind::layer_norm, {x, w, bias}, {{"eps", eps}});
+}
+
 Tensor Tracer::rope(Tensor x, Tensor positions, const RopeOptions& o) {
   Attrs attrs{{"theta", o.theta}};
   if (o.rope_type != "default") {

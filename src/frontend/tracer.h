@@ -56,6 +56,10 @@ class Tracer {
   Tensor silu(Tensor x);
   Tensor swiglu(Tensor gate, Tensor up);  // silu(gate) * up
   Tensor rms_norm(Tensor x, Tensor weight, double eps);
+  // torch.nn.functional.gelu: the erf form, or approximate="tanh" (GPT-2, Gemma)
+  Tensor gelu(Tensor x, bool tanh_approximation);
+  // torch.nn.functional.layer_norm over the last dim with weight and bias [H]
+  Tensor layer_norm(Tensor x, Tensor weight, Tensor bias, double eps);
   Tensor rope(Tensor x, Tensor positions, const RopeOptions& options);
   // window W > 0 (causal only): query i sees only keys i - W < j <= i (a sliding window).
   Tensor attention(Tensor q, Tensor k, Tensor v, bool causal, double scale, int64_t window = 0);

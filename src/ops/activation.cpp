@@ -1,5 +1,6 @@
-// silu and swiglu, with their explicit backward ops.
+// silu, swiglu and gelu, with their explicit backward ops.
 #include "kernels/cpu/fused.h"
+#include "kernels/cpu/norm_act.h"
 #include "ops/op.h"
 #ifdef AUTOSP_HAVE_CUDA
 #include "kernels/cuda/fused.h"
@@ -27,6 +28,15 @@ Cost elementwise_cost(const Types& in, const Types&, const Attrs&) {
   return {double(FlopsPerElement) * numel(in[0].shape), 0};
 }
 
+// gelu's "approximate" attribute, as torch's: "none" (the erf form) or "tanh". Returns
+// whether it is "tanh"; shape_error for anything else.
+bool gelu_tanh(const Attrs& attrs) {
+  require(attrs.has("approximate"), "needs an 'approximate' attribute (\"none\" or \"tanh\")");
+  const std::string* a = std::get_if<std::string>(&attrs.all().at("approximate"));
+  require(a != nullptr && (*a == "none" || *a == "tanh"), "approximate must be \"none\" or \"tanh\"");
+  return *a == "tanh";
+}
+
 }  // namespace
 
 #ifdef AUTOSP_HAVE_CUDA
@@ -36,6 +46,13 @@ void cuda_silu(const KernelArgs& a, const CudaContext& c) {
 }
 void cuda_silu_backward(const KernelArgs& a, const CudaContext& c) {
   cuda::silu_backward(cuda_in_dt(a, 0), a.in<void>(0), a.in<void>(1), a.in_numel(0), a.out<void>(0), c.stream);
+}
+void cuda_gelu(const KernelArgs& a, const CudaContext& c) {
+  cuda::gelu_forward(cuda_in_dt(a, 0), a.in<void>(0), a.in_numel(0), gelu_tanh(*a.attrs), a.out<void>(0), c.stream);
+}
+void cuda_gelu_backward(const KernelArgs& a, const CudaContext& c) {
+  cuda::gelu_backward(cuda_in_dt(a, 0), a.in<void>(0), a.in<void>(1), a.in_numel(0), gelu_tanh(*a.attrs),
+                      a.out<void>(0), c.stream);
 }
 void cuda_swiglu(const KernelArgs& a, const CudaContext& c) {
   cuda::swiglu_forward_fused(cuda_in_dt(a, 0), a.in<void>(0), a.in<void>(1), a.in_numel(0), a.out<void>(0), c.stream);
@@ -78,6 +95,48 @@ extern const OpDef silu_backward_op = {
     .cpu_inplace = true,
     .cpu_per_isa = true,
     .cuda = {.name = "silu_backward", .run = AUTOSP_CUDA_RUN(cuda_silu_backward), .inplace = true},
+};
+
+// gelu(x) {approximate}: "none": 0.5 x (1 + erf(x / sqrt 2)); "tanh": 0.5 x (1 + tanh(sqrt(2/pi)
+// (x + 0.044715 x^3))) (torch.nn.functional.gelu; GPT-2's gelu_new, Gemma's gelu_pytorch_tanh)
+extern const OpDef gelu_op = {
+    .num_inputs = 1,
+    .num_outputs = 1,
+    .infer = [](const Types& in, const Attrs& attrs) {
+      gelu_tanh(attrs);
+      return elementwise_float(in, {"x"}, 1);
+    },
+    .cost = elementwise_cost<8>,
+    .grad = [](GradContext& c) {
+      c.din[0] = c.b.emit1(OpKind::gelu_backward, {c.dout[0], c.in(0)}, c.attrs());
+    },
+    .cpu = [](const KernelArgs& a) {
+      cpu::gelu_forward(a.in(0), a.in_numel(0), gelu_tanh(*a.attrs), a.out(0));
+    },
+    .shard = [](const Shardings& in, const Types& t, const Attrs& a) -> Shardings {
+      require(!is_partial(in[0]), "gelu of a partial sum is not a partial sum");
+      return shard_elementwise(in, t, a);
+    },
+    .cpu_inplace = true,
+    .recompute = Recompute::cheap,
+    .cuda = {.name = "gelu_forward", .run = AUTOSP_CUDA_RUN(cuda_gelu), .inplace = true},
+};
+
+// gelu_backward(dy, x) {approximate} = dy gelu'(x), torch's derivative of the same form
+extern const OpDef gelu_backward_op = {
+    .num_inputs = 2,
+    .num_outputs = 1,
+    .infer = [](const Types& in, const Attrs& attrs) {
+      gelu_tanh(attrs);
+      return elementwise_float(in, {"dy", "x"}, 1);
+    },
+    .cost = elementwise_cost<12>,
+    .grad = nullptr,
+    .cpu = [](const KernelArgs& a) {
+      cpu::gelu_backward(a.in(0), a.in(1), a.in_numel(0), gelu_tanh(*a.attrs), a.out(0));
+    },
+    .cpu_inplace = true,
+    .cuda = {.name = "gelu_backward", .run = AUTOSP_CUDA_RUN(cuda_gelu_backward), .inplace = true},
 };
 
 // swiglu(gate, up) = silu(gate) * up

@@ -133,6 +133,23 @@ TEST(OpGrad, RmsNorm) {
   check_gradients(t.finish(), {});
 }
 
+TEST(OpGrad, LayerNorm) {
+  Tracer t;
+  Tensor x = t.parameter("x", {2, 3, 8}), w = t.parameter("w", {8}), b = t.parameter("b", {8});
+  t.output("y0", t.layer_norm(x, w, b, 1e-5));
+  check_gradients(t.finish(), {});
+}
+
+TEST(OpGrad, GeluErfAndTanh) {
+  for (bool tanh_approximation : {false, true}) {
+    SCOPED_TRACE(tanh_approximation ? "tanh" : "none");
+    Tracer t;
+    Tensor x = t.parameter("x", {3, 9});
+    t.output("y0", t.gelu(x, tanh_approximation));
+    check_gradients(t.finish(), {});
+  }
+}
+
 TEST(OpGrad, RopeDefaultLinearLlama3AndYarn) {
   for (const char* type : {"default", "linear", "llama3", "yarn"}) {
     SCOPED_TRACE(type);

@@ -57,6 +57,11 @@ void elementwise_and_reduction_ops_follow_the_operand_dtype() {
     EXPECT_EQ(infer(OpKind::div_scalar, {x, s}), Types{x});
     EXPECT_EQ(infer(OpKind::silu, {x}), Types{x});
     EXPECT_EQ(infer(OpKind::silu_backward, {x, x}), Types{x});
+    for (const char* approximate : {"none", "tanh"}) {
+      const Attrs a{{"approximate", std::string(approximate)}};
+      EXPECT_EQ(infer(OpKind::gelu, {x}, a), Types{x});
+      EXPECT_EQ(infer(OpKind::gelu_backward, {x, x}, a), Types{x});
+    }
     EXPECT_EQ(infer(OpKind::swiglu, {x, x}), Types{x});
     EXPECT_EQ(infer(OpKind::swiglu_backward, {x, x, x}), (Types{x, x}));
   }
@@ -99,6 +104,12 @@ void matmuls_norms_rope_and_embedding_follow_the_operand_dtype() {
               (Types{T(d, {2, 5, 8}), T(f32, {2, 5})}));
     EXPECT_EQ(infer(OpKind::rms_norm_backward, {T(d, {2, 5, 8}), T(d, {2, 5, 8}), T(d, {8}), T(f32, {2, 5})}),
               (Types{T(d, {2, 5, 8}), T(d, {8})}));
+    // mean and rstd, one value per row each, are f32 whatever x is
+    EXPECT_EQ(infer(OpKind::layer_norm, {T(d, {2, 5, 8}), T(d, {8}), T(d, {8})}, {{"eps", 1e-5}}),
+              (Types{T(d, {2, 5, 8}), T(f32, {2, 5}), T(f32, {2, 5})}));
+    EXPECT_EQ(infer(OpKind::layer_norm_backward,
+                    {T(d, {2, 5, 8}), T(d, {2, 5, 8}), T(d, {8}), T(f32, {2, 5}), T(f32, {2, 5})}),
+              (Types{T(d, {2, 5, 8}), T(d, {8}), T(d, {8})}));
     EXPECT_EQ(infer(OpKind::rope, {T(d, {1, 5, 2, 4}), T(i32, {1, 5})}, {{"theta", 1e4}}),
               Types{T(d, {1, 5, 2, 4})});
     EXPECT_EQ(infer(OpKind::embedding, {T(d, {11, 8}), T(i32, {1, 5})}), Types{T(d, {1, 5, 8})});
@@ -226,6 +237,27 @@ void mixed_f32_and_bf16_is_an_error_naming_both_types() {
   EXPECT_NE(infer_error(OpKind::rms_norm_backward, {T(bf16, {2, 8}), T(bf16, {2, 8}), T(bf16, {8}), T(bf16, {2})})
                 .find("rstd must be f32"),
             std::string::npos);
+  EXPECT_NE(infer_error(OpKind::gelu_backward, {b, a}, {{"approximate", std::string("tanh")}})
+                .find("dy and x must have the same dtype"),
+            std::string::npos);
+  EXPECT_NE(infer_error(OpKind::layer_norm, {T(bf16, {2, 8}), T(bf16, {8}), T(f32, {8})}, {{"eps", 1e-5}})
+                .find("x and bias must have the same dtype"),
+            std::string::npos);
+  EXPECT_NE(infer_error(OpKind::layer_norm, {T(bf16, {2, 8}), T(f32, {8}), T(bf16, {8})}, {{"eps", 1e-5}})
+                .find("x and weight must have the same dtype"),
+            std::string::npos);
+  EXPECT_NE(infer_error(OpKind::layer_norm_backward,
+                        {T(f32, {2, 8}), T(bf16, {2, 8}), T(bf16, {8}), T(f32, {2}), T(f32, {2})})
+                .find("x and dy must have the same dtype"),
+            std::string::npos);
+  EXPECT_NE(infer_error(OpKind::layer_norm_backward,
+                        {T(bf16, {2, 8}), T(bf16, {2, 8}), T(bf16, {8}), T(bf16, {2}), T(f32, {2})})
+                .find("mean must be f32"),
+            std::string::npos);
+  EXPECT_NE(infer_error(OpKind::layer_norm_backward,
+                        {T(bf16, {2, 8}), T(bf16, {2, 8}), T(bf16, {8}), T(f32, {2}), T(bf16, {2})})
+                .find("rstd must be f32"),
+            std::string::npos);
   EXPECT_NE(infer_error(OpKind::concat, {a, a, b}, {{"dim", int64_t{0}}})
                 .find("operand 0 and operand 2 must have the same dtype, got operand 0 f32[2, 3] and operand 2 bf16[2, 3]"),
             std::string::npos);
@@ -235,6 +267,12 @@ void f16_and_integers_are_not_floating_operands() {
   const TensorType h = T(DType::f16, {2, 3});
   EXPECT_NE(infer_error(OpKind::add, {h, h}).find("a must be f32 or bf16, got f16[2, 3]"), std::string::npos);
   EXPECT_NE(infer_error(OpKind::silu, {T(i32, {4})}).find("x must be f32 or bf16, got i32[4]"), std::string::npos);
+  EXPECT_NE(infer_error(OpKind::gelu, {T(i32, {4})}, {{"approximate", std::string("none")}})
+                .find("x must be f32 or bf16, got i32[4]"),
+            std::string::npos);
+  EXPECT_NE(infer_error(OpKind::layer_norm, {h, T(DType::f16, {3}), T(DType::f16, {3})}, {{"eps", 1e-5}})
+                .find("x must be f32 or bf16, got f16[2, 3]"),
+            std::string::npos);
   EXPECT_NE(infer_error(OpKind::all_reduce, {T(i32, {4})}, group(2)).find("x must be f32 or bf16"),
             std::string::npos);
   // integer operands stay i32: bf16 token ids or positions are refused
@@ -242,6 +280,35 @@ void f16_and_integers_are_not_floating_operands() {
             std::string::npos);
   EXPECT_NE(infer_error(OpKind::rope, {T(bf16, {1, 5, 2, 4}), T(bf16, {1, 5})}, {{"theta", 1e4}})
                 .find("positions must be i32"),
+            std::string::npos);
+}
+
+// Shape and attribute errors of the GPT-2 / Gemma ops (layer_norm's bias, gelu's approximate).
+TEST(OpTypes, LayerNormAndGeluRefuseBadShapesAndAttributes) {
+  const TensorType x = T(f32, {2, 5, 8}), h = T(f32, {8});
+  const Attrs eps{{"eps", 1e-5}};
+  EXPECT_NE(infer_error(OpKind::layer_norm, {x, h, T(f32, {7})}, eps).find("bias must be [8]"), std::string::npos);
+  EXPECT_NE(infer_error(OpKind::layer_norm, {x, T(f32, {2, 8}), h}, eps).find("weight must be [8]"),
+            std::string::npos);
+  EXPECT_NE(infer_error(OpKind::layer_norm, {T(f32, {}), T(f32, {1}), T(f32, {1})}, eps).find("rank >= 1"),
+            std::string::npos);
+  EXPECT_NE(infer_error(OpKind::layer_norm, {x, h, h}).find("needs a positive 'eps'"), std::string::npos);
+  EXPECT_NE(infer_error(OpKind::layer_norm, {x, h, h}, {{"eps", 0.0}}).find("needs a positive 'eps'"),
+            std::string::npos);
+  EXPECT_NE(infer_error(OpKind::layer_norm_backward, {T(f32, {2, 5, 7}), x, h, T(f32, {2, 5}), T(f32, {2, 5})})
+                .find("dy must have x's shape"),
+            std::string::npos);
+  EXPECT_NE(infer_error(OpKind::layer_norm_backward, {x, x, h, T(f32, {2}), T(f32, {2, 5})})
+                .find("mean must have x's shape without the last dim"),
+            std::string::npos);
+  EXPECT_NE(infer_error(OpKind::gelu, {x}).find("needs an 'approximate' attribute"), std::string::npos);
+  EXPECT_NE(infer_error(OpKind::gelu, {x}, {{"approximate", std::string("sigmoid")}})
+                .find("approximate must be \"none\" or \"tanh\""),
+            std::string::npos);
+  EXPECT_NE(infer_error(OpKind::gelu, {x}, {{"approximate", int64_t{1}}}).find("approximate must be"),
+            std::string::npos);
+  EXPECT_NE(infer_error(OpKind::gelu_backward, {x, T(f32, {2, 5, 7})}, {{"approximate", std::string("none")}})
+                .find("x must have the shape of dy"),
             std::string::npos);
 }
 

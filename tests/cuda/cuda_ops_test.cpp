@@ -214,6 +214,23 @@ std::vector<OpCase> op_cases() {
                      auto d = b.emit(OpKind::rms_norm_backward, {in[2], in[0], in[1], f[1]});
                      return std::vector<ValueId>{f[0], f[1], d[0], d[1]};
                    }, {}, {}, false});
+  for (const char* approximate : {"none", "tanh"}) {
+    const Attrs a{{"approximate", std::string(approximate)}};
+    cases.push_back({str("gelu_", approximate), {{"x", DType::f32, {4, 33}}}, one(OpKind::gelu, a)});
+    cases.push_back({str("gelu_backward_", approximate), {{"dy", DType::f32, {4, 33}}, {"x", DType::f32, {4, 33}}},
+                     one(OpKind::gelu_backward, a), {}, {}, false});
+  }
+  cases.push_back({"layer_norm", {{"x", DType::f32, {2, 5, H}}, {"w", DType::f32, {H}}, {"b", DType::f32, {H}}},
+                   [](B& b, const Ins& in) {
+                     return std::vector<ValueId>{b.emit(OpKind::layer_norm, in, {{"eps", 1e-5}})[0]};
+                   }});
+  cases.push_back({"layer_norm_and_backward",
+                   {{"x", DType::f32, {2, 5, H}}, {"w", DType::f32, {H}}, {"b", DType::f32, {H}}, {"dy", DType::f32, {2, 5, H}}},
+                   [](B& b, const Ins& in) {
+                     auto f = b.emit(OpKind::layer_norm, {in[0], in[1], in[2]}, {{"eps", 1e-5}});
+                     auto d = b.emit(OpKind::layer_norm_backward, {in[3], in[0], in[1], f[1], f[2]});
+                     return std::vector<ValueId>{f[0], f[1], f[2], d[0], d[1], d[2]};
+                   }, {}, {}, false});
   cases.push_back({"rope", {{"x", DType::f32, {Bt, 6, 3, D}}, {"p", DType::i32, {Bt, 6}}},
                    one(OpKind::rope, {{"theta", 10000.0}}), {{"p", positions(Bt, 6)}}});
   cases.push_back({"rope_inverse_llama3", {{"x", DType::f32, {Bt, 6, 3, D}}, {"p", DType::i32, {Bt, 6}}},

@@ -3,6 +3,7 @@
 // loss-count all_reduce, nothing else), sharding and padding, and its errors.
 #include <gtest/gtest.h>
 
+#include "frontend/tracer.h"
 #include "models/llama.h"
 #include "ops/op.h"
 #include "passes/autodiff.h"
@@ -29,6 +30,27 @@ models::LlamaConfig small_llama(int64_t layers, int64_t nh, int64_t nkv) {
   c.num_key_value_heads = nkv;
   c.head_dim = 8;
   return c;
+}
+
+// GPT-2's per-token ops: layer_norm (y, mean and rstd) and gelu keep the sequence sharding
+// of their operand, with no collective.
+TEST(AutospPass, LayerNormAndGeluArePerTokenOps) {
+  Tracer t;
+  Tensor tok = t.input(Role::tokens, "tokens", DType::i32, {2, 6});
+  Tensor x = t.embedding(t.parameter("wte", {11, 8}), tok);
+  Tensor h = t.layer_norm(x, t.parameter("ln.weight", {8}), t.parameter("ln.bias", {8}), 1e-5);
+  t.output("y", t.gelu(t.linear(h, t.parameter("fc", {16, 8})), true));
+  Graph g = autosp(t.finish(), {.sp_size = 2});
+  int seen = 0;
+  for (const Node& n : g.nodes()) {
+    EXPECT_NE(n.op, OpKind::all_to_all);
+    EXPECT_NE(n.op, OpKind::all_gather);
+    if (n.op != OpKind::layer_norm && n.op != OpKind::gelu) continue;
+    ++seen;
+    for (ValueId v : n.outputs) EXPECT_EQ(g.value(v).sharding, shard(1)) << op_name(n.op);
+  }
+  EXPECT_EQ(seen, 2);
+  EXPECT_EQ(g.shape(g.output("y")), (Shape{2, 3, 16}));
 }
 
 struct Collective {

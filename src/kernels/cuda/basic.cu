@@ -226,6 +226,99 @@ __global__ void rms_norm_dw_kernel(const T* dy, const T* x, const float* rstd, i
   if (t1 > t0) atomicAdd(acc + h, s);
 }
 
+// ---- layer_norm -----------------------------------------------------------------------------
+
+template <typename T>
+__global__ void layer_norm_kernel(const T* x, const T* w, const T* b, int64_t H, float eps, T* y, float* mean,
+                                  float* rstd) {
+  __shared__ float shared[32];
+  const int64_t row = blockIdx.x;
+  const T* xr = x + row * H;
+  float s = 0;
+  for (int64_t h = threadIdx.x; h < H; h += blockDim.x) s += to_f(xr[h]);
+  const float m = block_sum(s, shared) / float(H);
+  float ss = 0;
+  for (int64_t h = threadIdx.x; h < H; h += blockDim.x) {
+    const float d = to_f(xr[h]) - m;
+    ss += d * d;
+  }
+  const float r = 1.0f / sqrtf(block_sum(ss, shared) / float(H) + eps);
+  for (int64_t h = threadIdx.x; h < H; h += blockDim.x)
+    y[row * H + h] = from_f<T>((to_f(xr[h]) - m) * r * to_f(w[h]) + to_f(b[h]));
+  if (threadIdx.x == 0) {
+    mean[row] = m;
+    rstd[row] = r;
+  }
+}
+
+// dx = rstd (g - mean(g) - xhat mean(g xhat)), g = dy w, xhat = (x - mean) rstd
+template <typename T>
+__global__ void layer_norm_dx_kernel(const T* dy, const T* x, const T* w, const float* mean, const float* rstd,
+                                     int64_t H, T* dx) {
+  __shared__ float shared[32];
+  const int64_t row = blockIdx.x;
+  const float m = mean[row], r = rstd[row];
+  float sg = 0, sgx = 0;
+  for (int64_t h = threadIdx.x; h < H; h += blockDim.x) {
+    const float g = to_f(dy[row * H + h]) * to_f(w[h]);
+    sg += g;
+    sgx += g * (to_f(x[row * H + h]) - m) * r;
+  }
+  const float mg = block_sum(sg, shared) / float(H);
+  const float mgx = block_sum(sgx, shared) / float(H);
+  for (int64_t h = threadIdx.x; h < H; h += blockDim.x) {
+    const float xhat = (to_f(x[row * H + h]) - m) * r;
+    dx[row * H + h] = from_f<T>(r * (to_f(dy[row * H + h]) * to_f(w[h]) - mg - xhat * mgx));
+  }
+}
+
+// dw[h] = sum over rows of dy xhat, db[h] = sum over rows of dy: one thread per column, the
+// rows in order.
+template <typename T>
+__global__ void layer_norm_dwdb_kernel(const T* dy, const T* x, const float* mean, const float* rstd, int64_t T_,
+                                       int64_t H, T* dw, T* db) {
+  const int64_t h = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (h >= H) return;
+  float sw = 0, sb = 0;
+  for (int64_t t = 0; t < T_; ++t) {
+    const float d = to_f(dy[t * H + h]);
+    sw += d * (to_f(x[t * H + h]) - mean[t]) * rstd[t];
+    sb += d;
+  }
+  dw[h] = from_f<T>(sw);
+  db[h] = from_f<T>(sb);
+}
+
+// ---- gelu -----------------------------------------------------------------------------------
+
+constexpr float kGeluSqrt1_2 = 0.70710678118654752440f, kGeluInvSqrt2Pi = 0.39894228040143267794f,
+                kGeluSqrt2OverPi = 0.79788456080286535588f, kGeluKappa = 0.044715f;
+
+template <typename T>
+__global__ void gelu_kernel(const T* x, int64_t n, bool tanh_form, T* y) {
+  AUTOSP_GRID_STRIDE(i, n) {
+    const float v = to_f(x[i]);
+    const float g = tanh_form ? 0.5f * v * (1.0f + tanhf(kGeluSqrt2OverPi * (v + kGeluKappa * v * v * v)))
+                              : 0.5f * v * (1.0f + erff(v * kGeluSqrt1_2));
+    y[i] = from_f<T>(g);
+  }
+}
+
+template <typename T>
+__global__ void gelu_backward_kernel(const T* dy, const T* x, int64_t n, bool tanh_form, T* dx) {
+  AUTOSP_GRID_STRIDE(i, n) {
+    const float v = to_f(x[i]);
+    float d;
+    if (tanh_form) {
+      const float v2 = v * v, t = tanhf(kGeluSqrt2OverPi * (v + kGeluKappa * v2 * v));
+      d = 0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * kGeluSqrt2OverPi * (1.0f + 3.0f * kGeluKappa * v2);
+    } else {
+      d = 0.5f * (1.0f + erff(v * kGeluSqrt1_2)) + v * kGeluInvSqrt2Pi * expf(-0.5f * v * v);
+    }
+    dx[i] = from_f<T>(to_f(dy[i]) * d);
+  }
+}
+
 // ---- rope -----------------------------------------------------------------------------------
 
 // One thread per (row, head, i < D/2); the angle in double, as the CPU kernel computes it.
@@ -491,6 +584,47 @@ void rms_norm_backward(Dt dt, const void* dy, const void* x, const void* w, cons
         static_cast<Ty*>(dx));
   });
   if (static_cast<void*>(acc) != dw) convert(Dt::f32, dt, acc, H, dw, stream);
+}
+
+void layer_norm_forward(Dt dt, const void* x, const void* w, const void* b, int64_t T, int64_t H, float eps,
+                        void* y, float* mean, float* rstd, cudaStream_t stream) {
+  if (T == 0) return;
+  dispatch(dt, [&]<typename Ty>() {
+    layer_norm_kernel<Ty><<<static_cast<unsigned>(T), kThreads, 0, stream>>>(
+        static_cast<const Ty*>(x), static_cast<const Ty*>(w), static_cast<const Ty*>(b), H, eps,
+        static_cast<Ty*>(y), mean, rstd);
+  });
+}
+
+void layer_norm_backward(Dt dt, const void* dy, const void* x, const void* w, const float* mean,
+                         const float* rstd, int64_t T, int64_t H, void* dx, void* dw, void* db,
+                         cudaStream_t stream) {
+  if (H == 0) return;
+  dispatch(dt, [&]<typename Ty>() {
+    layer_norm_dwdb_kernel<Ty><<<static_cast<unsigned>((H + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
+        static_cast<const Ty*>(dy), static_cast<const Ty*>(x), mean, rstd, T, H, static_cast<Ty*>(dw),
+        static_cast<Ty*>(db));
+    if (T == 0) return;
+    layer_norm_dx_kernel<Ty><<<static_cast<unsigned>(T), kThreads, 0, stream>>>(
+        static_cast<const Ty*>(dy), static_cast<const Ty*>(x), static_cast<const Ty*>(w), mean, rstd, H,
+        static_cast<Ty*>(dx));
+  });
+}
+
+void gelu_forward(Dt dt, const void* x, int64_t n, bool tanh, void* y, cudaStream_t stream) {
+  if (n == 0) return;
+  dispatch(dt, [&]<typename T>() {
+    gelu_kernel<T><<<blocks_for(n), kThreads, 0, stream>>>(static_cast<const T*>(x), n, tanh, static_cast<T*>(y));
+  });
+}
+
+void gelu_backward(Dt dt, const void* dy, const void* x, int64_t n, bool tanh, void* dx, cudaStream_t stream) {
+  if (n == 0) return;
+  dispatch(dt, [&]<typename T>() {
+    gelu_backward_kernel<T><<<blocks_for(n), kThreads, 0, stream>>>(static_cast<const T*>(dy),
+                                                                     static_cast<const T*>(x), n, tanh,
+                                                                     static_cast<T*>(dx));
+  });
 }
 
 void rope_forward(Dt dt, const void* x, const int32_t* pos, const double* inv_freq, int64_t T, int64_t NH, int64_t D,

@@ -81,6 +81,20 @@ void rms_norm_forward(Dt dt, const void* x, const void* w, int64_t T, int64_t H,
 void rms_norm_backward(Dt dt, const void* dy, const void* x, const void* w, const float* rstd,
                        int64_t T, int64_t H, void* dx, void* dw, float* acc, cudaStream_t stream);
 
+// ---- layer_norm (see kernels/cpu/norm_act.h for the maths) ------------------------------
+// One block per row; mean and rstd [T] f32.
+void layer_norm_forward(Dt dt, const void* x, const void* w, const void* b, int64_t T, int64_t H, float eps,
+                        void* y, float* mean, float* rstd, cudaStream_t stream);
+// dx one block per row; dw and db one thread per column summing the rows in order (no
+// atomics: the same bits on every run), written once in dt. dx may not alias dy or x.
+void layer_norm_backward(Dt dt, const void* dy, const void* x, const void* w, const float* mean,
+                         const float* rstd, int64_t T, int64_t H, void* dx, void* dw, void* db,
+                         cudaStream_t stream);
+
+// ---- gelu (torch's "none" erf form, or "tanh" when tanh) ---------------------------------
+void gelu_forward(Dt dt, const void* x, int64_t n, bool tanh, void* y, cudaStream_t stream);
+void gelu_backward(Dt dt, const void* dy, const void* x, int64_t n, bool tanh, void* dx, cudaStream_t stream);
+
 // ---- rope (rotate-half; see kernels/cpu/fused.h for the maths) ---------------------------
 // inv_freq: D/2 doubles in host memory (cpu::rope_inv_freq's), passed to the kernel by value
 // (no copy, no synchronisation); D <= kRopeMaxD (limits.h).
