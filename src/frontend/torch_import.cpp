@@ -14,10 +14,6 @@
 #include "io/zip_archive.h"
 #include "util/error.h"
 
-// TEMP until the layer_norm/gelu ops land
-#define TRACER_GELU(x, tanh) (user_error("gelu: not yet"), x)
-#define TRACER_LAYER_NORM(x, w, b, eps) (user_error("layer_norm: not yet"), x)
-
 namespace autosp {
 
 using nlohmann::json;
@@ -291,10 +287,13 @@ TorchProgram TorchProgram::load(const std::string& path) {
     // The export wrapper's attribute ("model." of python/autosp/export.py) is not part of the model's names.
     bool wrapped = !params.empty();
     for (const auto& [ph, key] : params) wrapped = wrapped && key.rfind("model.", 0) == 0;
+    std::map<std::string, std::string> name_of_entry;  // a tied weight: one entry, two names
     for (const auto& [ph, key] : params) {
-      const std::string name = wrapped ? key.substr(6) : key;
-      m.parameter_of[ph] = name;
       const StoredTensor& t = m.stored[ph];
+      auto [it, first] = name_of_entry.emplace(t.entry, wrapped ? key.substr(6) : key);
+      const std::string& name = it->second;  // the first name of a tied weight (the embedding's)
+      m.parameter_of[ph] = name;
+      if (!first) continue;
       if (t.dtype != kFloat32 && t.dtype != kBFloat16 && t.dtype != kFloat16)
         user_error(where, ": parameter ", name, " has dtype code ", t.dtype, "; autosp trains f32, bf16 or f16 weights");
       m.specs.push_back({name, t.shape});
@@ -526,10 +525,10 @@ class TorchImporter {
   }
 
   Tensor parameter(const std::string& placeholder) {
-    if (auto it = params_.find(placeholder); it != params_.end()) return it->second;
-    const std::string& name = m_.parameter_of.at(placeholder);
+    const std::string& name = m_.parameter_of.at(placeholder);  // tied placeholders share it
+    if (auto it = params_.find(name); it != params_.end()) return it->second;
     Tensor p = t_.parameter(name, m_.stored.at(placeholder).shape, o_.dtype);
-    return params_[placeholder] = p;
+    return params_[name] = p;
   }
 
   Imported make(const std::string& name) {
@@ -753,7 +752,7 @@ class TorchImporter {
       const json* a = arg(n, "approximate", 1);
       const std::string approx = a && a->contains("as_string") ? (*a)["as_string"].get<std::string>() : "none";
       if (approx != "none" && approx != "tanh") m_.fail_at(n, str("gelu approximate='", approx, "'"));
-      return ir(TRACER_GELU(tensor_of(A("self", 0)), approx == "tanh"));
+      return ir(t_.gelu(tensor_of(A("self", 0)), approx == "tanh"));
     }
     if (op == "torch.ops.aten.layer_norm.default") {
       const std::vector<int64_t> shape = ints_arg(n, "normalized_shape", 1);
@@ -762,7 +761,7 @@ class TorchImporter {
         m_.fail_at(n, "layer_norm over more than the last dim");
       const std::string w = A("weight", 2), b = A("bias", 3);
       if (w.empty() || b.empty()) m_.fail_at(n, "layer_norm without a weight or a bias");
-      return ir(TRACER_LAYER_NORM(tensor_of(A("input", 0)), tensor_of(w), tensor_of(b), float_arg(n, "eps", 4, 1e-5)));
+      return ir(t_.layer_norm(tensor_of(A("input", 0)), tensor_of(w), tensor_of(b), float_arg(n, "eps", 4, 1e-5)));
     }
     if (op == "torch.ops.aten.cat.default") return cat(n);
     if (op == "torch.ops.autosp.attention.default") {
@@ -912,7 +911,7 @@ class TorchImporter {
     const FxNode* p = node_of(arg_tensor(*cube, "self", 0));
     if (!is(p, "pow.Tensor_Scalar") || arg_tensor(*p, "self", 0) != x || float_arg(*p, "exponent", 1) != 3.0)
       return std::nullopt;
-    return ir(TRACER_GELU(tensor_of(x), /*tanh_approximation=*/true));
+    return ir(t_.gelu(tensor_of(x), /*tanh_approximation=*/true));
   }
 
   // weight * (x * rsqrt(mean(x^2, -1, keepdim) + eps)), either order, through casts; the

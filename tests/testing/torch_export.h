@@ -29,6 +29,11 @@ struct ExportFixture {
         expected(nlohmann::json::parse(std::ifstream(dir + "/expected.json"))),
         program(TorchProgram::load(dir + "/model.pt2")),
         reference(io::read_safetensors(dir + "/reference.safetensors")) {}
+  // reference.safetensors' name of a parameter's gradient (the fixture script keeps the export
+  // wrapper's "model." prefix the importer removes).
+  std::string grad_key(const std::string& name) const {
+    return reference.count("grad.model." + name) ? "grad.model." + name : "grad." + name;
+  }
   int64_t B() const { return expected["B"].get<int64_t>(); }
   int64_t S() const { return expected["S"].get<int64_t>(); }
   std::vector<std::vector<int32_t>> tokens() const { return expected["tokens"].get<std::vector<std::vector<int32_t>>>(); }
