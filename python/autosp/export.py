@@ -14,6 +14,11 @@ The model code is not changed. What this does, and nothing else:
     sequence length dynamic, and saves it with torch.export.save.
 Models that call torch.nn.functional.scaled_dot_product_attention(is_causal=True) themselves
 need none of the registration; autosp reads that node as it is.
+
+Notes: export() switches `model` to the "autosp" attention and to train mode (take a reference
+copy before, if one is needed); loading the .pt2 back in Python (torch.export.load) needs
+register() first, for the custom op. The archive keeps each node's stack trace (autosp's
+errors quote the model's source line from it), which names the source files' paths.
 """
 import math
 
@@ -91,7 +96,8 @@ def export(model, path, batch: int = 2, seq_len: int = 16, max_seq_len: int = 1 
     use_autosp_attention(model)
     model.train()
     vocab = vocab_size or model.config.vocab_size
-    ids = torch.randint(0, vocab, (batch, seq_len))
+    # The sample inputs the archive stores: seeded, so the same model exports to the same bytes.
+    ids = torch.randint(0, vocab, (batch, seq_len), generator=torch.Generator().manual_seed(0))
     b = torch.export.Dim("batch", min=1, max=1 << 16)
     s = torch.export.Dim("seq_len", min=2, max=max_seq_len)
     program = torch.export.export(_LossOf(model), (ids, ids.clone()),
