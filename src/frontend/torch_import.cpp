@@ -242,7 +242,8 @@ TorchProgram TorchProgram::load(const std::string& path) {
     read_nodes(graph, m.nodes, where);
     for (size_t i = 0; i < m.nodes.size(); ++i)
       for (const std::string& o : m.nodes[i].outputs) m.producer[o] = i;
-    for (const auto& [name, v] : graph.value("sym_int_values", json::object()).items())
+    const json sym_ints = graph.value("sym_int_values", json::object());  // held: items() views it
+    for (const auto& [name, v] : sym_ints.items())
       if (v.contains("as_expr")) m.symbols[name] = v["as_expr"].value("expr_str", "");
     const json& outs = field(graph, "outputs", where);
     if (outs.size() != 1 || tensor_name(outs[0]).empty())
