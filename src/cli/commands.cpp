@@ -780,8 +780,19 @@ int run_verify(const std::string& dir) {
 }
 
 int run_dump(const DumpArgs& args) {
+  const bool pt2 = args.model.size() > 4 && args.model.compare(args.model.size() - 4, 4, ".pt2") == 0;
+  std::optional<TorchProgram> imported;  // --model FILE.pt2: a PyTorch program in place of a directory
+  models::LlamaConfig model;
   std::vector<std::string> warnings;  // config.json's keys autosp does not read, said once
-  models::LlamaConfig model = models::load_llama_config(args.model + "/config.json", &warnings);
+  if (pt2) {
+    imported.emplace(TorchProgram::load(args.model));
+    warnings = imported->notes();
+  } else {
+    if (!fs::is_directory(args.model))
+      user_error("--model ", args.model, ": neither a model directory (config.json) nor a PyTorch program (.pt2, "
+                 "python/autosp/export.py)");
+    model = models::load_llama_config(args.model + "/config.json", &warnings);
+  }
   for (const std::string& w : warnings) std::fprintf(stderr, "autosp: warning: %s\n", w.c_str());
   const auto& stages = pipeline_stages();
   if (std::find(stages.begin(), stages.end(), args.stage) == stages.end()) {
@@ -796,7 +807,8 @@ int run_dump(const DumpArgs& args) {
   const Backend backend = parse_backend(args.backend);
   if (backend == Backend::cpu && dtype == DType::bf16)
     user_error("--backend cpu --dtype bf16: the CPU kernels are fp32; dump bf16 with --backend cuda");
-  Graph forward = models::llama_forward(model, {.batch = args.batch, .seq_len = args.seq_len, .dtype = dtype});
+  const models::LlamaTraceOptions trace{.batch = args.batch, .seq_len = args.seq_len, .dtype = dtype};
+  Graph forward = imported ? imported->forward(trace) : models::llama_forward(model, trace);
   const int64_t world = args.world > 0 ? args.world : args.sp;
   if (world % args.sp != 0) user_error("--world ", world, " is not a multiple of --sp ", args.sp);
   if (args.zero > 3) user_error("--zero ", args.zero, ": ZeRO stages are 0, 1, 2 and 3");

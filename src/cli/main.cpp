@@ -144,8 +144,9 @@ int main(int argc, char** argv) {
 
   DumpArgs dump;
   CLI::App* dump_cmd = app.add_subcommand("dump", "Print a model's IR after a compiler stage");
-  dump_cmd->add_option("--model", dump.model, "Model directory (config.json)")
-      ->required()->check(CLI::ExistingDirectory);
+  dump_cmd->add_option("--model", dump.model, "Model directory (config.json), or a PyTorch program exported by "
+                       "python/autosp/export.py (FILE.pt2)")
+      ->required()->check(CLI::ExistingDirectory | CLI::ExistingFile);
   dump_cmd->add_option("--seq-len", dump.seq_len, "Sequence length S")->required()->check(kPositive);
   dump_cmd->add_option("--batch", dump.batch, "Micro batch size")->check(kPositive);
   std::string stages;  // the pipeline's own list, so the help cannot fall behind it

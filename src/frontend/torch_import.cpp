@@ -682,8 +682,25 @@ class TorchImporter {
     }
     if (op == "torch.ops.aten.addmm.default") {  // bias + mat1 @ mat2: Conv1D's weight is [in, out]
       if (float_arg(n, "beta", 3, 1.0) != 1.0 || float_arg(n, "alpha", 4, 1.0) != 1.0) return unsupported();
-      Tensor x = tensor_of(A("mat1", 1)), w = tensor_of(A("mat2", 2)), b = tensor_of(A("self", 0));
-      return ir(t_.linear(x, t_.transpose(w, {1, 0}), b));
+      Tensor w = tensor_of(A("mat2", 2)), b = tensor_of(A("self", 0));
+      // Conv1D flattens [B, S, K] to [B * S, K] for the product and views the result back: the
+      // product is taken on the unflattened rows, so the sequence dim stays one the autosp pass
+      // can shard; the value keeps torch's 2-D shape, and the view back costs nothing.
+      const std::string mat1 = A("mat1", 1);
+      Tensor x{-1};
+      if (const FxNode* flat = node_of(through(mat1));
+          flat && (is(flat, "view.default") || is(flat, "reshape.default") || is(flat, "_unsafe_view.default"))) {
+        const Imported& rows = value(arg_tensor(*flat, "self", 0));
+        const std::vector<int64_t> size = ints_arg(*flat, arg(*flat, "size", 1) ? "size" : "shape", 1);
+        if (rows.kind == Imported::tensor && rows.perm.empty() && rows.shape.size() >= 3 && size.size() == 2 &&
+            size[1] == rows.shape.back() && (size[0] == -1 || size[0] * size[1] == numel(rows.shape)) &&
+            t_.shape(rows.t) == rows.shape)
+          x = rows.t;
+      }
+      if (x.id < 0) return ir(t_.linear(tensor_of(mat1), t_.transpose(w, {1, 0}), b));
+      Tensor y = t_.linear(x, t_.transpose(w, {1, 0}), b);
+      const Shape& ys = t_.shape(y);
+      return tensor_value(y, {numel(ys) / ys.back(), ys.back()});
     }
     if (op == "torch.ops.aten.view.default" || op == "torch.ops.aten.reshape.default" ||
         op == "torch.ops.aten._unsafe_view.default" || op == "torch.ops.aten.flatten.using_ints") {
@@ -714,6 +731,7 @@ class TorchImporter {
       if (infer >= 0) size[infer] = known == 0 ? 0 : total / known;
       if (numel(size) != total) m_.fail_at(n, str("a view of ", shape_str(x.shape), " as ", shape_str(size)));
       if (size == x.shape) return x;
+      if (x.perm.empty() && t_.shape(x.t) == size) return tensor_value(x.t, size);  // back to the IR's own shape
       return tensor_value(t_.reshape(materialize(x, A("self", 0)), size), size);
     }
     if (op == "torch.ops.aten.transpose.int" || op == "torch.ops.aten.permute.default") {

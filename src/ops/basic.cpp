@@ -83,6 +83,9 @@ extern const OpDef fill_op = {
     .cpu = [](const KernelArgs& a) {
       cpu::fill(a.out(0), a.out_numel(0), float(a.attrs->get_float("value")));
     },
+    // The same constant on every rank: a fill shaped like a sequence-sharded operand (one the
+    // model builds over all S) is refused where it meets the shard, by that op's rule.
+    .shard = [](const Shardings&, const Types&, const Attrs&) -> Shardings { return {replicated()}; },
     .recompute = Recompute::cheap,
     .cuda = {.name = "fill", .run = AUTOSP_CUDA_RUN(cuda_fill)},
 };

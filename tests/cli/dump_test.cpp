@@ -103,5 +103,25 @@ TEST(Dump, TheLowerStageShowsEveryNodesKernelOnEitherBackend) {
     }
 }
 
+// A PyTorch program dumps as a model directory does: GPT-2's Conv1D product is taken on the
+// unflattened [B, s, K] rows, so the autosp pass splits it like any linear.
+TEST(Dump, APyTorchProgramDumpsAtEachStage) {
+  const std::string pt2 = testing::source_path("tests/fixtures/torch_export/gpt2/model.pt2");
+  auto forward = run_command(str(AUTOSP_BINARY, " dump --model ", pt2, " --seq-len 8 --stage forward"));
+  ASSERT_EQ(forward.exit_code, 0) << forward.output;
+  EXPECT_NE(forward.output.find("\"transformer.h.0.attn.c_attn.weight\""), std::string::npos) << forward.output;
+  auto split = run_command(str(AUTOSP_BINARY, " dump --model ", pt2, " --seq-len 8 --stage autosp --sp 2"));
+  ASSERT_EQ(split.exit_code, 0) << split.output;
+  EXPECT_NE(split.output.find("= all_to_all("), std::string::npos);
+  std::istringstream lines(split.output);
+  int linears = 0;
+  for (std::string line; std::getline(lines, line);)
+    if (line.find("= linear(") != std::string::npos) {
+      ++linears;
+      EXPECT_NE(line.find(": f32[1, 4, "), std::string::npos) << "not over this rank's 4 positions: " << line;
+    }
+  EXPECT_EQ(linears, 2 * 4) << split.output;  // c_attn, c_proj, c_fc, mlp.c_proj in each of 2 layers
+}
+
 }  // namespace
 }  // namespace autosp

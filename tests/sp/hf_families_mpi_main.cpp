@@ -16,7 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "comm/mpi_communicator.h"
-#include "io/safetensors.h"
+#include "testing/gradients_file.h"
 #include "testing/hf_families.h"
 
 int main(int argc, char** argv) {
@@ -41,14 +41,7 @@ int main(int argc, char** argv) {
         const double loss = trainer.loss_and_grads(f.batch(packed), grads);
         if (mpi.world_rank() != 0) continue;
         const std::string tag = str(out, "/", packed ? "packed" : "plain", "_", policy);
-        std::ofstream(tag + ".json") << nlohmann::json{{"loss", loss}}.dump() << "\n";
-        std::vector<io::HostTensor> tensors(grads.size());
-        std::vector<std::pair<std::string, const io::HostTensor*>> named;
-        for (size_t i = 0; i < grads.size(); ++i) {
-          tensors[i] = {trainer.state().specs[i].shape, grads[i]};
-          named.emplace_back("grad." + trainer.state().specs[i].name, &tensors[i]);
-        }
-        io::write_safetensors(tag + ".safetensors", named);
+        testing::write_loss_and_gradients(tag, loss, trainer.state().specs, grads);
       }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "hf_families_mpi_main (rank %d): %s\n", mpi.world_rank(), e.what());

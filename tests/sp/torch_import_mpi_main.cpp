@@ -14,7 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "comm/mpi_communicator.h"
-#include "io/safetensors.h"
+#include "testing/gradients_file.h"
 #include "testing/torch_export.h"
 
 int main(int argc, char** argv) {
@@ -35,14 +35,7 @@ int main(int argc, char** argv) {
       const double loss = trainer.loss_and_grads(f.batch(), grads);
       if (mpi.world_rank() != 0) continue;
       const std::string tag = str(out, "/", policy);
-      std::ofstream(tag + ".json") << nlohmann::json{{"loss", loss}}.dump() << "\n";
-      std::vector<io::HostTensor> tensors(grads.size());
-      std::vector<std::pair<std::string, const io::HostTensor*>> named;
-      for (size_t i = 0; i < grads.size(); ++i) {
-        tensors[i] = {trainer.state().specs[i].shape, grads[i]};
-        named.emplace_back("grad." + trainer.state().specs[i].name, &tensors[i]);
-      }
-      io::write_safetensors(tag + ".safetensors", named);
+      testing::write_loss_and_gradients(tag, loss, trainer.state().specs, grads);
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "torch_import_mpi_main (rank %d): %s\n", mpi.world_rank(), e.what());

@@ -1,4 +1,4 @@
-// Imported PyTorch programs (tests/fixtures/torch_export: transformers' Llama and Phi3 through
+// Imported PyTorch programs (tests/fixtures/torch_export: transformers' Llama, GPT-2, Phi3 and Gemma3 through
 // torch.export) under real mpirun with sequence parallelism 2 and 4: the autosp pass shards the
 // imported graph as it does a built one (the positions input split, all-to-all around
 // attention, the 2 KV heads repeated at SP 4), and the loss and every gradient equal PyTorch's
@@ -54,7 +54,7 @@ TEST_P(TorchImportSequenceParallel, LossAndGradientsEqualPyTorchFloat64) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, TorchImportSequenceParallel,
-                         ::testing::Combine(::testing::Values("llama", "phi3"), ::testing::Values(2, 4)),
+                         ::testing::Combine(::testing::Values("llama", "gpt2", "phi3", "gemma3"), ::testing::Values(2, 4)),
                          [](const auto& info) {
                            return str(std::get<0>(info.param), "_sp", std::get<1>(info.param));
                          });
