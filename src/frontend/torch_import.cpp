@@ -11,6 +11,8 @@
 #include <set>
 
 #include "frontend/tracer.h"
+#include "kernels/cpu/fused.h"
+#include "ops/rope.h"
 #include "io/zip_archive.h"
 #include "util/error.h"
 
@@ -330,6 +332,130 @@ bool is_identity(const std::vector<int64_t>& perm) {
 }
 
 }  // namespace
+
+// (torch_import.h) The table is all the graph says of the rope, so the scaling's parameters are
+// solved from it, and a candidate is kept only if every frequency cpu::rope_inv_freq gives for
+// it (the kernels' own, in double) is within 1e-5 of torch's. torch's fp32 tables are ~1e-7
+// from exact, and round parameters (tried first) reproduce the model's exactly; the bound only
+// lets a non-round one (solved, ~1e-6 off) through. An llama3 table with fewer than two
+// frequencies between its bands is solved as yarn's ramp, which gives it the same values.
+std::optional<RopeOptions> rope_from_inv_freq(const std::vector<float>& f, int64_t D) {
+  constexpr double kTolerance = 1e-5, kPi = 3.14159265358979323846;
+  const size_t n = f.size();
+  if (n < 2 || int64_t(n) * 2 != D) return std::nullopt;
+  for (float x : f)
+    if (!(x > 0) || !std::isfinite(x)) return std::nullopt;
+  // The candidate whose frequencies are nearest torch's; a round one (as a model's theta, factor
+  // and positions are) within fp32's rounding of the table (1e-6) before any solved one.
+  std::optional<RopeOptions> best;
+  double best_error = kTolerance;
+  bool best_round = false;
+  auto consider = [&](const RopeOptions& o, bool round) {
+    if (!(o.theta > 1) || !std::isfinite(o.theta)) return;
+    std::vector<double> g(n);
+    try {
+      cpu::rope_inv_freq(D, o.theta, rope_scaling(rope_attrs(o)), g.data());
+    } catch (const std::exception&) {
+      return;
+    }
+    double error = 0;
+    for (size_t i = 0; i < n; ++i) {
+      const double e = std::abs(double(f[i]) - g[i]) / g[i];
+      if (!(e <= kTolerance)) return;  // (NaN too)
+      error = std::max(error, e);
+    }
+    if (!(error <= kTolerance)) return;
+    round = round && error <= 1e-6;
+    if (best_round && !round) return;
+    if ((round && !best_round) || error < best_error) best = o, best_error = error, best_round = round;
+  };
+  auto round_to = [](double x, double unit) { return std::round(x / unit) * unit; };
+  // Two frequencies scaled alike (both unscaled, or both divided by the factor) i and k apart are
+  // theta^(2 (k - i) / D) apart: frequency 0 against each in the high band, each in the low band
+  // against the last. The farther apart, the nearer the estimate.
+  std::vector<double> thetas;
+  for (size_t k = 1; k < n; ++k) {
+    thetas.push_back(std::pow(double(f[0]) / double(f[k]), double(D) / (2.0 * double(k))));
+    thetas.push_back(std::pow(double(f[n - 1 - k]) / double(f[n - 1]), double(D) / (2.0 * double(k))));
+  }
+  std::sort(thetas.begin(), thetas.end());
+  thetas.erase(std::unique(thetas.begin(), thetas.end()), thetas.end());
+  for (const double estimate : thetas)
+    for (const bool round_theta : {true, false}) {
+      RopeOptions o;
+      o.theta = round_theta ? std::round(estimate) : estimate;
+      consider(o, round_theta);
+      o.rope_type = "linear";
+      o.factor = round_to(1.0 / double(f[0]), 1e-3);
+      consider(o, round_theta);
+      o.factor = 1.0 / double(f[0]);
+      consider(o, false);
+      // llama3 and yarn: frequency 0 unscaled, the last divided by the factor, and between them
+      // each scaled by a share s of (1 - 1 / factor): f / f_default = 1 - s (1 - 1 / factor).
+      std::vector<double> def(n), share(n);
+      for (size_t i = 0; i < n; ++i) def[i] = 1.0 / std::pow(o.theta, double(2 * i) / double(D));
+      const double fitted_factor = def[n - 1] / double(f[n - 1]);
+      if (!(fitted_factor > 1 + kTolerance)) continue;
+      for (const bool round_factor : {true, false}) {
+        const double factor = round_factor ? round_to(fitted_factor, 1e-3) : fitted_factor;
+        const bool round = round_theta && round_factor;
+        std::vector<size_t> between;  // 0 < s < 1
+        for (size_t i = 0; i < n; ++i) {
+          share[i] = (1.0 - double(f[i]) / def[i]) / (1.0 - 1.0 / factor);
+          if (share[i] > kTolerance * factor && share[i] < 1 - kTolerance * factor) between.push_back(i);
+        }
+        RopeOptions scaled = o;
+        scaled.factor = factor;
+        if (between.size() >= 2) {
+          // llama3: 1 - s = (orig / wavelen - low) / (high - low) with wavelen = 2 pi / f_default,
+          // linear in f_default: A f_default + C. With low = 1: high = 1 - 1 / C, orig = -2 pi A / C.
+          const size_t i1 = between.front(), i2 = between.back();
+          const double A = (share[i1] - share[i2]) / (def[i2] - def[i1]), C = 1.0 - share[i1] - A * def[i1];
+          RopeOptions l = scaled;
+          l.rope_type = "llama3";
+          l.low_freq_factor = 1.0;
+          l.high_freq_factor = 1.0 - 1.0 / C;
+          l.original_max_position_embeddings = -2 * kPi * A / C;
+          consider(l, false);
+          l.high_freq_factor = round_to(l.high_freq_factor, 1e-3);
+          l.original_max_position_embeddings = std::round(l.original_max_position_embeddings);
+          consider(l, round);
+        }
+        // yarn: s is a ramp over the index, (i - low) / (high - low) clamped to [0, 1]; its ends
+        // are where correction_dim(beta) = D ln(orig / (2 pi beta)) / (2 ln theta) falls.
+        double low = 0, high = 0;
+        if (between.size() >= 2) {
+          const size_t i1 = between.front(), i2 = between.back();
+          const double slope = (share[i2] - share[i1]) / double(i2 - i1);
+          low = double(i1) - share[i1] / slope;
+          high = low + 1.0 / slope;
+        } else if (between.size() == 1) {
+          low = double(between[0]) - share[between[0]];
+          high = low + 1.0;
+        } else {
+          size_t j = 0;
+          while (j < n && share[j] < 0.5) ++j;
+          low = double(j) - 1.0;
+          high = double(j);
+        }
+        if (low < 0) continue;
+        // The ends whole where they are near (transformers truncates them): the ramp's own.
+        if (std::abs(low - std::round(low)) < 1e-3 && std::abs(high - std::round(high)) < 1e-3)
+          low = std::round(low), high = std::round(high);
+        RopeOptions y = scaled;
+        y.rope_type = "yarn";
+        y.truncate = false;
+        y.original_max_position_embeddings = 4096.0;  // any: the betas are solved for it
+        const auto beta = [&](double at) {
+          return y.original_max_position_embeddings / (2 * kPi) * std::exp(-at * 2.0 * std::log(o.theta) / double(D));
+        };
+        y.beta_fast = beta(low);
+        y.beta_slow = beta(high);
+        consider(y, round);
+      }
+    }
+  return best;
+}
 
 class TorchImporter {
  public:
@@ -1085,25 +1211,23 @@ class TorchImporter {
     if (xv.kind != Imported::tensor || xv.shape.size() != 4) return std::nullopt;
     const int64_t D = xv.shape[3];
     if (int64_t(cos->data.size()) * 2 != D)
-      m_.fail_at(n, str("a rotary embedding over ", 2 * cos->data.size(), " of the head's ", D,
-                        " dims (partial_rotary_factor < 1) is not supported"));
-    if (cos->number != 1.0 || sin->number != 1.0)
-      m_.fail_at(n, str("a rotary embedding with attention scaling ", cos->number, " is not supported"));
-    if (cos->data != sin->data) return std::nullopt;
-    // theta from the frequencies, each checked against torch's default rope in fp32.
-    RopeOptions rope;
-    const std::vector<float>& f = cos->data;
-    rope.theta = f.size() > 1 ? std::pow(double(f[1]), -double(D) / 2.0) : 10000.0;
-    for (size_t i = 0; i < f.size(); ++i) {
-      const float expect = float(1.0 / std::pow(rope.theta, double(2 * i) / double(D)));
-      if (std::abs(f[i] - expect) > 1e-6f * std::abs(expect))
-        m_.fail_at(n, str("the rotary frequencies (inv_freq) are not the default rope's of any theta (index ", i, ": ",
-                          f[i], " vs ", expect, " for theta ", rope.theta,
-                          "); scaled rope (llama3, yarn, linear) is not imported yet"));
+      m_.fail_at(n, str("a rotary embedding whose ", cos->data.size(), " frequencies do not cover the ", D,
+                        " dims it rotates (a partial rotary slices them off first)"));
+    if (cos->data != sin->data || cos->number != sin->number) return std::nullopt;
+    const std::optional<RopeOptions> rope = rope_from_inv_freq(cos->data, D);
+    if (!rope) {
+      std::string table;
+      for (size_t i = 0; i < cos->data.size() && i < 8; ++i) table += str(i ? ", " : "", cos->data[i]);
+      m_.fail_at(n, str("the rotary frequencies (inv_freq: ", table, cos->data.size() > 8 ? ", ..." : "",
+                        ") are none of the default rope's of a theta, nor its linear, llama3 or yarn scaling's "
+                        "(longrope and per-dimension factors are not imported)"));
     }
     // autosp's rope is [B, S, H, D]; torch's q here is [B, H, S, D].
     Tensor bshd = as_bshd(xv, x);
-    Imported out = ir(t_.rope(bshd, positions(), rope));
+    Tensor y = t_.rope(bshd, positions(), *rope);
+    // cos and sin times an attention scaling (yarn's): the rotated x times it.
+    if (cos->number != 1.0) y = t_.scale(y, cos->number);
+    Imported out = ir(y);
     out.perm = {0, 2, 1, 3};
     out.shape = xv.shape;
     return out;

@@ -31,6 +31,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -72,5 +73,12 @@ class TorchProgram {
   explicit TorchProgram(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
+
+// The rope whose frequencies, as autosp's kernels compute them, are a rotary embedding's
+// inv_freq table (fp32, D / 2 entries for a head dim of D) within 1e-5 each: the default rope
+// of a theta, or its linear, llama3 or yarn scaling, with the parameters solved from the table
+// (round values preferred: a model's theta, factor and positions are). nullopt when none is
+// (longrope, per-dimension factors).
+std::optional<RopeOptions> rope_from_inv_freq(const std::vector<float>& inv_freq, int64_t D);
 
 }  // namespace autosp

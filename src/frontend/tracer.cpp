@@ -54,6 +54,10 @@ Tensor Tracer::layer_norm(Tensor x, Tensor w, Tensor bias, double eps) {
 }
 
 Tensor Tracer::rope(Tensor x, Tensor positions, const RopeOptions& o) {
+  return op(OpKind::rope, {x, positions}, rope_attrs(o));
+}
+
+Attrs rope_attrs(const RopeOptions& o) {
   Attrs attrs{{"theta", o.theta}};
   if (o.rope_type != "default") {
     attrs.set("rope_type", o.rope_type);
@@ -70,7 +74,7 @@ Tensor Tracer::rope(Tensor x, Tensor positions, const RopeOptions& o) {
     attrs.set("beta_slow", o.beta_slow);
     attrs.set("truncate", int64_t{o.truncate});
   }
-  return op(OpKind::rope, {x, positions}, attrs);
+  return attrs;
 }
 
 namespace {

@@ -36,6 +36,9 @@ struct RopeOptions {
   double attention_factor = 1.0;             // yarn, resolved from factor / mscale / mscale_all_dim
 };
 
+// The rope op's attributes for these options (what Tracer::rope emits).
+Attrs rope_attrs(const RopeOptions& options);
+
 class Tracer {
  public:
   Tracer() : b_(graph_) {}
