@@ -462,12 +462,14 @@ class TorchImporter {
   TorchImporter(const TorchProgram::Impl& m, const models::LlamaTraceOptions& o) : m_(m), o_(o) {}
 
   Graph run() {
-    if (o_.documents)
-      user_error(m_.path, ": packed documents (data.packed) with an imported program are not supported yet");
     if (o_.output_logits || !o_.output_loss) user_error(m_.path, ": an imported program gives its loss only");
     // The inputs the trainer binds, in its order, whether or not the model reads positions.
     tokens_ = t_.input(Role::tokens, "input_ids", DType::i32, {o_.batch, o_.seq_len});
     positions();
+    // Packed documents: the positions restart at each document (the rope's and learned
+    // positions' alike, as transformers' packing with position ids does), and every attention
+    // keeps each query within its document.
+    if (o_.documents) documents_ = t_.input(Role::documents, "document_ids", DType::i32, {o_.batch, o_.seq_len});
     Tensor loss = tensor_of(m_.loss);
     t_.output("loss", loss);
     return t_.finish();
@@ -478,7 +480,7 @@ class TorchImporter {
   const models::LlamaTraceOptions& o_;
   Tracer t_;
   std::map<std::string, Imported> values_;
-  std::optional<Tensor> positions_, tokens_, labels_;
+  std::optional<Tensor> positions_, tokens_, labels_, documents_;
   std::map<std::string, Tensor> params_;
   std::map<std::string, std::vector<float>> host_cache_;
 
@@ -1264,7 +1266,9 @@ class TorchImporter {
     const Imported &qv = value(q), &kv = value(k), &vv = value(v);
     if (qv.shape.size() != 4 || kv.shape.size() != 4 || vv.shape.size() != 4) m_.fail_at(n, "attention on values not [B, H, S, D]");
     if (!causal) m_.fail_at(n, "non-causal attention: autosp trains causal language models");
-    Tensor out = t_.attention(as_bshd(qv, q), as_bshd(kv, k), as_bshd(vv, v), causal, scale, window);
+    Tensor out = documents_ ? t_.attention(as_bshd(qv, q), as_bshd(kv, k), as_bshd(vv, v), *documents_, causal, scale,
+                                           window)
+                            : t_.attention(as_bshd(qv, q), as_bshd(kv, k), as_bshd(vv, v), causal, scale, window);
     Imported r = ir(out);
     r.perm = {0, 2, 1, 3};
     r.shape = qv.shape;

@@ -123,14 +123,29 @@ TEST_P(ImportedLlama, EqualsTheBuilder) {
     built.params[i] = imported.params[j];
   }
   ASSERT_EQ(built.specs.size(), imported.specs.size());
-  std::vector<std::vector<float>> gi, gb;
-  const double li = train::Trainer(f.model(), fixture_config(f.B()), f.S(), imported).loss_and_grads(f.batch(), gi);
-  const double lb = train::Trainer(c, fixture_config(f.B()), f.S(), built).loss_and_grads(f.batch(), gb);
-  EXPECT_NEAR(li, lb, 1e-6 * std::abs(lb));
-  for (size_t i = 0; i < built.specs.size(); ++i) {
-    size_t j = 0;
-    while (imported.specs[j].name != built.specs[i].name) ++j;
-    EXPECT_LT(normalised_error(gi[j], gb[i]), 1e-6) << built.specs[i].name;
+  // Also with packed documents (data.packed; ExportFixture::packed_batch): the builder's
+  // attention within documents is the reference.
+  for (const bool packed : {false, true}) {
+    SCOPED_TRACE(packed ? "packed documents" : "one sequence a row");
+    train::TrainConfig config = fixture_config(f.B());
+    config.data.packed = packed;
+    const SequenceBatch batch = packed ? f.packed_batch() : f.batch();
+    std::vector<std::vector<float>> gi, gb;
+    const double li = train::Trainer(f.model(), config, f.S(), imported).loss_and_grads(batch, gi);
+    const double lb = train::Trainer(c, config, f.S(), built).loss_and_grads(batch, gb);
+    EXPECT_NEAR(li, lb, 1e-6 * std::abs(lb));
+    for (size_t i = 0; i < built.specs.size(); ++i) {
+      size_t j = 0;
+      while (imported.specs[j].name != built.specs[i].name) ++j;
+      EXPECT_LT(normalised_error(gi[j], gb[i]), 1e-6) << built.specs[i].name;
+    }
+    if (packed) {  // and not the unpacked numbers
+      std::vector<std::vector<float>> g1;
+      config.data.packed = false;
+      SequenceBatch one = f.batch();
+      const double l1 = train::Trainer(f.model(), config, f.S(), imported).loss_and_grads(one, g1);
+      EXPECT_GT(std::abs(l1 - li), 1e-4);
+    }
   }
 }
 

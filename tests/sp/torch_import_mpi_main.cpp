@@ -6,7 +6,8 @@
 //
 // For checkpoint policies none and sac it compiles the imported graph's step for SP = P (the
 // autosp pass, as for a built model), runs it once on the fixture's batch and rank 0 writes
-// OUT_DIR/<policy>.json ({"loss": ...}) and .safetensors (grad.<name>, reduced over the ranks).
+// OUT_DIR/<policy>.json ({"loss": ...}) and .safetensors (grad.<name>, reduced over the ranks);
+// then the same with the batch packed as documents, OUT_DIR/packed.*.
 // Exit 0, or 1 with the error on stderr (every rank ends).
 #include <cstdio>
 #include <exception>
@@ -37,6 +38,13 @@ int main(int argc, char** argv) {
       const std::string tag = str(out, "/", policy);
       testing::write_loss_and_gradients(tag, loss, trainer.state().specs, grads);
     }
+    // Packed documents (ExportFixture::packed_batch), checkpoint sac: OUT_DIR/packed.*
+    train::TrainConfig packed = testing::fixture_config(f.B(), P, "sac");
+    packed.data.packed = true;
+    train::Trainer trainer(f.model(), packed, f.S(), f.state(), &groups);
+    std::vector<std::vector<float>> grads;
+    const double loss = trainer.loss_and_grads(f.packed_batch(), grads);
+    if (mpi.world_rank() == 0) testing::write_loss_and_gradients(str(out, "/packed"), loss, trainer.state().specs, grads);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "torch_import_mpi_main (rank %d): %s\n", mpi.world_rank(), e.what());
     mpi.abort_all(1);

@@ -1,8 +1,9 @@
-// Imported PyTorch programs (tests/fixtures/torch_export: transformers' Llama, GPT-2, Phi3 and Gemma3 through
-// torch.export) under real mpirun with sequence parallelism 2 and 4: the autosp pass shards the
-// imported graph as it does a built one (the positions input split, all-to-all around
-// attention, the 2 KV heads repeated at SP 4), and the loss and every gradient equal PyTorch's
-// float64 ones at the single-device test's tolerances (tests/frontend/torch_import_test.cpp).
+// Imported PyTorch programs (tests/fixtures/torch_export: transformers' Llama, GPT-2, Phi3, Gemma3
+// and Qwen2 through torch.export) under real mpirun with sequence parallelism 2 and 4: the autosp
+// pass shards the imported graph as it does a built one (the positions input split, all-to-all
+// around attention, KV heads repeated where fewer than SP), and the loss and every gradient equal PyTorch's
+// float64 ones at the single-device test's tolerances (tests/frontend/torch_import_test.cpp);
+// with the batch packed as documents, equal to one process's step.
 // tests/sp/torch_import_mpi_main.cpp runs the steps; this compares what it wrote.
 #include <gtest/gtest.h>
 
@@ -51,10 +52,27 @@ TEST_P(TorchImportSequenceParallel, LossAndGradientsEqualPyTorchFloat64) {
     std::printf("%s SP %d, checkpoint %s: loss %.10f vs PyTorch %.10f, worst gradient %.1e\n", model.c_str(), sp, policy,
                 loss, want, worst);
   }
+  // Packed documents: SP P equals one process's step (PyTorch's fixtures are unpacked).
+  train::TrainConfig packed = testing::fixture_config(f.B());
+  packed.data.packed = true;
+  std::vector<std::vector<float>> grads;
+  const double one = train::Trainer(f.model(), packed, f.S(), f.state()).loss_and_grads(f.packed_batch(), grads);
+  std::ifstream in(out / "packed.json");
+  ASSERT_TRUE(in) << r.output;
+  const double loss = nlohmann::json::parse(in)["loss"];
+  EXPECT_NEAR(loss, one, 1e-6 * std::abs(one)) << "packed documents";
+  EXPECT_GT(std::abs(one - want), 1e-4) << "the packed batch's loss is the unpacked one's";
+  const auto split = io::read_safetensors(out / "packed.safetensors");
+  const auto& specs = f.program.parameters();
+  for (size_t i = 0; i < specs.size(); ++i)
+    EXPECT_LT(testing::normalised_error(split.at("grad." + specs[i].name).data, grads[i]), 5e-6)
+        << "packed documents: " << specs[i].name;
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, TorchImportSequenceParallel,
-                         ::testing::Combine(::testing::Values("llama", "gpt2", "phi3", "gemma3", "llama31", "qwen2", "phi3_partial"), ::testing::Values(2, 4)),
+                         ::testing::Combine(::testing::Values("llama", "gpt2", "phi3", "gemma3", "llama31", "qwen2",
+                                                              "phi3_partial"),
+                                            ::testing::Values(2, 4)),
                          [](const auto& info) {
                            return str(std::get<0>(info.param), "_sp", std::get<1>(info.param));
                          });

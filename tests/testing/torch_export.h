@@ -56,6 +56,19 @@ struct ExportFixture {
     }
     return b;
   }
+  // The batch as packed documents: each row three documents of 5, 7 and the rest of the tokens,
+  // positions restarting at each (train with config.data.packed).
+  SequenceBatch packed_batch() const {
+    SequenceBatch b = batch();
+    b.position_ids.clear();
+    for (int64_t r = 0; r < B(); ++r)
+      for (int64_t i = 0; i < S(); ++i) {
+        const int32_t doc = i < 5 ? 0 : i < 12 ? 1 : 2, start = doc == 0 ? 0 : doc == 1 ? 5 : 12;
+        b.document_ids.push_back(doc);
+        b.position_ids.push_back(int32_t(i) - start);
+      }
+    return b;
+  }
 };
 
 // The fixture's rows, the same every step (the reference trains on one batch).
