@@ -549,40 +549,13 @@ int run_train(const TrainArgs& args, MpiRuntime* mpi) {
   const std::string sp_source = str("sequence_parallel_size ", config.sequence_parallel_size, " (", args.config, ")");
   // --model FILE.pt2: a PyTorch program (frontend/torch_import.h) in place of a model directory.
   std::optional<TorchProgram> imported;
+  std::optional<train::ImportedProgramId> program_id;  // what its checkpoints record
   const bool pt2 = args.model.size() > 4 && args.model.compare(args.model.size() - 4, 4, ".pt2") == 0;
   if (!args.model.empty() && !pt2 && !fs::is_directory(args.model))
     user_error("--model ", args.model, ": neither a model directory (config.json) nor a PyTorch program (.pt2, "
                "python/autosp/export.py)");
-  if (pt2) {
-    if (!args.resume.empty())
-      user_error("--resume with --model ", args.model, ": resuming an imported PyTorch program is not supported yet");
-    if (!args.save.empty())
-      user_error("--save with --model ", args.model, ": saving an imported PyTorch program is not supported yet "
-                 "(autosp writes its checkpoints as Hugging Face model directories of the Llama family)");
-    imported.emplace(TorchProgram::load(args.model));
-    model.architecture = str("imported PyTorch program ", args.model);
-    model.vocab_size = imported->vocab_size();
-    for (const models::ParameterSpec& p : imported->parameters())  // the token embedding [V, H]
-      if (p.shape.size() == 2 && p.shape[0] == model.vocab_size && model.hidden_size == 0) model.hidden_size = p.shape[1];
-    model.max_position_embeddings = INT64_MAX;
-    warn_all(launch, imported->notes());
-    std::vector<std::vector<float>> params;
-    for (size_t i = 0; i < imported->parameters().size(); ++i) params.push_back(imported->read_parameter(i));
-    state = train::ModelState::with_weights(imported->parameters(), std::move(params));
-    say(launch, "loaded %s\n", args.model.c_str());
-  } else if (!args.resume.empty()) {
-    // The layout is checked before the checkpoint is read (verifying it reads every byte):
-    // from --model's config.json or the checkpoint's. One that cannot be read here is
-    // load_checkpoint's to report, with its manifest's words; the check is then made after.
-    std::string model_config;
-    std::optional<models::LlamaConfig> early;
-    try {
-      model_config = !args.model.empty() ? args.model + "/config.json"
-                                         : train::resolve_checkpoint_dir(args.resume) + "/config.json";
-      early = models::load_llama_config(model_config);
-    } catch (const UserError&) {
-    }
-    if (early) train::check_heads_layout(*early, config.sequence_parallel_size, sp_source, model_config);
+  // --resume DIR: the checkpoint, verified against its manifest, each file read by one rank.
+  auto load_resume = [&] {
     try {
       const CommTimeoutSuspended io_wait;  // the ranks wait for the one reading the largest file
       ckpt = train::load_checkpoint(args.resume, *groups.world);
@@ -602,6 +575,55 @@ int run_train(const TrainArgs& args, MpiRuntime* mpi) {
     if (!ckpt->verified && launch.lead())
       std::fprintf(stderr, "autosp: warning: --resume %s: no manifest.json (a checkpoint of an older autosp): "
                    "its files cannot be verified\n", ckpt->dir.c_str());
+    if (S > 0 && S != ckpt->info.seq_len)
+      say(launch, "context extension: sequence length %lld (checkpoint) -> %lld\n", (long long)ckpt->info.seq_len,
+          (long long)S);
+    if (S <= 0) S = ckpt->info.seq_len;
+  };
+  if (pt2) {
+    imported.emplace(TorchProgram::load(args.model));
+    model.architecture = str("imported PyTorch program ", args.model);
+    model.vocab_size = imported->vocab_size();
+    for (const models::ParameterSpec& p : imported->parameters())  // the token embedding [V, H]
+      if (p.shape.size() == 2 && p.shape[0] == model.vocab_size && model.hidden_size == 0) model.hidden_size = p.shape[1];
+    model.max_position_embeddings = INT64_MAX;
+    warn_all(launch, imported->notes());
+    program_id = train::ImportedProgramId{args.model, imported->graph_hash(), imported->parameters()};
+    if (!args.resume.empty()) {
+      load_resume();
+      if (!ckpt->info.program)
+        user_error("--resume ", ckpt->dir, ": a checkpoint of ", ckpt->model.architecture, ", not of an imported "
+                   "PyTorch program; --model ", args.model, " cannot continue it (pass the model directory it trained)");
+      if (!(*ckpt->info.program == *program_id))
+        user_error("--resume ", ckpt->dir, ": it trained the program ", ckpt->info.program->file, ", not --model ",
+                   args.model, " (",
+                   ckpt->info.program->graph_hash != program_id->graph_hash ? "another graph"
+                                                                            : "other parameters",
+                   "); pass the program it trained");
+      state = std::move(ckpt->state);
+    } else {
+      std::vector<std::vector<float>> params;
+      for (size_t i = 0; i < imported->parameters().size(); ++i) params.push_back(imported->read_parameter(i));
+      state = train::ModelState::with_weights(imported->parameters(), std::move(params));
+      say(launch, "loaded %s\n", args.model.c_str());
+    }
+  } else if (!args.resume.empty()) {
+    // The layout is checked before the checkpoint is read (verifying it reads every byte):
+    // from --model's config.json or the checkpoint's. One that cannot be read here is
+    // load_checkpoint's to report, with its manifest's words; the check is then made after.
+    std::string model_config;
+    std::optional<models::LlamaConfig> early;
+    try {
+      model_config = !args.model.empty() ? args.model + "/config.json"
+                                         : train::resolve_checkpoint_dir(args.resume) + "/config.json";
+      early = models::load_llama_config(model_config);
+    } catch (const UserError&) {
+    }
+    if (early) train::check_heads_layout(*early, config.sequence_parallel_size, sp_source, model_config);
+    load_resume();
+    if (ckpt->info.program)
+      user_error("--resume ", ckpt->dir, ": a checkpoint of the imported PyTorch program ", ckpt->info.program->file,
+                 ": pass that program with it (--model ", ckpt->info.program->file, ")");
     model = ckpt->model;
     // Context extension: a --model whose config.json differs from the checkpoint's only in its
     // rope settings and max_position_embeddings trains on with them; any other difference is
@@ -621,10 +643,6 @@ int run_train(const TrainArgs& args, MpiRuntime* mpi) {
         model = given;
       }
     }
-    if (S > 0 && S != ckpt->info.seq_len)
-      say(launch, "context extension: sequence length %lld (checkpoint) -> %lld\n", (long long)ckpt->info.seq_len,
-          (long long)S);
-    if (S <= 0) S = ckpt->info.seq_len;
     train::check_heads_layout(model, config.sequence_parallel_size, sp_source, ckpt->dir + "/config.json");
     state = std::move(ckpt->state);
   } else {
@@ -705,7 +723,7 @@ int run_train(const TrainArgs& args, MpiRuntime* mpi) {
     if (args.save.empty()) return 0;
   }
 
-  const train::CheckpointInfo info{S, config.seed, layout, args.data, fingerprint, order};
+  const train::CheckpointInfo info{S, config.seed, layout, args.data, fingerprint, order, program_id};
   const std::unique_ptr<train::Trainer> trainer_ptr =
       imported ? std::make_unique<train::Trainer>(
                      models::Model{args.model, imported->parameters(), model.vocab_size,

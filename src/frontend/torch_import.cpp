@@ -15,6 +15,7 @@
 #include "ops/rope.h"
 #include "io/zip_archive.h"
 #include "util/error.h"
+#include "util/hash.h"
 
 namespace autosp {
 
@@ -94,6 +95,7 @@ struct TorchProgram::Impl {
   std::map<std::string, StoredTensor> stored;       // placeholder -> its bytes (params, buffers, constants)
   std::vector<models::ParameterSpec> specs;
   std::vector<std::string> spec_placeholders;
+  uint64_t graph_hash = 0;
   mutable int64_t vocab = 0;
   mutable std::vector<std::string> notes;  // what the import could not keep exactly
 
@@ -202,6 +204,7 @@ TorchProgram::TorchProgram(TorchProgram&&) noexcept = default;
 TorchProgram& TorchProgram::operator=(TorchProgram&&) noexcept = default;
 const std::string& TorchProgram::path() const { return impl_->path; }
 const std::vector<models::ParameterSpec>& TorchProgram::parameters() const { return impl_->specs; }
+uint64_t TorchProgram::graph_hash() const { return impl_->graph_hash; }
 const std::vector<std::string>& TorchProgram::notes() const {
   if (impl_->vocab == 0) forward({.batch = 1, .seq_len = 2});
   return impl_->notes;
@@ -241,6 +244,19 @@ TorchProgram TorchProgram::load(const std::string& path) {
   try {
     const json& gm = field(m.program, "graph_module", where);
     const json& graph = field(gm, "graph", where);
+    {
+      json semantic = {graph, gm.value("signature", json())};
+      std::function<void(json&)> strip = [&](json& j) {
+        if (j.is_object()) {
+          if (j.contains("target") && j.contains("metadata")) j.erase("metadata");
+          for (auto& [k, v] : j.items()) strip(v);
+        } else if (j.is_array()) {
+          for (json& v : j) strip(v);
+        }
+      };
+      strip(semantic);
+      m.graph_hash = fnv1a(semantic.dump());
+    }
     read_nodes(graph, m.nodes, where);
     for (size_t i = 0; i < m.nodes.size(); ++i)
       for (const std::string& o : m.nodes[i].outputs) m.producer[o] = i;

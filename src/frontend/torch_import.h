@@ -60,10 +60,14 @@ class TorchProgram {
   // What the import could not keep exactly, one line each, for the user to see: so far an
   // embedding's padding_idx (its row's gradient is not held at zero).
   const std::vector<std::string>& notes() const;
+  // FNV-1a 64 of the program's graph and signature without the nodes' metadata (stack
+  // traces name the exporting machine's paths): the same model exported again hashes alike.
+  // A checkpoint records it, so that a resume is given the program it trained.
+  uint64_t graph_hash() const;
 
   // The forward graph at batch B and sequence length S: inputs "input_ids", "position_ids"
-  // where the model uses positions, "labels" (i32 [B, S]), the parameters (of
-  // options.dtype); output "loss". options.documents and output_logits are not supported yet
+  // where the model uses positions, "document_ids" with options.documents, "labels" (i32
+  // [B, S]), the parameters (of options.dtype); output "loss". output_logits is not supported
   // (UserError).
   Graph forward(const models::LlamaTraceOptions& options) const;
 

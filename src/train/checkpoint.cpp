@@ -13,6 +13,7 @@
 #include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <numeric>
 #include <optional>
 #include <random>
 #include <regex>
@@ -271,9 +272,42 @@ const std::vector<std::string>& companion_files() {
 }
 
 // The files beside the tensor files, manifest.json last (it vouches for everything).
+// An imported program's config.json: the program, its graph's hash and its parameters.
+json imported_config_json(const ImportedProgramId& p) {
+  char hash[17];
+  std::snprintf(hash, sizeof(hash), "%016llx", (unsigned long long)p.graph_hash);
+  json params = json::array();
+  for (const models::ParameterSpec& spec : p.parameters) params.push_back({spec.name, spec.shape});
+  return {{"autosp_imported_program", {{"file", p.file}, {"graph_hash", hash}, {"parameters", params}}},
+          {"torch_dtype", "float32"}};
+}
+
+ImportedProgramId parse_imported_config(const json& j, const std::string& path) {
+  const json& p = j["autosp_imported_program"];
+  ImportedProgramId id;
+  if (!p.is_object() || !p.contains("file") || !p["file"].is_string())
+    user_error(path, ": autosp_imported_program.file: expected the program's path");
+  id.file = p["file"];
+  const std::string hex = p.value("graph_hash", json()).is_string() ? p["graph_hash"].get<std::string>() : "";
+  char* end = nullptr;
+  id.graph_hash = std::strtoull(hex.c_str(), &end, 16);
+  if (hex.size() != 16 || end != hex.c_str() + hex.size())
+    user_error(path, ": autosp_imported_program.graph_hash: expected 16 hex digits");
+  if (!p.contains("parameters") || !p["parameters"].is_array() || p["parameters"].empty())
+    user_error(path, ": autosp_imported_program.parameters: expected [name, shape] pairs");
+  for (const json& e : p["parameters"]) {
+    const bool ok = e.is_array() && e.size() == 2 && e[0].is_string() && e[1].is_array() &&
+                    std::all_of(e[1].begin(), e[1].end(), [](const json& d) { return d.is_number_integer() && d > 0; });
+    if (!ok) user_error(path, ": autosp_imported_program.parameters: expected [name, shape] pairs, got ", e.dump());
+    id.parameters.push_back({e[0].get<std::string>(), e[1].get<Shape>()});
+  }
+  return id;
+}
+
 void write_other_files(const fs::path& dir, const models::LlamaConfig& model, const ModelState& state,
                        const CheckpointInfo& info) {
-  write_file_atomic((dir / "config.json").string(), saved_config_json(model).dump(2) + "\n");
+  write_file_atomic((dir / "config.json").string(),
+                    (info.program ? imported_config_json(*info.program) : saved_config_json(model)).dump(2) + "\n");
   // The model directory's generation config and tokenizer, so that the checkpoint is one too.
   if (!model.source_dir.empty())
     for (const std::string& name : companion_files()) {
@@ -551,9 +585,12 @@ void write_state_files(Communicator& world, const ModelState& state, const State
 // file, written here), and optimizer.safetensors with the moments and, beside 16-bit
 // weights, the fp32 masters ("master.NAME") that resuming reads instead.
 StateFiles checkpoint_files(const fs::path& dir, const models::LlamaConfig& model, const ModelState& state,
-                            int64_t max_shard_bytes) {
-  const io::FileDType dtype = weights_dtype(model);
-  const std::vector<size_t> order = models::llama_state_dict_order(model);  // save_pretrained's
+                            int64_t max_shard_bytes, bool imported) {
+  const io::FileDType dtype = imported ? io::FileDType::F32 : weights_dtype(model);
+  // save_pretrained's order; an imported program's own
+  std::vector<size_t> order(state.specs.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  if (!imported) order = models::llama_state_dict_order(model);
   AUTOSP_CHECK(order.size() == state.specs.size(), order.size(), " tensors in state_dict order, ", state.specs.size(),
                " in the state");
   std::vector<int64_t> sizes;
@@ -600,7 +637,7 @@ SaveStats save_checkpoint(const SaveTarget* target, Communicator& world, const m
   StateFiles files(state.specs.size());
   on_lead_until_failed(lead, error, [&] {
     tmp = target->begin_save();
-    files = checkpoint_files(tmp, model, state, target->max_shard_bytes());
+    files = checkpoint_files(tmp, model, state, target->max_shard_bytes(), info.program.has_value());
   });
   write_state_files(world, state, shards, files, error, &stats.bytes);
   if (lead && !error.empty() && !tmp.empty()) {
@@ -966,7 +1003,13 @@ LoadedCheckpoint load_checkpoint(const std::string& dir, Communicator& world) {
   c.dir = resolve_checkpoint_dir(dir);
   c.verified = verify_checkpoint_files(c.dir, world, &c.notes, &c.verified_bytes);
   const fs::path d(c.dir);
-  c.model = models::load_llama_config((d / "config.json").string());
+  const std::string config_path = (d / "config.json").string();
+  if (const json config = read_json(config_path); config.is_object() && config.contains("autosp_imported_program")) {
+    c.info.program = parse_imported_config(config, config_path);
+    c.model.architecture = str("imported PyTorch program ", c.info.program->file);
+  } else {
+    c.model = models::load_llama_config(config_path);
+  }
   const std::string st_path = (d / "trainer_state.json").string();
   const json st = read_json(st_path);
   if (!st.is_object()) user_error(st_path, ": expected a JSON object");
@@ -1003,7 +1046,7 @@ LoadedCheckpoint load_checkpoint(const std::string& dir, Communicator& world) {
     }
   }
 
-  c.state.specs = models::llama_parameters(c.model);
+  c.state.specs = c.info.program ? c.info.program->parameters : models::llama_parameters(c.model);
   c.state.stored = std::make_shared<StoredCheckpoint>(d, c.model, c.state.specs);
   return c;
 }

@@ -59,6 +59,22 @@ struct DataOrder {
   bool operator==(const DataOrder& o) const { return shuffle == o.shuffle && (!shuffle || seed == o.seed); }
 };
 
+// What an imported PyTorch program's checkpoint (frontend/torch_import.h) holds in place of a
+// Hugging Face config.json: the program it trained ("autosp_imported_program" in its
+// config.json), which a resume must be given again (--model FILE.pt2) and is checked against.
+// The weights are under the program's parameter names, in its order.
+struct ImportedProgramId {
+  std::string file;        // as given to --model, for messages
+  uint64_t graph_hash = 0;  // TorchProgram::graph_hash
+  std::vector<models::ParameterSpec> parameters;
+  bool operator==(const ImportedProgramId& o) const {
+    if (graph_hash != o.graph_hash || parameters.size() != o.parameters.size()) return false;
+    for (size_t i = 0; i < parameters.size(); ++i)
+      if (parameters[i].name != o.parameters[i].name || parameters[i].shape != o.parameters[i].shape) return false;
+    return true;
+  }
+};
+
 struct CheckpointInfo {
   int64_t seq_len = 0;
   uint64_t seed = 0;
@@ -66,6 +82,7 @@ struct CheckpointInfo {
   std::string data_path;                       // as given to --data, for messages
   std::optional<io::DataFingerprint> data;     // none for generated data (the demo)
   DataOrder order;                             // recorded with `data`
+  std::optional<ImportedProgramId> program;    // an imported program's checkpoint
 };
 
 // The files a checkpoint consists of.

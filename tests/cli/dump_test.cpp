@@ -121,6 +121,14 @@ TEST(Dump, APyTorchProgramDumpsAtEachStage) {
       EXPECT_NE(line.find(": f32[1, 4, "), std::string::npos) << "not over this rank's 4 positions: " << line;
     }
   EXPECT_EQ(linears, 2 * 4) << split.output;  // c_attn, c_proj, c_fc, mlp.c_proj in each of 2 layers
+  // The cuda backend's bf16 program of an imported graph compiles to a memory plan (Gemma3's
+  // (1 + w) norm weights: bf16 fills).
+  const std::string gemma3 = testing::source_path("tests/fixtures/torch_export/gemma3/model.pt2");
+  auto bf16 = run_command(str(AUTOSP_BINARY, " dump --model ", gemma3,
+                              " --seq-len 8 --stage plan_memory --backend cuda --dtype bf16 --sp 2"));
+  ASSERT_EQ(bf16.exit_code, 0) << bf16.output;
+  EXPECT_NE(bf16.output.find("fill() {dtype=\"bf16\""), std::string::npos) << bf16.output;
+  EXPECT_NE(bf16.output.find(": bf16[1, 4, 32]"), std::string::npos) << bf16.output;
 }
 
 }  // namespace

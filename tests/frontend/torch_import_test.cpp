@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -17,6 +18,7 @@
 #include "testing/compare.h"
 #include "testing/errors.h"
 #include "testing/process.h"
+#include "testing/tiny_llama.h"
 #include "testing/torch_export.h"
 #include "train/config.h"
 #include "train/trainer.h"
@@ -209,7 +211,7 @@ TEST(TorchImport, APaddingIdxItCannotKeepIsSaid) {
 }
 
 // `autosp train --model FILE.pt2` under mpirun with SP 2: the imported program trains (the loss
-// falls on a repeating sequence it can learn); --save is refused before anything runs.
+// falls on a repeating sequence it can learn).
 TEST(TorchImport, TheCliTrainsAnImportedProgramSequenceParallel) {
   const testing::TempDir dir("torch_cli");
   {
@@ -235,12 +237,62 @@ TEST(TorchImport, TheCliTrainsAnImportedProgramSequenceParallel) {
   const std::vector<nlohmann::json> m = testing::read_metrics(dir / "m.jsonl");
   ASSERT_EQ(m.size(), 30u);
   EXPECT_LT(m.back()["loss"].get<double>(), 0.5 * m.front()["loss"].get<double>());
-  const auto refused = testing::run_command(str(AUTOSP_BINARY, " train --config ", dir / "one.json", " --model ", model,
-                                                " --data ", dir / "tokens.bin", " --seq-len 32 --steps 1 --save ",
-                                                dir / "ckpt", " 2>&1"));
-  EXPECT_EQ(refused.exit_code, 1) << refused.output;
-  EXPECT_NE(refused.output.find("saving an imported PyTorch program is not supported yet"), std::string::npos)
-      << refused.output;
+}
+
+std::string file_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// --save and --resume with an imported program: 2 steps, saved, resumed to 4 writes the bytes
+// 4 uninterrupted steps write (weights and AdamW moments); the checkpoint records the program,
+// and a resume refuses another program, none, or a model directory, naming what it needs.
+TEST(TorchImport, ASavedProgramResumesBitwiseAndOnlyWithItsProgram) {
+  const testing::TempDir dir("torch_resume");
+  {
+    std::ofstream tokens(dir / "tokens.bin", std::ios::binary);
+    for (uint32_t i = 0; i < 2049; ++i) {
+      const uint32_t id = 1 + (i * 7) % 13;
+      tokens.write(reinterpret_cast<const char*>(&id), 4);
+    }
+    std::ofstream(dir / "ds.json") << R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
+      "optimizer": {"type": "AdamW", "params": {"lr": 0.01}}})";
+  }
+  const std::string llama = testing::source_path("tests/fixtures/torch_export/llama/model.pt2");
+  const std::string gpt2 = testing::source_path("tests/fixtures/torch_export/gpt2/model.pt2");
+  auto train = [&](const std::string& args) {
+    return testing::run_command(str("OMP_NUM_THREADS=1 ", AUTOSP_BINARY, " train --config ", dir / "ds.json", " --data ",
+                                    dir / "tokens.bin", " ", args, " 2>&1"));
+  };
+  auto r = train(str("--model ", llama, " --seq-len 32 --steps 4 --save ", dir / "full"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = train(str("--model ", llama, " --seq-len 32 --steps 2 --save ", dir / "part"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const nlohmann::json config = nlohmann::json::parse(file_bytes(dir / "part/config.json"));
+  EXPECT_EQ(config["autosp_imported_program"]["file"], llama);
+  EXPECT_EQ(config["autosp_imported_program"]["parameters"].size(), 21u);  // 2 layers x 9, embed, norm, head
+  r = train(str("--model ", llama, " --resume ", dir / "part", " --steps 4 --save ", dir / "part"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* f : {"model.safetensors", "optimizer.safetensors"})
+    EXPECT_EQ(file_bytes(dir / str("full/", f)), file_bytes(dir / str("part/", f))) << f << " differs after the resume";
+
+  r = train(str("--model ", gpt2, " --resume ", dir / "part", " --steps 6"));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find(str("it trained the program ", llama, ", not --model ", gpt2, " (another graph)")),
+            std::string::npos)
+      << r.output;
+  r = train(str("--resume ", dir / "part", " --steps 6"));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find(str("pass that program with it (--model ", llama, ")")), std::string::npos) << r.output;
+  // A model directory's checkpoint is no program's.
+  const std::string hf = dir / "hf";
+  std::filesystem::create_directories(hf);
+  std::ofstream(hf + "/config.json") << models::llama_config_json(testing::tiny_llama(1, 64)).dump(2);
+  r = train(str("--model ", hf, " --seq-len 32 --steps 1 --save ", dir / "hf_ckpt"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = train(str("--model ", llama, " --resume ", dir / "hf_ckpt", " --steps 2"));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("not of an imported PyTorch program"), std::string::npos) << r.output;
 }
 
 TEST(TorchImportErrors, AnUnsupportedOpIsNamedWithItsNodeAndTheModelsSourceLine) {
