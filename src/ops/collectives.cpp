@@ -69,23 +69,36 @@ StartedKernel cpu_all_to_all_start(const KernelArgs& a) {
 #ifdef AUTOSP_HAVE_CUDA
 // As the CPU kernels, with device copies and NCCL calls enqueued on the executor's stream.
 int64_t esize(const TensorType& t) { return dtype_size(t.dtype); }
-void cuda_all_to_all(const KernelArgs& a, const CudaContext& c) {
+// all_to_all in two parts (CudaKernelRules::pack, exchange): x's blocks packed into the
+// workspace's send half; then the exchange into its received half, unpacked into the result.
+void cuda_all_to_all_pack(const KernelArgs& a, const CudaContext& c) {
+  const int64_t P = a.attrs->get_int("size"), s = a.attrs->get_int("scatter_dim");
+  const int64_t es = esize(*a.in_types[0]), chunk = a.in_types[0]->bytes() / P;
+  char* send = static_cast<char*>(a.workspace);
+  const Slab xs = slab_of(a.in_shape(0), s);
+  const int64_t cnt = xs.len / P;
+  for (int64_t p = 0; p < P; ++p)
+    cuda::copy_slab(a.in<void>(0), xs.outer, xs.len, p * cnt, xs.inner, cnt, send + p * chunk, cnt, 0, es, c.stream);
+}
+void cuda_all_to_all_exchange(const KernelArgs& a, const CudaContext& c) {
   DeviceCollectives& comm = cuda_collectives(a, "all_to_all");
   const int64_t P = a.attrs->get_int("size"), s = a.attrs->get_int("scatter_dim"), g = a.attrs->get_int("gather_dim");
   const int64_t es = esize(*a.in_types[0]), bytes = a.in_types[0]->bytes(), chunk = bytes / P;
   char* send = static_cast<char*>(a.workspace);
   char* recv = send + bytes;
-  const Slab xs = slab_of(a.in_shape(0), s);
-  const int64_t cnt = xs.len / P;
-  for (int64_t p = 0; p < P; ++p)
-    cuda::copy_slab(a.in<void>(0), xs.outer, xs.len, p * cnt, xs.inner, cnt, send + p * chunk, cnt, 0, es, c.stream);
   comm.all_to_all_async(send, recv, chunk, c.stream);
+  // A received block has x's shape with the scatter dim cut to cnt; it fills slab p of the
+  // gather dim.
   Shape block = a.in_shape(0);
-  block[s] = cnt;
+  block[s] /= P;
   const Slab bs = slab_of(block, g);
   for (int64_t p = 0; p < P; ++p)
     cuda::copy_slab(recv + p * chunk, bs.outer, bs.len, 0, bs.inner, bs.len, a.out<void>(0), bs.len * P, p * bs.len,
                     es, c.stream);
+}
+void cuda_all_to_all(const KernelArgs& a, const CudaContext& c) {
+  cuda_all_to_all_pack(a, c);
+  cuda_all_to_all_exchange(a, c);
 }
 void cuda_all_reduce(const KernelArgs& a, const CudaContext& c) {
   DeviceCollectives& comm = cuda_collectives(a, "all_reduce");
@@ -158,7 +171,10 @@ extern const OpDef all_to_all_op = {
     .cpu_workspace_bytes = [](const Types& in, const Attrs&, int) -> int64_t { return 2 * in[0].bytes(); },
     .cuda = {.name = "nccl_all_to_all",
              .run = AUTOSP_CUDA_RUN(cuda_all_to_all),
-             .workspace_bytes = cuda_all_to_all_workspace},
+             .workspace_bytes = cuda_all_to_all_workspace,
+             .overlappable = true,
+             .pack = AUTOSP_CUDA_RUN(cuda_all_to_all_pack),
+             .exchange = AUTOSP_CUDA_RUN(cuda_all_to_all_exchange)},
     .cpu_start = cpu_all_to_all_start,
 };
 

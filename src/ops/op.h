@@ -146,6 +146,13 @@ struct CudaKernelRules {
   void (*check)(const Types& inputs, const Attrs& attrs) = nullptr;
   // As OpDef::cpu_inplace, for the CUDA kernel (kernels/cuda/kernels.h, "In place").
   bool inplace = false;
+  // A collective the cuda executor can overlap with the compute after it (the all-to-alls;
+  // plan_memory's overlap option): `run` as two parts, `pack` reading the operands on the
+  // compute stream and `exchange` communicating and writing the results on the executor's
+  // communication stream, which waits for the pack. (The flag is the plan's, in every build.)
+  bool overlappable = false;
+  void (*pack)(const KernelArgs& args, const CudaContext& ctx) = nullptr;
+  void (*exchange)(const KernelArgs& args, const CudaContext& ctx) = nullptr;
 };
 // Device scratch pieces start at 256-byte boundaries (cudaMalloc's alignment), as cuBLAS's
 // fastest kernels want their operands.

@@ -36,8 +36,8 @@ struct CompileOptions {
   CheckpointOptions checkpoint;  // which activations backward keeps (none: all of them)
   TileOptions tile;              // sequence tiles of row-wise regions (default: none)
   GradSyncOptions grad_sync;     // ZeRO stage, world size and bucket (default: stage 0, unchanged)
-  // The CPU executor overlaps the all-to-alls with the compute that follows them
-  // (plan_memory's overlap); the numbers are the same either way.
+  // The executor overlaps the all-to-alls with the compute that follows them (plan_memory's
+  // overlap; cuda: on a communication stream); the numbers are the same either way.
   bool overlap = false;
 };
 

@@ -88,12 +88,13 @@ Buffers find_buffers(const Graph& g, const PlanMemoryOptions& options) {
     }
   }
   r.wait.assign(g.nodes().size(), -1);
-  if (!options.overlap || (lowered ? lowered_backend(g) : std::optional<Backend>(options.backend)) != Backend::cpu)
-    return r;
+  const std::optional<Backend> backend = lowered ? lowered_backend(g) : std::optional<Backend>(options.backend);
+  if (!options.overlap || !backend) return r;
   const NodeId N = static_cast<NodeId>(g.nodes().size());
   for (NodeId n = 0; n < N; ++n) {
     const Node& node = g.node(n);
-    if (node.op == OpKind::input || !op_def(node.op).cpu_start) continue;
+    if (node.op == OpKind::input) continue;
+    if (*backend == Backend::cpu ? !op_def(node.op).cpu_start : !op_def(node.op).cuda.overlappable) continue;
     // The first node after it that computes from a result's buffer (a view shares it).
     std::vector<int> results;
     for (ValueId out : node.outputs)

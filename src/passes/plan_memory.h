@@ -44,8 +44,9 @@ struct PlanMemoryOptions {
   int threads = 1;       // the executor's kernel threads (CPU workspace sizes depend on them)
   bool inplace = true;   // reuse a dying operand's buffer where the kernel allows it
   Backend backend = Backend::cpu;  // for a graph not lowered yet
-  // The CPU executor overlaps collectives that can (OpDef::cpu_start: the all-to-alls) with
-  // the compute after them: such a node gets the attribute async_wait=W, the first node that
+  // The executors overlap collectives that can (the all-to-alls: OpDef::cpu_start on the CPU,
+  // CudaKernelRules::overlappable on cuda) with the compute after them: such a node gets the
+  // attribute async_wait=W, the first node that
   // reads a result of it (through views too; the node count when none does), and its
   // workspace (where the exchange sends and receives) lives until W. Results and operands
   // are as without it: the operand is read at the node, the result written before W.

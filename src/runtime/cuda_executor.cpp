@@ -101,15 +101,30 @@ CudaExecutor::CudaExecutor(const Graph& graph, const ProcessGroups* groups, cons
   *error_host_ = 0;
   host_outputs_.resize(graph_.outputs().size());  // sized by the first run that copies them
   if (profile_enabled()) profiler_ = std::make_unique<NodeProfiler>(graph_, 1, global_profile());
+  for (const Node& node : graph_.nodes()) overlap_ = overlap_ || node.attrs.has("async_wait");
+  if (overlap_) {
+    comm_ = ctx_;
+    check_cuda(cudaStreamCreateWithFlags(&comm_.stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags",
+               "the cuda executor's communication stream");
+  }
 }
 
 CudaExecutor::~CudaExecutor() {
   // Destructors cannot throw: a failure to free is ignored (the process is ending or the
   // device is already broken, and the error was reported where it happened).
   if (ctx_.stream) cudaStreamSynchronize(ctx_.stream);
-  for (const ProfileRun& r : profile_runs_)
+  if (comm_.stream) cudaStreamSynchronize(comm_.stream);
+  for (const ProfileRun& r : profile_runs_) {
     for (cudaEvent_t e : r.events)
       if (e) cudaEventDestroy(e);
+    for (const auto& set : r.overlap)
+      for (cudaEvent_t e : set)
+        if (e) cudaEventDestroy(e);
+  }
+  for (const auto& pair : comm_events_)
+    for (cudaEvent_t e : pair)
+      if (e) cudaEventDestroy(e);
+  if (comm_.stream) cudaStreamDestroy(comm_.stream);
   if (arena_ && owns_arena_) cudaFree(arena_);
   if (inputs_) cudaFree(inputs_);
   if (error_host_) cudaFreeHost(error_host_);
@@ -160,15 +175,73 @@ void CudaExecutor::run_async() {
   // not its kernel), read by check_errors once the stream has passed them (add_profile).
   ArenaMemory memory{arena_, offsets_, workspace_offsets_};
   ProfileRun* prof = profiler_ ? &next_profile_run() : nullptr;
+  // Overlap: collectives on the communication stream, each joined into the compute stream
+  // before node `wait` (an overlapped all-to-all's async_wait, any other's next node).
+  struct InFlight {
+    NodeId wait;
+    cudaEvent_t done;
+    int64_t timed;  // a profiled overlapped exchange's events: its index in prof->overlap; else -1
+  };
+  std::vector<InFlight> in_flight;
+  size_t pairs = 0;
+  auto join = [&](const InFlight& f) {
+    if (f.timed >= 0)
+      check_cuda(cudaEventRecord(prof->overlap[f.timed][2], ctx_.stream), "cudaEventRecord", "AUTOSP_PROFILE");
+    check_cuda(cudaStreamWaitEvent(ctx_.stream, f.done, 0), "cudaStreamWaitEvent", "joining a collective");
+    if (f.timed >= 0)
+      check_cuda(cudaEventRecord(prof->overlap[f.timed][3], ctx_.stream), "cudaEventRecord", "AUTOSP_PROFILE");
+  };
+  auto event = [](bool timing) {
+    cudaEvent_t e = nullptr;
+    check_cuda(cudaEventCreateWithFlags(&e, timing ? cudaEventDefault : cudaEventDisableTiming), "cudaEventCreate",
+               "the cuda executor's communication events");
+    return e;
+  };
+  auto communicate = [&](NodeId n, const Node& node, KernelArgs& args) {
+    const CudaKernelRules& rules = op_def(node.op).cuda;
+    const bool split = rules.overlappable && rules.pack && rules.exchange && node.attrs.has("async_wait");
+    int64_t timed = -1;
+    cudaEvent_t ready = nullptr, done = nullptr;
+    if (prof && split) {
+      if (prof->exchanges == prof->overlap.size())
+        prof->overlap.push_back({event(true), event(true), event(true), event(true)});
+      timed = int64_t(prof->exchanges++);
+      ready = prof->overlap[timed][0], done = prof->overlap[timed][1];
+    } else {
+      if (pairs == comm_events_.size()) comm_events_.push_back({event(false), event(false)});
+      ready = comm_events_[pairs][0], done = comm_events_[pairs][1];
+      ++pairs;
+    }
+    if (split) rules.pack(args, ctx_);
+    check_cuda(cudaEventRecord(ready, ctx_.stream), "cudaEventRecord", "starting a collective");
+    check_cuda(cudaStreamWaitEvent(comm_.stream, ready, 0), "cudaStreamWaitEvent", "starting a collective");
+    if (split) rules.exchange(args, comm_);
+    else rules.run(args, comm_);
+    check_cuda(cudaEventRecord(done, comm_.stream), "cudaEventRecord", "ending a collective");
+    // Not overlapped: waited for at once, so the node's time (AUTOSP_PROFILE) is the collective's.
+    if (split) in_flight.push_back({static_cast<NodeId>(node.attrs.get_int("async_wait")), done, timed});
+    else join({n, done, -1});
+  };
+  if (prof) prof->exchanges = 0;
   run_nodes(graph_, groups_, data_, memory, [&](NodeId n, const Node& node, KernelArgs& args) {
+    for (auto it = in_flight.begin(); it != in_flight.end();) {
+      if (it->wait > n) {
+        ++it;
+        continue;
+      }
+      join(*it);
+      it = in_flight.erase(it);
+    }
     if (prof) check_cuda(cudaEventRecord(prof->events[2 * n], ctx_.stream), "cudaEventRecord", "AUTOSP_PROFILE");
-    op_def(node.op).cuda.run(args, ctx_);
+    if (overlap_ && node.attrs.has("group")) communicate(n, node, args);
+    else op_def(node.op).cuda.run(args, ctx_);
     check_cuda(cudaGetLastError(), "a kernel launch", str(op_name(node.op), " (node ", n, ")"));
     if (prof) {
       check_cuda(cudaEventRecord(prof->events[2 * n + 1], ctx_.stream), "cudaEventRecord", "AUTOSP_PROFILE");
       prof->timed[n] = 1;
     }
   });
+  for (const InFlight& f : in_flight) join(f);  // results read by no node: the graph's outputs
   for (size_t i = 0; i < graph_.outputs().size(); ++i) {
     const ValueId v = graph_.outputs()[i].value;
     if (!copy_outputs_) break;
@@ -231,6 +304,16 @@ void CudaExecutor::add_profile() {
       seconds[n] = 1e-3 * double(ms);
     }
     profiler_->add_run(seconds);
+    // Each overlapped exchange: its time on the communication stream, and how long the
+    // compute stream waited for it at its reader.
+    for (size_t i = 0; i < r.exchanges; ++i) {
+      float exchange = 0, waited = 0;
+      check_cuda(cudaEventElapsedTime(&exchange, r.overlap[i][0], r.overlap[i][1]), "cudaEventElapsedTime",
+                 "AUTOSP_PROFILE: an overlapped exchange");
+      check_cuda(cudaEventElapsedTime(&waited, r.overlap[i][2], r.overlap[i][3]), "cudaEventElapsedTime",
+                 "AUTOSP_PROFILE: the wait for an overlapped exchange");
+      global_profile().add_overlap(1e-3 * double(exchange), 1e-3 * double(std::min(waited, exchange)));
+    }
   }
   profile_pending_ = 0;
 }

@@ -27,10 +27,20 @@
 // executor's rows (phase, op, kernel, FLOPs). A node's time is its stream's: its kernels, and
 // any wait for the host to launch them. Off, a run pays a pointer test before and after each
 // node.
+//
+// Overlap (plan_memory's async_wait, compile.overlap): the executor then has a second stream
+// for communication, and every collective's communication runs there in graph order (so each
+// communicator sees one stream's order on every rank): an overlapped all-to-all packs its
+// operand on the compute stream, exchanges and unpacks on the communication stream, and the
+// compute stream waits for it only before node async_wait; any other collective runs whole on
+// the communication stream and is waited for at once. Under AUTOSP_PROFILE the
+// overlapped exchanges' device time, and the compute stream's wait for them, go into the
+// profile's overlap line (Profile::add_overlap), as the CPU executor's do.
 #pragma once
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
+#include <array>
 #include <memory>
 #include <string>
 #include <vector>
@@ -95,6 +105,10 @@ class CudaExecutor final : public Executor {
   struct ProfileRun {
     std::vector<cudaEvent_t> events;
     std::vector<char> timed;
+    // Overlapped exchanges (profiled): ready (compute, after the pack), done (communication),
+    // and the compute stream around its wait for done; `exchanges` of them this run.
+    std::vector<std::array<cudaEvent_t, 4>> overlap;
+    size_t exchanges = 0;
   };
   static constexpr size_t kMaxProfileRuns = 64;  // runs without check_errors before a forced read
   ProfileRun& next_profile_run();
@@ -118,6 +132,11 @@ class CudaExecutor final : public Executor {
   bool errors_checked_ = true;  // the next run clears the device flag
   int64_t arena_bytes_ = 0, input_bytes_ = 0;
   bool copy_outputs_ = true;
+  // Overlap: the communication stream's context (its stream; the compute one's cuBLAS and
+  // error flag), and a pool of untimed (ready, done) event pairs reused every run.
+  bool overlap_ = false;
+  CudaContext comm_;
+  std::vector<std::array<cudaEvent_t, 2>> comm_events_;
   std::unique_ptr<NodeProfiler> profiler_;  // AUTOSP_PROFILE only, as the events
   std::vector<ProfileRun> profile_runs_;    // reused; the first profile_pending_ await check_errors
   size_t profile_pending_ = 0;

@@ -123,8 +123,9 @@ struct CompileConfig {
   std::optional<double> memory_budget_gb;
   // compile.tile_rows: sequence rows per tile of the row-wise regions; 0 = no tiling.
   int64_t tile_rows = 0;
-  // compile.overlap: the CPU executor runs the sequence-parallel all-to-alls while it computes
-  // what does not need them (passes/plan_memory.h, overlap); the numbers do not change.
+  // compile.overlap: the executor runs the sequence-parallel all-to-alls while it computes what
+  // does not need them (passes/plan_memory.h, overlap; on cuda on a communication stream,
+  // runtime/cuda_executor.h); the numbers do not change.
   bool overlap = false;
 };
 

@@ -153,11 +153,18 @@ TEST(PlanMemory, TinyLlamaPlanNeverOverlapsAndIsNoLargerThanTheUseCountAllocator
 // overlap: each all-to-all of the SP step is finished before the first node that computes
 // from its result, and its workspace (where the exchange sends and receives) shares no byte
 // with anything placed by the nodes that run while it is in flight. Without overlap the plan
-// is as before: no async_wait anywhere.
-TEST(PlanMemory, OverlapKeepsEachAllToAllsWorkspaceUntilItsReader) {
-  Graph forward = models::llama_forward(testing::tiny_llama(), {.batch = 1, .seq_len = 64});
-  const Graph plain = compile(forward, {2, {"autosp"}, true, 1});
+// is as before: no async_wait anywhere. The CPU executor's plan, and the cuda executor's
+// (its all-to-alls exchange on a communication stream until their reader: bf16, lowered for
+// cuda; the executor itself runs only on a GPU).
+class PlanMemoryOverlap : public ::testing::TestWithParam<Backend> {};
+
+TEST_P(PlanMemoryOverlap, KeepsEachAllToAllsWorkspaceUntilItsReader) {
+  const Backend backend = GetParam();
+  const DType dtype = backend == Backend::cuda ? DType::bf16 : DType::f32;
+  Graph forward = models::llama_forward(testing::tiny_llama(), {.batch = 1, .seq_len = 64, .dtype = dtype});
   CompileOptions options{2, {"autosp"}, true, 1};
+  options.backend = backend;
+  const Graph plain = compile(forward, options);
   options.overlap = true;
   const Graph g = compile(forward, options);
   for (const Node& node : plain.nodes()) EXPECT_FALSE(node.attrs.has("async_wait"));
@@ -203,10 +210,14 @@ TEST(PlanMemory, OverlapKeepsEachAllToAllsWorkspaceUntilItsReader) {
   EXPECT_EQ(overlapped, 8 * testing::tiny_llama().num_hidden_layers);
   // The schedule issues the exchanges early; one whose reader comes right after it (seen: 4 of
   // 16 here) has nothing to hide behind, the others have.
-  std::printf("tiny llama SP 2: %d of %d all-to-alls have compute to overlap\n", with_room, overlapped);
+  std::printf("tiny llama SP 2 (%s): %d of %d all-to-alls have compute to overlap\n", backend_name(backend),
+              with_room, overlapped);
   EXPECT_GE(2 * with_room, overlapped);
   testing::expect_no_live_overlap(g);
 }
+
+INSTANTIATE_TEST_SUITE_P(Backends, PlanMemoryOverlap, ::testing::Values(Backend::cpu, Backend::cuda),
+                         [](const auto& info) { return backend_name(info.param); });
 
 // planned_arena_bytes is plan_memory's arena without the plan, and with a bound is exact up
 // to it and above it past it; the buffers read_memory_plan names live at the live peak add
