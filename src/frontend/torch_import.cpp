@@ -805,11 +805,13 @@ class TorchImporter {
     if (op == "torch.ops.aten.embedding.default") {
       const std::string w = A("weight", 0), idx = A("indices", 1);
       const Imported& ids = value(idx);
-      if (const json* pad = arg(n, "padding_idx", 2); pad && pad->contains("as_int") && (*pad)["as_int"].get<int64_t>() >= 0)
-        padding_idx_note(n);
+      int64_t padding_idx = -1;
+      if (const json* pad = arg(n, "padding_idx", 2); pad && pad->contains("as_int"))
+        padding_idx = (*pad)["as_int"].get<int64_t>();
       Tensor weight = tensor_of(w);
       Tensor index = ids.kind == Imported::positions ? positions() : tensor_of(idx);
-      Tensor e = t_.embedding(weight, index);
+      if (padding_idx >= t_.shape(weight)[0]) m_.fail_at(n, str("padding_idx ", padding_idx, " is not a row of the table"));
+      Tensor e = padding_idx >= 0 ? t_.embedding(weight, index, padding_idx) : t_.embedding(weight, index);
       if (ids.kind == Imported::positions) {  // torch's [1, S, H] (or [S, H]); autosp's [B, S, H] adds alike
         Shape s = ids.shape;
         s.push_back(t_.shape(weight)[1]);
@@ -941,16 +943,6 @@ class TorchImporter {
     }
     if (op == "torch.ops.aten.cross_entropy_loss.default") return cross_entropy(n);
     return unsupported();
-  }
-
-  // torch's padding_idx only keeps that row's gradient at zero; autosp's embedding has no
-  // such row, so it differs exactly where the padding id is an input token (rare in training
-  // data, whose padding the labels mask, but not never): said, in notes().
-  void padding_idx_note(const FxNode& n) {
-    const int64_t pad = int_arg(n, "padding_idx", 2);
-    const std::string note = str("node '", n.name, "': embedding padding_idx ", pad, " is not honoured: the gradient of "
-                                 "row ", pad, " is also taken where token ", pad, " is an input");
-    if (std::find(m_.notes.begin(), m_.notes.end(), note) == m_.notes.end()) m_.notes.push_back(note);
   }
 
   Tensor labels() {

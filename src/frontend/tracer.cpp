@@ -26,6 +26,9 @@ Tensor Tracer::input(Role role, const std::string& name, DType dtype, const Shap
 }
 
 Tensor Tracer::embedding(Tensor w, Tensor tokens) { return op(OpKind::embedding, {w, tokens}); }
+Tensor Tracer::embedding(Tensor w, Tensor tokens, int64_t padding_idx) {
+  return op(OpKind::embedding, {w, tokens}, {{"padding_idx", padding_idx}});
+}
 Tensor Tracer::linear(Tensor x, Tensor w) { return op(OpKind::linear, {x, w}); }
 Tensor Tracer::linear(Tensor x, Tensor w, Tensor bias) { return op(OpKind::linear, {x, w, bias}); }
 Tensor Tracer::add(Tensor a, Tensor b) { return op(OpKind::add, {a, b}); }

@@ -51,6 +51,8 @@ class Tracer {
   const Shape& shape(Tensor t) const { return graph_.shape(t.id); }
 
   Tensor embedding(Tensor weight, Tensor tokens);
+  // torch's padding_idx: that row's gradient stays zero.
+  Tensor embedding(Tensor weight, Tensor tokens, int64_t padding_idx);
   Tensor linear(Tensor x, Tensor weight);               // x W^T
   Tensor linear(Tensor x, Tensor weight, Tensor bias);  // x W^T + b
   Tensor add(Tensor a, Tensor b);

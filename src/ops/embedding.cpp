@@ -1,4 +1,6 @@
 // embedding (a row gather) and its backward (a scatter-add).
+#include <algorithm>
+
 #include "kernels/cpu/fused.h"
 #include "kernels/cuda/fused_layout.h"
 #include "ops/op.h"
@@ -36,18 +38,32 @@ void cuda_embedding_backward(const KernelArgs& a, const CudaContext& c) {
   float* acc = cuda_out_dt(a, 0) == cuda::Dt::f32 ? a.out<float>(0) : static_cast<float*>(a.workspace);
   cuda::embedding_backward_fused(cuda_in_dt(a, 0), a.in<void>(0), a.in<int32_t>(1), a.in_numel(1), w[1], w[0],
                                  a.out<void>(0), acc, c.error, c.stream);
+  if (a.attrs->has("padding_idx")) {
+    const int64_t row = w[1] * int64_t(dtype_size(a.out_types[0]->dtype));
+    check_cuda(cudaMemsetAsync(a.out<char>(0) + a.attrs->get_int("padding_idx") * row, 0, size_t(row), c.stream),
+               "cudaMemsetAsync", "embedding_backward's padding row");
+  }
 }
 #endif
 }  // namespace
 
-// embedding(weight[V, H], tokens i32[...]) -> [..., H] of weight's dtype
+// The padding row torch's padding_idx names, checked against the table's V rows.
+void check_padding_idx(const Attrs& attrs, int64_t vocab) {
+  if (!attrs.has("padding_idx")) return;
+  const int64_t p = attrs.get_int("padding_idx");
+  require(p >= 0 && p < vocab, "padding_idx ", p, " is outside [0, ", vocab, ")");
+}
+
+// embedding(weight[V, H], tokens i32[...]) {padding_idx?} -> [..., H] of weight's dtype.
+// padding_idx (torch's): the gradient of that row is zero (its tokens add nothing to dW).
 extern const OpDef embedding_op = {
     .num_inputs = 2,
     .num_outputs = 1,
-    .infer = [](const Types& in, const Attrs&) -> Types {
+    .infer = [](const Types& in, const Attrs& attrs) -> Types {
       require_floating(in[0], "weight");
       require_rank(in[0], 2, "weight");
       require_dtype(in[1], DType::i32, "tokens");
+      check_padding_idx(attrs, in[0].shape[0]);
       Shape out = in[1].shape;
       out.push_back(in[0].shape[1]);
       return {{in[0].dtype, out}};
@@ -56,8 +72,9 @@ extern const OpDef embedding_op = {
     // dW[v] = sum of dy over the positions holding token v
     .grad = [](GradContext& c) {
       AUTOSP_CHECK(!c.needs[1], "token ids have no gradient");
-      c.din[0] = c.b.emit1(OpKind::embedding_backward, {c.dout[0], c.in(1)},
-                           {{"vocab", c.b.shape(c.in(0))[0]}});
+      Attrs attrs{{"vocab", c.b.shape(c.in(0))[0]}};
+      if (c.attrs().has("padding_idx")) attrs.set("padding_idx", c.attrs().get_int("padding_idx"));
+      c.din[0] = c.b.emit1(OpKind::embedding_backward, {c.dout[0], c.in(1)}, attrs);
     },
     .cpu = [](const KernelArgs& a) {
       const Shape& w = a.in_shape(0);
@@ -74,7 +91,8 @@ extern const OpDef embedding_op = {
     .cuda = {.name = "embedding_fused", .run = AUTOSP_CUDA_RUN(cuda_embedding)},
 };
 
-// embedding_backward(dy[..., H], tokens i32[...]) {vocab} -> dW[vocab, H] of dy's dtype
+// embedding_backward(dy[..., H], tokens i32[...]) {vocab, padding_idx?} -> dW[vocab, H] of dy's
+// dtype; row padding_idx zero
 extern const OpDef embedding_backward_op = {
     .num_inputs = 2,
     .num_outputs = 1,
@@ -82,6 +100,7 @@ extern const OpDef embedding_backward_op = {
       require_floating(in[0], "dy");
       require_dtype(in[1], DType::i32, "tokens");
       require(attrs.has("vocab") && attrs.get_int("vocab") > 0, "needs a positive 'vocab'");
+      check_padding_idx(attrs, attrs.get_int("vocab"));
       Shape expect = in[1].shape;
       expect.push_back(in[0].shape.empty() ? -1 : in[0].shape.back());
       require(in[0].shape == expect, "dy must be tokens' shape + [H]");
@@ -95,6 +114,7 @@ extern const OpDef embedding_backward_op = {
       const Shape& w = a.out_shape(0);
       check_ids(a.in<int32_t>(1), a.in_numel(1), w[0]);
       cpu::embedding_backward(a.in(0), a.in<int32_t>(1), a.in_numel(1), w[1], w[0], a.out(0));
+      if (a.attrs->has("padding_idx")) std::fill_n(a.out(0) + a.attrs->get_int("padding_idx") * w[1], w[1], 0.0f);
     },
     .cpu_per_isa = true,
     .cuda = {.name = "embedding_backward_fused",

@@ -235,7 +235,9 @@ TEST(Plan, TheArenaIsBrokenDownIntoWhatItHolds) {
         // The peak is in the backward, after the head's gradient (the first one final; under
         // ZeRO-0 all-reduced whole into a step output, from ZeRO-1 on reduce-scattered).
         EXPECT_GT(a.gradient_buckets, 0);
-        if (zero == 0) EXPECT_GE(a.gradient_buckets, 2 * model.vocab_size * model.hidden_size);
+        if (zero == 0) {
+          EXPECT_GE(a.gradient_buckets, 2 * model.vocab_size * model.hidden_size);
+        }
         // At most every bf16 gradient twice (at a bucket's concat its gradients and the bucket
         // are both live), and the alignment of the few buffers.
         EXPECT_LE(a.gradient_buckets, 2 * 2 * N + 64 * 64);

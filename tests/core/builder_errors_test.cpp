@@ -34,6 +34,13 @@ TEST(BuilderErrors, WrongDtype) {
                     {"embedding(f32[10, 4], f32[2, 3])", "tokens must be i32"});
 }
 
+TEST(BuilderErrors, APaddingIdxOutsideTheTable) {
+  Tracer t;
+  Tensor w = t.parameter("w", {7, 4});
+  Tensor tok = t.input(Role::tokens, "tokens", DType::i32, {2});
+  expect_user_error([&] { t.embedding(w, tok, 7); }, {"embedding(f32[7, 4], i32[2])", "padding_idx 7 is outside [0, 7)"});
+}
+
 TEST(BuilderErrors, MixedDtypesNameBothTypes) {
   Tracer t;
   Tensor x = t.parameter("x", {2, 3}, DType::bf16);

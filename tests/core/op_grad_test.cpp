@@ -126,6 +126,38 @@ TEST(OpGrad, Embedding) {
   check_gradients(t.finish(), feed);
 }
 
+// torch's padding_idx: the padding row's gradient is zero, every other row's is the plain
+// embedding's (checked by finite differences above), bit for bit.
+TEST(OpGrad, EmbeddingPaddingIdxZeroesThatRowOnly) {
+  std::map<bool, std::vector<float>> grads;
+  for (const bool padded : {false, true}) {
+    Tracer t;
+    Tensor w = t.parameter("w", {7, 4});
+    Tensor tok = t.input(Role::tokens, "tokens", DType::i32, {2, 5});
+    t.output("y0", padded ? t.embedding(w, tok, 3) : t.embedding(w, tok));
+    const Graph forward = t.finish();
+    Graph joint = autodiff(testing::with_probe_loss(forward));
+    Feed feed;
+    feed.i["tokens"] = {0, 3, 3, 6, 1, 3, 2, 0, 6, 6};
+    testing::fill_random(feed, joint, 1);
+    HeapAllocator alloc;
+    CpuExecutor ex(joint, alloc);
+    feed.bind(ex, joint);
+    ex.run();
+    grads[padded] = ex.output_vector(kGradPrefix + std::string("w"));
+  }
+  for (int64_t v = 0; v < 7; ++v)
+    for (int64_t h = 0; h < 4; ++h) {
+      const size_t k = size_t(v * 4 + h);
+      if (v == 3) {
+        EXPECT_EQ(grads[true][k], 0.0f) << "row 3, the padding row";
+        EXPECT_NE(grads[false][k], 0.0f);  // token 3 is read: the plain gradient is not zero
+      } else {
+        EXPECT_EQ(grads[true][k], grads[false][k]) << "row " << v;
+      }
+    }
+}
+
 TEST(OpGrad, RmsNorm) {
   Tracer t;
   Tensor x = t.parameter("x", {2, 3, 8}), w = t.parameter("w", {8});

@@ -45,9 +45,12 @@ TEST_P(LowerCpuGolden, TinyTransformer) {
   for (const Node& node : lowered.nodes()) {
     if (node.op == OpKind::input) continue;
     const std::string kernel = lowered_binding(node).kernel;
-    if (node.op == OpKind::attention)
+    if (node.op == OpKind::attention) {
       EXPECT_EQ(kernel, std::string("cpu.") + cpu::isa_name(GetParam()) + ".attention");
-    if (node.op == OpKind::linear) EXPECT_EQ(kernel, "cpu.linear");
+    }
+    if (node.op == OpKind::linear) {
+      EXPECT_EQ(kernel, "cpu.linear");
+    }
   }
 }
 
