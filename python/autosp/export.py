@@ -11,7 +11,9 @@ The model code is not changed. What this does, and nothing else:
     node in the exported graph instead of a B x 1 x S x S mask subgraph, and autosp's
     compiler shards it (causal, sliding window);
   - exports `forward(input_ids, labels) -> loss` with torch.export.export, the batch and the
-    sequence length dynamic, and saves it with torch.export.save.
+    sequence length dynamic, and saves it with torch.export.save, a transformers model's
+    config.json beside the graph (the archive's extra/config.json), so that autosp's
+    checkpoints of the program are model directories transformers loads.
 Models that call torch.nn.functional.scaled_dot_product_attention(is_causal=True) themselves
 need none of the registration; autosp reads that node as it is.
 
@@ -20,6 +22,7 @@ copy before, if one is needed); loading the .pt2 back in Python (torch.export.lo
 register() first, for the custom op. The archive keeps each node's stack trace (autosp's
 errors quote the model's source line from it), which names the source files' paths.
 """
+import json
 import math
 
 import torch
@@ -102,5 +105,14 @@ def export(model, path, batch: int = 2, seq_len: int = 16, max_seq_len: int = 1 
     s = torch.export.Dim("seq_len", min=2, max=max_seq_len)
     program = torch.export.export(_LossOf(model), (ids, ids.clone()),
                                   dynamic_shapes=({0: b, 1: s}, {0: b, 1: s}))
-    torch.export.save(program, path)
+    # transformers' config.json rides along (the archive's extra/config.json): autosp's
+    # checkpoints of the program are then model directories transformers loads.
+    # (with the model's class as "architectures", which save_pretrained adds likewise)
+    config, extra = getattr(model, "config", None), None
+    if hasattr(config, "to_json_string"):
+        fields = json.loads(config.to_json_string())
+        if not fields.get("architectures"):
+            fields["architectures"] = [type(model).__name__]
+        extra = {"config.json": json.dumps(fields, indent=2, sort_keys=True) + "\n"}
+    torch.export.save(program, path, extra_files=extra)
     return program

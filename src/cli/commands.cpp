@@ -588,7 +588,8 @@ int run_train(const TrainArgs& args, MpiRuntime* mpi) {
       if (p.shape.size() == 2 && p.shape[0] == model.vocab_size && model.hidden_size == 0) model.hidden_size = p.shape[1];
     model.max_position_embeddings = INT64_MAX;
     warn_all(launch, imported->notes());
-    program_id = train::ImportedProgramId{args.model, imported->graph_hash(), imported->parameters()};
+    program_id = train::ImportedProgramId{args.model, imported->graph_hash(), imported->parameters(),
+                                          imported->hf_config()};
     if (!args.resume.empty()) {
       load_resume();
       if (!ckpt->info.program)

@@ -96,6 +96,7 @@ struct TorchProgram::Impl {
   std::vector<models::ParameterSpec> specs;
   std::vector<std::string> spec_placeholders;
   uint64_t graph_hash = 0;
+  std::string hf_config;  // extra/config.json, or empty
   mutable int64_t vocab = 0;
   mutable std::vector<std::string> notes;  // what the import could not keep exactly
 
@@ -205,6 +206,7 @@ TorchProgram& TorchProgram::operator=(TorchProgram&&) noexcept = default;
 const std::string& TorchProgram::path() const { return impl_->path; }
 const std::vector<models::ParameterSpec>& TorchProgram::parameters() const { return impl_->specs; }
 uint64_t TorchProgram::graph_hash() const { return impl_->graph_hash; }
+const std::string& TorchProgram::hf_config() const { return impl_->hf_config; }
 const std::vector<std::string>& TorchProgram::notes() const {
   if (impl_->vocab == 0) forward({.batch = 1, .seq_len = 2});
   return impl_->notes;
@@ -269,6 +271,12 @@ TorchProgram TorchProgram::load(const std::string& path) {
                  "loss (one scalar)");
     m.loss = tensor_name(outs[0]);
 
+    // export.py's transformers config.json (kept as text; checked to be a JSON object).
+    if (const std::string extra = m.prefix + "extra/config.json"; m.zip.contains(extra)) {
+      m.hf_config = m.zip.read_text(extra);
+      const json parsed = json::parse(m.hf_config, nullptr, /*allow_exceptions=*/false);
+      if (!parsed.is_object()) user_error(path, ": ", extra, " is not a JSON object (a transformers config.json)");
+    }
     const json weights = json::parse(m.zip.read_text(m.prefix + "data/weights/model_weights_config.json"));
     json constants = json::object();
     if (m.zip.contains(m.prefix + "data/constants/model_constants_config.json"))

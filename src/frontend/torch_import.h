@@ -64,6 +64,9 @@ class TorchProgram {
   // traces name the exporting machine's paths): the same model exported again hashes alike.
   // A checkpoint records it, so that a resume is given the program it trained.
   uint64_t graph_hash() const;
+  // The transformers config.json python/autosp/export.py stores in the archive
+  // (extra/config.json), as text; empty when the program has none.
+  const std::string& hf_config() const;
 
   // The forward graph at batch B and sequence length S: inputs "input_ids", "position_ids"
   // where the model uses positions, "document_ids" with options.documents, "labels" (i32

@@ -278,8 +278,11 @@ json imported_config_json(const ImportedProgramId& p) {
   std::snprintf(hash, sizeof(hash), "%016llx", (unsigned long long)p.graph_hash);
   json params = json::array();
   for (const models::ParameterSpec& spec : p.parameters) params.push_back({spec.name, spec.shape});
-  return {{"autosp_imported_program", {{"file", p.file}, {"graph_hash", hash}, {"parameters", params}}},
-          {"torch_dtype", "float32"}};
+  json j = p.hf_config.empty() ? json::object() : json::parse(p.hf_config);
+  if (j.contains("dtype")) j["dtype"] = "float32";  // transformers 5's key; 4 reads torch_dtype
+  j["torch_dtype"] = "float32";
+  j["autosp_imported_program"] = {{"file", p.file}, {"graph_hash", hash}, {"parameters", params}};
+  return j;
 }
 
 ImportedProgramId parse_imported_config(const json& j, const std::string& path) {

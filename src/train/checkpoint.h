@@ -67,6 +67,10 @@ struct ImportedProgramId {
   std::string file;        // as given to --model, for messages
   uint64_t graph_hash = 0;  // TorchProgram::graph_hash
   std::vector<models::ParameterSpec> parameters;
+  // The program's transformers config.json (TorchProgram::hf_config), or empty. With one, the
+  // checkpoint's config.json is it (dtype float32) plus "autosp_imported_program": the
+  // checkpoint is a model directory transformers loads, the weights under its own names.
+  std::string hf_config;
   bool operator==(const ImportedProgramId& o) const {
     if (graph_hash != o.graph_hash || parameters.size() != o.parameters.size()) return false;
     for (size_t i = 0; i < parameters.size(); ++i)

@@ -17,6 +17,7 @@
 #include "io/safetensors.h"
 #include "testing/compare.h"
 #include "testing/errors.h"
+#include "testing/hf_venv.h"
 #include "testing/process.h"
 #include "testing/tiny_llama.h"
 #include "testing/torch_export.h"
@@ -303,6 +304,38 @@ TEST(TorchImport, ASavedProgramResumesBitwiseAndOnlyWithItsProgram) {
   r = train(str("--model ", llama, " --resume ", dir / "hf_ckpt", " --steps 2"));
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_NE(r.output.find("not of an imported PyTorch program"), std::string::npos) << r.output;
+}
+
+// A program exported with its transformers config.json (export.py stores it; the llama
+// fixture has it) is saved as a model directory transformers loads: no missing, unexpected or
+// misshaped key, and transformers' loss on the next sample is autosp's next step's.
+TEST(TorchImport, AProgramsCheckpointIsAModelTransformersLoads) {
+  const ExportFixture f(testing::source_path("tests/fixtures/torch_export/llama"));
+  ASSERT_FALSE(f.program.hf_config().empty()) << "the fixture was exported without its config.json";
+  const testing::TempDir dir("torch_hf");
+  // One sample (the fixture's first row), so that every step reads it.
+  const std::vector<int32_t> tokens = f.tokens()[0];
+  std::ofstream(dir / "one.bin", std::ios::binary)
+      .write(reinterpret_cast<const char*>(tokens.data()), std::streamsize(tokens.size() * 4));
+  std::ofstream(dir / "ds.json") << R"({"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
+      "optimizer": {"type": "AdamW", "params": {"lr": 0.01}}})";
+  const std::string train = str("OMP_NUM_THREADS=1 ", AUTOSP_BINARY, " train --config ", dir / "ds.json", " --data ",
+                                dir / "one.bin", " --model ", f.dir, "/model.pt2 ");
+  auto r = testing::run_command(str(train, "--seq-len ", f.S(), " --steps 2 --save ", dir / "ck 2>&1"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = testing::run_command(str(train, "--resume ", dir / "ck", " --steps 3 --metrics ", dir / "m.jsonl 2>&1"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const double next = testing::read_metrics(dir / "m.jsonl").back()["loss"].get<double>();
+  const nlohmann::json hf = testing::transformers_load(dir / "ck", tokens);
+  EXPECT_EQ(hf["missing_keys"], nlohmann::json::array()) << hf.dump();
+  EXPECT_EQ(hf["unexpected_keys"], nlohmann::json::array()) << hf.dump();
+  EXPECT_EQ(hf["mismatched_keys"], nlohmann::json::array()) << hf.dump();
+  EXPECT_EQ(hf["torch_dtype"], "float32");
+  EXPECT_NEAR(hf["loss"].get<double>(), next, 1e-6 * next) << hf.dump();
+  // and still the program's checkpoint: a resume checks it against the program
+  const nlohmann::json config = nlohmann::json::parse(file_bytes(dir / "ck/config.json"));
+  EXPECT_EQ(config["architectures"], nlohmann::json::array({"LlamaForCausalLM"}));
+  EXPECT_TRUE(config.contains("autosp_imported_program"));
 }
 
 TEST(TorchImportErrors, AnUnsupportedOpIsNamedWithItsNodeAndTheModelsSourceLine) {

@@ -17,6 +17,7 @@
 #include "models/llama.h"
 #include "testing/compare.h"
 #include "testing/errors.h"
+#include "testing/hf_venv.h"
 #include "testing/process.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
@@ -27,6 +28,7 @@ namespace {
 
 using nlohmann::json;
 using testing::expect_contains;
+using testing::transformers_load;
 using testing::source_path;
 using testing::user_error_of;
 
@@ -227,34 +229,6 @@ TEST(HfModelDir, Bf16CheckpointIsShardedAsSavePretrainedWithFp32MastersAndResume
   EXPECT_GT(finer, total / 2);
   const auto r = testing::run_command(str(AUTOSP_BINARY, " verify ", ck));
   EXPECT_EQ(r.exit_code, 0) << r.output;
-}
-
-// The transformers the tests load checkpoints with (scripts/install_hf_venv.sh, which
-// `make test` runs first): a missing one fails the test, saying how to install it.
-std::string hf_python() {
-  const char* venv = std::getenv("AUTOSP_HF_VENV");
-  const char* cache = std::getenv("XDG_CACHE_HOME");
-  const char* home = std::getenv("HOME");
-  const std::string dir = venv ? venv : str(cache ? cache : str(home ? home : "", "/.cache"), "/autosp/hf-venv");
-  const std::string python = dir + "/bin/python";
-  EXPECT_TRUE(std::filesystem::exists(python))
-      << python << " is missing: run scripts/install_hf_venv.sh (make test runs it)";
-  return python;
-}
-
-// transformers' from_pretrained on `dir`, with the loss of `tokens` (tests/reference/hf_load_checkpoint.py).
-json transformers_load(const std::string& dir, const std::vector<int32_t>& tokens) {
-  std::string ids;
-  for (int32_t t : tokens) ids += (ids.empty() ? "" : ",") + std::to_string(t);
-  const auto r = testing::run_command(
-      str(hf_python(), " ", source_path("tests/reference/hf_load_checkpoint.py"), " ", dir, " ", ids, " 2>/dev/null"));
-  EXPECT_EQ(r.exit_code, 0) << r.output;
-  const size_t line = r.output.rfind("{\"missing_keys\"");
-  if (line == std::string::npos) {
-    ADD_FAILURE() << r.output;
-    return json::object();
-  }
-  return json::parse(r.output.substr(line, r.output.find('\n', line) - line));
 }
 
 // A checkpoint is a model transformers loads as it is: no missing, unexpected or misshaped
