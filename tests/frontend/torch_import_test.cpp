@@ -80,15 +80,17 @@ TEST_P(TorchImportReference, LossGradientsAndFiveStepsEqualPyTorch) {
     const double loss = steps[k]["loss"].get<double>(), norm = steps[k]["grad_norm"].get<double>();
     std::printf("%s step %zu: loss %.10f vs %.10f, grad norm %.8f vs %.8f\n", GetParam().c_str(), k, st.loss, loss,
                 st.grad_norm, norm);
-    EXPECT_NEAR(st.loss, loss, 1e-5 * std::abs(loss)) << "step " << k;
-    // GPT-2's gradient norm drifts from float64's after the first step (observed: 6e-6 at step 1,
-    // 4.4e-5 at step 3, while its losses stay within 7.3e-6); the other models' stay within 1.3e-6.
-    // PyTorch's own fp32 run drifts alike (2.4e-5 at step 3, loss 1e-5): AdamW's first update is
-    // about lr x sign(g), and where g is at fp32's rounding noise the sign is the noise's. After
-    // step 0, fp32 and float64 differ by ~lr in 12 elements of each layer's key bias (whose exact
-    // gradient is zero) and in one element of layer 0's mlp.c_proj weight. So held to 1e-4 there.
-    const double norm_tolerance = GetParam() == "gpt2" && k > 0 ? 1e-4 : 1e-5;
-    EXPECT_NEAR(st.grad_norm, norm, norm_tolerance * std::abs(norm)) << "step " << k;
+    // GPT-2 drifts from float64 after the first step, its gradient norm (observed: 6e-6 at step 1,
+    // 4.4e-5 at step 3) and its loss (6.3e-6 at step 3 with the avx2 kernels, 7.3e-6 avx512,
+    // 1.2e-5 in the -O0 sanitizer build); the other models stay within 1.3e-6. PyTorch's own fp32
+    // run drifts alike (2.4e-5 at step 3, loss 3.9e-6): AdamW's first update is about
+    // lr x sign(g), and where g is at fp32's rounding noise the sign is the noise's, so any
+    // reordering moves it. After step 0, fp32 and float64 differ by ~lr in 12 elements of each
+    // layer's key bias (whose exact gradient is zero) and in one element of layer 0's
+    // mlp.c_proj weight. So GPT-2's steps after the first are held to 1e-4.
+    const double tolerance = GetParam() == "gpt2" && k > 0 ? 1e-4 : 1e-5;
+    EXPECT_NEAR(st.loss, loss, tolerance * std::abs(loss)) << "step " << k;
+    EXPECT_NEAR(st.grad_norm, norm, tolerance * std::abs(norm)) << "step " << k;
   }
 }
 
