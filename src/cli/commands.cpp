@@ -39,6 +39,16 @@ using nlohmann::json;
 
 namespace {
 
+// --model: a PyTorch program (FILE.pt2, frontend/torch_import.h: true) or a model directory
+// (config.json: false); empty (a resume without it) is neither. Anything else is refused.
+bool is_torch_program(const std::string& model) {
+  const bool pt2 = model.size() > 4 && model.compare(model.size() - 4, 4, ".pt2") == 0;
+  if (!model.empty() && !pt2 && !fs::is_directory(model))
+    user_error("--model ", model, ": neither a model directory (config.json) nor a PyTorch program (.pt2, "
+               "python/autosp/export.py)");
+  return pt2;
+}
+
 std::string human_bytes(double b) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
   int u = 0;
@@ -550,10 +560,7 @@ int run_train(const TrainArgs& args, MpiRuntime* mpi) {
   // --model FILE.pt2: a PyTorch program (frontend/torch_import.h) in place of a model directory.
   std::optional<TorchProgram> imported;
   std::optional<train::ImportedProgramId> program_id;  // what its checkpoints record
-  const bool pt2 = args.model.size() > 4 && args.model.compare(args.model.size() - 4, 4, ".pt2") == 0;
-  if (!args.model.empty() && !pt2 && !fs::is_directory(args.model))
-    user_error("--model ", args.model, ": neither a model directory (config.json) nor a PyTorch program (.pt2, "
-               "python/autosp/export.py)");
+  const bool pt2 = is_torch_program(args.model);
   // --resume DIR: the checkpoint, verified against its manifest, each file read by one rank.
   auto load_resume = [&] {
     try {
@@ -587,7 +594,6 @@ int run_train(const TrainArgs& args, MpiRuntime* mpi) {
     for (const models::ParameterSpec& p : imported->parameters())  // the token embedding [V, H]
       if (p.shape.size() == 2 && p.shape[0] == model.vocab_size && model.hidden_size == 0) model.hidden_size = p.shape[1];
     model.max_position_embeddings = INT64_MAX;
-    warn_all(launch, imported->notes());
     program_id = train::ImportedProgramId{args.model, imported->graph_hash(), imported->parameters(),
                                           imported->hf_config()};
     if (!args.resume.empty()) {
@@ -595,7 +601,7 @@ int run_train(const TrainArgs& args, MpiRuntime* mpi) {
       if (!ckpt->info.program)
         user_error("--resume ", ckpt->dir, ": a checkpoint of ", ckpt->model.architecture, ", not of an imported "
                    "PyTorch program; --model ", args.model, " cannot continue it (pass the model directory it trained)");
-      if (!(*ckpt->info.program == *program_id))
+      if (!ckpt->info.program->same_program(*program_id))
         user_error("--resume ", ckpt->dir, ": it trained the program ", ckpt->info.program->file, ", not --model ",
                    args.model, " (",
                    ckpt->info.program->graph_hash != program_id->graph_hash ? "another graph"
@@ -799,19 +805,12 @@ int run_verify(const std::string& dir) {
 }
 
 int run_dump(const DumpArgs& args) {
-  const bool pt2 = args.model.size() > 4 && args.model.compare(args.model.size() - 4, 4, ".pt2") == 0;
+  const bool pt2 = is_torch_program(args.model);
   std::optional<TorchProgram> imported;  // --model FILE.pt2: a PyTorch program in place of a directory
   models::LlamaConfig model;
   std::vector<std::string> warnings;  // config.json's keys autosp does not read, said once
-  if (pt2) {
-    imported.emplace(TorchProgram::load(args.model));
-    warnings = imported->notes();
-  } else {
-    if (!fs::is_directory(args.model))
-      user_error("--model ", args.model, ": neither a model directory (config.json) nor a PyTorch program (.pt2, "
-                 "python/autosp/export.py)");
-    model = models::load_llama_config(args.model + "/config.json", &warnings);
-  }
+  if (pt2) imported.emplace(TorchProgram::load(args.model));
+  else model = models::load_llama_config(args.model + "/config.json", &warnings);
   for (const std::string& w : warnings) std::fprintf(stderr, "autosp: warning: %s\n", w.c_str());
   const auto& stages = pipeline_stages();
   if (std::find(stages.begin(), stages.end(), args.stage) == stages.end()) {

@@ -98,7 +98,6 @@ struct TorchProgram::Impl {
   uint64_t graph_hash = 0;
   std::string hf_config;  // extra/config.json, or empty
   mutable int64_t vocab = 0;
-  mutable std::vector<std::string> notes;  // what the import could not keep exactly
 
   explicit Impl(const std::string& p) : path(p), zip(p) {}
 
@@ -207,10 +206,6 @@ const std::string& TorchProgram::path() const { return impl_->path; }
 const std::vector<models::ParameterSpec>& TorchProgram::parameters() const { return impl_->specs; }
 uint64_t TorchProgram::graph_hash() const { return impl_->graph_hash; }
 const std::string& TorchProgram::hf_config() const { return impl_->hf_config; }
-const std::vector<std::string>& TorchProgram::notes() const {
-  if (impl_->vocab == 0) forward({.batch = 1, .seq_len = 2});
-  return impl_->notes;
-}
 int64_t TorchProgram::vocab_size() const {
   if (impl_->vocab == 0) forward({.batch = 1, .seq_len = 2});
   return impl_->vocab;
@@ -388,7 +383,6 @@ std::optional<RopeOptions> rope_from_inv_freq(const std::vector<float>& f, int64
       if (!(e <= kTolerance)) return;  // (NaN too)
       error = std::max(error, e);
     }
-    if (!(error <= kTolerance)) return;
     round = round && error <= 1e-6;
     if (best_round && !round) return;
     if ((round && !best_round) || error < best_error) best = o, best_error = error, best_round = round;

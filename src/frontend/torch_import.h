@@ -57,9 +57,6 @@ class TorchProgram {
   std::vector<float> read_parameter(size_t i) const;
   // The logits' last dim (the vocabulary), found while importing the loss.
   int64_t vocab_size() const;
-  // What the import could not keep exactly, one line each, for the user to see (none of the
-  // ops imported today: kept for an import that approximates).
-  const std::vector<std::string>& notes() const;
   // FNV-1a 64 of the program's graph and signature without the nodes' metadata (stack
   // traces name the exporting machine's paths): the same model exported again hashes alike.
   // A checkpoint records it, so that a resume is given the program it trained.

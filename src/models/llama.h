@@ -62,6 +62,7 @@ nlohmann::json llama_config_json(const LlamaConfig& config);
 struct ParameterSpec {
   std::string name;  // Hugging Face tensor name
   Shape shape;
+  bool operator==(const ParameterSpec&) const = default;
 };
 // Every trainable tensor (lm_head.weight only when untied; the q, k, v biases and q_norm,
 // k_norm where the architecture has them), per layer in the order the forward reads them.

@@ -78,6 +78,15 @@ std::string hex64(uint64_t h) {
   std::snprintf(buf, sizeof(buf), "%016llx", (unsigned long long)h);
   return buf;
 }
+// hex64's text back; anything else is a UserError naming `key` in `path`.
+uint64_t parse_hex64(const json& v, const std::string& key, const std::string& path) {
+  const std::string hex = v.is_string() ? v.get<std::string>() : v.dump();
+  char* end = nullptr;
+  const uint64_t h = std::strtoull(hex.c_str(), &end, 16);
+  if (!v.is_string() || hex.size() != 16 || end != hex.c_str() + hex.size())
+    user_error(path, ": ", key, ": expected 16 hex digits, got ", hex);
+  return h;
+}
 
 // The files a manifest covers: every regular file under `dir` but the manifest, by path
 // relative to `dir`, sorted. Anything that is neither a file nor a directory is named.
@@ -271,17 +280,14 @@ const std::vector<std::string>& companion_files() {
   return files;
 }
 
-// The files beside the tensor files, manifest.json last (it vouches for everything).
 // An imported program's config.json: the program, its graph's hash and its parameters.
 json imported_config_json(const ImportedProgramId& p) {
-  char hash[17];
-  std::snprintf(hash, sizeof(hash), "%016llx", (unsigned long long)p.graph_hash);
   json params = json::array();
   for (const models::ParameterSpec& spec : p.parameters) params.push_back({spec.name, spec.shape});
   json j = p.hf_config.empty() ? json::object() : json::parse(p.hf_config);
   if (j.contains("dtype")) j["dtype"] = "float32";  // transformers 5's key; 4 reads torch_dtype
   j["torch_dtype"] = "float32";
-  j["autosp_imported_program"] = {{"file", p.file}, {"graph_hash", hash}, {"parameters", params}};
+  j["autosp_imported_program"] = {{"file", p.file}, {"graph_hash", hex64(p.graph_hash)}, {"parameters", params}};
   return j;
 }
 
@@ -291,11 +297,7 @@ ImportedProgramId parse_imported_config(const json& j, const std::string& path) 
   if (!p.is_object() || !p.contains("file") || !p["file"].is_string())
     user_error(path, ": autosp_imported_program.file: expected the program's path");
   id.file = p["file"];
-  const std::string hex = p.value("graph_hash", json()).is_string() ? p["graph_hash"].get<std::string>() : "";
-  char* end = nullptr;
-  id.graph_hash = std::strtoull(hex.c_str(), &end, 16);
-  if (hex.size() != 16 || end != hex.c_str() + hex.size())
-    user_error(path, ": autosp_imported_program.graph_hash: expected 16 hex digits");
+  id.graph_hash = parse_hex64(p.value("graph_hash", json()), "autosp_imported_program.graph_hash", path);
   if (!p.contains("parameters") || !p["parameters"].is_array() || p["parameters"].empty())
     user_error(path, ": autosp_imported_program.parameters: expected [name, shape] pairs");
   for (const json& e : p["parameters"]) {
@@ -307,6 +309,7 @@ ImportedProgramId parse_imported_config(const json& j, const std::string& path) 
   return id;
 }
 
+// The files beside the tensor files, manifest.json last (it vouches for everything).
 void write_other_files(const fs::path& dir, const models::LlamaConfig& model, const ModelState& state,
                        const CheckpointInfo& info) {
   write_file_atomic((dir / "config.json").string(),
@@ -332,9 +335,7 @@ void write_other_files(const fs::path& dir, const models::LlamaConfig& model, co
                {"gradient_accumulation_steps", info.layout.grad_accum},
                {"data_parallel_size", info.layout.dp_size}}}};
   if (info.data) {
-    char hash[17];
-    std::snprintf(hash, sizeof(hash), "%016llx", (unsigned long long)info.data->hash);
-    st["data"] = {{"path", info.data_path}, {"bytes", info.data->bytes}, {"hash", hash},
+    st["data"] = {{"path", info.data_path}, {"bytes", info.data->bytes}, {"hash", hex64(info.data->hash)},
                   {"shuffle", info.order.shuffle}, {"seed", info.order.seed}};
   }
   st["manifest"] = kManifest;
@@ -1033,12 +1034,7 @@ LoadedCheckpoint load_checkpoint(const std::string& dir, Communicator& world) {
       const json& data = st["data"];
       io::DataFingerprint f;
       f.bytes = state_int(st, "data.bytes", st_path);
-      if (!data.contains("hash") || !data["hash"].is_string() || data["hash"].get<std::string>().size() != 16)
-        user_error(st_path, ": data.hash: expected 16 hex digits");
-      const std::string hex = data["hash"];
-      char* end = nullptr;
-      f.hash = std::strtoull(hex.c_str(), &end, 16);
-      if (end != hex.c_str() + hex.size()) user_error(st_path, ": data.hash: expected 16 hex digits, got ", hex);
+      f.hash = parse_hex64(data.value("hash", json()), "data.hash", st_path);
       c.info.data = f;
       if (data.contains("path") && data["path"].is_string()) c.info.data_path = data["path"];
       if (data.contains("shuffle")) {  // absent: written before autosp shuffled, so file order

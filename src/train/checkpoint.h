@@ -71,11 +71,9 @@ struct ImportedProgramId {
   // checkpoint's config.json is it (dtype float32) plus "autosp_imported_program": the
   // checkpoint is a model directory transformers loads, the weights under its own names.
   std::string hf_config;
-  bool operator==(const ImportedProgramId& o) const {
-    if (graph_hash != o.graph_hash || parameters.size() != o.parameters.size()) return false;
-    for (size_t i = 0; i < parameters.size(); ++i)
-      if (parameters[i].name != o.parameters[i].name || parameters[i].shape != o.parameters[i].shape) return false;
-    return true;
+  // The same program: its graph and parameters (wherever its file is, whatever its config).
+  bool same_program(const ImportedProgramId& o) const {
+    return graph_hash == o.graph_hash && parameters == o.parameters;
   }
 };
 

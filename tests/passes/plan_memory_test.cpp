@@ -198,7 +198,9 @@ TEST_P(PlanMemoryOverlap, KeepsEachAllToAllsWorkspaceUntilItsReader) {
       auto disjoint = [&](int64_t off, int64_t bytes) { return off + bytes <= ws[0] || ws[0] + ws[1] <= off; };
       const auto offs = r.attrs.get_ints("mem_offsets");
       for (size_t i = 0; i < offs.size(); ++i)
-        if (offs[i] >= 0) EXPECT_TRUE(disjoint(offs[i], g.type(r.outputs[i]).bytes())) << "node " << m << " result " << i;
+        if (offs[i] >= 0) {
+          EXPECT_TRUE(disjoint(offs[i], g.type(r.outputs[i]).bytes())) << "node " << m << " result " << i;
+        }
       if (r.attrs.has("mem_workspace")) {
         const auto rws = r.attrs.get_ints("mem_workspace");
         EXPECT_TRUE(disjoint(rws[0], rws[1])) << "node " << m << " workspace";

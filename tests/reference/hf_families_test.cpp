@@ -32,7 +32,9 @@ TEST_P(HfFamilyReference, ConfigReadAsTransformersDefinesTheModel) {
   EXPECT_EQ(m.qk_norm, GetParam() == "qwen3");
   EXPECT_EQ(m.sliding_window, GetParam() == "mistral" ? 8 : 0);
   EXPECT_EQ(m.tie_word_embeddings, GetParam() == "qwen2");
-  if (GetParam() == "qwen3") EXPECT_NE(m.head_dim, m.hidden_size / m.num_attention_heads);  // 12, not 8
+  if (GetParam() == "qwen3") {
+    EXPECT_NE(m.head_dim, m.hidden_size / m.num_attention_heads);  // 12, not 8
+  }
   // Every tensor transformers saved is one autosp trains, by the same name and shape.
   const auto file = io::read_safetensors(f.dir + "/model.safetensors");
   const std::vector<models::ParameterSpec> specs = models::llama_parameters(m);

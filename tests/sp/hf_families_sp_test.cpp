@@ -29,7 +29,9 @@ class HfFamilySequenceParallel : public ::testing::TestWithParam<std::tuple<std:
 TEST_P(HfFamilySequenceParallel, LossAndGradientsEqualTransformersFloat64) {
   const auto [family, sp] = GetParam();
   const testing::HfFamilyFixture f(testing::source_path("tests/fixtures/hf_families/" + family));
-  if (sp == 4 || family == "mistral") ASSERT_LT(f.model.num_key_value_heads, sp);  // KV heads repeated
+  if (sp == 4 || family == "mistral") {
+    ASSERT_LT(f.model.num_key_value_heads, sp);  // KV heads repeated
+  }
   const auto reference = io::read_safetensors(f.dir + "/reference.safetensors");
   testing::TempDir out("hf_sp");
   const std::string cmd = str(kMpiEnv, "timeout 300 ", AUTOSP_MPIEXEC, " -np ", sp, " --oversubscribe ",
