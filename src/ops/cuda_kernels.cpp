@@ -3,6 +3,7 @@
 #include <climits>
 
 #include "comm/nccl_communicator.h"
+#include "runtime/cuda_blas.h"
 
 namespace autosp {
 
@@ -18,8 +19,8 @@ void check_cuda(cudaError_t rc, const char* call, const std::string& where) {
 
 void check_cublas(cublasStatus_t rc, const char* call, const std::string& where) {
   if (rc == CUBLAS_STATUS_SUCCESS) return;
-  throw CudaError(str("cuda backend: ", call, " failed in ", where, ": ", cublasGetStatusName(rc), " (",
-                      cublasGetStatusString(rc), ")"));
+  throw CudaError(str("cuda backend: ", call, " failed in ", where, ": ", cublas().status_name(rc), " (",
+                      cublas().status_string(rc), ")"));
 }
 
 cuda::Dt cuda_dt(const TensorType& t) {
@@ -40,7 +41,7 @@ void cuda_gemm(const CudaContext& c, cuda::Dt ab_dt, cuda::Dt c_dt, bool ta, boo
   for (int64_t x : {M, N, K, lda, ldb, ldc})
     if (x > INT_MAX)
       user_error("cuda backend: ", op, ": a matmul of ", M, " x ", N, " x ", K, " exceeds cuBLAS's int dimensions");
-  check_cublas(cublasGemmEx(c.cublas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
+  check_cublas(cublas().gemm_ex(c.cublas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
                             static_cast<int>(N), static_cast<int>(M), static_cast<int>(K), &alpha, B,
                             cublas_type(ab_dt), static_cast<int>(ldb), A, cublas_type(ab_dt), static_cast<int>(lda),
                             &beta, C, cublas_type(c_dt), static_cast<int>(ldc), CUBLAS_COMPUTE_32F,

@@ -5,6 +5,8 @@
 #ifdef AUTOSP_HAVE_CUDA
 #include <cuda_runtime_api.h>
 #include <nccl.h>
+
+#include "runtime/cuda_blas.h"
 #endif
 
 #ifndef AUTOSP_GPU_CHECK
@@ -26,7 +28,7 @@ std::string backends_summary() {
   const cudaError_t rc = cudaGetDeviceCount(&count);
   const std::string devices = rc == cudaSuccess ? str(count, " visible") : str("none visible: ", cudaGetErrorName(rc));
   if (rc != cudaSuccess) cudaGetLastError();
-  return str("cpu; cuda (built: CUDA runtime ", runtime / 1000, ".", (runtime % 1000) / 10, ", cuBLAS, architectures ",
+  return str("cpu; cuda (built: CUDA runtime ", runtime / 1000, ".", (runtime % 1000) / 10, ", ", cublas_summary(), ", architectures ",
              AUTOSP_CUDA_ARCHS, "; GPUs here: ", devices, "; ", gpu_verification(), ")");
 #else
   return "cpu; cuda (not built: configure with nvcc and the CUDA toolkit found, or -DAUTOSP_CUDA=ON)";

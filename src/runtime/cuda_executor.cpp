@@ -8,6 +8,7 @@
 #include "kernels/cuda/kernels.h"
 #include "passes/lower.h"
 #include "passes/plan_memory.h"
+#include "runtime/cuda_blas.h"
 #include "runtime/node_loop.h"
 #include "util/error.h"
 
@@ -82,8 +83,8 @@ CudaExecutor::CudaExecutor(const Graph& graph, const ProcessGroups* groups, cons
 
   check_cuda(cudaStreamCreateWithFlags(&ctx_.stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags",
              "the cuda executor");
-  check_cublas(cublasCreate(&ctx_.cublas), "cublasCreate", "the cuda executor");
-  check_cublas(cublasSetStream(ctx_.cublas, ctx_.stream), "cublasSetStream", "the cuda executor");
+  check_cublas(cublas().create(&ctx_.cublas), "cublasCreate", "the cuda executor");
+  check_cublas(cublas().set_stream(ctx_.cublas, ctx_.stream), "cublasSetStream", "the cuda executor");
   if (arena_of) {
     AUTOSP_CHECK(arena_of->arena_bytes_ >= arena_bytes_, "a shared device arena of ", arena_of->arena_bytes_,
                  " bytes for a plan of ", arena_bytes_);
@@ -128,7 +129,7 @@ CudaExecutor::~CudaExecutor() {
   if (arena_ && owns_arena_) cudaFree(arena_);
   if (inputs_) cudaFree(inputs_);
   if (error_host_) cudaFreeHost(error_host_);
-  if (ctx_.cublas) cublasDestroy(ctx_.cublas);
+  if (ctx_.cublas) cublas().destroy(ctx_.cublas);
   if (ctx_.stream) cudaStreamDestroy(ctx_.stream);
 }
 

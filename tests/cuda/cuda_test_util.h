@@ -15,6 +15,7 @@
 
 #include "kernels/cpu/basic.h"
 #include "kernels/cuda/kernels.h"
+#include "runtime/cuda_blas.h"
 #include "ops/cuda_attention.h"
 #include "ops/cuda_kernels.h"
 #include "runtime/cuda_executor.h"
@@ -139,8 +140,8 @@ inline const AttentionImpl kAttentionImpls[] = {{"reference", 0}, {"blocks of 16
 struct AttentionRun {
   AttentionImpl impl;
   cublasHandle_t cublas = nullptr;
-  explicit AttentionRun(AttentionImpl i) : impl(i) { check_cublas(cublasCreate(&cublas), "cublasCreate", "test"); }
-  ~AttentionRun() { cublasDestroy(cublas); }
+  explicit AttentionRun(AttentionImpl i) : impl(i) { check_cublas(autosp::cublas().create(&cublas), "cublasCreate", "test"); }
+  ~AttentionRun() { autosp::cublas().destroy(cublas); }
   // forward, then backward (delta: the reference's scratch); q ... dv of dtype dt, lse f32
   void run(const cuda::AttentionDims& d, bool causal, float scale, const void* q, const void* k, const void* v,
            const int32_t* doc, void* out, float* lse, const void* dout, void* dq, void* dk, void* dv,
