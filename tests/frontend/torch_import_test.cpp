@@ -339,6 +339,56 @@ TEST(TorchImport, AProgramsCheckpointIsAModelTransformersLoads) {
   EXPECT_TRUE(config.contains("autosp_imported_program"));
 }
 
+// The program's graph hash (what a checkpoint records, ImportedProgramId) is the graph's and
+// not where it was exported: the same model exported from other source lines, another
+// checkout or another venv has other stack traces and module paths in every node's metadata,
+// and resumes the checkpoint. A changed constant changes the hash. The variants are the llama
+// fixture with its model.json rewritten by Python's zipfile (every other entry copied as is).
+TEST(TorchImport, TheGraphHashIgnoresWhereTheProgramWasExportedFrom) {
+  const testing::TempDir tmp("torch_import_hash");
+  const std::string src = testing::source_path("tests/fixtures/torch_export/llama/model.pt2");
+  const std::string moved = tmp.path() + "/moved.pt2", changed = tmp.path() + "/changed.pt2";
+  const std::string script = R"PY(
+import json, re, sys, zipfile
+src, moved, changed = sys.argv[1:4]
+def rewrite(out, edit):
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as zout:
+        for info in zin.infolist():
+            data = zin.read(info.filename)
+            if info.filename.endswith("models/model.json"):
+                program = json.loads(data)
+                edit(program["graph_module"]["graph"])
+                data = json.dumps(program).encode()
+            zout.writestr(info.filename, data)
+def move(graph):
+    n = 0
+    for node in graph["nodes"]:
+        md = node.get("metadata") or {}
+        if "stack_trace" in md:
+            md["stack_trace"] = re.sub(r"line (\d+)", lambda m: "line %d" % (int(m.group(1)) + 1000),
+                                       md["stack_trace"]).replace("/", "/elsewhere/", 1)
+            n += 1
+        if "nn_module_stack" in md:
+            md["nn_module_stack"] = md["nn_module_stack"].replace("transformers.", "vendored.transformers.")
+    assert n > 10, n
+def change(graph):
+    text = json.dumps(graph)
+    at = text.index('"as_float": ') + len('"as_float": ')
+    end = at + re.match(r"[-+0-9.eE]+", text[at:]).end()
+    graph.clear()
+    graph.update(json.loads(text[:at] + repr(float(text[at:end]) * 2 + 1) + text[end:]))
+rewrite(moved, move)
+rewrite(changed, change)
+)PY";
+  const std::string py = tmp.path() + "/rewrite.py";
+  std::ofstream(py) << script;
+  const auto r = testing::run_command("/usr/bin/python3 " + py + " " + src + " " + moved + " " + changed);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const uint64_t original = TorchProgram::load(src).graph_hash();
+  EXPECT_EQ(TorchProgram::load(moved).graph_hash(), original);
+  EXPECT_NE(TorchProgram::load(changed).graph_hash(), original);
+}
+
 TEST(TorchImportErrors, AnUnsupportedOpIsNamedWithItsNodeAndTheModelsSourceLine) {
   const std::string path = testing::source_path("tests/fixtures/torch_export_errors/softplus/model.pt2");
   const std::string e = import_error(path);
