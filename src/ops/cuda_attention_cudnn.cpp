@@ -6,9 +6,16 @@
 // NVRTC, a device or shape cuDNN declines, a misaligned pointer, a graph that asks for more
 // workspace than the plan holds) sends that run to the blocks and is said once per shape on
 // stderr; under AUTOSP_ATTENTION=cudnn it is an error instead.
+//
+// cuDNN and NVRTC are opened when attention first runs on cuDNN, not linked (as cuBLAS,
+// runtime/cuda_blas.h): libnvrtc's static initialisers alone cost every process 17 ms before
+// main. cudnn-frontend is compiled with NV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING (CMakeLists.txt,
+// this file only): it calls cuDNN through cudnn_frontend::cudnn_dlhandle, which is set here,
+// and opens NVRTC itself for its own engines.
 #include "ops/cuda_attention.h"
 
 #ifdef AUTOSP_HAVE_CUDNN
+#include <cuda_runtime_api.h>
 #include <cudnn.h>
 #include <dlfcn.h>
 #include <nvrtc.h>
@@ -44,8 +51,20 @@ int64_t cuda_cudnn_graph_workspace(const cuda::CudnnSdpaKey&, std::string* why) 
   if (why) *why = "this build has no cuDNN";
   return -1;
 }
+std::string cuda_cudnn_unavailable() { return "this build has no cuDNN"; }
+std::string cuda_cudnn_summary() { return "cuDNN attention not built"; }
 
 #else
+
+}  // namespace autosp
+
+// cudnn-frontend's handle on libcudnn (its dynamic loading): set by cudnn_unavailable() below
+// before any cudnn-frontend call.
+namespace cudnn_frontend {
+void* cudnn_dlhandle = nullptr;
+}  // namespace cudnn_frontend
+
+namespace autosp {
 
 namespace fe = cudnn_frontend;
 
@@ -61,27 +80,39 @@ std::string where_of(const cuda::CudnnSdpaKey& key) { return str("attention on c
 
 void check_cudnn(cudnnStatus_t rc, const char* call, const std::string& where) {
   if (rc == CUDNN_STATUS_SUCCESS) return;
-  throw CudaError(str("cuda backend: ", call, " failed in ", where, ": ", cudnnGetErrorString(rc)));
+  throw CudaError(str("cuda backend: ", call, " failed in ", where, ": ", fe::detail::get_error_string(rc)));
 }
 
-// cuDNN's runtime-compiled engines (the SDPA ones among them) compile with NVRTC when a plan is
-// built: cuDNN loads libnvrtc by its soname, and NVRTC loads its builtins library when it first
-// compiles. Without either, building fails deep inside cuDNN, or on some versions a plan is picked
-// and fails at its first launch. Checked once, up front, for a clear message. (libnvrtc itself is
-// linked, for cudnn-frontend's own engines, so the process has it; the builtins are not.)
-const std::string& nvrtc_missing() {
+// dlopen, or why not ("" when it opened; the handle is kept for the process).
+std::string open_library(const std::string& name, void** handle) {
+  dlerror();
+  *handle = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (*handle) return "";
+  const char* err = dlerror();
+  return str(name, " cannot be loaded (", err ? err : "not found", ")");
+}
+
+// Opens libcudnn (for cudnn-frontend) and checks NVRTC, once: "" when cuDNN attention can run,
+// else why not. cuDNN's runtime-compiled engines (the SDPA ones among them) compile with NVRTC when
+// a plan is built: cuDNN loads libnvrtc by its soname, and NVRTC loads its builtins library when it
+// first compiles. Without either, building fails deep inside cuDNN, or on some versions a plan is
+// picked and fails at its first launch; so both are checked up front, for a clear message.
+const std::string& cudnn_unavailable() {
   static const std::string why = []() -> std::string {
+    const std::string cudnn = str("libcudnn.so.", CUDNN_MAJOR);
+    if (std::string e = open_library(cudnn, &fe::cudnn_dlhandle); !e.empty())
+      return str(e, ": install cuDNN ", CUDNN_MAJOR, " or put its directory on LD_LIBRARY_PATH");
+    void* nvrtc = nullptr;
+    const std::string fix = ": cuDNN compiles its attention kernels with NVRTC at run time; put the CUDA toolkit's "
+                            "lib64 on LD_LIBRARY_PATH";
+    if (std::string e = open_library(str("libnvrtc.so.", CUDART_VERSION / 1000), &nvrtc); !e.empty()) return e + fix;
+    using Version = decltype(&::nvrtcVersion);
+    auto version = reinterpret_cast<Version>(dlsym(nvrtc, "nvrtcVersion"));
     int major = 0, minor = 0;
-    if (nvrtcVersion(&major, &minor) != NVRTC_SUCCESS) return "nvrtcVersion failed";
-    for (const std::string& name : {str("libnvrtc.so.", major), str("libnvrtc-builtins.so.", major, ".", minor)}) {
-      void* h = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
-      if (!h) {
-        const char* err = dlerror();
-        return str(name, " cannot be loaded (", err ? err : "not found", "): cuDNN compiles its attention kernels ",
-                   "with NVRTC at run time; put the CUDA toolkit's lib64 on LD_LIBRARY_PATH");
-      }
-      dlclose(h);
-    }
+    if (!version || version(&major, &minor) != NVRTC_SUCCESS) return "nvrtcVersion failed";
+    void* builtins = nullptr;
+    if (std::string e = open_library(str("libnvrtc-builtins.so.", major, ".", minor), &builtins); !e.empty())
+      return e + fix;
     return "";
   }();
   return why;
@@ -96,8 +127,8 @@ cudnnHandle_t handle_for(int device, cudaStream_t stream, const std::string& whe
   std::lock_guard<std::mutex> lock(mu);
   cudnnHandle_t& h = handles[{device, stream}];
   if (!h) {
-    check_cudnn(cudnnCreate(&h), "cudnnCreate", where);
-    check_cudnn(cudnnSetStream(h, stream), "cudnnSetStream", where);
+    check_cudnn(fe::detail::create_handle(&h), "cudnnCreate", where);
+    check_cudnn(fe::detail::set_stream(h, stream), "cudnnSetStream", where);
   }
   return h;
 }
@@ -220,7 +251,7 @@ std::shared_ptr<fe::graph::Graph> backward_graph(const cuda::CudnnSdpaKey& k) {
 
 // Builds the key's graph: "" on success, else what cuDNN said (the shape is declined).
 std::string build(const cuda::CudnnSdpaKey& k, cudnnHandle_t handle, CachedGraph& out) {
-  if (const std::string& why = nvrtc_missing(); !why.empty()) return why;
+  if (const std::string& why = cudnn_unavailable(); !why.empty()) return why;
   auto g = k.backward ? backward_graph(k) : forward_graph(k);
   auto step = [](fe::error_t e, const char* call) {
     return e.is_good() ? std::string() : str("cudnn-frontend ", call, ": ", e.get_message());
@@ -283,10 +314,10 @@ bool aligned16(std::initializer_list<const void*> ptrs) {
   return true;
 }
 
-bool misaligned(const cuda::CudnnSdpaKey& k, bool forced) {
+// A run that goes to the blocks for `why`, said once per key (an error when forced).
+bool fall_back(const cuda::CudnnSdpaKey& k, bool forced, const std::string& why) {
   static std::mutex mu;
   static std::unordered_set<cuda::CudnnSdpaKey, cuda::CudnnSdpaKeyHash> said;
-  const std::string why = "an operand is not 16-byte aligned";
   if (forced) user_error("AUTOSP_ATTENTION=cudnn, but ", where_of(k), " cannot run: ", why);
   std::lock_guard<std::mutex> lock(mu);
   if (said.insert(k).second)
@@ -341,7 +372,8 @@ bool cuda_attention_forward_cudnn(const CudaContext& c, const cuda::CudnnSdpaKey
                                   void* workspace) {
   AUTOSP_CHECK(!key.backward && key.documents == (doc != nullptr), "cuDNN attention forward given the key ",
                cudnn_sdpa_key_str(key));
-  if (!aligned16({q, k, v, out, lse, workspace})) return misaligned(key, forced);
+  if (const std::string& why = cudnn_unavailable(); !why.empty()) return fall_back(key, forced, why);
+  if (!aligned16({q, k, v, out, lse, workspace})) return fall_back(key, forced, "an operand is not 16-byte aligned");
   const std::string where = where_of(key);
   cudnnHandle_t handle = handle_for(key.device, c.stream, where);
   const fe::graph::Graph* g = graph_for(key, handle, forced);
@@ -365,7 +397,9 @@ bool cuda_attention_backward_cudnn(const CudaContext& c, const cuda::CudnnSdpaKe
                                    const int32_t* doc, void* dq, void* dk, void* dv, void* workspace) {
   AUTOSP_CHECK(key.backward && key.documents == (doc != nullptr), "cuDNN attention backward given the key ",
                cudnn_sdpa_key_str(key));
-  if (!aligned16({q, k, v, out, lse, dout, dq, dk, dv, workspace})) return misaligned(key, forced);
+  if (const std::string& why = cudnn_unavailable(); !why.empty()) return fall_back(key, forced, why);
+  if (!aligned16({q, k, v, out, lse, dout, dq, dk, dv, workspace}))
+    return fall_back(key, forced, "an operand is not 16-byte aligned");
   const std::string where = where_of(key);
   cudnnHandle_t handle = handle_for(key.device, c.stream, where);
   const fe::graph::Graph* g = graph_for(key, handle, forced);
@@ -393,6 +427,10 @@ int64_t cuda_cudnn_graph_builds() {
 }
 
 int64_t cuda_cudnn_graph_workspace(const cuda::CudnnSdpaKey& key, std::string* why) {
+  if (const std::string& missing = cudnn_unavailable(); !missing.empty()) {
+    if (why) *why = missing;
+    return -1;
+  }
   const std::string where = where_of(key);
   cudaStream_t stream = nullptr;  // the legacy default stream: building a plan launches nothing
   const fe::graph::Graph* g = graph_for(key, handle_for(current_device(where), stream, where), false);
@@ -400,6 +438,15 @@ int64_t cuda_cudnn_graph_workspace(const cuda::CudnnSdpaKey& key, std::string* w
   const CachedGraph& entry = cache.at(key);
   if (why) *why = entry.declined;
   return g ? entry.workspace : (entry.declined.find("workspace") != std::string::npos ? entry.workspace : -1);
+}
+
+std::string cuda_cudnn_unavailable() { return cudnn_unavailable(); }
+
+std::string cuda_cudnn_summary() {
+  if (const std::string& why = cudnn_unavailable(); !why.empty()) return "cuDNN attention not loadable: " + why;
+  const size_t v = fe::detail::get_backend_version();  // major * 10000 + minor * 100 + patch (cuDNN 9)
+  return str("cuDNN ", v / 10000, ".", (v / 100) % 100, ".", v % 100, " (libcudnn.so.", CUDNN_MAJOR,
+             ", cudnn-frontend ", CUDNN_FRONTEND_MAJOR_VERSION, ".", CUDNN_FRONTEND_MINOR_VERSION, ")");
 }
 
 #endif  // AUTOSP_HAVE_CUDNN

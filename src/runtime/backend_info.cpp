@@ -6,6 +6,7 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include "ops/cuda_attention.h"
 #include "runtime/cuda_blas.h"
 #endif
 
@@ -28,7 +29,7 @@ std::string backends_summary() {
   const cudaError_t rc = cudaGetDeviceCount(&count);
   const std::string devices = rc == cudaSuccess ? str(count, " visible") : str("none visible: ", cudaGetErrorName(rc));
   if (rc != cudaSuccess) cudaGetLastError();
-  return str("cpu; cuda (built: CUDA runtime ", runtime / 1000, ".", (runtime % 1000) / 10, ", ", cublas_summary(), ", architectures ",
+  return str("cpu; cuda (built: CUDA runtime ", runtime / 1000, ".", (runtime % 1000) / 10, ", ", cublas_summary(), ", ", cuda_cudnn_summary(), ", architectures ",
              AUTOSP_CUDA_ARCHS, "; GPUs here: ", devices, "; ", gpu_verification(), ")");
 #else
   return "cpu; cuda (not built: configure with nvcc and the CUDA toolkit found, or -DAUTOSP_CUDA=ON)";

@@ -1,15 +1,22 @@
-// cuBLAS is opened when the cuda backend first needs it (runtime/cuda_blas.h), never linked:
-// a CPU run, `autosp --version` and every test process start without libcublasLt's 0.1 s of
-// static initialisers. Host-side only: nothing here needs a GPU (cuBLAS loads and reports its
-// version without one).
+// cuBLAS (runtime/cuda_blas.h), cuDNN and NVRTC (ops/cuda_attention_cudnn.cpp) are opened when
+// the cuda backend first needs them, never linked: a CPU run, `autosp --version` and every test
+// process start without their static initialisers (0.09 s and 250 MB resident per process,
+// measured). Host-side only: nothing here needs a GPU (the libraries load and report their
+// versions without one).
 #ifdef AUTOSP_HAVE_CUDA
 #include "runtime/cuda_blas.h"
 
 #include <gtest/gtest.h>
+#ifdef AUTOSP_HAVE_CUDNN
+#include <cudnn_version.h>  // CUDNN_MAJOR
+#endif
 
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <string>
 
+#include "ops/cuda_attention.h"
 #include "ops/cuda_kernels.h"
 #include "testing/process.h"
 
@@ -25,11 +32,12 @@ std::string needed_libraries(const std::string& executable) {
   return r.output;
 }
 
-TEST(CublasLibrary, NeitherTheCliNorTheTestsLinkIt) {
+TEST(CudaLibraries, NeitherTheCliNorTheTestsLinkCublasCudnnOrNvrtc) {
   for (const std::string& exe : {std::string(AUTOSP_BINARY), std::filesystem::read_symlink("/proc/self/exe").string()}) {
     const std::string needed = needed_libraries(exe);
     EXPECT_NE(needed.find("libcudart"), std::string::npos) << exe << " (the check reads nothing?)\n" << needed;
-    EXPECT_EQ(needed.find("libcublas"), std::string::npos) << exe << " links cuBLAS:\n" << needed;
+    for (const char* lib : {"libcublas", "libcudnn", "libnvrtc"})
+      EXPECT_EQ(needed.find(lib), std::string::npos) << exe << " links " << lib << ":\n" << needed;
   }
 }
 
@@ -81,6 +89,22 @@ TEST(CublasLibrary, VersionSaysWhichCublasLoadsOrWhyNot) {
             std::string::npos)
       << bad.output;
 }
+
+#ifdef AUTOSP_HAVE_CUDNN
+// The first question about cuDNN opens libcudnn and checks NVRTC and its builtins (what cuDNN's
+// runtime-compiled attention engines need); on a machine with the CUDA toolkit both open.
+TEST(CudnnLibrary, OpensCudnnAndNvrtcOnFirstUse) {
+  EXPECT_EQ(cuda_cudnn_unavailable(), "");
+  std::ifstream maps("/proc/self/maps");
+  const std::string mapped((std::istreambuf_iterator<char>(maps)), std::istreambuf_iterator<char>());
+  for (const char* lib : {"libcudnn.so", "libnvrtc.so", "libnvrtc-builtins.so"})
+    EXPECT_NE(mapped.find(lib), std::string::npos) << lib << " is not mapped after cuDNN was opened";
+  EXPECT_NE(cuda_cudnn_summary().find("cuDNN " + std::to_string(CUDNN_MAJOR) + "."), std::string::npos)
+      << cuda_cudnn_summary();
+  const auto version = run_command(std::string("'") + AUTOSP_BINARY + "' --version");
+  EXPECT_NE(version.output.find(cuda_cudnn_summary()), std::string::npos) << version.output;
+}
+#endif
 
 }  // namespace
 }  // namespace autosp
