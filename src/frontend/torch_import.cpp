@@ -909,6 +909,14 @@ class TorchImporter {
       return v;
     }
     if (op == "torch.ops.aten.mul.Tensor") return mul(n);
+    if (op == "torch.ops.aten.div.Tensor") {  // by a constant (Granite's logits_scaling): a scale by 1 / c
+      std::optional<double> c = scalar(n, "other", 1);
+      if (!c || value(A("self", 0)).kind == Imported::host) m_.fail_at(n, "a division by something else than a scalar");
+      if (*c == 0.0) m_.fail_at(n, "a division by zero");
+      Imported out = ir(t_.scale(tensor_of(A("self", 0)), 1.0 / *c));
+      out.shape = value(A("self", 0)).shape;
+      return out;
+    }
     if (op == "torch.ops.aten.add.Tensor") return add(n);
     if (op == "torch.ops.aten.neg.default") {
       Tensor x = tensor_of(A("self", 0));
@@ -926,9 +934,12 @@ class TorchImporter {
       const Imported& x = value(A("input", 0));
       if (shape.size() != 1 || x.shape.empty() || shape[0] != x.shape.back())
         m_.fail_at(n, "layer_norm over more than the last dim");
+      // No weight (OLMo's non-parametric norm) is a weight of ones, no bias (Cohere's) one of zeros:
+      // x * 1 + 0 is x exactly.
       const std::string w = A("weight", 2), b = A("bias", 3);
-      if (w.empty() || b.empty()) m_.fail_at(n, "layer_norm without a weight or a bias");
-      return ir(t_.layer_norm(tensor_of(A("input", 0)), tensor_of(w), tensor_of(b), float_arg(n, "eps", 4, 1e-5)));
+      const Shape h = {shape[0]};
+      return ir(t_.layer_norm(tensor_of(A("input", 0)), w.empty() ? t_.fill(h, 1.0, o_.dtype) : tensor_of(w),
+                              b.empty() ? t_.fill(h, 0.0, o_.dtype) : tensor_of(b), float_arg(n, "eps", 4, 1e-5)));
     }
     if (op == "torch.ops.aten.cat.default") return cat(n);
     if (op == "torch.ops.autosp.attention.default") {
@@ -1307,10 +1318,32 @@ class TorchImporter {
     if (lv.kind == Imported::tensor && lv.t.id == (labels_ ? labels_->id : -2)) labels_t = lv.t;
     else if (lab == m_.user_inputs[1]) labels_t = labels();  // already shifted by the caller
     else m_.fail_at(n, "the loss's labels are not the program's labels (shifted as transformers does, or as given)");
-    // The head: a bias-free linear whose logits nothing else reads -> linear_cross_entropy.
+    // The head: a bias-free linear whose logits nothing else reads -> linear_cross_entropy; logits
+    // multiplied or divided by a constant (Granite's logits_scaling, Cohere's logit_scale) are the
+    // linear of the hidden states so scaled.
     const FxNode* head = node_of(logits);
+    double factor = 1.0;
+    if (is(head, "mul.Tensor") || is(head, "div.Tensor")) {
+      const std::string a = arg_tensor(*head, "self", 0), b = arg_tensor(*head, "other", 1);
+      const bool div = is(head, "div.Tensor");
+      std::optional<double> c;
+      std::string inner;
+      if (b.empty() || value(b).kind == Imported::host) {
+        c = scalar(*head, "other", 1);
+        inner = a;
+      } else if (!div && (a.empty() || value(a).kind == Imported::host)) {
+        c = scalar(*head, "self", 0);
+        inner = b;
+      }
+      const FxNode* lin = inner.empty() ? nullptr : node_of(through(inner));
+      if (c && *c != 0.0 && is(lin, "linear.default") && arg_tensor(*lin, "bias", 2).empty()) {
+        factor = div ? 1.0 / *c : *c;
+        head = lin;
+      }
+    }
     if (is(head, "linear.default") && arg_tensor(*head, "bias", 2).empty()) {
       Tensor x = tensor_of(arg_tensor(*head, "input", 0)), w = tensor_of(arg_tensor(*head, "weight", 1));
+      if (factor != 1.0) x = t_.scale(x, factor);
       m_.vocab = t_.shape(w)[0];
       if (t_.shape(x).size() != 3) m_.fail_at(n, "logits that are not [B, S, V]");
       return ir(t_.linear_cross_entropy(x, w, labels_t));
