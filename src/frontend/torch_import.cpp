@@ -923,6 +923,13 @@ class TorchImporter {
       return ir(t_.scale(x, -1.0));
     }
     if (op == "torch.ops.aten.silu.default") return ir(t_.silu(tensor_of(A("self", 0))));
+    if (op == "torch.ops.aten.relu.default") return ir(t_.relu(tensor_of(A("self", 0))));
+    if (op == "torch.ops.aten.square.default") {  // x * x (the squared relu's square)
+      Tensor x = tensor_of(A("self", 0));
+      Imported out = ir(t_.mul(x, x));
+      out.shape = value(A("self", 0)).shape;
+      return out;
+    }
     if (op == "torch.ops.aten.gelu.default") {
       const json* a = arg(n, "approximate", 1);
       const std::string approx = a && a->contains("as_string") ? (*a)["as_string"].get<std::string>() : "none";

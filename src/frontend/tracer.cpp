@@ -35,6 +35,7 @@ Tensor Tracer::add(Tensor a, Tensor b) { return op(OpKind::add, {a, b}); }
 Tensor Tracer::mul(Tensor a, Tensor b) { return op(OpKind::mul, {a, b}); }
 Tensor Tracer::scale(Tensor x, double alpha) { return op(OpKind::scale, {x}, {{"alpha", alpha}}); }
 Tensor Tracer::silu(Tensor x) { return op(OpKind::silu, {x}); }
+Tensor Tracer::relu(Tensor x) { return op(OpKind::relu, {x}); }
 Tensor Tracer::swiglu(Tensor gate, Tensor up) { return op(OpKind::swiglu, {gate, up}); }
 Tensor Tracer::sum(Tensor x) { return op(OpKind::sum, {x}); }
 Tensor Tracer::fill(const Shape& shape, double value, DType dtype) {

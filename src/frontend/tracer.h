@@ -59,6 +59,7 @@ class Tracer {
   Tensor mul(Tensor a, Tensor b);
   Tensor scale(Tensor x, double alpha);
   Tensor silu(Tensor x);
+  Tensor relu(Tensor x);
   Tensor swiglu(Tensor gate, Tensor up);  // silu(gate) * up
   Tensor rms_norm(Tensor x, Tensor weight, double eps);
   // torch.nn.functional.gelu: the erf form, or approximate="tanh" (GPT-2, Gemma)

@@ -1,4 +1,5 @@
-// silu, swiglu and gelu, with their explicit backward ops.
+// silu, swiglu, gelu and relu, with their explicit backward ops.
+#include "kernels/cpu/basic.h"
 #include "kernels/cpu/fused.h"
 #include "kernels/cpu/norm_act.h"
 #include "ops/op.h"
@@ -46,6 +47,12 @@ void cuda_silu(const KernelArgs& a, const CudaContext& c) {
 }
 void cuda_silu_backward(const KernelArgs& a, const CudaContext& c) {
   cuda::silu_backward(cuda_in_dt(a, 0), a.in<void>(0), a.in<void>(1), a.in_numel(0), a.out<void>(0), c.stream);
+}
+void cuda_relu(const KernelArgs& a, const CudaContext& c) {
+  cuda::relu_forward(cuda_in_dt(a, 0), a.in<void>(0), a.in_numel(0), a.out<void>(0), c.stream);
+}
+void cuda_relu_backward(const KernelArgs& a, const CudaContext& c) {
+  cuda::relu_backward(cuda_in_dt(a, 0), a.in<void>(0), a.in<void>(1), a.in_numel(0), a.out<void>(0), c.stream);
 }
 void cuda_gelu(const KernelArgs& a, const CudaContext& c) {
   cuda::gelu_forward(cuda_in_dt(a, 0), a.in<void>(0), a.in_numel(0), gelu_tanh(*a.attrs), a.out<void>(0), c.stream);
@@ -95,6 +102,35 @@ extern const OpDef silu_backward_op = {
     .cpu_inplace = true,
     .cpu_per_isa = true,
     .cuda = {.name = "silu_backward", .run = AUTOSP_CUDA_RUN(cuda_silu_backward), .inplace = true},
+};
+
+// relu(x) = max(x, 0) (the squared relu of Primer, Arcee and Persimmon is relu then mul)
+extern const OpDef relu_op = {
+    .num_inputs = 1,
+    .num_outputs = 1,
+    .infer = [](const Types& in, const Attrs&) { return elementwise_float(in, {"x"}, 1); },
+    .cost = elementwise_cost<1>,
+    .grad = [](GradContext& c) { c.din[0] = c.b.emit1(OpKind::relu_backward, {c.dout[0], c.in(0)}); },
+    .cpu = [](const KernelArgs& a) { cpu::relu_forward(a.in(0), a.in_numel(0), a.out(0)); },
+    .shard = [](const Shardings& in, const Types& t, const Attrs& a) -> Shardings {
+      require(!is_partial(in[0]), "relu of a partial sum is not a partial sum");
+      return shard_elementwise(in, t, a);
+    },
+    .cpu_inplace = true,
+    .recompute = Recompute::cheap,
+    .cuda = {.name = "relu_forward", .run = AUTOSP_CUDA_RUN(cuda_relu), .inplace = true},
+};
+
+// relu_backward(dy, x) = dy where x > 0, else 0 (0 at x = 0, as torch)
+extern const OpDef relu_backward_op = {
+    .num_inputs = 2,
+    .num_outputs = 1,
+    .infer = [](const Types& in, const Attrs&) { return elementwise_float(in, {"dy", "x"}, 1); },
+    .cost = elementwise_cost<1>,
+    .grad = nullptr,
+    .cpu = [](const KernelArgs& a) { cpu::relu_backward(a.in(0), a.in(1), a.in_numel(0), a.out(0)); },
+    .cpu_inplace = true,
+    .cuda = {.name = "relu_backward", .run = AUTOSP_CUDA_RUN(cuda_relu_backward), .inplace = true},
 };
 
 // gelu(x) {approximate}: "none": 0.5 x (1 + erf(x / sqrt 2)); "tanh": 0.5 x (1 + tanh(sqrt(2/pi)

@@ -200,6 +200,12 @@ std::vector<OpCase> op_cases() {
   cases.push_back({"silu", {{"x", DType::f32, {4, 33}}}, one(OpKind::silu)});
   cases.push_back({"silu_backward", {{"dy", DType::f32, {4, 33}}, {"x", DType::f32, {4, 33}}}, one(OpKind::silu_backward),
                    {}, {}, false});
+  // relu's x at least 0.1 from the kink, where the finite difference is exact.
+  std::vector<float> away_from_zero(4 * 33);
+  for (size_t i = 0; i < away_from_zero.size(); ++i) away_from_zero[i] = 0.1f + 0.2f * float((i * 37) % 23) - 2.2f;
+  cases.push_back({"relu", {{"x", DType::f32, {4, 33}}}, one(OpKind::relu), {}, {{"x", away_from_zero}}});
+  cases.push_back({"relu_backward", {{"dy", DType::f32, {4, 33}}, {"x", DType::f32, {4, 33}}}, one(OpKind::relu_backward),
+                   {}, {}, false});
   cases.push_back({"swiglu", {{"g", DType::f32, {4, 33}}, {"u", DType::f32, {4, 33}}}, one(OpKind::swiglu)});
   cases.push_back({"swiglu_backward",
                    {{"dy", DType::f32, {4, 33}}, {"g", DType::f32, {4, 33}}, {"u", DType::f32, {4, 33}}},

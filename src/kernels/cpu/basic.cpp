@@ -34,6 +34,16 @@ void div_scalar(const float* x, int64_t n, float divisor, float* y) {
   for (int64_t i = 0; i < n; ++i) y[i] = x[i] / divisor;
 }
 
+void relu_forward(const float* x, int64_t n, float* y) {
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
+}
+
+void relu_backward(const float* dy, const float* x, int64_t n, float* dx) {
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) dx[i] = x[i] > 0.0f ? dy[i] : 0.0f;
+}
+
 // Fixed chunks, summed in order: the result does not depend on the thread count.
 constexpr int64_t kSumChunk = 1 << 14;
 

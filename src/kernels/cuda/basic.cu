@@ -37,6 +37,16 @@ __global__ void scale_kernel(const T* x, int64_t n, float alpha, T* y) {
 }
 
 template <typename T>
+__global__ void relu_kernel(const T* x, int64_t n, T* y) {
+  AUTOSP_GRID_STRIDE(i, n) y[i] = to_f(x[i]) > 0.0f ? x[i] : from_f<T>(0.0f);
+}
+
+template <typename T>
+__global__ void relu_backward_kernel(const T* dy, const T* x, int64_t n, T* dx) {
+  AUTOSP_GRID_STRIDE(i, n) dx[i] = to_f(x[i]) > 0.0f ? dy[i] : from_f<T>(0.0f);
+}
+
+template <typename T>
 __global__ void div_scalar_kernel(const T* x, int64_t n, const T* s, T* y) {
   const float d = to_f(s[0]);
   AUTOSP_GRID_STRIDE(i, n) y[i] = from_f<T>(to_f(x[i]) / d);
@@ -448,6 +458,19 @@ void mul(Dt dt, const void* a, const void* b, int64_t n, void* y, cudaStream_t s
 void scale(Dt dt, const void* x, int64_t n, float alpha, void* y, cudaStream_t stream) {
   dispatch(dt, [&]<typename T>() {
     scale_kernel<T><<<blocks_for(n), kThreads, 0, stream>>>(static_cast<const T*>(x), n, alpha, static_cast<T*>(y));
+  });
+}
+
+void relu_forward(Dt dt, const void* x, int64_t n, void* y, cudaStream_t stream) {
+  dispatch(dt, [&]<typename T>() {
+    relu_kernel<T><<<blocks_for(n), kThreads, 0, stream>>>(static_cast<const T*>(x), n, static_cast<T*>(y));
+  });
+}
+
+void relu_backward(Dt dt, const void* dy, const void* x, int64_t n, void* dx, cudaStream_t stream) {
+  dispatch(dt, [&]<typename T>() {
+    relu_backward_kernel<T><<<blocks_for(n), kThreads, 0, stream>>>(static_cast<const T*>(dy),
+                                                                     static_cast<const T*>(x), n, static_cast<T*>(dx));
   });
 }
 

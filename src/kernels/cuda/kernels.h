@@ -48,6 +48,9 @@ void div_scalar(Dt dt, const void* x, int64_t n, const void* s /* [] */, void* y
 void sum(Dt dt, const void* x, int64_t n, void* y, cudaStream_t stream);
 void convert(Dt from, Dt to, const void* x, int64_t n, void* y, cudaStream_t stream);
 void silu_forward(Dt dt, const void* x, int64_t n, void* y, cudaStream_t stream);
+// relu(x) = max(x, 0); dx = dy where x > 0, else 0
+void relu_forward(Dt dt, const void* x, int64_t n, void* y, cudaStream_t stream);
+void relu_backward(Dt dt, const void* dy, const void* x, int64_t n, void* dx, cudaStream_t stream);
 void silu_backward(Dt dt, const void* dy, const void* x, int64_t n, void* dx, cudaStream_t stream);
 void swiglu_forward(Dt dt, const void* gate, const void* up, int64_t n, void* out, cudaStream_t stream);
 void swiglu_backward(Dt dt, const void* dy, const void* gate, const void* up, int64_t n, void* dgate,
