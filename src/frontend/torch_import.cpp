@@ -1289,8 +1289,31 @@ class TorchImporter {
     return ir(t_.concat(xs, dim));
   }
 
-  Imported attention(const FxNode& n, const std::string& q, const std::string& k, const std::string& v, bool causal,
-                  double scale, int64_t window) {
+  // transformers' repeat_kv in a model that calls attention itself (StableLM):
+  // x[:, :, None].expand(B, KV, rep, S, D).reshape(B, KV * rep, S, D) is x to autosp's attention,
+  // which reads grouped K/V heads without repeating them. Anything else is `name` itself.
+  std::string unrepeated_kv(const std::string& name) {
+    const FxNode* r = node_of(through(name));
+    if (!is(r, "reshape.default") && !is(r, "view.default") && !is(r, "_unsafe_view.default")) return name;
+    const FxNode* e = node_of(through(arg_tensor(*r, "self", 0)));
+    if (!is(e, "expand.default")) return name;
+    const FxNode* u = node_of(through(arg_tensor(*e, "self", 0)));
+    if (!is(u, "unsqueeze.default") || int_arg(*u, "dim", 1) != 2) return name;
+    const std::string x = arg_tensor(*u, "self", 0);
+    const Imported& xv = value(x);
+    const std::vector<int64_t> size = ints_arg(*e, "size", 1), shape = ints_arg(*r, "shape", 1);
+    if (xv.shape.size() != 4 || size.size() != 5 || shape.size() != 4) return name;
+    const int64_t kv = xv.shape[1], rep = size[2];
+    const bool repeats = (size[0] == xv.shape[0] || size[0] == -1) && (size[1] == kv || size[1] == -1) &&
+                         rep >= 1 && (size[3] == xv.shape[2] || size[3] == -1) &&
+                         (size[4] == xv.shape[3] || size[4] == -1) && shape[1] == kv * rep &&
+                         shape[3] == xv.shape[3] && (shape[2] == xv.shape[2] || shape[2] == -1);
+    return repeats ? x : name;
+  }
+
+  Imported attention(const FxNode& n, const std::string& q, const std::string& k_in, const std::string& v_in,
+                     bool causal, double scale, int64_t window) {
+    const std::string k = unrepeated_kv(k_in), v = unrepeated_kv(v_in);
     const Imported &qv = value(q), &kv = value(k), &vv = value(v);
     if (qv.shape.size() != 4 || kv.shape.size() != 4 || vv.shape.size() != 4) m_.fail_at(n, "attention on values not [B, H, S, D]");
     if (!causal) m_.fail_at(n, "non-causal attention: autosp trains causal language models");
