@@ -1209,15 +1209,45 @@ class TorchImporter {
     const Imported& v = value(s);
     return v.kind == Imported::rope_table ? &v : nullptr;
   }
-  // q * cos + rotate_half(q) * sin, rotate_half(q) = cat(-q[..., D/2:], q[..., :D/2])
+  // The table of a repeat_interleave(table[..., :F], 2, dim=-1): the interleaved rope's cos or sin
+  // (each of the F frequencies twice in a row); null for anything else.
+  const Imported* interleaved_table_of(const std::string& name) {
+    const FxNode* r = node_of(through(name));
+    if (!is(r, "repeat_interleave.self_int") || int_arg(*r, "repeats", 1) != 2) return nullptr;
+    const FxNode* s = node_of(through(arg_tensor(*r, "self", 0)));
+    if (!is(s, "slice.Tensor") || int_arg(*s, "start", 2, 0) != 0 || int_arg(*s, "step", 4, 1) != 1) return nullptr;
+    const Imported* table = table_of(arg_tensor(*s, "self", 0));
+    if (!table) return nullptr;
+    const int64_t rank = 4, dim = int_arg(*r, "dim", 2), sdim = int_arg(*s, "dim", 1);
+    if ((dim != -1 && dim != rank - 1) || (sdim != -1 && sdim != rank - 1)) return nullptr;
+    if (int_arg(*s, "end", 3) != int64_t(table->data.size())) return nullptr;  // the first copy of the F frequencies
+    return table;
+  }
+  // x[..., start::2] of `x`: its name, or "" when `n` is not that slice.
+  std::string every_second(const FxNode* n, int64_t start) {
+    if (!is(n, "slice.Tensor") || int_arg(*n, "start", 2, 0) != start || int_arg(*n, "step", 4, 1) != 2) return "";
+    const int64_t dim = int_arg(*n, "dim", 1);
+    if (dim != -1 && dim != 3) return "";
+    return through(arg_tensor(*n, "self", 0));
+  }
+
+  // q * cos + rotate_half(q) * sin: rotate_half(q) = cat(-q[..., D/2:], q[..., :D/2]) (Llama's), or
+  // its interleaved form (GPT-J's, in GLM, Helium, Ernie 4.5, Cohere): pairs (q[2i], q[2i+1]),
+  // rotate_half(q) = stack(-q[..., 1::2], q[..., 0::2], -1).flatten(-2), cos and sin each frequency
+  // twice in a row (repeat_interleave).
   std::optional<Imported> match_rope(const FxNode& n) {
     const FxNode* m1 = node_of(arg_tensor(n, "self", 0));
     const FxNode* m2 = node_of(arg_tensor(n, "other", 1));
     if (!is(m1, "mul.Tensor") || !is(m2, "mul.Tensor")) return std::nullopt;
+    bool interleaved = false;
     auto split_table = [&](const FxNode& m, const Imported*& table) -> std::string {
       for (int k = 0; k < 2; ++k) {
         const std::string t = arg_tensor(m, k ? "self" : "other", 1 - k), x = arg_tensor(m, k ? "other" : "self", k);
         if (t.empty() || x.empty() || !node_of(through(t))) continue;
+        if ((table = interleaved_table_of(t))) {
+          interleaved = true;
+          return x;
+        }
         const FxNode* tn = node_of(through(t));
         if (!is(tn, "unsqueeze.default") && tn->target != "<built-in function getitem>") continue;
         if ((table = table_of(t))) return x;
@@ -1225,18 +1255,40 @@ class TorchImporter {
       return "";
     };
     const Imported *cos = nullptr, *sin = nullptr;
-    const std::string x = through(split_table(*m1, cos)), rotated = through(split_table(*m2, sin));
+    const std::string x = through(split_table(*m1, cos));
+    const bool cos_interleaved = interleaved;
+    interleaved = false;
+    const std::string rotated = through(split_table(*m2, sin));
     if (x.empty() || rotated.empty() || !cos || !sin || !cos->is_cos || sin->is_cos) return std::nullopt;
+    if (interleaved != cos_interleaved) return std::nullopt;
     const FxNode* c = node_of(rotated);
-    if (!is(c, "cat.default")) return std::nullopt;
-    const json* list = arg(*c, "tensors", 0);
-    if (!list || !list->contains("as_tensors") || (*list)["as_tensors"].size() != 2) return std::nullopt;
-    const FxNode* neg = node_of((*list)["as_tensors"][0].value("name", ""));
-    const FxNode* lo = node_of((*list)["as_tensors"][1].value("name", ""));
-    if (!is(neg, "neg.default") || !is(lo, "slice.Tensor")) return std::nullopt;
-    const FxNode* hi = node_of(arg_tensor(*neg, "self", 0));
-    if (!is(hi, "slice.Tensor") || through(arg_tensor(*hi, "self", 0)) != x || through(arg_tensor(*lo, "self", 0)) != x)
-      return std::nullopt;
+    if (interleaved) {
+      // flatten(stack([-x[..., 1::2], x[..., 0::2]], dim=-1), start_dim=-2)
+      if (!is(c, "flatten.using_ints")) return std::nullopt;
+      const int64_t start = int_arg(*c, "start_dim", 1, 0), end = int_arg(*c, "end_dim", 2, -1);
+      if ((start != -2 && start != 3) || (end != -1 && end != 4)) return std::nullopt;
+      const FxNode* st = node_of(through(arg_tensor(*c, "self", 0)));
+      if (!is(st, "stack.default") || (int_arg(*st, "dim", 1, 0) != -1 && int_arg(*st, "dim", 1, 0) != 4))
+        return std::nullopt;
+      const json* list = arg(*st, "tensors", 0);
+      if (!list || !list->contains("as_tensors") || (*list)["as_tensors"].size() != 2) return std::nullopt;
+      const FxNode* neg = node_of((*list)["as_tensors"][0].value("name", ""));
+      if (!is(neg, "neg.default")) return std::nullopt;
+      if (every_second(node_of(arg_tensor(*neg, "self", 0)), 1) != x ||
+          every_second(node_of((*list)["as_tensors"][1].value("name", "")), 0) != x)
+        return std::nullopt;
+    } else {
+      if (!is(c, "cat.default")) return std::nullopt;
+      const json* list = arg(*c, "tensors", 0);
+      if (!list || !list->contains("as_tensors") || (*list)["as_tensors"].size() != 2) return std::nullopt;
+      const FxNode* neg = node_of((*list)["as_tensors"][0].value("name", ""));
+      const FxNode* lo = node_of((*list)["as_tensors"][1].value("name", ""));
+      if (!is(neg, "neg.default") || !is(lo, "slice.Tensor")) return std::nullopt;
+      const FxNode* hi = node_of(arg_tensor(*neg, "self", 0));
+      if (!is(hi, "slice.Tensor") || through(arg_tensor(*hi, "self", 0)) != x ||
+          through(arg_tensor(*lo, "self", 0)) != x)
+        return std::nullopt;
+    }
     const Imported& xv = value(x);
     if (xv.kind != Imported::tensor || xv.shape.size() != 4) return std::nullopt;
     const int64_t D = xv.shape[3];
@@ -1254,7 +1306,16 @@ class TorchImporter {
     }
     // autosp's rope is [B, S, H, D]; torch's q here is [B, H, S, D].
     Tensor bshd = as_bshd(xv, x);
+    // The interleaved rope is the rotate-half rope of x with its pairs' halves gathered (the even
+    // dims, then the odd ones), the result's scattered back: two transposes of [.., D/2, 2].
+    const Shape s = t_.shape(bshd);  // a copy: adding nodes may move the graph's types
+    auto swap_pairs = [&](Tensor t, int64_t rows, int64_t cols) {
+      Tensor r = t_.reshape(t, {s[0], s[1], s[2], rows, cols});
+      return t_.reshape(t_.transpose(r, {0, 1, 2, 4, 3}), s);
+    };
+    if (interleaved) bshd = swap_pairs(bshd, D / 2, 2);
     Tensor y = t_.rope(bshd, positions(), *rope);
+    if (interleaved) y = swap_pairs(y, 2, D / 2);
     // cos and sin times an attention scaling (yarn's): the rotated x times it.
     if (cos->number != 1.0) y = t_.scale(y, cos->number);
     Imported out = ir(y);
