@@ -341,6 +341,7 @@ struct Imported {
   std::vector<float> data;     // host: the values (a buffer or constant); rope_table: inv_freq
   double number = 0;           // integer; rope_table: attention scaling
   bool is_cos = false;         // rope_table
+  bool interleaved = false;    // rope_table: each frequency twice in a row (repeat_interleave), not cat(f, f)
   std::vector<std::string> items;  // tuple: the value names it holds
 };
 
@@ -1091,6 +1092,20 @@ class TorchImporter {
 
   // weight * (x * rsqrt(mean(x^2, -1, keepdim) + eps)), either order, through casts; the
   // weight a parameter [H] or 1 + a parameter (Gemma).
+  // x of x - mean(x, dim=-1, keepdim=True) (through casts), or "".
+  std::string centered(const std::string& name) {
+    const FxNode* d = node_of(through(name));
+    if (!is(d, "sub.Tensor") || float_arg(*d, "alpha", 2, 1.0) != 1.0) return "";
+    const std::string x = through(arg_tensor(*d, "self", 0));
+    const FxNode* mu = node_of(through(arg_tensor(*d, "other", 1)));
+    if (!is(mu, "mean.dim") || ints_arg(*mu, "dim", 1) != std::vector<int64_t>{-1} || !bool_arg(*mu, "keepdim", 2, false) ||
+        through(arg_tensor(*mu, "self", 0)) != x)
+      return "";
+    return x;
+  }
+
+  // w * (x * rsqrt(mean(x^2, -1) + eps)) -> rms_norm (w a parameter, or Gemma's 1 + w); with x - mean(x)
+  // for x -> layer_norm without a bias.
   std::optional<Imported> match_rms_norm(const FxNode& n) {
     for (int k = 0; k < 2; ++k) {
       const std::string normed = through(arg_tensor(n, k ? "other" : "self", k)), wname = arg_tensor(n, k ? "self" : "other", 1 - k);
@@ -1106,9 +1121,11 @@ class TorchImporter {
         const FxNode* mean = node_of(arg_tensor(*plus, "self", 0));
         if (!eps || !is(mean, "mean.dim") || ints_arg(*mean, "dim", 1) != std::vector<int64_t>{-1}) continue;
         const FxNode* sq = node_of(arg_tensor(*mean, "self", 0));
-        if (!is(sq, "pow.Tensor_Scalar") || through(arg_tensor(*sq, "self", 0)) != x ||
-            float_arg(*sq, "exponent", 1) != 2.0)
-          continue;
+        if (!is(sq, "pow.Tensor_Scalar") || float_arg(*sq, "exponent", 1) != 2.0) continue;
+        // x - mean(x) in both places is a LayerNorm without a bias written out (Cohere's).
+        const std::string squared = through(arg_tensor(*sq, "self", 0)), x0 = centered(x);
+        const bool layer = !x0.empty() && (squared == x || centered(squared) == x0);
+        if (!layer && squared != x) continue;
         // The weight: a parameter, or parameter + 1.
         std::string w = through(wname);
         bool plus_one = false;
@@ -1117,10 +1134,12 @@ class TorchImporter {
           plus_one = true;
         }
         if (!m_.parameter_of.count(w)) continue;
-        Tensor xt = tensor_of(x), wt = tensor_of(w);
+        const std::string in = layer ? x0 : x;
+        Tensor xt = tensor_of(in), wt = tensor_of(w);
         if (plus_one) wt = t_.add(wt, t_.fill(t_.shape(wt), 1.0, o_.dtype));
-        const Imported& xv = value(x);
-        Imported out = tensor_value(t_.rms_norm(xt, wt, *eps), xv.kind == Imported::tensor ? xv.shape : t_.shape(xt));
+        const Imported& xv = value(in);
+        Tensor normed = layer ? t_.layer_norm(xt, wt, t_.fill(t_.shape(wt), 0.0, o_.dtype), *eps) : t_.rms_norm(xt, wt, *eps);
+        Imported out = tensor_value(normed, xv.kind == Imported::tensor ? xv.shape : t_.shape(xt));
         if (numel(out.shape) != numel(t_.shape(out.t))) out.shape = t_.shape(out.t);
         return out;
       }
@@ -1168,7 +1187,7 @@ class TorchImporter {
     for (const json& out : (*n.subgraph)["outputs"]) {
       std::string o = tensor_name(out);
       double scaling = 1.0;
-      bool cos = false, found = false;
+      bool cos = false, found = false, interleaved = false;
       for (int guard = 0; guard < 32 && def.count(o); ++guard) {
         if (alias.count(o)) {
           o = alias[o];
@@ -1178,6 +1197,17 @@ class TorchImporter {
         if (s.target == "torch.ops.aten.cos.default" || s.target == "torch.ops.aten.sin.default") {
           cos = s.target == "torch.ops.aten.cos.default";
           found = true;
+          // The angles' layout: cat(freqs, freqs) (Llama's), or each twice in a row (Cohere's).
+          std::string e = tensor_name(s.args.at(0).second);
+          for (int g = 0; g < 8 && def.count(e) && (def[e]->target.find("to.dtype") != std::string::npos ||
+                                                    def[e]->target == "torch.ops.aten.alias.default");
+               ++g)
+            e = tensor_name(def[e]->args.at(0).second);
+          const FxNode* emb = def.count(e) ? def[e] : nullptr;
+          if (emb && emb->target == "torch.ops.aten.repeat_interleave.self_int") interleaved = true;
+          else if (!emb || emb->target != "torch.ops.aten.cat.default")
+            m_.fail_at(n, str("a rotary table whose angles are neither cat(freqs, freqs) nor each frequency twice in a "
+                              "row (", emb ? emb->target : e, ")"));
           break;
         }
         if (s.target == "torch.ops.aten.mul.Tensor") {
@@ -1194,6 +1224,7 @@ class TorchImporter {
       Imported table;
       table.kind = Imported::rope_table;
       table.is_cos = cos;
+      table.interleaved = interleaved;
       table.number = scaling;
       table.data = inv.data;
       const std::string item = n.name + "#" + std::to_string(tuple.items.size());
@@ -1217,7 +1248,7 @@ class TorchImporter {
     const FxNode* s = node_of(through(arg_tensor(*r, "self", 0)));
     if (!is(s, "slice.Tensor") || int_arg(*s, "start", 2, 0) != 0 || int_arg(*s, "step", 4, 1) != 1) return nullptr;
     const Imported* table = table_of(arg_tensor(*s, "self", 0));
-    if (!table) return nullptr;
+    if (!table || table->interleaved) return nullptr;
     const int64_t rank = 4, dim = int_arg(*r, "dim", 2), sdim = int_arg(*s, "dim", 1);
     if ((dim != -1 && dim != rank - 1) || (sdim != -1 && sdim != rank - 1)) return nullptr;
     if (int_arg(*s, "end", 3) != int64_t(table->data.size())) return nullptr;  // the first copy of the F frequencies
@@ -1250,7 +1281,10 @@ class TorchImporter {
         }
         const FxNode* tn = node_of(through(t));
         if (!is(tn, "unsqueeze.default") && tn->target != "<built-in function getitem>") continue;
-        if ((table = table_of(t))) return x;
+        if ((table = table_of(t))) {
+          interleaved = table->interleaved;  // a table built interleaved (Cohere's)
+          return x;
+        }
       }
       return "";
     };
