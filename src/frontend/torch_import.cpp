@@ -776,6 +776,19 @@ class TorchImporter {
       }
       m_.fail_at(n, "a pad autosp does not import (it reads transformers' label shift, pad(labels, (0, 1), -100)[:, 1:])");
     }
+    if (op == "torch.ops.aten.select.int") {  // x[..., i, ...]: a slice of one, its dim dropped (Persimmon's qkv)
+      const Imported& x = value(A("self", 0));
+      const int64_t rank = int64_t(x.shape.size());
+      int64_t dim = int_arg(n, "dim", 1), index = int_arg(n, "index", 2);
+      if (dim < 0) dim += rank;
+      if (x.kind != Imported::tensor || dim < 0 || dim >= rank) return unsupported();
+      if (index < 0) index += x.shape[dim];
+      if (index < 0 || index >= x.shape[dim]) m_.fail_at(n, str("index ", index, " out of range of dim ", dim));
+      Shape s = x.shape;
+      s.erase(s.begin() + dim);
+      Tensor one = t_.slice(materialize(x, A("self", 0)), dim, index, index + 1);
+      return tensor_value(t_.reshape(one, s), s);
+    }
     if (op == "torch.ops.aten.slice.Tensor") {
       const Imported& x = value(A("self", 0));
       const int64_t rank = int64_t(x.shape.size());
