@@ -1103,8 +1103,6 @@ class TorchImporter {
     return ir(t_.gelu(tensor_of(x), /*tanh_approximation=*/true));
   }
 
-  // weight * (x * rsqrt(mean(x^2, -1, keepdim) + eps)), either order, through casts; the
-  // weight a parameter [H] or 1 + a parameter (Gemma).
   // x of x - mean(x, dim=-1, keepdim=True) (through casts), or "".
   std::string centered(const std::string& name) {
     const FxNode* d = node_of(through(name));
@@ -1117,8 +1115,9 @@ class TorchImporter {
     return x;
   }
 
-  // w * (x * rsqrt(mean(x^2, -1) + eps)) -> rms_norm (w a parameter, or Gemma's 1 + w); with x - mean(x)
-  // for x -> layer_norm without a bias.
+  // weight * (x * rsqrt(mean(x^2, -1, keepdim) + eps)), either order, through casts, the weight a
+  // parameter [H] or 1 + a parameter (Gemma) -> rms_norm; with x - mean(x) for x (squared and scaled:
+  // Cohere's LayerNorm written out) -> layer_norm without a bias.
   std::optional<Imported> match_rms_norm(const FxNode& n) {
     for (int k = 0; k < 2; ++k) {
       const std::string normed = through(arg_tensor(n, k ? "other" : "self", k)), wname = arg_tensor(n, k ? "self" : "other", 1 - k);
@@ -1272,7 +1271,10 @@ class TorchImporter {
     if (!is(n, "slice.Tensor") || int_arg(*n, "start", 2, 0) != start || int_arg(*n, "step", 4, 1) != 2) return "";
     const int64_t dim = int_arg(*n, "dim", 1);
     if (dim != -1 && dim != 3) return "";
-    return through(arg_tensor(*n, "self", 0));
+    const std::string x = through(arg_tensor(*n, "self", 0));
+    const Imported& xv = value(x);
+    if (xv.shape.size() != 4 || int_arg(*n, "end", 3, INT64_MAX) < xv.shape[3]) return "";  // to the end
+    return x;
   }
 
   // q * cos + rotate_half(q) * sin: rotate_half(q) = cat(-q[..., D/2:], q[..., :D/2]) (Llama's), or
