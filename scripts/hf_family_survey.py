@@ -2,7 +2,8 @@
 """Which decoder-only transformers families autosp imports: each family's tiny random model
 (vocab 64, hidden 32, 2 layers, 4 query heads, its distinctive features on) is exported with
 python/autosp/export.py, imported (`autosp dump --model X.pt2 --stage forward`) and trained 2
-steps on the CPU (`autosp train --model X.pt2`). A survey, not a test: the families autosp is
+steps on the CPU (`autosp train --model X.pt2`), then the same 2 steps sequence-parallel on 2
+MPI ranks, whose losses must be one process's (to 1e-5). A survey, not a test: the families autosp is
 held to PyTorch's float64 results on are tests/fixtures/torch_export's; README.md ("Importing
 a PyTorch model") has the last survey's table.
 
@@ -137,6 +138,11 @@ def write_cli_inputs():
         json.dump({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
                    "optimizer": {"type": "AdamW", "params": {"lr": 0.01}},
                    "data": {"shuffle": False}}, f)
+    with open(f"{OUT}/ds_sp2.json", "w") as f:
+        json.dump({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
+                   "optimizer": {"type": "AdamW", "params": {"lr": 0.01}},
+                   "compile": {"deepcompile": True, "passes": ["autosp"]}, "sequence_parallel_size": 2,
+                   "data": {"shuffle": False}}, f)
 
 
 def survey(name, model_cls, cfg_cls, kw):
@@ -177,6 +183,23 @@ def survey(name, model_cls, cfg_cls, kw):
         res["train_error"] = first_error_lines(out)
     elif os.path.exists(metrics):
         res["losses"] = [json.loads(l)["loss"] for l in open(metrics) if l.strip()]
+    if not res["train"] or not res.get("losses"):
+        return res
+    # The same 2 steps sequence-parallel on 2 MPI ranks: the losses of one process, to fp32
+    # reordering.
+    metrics_sp = f"{OUT}/{name}.sp2.metrics.jsonl"
+    if os.path.exists(metrics_sp):
+        os.remove(metrics_sp)
+    mpirun = "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun -np 2 --oversubscribe"
+    rc, out = run(f"{mpirun} {AUTOSP} train --config {OUT}/ds_sp2.json --model {pt2} --data {OUT}/tokens.bin "
+                  f"--seq-len 16 --steps 2 --metrics {metrics_sp}", f"{OUT}/{name}.sp2.log")
+    if rc != 0 or not os.path.exists(metrics_sp):
+        res["sp2"] = False
+        res["sp2_error"] = first_error_lines(out)
+        return res
+    sp = [json.loads(l)["loss"] for l in open(metrics_sp) if l.strip()]
+    res["sp2_losses"] = sp
+    res["sp2"] = len(sp) == len(res["losses"]) and all(abs(a - b) <= 1e-5 * abs(b) for a, b in zip(sp, res["losses"]))
     return res
 
 
@@ -204,15 +227,17 @@ def main():
         json.dump(results, open(path, "w"), indent=1)
     order = [f[0] for f in families() + probes()]
     with open(f"{OUT}/results.md", "w") as f:
-        f.write("| family | export | import | train (losses) | error |\n|---|---|---|---|---|\n")
+        f.write("| family | export | import | train (losses) | SP 2 = SP 1 | error |\n|---|---|---|---|---|---|\n")
         for n in order:
             if n not in results:
                 continue
             r = results[n]
             yn = lambda k: "-" if k not in r else ("yes" if r[k] else "NO")  # noqa: E731
-            err = r.get("export_error") or " / ".join(r.get("import_error") or r.get("train_error") or [])
+            err = r.get("export_error") or " / ".join(r.get("import_error") or r.get("train_error") or
+                                                     r.get("sp2_error") or [])
             losses = ", ".join(f"{x:.4f}" for x in r.get("losses", []))
-            f.write(f"| {r['family']} | {yn('export')} | {yn('import')} | {yn('train')} {losses} | {err} |\n")
+            f.write(f"| {r['family']} | {yn('export')} | {yn('import')} | {yn('train')} {losses} | {yn('sp2')} | "
+                    f"{err} |\n")
 
 
 if __name__ == "__main__":
