@@ -94,6 +94,29 @@ def use_autosp_attention(model):
     return model
 
 
+class _ConcreteIsCausal:
+    """While exporting: a model that calls scaled_dot_product_attention itself with
+    is_causal = (mask is None and q_len > 1) (Falcon, Nemotron) passes a symbolic bool, which
+    the op refuses; with the sequence at least 2 long (the export's bound) it is True, so it is
+    made a bool first (torch.export guards the assumption)."""
+
+    def __enter__(self):
+        self.sdpa = torch.nn.functional.scaled_dot_product_attention
+        sdpa = self.sdpa
+
+        def concrete(*args, **kwargs):
+            if isinstance(kwargs.get("is_causal"), torch.SymBool):
+                kwargs["is_causal"] = bool(kwargs["is_causal"])
+            return sdpa(*args, **kwargs)
+
+        torch.nn.functional.scaled_dot_product_attention = concrete
+        return self
+
+    def __exit__(self, *exc):
+        torch.nn.functional.scaled_dot_product_attention = self.sdpa
+        return False
+
+
 def export(model, path, batch: int = 2, seq_len: int = 16, max_seq_len: int = 1 << 20, vocab_size=None):
     """Exports `model`'s training loss, forward(input_ids, labels) -> loss, to `path` (.pt2)."""
     use_autosp_attention(model)
@@ -103,8 +126,9 @@ def export(model, path, batch: int = 2, seq_len: int = 16, max_seq_len: int = 1 
     ids = torch.randint(0, vocab, (batch, seq_len), generator=torch.Generator().manual_seed(0))
     b = torch.export.Dim("batch", min=1, max=1 << 16)
     s = torch.export.Dim("seq_len", min=2, max=max_seq_len)
-    program = torch.export.export(_LossOf(model), (ids, ids.clone()),
-                                  dynamic_shapes=({0: b, 1: s}, {0: b, 1: s}))
+    with _ConcreteIsCausal():
+        program = torch.export.export(_LossOf(model), (ids, ids.clone()),
+                                      dynamic_shapes=({0: b, 1: s}, {0: b, 1: s}))
     # transformers' config.json rides along (the archive's extra/config.json): autosp's
     # checkpoints of the program are then model directories transformers loads.
     # (with the model's class as "architectures", which save_pretrained adds likewise)
