@@ -744,6 +744,11 @@ void bench_rope(Bench& bench) {
   const Timing t = measure([&] { cpu::rope_forward(x.data(), pos.data(), inv_freq.data(), T, NH, D, false, y.data()); },
                            [&] { check_finite("rope y", y.data(), y.size()); }, 0.5, 5, 51);
   add_mem(bench, "rope fwd", dims({T, NH, D}, "T NH D"), t, 4.0 * (2 * T * NH * D + T));
+  // The interleaved pairs (2i, 2i + 1): GPT-J's layout (GLM, Helium, Cohere, imported).
+  const Timing ti = measure(
+      [&] { cpu::rope_forward(x.data(), pos.data(), inv_freq.data(), T, NH, D, false, y.data(), nullptr, true); },
+      [&] { check_finite("rope y", y.data(), y.size()); }, 0.5, 5, 51);
+  add_mem(bench, "rope fwd interleaved", dims({T, NH, D}, "T NH D"), ti, 4.0 * (2 * T * NH * D + T));
 }
 
 void bench_swiglu(Bench& bench) {

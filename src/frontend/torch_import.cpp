@@ -1355,16 +1355,9 @@ class TorchImporter {
     }
     // autosp's rope is [B, S, H, D]; torch's q here is [B, H, S, D].
     Tensor bshd = as_bshd(xv, x);
-    // The interleaved rope is the rotate-half rope of x with its pairs' halves gathered (the even
-    // dims, then the odd ones), the result's scattered back: two transposes of [.., D/2, 2].
-    const Shape s = t_.shape(bshd);  // a copy: adding nodes may move the graph's types
-    auto swap_pairs = [&](Tensor t, int64_t rows, int64_t cols) {
-      Tensor r = t_.reshape(t, {s[0], s[1], s[2], rows, cols});
-      return t_.reshape(t_.transpose(r, {0, 1, 2, 4, 3}), s);
-    };
-    if (interleaved) bshd = swap_pairs(bshd, D / 2, 2);
-    Tensor y = t_.rope(bshd, positions(), *rope);
-    if (interleaved) y = swap_pairs(y, 2, D / 2);
+    RopeOptions options = *rope;
+    options.interleaved = interleaved;
+    Tensor y = t_.rope(bshd, positions(), options);
     // cos and sin times an attention scaling (yarn's): the rotated x times it.
     if (cos->number != 1.0) y = t_.scale(y, cos->number);
     Imported out = ir(y);

@@ -78,6 +78,7 @@ Attrs rope_attrs(const RopeOptions& o) {
     attrs.set("beta_slow", o.beta_slow);
     attrs.set("truncate", int64_t{o.truncate});
   }
+  if (o.interleaved) attrs.set("interleaved", int64_t{1});
   return attrs;
 }
 

@@ -34,6 +34,7 @@ struct RopeOptions {
   double beta_fast = 32.0, beta_slow = 1.0;  // yarn
   bool truncate = true;                      // yarn
   double attention_factor = 1.0;             // yarn, resolved from factor / mscale / mscale_all_dim
+  bool interleaved = false;                  // pairs (2i, 2i + 1), GPT-J's layout, not (i, i + D/2)
 };
 
 // The rope op's attributes for these options (what Tracer::rope emits).

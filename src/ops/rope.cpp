@@ -48,13 +48,15 @@ void cuda_rope(const KernelArgs& a, const CudaContext& c) {
   std::vector<double> inv_freq(D / 2);
   cpu::rope_inv_freq(D, a.attrs->get_float("theta"), rope_scaling(*a.attrs), inv_freq.data());
   cuda::rope_forward_fused(cuda_in_dt(a, 0), a.in<void>(0), a.in<int32_t>(1), inv_freq.data(), x[0] * x[1], x[2], D,
-                           a.attrs->get_int("inverse", 0) != 0, a.out<void>(0), c.stream);
+                           a.attrs->get_int("inverse", 0) != 0, a.out<void>(0), c.stream,
+                           a.attrs->get_int("interleaved", 0) != 0);
 }
 #endif
 }  // namespace
 
-// rope(x[B, S, NH, D], positions i32[B, S]) {theta, inverse, rope_type, its params}
-// inverse=1 rotates by minus the angle: the transpose, hence the gradient. The result has
+// rope(x[B, S, NH, D], positions i32[B, S]) {theta, inverse, interleaved, rope_type, its params}
+// inverse=1 rotates by minus the angle: the transpose, hence the gradient. interleaved=1 rotates
+// the pairs (2i, 2i + 1) instead of (i, i + D/2) (GPT-J's layout, kernels/cpu/fused.h). The result has
 // x's dtype (f32 or bf16; a bf16 kernel computes the angles in fp32).
 extern const OpDef rope_op = {
     .num_inputs = 2,
@@ -96,7 +98,8 @@ extern const OpDef rope_op = {
       double* inv_freq = static_cast<double*>(a.workspace);
       cpu::rope_inv_freq(D, a.attrs->get_float("theta"), rope_scaling(*a.attrs), inv_freq);
       cpu::rope_forward(a.in(0), a.in<int32_t>(1), inv_freq, x[0] * x[1], x[2], D,
-                        a.attrs->get_int("inverse", 0) != 0, a.out(0), reinterpret_cast<float*>(inv_freq + D / 2));
+                        a.attrs->get_int("inverse", 0) != 0, a.out(0), reinterpret_cast<float*>(inv_freq + D / 2),
+                        a.attrs->get_int("interleaved", 0) != 0);
     },
     .cpu_workspace_bytes = [](const Types& in, const Attrs&, int threads) -> int64_t {
       const int64_t D = in[0].shape[3];

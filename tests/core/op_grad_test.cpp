@@ -228,6 +228,19 @@ TEST(OpGrad, RopeDefaultLinearLlama3AndYarn) {
   }
 }
 
+// The interleaved pairs (2i, 2i + 1), GPT-J's layout.
+TEST(OpGrad, RopeInterleaved) {
+  Tracer t;
+  Tensor x = t.parameter("x", {2, 3, 2, 8});
+  Tensor pos = t.input(Role::positions, "positions", DType::i32, {2, 3});
+  RopeOptions o;
+  o.interleaved = true;
+  t.output("y0", t.rope(x, pos, o));
+  Feed feed;
+  feed.i["positions"] = {0, 1, 2, 5, 17, 1000};
+  check_gradients(t.finish(), feed);
+}
+
 TEST(OpGrad, AttentionCausalGqa) {
   for (bool causal : {true, false})
     for (int64_t nkv : {1, 2, 4}) {

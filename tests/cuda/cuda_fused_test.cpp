@@ -260,20 +260,24 @@ TEST(CudaFused, RopeMatchesTheReferenceInPlaceToo) {
     for (int64_t t = 0; t < s.T; ++t) pos.push_back(int32_t(t * 7919 + (t % 2 ? 100000 : 0)));
     DeviceArray<int32_t> dpos(pos);
     for (Dt dt : kDts)
-      for (bool inverse : {false, true}) {
-        const std::string name = str("rope.T", s.T, ".NH", s.NH, ".D", s.D, inverse ? ".inverse" : "");
-        SCOPED_TRACE(str(name, " ", dt_name(dt)));
-        const int64_t n = s.T * s.NH * s.D;
-        const std::vector<float> host = random_normal(n, 6);
-        Tensor x(dt, host), y_ref(dt, n), y(dt, n), inplace(dt, host);
-        cuda::rope_forward(dt, x.p(), dpos.p, inv_freq.data(), s.T, s.NH, s.D, inverse, y_ref.p(), nullptr);
-        cuda::rope_forward_fused(dt, x.p(), dpos.p, inv_freq.data(), s.T, s.NH, s.D, inverse, y.p(), nullptr);
-        cuda::rope_forward_fused(dt, inplace.p(), dpos.p, inv_freq.data(), s.T, s.NH, s.D, inverse, inplace.p(),
-                                 nullptr);
-        check_cuda(cudaGetLastError(), "the rope kernels", name);
-        expect_close(name, 0, y, y_ref, dt == Dt::f32 ? kF32Tol : kBf16Tol, kMaxUlps);
-        expect_identical(name + " in place", inplace, y);
-      }
+      for (bool inverse : {false, true})
+        for (bool interleaved : {false, true}) {
+          const std::string name = str("rope.T", s.T, ".NH", s.NH, ".D", s.D, inverse ? ".inverse" : "",
+                                       interleaved ? ".interleaved" : "");
+          SCOPED_TRACE(str(name, " ", dt_name(dt)));
+          const int64_t n = s.T * s.NH * s.D;
+          const std::vector<float> host = random_normal(n, 6);
+          Tensor x(dt, host), y_ref(dt, n), y(dt, n), inplace(dt, host);
+          cuda::rope_forward(dt, x.p(), dpos.p, inv_freq.data(), s.T, s.NH, s.D, inverse, y_ref.p(), nullptr,
+                             interleaved);
+          cuda::rope_forward_fused(dt, x.p(), dpos.p, inv_freq.data(), s.T, s.NH, s.D, inverse, y.p(), nullptr,
+                                   interleaved);
+          cuda::rope_forward_fused(dt, inplace.p(), dpos.p, inv_freq.data(), s.T, s.NH, s.D, inverse, inplace.p(),
+                                   nullptr, interleaved);
+          check_cuda(cudaGetLastError(), "the rope kernels", name);
+          expect_close(name, 0, y, y_ref, dt == Dt::f32 ? kF32Tol : kBf16Tol, kMaxUlps);
+          expect_identical(name + " in place", inplace, y);
+        }
   }
 }
 

@@ -326,6 +326,35 @@ TEST(FusedKernelRope, InPlaceMatchesOutOfPlace) {
   EXPECT_EQ(y, inplace);
 }
 
+// The interleaved layout (pairs 2i, 2i + 1) is the rotate-half rope of each head with its pairs
+// gathered into the halves (x[2i] to i, x[2i + 1] to i + D/2) and scattered back, bit for bit (the
+// same products and sums per pair); in place too. D = 34 (17 pairs, no whole vector) and 128 over
+// the parallel threshold.
+TEST(FusedKernelRope, InterleavedIsRotateHalfOfThePairsGathered) {
+  for (const auto& [T, NH, D] : {std::tuple<int64_t, int64_t, int64_t>{kT, kNH, kD}, {129, 4, 128}}) {
+    const int64_t half = D / 2;
+    const auto x = random_floats(T * NH * D, -1, 1, 23);
+    const auto pos = random_ints(T, 0, 100000, 24);
+    const auto inv_freq = plain_inv_freq(D, 10000.0);
+    std::vector<float> gathered(x.size());
+    for (int64_t r = 0; r < T * NH; ++r)
+      for (int64_t i = 0; i < half; ++i)
+        gathered[r * D + i] = x[r * D + 2 * i], gathered[r * D + half + i] = x[r * D + 2 * i + 1];
+    for (bool inverse : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << "D=" << D << " inverse=" << inverse);
+      std::vector<float> halves(x.size()), want(x.size()), y(x.size()), inplace = x;
+      rope_forward(gathered.data(), pos.data(), inv_freq.data(), T, NH, D, inverse, halves.data());
+      for (int64_t r = 0; r < T * NH; ++r)
+        for (int64_t i = 0; i < half; ++i)
+          want[r * D + 2 * i] = halves[r * D + i], want[r * D + 2 * i + 1] = halves[r * D + half + i];
+      rope_forward(x.data(), pos.data(), inv_freq.data(), T, NH, D, inverse, y.data(), nullptr, true);
+      EXPECT_EQ(y, want);
+      rope_forward(inplace.data(), pos.data(), inv_freq.data(), T, NH, D, inverse, inplace.data(), nullptr, true);
+      EXPECT_EQ(inplace, y);
+    }
+  }
+}
+
 TEST(FusedKernelRopeInvFreq, PlainIsThetaPower) {
   const int64_t D = 128;
   const auto f = plain_inv_freq(D, 500000.0);

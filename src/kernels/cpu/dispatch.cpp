@@ -62,11 +62,11 @@ void rms_norm_backward(const float* dy, const float* x, const float* w, const fl
 }
 
 void rope_forward(const float* x, const int32_t* pos, const double* inv_freq, int64_t T,
-                  int64_t NH, int64_t D, bool inverse, float* y, float* table) {
+                  int64_t NH, int64_t D, bool inverse, float* y, float* table, bool interleaved) {
   AUTOSP_CHECK(D % 2 == 0, "rope head dim D = ", D, " must be even");
   std::vector<float> own;
   if (!table) own.resize(static_cast<size_t>(omp_get_max_threads() * rope_table_floats(D))), table = own.data();
-  AUTOSP_DISPATCH(rope_forward, x, pos, inv_freq, T, NH, D, inverse, y, table);
+  AUTOSP_DISPATCH(rope_forward, x, pos, inv_freq, T, NH, D, inverse, y, table, interleaved);
 }
 
 void silu_forward(const float* x, int64_t n, float* y) { AUTOSP_DISPATCH(silu_forward, x, n, y); }

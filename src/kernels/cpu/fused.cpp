@@ -175,7 +175,7 @@ void rms_norm_backward(const float* dy, const float* x, const float* w, const fl
 // ---- rope -----------------------------------------------------------------------------
 
 void rope_forward(const float* x, const int32_t* pos, const double* inv_freq, int64_t T, int64_t NH,
-                  int64_t D, bool inverse, float* y, float* table) {
+                  int64_t D, bool inverse, float* y, float* table, bool interleaved) {
   const int64_t half = D / 2;
   // cos and sin of one row's angles, per thread: [threads][2][half].
   const double sign = inverse ? -1.0 : 1.0;
@@ -202,7 +202,16 @@ void rope_forward(const float* x, const int32_t* pos, const double* inv_freq, in
       for (int64_t n = 0; n < NH; ++n) {
         const float* xr = x + (t * NH + n) * D;
         float* yr = y + (t * NH + n) * D;
-        // Both halves are read before either is written, so y may alias x.
+        // Both of a pair are read before either is written, so y may alias x.
+        if (interleaved) {
+#pragma omp simd
+          for (int64_t i = 0; i < half; ++i) {
+            const float a = xr[2 * i], b = xr[2 * i + 1];
+            yr[2 * i] = a * cs[i] - b * sn[i];
+            yr[2 * i + 1] = b * cs[i] + a * sn[i];
+          }
+          continue;
+        }
 #pragma omp simd
         for (int64_t i = 0; i < half; ++i) {
           const float a = xr[i], b = xr[i + half];

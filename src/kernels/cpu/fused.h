@@ -30,12 +30,14 @@ int64_t rms_norm_backward_scratch_doubles(int64_t T, int64_t H);
 //   y[i]       = x[i] cos - x[i + D/2] sin
 //   y[i + D/2] = x[i + D/2] cos + x[i] sin
 // inverse = true rotates by -angle (the transpose, used for the gradient).
+// interleaved = true: the pairs are (x[2i], x[2i + 1]) instead (GPT-J's layout, GLM's, Cohere's):
+//   y[2i] = x[2i] cos - x[2i + 1] sin,  y[2i + 1] = x[2i + 1] cos + x[2i] sin
 // y may be x (both halves of a head are read before either is written).
 // Angles are computed in double and rounded once, so y does not depend on the row split.
 // table: rope_table_floats(D) floats per OpenMP thread (one row's cos and sin), or null to
 // allocate it here.
 void rope_forward(const float* x, const int32_t* pos, const double* inv_freq, int64_t T,
-                  int64_t NH, int64_t D, bool inverse, float* y, float* table = nullptr);
+                  int64_t NH, int64_t D, bool inverse, float* y, float* table = nullptr, bool interleaved = false);
 inline int64_t rope_table_floats(int64_t D) { return D; }
 
 // inv_freq[i] = 1 / theta^(2i / D), then scaled as transformers' modeling_rope_utils does:

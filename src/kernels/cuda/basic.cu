@@ -337,16 +337,18 @@ struct InvFreq {
 };
 template <typename T>
 __global__ void rope_kernel(const T* x, const int32_t* pos, InvFreq inv_freq, int64_t T_,
-                            int64_t NH, int64_t D, bool inverse, T* y) {
+                            int64_t NH, int64_t D, bool inverse, bool interleaved, T* y) {
   const int64_t half = D / 2;
   AUTOSP_GRID_STRIDE(e, T_ * NH * half) {
     const int64_t i = e % half, th = e / half, t = th / NH;
     const double angle = double(pos[t]) * inv_freq.v[i];
     const float c = float(cos(angle)), s = inverse ? -float(sin(angle)) : float(sin(angle));
     const int64_t base = th * D;
-    const float a = to_f(x[base + i]), b = to_f(x[base + i + half]);
-    y[base + i] = from_f<T>(a * c - b * s);
-    y[base + i + half] = from_f<T>(b * c + a * s);
+    // the pair: (i, i + D/2), or (2i, 2i + 1) interleaved
+    const int64_t p = interleaved ? base + 2 * i : base + i, q = interleaved ? p + 1 : p + half;
+    const float a = to_f(x[p]), b = to_f(x[q]);
+    y[p] = from_f<T>(a * c - b * s);
+    y[q] = from_f<T>(b * c + a * s);
   }
 }
 
@@ -651,14 +653,14 @@ void gelu_backward(Dt dt, const void* dy, const void* x, int64_t n, bool tanh, v
 }
 
 void rope_forward(Dt dt, const void* x, const int32_t* pos, const double* inv_freq, int64_t T, int64_t NH, int64_t D,
-                  bool inverse, void* y, cudaStream_t stream) {
+                  bool inverse, void* y, cudaStream_t stream, bool interleaved) {
   const int64_t n = T * NH * (D / 2);
   if (n == 0) return;
   InvFreq f{};
   for (int64_t i = 0; i < D / 2 && i < kRopeMaxD / 2; ++i) f.v[i] = inv_freq[i];
   dispatch(dt, [&]<typename Ty>() {
     rope_kernel<Ty><<<blocks_for(n), kThreads, 0, stream>>>(static_cast<const Ty*>(x), pos, f, T, NH, D,
-                                                             inverse, static_cast<Ty*>(y));
+                                                             inverse, interleaved, static_cast<Ty*>(y));
   });
 }
 

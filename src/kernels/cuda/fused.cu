@@ -219,10 +219,11 @@ struct InvFreq {
 
 // One block per token: its D/2 angles in double and their cos and sin (the reference's
 // expressions, so the same floats), once for all NH heads; then each thread rotates N pairs
-// (x[i .. i+N), x[i+D/2 .. i+D/2+N)) of one head.
+// (x[i .. i+N), x[i+D/2 .. i+D/2+N)) of one head, or interleaved the N pairs in x[2i .. 2i+2N).
 template <typename T, int N>
 __global__ void __launch_bounds__(kRowThreads) rope_fused_kernel(const T* x, const int32_t* pos, InvFreq inv_freq,
-                                                                 int64_t NH, int64_t D, bool inverse, T* y) {
+                                                                 int64_t NH, int64_t D, bool inverse, bool interleaved,
+                                                                 T* y) {
   __shared__ float cs[kRopeMaxD / 2], sn[kRopeMaxD / 2];
   const int64_t t = blockIdx.x, half = D / 2;
   for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
@@ -234,6 +235,23 @@ __global__ void __launch_bounds__(kRowThreads) rope_fused_kernel(const T* x, con
   const int64_t per_head = half / N;
   for (int64_t item = threadIdx.x; item < NH * per_head; item += blockDim.x) {
     const int64_t head = item / per_head, i0 = (item % per_head) * N;
+    if (interleaved) {  // 2N elements from 2 i0: D a multiple of 2N, so both vectors are aligned
+      const int64_t base = (t * NH + head) * D + 2 * i0;
+      float u0[N], u1[N], o0[N], o1[N];  // elements [0, N) and [N, 2N) of the 2N
+      load<T, N>(x + base, u0);
+      load<T, N>(x + base + N, u1);
+#pragma unroll
+      for (int e = 0; e < N; ++e) {  // pair e: elements 2e and 2e + 1 (the branches are compile-time)
+        const int k = 2 * e;
+        const float c = cs[i0 + e], s = sn[i0 + e];
+        const float a = k < N ? u0[k] : u1[k - N], b = k + 1 < N ? u0[k + 1] : u1[k + 1 - N];
+        (k < N ? o0[k] : o1[k - N]) = a * c - b * s;
+        (k + 1 < N ? o0[k + 1] : o1[k + 1 - N]) = b * c + a * s;
+      }
+      store<T, N>(y + base, o0);
+      store<T, N>(y + base + N, o1);
+      continue;
+    }
     const int64_t base = (t * NH + head) * D + i0;
     float a[N], b[N], lo[N], hi[N];
     load<T, N>(x + base, a);
@@ -406,7 +424,7 @@ void rms_norm_backward_fused(Dt dt, const void* dy, const void* x, const void* w
 }
 
 void rope_forward_fused(Dt dt, const void* x, const int32_t* pos, const double* inv_freq, int64_t T, int64_t NH,
-                        int64_t D, bool inverse, void* y, cudaStream_t stream) {
+                        int64_t D, bool inverse, void* y, cudaStream_t stream, bool interleaved) {
   if (T * NH * (D / 2) == 0) return;
   InvFreq f{};
   for (int64_t i = 0; i < D / 2 && i < kRopeMaxD / 2; ++i) f.v[i] = inv_freq[i];
@@ -414,7 +432,7 @@ void rope_forward_fused(Dt dt, const void* x, const int32_t* pos, const double* 
     // Vectors within each half of a head: D / 2 a whole number of them.
     with_width<Ty>(vector_width(sizeof(Ty), D / 2, {x, y}), [&]<int N>() {
       rope_fused_kernel<Ty, N><<<static_cast<unsigned>(T), row_threads(NH * (D / 2) / N), 0, stream>>>(
-          static_cast<const Ty*>(x), pos, f, NH, D, inverse, static_cast<Ty*>(y));
+          static_cast<const Ty*>(x), pos, f, NH, D, inverse, interleaved, static_cast<Ty*>(y));
     });
   });
 }

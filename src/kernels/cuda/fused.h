@@ -37,9 +37,9 @@ void rms_norm_forward_fused(Dt dt, const void* x, const void* w, int64_t T, int6
 void rms_norm_backward_fused(Dt dt, const void* dy, const void* x, const void* w, const float* rstd, int64_t T,
                              int64_t H, void* dx, void* dw, float* partial, cudaStream_t stream);
 
-// Rotate-half rope (kernels.h rope_forward): one block per token; D <= kRopeMaxD.
+// Rope (kernels.h rope_forward, rotate-half or interleaved): one block per token; D <= kRopeMaxD.
 void rope_forward_fused(Dt dt, const void* x, const int32_t* pos, const double* inv_freq, int64_t T, int64_t NH,
-                        int64_t D, bool inverse, void* y, cudaStream_t stream);
+                        int64_t D, bool inverse, void* y, cudaStream_t stream, bool interleaved = false);
 
 void swiglu_forward_fused(Dt dt, const void* gate, const void* up, int64_t n, void* out, cudaStream_t stream);
 void swiglu_backward_fused(Dt dt, const void* dy, const void* gate, const void* up, int64_t n, void* dgate, void* dup,

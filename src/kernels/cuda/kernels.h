@@ -98,11 +98,11 @@ void layer_norm_backward(Dt dt, const void* dy, const void* x, const void* w, co
 void gelu_forward(Dt dt, const void* x, int64_t n, bool tanh, void* y, cudaStream_t stream);
 void gelu_backward(Dt dt, const void* dy, const void* x, int64_t n, bool tanh, void* dx, cudaStream_t stream);
 
-// ---- rope (rotate-half; see kernels/cpu/fused.h for the maths) ---------------------------
+// ---- rope (rotate-half, or interleaved pairs; see kernels/cpu/fused.h for the maths) -----
 // inv_freq: D/2 doubles in host memory (cpu::rope_inv_freq's), passed to the kernel by value
 // (no copy, no synchronisation); D <= kRopeMaxD (limits.h).
 void rope_forward(Dt dt, const void* x, const int32_t* pos, const double* inv_freq, int64_t T,
-                  int64_t NH, int64_t D, bool inverse, void* y, cudaStream_t stream);
+                  int64_t NH, int64_t D, bool inverse, void* y, cudaStream_t stream, bool interleaved = false);
 
 // ---- attention (flash-style: online softmax, f32 lse saved, never S x S) ------------------
 // Layouts as kernels/cpu/attention.h: q, out [B, S, NH, D]; k, v [B, S, NKV, D]; lse
