@@ -1261,15 +1261,16 @@ class TorchImporter {
     if (!is(s, "slice.Tensor") || int_arg(*s, "start", 2, 0) != 0 || int_arg(*s, "step", 4, 1) != 1) return nullptr;
     const Imported* table = table_of(arg_tensor(*s, "self", 0));
     if (!table || table->interleaved) return nullptr;
-    const int64_t rank = 4, dim = int_arg(*r, "dim", 2), sdim = int_arg(*s, "dim", 1);
+    // (defaults that match nothing: a matcher declines what it does not recognise, it does not fail)
+    const int64_t rank = 4, dim = int_arg(*r, "dim", 2, INT64_MIN), sdim = int_arg(*s, "dim", 1, 0);
     if ((dim != -1 && dim != rank - 1) || (sdim != -1 && sdim != rank - 1)) return nullptr;
-    if (int_arg(*s, "end", 3) != int64_t(table->data.size())) return nullptr;  // the first copy of the F frequencies
+    if (int_arg(*s, "end", 3, INT64_MAX) != int64_t(table->data.size())) return nullptr;  // the first copy of F
     return table;
   }
   // x[..., start::2] of `x`: its name, or "" when `n` is not that slice.
   std::string every_second(const FxNode* n, int64_t start) {
     if (!is(n, "slice.Tensor") || int_arg(*n, "start", 2, 0) != start || int_arg(*n, "step", 4, 1) != 2) return "";
-    const int64_t dim = int_arg(*n, "dim", 1);
+    const int64_t dim = int_arg(*n, "dim", 1, 0);
     if (dim != -1 && dim != 3) return "";
     const std::string x = through(arg_tensor(*n, "self", 0));
     const Imported& xv = value(x);

@@ -46,7 +46,7 @@ int64_t cuda_cudnn_graph_builds();
 int64_t cuda_cudnn_graph_workspace(const cuda::CudnnSdpaKey& key, std::string* why);
 // "" when cuDNN attention can run in this process (libcudnn and NVRTC open, at the first call),
 // else why not; and a line for `autosp --version` ("cuDNN 9.19.0 (libcudnn.so.9, ...)").
-std::string cuda_cudnn_unavailable();
+const std::string& cuda_cudnn_unavailable();
 std::string cuda_cudnn_summary();
 
 }  // namespace autosp

@@ -28,6 +28,8 @@
 #include <unordered_map>
 #include <unordered_set>
 #include <utility>
+
+#include "util/shared_library.h"
 #endif
 
 namespace autosp {
@@ -51,14 +53,17 @@ int64_t cuda_cudnn_graph_workspace(const cuda::CudnnSdpaKey&, std::string* why) 
   if (why) *why = "this build has no cuDNN";
   return -1;
 }
-std::string cuda_cudnn_unavailable() { return "this build has no cuDNN"; }
+const std::string& cuda_cudnn_unavailable() {
+  static const std::string why = "this build has no cuDNN";
+  return why;
+}
 std::string cuda_cudnn_summary() { return "cuDNN attention not built"; }
 
 #else
 
 }  // namespace autosp
 
-// cudnn-frontend's handle on libcudnn (its dynamic loading): set by cudnn_unavailable() below
+// cudnn-frontend's handle on libcudnn (its dynamic loading): set by cuda_cudnn_unavailable() below
 // before any cudnn-frontend call.
 namespace cudnn_frontend {
 void* cudnn_dlhandle = nullptr;
@@ -83,40 +88,32 @@ void check_cudnn(cudnnStatus_t rc, const char* call, const std::string& where) {
   throw CudaError(str("cuda backend: ", call, " failed in ", where, ": ", fe::detail::get_error_string(rc)));
 }
 
-// dlopen, or why not ("" when it opened; the handle is kept for the process).
-std::string open_library(const std::string& name, void** handle) {
-  dlerror();
-  *handle = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
-  if (*handle) return "";
-  const char* err = dlerror();
-  return str(name, " cannot be loaded (", err ? err : "not found", ")");
-}
+}  // namespace
 
 // Opens libcudnn (for cudnn-frontend) and checks NVRTC, once: "" when cuDNN attention can run,
 // else why not. cuDNN's runtime-compiled engines (the SDPA ones among them) compile with NVRTC when
 // a plan is built: cuDNN loads libnvrtc by its soname, and NVRTC loads its builtins library when it
 // first compiles. Without either, building fails deep inside cuDNN, or on some versions a plan is
 // picked and fails at its first launch; so both are checked up front, for a clear message.
-const std::string& cudnn_unavailable() {
+const std::string& cuda_cudnn_unavailable() {
   static const std::string why = []() -> std::string {
-    const std::string cudnn = str("libcudnn.so.", CUDNN_MAJOR);
-    if (std::string e = open_library(cudnn, &fe::cudnn_dlhandle); !e.empty())
+    std::string e;
+    if (!(fe::cudnn_dlhandle = open_shared_library(str("libcudnn.so.", CUDNN_MAJOR), &e)))
       return str(e, ": install cuDNN ", CUDNN_MAJOR, " or put its directory on LD_LIBRARY_PATH");
-    void* nvrtc = nullptr;
     const std::string fix = ": cuDNN compiles its attention kernels with NVRTC at run time; put the CUDA toolkit's "
                             "lib64 on LD_LIBRARY_PATH";
-    if (std::string e = open_library(str("libnvrtc.so.", CUDART_VERSION / 1000), &nvrtc); !e.empty()) return e + fix;
-    using Version = decltype(&::nvrtcVersion);
-    auto version = reinterpret_cast<Version>(dlsym(nvrtc, "nvrtcVersion"));
+    void* nvrtc = open_shared_library(str("libnvrtc.so.", CUDART_VERSION / 1000), &e);
+    if (!nvrtc) return e + fix;
+    auto version = reinterpret_cast<decltype(&::nvrtcVersion)>(dlsym(nvrtc, "nvrtcVersion"));
     int major = 0, minor = 0;
     if (!version || version(&major, &minor) != NVRTC_SUCCESS) return "nvrtcVersion failed";
-    void* builtins = nullptr;
-    if (std::string e = open_library(str("libnvrtc-builtins.so.", major, ".", minor), &builtins); !e.empty())
-      return e + fix;
+    if (!open_shared_library(str("libnvrtc-builtins.so.", major, ".", minor), &e)) return e + fix;
     return "";
   }();
   return why;
 }
+
+namespace {
 
 // One cuDNN handle per (device, stream), made on first use and kept for the process: a handle
 // is bound to a device, and cudnnSetStream per call would race between executors on two streams.
@@ -249,9 +246,9 @@ std::shared_ptr<fe::graph::Graph> backward_graph(const cuda::CudnnSdpaKey& k) {
   return g;
 }
 
-// Builds the key's graph: "" on success, else what cuDNN said (the shape is declined).
+// Builds the key's graph: "" on success, else what cuDNN said (the shape is declined). Only after
+// cuda_cudnn_unavailable() said "" (the entry points below ask first).
 std::string build(const cuda::CudnnSdpaKey& k, cudnnHandle_t handle, CachedGraph& out) {
-  if (const std::string& why = cudnn_unavailable(); !why.empty()) return why;
   auto g = k.backward ? backward_graph(k) : forward_graph(k);
   auto step = [](fe::error_t e, const char* call) {
     return e.is_good() ? std::string() : str("cudnn-frontend ", call, ": ", e.get_message());
@@ -372,7 +369,7 @@ bool cuda_attention_forward_cudnn(const CudaContext& c, const cuda::CudnnSdpaKey
                                   void* workspace) {
   AUTOSP_CHECK(!key.backward && key.documents == (doc != nullptr), "cuDNN attention forward given the key ",
                cudnn_sdpa_key_str(key));
-  if (const std::string& why = cudnn_unavailable(); !why.empty()) return fall_back(key, forced, why);
+  if (const std::string& why = cuda_cudnn_unavailable(); !why.empty()) return fall_back(key, forced, why);
   if (!aligned16({q, k, v, out, lse, workspace})) return fall_back(key, forced, "an operand is not 16-byte aligned");
   const std::string where = where_of(key);
   cudnnHandle_t handle = handle_for(key.device, c.stream, where);
@@ -397,7 +394,7 @@ bool cuda_attention_backward_cudnn(const CudaContext& c, const cuda::CudnnSdpaKe
                                    const int32_t* doc, void* dq, void* dk, void* dv, void* workspace) {
   AUTOSP_CHECK(key.backward && key.documents == (doc != nullptr), "cuDNN attention backward given the key ",
                cudnn_sdpa_key_str(key));
-  if (const std::string& why = cudnn_unavailable(); !why.empty()) return fall_back(key, forced, why);
+  if (const std::string& why = cuda_cudnn_unavailable(); !why.empty()) return fall_back(key, forced, why);
   if (!aligned16({q, k, v, out, lse, dout, dq, dk, dv, workspace}))
     return fall_back(key, forced, "an operand is not 16-byte aligned");
   const std::string where = where_of(key);
@@ -427,7 +424,7 @@ int64_t cuda_cudnn_graph_builds() {
 }
 
 int64_t cuda_cudnn_graph_workspace(const cuda::CudnnSdpaKey& key, std::string* why) {
-  if (const std::string& missing = cudnn_unavailable(); !missing.empty()) {
+  if (const std::string& missing = cuda_cudnn_unavailable(); !missing.empty()) {
     if (why) *why = missing;
     return -1;
   }
@@ -440,10 +437,9 @@ int64_t cuda_cudnn_graph_workspace(const cuda::CudnnSdpaKey& key, std::string* w
   return g ? entry.workspace : (entry.declined.find("workspace") != std::string::npos ? entry.workspace : -1);
 }
 
-std::string cuda_cudnn_unavailable() { return cudnn_unavailable(); }
 
 std::string cuda_cudnn_summary() {
-  if (const std::string& why = cudnn_unavailable(); !why.empty()) return "cuDNN attention not loadable: " + why;
+  if (const std::string& why = cuda_cudnn_unavailable(); !why.empty()) return "cuDNN attention not loadable: " + why;
   const size_t v = fe::detail::get_backend_version();  // major * 10000 + minor * 100 + patch (cuDNN 9)
   return str("cuDNN ", v / 10000, ".", (v / 100) % 100, ".", v % 100, " (libcudnn.so.", CUDNN_MAJOR,
              ", cudnn-frontend ", CUDNN_FRONTEND_MAJOR_VERSION, ".", CUDNN_FRONTEND_MINOR_VERSION, ")");

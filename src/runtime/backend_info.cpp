@@ -29,8 +29,9 @@ std::string backends_summary() {
   const cudaError_t rc = cudaGetDeviceCount(&count);
   const std::string devices = rc == cudaSuccess ? str(count, " visible") : str("none visible: ", cudaGetErrorName(rc));
   if (rc != cudaSuccess) cudaGetLastError();
-  return str("cpu; cuda (built: CUDA runtime ", runtime / 1000, ".", (runtime % 1000) / 10, ", ", cublas_summary(), ", ", cuda_cudnn_summary(), ", architectures ",
-             AUTOSP_CUDA_ARCHS, "; GPUs here: ", devices, "; ", gpu_verification(), ")");
+  return str("cpu; cuda (built: CUDA runtime ", runtime / 1000, ".", (runtime % 1000) / 10, ", ", cublas_summary(),
+             ", ", cuda_cudnn_summary(), ", architectures ", AUTOSP_CUDA_ARCHS, "; GPUs here: ", devices, "; ",
+             gpu_verification(), ")");
 #else
   return "cpu; cuda (not built: configure with nvcc and the CUDA toolkit found, or -DAUTOSP_CUDA=ON)";
 #endif

@@ -7,20 +7,19 @@
 
 #include "ops/cuda_kernels.h"
 #include "util/error.h"
+#include "util/shared_library.h"
 
 namespace autosp {
 
 std::string default_cublas_library() { return str("libcublas.so.", CUBLAS_VER_MAJOR); }
 
 CublasApi load_cublas(const std::string& library) {
-  dlerror();
-  void* handle = dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL);
-  if (!handle) {
-    const char* why = dlerror();
-    throw CudaError(str("cuda backend: cannot load cuBLAS (", library, "): ", why ? why : "dlopen failed",
-                        "; install CUDA ", CUBLAS_VER_MAJOR, "'s cuBLAS, add its directory to LD_LIBRARY_PATH, ",
-                        "or set AUTOSP_CUBLAS_LIBRARY to the library's path"));
-  }
+  std::string why;
+  void* handle = open_shared_library(library, &why);
+  if (!handle)
+    throw CudaError(str("cuda backend: cuBLAS: ", why, "; install CUDA ", CUBLAS_VER_MAJOR,
+                        "'s cuBLAS, add its directory to LD_LIBRARY_PATH, or set AUTOSP_CUBLAS_LIBRARY to the "
+                        "library's path"));
   CublasApi api;
   api.library = library;
   auto resolve = [&](auto& fn, const char* name) {

@@ -18,6 +18,7 @@
 
 #include "ops/cuda_attention.h"
 #include "ops/cuda_kernels.h"
+#include "testing/errors.h"
 #include "testing/process.h"
 
 namespace autosp {
@@ -54,26 +55,14 @@ TEST(CublasLibrary, OpensTheMajorVersionAutospWasBuiltAgainst) {
 }
 
 TEST(CublasLibrary, AMissingLibraryIsAnErrorNamingItAndTheWayOut) {
-  try {
-    load_cublas("/nonexistent/libcublas.so.13");
-    FAIL() << "loaded a library that does not exist";
-  } catch (const CudaError& e) {
-    const std::string what = e.what();
-    EXPECT_NE(what.find("cannot load cuBLAS (/nonexistent/libcublas.so.13)"), std::string::npos) << what;
-    EXPECT_NE(what.find("LD_LIBRARY_PATH"), std::string::npos) << what;
-    EXPECT_NE(what.find("AUTOSP_CUBLAS_LIBRARY"), std::string::npos) << what;
-  }
+  testing::expect_contains(testing::error_of<CudaError>([] { load_cublas("/nonexistent/libcublas.so.13"); }),
+                           {"cuBLAS: /nonexistent/libcublas.so.13 cannot be loaded", "LD_LIBRARY_PATH",
+                            "AUTOSP_CUBLAS_LIBRARY"});
 }
 
 TEST(CublasLibrary, ALibraryThatIsNotCublasIsAnErrorNamingTheMissingFunction) {
-  try {
-    load_cublas("libm.so.6");
-    FAIL() << "took libm for cuBLAS";
-  } catch (const CudaError& e) {
-    const std::string what = e.what();
-    EXPECT_NE(what.find("libm.so.6 is not the cuBLAS autosp was built against"), std::string::npos) << what;
-    EXPECT_NE(what.find("cublasCreate_v2"), std::string::npos) << what;
-  }
+  testing::expect_contains(testing::error_of<CudaError>([] { load_cublas("libm.so.6"); }),
+                           {"libm.so.6 is not the cuBLAS autosp was built against", "cublasCreate_v2"});
 }
 
 TEST(CublasLibrary, VersionSaysWhichCublasLoadsOrWhyNot) {
@@ -85,7 +74,7 @@ TEST(CublasLibrary, VersionSaysWhichCublasLoadsOrWhyNot) {
   const auto bad = run_command(std::string("AUTOSP_CUBLAS_LIBRARY=/nonexistent/libcublas.so '") + AUTOSP_BINARY +
                                "' --version");
   ASSERT_EQ(bad.exit_code, 0) << bad.output;
-  EXPECT_NE(bad.output.find("cuBLAS not loadable: cuda backend: cannot load cuBLAS (/nonexistent/libcublas.so)"),
+  EXPECT_NE(bad.output.find("cuBLAS not loadable: cuda backend: cuBLAS: /nonexistent/libcublas.so cannot be loaded"),
             std::string::npos)
       << bad.output;
 }

@@ -9,16 +9,20 @@
 
 namespace autosp::testing {
 
-// The message of the UserError `f` throws; a test failure (and "") when it throws none.
-template <typename F>
-std::string user_error_of(F&& f) {
+// The message of the E `f` throws; a test failure (and "") when it throws none.
+template <typename E, typename F>
+std::string error_of(F&& f) {
   try {
     f();
-  } catch (const UserError& e) {
+  } catch (const E& e) {
     return e.what();
   }
-  ADD_FAILURE() << "no UserError";
+  ADD_FAILURE() << "no exception of the expected type";
   return "";
+}
+template <typename F>
+std::string user_error_of(F&& f) {
+  return error_of<UserError>(f);
 }
 
 // Every part appears in the message.

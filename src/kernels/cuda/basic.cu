@@ -42,11 +42,6 @@ __global__ void relu_kernel(const T* x, int64_t n, T* y) {
 }
 
 template <typename T>
-__global__ void relu_backward_kernel(const T* dy, const T* x, int64_t n, T* dx) {
-  AUTOSP_GRID_STRIDE(i, n) dx[i] = to_f(x[i]) > 0.0f ? dy[i] : from_f<T>(0.0f);
-}
-
-template <typename T>
 __global__ void div_scalar_kernel(const T* x, int64_t n, const T* s, T* y) {
   const float d = to_f(s[0]);
   AUTOSP_GRID_STRIDE(i, n) y[i] = from_f<T>(to_f(x[i]) / d);
@@ -423,6 +418,9 @@ struct AddOp {
 struct MulOp {
   __device__ float operator()(float a, float b) const { return a * b; }
 };
+struct ReluBackwardOp {  // (dy, x): dy where x > 0, else 0 (exact: dy passes through f32 unchanged)
+  __device__ float operator()(float dy, float x) const { return x > 0.0f ? dy : 0.0f; }
+};
 
 }  // namespace
 
@@ -471,8 +469,8 @@ void relu_forward(Dt dt, const void* x, int64_t n, void* y, cudaStream_t stream)
 
 void relu_backward(Dt dt, const void* dy, const void* x, int64_t n, void* dx, cudaStream_t stream) {
   dispatch(dt, [&]<typename T>() {
-    relu_backward_kernel<T><<<blocks_for(n), kThreads, 0, stream>>>(static_cast<const T*>(dy),
-                                                                     static_cast<const T*>(x), n, static_cast<T*>(dx));
+    binary_kernel<T><<<blocks_for(n), kThreads, 0, stream>>>(static_cast<const T*>(dy), static_cast<const T*>(x), n,
+                                                              static_cast<T*>(dx), ReluBackwardOp{});
   });
 }
 
