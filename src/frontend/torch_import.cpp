@@ -88,6 +88,7 @@ struct TorchProgram::Impl {
   json program;
   std::vector<FxNode> nodes;
   std::map<std::string, size_t> producer;  // value name -> node index
+  std::map<std::string, std::vector<size_t>> readers;  // value name -> the nodes that read it, in order
   std::map<std::string, std::string> symbols;  // sym_int value name -> its expression ("s27")
   std::vector<std::string> user_inputs;        // placeholder names of input_ids, labels
   std::string loss;                            // the output's value name
@@ -145,6 +146,80 @@ void read_nodes(const json& graph, std::vector<FxNode>& out, const std::string& 
       if (arg.is_object() && arg.contains("as_graph")) node.subgraph = &arg["as_graph"]["graph"];
     out.push_back(std::move(node));
   }
+}
+
+// The values an argument names (a tensor, a list of them, symbolic ints), each given to f as a
+// reference it may rename: `J` is json or const json.
+template <typename J, typename F>
+void each_value(J& arg, F&& f) {
+  if (!arg.is_object()) return;
+  auto one = [&](auto& t) {
+    for (const char* k : {"name", "as_name"})
+      if (t.is_object() && t.contains(k) && t[k].is_string()) f(t[k]);
+  };
+  for (const char* k : {"as_tensor", "as_optional_tensor", "as_sym_int"})
+    if (arg.contains(k)) one(arg[k]);
+  for (const char* k : {"as_tensors", "as_optional_tensors", "as_sym_ints"})
+    if (arg.contains(k) && arg[k].is_array())
+      for (auto& t : arg[k]) {
+        one(t);
+        if (t.is_object() && t.contains("as_tensor")) one(t["as_tensor"]);
+      }
+}
+
+// An autocast block that is off (torch.autocast(enabled=False): Nemotron's LayerNorm1P, which
+// keeps its norm in the input's type) is its graph's nodes in line: its inputs are the block's
+// arguments, its outputs the block's outputs, the names inside it made unique by the block's.
+// One that is on computes in another type than the program, which autosp does not copy.
+std::vector<FxNode> inline_autocast(std::vector<FxNode> nodes, const std::string& where) {
+  std::vector<FxNode> out;
+  for (FxNode& n : nodes) {
+    if (n.target != "torch.ops.higher_order.wrap_with_autocast") {
+      out.push_back(std::move(n));
+      continue;
+    }
+    auto fail = [&](const std::string& why) {
+      user_error(where, ": node '", n.name, "' (", n.target, "): ", why);
+    };
+    if (n.args.size() < 5 || !n.subgraph) fail("an autocast block without its graph");
+    if (!n.args[2].second.contains("as_bool") || n.args[2].second["as_bool"].get<bool>())
+      fail("an autocast block that is on computes in another type than the program; autosp keeps the program's");
+    const json& graph = *n.subgraph;
+    const json& inputs = field(graph, "inputs", where), &outputs = field(graph, "outputs", where);
+    if (inputs.size() != n.args.size() - 5 || outputs.size() != n.outputs.size())
+      fail("an autocast block whose graph's inputs or outputs do not match its arguments");
+    std::map<std::string, std::string> to;
+    for (size_t i = 0; i < inputs.size(); ++i) to[tensor_name(inputs[i])] = tensor_name(n.args[5 + i].second);
+    for (size_t i = 0; i < outputs.size(); ++i) {
+      const std::string inner = tensor_name(outputs[i]);
+      if (to.count(inner)) {  // an input handed straight out: an alias of it
+        FxNode alias;
+        alias.target = "torch.ops.aten.alias.default";
+        alias.args.emplace_back("self", json{{"as_tensor", {{"name", to[inner]}}}});
+        alias.outputs = {n.outputs[i]};
+        alias.name = n.outputs[i];
+        alias.stack_trace = n.stack_trace;
+        out.push_back(std::move(alias));
+        continue;
+      }
+      to[inner] = n.outputs[i];
+    }
+    auto rename = [&](const std::string& s) {
+      auto it = to.find(s);
+      return it != to.end() ? it->second : n.name + "/" + s;
+    };
+    std::vector<FxNode> inner;
+    read_nodes(graph, inner, where);
+    for (FxNode& s : inner) {
+      if (s.subgraph && s.target != "torch.ops.higher_order.wrap_with_autocast")
+        fail("an autocast block holding another higher-order op");
+      for (auto& [k, a] : s.args) each_value(a, [&](json& v) { v = rename(v.get<std::string>()); });
+      for (std::string& o : s.outputs) o = rename(o);
+      s.name = s.outputs.empty() ? n.name + "/" + s.name : s.outputs[0];
+    }
+    for (FxNode& s : inline_autocast(std::move(inner), where)) out.push_back(std::move(s));
+  }
+  return out;
 }
 
 StoredTensor stored_tensor(const json& config, const std::string& key, const std::string& folder,
@@ -254,9 +329,17 @@ TorchProgram TorchProgram::load(const std::string& path) {
       strip(semantic);
       m.graph_hash = fnv1a(semantic.dump());
     }
-    read_nodes(graph, m.nodes, where);
-    for (size_t i = 0; i < m.nodes.size(); ++i)
+    std::vector<FxNode> top;
+    read_nodes(graph, top, where);
+    m.nodes = inline_autocast(std::move(top), where);
+    for (size_t i = 0; i < m.nodes.size(); ++i) {
       for (const std::string& o : m.nodes[i].outputs) m.producer[o] = i;
+      for (const auto& [k, a] : m.nodes[i].args)
+        each_value(a, [&](const json& v) {
+          std::vector<size_t>& r = m.readers[v.get<std::string>()];
+          if (r.empty() || r.back() != i) r.push_back(i);
+        });
+    }
     const json sym_ints = graph.value("sym_int_values", json::object());  // held: items() views it
     for (const auto& [name, v] : sym_ints.items())
       if (v.contains("as_expr")) m.symbols[name] = v["as_expr"].value("expr_str", "");
@@ -922,7 +1005,27 @@ class TorchImporter {
       for (int64_t i = 0; i < r; ++i) v.shape[i] = x.shape[p[i]];
       return v;
     }
+    if (op == "torch.ops.aten.numpy_T.default" || op == "torch.ops.aten.t.default") {  // W.T of a matrix
+      const Imported& x = value(A("self", 0));
+      if (x.kind != Imported::tensor || x.shape.size() != 2) return unsupported();
+      Imported v = x;
+      v.perm = x.perm.empty() || is_identity(x.perm) ? std::vector<int64_t>{1, 0} : std::vector<int64_t>{x.perm[1], x.perm[0]};
+      std::swap(v.shape[0], v.shape[1]);
+      return v;
+    }
+    if (op == "torch.ops.aten.matmul.default") return matmul(n);
+    if (op == "torch.ops.aten.index.Tensor") return index(n);
     if (op == "torch.ops.aten.mul.Tensor") return mul(n);
+    // In place on a value nothing else reads (Falcon's add_ of its parallel branches): as the op.
+    if (op == "torch.ops.aten.add_.Tensor" || op == "torch.ops.aten.mul_.Tensor") {
+      const std::string self = A("self", 0);
+      const FxNode* def = node_of(self);
+      if (!def || is_view(*def)) m_.fail_at(n, "an in-place op on a view (autosp imports one on a value of its own)");
+      if (!unseen_after(self, m_.producer.at(name)))
+        m_.fail_at(n, "an in-place op on a value that is read afterwards, itself or through a view: autosp imports "
+                      "in-place ops whose operand nothing reads after them");
+      return op == "torch.ops.aten.add_.Tensor" ? add(n) : mul(n);
+    }
     if (op == "torch.ops.aten.div.Tensor") {  // by a constant (Granite's logits_scaling): a scale by 1 / c
       std::optional<double> c = scalar(n, "other", 1);
       if (!c || value(A("self", 0)).kind == Imported::host) m_.fail_at(n, "a division by something else than a scalar");
@@ -977,6 +1080,80 @@ class TorchImporter {
     }
     if (op == "torch.ops.aten.cross_entropy_loss.default") return cross_entropy(n);
     return unsupported();
+  }
+
+  // Whether no node after node `at` reads `value`, or a view of it: then an in-place op at `at`
+  // changes nothing another node sees, and is the op itself.
+  bool unseen_after(const std::string& value, size_t at) const {
+    auto it = m_.readers.find(value);
+    if (it == m_.readers.end()) return true;
+    for (size_t r : it->second) {
+      if (r > at) return false;
+      if (is_view(m_.nodes[r]))
+        for (const std::string& o : m_.nodes[r].outputs)
+          if (!unseen_after(o, at)) return false;
+    }
+    return true;
+  }
+
+  // Ops whose result shares the storage of their operand.
+  static bool is_view(const FxNode& n) {
+    static const std::set<std::string> views = {
+        "view.default", "reshape.default", "_unsafe_view.default", "permute.default", "transpose.int", "t.default",
+        "numpy_T.default", "slice.Tensor", "select.int", "expand.default", "unsqueeze.default", "squeeze.dim",
+        "alias.default", "as_strided.default", "split.Tensor", "chunk.default", "split_with_sizes.default",
+        "flatten.using_ints", "unflatten.int", "diagonal.default", "detach.default"};
+    const std::string prefix = "torch.ops.aten.";
+    return n.target.rfind(prefix, 0) != 0 || views.count(n.target.substr(prefix.size())) ||
+           n.target == "<built-in function getitem>" || n.target == "_operator.getitem";
+  }
+
+  std::optional<Imported> match_attention(const FxNode&) { return std::nullopt; }
+
+  // x @ M with M a matrix: linear(x, M^T) (Falcon's x @ W.T is linear(x, W)). 4-D products are
+  // attention written out (match_attention).
+  Imported matmul(const FxNode& n) {
+    const std::string a = arg_tensor(n, "self", 0), b = arg_tensor(n, "other", 1);
+    if (auto att = match_attention(n)) return *att;
+    const Imported& x = value(a);
+    const Imported& m = value(b);
+    if (x.kind != Imported::tensor || m.kind != Imported::tensor || m.shape.size() != 2 || x.shape.size() < 2)
+      m_.fail_at(n, "a matrix product autosp does not import (it reads x @ W for a matrix W, and attention written out "
+                    "as softmax(q @ k^T * scale + causal mask) @ v)");
+    Tensor w = m.perm == std::vector<int64_t>{1, 0} ? m.t : t_.transpose(materialize(m, b), {1, 0});
+    Imported out = ir(t_.linear(materialize(x, a), w));
+    out.shape = x.shape;
+    out.shape.back() = m.shape[1];
+    if (numel(out.shape) != numel(t_.shape(out.t))) out.shape = t_.shape(out.t);
+    return out;
+  }
+
+  // x[..., idx, ...] with idx a constant list of consecutive indices (Falcon's qkv[..., [-2], :]):
+  // the slice it is.
+  Imported index(const FxNode& n) {
+    const std::string x = arg_tensor(n, "self", 0);
+    const json* list = arg(n, "indices", 1);
+    const Imported& xv = value(x);
+    if (!list || !list->contains("as_optional_tensors") || xv.kind != Imported::tensor)
+      m_.fail_at(n, "an index autosp does not import (it reads a constant list of consecutive indices on one dim)");
+    int64_t dim = -1;
+    std::vector<int64_t> at;
+    const json& items = (*list)["as_optional_tensors"];
+    for (size_t d = 0; d < items.size(); ++d) {
+      if (items[d].contains("as_none")) continue;
+      const Imported& idx = value(items[d].contains("as_tensor") ? items[d]["as_tensor"].value("name", "") : "");
+      if (dim >= 0 || idx.kind != Imported::host || idx.shape.size() != 1 || idx.data.empty() || d >= xv.shape.size())
+        m_.fail_at(n, "an index by something else than one constant list of indices");
+      dim = int64_t(d);
+      for (float f : idx.data) at.push_back(int64_t(f) < 0 ? int64_t(f) + xv.shape[d] : int64_t(f));
+    }
+    if (dim < 0) m_.fail_at(n, "an index without indices");
+    for (size_t i = 0; i < at.size(); ++i)
+      if (at[i] < 0 || at[i] >= xv.shape[dim] || at[i] != at[0] + int64_t(i))
+        m_.fail_at(n, str("indices on dim ", dim, " that are not consecutive indices of its ", xv.shape[dim]));
+    Shape s = xv.shape;
+    s[dim] = int64_t(at.size());
+    return tensor_value(t_.slice(materialize(xv, x), dim, at[0], at[0] + int64_t(at.size())), s);
   }
 
   Tensor labels() {

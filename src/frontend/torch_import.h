@@ -22,6 +22,11 @@
 //   - one ATen op to one IR op: embedding, linear, addmm (Conv1D), layer_norm, gelu, silu,
 //     add, mul, neg, view / reshape, transpose, slice, split / chunk, cat,
 //     scaled_dot_product_attention (no mask; is_causal), autosp::attention;
+//   - x @ W.T (numpy_T / t of a matrix, Falcon's) and x @ M -> linear; x[..., [i, i+1, ...]]
+//     (index by a constant list of consecutive indices) -> slice; add_ / mul_ whose operand
+//     nothing reads afterwards (itself or through a view) -> add / mul;
+//   - an autocast block that is off (Nemotron's LayerNorm1P) is its graph in line; one that is
+//     on is refused (it would compute in another type than the program);
 //   - no-ops: dtype casts to the graph's own float type (the IR ops keep their statistics in
 //     f32 themselves), contiguous, alias, clone, detach, dropout with p = 0, metadata asserts.
 // Only what the loss depends on is imported: nodes nothing needs (transformers' packed-
