@@ -88,6 +88,7 @@ struct TorchProgram::Impl {
   json program;
   std::vector<FxNode> nodes;
   std::map<std::string, size_t> producer;  // value name -> node index
+  std::map<std::string, int> dtype_of;     // value name -> torch dtype code (the graph's tensor_values)
   std::map<std::string, std::vector<size_t>> readers;  // value name -> the nodes that read it, in order
   std::map<std::string, std::string> symbols;  // sym_int value name -> its expression ("s27")
   std::vector<std::string> user_inputs;        // placeholder names of input_ids, labels
@@ -119,6 +120,17 @@ namespace {
 const json& field(const json& j, const char* key, const std::string& where) {
   if (!j.is_object() || !j.contains(key)) user_error(where, ": the exported program has no '", key, "'");
   return j.at(key);
+}
+
+// A float argument: a number, or the strings torch.export writes for the non-finite ones.
+double float_of(const json& v) {
+  if (v.is_string()) {
+    const std::string t = v.get<std::string>();
+    if (t == "Infinity" || t == "inf") return INFINITY;
+    if (t == "-Infinity" || t == "-inf") return -INFINITY;
+    return NAN;
+  }
+  return v.get<double>();
 }
 
 std::string tensor_name(const json& arg) {
@@ -340,6 +352,9 @@ TorchProgram TorchProgram::load(const std::string& path) {
           if (r.empty() || r.back() != i) r.push_back(i);
         });
     }
+    const json tensor_values = graph.value("tensor_values", json::object());  // held: items() views it
+    for (const auto& [name, v] : tensor_values.items())
+      if (v.contains("dtype")) m.dtype_of[name] = v["dtype"].get<int>();
     const json sym_ints = graph.value("sym_int_values", json::object());  // held: items() views it
     for (const auto& [name, v] : sym_ints.items())
       if (v.contains("as_expr")) m.symbols[name] = v["as_expr"].value("expr_str", "");
@@ -425,6 +440,9 @@ struct Imported {
   double number = 0;           // integer; rope_table: attention scaling
   bool is_cos = false;         // rope_table
   bool interleaved = false;    // rope_table: each frequency twice in a row (repeat_interleave), not cat(f, f)
+  // rope_table of a stored sin/cos table read at the positions (GPT-J's embed_positions): `sincos`
+  // both halves [sin(p f) | cos(p f)], split into the `half`s (each frequency once), is_cos says which.
+  bool sincos = false, half = false;
   std::vector<std::string> items;  // tuple: the value names it holds
 };
 
@@ -559,6 +577,434 @@ std::optional<RopeOptions> rope_from_inv_freq(const std::vector<float>& f, int64
   return best;
 }
 
+// A value the graph computes from sizes and constants alone (an attention mask), evaluated on
+// the host at a given batch and sequence length; nullopt for anything that reads the data or
+// an op it does not know. Arrays are float (indices, bools as 0 / 1, fill values); each is
+// capped at 2^24 elements.
+struct HostArray {
+  Shape shape;
+  std::vector<float> v;
+};
+
+class HostEvaluator {
+ public:
+  HostEvaluator(const TorchProgram::Impl& m, int64_t batch, int64_t seq) : m_(m), batch_(batch), seq_(seq) {}
+
+  const HostArray* eval(const std::string& name) {
+    auto it = memo_.find(name);
+    if (it == memo_.end()) {
+      const bool stored = read_stored;
+      const double largest = largest_constant;
+      read_stored = false, largest_constant = 0;
+      Entry e{make(name), false, 0};
+      if (e.value && numel(e.value->shape) != int64_t(e.value->v.size())) e.value.reset();
+      e.read_stored = read_stored, e.largest_constant = largest_constant;
+      read_stored = stored, largest_constant = largest;
+      it = memo_.emplace(name, std::move(e)).first;
+    }
+    read_stored = read_stored || it->second.read_stored;
+    largest_constant = std::max(largest_constant, it->second.largest_constant);
+    return it->second.value ? &*it->second.value : nullptr;
+  }
+  // Whether the evaluations since the last reset read a stored tensor, and the largest
+  // magnitude of a constant they computed with (fill values excluded): what decides whether a
+  // mask checked at one length is the mask at another.
+  bool read_stored = false;
+  double largest_constant = 0;
+  void reset() { read_stored = false, largest_constant = 0; }
+
+ private:
+  const TorchProgram::Impl& m_;
+  const int64_t batch_, seq_;
+  struct Entry {
+    std::optional<HostArray> value;
+    bool read_stored;
+    double largest_constant;
+  };
+  std::map<std::string, Entry> memo_;
+  static constexpr int64_t kMaxElements = int64_t(1) << 24;
+
+  static const json* arg(const FxNode& n, const std::string& name, size_t position) {
+    for (const auto& [k, v] : n.args)
+      if (k == name) return &v;
+    return position < n.args.size() && n.args[position].first.empty() ? &n.args[position].second : nullptr;
+  }
+  const FxNode* node_of(const std::string& name) const {
+    auto it = m_.producer.find(name);
+    return it == m_.producer.end() ? nullptr : &m_.nodes[it->second];
+  }
+  void constant(double c) { largest_constant = std::max(largest_constant, std::abs(c)); }
+
+  std::optional<int64_t> sym(const std::string& name) {
+    const FxNode* n = node_of(name);
+    if (!n) return std::nullopt;
+    const std::string& t = n->target;
+    if (t == "torch.ops.aten.sym_size.int") {
+      const json* x = arg(*n, "self", 0);
+      std::optional<int64_t> d = x ? integer(arg(*n, "dim", 1)) : std::nullopt;
+      if (!d) return std::nullopt;
+      const std::string xs = tensor_name(*x);
+      if (xs == m_.user_inputs[0] || xs == m_.user_inputs[1]) {
+        if (*d == 0 || *d == -2) return batch_;
+        if (*d == 1 || *d == -1) return seq_;
+        return std::nullopt;
+      }
+      const HostArray* a = eval(xs);
+      const int64_t r = a ? int64_t(a->shape.size()) : 0;
+      if (!a || *d < -r || *d >= r) return std::nullopt;
+      return a->shape[*d < 0 ? *d + r : *d];
+    }
+    std::vector<int64_t> xs;
+    for (const auto& [k, a] : n->args) {
+      std::optional<int64_t> v = integer(&a);
+      if (!v) return std::nullopt;
+      xs.push_back(*v);
+    }
+    if (xs.size() == 2 && t == "_operator.add") return xs[0] + xs[1];
+    if (xs.size() == 2 && t == "_operator.sub") return xs[0] - xs[1];
+    if (xs.size() == 2 && t == "_operator.mul") return xs[0] * xs[1];
+    if (xs.size() == 2 && t == "_operator.floordiv" && xs[1] != 0) return xs[0] / xs[1];
+    if (xs.size() == 1 && t == "_operator.neg") return -xs[0];
+    return std::nullopt;
+  }
+  std::optional<int64_t> integer(const json* a) {
+    if (!a) return std::nullopt;
+    if (a->contains("as_int")) return (*a)["as_int"].get<int64_t>();
+    if (a->contains("as_sym_int")) {
+      const json& s = (*a)["as_sym_int"];
+      if (s.contains("as_int")) return s["as_int"].get<int64_t>();
+      if (s.contains("as_name")) return sym(s["as_name"].get<std::string>());
+    }
+    return std::nullopt;
+  }
+  std::optional<std::vector<int64_t>> integers(const json* a) {
+    if (!a) return std::nullopt;
+    if (a->contains("as_ints")) return (*a)["as_ints"].get<std::vector<int64_t>>();
+    if (!a->contains("as_sym_ints")) return std::nullopt;
+    std::vector<int64_t> out;
+    for (const json& s : (*a)["as_sym_ints"]) {
+      std::optional<int64_t> v = s.contains("as_int") ? std::optional<int64_t>(s["as_int"].get<int64_t>())
+                                                      : sym(s.value("as_name", ""));
+      if (!v) return std::nullopt;
+      out.push_back(*v);
+    }
+    return out;
+  }
+  // A number argument, or a tensor one evaluated.
+  std::optional<HostArray> operand(const json* a, bool fill = false) {
+    if (!a) return std::nullopt;
+    double c;
+    if (a->contains("as_float")) c = float_of((*a)["as_float"]);
+    else if (a->contains("as_int")) c = double((*a)["as_int"].get<int64_t>());
+    else if (a->contains("as_bool")) c = (*a)["as_bool"].get<bool>() ? 1.0 : 0.0;
+    else if (a->contains("as_sym_int")) {
+      std::optional<int64_t> v = integer(a);
+      if (!v) return std::nullopt;
+      c = double(*v);
+    } else {
+      const HostArray* t = eval(tensor_name(*a));
+      return t ? std::optional<HostArray>(*t) : std::nullopt;
+    }
+    if (!fill) constant(c);
+    return HostArray{{}, {float(c)}};
+  }
+
+  static std::optional<Shape> broadcast_shape(const Shape& a, const Shape& b) {
+    Shape out(std::max(a.size(), b.size()), 1);
+    for (size_t i = 0; i < out.size(); ++i) {
+      const int64_t x = i < out.size() - a.size() ? 1 : a[i - (out.size() - a.size())];
+      const int64_t y = i < out.size() - b.size() ? 1 : b[i - (out.size() - b.size())];
+      if (x != y && x != 1 && y != 1) return std::nullopt;
+      out[i] = std::max(x, y);
+    }
+    return out;
+  }
+  static std::optional<HostArray> expand(const HostArray& a, const Shape& to) {
+    if (numel(to) > kMaxElements || to.size() < a.shape.size()) return std::nullopt;
+    const size_t r = to.size(), pad = r - a.shape.size();
+    std::vector<int64_t> stride(r, 0);
+    for (int64_t i = int64_t(r) - 1, st = 1; i >= int64_t(pad); --i) {
+      const int64_t d = a.shape[i - pad];
+      if (d != to[i] && d != 1) return std::nullopt;
+      stride[i] = d == 1 ? 0 : st;
+      st *= d;
+    }
+    HostArray out{to, std::vector<float>(numel(to))};
+    std::vector<int64_t> idx(r, 0);
+    for (size_t k = 0; k < out.v.size(); ++k) {
+      int64_t off = 0;
+      for (size_t i = 0; i < r; ++i) off += idx[i] * stride[i];
+      out.v[k] = a.v[off];
+      for (int64_t i = int64_t(r) - 1; i >= 0 && ++idx[i] == to[i]; --i) idx[i] = 0;
+    }
+    return out;
+  }
+  template <typename F>
+  static std::optional<HostArray> elementwise(std::vector<HostArray> xs, F f) {
+    Shape shape;
+    for (const HostArray& x : xs) {
+      std::optional<Shape> s = broadcast_shape(shape, x.shape);
+      if (!s) return std::nullopt;
+      shape = *s;
+    }
+    for (HostArray& x : xs)
+      if (x.shape != shape) {
+        std::optional<HostArray> e = expand(x, shape);
+        if (!e) return std::nullopt;
+        x = std::move(*e);
+      }
+    HostArray out{shape, std::vector<float>(numel(shape))};
+    for (size_t k = 0; k < out.v.size(); ++k) out.v[k] = f(xs, k);
+    return out;
+  }
+  static std::optional<HostArray> permuted(const HostArray& a, const std::vector<int64_t>& p) {
+    const size_t r = a.shape.size();
+    if (p.size() != r) return std::nullopt;
+    Shape to(r);
+    std::vector<int64_t> in_stride(r, 1);
+    for (int64_t i = int64_t(r) - 2; i >= 0; --i) in_stride[i] = in_stride[i + 1] * a.shape[i + 1];
+    for (size_t i = 0; i < r; ++i) to[i] = a.shape[p[i]];
+    HostArray out{to, std::vector<float>(a.v.size())};
+    std::vector<int64_t> idx(r, 0);
+    for (size_t k = 0; k < out.v.size(); ++k) {
+      int64_t off = 0;
+      for (size_t i = 0; i < r; ++i) off += idx[i] * in_stride[p[i]];
+      out.v[k] = a.v[off];
+      for (int64_t i = int64_t(r) - 1; i >= 0 && ++idx[i] == to[i]; --i) idx[i] = 0;
+    }
+    return out;
+  }
+
+  std::optional<HostArray> make(const std::string& name) {
+    if (m_.stored.count(name) && !m_.parameter_of.count(name)) {
+      read_stored = true;
+      const StoredTensor& t = m_.stored.at(name);
+      if (numel(t.shape) > kMaxElements) return std::nullopt;
+      return HostArray{t.shape, m_.read_floats(t, name)};
+    }
+    const FxNode* np = node_of(name);
+    if (!np) return std::nullopt;  // a parameter or the data
+    const FxNode& n = *np;
+    const std::string prefix = "torch.ops.aten.";
+    if (n.target.rfind(prefix, 0) != 0) return std::nullopt;
+    const std::string op = n.target.substr(prefix.size());
+    auto in = [&](const char* a, size_t pos) -> const HostArray* {
+      const json* j = arg(n, a, pos);
+      return j ? eval(tensor_name(*j)) : nullptr;
+    };
+    auto num = [&](const char* a, size_t pos, double def) {
+      const json* j = arg(n, a, pos);
+      if (!j || j->contains("as_none")) return def;
+      std::optional<HostArray> o = operand(j);
+      return o && o->v.size() == 1 ? double(o->v[0]) : std::nan("");
+    };
+    if (op == "contiguous.default" || op == "alias.default" || op == "clone.default" || op == "detach.default" ||
+        op == "lift_fresh_copy.default") {
+      const HostArray* x = in("self", 0);
+      return x ? std::optional<HostArray>(*x) : std::nullopt;
+    }
+    if (op == "to.dtype" || op == "_to_copy.default" || op == "to.dtype_layout") {
+      const HostArray* x = in("self", 0);
+      if (!x) return std::nullopt;
+      HostArray out = *x;
+      const json* d = arg(n, "dtype", 1);
+      const int dt = d && d->contains("as_scalar_type") ? (*d)["as_scalar_type"].get<int>() : kFloat32;
+      for (float& f : out.v)
+        f = dt == kBool ? float(f != 0) : (dt == kFloat32 || dt == kFloat64 || dt == kBFloat16 || dt == kFloat16) ? f : std::trunc(f);
+      return out;
+    }
+    if (op == "arange.default" || op == "arange.start" || op == "arange.start_step") {
+      const bool with_start = op != "arange.default";
+      std::optional<int64_t> start = with_start ? integer(arg(n, "start", 0)) : std::optional<int64_t>(0);
+      std::optional<int64_t> end = integer(arg(n, "end", with_start ? 1 : 0));
+      std::optional<int64_t> step = op == "arange.start_step" ? integer(arg(n, "step", 2)) : std::optional<int64_t>(1);
+      if (!start || !end || !step || *step == 0) return std::nullopt;
+      constant(double(*start)), constant(double(*step));
+      HostArray out;
+      for (int64_t i = *start; *step > 0 ? i < *end : i > *end; i += *step) out.v.push_back(float(i));
+      out.shape = {int64_t(out.v.size())};
+      return out;
+    }
+    if (op == "full.default" || op == "ones.default" || op == "zeros.default" || op == "new_ones.default" ||
+        op == "new_zeros.default" || op == "new_full.default") {
+      const bool is_new = op.rfind("new_", 0) == 0;
+      std::optional<std::vector<int64_t>> size = integers(arg(n, "size", is_new ? 1 : 0));
+      if (!size || numel(*size) > kMaxElements) return std::nullopt;
+      double fill = op.find("ones") != std::string::npos ? 1.0 : 0.0;
+      if (op == "full.default" || op == "new_full.default") {
+        std::optional<HostArray> f = operand(arg(n, "fill_value", is_new ? 2 : 1), /*fill=*/true);
+        if (!f || f->v.size() != 1) return std::nullopt;
+        fill = f->v[0];
+      }
+      return HostArray{*size, std::vector<float>(numel(*size), float(fill))};
+    }
+    if (op == "ones_like.default" || op == "zeros_like.default" || op == "full_like.default") {
+      const HostArray* x = in("self", 0);
+      if (!x) return std::nullopt;
+      double fill = op == "ones_like.default" ? 1.0 : 0.0;
+      if (op == "full_like.default") {
+        std::optional<HostArray> f = operand(arg(n, "fill_value", 1), /*fill=*/true);
+        if (!f || f->v.size() != 1) return std::nullopt;
+        fill = f->v[0];
+      }
+      return HostArray{x->shape, std::vector<float>(x->v.size(), float(fill))};
+    }
+    if (op == "triu.default" || op == "tril.default") {
+      const HostArray* x = in("self", 0);
+      std::optional<int64_t> k = arg(n, "diagonal", 1) ? integer(arg(n, "diagonal", 1)) : std::optional<int64_t>(0);
+      if (!x || !k || x->shape.size() < 2) return std::nullopt;
+      constant(double(*k));
+      HostArray out = *x;
+      const int64_t R = x->shape[x->shape.size() - 2], C = x->shape.back();
+      const bool upper = op == "triu.default";
+      for (size_t k0 = 0; k0 < out.v.size(); ++k0) {
+        const int64_t i = int64_t(k0 / C) % R, j = int64_t(k0 % C);
+        if (upper ? j - i < *k : j - i > *k) out.v[k0] = 0;
+      }
+      return out;
+    }
+    // Elementwise, with broadcasting; the second operand a tensor or a number.
+    using Fn = float (*)(float, float);
+    static const std::map<std::string, Fn> binary = {
+        {"add", [](float a, float b) { return a + b; }},  {"sub", [](float a, float b) { return a - b; }},
+        {"mul", [](float a, float b) { return a * b; }},  {"div", [](float a, float b) { return a / b; }},
+        {"gt", [](float a, float b) { return float(a > b); }}, {"lt", [](float a, float b) { return float(a < b); }},
+        {"ge", [](float a, float b) { return float(a >= b); }}, {"le", [](float a, float b) { return float(a <= b); }},
+        {"eq", [](float a, float b) { return float(a == b); }}, {"ne", [](float a, float b) { return float(a != b); }},
+        {"bitwise_and", [](float a, float b) { return float(a != 0 && b != 0); }},
+        {"bitwise_or", [](float a, float b) { return float(a != 0 || b != 0); }},
+        {"logical_and", [](float a, float b) { return float(a != 0 && b != 0); }},
+        {"logical_or", [](float a, float b) { return float(a != 0 || b != 0); }},
+        {"__and__", [](float a, float b) { return float(a != 0 && b != 0); }},
+        {"__or__", [](float a, float b) { return float(a != 0 || b != 0); }},
+        {"maximum", [](float a, float b) { return std::max(a, b); }},
+        {"minimum", [](float a, float b) { return std::min(a, b); }}};
+    const std::string base = op.substr(0, op.find('.')), overload = op.substr(op.find('.') + 1);
+    std::string fn = base;
+    if (!fn.empty() && fn.back() == '_' && fn.front() != '_') fn.pop_back();  // in place: the graph's order is kept
+    if (auto f = binary.find(fn); f != binary.end() && (overload == "Tensor" || overload == "Scalar")) {
+      const HostArray* a = in("self", 0);
+      std::optional<HostArray> b = operand(arg(n, "other", 1));
+      if (!a || !b) return std::nullopt;
+      const double alpha = num("alpha", 2, 1.0);
+      if (std::isnan(alpha)) return std::nullopt;
+      if (alpha != 1.0 && (fn == "add" || fn == "sub"))
+        for (float& v : b->v) v = float(v * alpha);
+      Fn g = f->second;
+      return elementwise({*a, *b}, [g](const std::vector<HostArray>& x, size_t k) { return g(x[0].v[k], x[1].v[k]); });
+    }
+    if (op == "neg.default" || op == "logical_not.default" || op == "bitwise_not.default") {
+      const HostArray* x = in("self", 0);
+      if (!x) return std::nullopt;
+      HostArray out = *x;
+      for (float& f : out.v) f = op == "neg.default" ? -f : float(f == 0);
+      return out;
+    }
+    if (op == "where.self" || op == "where.ScalarOther" || op == "where.ScalarSelf" || op == "where.Scalar") {
+      const HostArray* c = in("condition", 0);
+      std::optional<HostArray> a = operand(arg(n, "self", 1), true), b = operand(arg(n, "other", 2), true);
+      if (!c || !a || !b) return std::nullopt;
+      return elementwise({*c, *a, *b}, [](const std::vector<HostArray>& x, size_t k) {
+        return x[0].v[k] != 0 ? x[1].v[k] : x[2].v[k];
+      });
+    }
+    if (op == "masked_fill.Scalar" || op == "masked_fill.Tensor" || op == "masked_fill_.Scalar" ||
+        op == "masked_fill_.Tensor") {
+      const HostArray *x = in("self", 0), *mask = in("mask", 1);
+      std::optional<HostArray> value = operand(arg(n, "value", 2), true);
+      if (!x || !mask || !value || value->v.size() != 1) return std::nullopt;
+      return elementwise({*x, *mask, *value}, [](const std::vector<HostArray>& y, size_t k) {
+        return y[1].v[k] != 0 ? y[2].v[k] : y[0].v[k];
+      });
+    }
+    // Shapes.
+    const HostArray* x = in("self", 0);
+    if (!x) return std::nullopt;
+    const int64_t r = int64_t(x->shape.size());
+    auto dim_arg = [&](const char* a, size_t pos, int64_t rank) -> std::optional<int64_t> {
+      std::optional<int64_t> d = integer(arg(n, a, pos));
+      if (!d || *d < -rank || *d >= rank) return std::nullopt;
+      return *d < 0 ? *d + rank : *d;
+    };
+    if (op == "unsqueeze.default") {
+      std::optional<int64_t> d = dim_arg("dim", 1, r + 1);
+      if (!d) return std::nullopt;
+      HostArray out = *x;
+      out.shape.insert(out.shape.begin() + *d, 1);
+      return out;
+    }
+    if (op == "squeeze.dim") {
+      std::optional<int64_t> d = dim_arg("dim", 1, r);
+      if (!d) return std::nullopt;
+      HostArray out = *x;
+      if (out.shape[*d] == 1) out.shape.erase(out.shape.begin() + *d);
+      return out;
+    }
+    if (op == "expand.default") {
+      std::optional<std::vector<int64_t>> size = integers(arg(n, "size", 1));
+      if (!size || size->size() < x->shape.size()) return std::nullopt;
+      for (size_t i = 0; i < size->size(); ++i) {
+        const size_t pad = size->size() - x->shape.size();
+        if ((*size)[i] == -1 && i >= pad) (*size)[i] = x->shape[i - pad];
+      }
+      return expand(*x, *size);
+    }
+    if (op == "view.default" || op == "reshape.default" || op == "_unsafe_view.default") {
+      std::optional<std::vector<int64_t>> size = integers(arg(n, arg(n, "size", 1) ? "size" : "shape", 1));
+      if (!size) return std::nullopt;
+      int64_t known = 1, infer = -1;
+      for (size_t i = 0; i < size->size(); ++i) ((*size)[i] == -1 ? infer = int64_t(i) : known *= (*size)[i]);
+      if (infer >= 0 && known != 0) (*size)[infer] = int64_t(x->v.size()) / known;
+      if (numel(*size) != int64_t(x->v.size())) return std::nullopt;
+      return HostArray{*size, x->v};
+    }
+    if (op == "permute.default" || op == "transpose.int") {
+      std::vector<int64_t> p(r);
+      for (int64_t i = 0; i < r; ++i) p[i] = i;
+      if (op == "transpose.int") {
+        std::optional<int64_t> a = dim_arg("dim0", 1, r), b = dim_arg("dim1", 2, r);
+        if (!a || !b) return std::nullopt;
+        std::swap(p[*a], p[*b]);
+      } else {
+        std::optional<std::vector<int64_t>> dims = integers(arg(n, "dims", 1));
+        if (!dims || int64_t(dims->size()) != r) return std::nullopt;
+        for (int64_t i = 0; i < r; ++i) p[i] = (*dims)[i] < 0 ? (*dims)[i] + r : (*dims)[i];
+      }
+      return permuted(*x, p);
+    }
+    if (op == "slice.Tensor" || op == "select.int") {
+      const bool select = op == "select.int";
+      std::optional<int64_t> d = arg(n, "dim", 1) ? dim_arg("dim", 1, r) : std::optional<int64_t>(0);
+      if (!d) return std::nullopt;
+      const int64_t size = x->shape[*d];
+      int64_t start = 0, end = size, step = 1;
+      auto opt = [&](const char* a, size_t pos, int64_t def) -> std::optional<int64_t> {
+        const json* j = arg(n, a, pos);
+        return !j || j->contains("as_none") ? std::optional<int64_t>(def) : integer(j);
+      };
+      std::optional<int64_t> s0 = opt(select ? "index" : "start", 2, 0), e0 = opt("end", 3, INT64_MAX),
+                             st = opt("step", 4, 1);
+      if (!s0 || !e0 || !st || *st <= 0) return std::nullopt;
+      start = *s0 < 0 ? *s0 + size : *s0, end = select ? start + 1 : (*e0 < 0 ? *e0 + size : std::min(*e0, size));
+      start = std::clamp<int64_t>(start, 0, size), end = std::clamp<int64_t>(end, start, size), step = *st;
+      if (select && start >= size) return std::nullopt;
+      Shape to = x->shape;
+      to[*d] = (end - start + step - 1) / step;
+      int64_t outer = 1, inner = 1;
+      for (int64_t i = 0; i < *d; ++i) outer *= x->shape[i];
+      for (int64_t i = *d + 1; i < r; ++i) inner *= x->shape[i];
+      HostArray out{to, {}};
+      out.v.reserve(numel(to));
+      for (int64_t o = 0; o < outer; ++o)
+        for (int64_t i = start; i < end; i += step)
+          out.v.insert(out.v.end(), x->v.begin() + (o * size + i) * inner, x->v.begin() + (o * size + i + 1) * inner);
+      if (select) out.shape.erase(out.shape.begin() + *d);
+      return out;
+    }
+    return std::nullopt;
+  }
+};
+
 class TorchImporter {
  public:
   TorchImporter(const TorchProgram::Impl& m, const models::LlamaTraceOptions& o) : m_(m), o_(o) {}
@@ -645,7 +1091,7 @@ class TorchImporter {
       if (def) return *def;
       m_.fail_at(n, str("argument '", name, "' is missing"));
     }
-    if (a->contains("as_float")) return (*a)["as_float"].get<double>();
+    if (a->contains("as_float")) return float_of((*a)["as_float"]);
     if (a->contains("as_int")) return double((*a)["as_int"].get<int64_t>());
     if (a->contains("as_bool")) return (*a)["as_bool"].get<bool>() ? 1.0 : 0.0;
     m_.fail_at(n, str("expected a number for '", name, "', got ", a->dump()));
@@ -659,7 +1105,7 @@ class TorchImporter {
   std::optional<double> scalar(const FxNode& n, const std::string& name, size_t position) {
     const json* a = arg(n, name, position);
     if (!a) return std::nullopt;
-    if (a->contains("as_float")) return (*a)["as_float"].get<double>();
+    if (a->contains("as_float")) return float_of((*a)["as_float"]);
     if (a->contains("as_int")) return double((*a)["as_int"].get<int64_t>());
     const std::string t = tensor_name(*a);
     if (t.empty()) return std::nullopt;
@@ -849,6 +1295,17 @@ class TorchImporter {
       }
       return unsupported();
     }
+    if (op == "torch.ops.aten.squeeze.dim") {  // a dim of size 1 dropped (any other size: no change)
+      const Imported& x = value(A("self", 0));
+      const int64_t rank = int64_t(x.shape.size());
+      int64_t dim = int_arg(n, "dim", 1);
+      if (dim < 0) dim += rank;
+      if (x.kind != Imported::tensor || dim < 0 || dim >= rank) return unsupported();
+      if (x.shape[dim] != 1) return x;
+      Shape s = x.shape;
+      s.erase(s.begin() + dim);
+      return tensor_value(t_.reshape(materialize(x, A("self", 0)), s), s);
+    }
     if (op == "torch.ops.aten.pad.default") {
       const Imported& x = value(A("self", 0));
       if (x.kind == Imported::labels_raw && ints_arg(n, "pad", 1) == std::vector<int64_t>{0, 1} &&
@@ -1014,7 +1471,11 @@ class TorchImporter {
       return v;
     }
     if (op == "torch.ops.aten.matmul.default") return matmul(n);
-    if (op == "torch.ops.aten.index.Tensor") return index(n);
+    if (op == "torch.ops.aten.index.Tensor" || op == "torch.ops.aten.gather.default") {
+      if (auto t = sincos_table(n)) return *t;
+      if (op == "torch.ops.aten.gather.default") return unsupported();
+      return index(n);
+    }
     if (op == "torch.ops.aten.mul.Tensor") return mul(n);
     // In place on a value nothing else reads (Falcon's add_ of its parallel branches): as the op.
     if (op == "torch.ops.aten.add_.Tensor" || op == "torch.ops.aten.mul_.Tensor") {
@@ -1071,8 +1532,16 @@ class TorchImporter {
                        int_arg(n, "window", 5, 0));
     }
     if (op == "torch.ops.aten.scaled_dot_product_attention.default") {
-      if (!A("attn_mask", 3).empty()) m_.fail_at(n, "attention with a mask tensor: export with python/autosp/export.py "
-                                                    "(its 'autosp' attention builds no mask), or use is_causal=True");
+      // A mask tensor is imported where it is the causal mask (a bool keeps where true, a float adds).
+      if (const std::string mask = A("attn_mask", 3); !mask.empty()) {
+        auto dtype = m_.dtype_of.find(mask);
+        if (dtype == m_.dtype_of.end()) m_.fail_at(n, "an attention mask of unknown dtype");
+        require_causal(n, mask, dtype->second == kBool ? MaskUse::keep_where_true : MaskUse::additive, 1.0);
+        const Imported& q = value(A("query", 0));
+        const double scale = float_arg(n, "scale", 6, 1.0 / std::sqrt(double(q.shape.back())));
+        if (float_arg(n, "dropout_p", 4, 0.0) != 0.0) m_.fail_at(n, "attention dropout");
+        return attention(n, A("query", 0), A("key", 1), A("value", 2), true, scale, 0);
+      }
       if (float_arg(n, "dropout_p", 4, 0.0) != 0.0) m_.fail_at(n, "attention dropout");
       const Imported& q = value(A("query", 0));
       const double scale = float_arg(n, "scale", 6, 1.0 / std::sqrt(double(q.shape.back())));
@@ -1108,7 +1577,147 @@ class TorchImporter {
            n.target == "<built-in function getitem>" || n.target == "_operator.getitem";
   }
 
-  std::optional<Imported> match_attention(const FxNode&) { return std::nullopt; }
+  // ---- attention written out: softmax(q @ k^T * scale + causal mask) @ v ----
+  // The masks are evaluated on the host (HostEvaluator) at the sequence length, up to
+  // kMaskCheckLength; beyond it, at that length, and only a mask computed from the sizes with
+  // constants of magnitude at most kMaskConstant (so that its form cannot change at a longer
+  // one: a sliding window would need its width as a constant) and no stored tensor.
+  static constexpr int64_t kMaskCheckLength = 2048;
+  static constexpr double kMaskConstant = 64;
+  // A masked score: at most this, times the scaling after the mask (softmax then gives it an
+  // exact 0 in fp32 for scores within 1e4 of each other), or -inf.
+  static constexpr double kMasked = -1e4;
+  std::optional<HostEvaluator> masks_;
+  std::set<std::string> causal_masks_;  // checked, by "<name>/<how it is applied>"
+
+  enum class MaskUse { additive, keep_where_true, masked_where_true };
+  // Fails unless `name` is the causal mask as `use` applies it (with `factor` the scaling of the
+  // scores after it): keep (i, j) iff j <= i, over the last two dims, every leading index.
+  void require_causal(const FxNode& at, const std::string& name, MaskUse use, double factor) {
+    const std::string key = str(name, "/", int(use), "/", factor);
+    if (causal_masks_.count(key)) return;
+    const int64_t S = std::min<int64_t>(o_.seq_len, kMaskCheckLength);
+    if (!masks_) masks_.emplace(m_, 1, S);
+    masks_->reset();
+    const HostArray* mask = masks_->eval(name);
+    if (!mask)
+      m_.fail_at(at, "an attention mask autosp cannot evaluate: it imports causal masks computed from the sequence "
+                     "length and constants (not from the data: padding masks are not imported)");
+    if (o_.seq_len > S && (masks_->read_stored || masks_->largest_constant > kMaskConstant))
+      m_.fail_at(at, str("an attention mask checked at ", S, " positions, which could differ at ", o_.seq_len, " (it ",
+                         masks_->read_stored ? "reads a stored tensor" : "computes with a constant above 64",
+                         "): use scaled_dot_product_attention(is_causal=True) or python/autosp/export.py's attention"));
+    const Shape& sh = mask->shape;
+    if (sh.size() < 2 || sh[sh.size() - 1] != S || sh[sh.size() - 2] != S)
+      m_.fail_at(at, str("an attention mask of shape ", shape_str(sh), " at S = ", S, ", not [..., S, S]"));
+    for (size_t k = 0; k < mask->v.size(); ++k) {
+      const int64_t i = int64_t(k / S) % S, j = int64_t(k % S);
+      const float v = mask->v[k];
+      const bool keep = use == MaskUse::additive ? v == 0.0f
+                        : use == MaskUse::keep_where_true ? v != 0.0f : v == 0.0f;
+      const bool masked = use == MaskUse::additive ? double(v) * factor <= kMasked : !keep;
+      if (keep != (j <= i) || keep == masked)
+        m_.fail_at(at, str("an attention mask that is not causal: at S = ", S, ", query ", i, " and key ", j, " it is ", v,
+                           use == MaskUse::additive ? " (added to the scores)" : " (a boolean mask)",
+                           "; autosp imports causal attention (keys up to the query's position, masked scores at most -1e4)"));
+    }
+    causal_masks_.insert(key);
+  }
+
+  // A scalar factor of a mul or div node (either side for mul): the factor and the other operand.
+  std::optional<std::pair<double, std::string>> scaling(const FxNode* n) {
+    if (!is(n, "mul.Tensor") && !is(n, "div.Tensor")) return std::nullopt;
+    const std::string a = arg_tensor(*n, "self", 0), b = arg_tensor(*n, "other", 1);
+    const bool div = is(n, "div.Tensor");
+    auto host = [&](const std::string& v) { return v.empty() || value(v).kind == Imported::host; };
+    if (!a.empty() && host(b)) {
+      std::optional<double> c = scalar(*n, "other", 1);
+      if (c && *c != 0.0) return std::make_pair(div ? 1.0 / *c : *c, a);
+    } else if (!div && !b.empty() && host(a)) {
+      std::optional<double> c = scalar(*n, "self", 0);
+      if (c) return std::make_pair(*c, b);
+    }
+    return std::nullopt;
+  }
+
+  // matmul(P, v) with P = softmax(scores, -1) (through casts and dropout 0), scores = q @ k^T
+  // scaled and masked in any order: scalar mul/div, + an additive mask, masked_fill or where
+  // with a fill of at most -1e4; q and k^T each possibly scaled. -> attention(q, k, v, causal,
+  // scale) when the mask is causal (GPT-J, CodeGen, nanoGPT's written-out attention).
+  std::optional<Imported> match_attention(const FxNode& n) {
+    const std::string p = arg_tensor(n, "self", 0), v = arg_tensor(n, "other", 1);
+    const FxNode* sm = node_of(through(p));
+    if (!is(sm, "softmax.int") && !is(sm, "_softmax.default")) return std::nullopt;
+    const int64_t dim = int_arg(*sm, "dim", 1, 0);
+    if (dim != -1 && dim != 3) return std::nullopt;
+    double scale = 1.0;
+    int masks = 0;
+    std::string x = arg_tensor(*sm, "self", 0);
+    const FxNode* mm = nullptr;
+    for (int guard = 0; guard < 16 && !mm; ++guard) {
+      x = through(x);
+      const FxNode* s = node_of(x);
+      if (!s) return std::nullopt;
+      if (is(s, "matmul.default")) {
+        mm = s;
+      } else if (auto f = scaling(s)) {
+        scale *= f->first;
+        x = f->second;
+      } else if (is(s, "add.Tensor") || is(s, "add_.Tensor")) {
+        if (float_arg(*s, "alpha", 2, 1.0) != 1.0) return std::nullopt;
+        const std::string a = arg_tensor(*s, "self", 0), b = arg_tensor(*s, "other", 1);
+        // The mask is the operand computed without the scores (the one the host evaluates).
+        if (!masks_) masks_.emplace(m_, 1, std::min<int64_t>(o_.seq_len, kMaskCheckLength));
+        const bool b_mask = masks_->eval(b) != nullptr, a_mask = !b_mask && masks_->eval(a) != nullptr;
+        if (!a_mask && !b_mask) m_.fail_at(*s, "an attention mask autosp cannot evaluate: it imports causal masks "
+                                               "computed from the sequence length and constants");
+        require_causal(*s, a_mask ? a : b, MaskUse::additive, scale);
+        x = a_mask ? b : a;
+        ++masks;
+      } else if (is(s, "masked_fill.Scalar") || is(s, "masked_fill_.Scalar")) {
+        const std::optional<double> fill = scalar(*s, "value", 2);
+        if (!fill || *fill * scale > kMasked) m_.fail_at(*s, "a masked_fill of the attention scores with more than -1e4");
+        require_causal(*s, arg_tensor(*s, "mask", 1), MaskUse::masked_where_true, scale);
+        x = arg_tensor(*s, "self", 0);
+        ++masks;
+      } else if (is(s, "where.self") || is(s, "where.ScalarOther") || is(s, "where.ScalarSelf")) {
+        // where(keep, scores, fill) or where(masked, fill, scores)
+        const std::string a = arg_tensor(*s, "self", 1);
+        const bool scores_first = !a.empty() && value(a).kind != Imported::host;
+        const std::optional<double> fill = scalar(*s, scores_first ? "other" : "self", scores_first ? 2 : 1);
+        if (!fill || *fill * scale > kMasked) m_.fail_at(*s, "a where on the attention scores with a fill above -1e4");
+        require_causal(*s, arg_tensor(*s, "condition", 0), scores_first ? MaskUse::keep_where_true : MaskUse::masked_where_true,
+                       scale);
+        x = scores_first ? a : arg_tensor(*s, "other", 2);
+        ++masks;
+      } else {
+        return std::nullopt;
+      }
+    }
+    if (!mm) return std::nullopt;
+    // q @ k^T, either scaled
+    std::string q = through(arg_tensor(*mm, "self", 0)), kt = through(arg_tensor(*mm, "other", 1));
+    for (std::string* side : {&q, &kt})
+      for (int guard = 0; guard < 4; ++guard) {
+        auto f = scaling(node_of(*side));
+        if (!f) break;
+        scale *= f->first;
+        *side = through(f->second);
+      }
+    const FxNode* t = node_of(kt);
+    std::string k;
+    if (is(t, "transpose.int")) {
+      int64_t a = int_arg(*t, "dim0", 1), b = int_arg(*t, "dim1", 2);
+      a = a < 0 ? a + 4 : a, b = b < 0 ? b + 4 : b;
+      if (std::min(a, b) == 2 && std::max(a, b) == 3) k = arg_tensor(*t, "self", 0);
+    } else if (is(t, "permute.default") && ints_arg(*t, "dims", 1) == std::vector<int64_t>{0, 1, 3, 2}) {
+      k = arg_tensor(*t, "self", 0);
+    }
+    if (k.empty() || value(q).shape.size() != 4 || value(v).shape.size() != 4) return std::nullopt;
+    if (masks > 1) m_.fail_at(n, "attention written out with more than one mask");
+    if (masks == 0) m_.fail_at(n, "attention written out without a mask: autosp trains causal language models");
+    return attention(n, q, through(k), through(v), true, scale, 0);
+  }
 
   // x @ M with M a matrix: linear(x, M^T) (Falcon's x @ W.T is linear(x, W)). 4-D products are
   // attention written out (match_attention).
@@ -1128,20 +1737,31 @@ class TorchImporter {
     return out;
   }
 
+  // index's indices, one name per dim ("" for None): as_tensors, or as_optional_tensors with Nones.
+  std::vector<std::string> index_list(const FxNode& n) const {
+    std::vector<std::string> out;
+    const json* list = arg(n, "indices", 1);
+    if (list && list->contains("as_tensors"))
+      for (const json& t : (*list)["as_tensors"]) out.push_back(t.value("name", ""));
+    if (list && list->contains("as_optional_tensors"))
+      for (const json& t : (*list)["as_optional_tensors"])
+        out.push_back(t.contains("as_tensor") ? t["as_tensor"].value("name", "") : "");
+    return out;
+  }
+
   // x[..., idx, ...] with idx a constant list of consecutive indices (Falcon's qkv[..., [-2], :]):
   // the slice it is.
   Imported index(const FxNode& n) {
     const std::string x = arg_tensor(n, "self", 0);
-    const json* list = arg(n, "indices", 1);
     const Imported& xv = value(x);
-    if (!list || !list->contains("as_optional_tensors") || xv.kind != Imported::tensor)
+    const std::vector<std::string> items = index_list(n);
+    if (xv.kind != Imported::tensor)
       m_.fail_at(n, "an index autosp does not import (it reads a constant list of consecutive indices on one dim)");
     int64_t dim = -1;
     std::vector<int64_t> at;
-    const json& items = (*list)["as_optional_tensors"];
     for (size_t d = 0; d < items.size(); ++d) {
-      if (items[d].contains("as_none")) continue;
-      const Imported& idx = value(items[d].contains("as_tensor") ? items[d]["as_tensor"].value("name", "") : "");
+      if (items[d].empty()) continue;
+      const Imported& idx = value(items[d]);
       if (dim >= 0 || idx.kind != Imported::host || idx.shape.size() != 1 || idx.data.empty() || d >= xv.shape.size())
         m_.fail_at(n, "an index by something else than one constant list of indices");
       dim = int64_t(d);
@@ -1164,6 +1784,7 @@ class TorchImporter {
 
   Imported split(const FxNode& n, const std::string& name) {
     const Imported& x = value(arg_tensor(n, "self", 0));
+    if (x.kind == Imported::rope_table && x.sincos) return split_sincos(n, x, name);
     if (x.kind != Imported::tensor) m_.fail_at(n, "a split of a value that is not a tensor");
     const int64_t r = int64_t(x.shape.size());
     int64_t dim = int_arg(n, "dim", 2, 0);
@@ -1198,6 +1819,76 @@ class TorchImporter {
     tuple.items = n.outputs;
     values_[n.name] = tuple;
     return first.kind == Imported::none ? tuple : first;
+  }
+
+  // A stored table of sin and cos of p * f read at the positions p: index(table, [positions])
+  // (CodeGen's) or gather(table.repeat(1, 1, 1), 1, positions[..., None].repeat(1, 1, 2F))
+  // (GPT-J's). The frequencies are read back from row 1 (f = atan2(sin f, cos f)), and every row
+  // the sequence reads is checked against them; nullopt for an index or gather of anything else.
+  std::optional<Imported> sincos_table(const FxNode& n) {
+    std::string table, positions;
+    if (is(&n, "index.Tensor")) {
+      const std::vector<std::string> indices = index_list(n);
+      if (indices.size() != 1 || indices[0].empty()) return std::nullopt;
+      table = through(arg_tensor(n, "self", 0)), positions = indices[0];
+    } else if (is(&n, "gather.default")) {
+      if (int_arg(n, "dim", 1, -1) != 1) return std::nullopt;
+      table = through(arg_tensor(n, "self", 0));
+      if (const FxNode* r = node_of(table); is(r, "repeat.default")) {
+        const std::vector<int64_t> reps = ints_arg(*r, "repeats", 1);
+        if (std::any_of(reps.begin(), reps.end(), [](int64_t k) { return k != 1; })) return std::nullopt;
+        table = through(arg_tensor(*r, "self", 0));
+      }
+      const FxNode* r = node_of(through(arg_tensor(n, "index", 2)));
+      const FxNode* u = is(r, "repeat.default") ? node_of(through(arg_tensor(*r, "self", 0))) : nullptr;
+      if (!is(u, "unsqueeze.default") || (int_arg(*u, "dim", 1) != -1 && int_arg(*u, "dim", 1) != 2)) return std::nullopt;
+      positions = arg_tensor(*u, "self", 0);
+    } else {
+      return std::nullopt;
+    }
+    if (positions.empty() || !m_.stored.count(table) || value(positions).kind != Imported::positions) return std::nullopt;
+    const Imported& t = value(table);
+    Shape ts = t.shape;
+    while (ts.size() > 2 && ts[0] == 1) ts.erase(ts.begin());
+    if (ts.size() != 2 || ts[1] % 2 != 0 || ts[0] < 2) return std::nullopt;
+    const int64_t rows = ts[0], F = ts[1] / 2;
+    if (o_.seq_len > rows)
+      m_.fail_at(n, str("the rotary table holds ", rows, " positions and the sequence has ", o_.seq_len,
+                        " (PyTorch would fail to index it too)"));
+    Imported v;
+    v.kind = Imported::rope_table;
+    v.sincos = true;
+    v.number = 1.0;
+    v.shape = {1, o_.seq_len, 2 * F};
+    for (int64_t i = 0; i < F; ++i) v.data.push_back(float(std::atan2(double(t.data[ts[1] + i]), double(t.data[ts[1] + F + i]))));
+    for (int64_t p = 0; p < o_.seq_len; ++p)
+      for (int64_t i = 0; i < F; ++i) {
+        const double angle = double(p) * v.data[i], tol = 1e-5 + 4e-7 * std::abs(angle);  // fp32 angles
+        if (std::abs(t.data[p * ts[1] + i] - std::sin(angle)) > tol || std::abs(t.data[p * ts[1] + F + i] - std::cos(angle)) > tol)
+          m_.fail_at(n, str("a table read at the positions that is not [sin(p f) | cos(p f)] of one set of frequencies (row ",
+                            p, ", frequency ", i, ")"));
+      }
+    return v;
+  }
+  Imported split_sincos(const FxNode& n, const Imported& x, const std::string& name) {
+    const int64_t F = int64_t(x.data.size());
+    const int64_t dim = int_arg(n, "dim", 2, 0);
+    const int64_t size = n.target == "torch.ops.aten.split.Tensor" ? int_arg(n, "split_size", 1) : -1;
+    if ((dim != -1 && dim != 2) || n.outputs.size() != 2 || (size != F && n.target != "torch.ops.aten.chunk.default"))
+      m_.fail_at(n, "a split of a sin/cos table other than into its sin and cos halves");
+    Imported tuple;
+    tuple.kind = Imported::tuple;
+    tuple.items = n.outputs;
+    for (int k = 0; k < 2; ++k) {
+      Imported h = x;
+      h.sincos = false;
+      h.half = true;
+      h.is_cos = k == 1;
+      h.shape.back() = F;
+      values_[n.outputs[k]] = h;
+    }
+    values_[n.name] = tuple;
+    return values_[name];
   }
 
   // ---- elementwise, with the patterns rooted at mul and add ----
@@ -1402,7 +2093,7 @@ class TorchImporter {
         if (s.target == "torch.ops.aten.mul.Tensor") {
           const json* c = arg(s, "other", 1);
           if (!c || !(c->contains("as_float") || c->contains("as_int"))) break;
-          scaling *= c->contains("as_float") ? (*c)["as_float"].get<double>() : double((*c)["as_int"].get<int64_t>());
+          scaling *= c->contains("as_float") ? float_of((*c)["as_float"]) : double((*c)["as_int"].get<int64_t>());
         } else if (s.target.find("to.dtype") == std::string::npos && s.target.find("_assert") == std::string::npos &&
                    s.target != "torch.ops.aten.alias.default") {
           break;
@@ -1431,10 +2122,19 @@ class TorchImporter {
   }
   // The table of a repeat_interleave(table[..., :F], 2, dim=-1): the interleaved rope's cos or sin
   // (each of the F frequencies twice in a row); null for anything else.
-  const Imported* interleaved_table_of(const std::string& name) {
+  // Or repeat_interleave(half.unsqueeze(d), 2, dim=-1) of a half of a stored sin/cos table
+  // (GPT-J's): `heads` is then d, the dim of the heads in the q it multiplies (2: [B, S, H, D]).
+  const Imported* interleaved_table_of(const std::string& name, int64_t* heads) {
     const FxNode* r = node_of(through(name));
     if (!is(r, "repeat_interleave.self_int") || int_arg(*r, "repeats", 1) != 2) return nullptr;
     const FxNode* s = node_of(through(arg_tensor(*r, "self", 0)));
+    if (is(s, "unsqueeze.default")) {
+      const Imported& h = value(through(arg_tensor(*s, "self", 0)));
+      const int64_t d = int_arg(*s, "dim", 1), dim = int_arg(*r, "dim", 2, INT64_MIN);
+      if (h.kind != Imported::rope_table || !h.half || (d != 1 && d != 2) || (dim != -1 && dim != 3)) return nullptr;
+      *heads = d;
+      return &h;
+    }
     if (!is(s, "slice.Tensor") || int_arg(*s, "start", 2, 0) != 0 || int_arg(*s, "step", 4, 1) != 1) return nullptr;
     const Imported* table = table_of(arg_tensor(*s, "self", 0));
     if (!table || table->interleaved) return nullptr;
@@ -1464,11 +2164,12 @@ class TorchImporter {
     const FxNode* m2 = node_of(arg_tensor(n, "other", 1));
     if (!is(m1, "mul.Tensor") || !is(m2, "mul.Tensor")) return std::nullopt;
     bool interleaved = false;
+    int64_t heads = 1;  // the heads' dim in q: 1 ([B, H, S, D]), or 2 ([B, S, H, D])
     auto split_table = [&](const FxNode& m, const Imported*& table) -> std::string {
       for (int k = 0; k < 2; ++k) {
         const std::string t = arg_tensor(m, k ? "self" : "other", 1 - k), x = arg_tensor(m, k ? "other" : "self", k);
         if (t.empty() || x.empty() || !node_of(through(t))) continue;
-        if ((table = interleaved_table_of(t))) {
+        if ((table = interleaved_table_of(t, &heads))) {
           interleaved = true;
           return x;
         }
@@ -1484,9 +2185,12 @@ class TorchImporter {
     const Imported *cos = nullptr, *sin = nullptr;
     const std::string x = through(split_table(*m1, cos));
     const bool cos_interleaved = interleaved;
+    const int64_t cos_heads = heads;
     interleaved = false;
+    heads = 1;
     const std::string rotated = through(split_table(*m2, sin));
-    if (x.empty() || rotated.empty() || !cos || !sin || !cos->is_cos || sin->is_cos) return std::nullopt;
+    if (x.empty() || rotated.empty() || !cos || !sin || !cos->is_cos || sin->is_cos || heads != cos_heads)
+      return std::nullopt;
     if (interleaved != cos_interleaved) return std::nullopt;
     const FxNode* c = node_of(rotated);
     if (interleaved) {
@@ -1531,15 +2235,15 @@ class TorchImporter {
                         ") are none of the default rope's of a theta, nor its linear, llama3 or yarn scaling's "
                         "(longrope and per-dimension factors are not imported)"));
     }
-    // autosp's rope is [B, S, H, D]; torch's q here is [B, H, S, D].
-    Tensor bshd = as_bshd(xv, x);
+    // autosp's rope is [B, S, H, D]; torch's q here is [B, H, S, D] (or already [B, S, H, D]).
+    Tensor bshd = heads == 2 ? materialize(xv, x) : as_bshd(xv, x);
     RopeOptions options = *rope;
     options.interleaved = interleaved;
     Tensor y = t_.rope(bshd, positions(), options);
     // cos and sin times an attention scaling (yarn's): the rotated x times it.
     if (cos->number != 1.0) y = t_.scale(y, cos->number);
     Imported out = ir(y);
-    out.perm = {0, 2, 1, 3};
+    if (heads != 2) out.perm = {0, 2, 1, 3};
     out.shape = xv.shape;
     return out;
   }

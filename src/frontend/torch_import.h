@@ -25,6 +25,16 @@
 //   - x @ W.T (numpy_T / t of a matrix, Falcon's) and x @ M -> linear; x[..., [i, i+1, ...]]
 //     (index by a constant list of consecutive indices) -> slice; add_ / mul_ whose operand
 //     nothing reads afterwards (itself or through a view) -> add / mul;
+//   - attention written out (GPT-J, CodeGen, nanoGPT): softmax(q @ k^T scaled, masked) @ v ->
+//     attention, and scaled_dot_product_attention with a mask tensor, where the mask is the
+//     causal one. Masks (additive, masked_fill, where, a bool attn_mask) are evaluated on the
+//     host at the sequence length (at most 2048; beyond it, at 2048, and only masks computed
+//     from sizes and constants of magnitude <= 64 without a stored tensor, whose form cannot
+//     change at a longer length) and checked entry by entry; a mask from the data, a window or
+//     any other is refused, naming the first entry that is not causal;
+//   - a stored [sin(p f) | cos(p f)] table read at the positions (GPT-J's gather, CodeGen's
+//     index), split in halves and repeat_interleave'd onto [B, S, H, D] -> the interleaved rope,
+//     its frequencies read back from the table and every row read checked against them;
 //   - an autocast block that is off (Nemotron's LayerNorm1P) is its graph in line; one that is
 //     on is refused (it would compute in another type than the program);
 //   - no-ops: dtype casts to the graph's own float type (the IR ops keep their statistics in

@@ -97,7 +97,7 @@ TEST_P(TorchImportReference, LossGradientsAndFiveStepsEqualPyTorch) {
 INSTANTIATE_TEST_SUITE_P(Models, TorchImportReference,
                          ::testing::Values("llama", "gpt2", "phi3", "gemma3", "llama31", "qwen2", "phi3_partial", "olmo",
                                            "granite", "arcee", "stablelm", "helium", "glm",
-                                           "cohere", "persimmon", "falcon", "nemotron"),
+                                           "cohere", "persimmon", "falcon", "nemotron", "gptj", "codegen"),
                          [](const auto& info) { return info.param; });
 
 // Llama through PyTorch and through autosp's own builder (models/llama.h): the same model,
@@ -401,10 +401,47 @@ TEST(TorchImportErrors, AnUnsupportedOpIsNamedWithItsNodeAndTheModelsSourceLine)
   EXPECT_NE(e.find("F.softplus(self.embed(input_ids))"), std::string::npos) << e;
 }
 
-TEST(TorchImportErrors, AnAttentionMaskTensorIsRefusedWithWhatToDoInstead) {
-  const std::string e = import_error(testing::source_path("tests/fixtures/torch_export_errors/masked/model.pt2"));
-  EXPECT_NE(e.find("scaled_dot_product_attention"), std::string::npos) << e;
-  EXPECT_NE(e.find("python/autosp/export.py"), std::string::npos) << e;
+// Attention masks are evaluated on the host and must be the causal one: a boolean mask given to
+// scaled_dot_product_attention that is not, a sliding window written out with masked_fill (its
+// first masked key named), and a mask computed from the tokens are refused.
+TEST(TorchImportErrors, AnAttentionMaskThatIsNotTheCausalOneIsRefused) {
+  const std::string masked = import_error(testing::source_path("tests/fixtures/torch_export_errors/masked/model.pt2"));
+  EXPECT_NE(masked.find("node 'scaled_dot_product_attention'"), std::string::npos) << masked;
+  EXPECT_NE(masked.find("not causal: at S = 8, query 0 and key 1 it is 1 (a boolean mask)"), std::string::npos) << masked;
+  const std::string window = import_error(testing::source_path("tests/fixtures/torch_export_errors/window/model.pt2"));
+  EXPECT_NE(window.find("node 'masked_fill'"), std::string::npos) << window;
+  EXPECT_NE(window.find("not causal: at S = 8, query 4 and key 0"), std::string::npos) << window;
+  const std::string padding = import_error(testing::source_path("tests/fixtures/torch_export_errors/padding/model.pt2"));
+  EXPECT_NE(padding.find("cannot evaluate"), std::string::npos) << padding;
+  EXPECT_NE(padding.find("padding masks are not imported"), std::string::npos) << padding;
+}
+
+// Attention written out (q @ k^T * 0.5, masked_fill of the causal mask, softmax, @ v) and
+// scaled_dot_product_attention with a boolean causal mask are each one causal attention, no
+// softmax left: at S = 8 (the mask checked whole) and at S = 3000 (checked at 2048: it is
+// computed from arange with constants of at most 1). (GPT-J's and CodeGen's written-out
+// attention is held to PyTorch float64 in TorchImportReference.)
+TEST(TorchImport, AttentionWrittenOutWithACausalMaskIsOneAttention) {
+  const TorchProgram p = TorchProgram::load(testing::source_path("tests/fixtures/torch_export_errors/written/model.pt2"));
+  for (int64_t S : {8, 3000}) {
+    const std::string text = print_graph(p.forward({.batch = 1, .seq_len = S}));
+    size_t attentions = 0;
+    for (size_t at = text.find("= attention("); at != std::string::npos; at = text.find("= attention(", at + 1)) {
+      ++attentions;
+      EXPECT_NE(text.find("{causal=1, scale=0.5}", at), std::string::npos);
+    }
+    EXPECT_EQ(attentions, 2u) << "S = " << S;
+    EXPECT_EQ(text.find("softmax"), std::string::npos) << "S = " << S;
+  }
+}
+
+// A causal mask computed with a stored tensor is checked whole up to S = 2048; beyond, the
+// tensor could change its form where it was not checked, and it is refused.
+TEST(TorchImportErrors, AMaskReadingAStoredTensorIsRefusedBeyondTheLengthItIsCheckedAt) {
+  const TorchProgram p = TorchProgram::load(testing::source_path("tests/fixtures/torch_export_errors/buffer_mask/model.pt2"));
+  EXPECT_NE(print_graph(p.forward({.batch = 1, .seq_len = 2048})).find("= attention("), std::string::npos);
+  const std::string e = testing::user_error_of([&] { p.forward({.batch = 1, .seq_len = 2049}); });
+  EXPECT_NE(e.find("checked at 2048 positions, which could differ at 2049 (it reads a stored tensor)"), std::string::npos) << e;
 }
 
 // An in-place op is imported as the op only where no later node sees the change: here a view
