@@ -15,7 +15,9 @@ The model code is not changed. What this does, and nothing else:
     config.json beside the graph (the archive's extra/config.json), so that autosp's
     checkpoints of the program are model directories transformers loads.
 Models that call torch.nn.functional.scaled_dot_product_attention(is_causal=True) themselves
-need none of the registration; autosp reads that node as it is.
+need none of the registration; autosp reads that node as it is, and attention written out
+(softmax(q @ k^T * scale + mask) @ v, GPT-J's, nanoGPT's) or SDPA given a mask tensor, where the
+mask it evaluates is the causal one.
 
 Notes: export() switches `model` to the "autosp" attention and to train mode (take a reference
 copy before, if one is needed); loading the .pt2 back in Python (torch.export.load) needs

@@ -917,7 +917,11 @@ class HostEvaluator {
         return y[1].v[k] != 0 ? y[2].v[k] : y[0].v[k];
       });
     }
-    // Shapes.
+    // Shapes. (Any other op is not evaluated, nor what it reads: the scores, the model.)
+    static const std::set<std::string> shapes = {"unsqueeze.default", "squeeze.dim", "expand.default", "view.default",
+                                                 "reshape.default", "_unsafe_view.default", "permute.default",
+                                                 "transpose.int", "slice.Tensor", "select.int"};
+    if (!shapes.count(op)) return std::nullopt;
     const HostArray* x = in("self", 0);
     if (!x) return std::nullopt;
     const int64_t r = int64_t(x->shape.size());
