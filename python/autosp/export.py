@@ -4,12 +4,14 @@
     export(model, "model.pt2")          # model(input_ids, labels=...) -> .loss, e.g. transformers
 
 The model code is not changed. What this does, and nothing else:
-  - registers `autosp::attention(q, k, v, causal, scale, window)`, a PyTorch custom op whose
-    eager implementation is scaled_dot_product_attention, and, for transformers models, an
+  - registers `autosp::attention(q, k, v, causal, scale, window, softcap=0)`, a PyTorch custom
+    op whose eager implementation is scaled_dot_product_attention (with a softcap c > 0, Gemma
+    2's, the scores written out: c tanh(scale q.k / c) before the softmax), and, for
+    transformers models, an
     attention function "autosp" (transformers' AttentionInterface) that calls it and a mask
     function "autosp" (AttentionMaskInterface) that builds no mask: attention is then one
     node in the exported graph instead of a B x 1 x S x S mask subgraph, and autosp's
-    compiler shards it (causal, sliding window);
+    compiler shards it (causal, sliding window, softcap);
   - exports `forward(input_ids, labels) -> loss` with torch.export.export, the batch and the
     sequence length dynamic, and saves it with torch.export.save, a transformers model's
     config.json beside the graph (the archive's extra/config.json), so that autosp's
@@ -32,16 +34,25 @@ import torch
 _registered = False
 
 
-def _attention_reference(q, k, v, causal: bool, scale: float, window: int):
+def _attention_reference(q, k, v, causal: bool, scale: float, window: int, softcap: float = 0.0):
     # q [B, H, S, D], k and v [B, KV, S, D] (grouped-query attention: H a multiple of KV).
     rep = q.shape[1] // k.shape[1]
     if rep > 1:
         k = k.repeat_interleave(rep, dim=1)
         v = v.repeat_interleave(rep, dim=1)
-    if window > 0:
-        s = q.shape[2]
+    s = q.shape[2]
+    keep = None
+    if window > 0 or (causal and softcap > 0):
         i = torch.arange(s, device=q.device)
-        keep = (i[None, :] <= i[:, None]) & (i[:, None] - i[None, :] < window)
+        keep = i[None, :] <= i[:, None]
+        if window > 0:
+            keep = keep & (i[:, None] - i[None, :] < window)
+    if softcap > 0:  # SDPA has no cap: the scores written out
+        scores = softcap * torch.tanh(torch.matmul(q, k.transpose(-1, -2)) * (scale / softcap))
+        if keep is not None:
+            scores = scores.masked_fill(~keep, float("-inf"))
+        return torch.matmul(torch.softmax(scores, dim=-1), v)
+    if keep is not None:
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=keep, scale=scale)
     return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
 
@@ -51,8 +62,8 @@ def register():
     global _registered
     if _registered:
         return
-    torch.library.define("autosp::attention",
-                         "(Tensor q, Tensor k, Tensor v, bool causal, float scale, int window) -> Tensor")
+    torch.library.define("autosp::attention", "(Tensor q, Tensor k, Tensor v, bool causal, float scale, int window, "
+                                              "float softcap=0.0) -> Tensor")
     torch.library.impl("autosp::attention", "CompositeImplicitAutograd")(_attention_reference)
     try:
         from transformers import AttentionInterface
@@ -65,10 +76,14 @@ def register():
                          sliding_window=None, **kwargs):
         if dropout:
             raise ValueError("autosp attention: attention dropout is not supported (set attention_dropout=0)")
-        if kwargs.get("softcap") is not None:
-            raise ValueError("autosp attention: attention logit softcapping is not supported")
         scale = scaling if scaling is not None else 1.0 / math.sqrt(query.shape[-1])
-        out = torch.ops.autosp.attention(query, key, value, True, float(scale), int(sliding_window or 0))
+        softcap = float(kwargs.get("softcap") or 0.0)
+        if softcap < 0:
+            raise ValueError(f"autosp attention: attention logit softcap {softcap} must be positive (or None)")
+        if softcap > 0:
+            out = torch.ops.autosp.attention(query, key, value, True, float(scale), int(sliding_window or 0), softcap)
+        else:  # the archives of models without a cap stay as they were
+            out = torch.ops.autosp.attention(query, key, value, True, float(scale), int(sliding_window or 0))
         return out.transpose(1, 2).contiguous(), None
 
     AttentionInterface.register("autosp", autosp_attention)

@@ -1506,6 +1506,7 @@ class TorchImporter {
     }
     if (op == "torch.ops.aten.silu.default") return ir(t_.silu(tensor_of(A("self", 0))));
     if (op == "torch.ops.aten.relu.default") return ir(t_.relu(tensor_of(A("self", 0))));
+    if (op == "torch.ops.aten.tanh.default") return ir(t_.tanh(tensor_of(A("self", 0))));
     if (op == "torch.ops.aten.square.default") {  // x * x (the squared relu's square)
       Tensor x = tensor_of(A("self", 0));
       Imported out = ir(t_.mul(x, x));
@@ -1532,8 +1533,9 @@ class TorchImporter {
     }
     if (op == "torch.ops.aten.cat.default") return cat(n);
     if (op == "torch.ops.autosp.attention.default") {
+      // softcap: Gemma 2's attn_logit_softcapping (archives written before it have no such argument)
       return attention(n, A("q", 0), A("k", 1), A("v", 2), bool_arg(n, "causal", 3, true), float_arg(n, "scale", 4),
-                       int_arg(n, "window", 5, 0));
+                       int_arg(n, "window", 5, 0), float_arg(n, "softcap", 6, 0.0));
     }
     if (op == "torch.ops.aten.scaled_dot_product_attention.default") {
       // A mask tensor is imported where it is the causal mask (a bool keeps where true, a float adds).
@@ -2301,19 +2303,34 @@ class TorchImporter {
   }
 
   Imported attention(const FxNode& n, const std::string& q, const std::string& k_in, const std::string& v_in,
-                     bool causal, double scale, int64_t window) {
+                     bool causal, double scale, int64_t window, double softcap = 0) {
     const std::string k = unrepeated_kv(k_in), v = unrepeated_kv(v_in);
     const Imported &qv = value(q), &kv = value(k), &vv = value(v);
     if (qv.shape.size() != 4 || kv.shape.size() != 4 || vv.shape.size() != 4) m_.fail_at(n, "attention on values not [B, H, S, D]");
     if (!causal) m_.fail_at(n, "non-causal attention: autosp trains causal language models");
+    if (!(softcap >= 0) || !std::isfinite(softcap)) m_.fail_at(n, str("attention softcap ", softcap));
     Tensor out = documents_ ? t_.attention(as_bshd(qv, q), as_bshd(kv, k), as_bshd(vv, v), *documents_, causal, scale,
-                                           window)
-                            : t_.attention(as_bshd(qv, q), as_bshd(kv, k), as_bshd(vv, v), causal, scale, window);
+                                           window, softcap)
+                            : t_.attention(as_bshd(qv, q), as_bshd(kv, k), as_bshd(vv, v), causal, scale, window,
+                                           softcap);
     Imported r = ir(out);
     r.perm = {0, 2, 1, 3};
     r.shape = qv.shape;
     r.shape[3] = vv.shape[3];
     return r;
+  }
+
+  // c where `n` is c * tanh(x / c) (mul by c of the tanh of a div by c, the same constant: Gemma
+  // 2's final logit softcap), else 0. The tanh is then n's "self" and the div the tanh's.
+  double final_softcap(const FxNode* n) {
+    if (!is(n, "mul.Tensor")) return 0;
+    const std::optional<double> c = scalar(*n, "other", 1);
+    const FxNode* t = node_of(through(arg_tensor(*n, "self", 0)));
+    if (!c || !(*c > 0) || !is(t, "tanh.default")) return 0;
+    const FxNode* d = node_of(through(arg_tensor(*t, "self", 0)));
+    if (!is(d, "div.Tensor") || scalar(*d, "other", 1) != c) return 0;
+    const std::string x = arg_tensor(*d, "self", 0);
+    return x.empty() || value(x).kind == Imported::host ? 0 : *c;
   }
 
   // cross_entropy_loss(logits.view(-1, V), labels.view(-1)) with the mean over labelled tokens.
@@ -2339,8 +2356,11 @@ class TorchImporter {
     else m_.fail_at(n, "the loss's labels are not the program's labels (shifted as transformers does, or as given)");
     // The head: a bias-free linear whose logits nothing else reads -> linear_cross_entropy; logits
     // multiplied or divided by a constant (Granite's logits_scaling, Cohere's logit_scale) are the
-    // linear of the hidden states so scaled.
+    // linear of the hidden states so scaled; capped as c tanh(logits / c) (Gemma 2's
+    // final_logit_softcapping), the op's softcap.
     const FxNode* head = node_of(logits);
+    const double softcap = final_softcap(head);
+    if (softcap > 0) head = node_of(through(arg_tensor(*node_of(through(arg_tensor(*head, "self", 0))), "self", 0)));
     double factor = 1.0;
     if (is(head, "mul.Tensor") || is(head, "div.Tensor")) {
       const std::string a = arg_tensor(*head, "self", 0), b = arg_tensor(*head, "other", 1);
@@ -2365,7 +2385,7 @@ class TorchImporter {
       if (factor != 1.0) x = t_.scale(x, factor);
       m_.vocab = t_.shape(w)[0];
       if (t_.shape(x).size() != 3) m_.fail_at(n, "logits that are not [B, S, V]");
-      return ir(t_.linear_cross_entropy(x, w, labels_t));
+      return ir(t_.linear_cross_entropy(x, w, labels_t, -100, softcap));
     }
     Tensor l = tensor_of(logits);
     if (t_.shape(l).size() != 3) m_.fail_at(n, "logits that are not [B, S, V]");

@@ -36,6 +36,7 @@ Tensor Tracer::mul(Tensor a, Tensor b) { return op(OpKind::mul, {a, b}); }
 Tensor Tracer::scale(Tensor x, double alpha) { return op(OpKind::scale, {x}, {{"alpha", alpha}}); }
 Tensor Tracer::silu(Tensor x) { return op(OpKind::silu, {x}); }
 Tensor Tracer::relu(Tensor x) { return op(OpKind::relu, {x}); }
+Tensor Tracer::tanh(Tensor x) { return op(OpKind::tanh, {x}); }
 Tensor Tracer::swiglu(Tensor gate, Tensor up) { return op(OpKind::swiglu, {gate, up}); }
 Tensor Tracer::sum(Tensor x) { return op(OpKind::sum, {x}); }
 Tensor Tracer::fill(const Shape& shape, double value, DType dtype) {
@@ -83,20 +84,23 @@ Attrs rope_attrs(const RopeOptions& o) {
 }
 
 namespace {
-// The window attribute only where there is one: a graph without stays as it always was.
-Attrs attention_attrs(bool causal, double scale, int64_t window) {
+// The window and softcap attributes only where there is one: a graph without stays as it
+// always was.
+Attrs attention_attrs(bool causal, double scale, int64_t window, double softcap) {
   Attrs attrs{{"causal", int64_t{causal}}, {"scale", scale}};
   if (window != 0) attrs.set("window", window);
+  if (softcap != 0) attrs.set("softcap", softcap);
   return attrs;
 }
 }  // namespace
 
-Tensor Tracer::attention(Tensor q, Tensor k, Tensor v, bool causal, double scale, int64_t window) {
-  return op(OpKind::attention, {q, k, v}, attention_attrs(causal, scale, window));
+Tensor Tracer::attention(Tensor q, Tensor k, Tensor v, bool causal, double scale, int64_t window, double softcap) {
+  return op(OpKind::attention, {q, k, v}, attention_attrs(causal, scale, window, softcap));
 }
 
-Tensor Tracer::attention(Tensor q, Tensor k, Tensor v, Tensor documents, bool causal, double scale, int64_t window) {
-  return op(OpKind::attention, {q, k, v, documents}, attention_attrs(causal, scale, window));
+Tensor Tracer::attention(Tensor q, Tensor k, Tensor v, Tensor documents, bool causal, double scale, int64_t window,
+                         double softcap) {
+  return op(OpKind::attention, {q, k, v, documents}, attention_attrs(causal, scale, window, softcap));
 }
 
 Tensor Tracer::cross_entropy(Tensor logits, Tensor labels, int64_t ignore_index) {
@@ -106,9 +110,11 @@ Tensor Tracer::cross_entropy(Tensor logits, Tensor labels, int64_t ignore_index)
   return op(OpKind::div_scalar, {loss_sum, count});
 }
 
-Tensor Tracer::linear_cross_entropy(Tensor x, Tensor weight, Tensor labels, int64_t ignore_index) {
+Tensor Tracer::linear_cross_entropy(Tensor x, Tensor weight, Tensor labels, int64_t ignore_index, double softcap) {
   Attrs attrs{{"ignore_index", ignore_index}};  // the op picks its chunk from V
-  Tensor loss_sum = op(OpKind::linear_cross_entropy, {x, weight, labels}, attrs);
+  Attrs head = attrs;
+  if (softcap != 0) head.set("softcap", softcap);
+  Tensor loss_sum = op(OpKind::linear_cross_entropy, {x, weight, labels}, head);
   Tensor count = op(OpKind::count_valid, {labels}, attrs);
   return op(OpKind::div_scalar, {loss_sum, count});
 }

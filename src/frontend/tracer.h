@@ -61,6 +61,7 @@ class Tracer {
   Tensor scale(Tensor x, double alpha);
   Tensor silu(Tensor x);
   Tensor relu(Tensor x);
+  Tensor tanh(Tensor x);  // torch.tanh
   Tensor swiglu(Tensor gate, Tensor up);  // silu(gate) * up
   Tensor rms_norm(Tensor x, Tensor weight, double eps);
   // torch.nn.functional.gelu: the erf form, or approximate="tanh" (GPT-2, Gemma)
@@ -69,15 +70,19 @@ class Tracer {
   Tensor layer_norm(Tensor x, Tensor weight, Tensor bias, double eps);
   Tensor rope(Tensor x, Tensor positions, const RopeOptions& options);
   // window W > 0 (causal only): query i sees only keys i - W < j <= i (a sliding window).
-  Tensor attention(Tensor q, Tensor k, Tensor v, bool causal, double scale, int64_t window = 0);
+  // softcap c > 0 (Gemma 2): each score s = scale q.k becomes c tanh(s / c) before the softmax.
+  Tensor attention(Tensor q, Tensor k, Tensor v, bool causal, double scale, int64_t window = 0, double softcap = 0);
   // Attention within documents: `documents` (i32 [B, S], non-decreasing) keeps each query to
   // the keys of its own document (packed samples).
-  Tensor attention(Tensor q, Tensor k, Tensor v, Tensor documents, bool causal, double scale, int64_t window = 0);
+  Tensor attention(Tensor q, Tensor k, Tensor v, Tensor documents, bool causal, double scale, int64_t window = 0,
+                   double softcap = 0);
   // Mean over labelled tokens (label != ignore_index) of -log softmax(logits)[label].
   Tensor cross_entropy(Tensor logits, Tensor labels, int64_t ignore_index = -100);
   // cross_entropy(linear(x, weight), labels) as one fused op that never holds the
   // [..., V] logits (the LM head and its loss, for training).
-  Tensor linear_cross_entropy(Tensor x, Tensor weight, Tensor labels, int64_t ignore_index = -100);
+  // softcap c > 0: of the logits c tanh(x weight^T / c) (Gemma 2's final_logit_softcapping).
+  Tensor linear_cross_entropy(Tensor x, Tensor weight, Tensor labels, int64_t ignore_index = -100,
+                              double softcap = 0);
   Tensor reshape(Tensor x, const Shape& shape);
   Tensor transpose(Tensor x, const std::vector<int64_t>& perm);
   Tensor slice(Tensor x, int64_t dim, int64_t start, int64_t end);

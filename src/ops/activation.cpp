@@ -1,4 +1,4 @@
-// silu, swiglu, gelu and relu, with their explicit backward ops.
+// silu, swiglu, gelu, relu and tanh, with their explicit backward ops.
 #include "kernels/cpu/basic.h"
 #include "kernels/cpu/fused.h"
 #include "kernels/cpu/norm_act.h"
@@ -53,6 +53,12 @@ void cuda_relu(const KernelArgs& a, const CudaContext& c) {
 }
 void cuda_relu_backward(const KernelArgs& a, const CudaContext& c) {
   cuda::relu_backward(cuda_in_dt(a, 0), a.in<void>(0), a.in<void>(1), a.in_numel(0), a.out<void>(0), c.stream);
+}
+void cuda_tanh(const KernelArgs& a, const CudaContext& c) {
+  cuda::tanh_forward(cuda_in_dt(a, 0), a.in<void>(0), a.in_numel(0), a.out<void>(0), c.stream);
+}
+void cuda_tanh_backward(const KernelArgs& a, const CudaContext& c) {
+  cuda::tanh_backward(cuda_in_dt(a, 0), a.in<void>(0), a.in<void>(1), a.in_numel(0), a.out<void>(0), c.stream);
 }
 void cuda_gelu(const KernelArgs& a, const CudaContext& c) {
   cuda::gelu_forward(cuda_in_dt(a, 0), a.in<void>(0), a.in_numel(0), gelu_tanh(*a.attrs), a.out<void>(0), c.stream);
@@ -131,6 +137,36 @@ extern const OpDef relu_backward_op = {
     .cpu = [](const KernelArgs& a) { cpu::relu_backward(a.in(0), a.in(1), a.in_numel(0), a.out(0)); },
     .cpu_inplace = true,
     .cuda = {.name = "relu_backward", .run = AUTOSP_CUDA_RUN(cuda_relu_backward), .inplace = true},
+};
+
+// tanh(x) (Gemma 2's final logit softcap: c tanh(logits / c))
+extern const OpDef tanh_op = {
+    .num_inputs = 1,
+    .num_outputs = 1,
+    .infer = [](const Types& in, const Attrs&) { return elementwise_float(in, {"x"}, 1); },
+    .cost = elementwise_cost<1>,
+    // d/dx tanh(x) = 1 - tanh(x)^2: from the output, which the backward keeps instead of x
+    .grad = [](GradContext& c) { c.din[0] = c.b.emit1(OpKind::tanh_backward, {c.dout[0], c.out(0)}); },
+    .cpu = [](const KernelArgs& a) { cpu::tanh_forward(a.in(0), a.in_numel(0), a.out(0)); },
+    .shard = [](const Shardings& in, const Types& t, const Attrs& a) -> Shardings {
+      require(!is_partial(in[0]), "tanh of a partial sum is not a partial sum");
+      return shard_elementwise(in, t, a);
+    },
+    .cpu_inplace = true,
+    .recompute = Recompute::cheap,
+    .cuda = {.name = "tanh_forward", .run = AUTOSP_CUDA_RUN(cuda_tanh), .inplace = true},
+};
+
+// tanh_backward(dy, y) = dy (1 - y^2), y = tanh(x)
+extern const OpDef tanh_backward_op = {
+    .num_inputs = 2,
+    .num_outputs = 1,
+    .infer = [](const Types& in, const Attrs&) { return elementwise_float(in, {"dy", "y"}, 1); },
+    .cost = elementwise_cost<1>,
+    .grad = nullptr,
+    .cpu = [](const KernelArgs& a) { cpu::tanh_backward(a.in(0), a.in(1), a.in_numel(0), a.out(0)); },
+    .cpu_inplace = true,
+    .cuda = {.name = "tanh_backward", .run = AUTOSP_CUDA_RUN(cuda_tanh_backward), .inplace = true},
 };
 
 // gelu(x) {approximate}: "none": 0.5 x (1 + erf(x / sqrt 2)); "tanh": 0.5 x (1 + tanh(sqrt(2/pi)

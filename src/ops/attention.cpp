@@ -4,8 +4,11 @@
 // its own document; an optional attribute `window` W (causal only; Mistral's sliding window)
 // keeps query i to the W keys i - W < j <= i. The window counts sequence positions, so it
 // is the same whether the sequence was whole from the start or gathered by the autosp pass's
-// all-to-all; with documents, both limits apply.
+// all-to-all; with documents, both limits apply. An optional attribute `softcap` c > 0
+// (Gemma 2's attn_logit_softcapping) caps each score s = scale q.k to c tanh(s / c) before the
+// softmax.
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 
 #include "kernels/cpu/attention.h"
@@ -59,12 +62,16 @@ const int32_t* documents_operand(const KernelArgs& a, size_t at, const cpu::Atte
 
 // The sliding window W (attribute "window", absent: 0 = none).
 int64_t window_of(const Attrs& attrs) { return attrs.get_int("window", 0); }
+// The logit softcap c (attribute "softcap", absent: 0 = none).
+float softcap_of(const Attrs& attrs) { return float(attrs.get_float("softcap", 0.0)); }
 
 void check_attrs(const Attrs& attrs) {
   require(attrs.has("scale") && attrs.get_float("scale") > 0, "needs a positive 'scale'");
   require(attrs.has("causal"), "needs 'causal' (0 or 1)");
   require(window_of(attrs) >= 0, "'window' must be positive (or 0: none), got ", window_of(attrs));
   require(window_of(attrs) == 0 || attrs.get_int("causal") != 0, "a 'window' needs causal attention");
+  const double cap = attrs.get_float("softcap", 0.0);
+  require(std::isfinite(cap) && cap >= 0, "'softcap' must be positive (or 0: none), got ", cap);
 }
 
 double attention_flops(const cpu::AttentionDims& d, const Attrs& attrs, double matmuls) {
@@ -87,7 +94,7 @@ cuda::CudnnSdpaKey cuda_attention_key(const Types& qkv, const Attrs& attrs, bool
   const cpu::AttentionDims d = attention_dims(qkv);
   return cuda::cudnn_sdpa_key(backward, qkv[0].dtype == DType::bf16 ? cuda::Dt::bf16 : cuda::Dt::f32, d.B, d.S, d.NH,
                               d.NKV, d.D, attrs.get_int("causal") != 0, window_of(attrs),
-                              float(attrs.get_float("scale")), documents, device);
+                              float(attrs.get_float("scale")), documents, device, softcap_of(attrs));
 }
 cuda::AttentionChoice cuda_attention_choice(const cuda::CudnnSdpaKey& key, bool built_with_cudnn) {
   cuda::AttentionMode mode;
@@ -130,7 +137,7 @@ void cuda_attention(const KernelArgs& a, const CudaContext& c) {
                                    a.out<void>(0), a.out<float>(1), a.workspace))
     return;
   cuda_attention_forward_blocks(c, cuda_in_dt(a, 0), cuda_dims(d), a.attrs->get_int("causal") != 0, window_of(*a.attrs),
-                                float(a.attrs->get_float("scale")), a.in<void>(0), a.in<void>(1), a.in<void>(2), doc,
+                                float(a.attrs->get_float("scale")), softcap_of(*a.attrs), a.in<void>(0), a.in<void>(1), a.in<void>(2), doc,
                                 a.out<void>(0), a.out<float>(1), a.workspace);
 }
 // attention_backward(dout, q, k, v, out, lse[, doc]) -> (dq, dk, dv)
@@ -146,14 +153,14 @@ void cuda_attention_backward(const KernelArgs& a, const CudaContext& c) {
                                     a.out<void>(2), a.workspace))
     return;
   cuda_attention_backward_blocks(c, cuda_in_dt(a, 1), cuda_dims(d), a.attrs->get_int("causal") != 0, window_of(*a.attrs),
-                                 float(a.attrs->get_float("scale")), a.in<void>(1), a.in<void>(2), a.in<void>(3),
+                                 float(a.attrs->get_float("scale")), softcap_of(*a.attrs), a.in<void>(1), a.in<void>(2), a.in<void>(3),
                                  a.in<void>(4), a.in<float>(5), a.in<void>(0), doc, a.out<void>(0), a.out<void>(1),
                                  a.out<void>(2), a.workspace);
 }
 #endif
 }  // namespace
 
-// attention(q, k, v[, documents]) {causal, scale[, window]} -> (out [B, S, NH, D], lse [B, NH, S])
+// attention(q, k, v[, documents]) {causal, scale[, window, softcap]} -> (out [B, S, NH, D], lse [B, NH, S])
 // documents (i32 [B, S], non-decreasing along S): query i sees key j only when both are in
 // one document. window W > 0 (causal only): query i sees keys i - W < j <= i. The cost rule
 // counts the work of one document (an upper bound: it does not see the ids), within the
@@ -188,7 +195,7 @@ extern const OpDef attention_op = {
       cpu::attention_forward(d, a.attrs->get_int("causal") != 0, float(a.attrs->get_float("scale")),
                              a.in(0), a.in(1), a.in(2), a.out(0), a.out(1),
                              static_cast<float*>(a.workspace), a.threads, documents_operand(a, 3, d),
-                             window_of(*a.attrs));
+                             window_of(*a.attrs), softcap_of(*a.attrs));
     },
     .cpu_workspace_bytes = [](const Types& in, const Attrs&, int threads) -> int64_t {
       return cpu::attention_forward_workspace_floats(attention_dims(in), threads) * 4;
@@ -216,7 +223,7 @@ extern const OpDef attention_op = {
              }},
 };
 
-// attention_backward(dout, q, k, v, out, lse[, documents]) {causal, scale[, window]} -> (dq, dk, dv),
+// attention_backward(dout, q, k, v, out, lse[, documents]) {causal, scale[, window, softcap]} -> (dq, dk, dv),
 // each of its operand's type (so of q's dtype); lse is f32; documents as the forward's.
 extern const OpDef attention_backward_op = {
     .num_inputs = -1,
@@ -240,7 +247,7 @@ extern const OpDef attention_backward_op = {
       cpu::attention_backward(d, a.attrs->get_int("causal") != 0, float(a.attrs->get_float("scale")),
                               a.in(1), a.in(2), a.in(3), a.in(4), a.in(5), a.in(0), a.out(0),
                               a.out(1), a.out(2), static_cast<float*>(a.workspace), a.threads,
-                              documents_operand(a, 6, d), window_of(*a.attrs));
+                              documents_operand(a, 6, d), window_of(*a.attrs), softcap_of(*a.attrs));
     },
     .cpu_workspace_bytes = [](const Types& in, const Attrs&, int threads) -> int64_t {
       return cpu::attention_backward_workspace_floats(attention_dims({in[1], in[2], in[3]}), threads) * 4;

@@ -7,6 +7,7 @@
 // the row max, sum of exponentials and loss in fp32 and keep the lse in fp32: a loss summed
 // over S tokens in bf16 would lose all but 8 bits of it. Gradients have the operands' dtype.
 #include <algorithm>
+#include <cmath>
 
 #include "kernels/cpu/fused.h"
 #include "kernels/cpu/linear_cross_entropy.h"
@@ -62,7 +63,13 @@ void check_linear_labels(const TensorType& x, const TensorType& w, const TensorT
   if (attrs.has("chunk"))
     require(attrs.get_int("chunk") >= 1, "chunk (rows per chunk) must be >= 1, got ",
             attrs.get_int("chunk"));
+  const double cap = attrs.get_float("softcap", 0.0);
+  require(std::isfinite(cap) && cap >= 0, "'softcap' must be positive (or 0: none), got ", cap);
 }
+
+// The final logit softcap c (attribute "softcap", absent: 0 = none): the loss is of the logits
+// c tanh(x W^T / c) (Gemma 2's final_logit_softcapping).
+float softcap_of(const Attrs& attrs) { return float(attrs.get_float("softcap", 0.0)); }
 
 }  // namespace
 
@@ -143,7 +150,7 @@ void cuda_linear_cross_entropy(const KernelArgs& a, const CudaContext& c) {
     cuda_gemm(c, dt, cuda::Dt::f32, false, true, r, V, H, a.in<char>(0) + t0 * H * cuda::dt_size(dt),
               a.in<void>(1), logits, false, "linear_cross_entropy");
     cuda::cross_entropy_rows(cuda::Dt::f32, logits, a.in<int32_t>(2) + t0, r, V, ignore_index(*a.attrs),
-                             a.out<float>(1) + t0, row_loss + t0, c.error, c.stream);
+                             a.out<float>(1) + t0, row_loss + t0, c.error, c.stream, softcap_of(*a.attrs));
   }
   cuda::sum_rows(row_loss, T, a.out<float>(0), c.stream);
 }
@@ -170,7 +177,8 @@ void cuda_linear_cross_entropy_backward(const KernelArgs& a, const CudaContext& 
     cuda_gemm(c, dt, cuda::Dt::f32, false, true, r, V, H, xc, a.in<void>(2), logits, false,
               "linear_cross_entropy_backward");
     cuda::cross_entropy_backward_rows(cuda::Dt::f32, logits, a.in<int32_t>(3) + t0, a.in<float>(4) + t0,
-                                      a.in<float>(0), r, V, ignore_index(*a.attrs), dt, dz, c.stream);
+                                      a.in<float>(0), r, V, ignore_index(*a.attrs), dt, dz, c.stream,
+                                      softcap_of(*a.attrs));
     cuda_gemm(c, dt, dt, false, false, r, H, V, dz, a.in<void>(2), a.out<char>(0) + t0 * H * es, false,
               "linear_cross_entropy_backward");
     cuda_gemm(c, dt, cuda::Dt::f32, true, false, V, H, r, dz, xc, dw_acc, t0 > 0, "linear_cross_entropy_backward");
@@ -268,10 +276,11 @@ extern const OpDef cross_entropy_backward_op = {
     .cuda = {.name = "cross_entropy_backward_rows", .run = AUTOSP_CUDA_RUN(cuda_cross_entropy_backward)},
 };
 
-// linear_cross_entropy(x[..., H], weight[V, H], labels i32[...]) {ignore_index, chunk}
+// linear_cross_entropy(x[..., H], weight[V, H], labels i32[...]) {ignore_index, chunk[, softcap]}
 //   -> (loss_sum [], lse [...]):  cross_entropy(linear(x, weight), labels) without the
 // [..., V] logits: they are made `chunk` rows at a time in the workspace (and remade by the
-// backward). chunk defaults to the rows of 64 MiB of logits.
+// backward). chunk defaults to the rows of 64 MiB of logits. softcap c > 0: the loss is of
+// c tanh(logits / c), capped by the row passes (no more memory).
 extern const OpDef linear_cross_entropy_op = {
     .num_inputs = 3,
     .num_outputs = 2,
@@ -299,7 +308,7 @@ extern const OpDef linear_cross_entropy_op = {
       const int32_t ignore = checked_ignore_index(a, 2, w[0], "linear_cross_entropy");
       cpu::linear_cross_entropy_forward(a.in(0), a.in(1), a.in<int32_t>(2), rows_of(a.in_shape(0)), w[1], w[0],
                                         ignore, chunk_rows(*a.attrs, w[0]), a.out(0), a.out(1),
-                                        static_cast<float*>(a.workspace));
+                                        static_cast<float*>(a.workspace), softcap_of(*a.attrs));
     },
     .cpu_workspace_bytes = [](const Types& in, const Attrs& attrs, int) -> int64_t {
       const int64_t V = in[1].shape[0];
@@ -340,7 +349,7 @@ extern const OpDef linear_cross_entropy_backward_op = {
       const int32_t ignore = checked_ignore_index(a, 3, w[0], "linear_cross_entropy_backward");
       cpu::linear_cross_entropy_backward(a.in(0), a.in(1), a.in(2), a.in<int32_t>(3), a.in(4), rows_of(a.in_shape(1)),
                                          w[1], w[0], ignore, chunk_rows(*a.attrs, w[0]), a.out(0), a.out(1),
-                                         static_cast<float*>(a.workspace));
+                                         static_cast<float*>(a.workspace), softcap_of(*a.attrs));
     },
     .cpu_workspace_bytes = [](const Types& in, const Attrs& attrs, int) -> int64_t {
       const int64_t V = in[2].shape[0];
@@ -376,7 +385,7 @@ extern const OpDef linear_cross_entropy_with_grad_op = {
       const int32_t ignore = checked_ignore_index(a, 2, w[0], "linear_cross_entropy");
       cpu::linear_cross_entropy_with_grad(a.in(0), a.in(1), a.in<int32_t>(2), a.in(3), rows_of(a.in_shape(0)), w[1],
                                           w[0], ignore, chunk_rows(*a.attrs, w[0]), a.out(0), a.out(1), a.out(2),
-                                          static_cast<float*>(a.workspace));
+                                          static_cast<float*>(a.workspace), softcap_of(*a.attrs));
     },
     .cpu_workspace_bytes = [](const Types& in, const Attrs& attrs, int) -> int64_t {
       const int64_t V = in[1].shape[0];

@@ -43,8 +43,9 @@ const void* block_keys(const void* kv, const cuda::AttentionDims& d, const cuda:
 }  // namespace
 
 void cuda_attention_forward_blocks(const CudaContext& c, cuda::Dt dt, const cuda::AttentionDims& d, bool causal,
-                                   int64_t window, float scale, const void* q, const void* k, const void* v,
-                                   const int32_t* doc, void* out, float* lse, void* workspace, int64_t rows) {
+                                   int64_t window, float scale, float softcap, const void* q, const void* k,
+                                   const void* v, const int32_t* doc, void* out, float* lse, void* workspace,
+                                   int64_t rows) {
   if (d.B * d.S * d.NH == 0) return;
   const int64_t G = d.NH / d.NKV, D = d.D;
   const cuda::AttentionBlockLayout l = layout_of(false, dt, d, rows);
@@ -61,7 +62,7 @@ void cuda_attention_forward_blocks(const CudaContext& c, cuda::Dt dt, const cuda
           cuda_gemm(c, dt, cuda::Dt::f32, false, true, blk.nq, blk.nk, D, scale,
                     at(q, ((b * d.S + q0) * d.NH + g * G + hh) * D, dt), d.NH * D, kg, d.NKV * D, 0.0f,
                     scores + hh * blk.nq * blk.nk, blk.nk, op);
-        cuda::attention_block_softmax(dt, d, blk, causal, window, doc, scores, probs, lse, c.stream);
+        cuda::attention_block_softmax(dt, d, blk, causal, window, softcap, doc, scores, probs, lse, c.stream);
         for (int64_t hh = 0; hh < G; ++hh)  // out_h = P_h v_g
           cuda_gemm(c, dt, dt, false, false, blk.nq, D, blk.nk, 1.0f, at(probs, hh * blk.nq * blk.nk, dt), blk.nk, vg,
                     d.NKV * D, 0.0f, at(out, ((b * d.S + q0) * d.NH + g * G + hh) * D, dt), d.NH * D, op);
@@ -69,9 +70,9 @@ void cuda_attention_forward_blocks(const CudaContext& c, cuda::Dt dt, const cuda
 }
 
 void cuda_attention_backward_blocks(const CudaContext& c, cuda::Dt dt, const cuda::AttentionDims& d, bool causal,
-                                    int64_t window, float scale, const void* q, const void* k, const void* v,
-                                    const void* out, const float* lse, const void* dout, const int32_t* doc, void* dq,
-                                    void* dk, void* dv, void* workspace, int64_t rows) {
+                                    int64_t window, float scale, float softcap, const void* q, const void* k,
+                                    const void* v, const void* out, const float* lse, const void* dout,
+                                    const int32_t* doc, void* dq, void* dk, void* dv, void* workspace, int64_t rows) {
   if (d.B * d.S * d.NH == 0) return;
   const int64_t G = d.NH / d.NKV, D = d.D;
   const cuda::AttentionBlockLayout l = layout_of(true, dt, d, rows);
@@ -101,7 +102,7 @@ void cuda_attention_backward_blocks(const CudaContext& c, cuda::Dt dt, const cud
           cuda_gemm(c, dt, cuda::Dt::f32, false, true, blk.nq, blk.nk, D, 1.0f, at(dout, row, dt), d.NH * D, vg,
                     d.NKV * D, 0.0f, dprobs + hh * cells, blk.nk, op);
         }
-        cuda::attention_block_backward_probs(dt, d, blk, causal, window, doc, scores, dprobs, lse, delta, probs,
+        cuda::attention_block_backward_probs(dt, d, blk, causal, window, softcap, doc, scores, dprobs, lse, delta, probs,
                                              dscores, c.stream);
         for (int64_t hh = 0; hh < G; ++hh) {
           const int64_t row = ((b * d.S + q0) * d.NH + g * G + hh) * D;

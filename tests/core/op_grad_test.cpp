@@ -124,6 +124,20 @@ TEST(OpGrad, ReluAndItsSquare) {
   check_gradients(t.finish(), feed);
 }
 
+// Gemma 2's final logit softcap as the importer builds it: c tanh(x / c), c = 2, over inputs
+// that reach the saturating part (|x| up to ~6).
+TEST(OpGrad, TanhAndTheLogitSoftcap) {
+  Tracer t;
+  Tensor x = t.parameter("x", {3, 9});
+  t.output("y0", t.tanh(x));
+  t.output("y1", t.scale(t.tanh(t.scale(x, 0.5)), 2.0));
+  Feed feed;
+  std::vector<float> xs = testing::random_normal(27, 9);
+  for (float& v : xs) v *= 2.0f;
+  feed.f["x"] = xs;
+  check_gradients(t.finish(), feed);
+}
+
 TEST(OpGrad, Swiglu) {
   Tracer t;
   Tensor g = t.parameter("gate", {2, 11}), u = t.parameter("up", {2, 11});
@@ -281,6 +295,32 @@ TEST(OpGrad, AttentionWithDocuments) {
     }
 }
 
+// Gemma 2's logit softcap c tanh(s / c): a cap of 0.5 bends every score of these inputs, full
+// and causal, with GQA, a window and documents; S = 70 spans the kernels' tiles.
+TEST(OpGrad, AttentionWithSoftcap) {
+  for (auto [S, causal, window, packed] : {std::tuple<int64_t, bool, int64_t, bool>{5, false, 0, false},
+                                           {5, true, 0, false}, {9, true, 3, false}, {9, true, 0, true},
+                                           {70, true, 20, false}}) {
+    SCOPED_TRACE(str("S=", S, causal ? " causal" : " full", " window=", window, packed ? " packed" : ""));
+    const int64_t B = S > 64 ? 1 : 2, NH = S > 64 ? 2 : 4, NKV = S > 64 ? 1 : 2, D = 4;
+    Tracer t;
+    Tensor q = t.parameter("q", {B, S, NH, D});
+    Tensor k = t.parameter("k", {B, S, NKV, D});
+    Tensor v = t.parameter("v", {B, S, NKV, D});
+    const double scale = 1.0 / std::sqrt(double(D));
+    Feed feed;
+    if (packed) {
+      Tensor docs = t.input(Role::documents, "documents", DType::i32, {B, S});
+      t.output("y0", t.attention(q, k, v, docs, causal, scale, window, 0.5));
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t i = 0; i < S; ++i) feed.i["documents"].push_back(int32_t(i >= S / 3) + int32_t(b && i >= S / 2));
+    } else {
+      t.output("y0", t.attention(q, k, v, causal, scale, window, 0.5));
+    }
+    check_gradients(t.finish(), feed);
+  }
+}
+
 // A sliding window (Mistral): windows of 1, 3 and longer than S = 9; with documents too.
 // S = 70 with W = 20 has tiles wholly outside the window and tiles across its edge.
 TEST(OpGrad, AttentionWithSlidingWindow) {
@@ -341,6 +381,68 @@ TEST(OpGrad, LinearCrossEntropyChunkedWithIgnoredLabels) {
   Feed feed;
   feed.i["labels"] = {0, 6, -100, -100, 3, 3, 6, -100, 1};
   check_gradients(g, feed);  // the default tolerances; observed worst error: 0.3% of the bound
+}
+
+// Gemma 2's final logit softcap on the fused head: c = 1.5 bends logits of these inputs (up to
+// ~4) hard; chunks of 2 with ignored rows, as above.
+TEST(OpGrad, LinearCrossEntropyWithSoftcap) {
+  Graph g = linear_cross_entropy_mean(
+      {3, 3, 4}, 7, {{"ignore_index", int64_t{-100}}, {"chunk", int64_t{2}}, {"softcap", 1.5}});
+  Feed feed;
+  feed.i["labels"] = {0, 6, -100, -100, 3, 3, 6, -100, 1};
+  check_gradients(g, feed);
+}
+
+// The capped head fused equals the cap written out (linear, scale by 1 / c, tanh, scale by c,
+// cross_entropy) to fp32 rounding: the fused row passes take tanh from simd::vtanh (a few ulp),
+// the tanh op from std::tanh. Observed at most 4e-7 of the largest value (loss, lse, gradients).
+TEST(OpGrad, LinearCrossEntropySoftcapEqualsTheCapWrittenOut) {
+  const int64_t B = 2, S = 37, H = 16, V = 50;
+  const double cap = 3.0;
+  Graph unfused;
+  {
+    GraphBuilder b(unfused);
+    ValueId x = unfused.add_input(Role::parameter, {DType::f32, {B, S, H}}, "x");
+    ValueId w = unfused.add_input(Role::parameter, {DType::f32, {V, H}}, "w");
+    ValueId labels = unfused.add_input(Role::labels, {DType::i32, {B, S}}, "labels");
+    Attrs attrs{{"ignore_index", int64_t{-100}}};
+    ValueId logits = b.emit1(OpKind::linear, {x, w});
+    ValueId t = b.emit1(OpKind::tanh, {b.emit1(OpKind::scale, {logits}, {{"alpha", 1.0 / cap}})});
+    auto outs = b.emit(OpKind::cross_entropy, {b.emit1(OpKind::scale, {t}, {{"alpha", cap}}), labels}, attrs);
+    ValueId count = b.emit1(OpKind::count_valid, {labels}, attrs);
+    unfused.add_output("y0", b.emit1(OpKind::div_scalar, {outs[0], count}));
+    unfused.add_output("lse", outs[1]);
+  }
+  Feed feed;
+  for (int64_t i = 0; i < B * S; ++i) feed.i["labels"].push_back(i % 5 == 3 ? -100 : int32_t(i * 17 % V));
+  testing::fill_random(feed, unfused, 3);  // logits of std 4: most of them capped hard
+  auto run = [&](const Graph& forward) {
+    Graph joint = autodiff(forward, {.loss = "y0"});
+    verify(joint);
+    HeapAllocator alloc;
+    CpuExecutor ex(joint, alloc);
+    feed.bind(ex, joint);
+    ex.run();
+    std::map<std::string, std::vector<float>> out;
+    for (const char* name : {"y0", "lse", "grad:x", "grad:w"}) out[name] = ex.output_vector(name);
+    return out;
+  };
+  auto want = run(unfused);
+  for (int64_t chunk : {int64_t{0}, int64_t{8}}) {
+    Attrs attrs{{"ignore_index", int64_t{-100}}, {"softcap", cap}};
+    if (chunk) attrs.set("chunk", chunk);
+    auto got = run(linear_cross_entropy_mean({B, S, H}, V, attrs));
+    for (const auto& [name, w] : want) {
+      double err = 0, scale = 0;
+      for (size_t k = 0; k < w.size(); ++k) {
+        err = std::max(err, std::abs(double(got[name][k]) - double(w[k])));
+        scale = std::max(scale, std::abs(double(w[k])));
+      }
+      std::printf("softcap chunk=%lld %-6s max |fused - written out| = %.3g (max %.3g)\n", (long long)chunk,
+                  name.c_str(), err, scale);
+      EXPECT_LT(err, 1e-5 * scale) << name << ", chunk " << chunk;
+    }
+  }
 }
 
 // The same loss, lse and gradients as linear then cross_entropy, for the default chunk

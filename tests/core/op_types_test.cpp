@@ -59,6 +59,8 @@ void elementwise_and_reduction_ops_follow_the_operand_dtype() {
     EXPECT_EQ(infer(OpKind::silu_backward, {x, x}), Types{x});
     EXPECT_EQ(infer(OpKind::relu, {x}), Types{x});
     EXPECT_EQ(infer(OpKind::relu_backward, {x, x}), Types{x});
+    EXPECT_EQ(infer(OpKind::tanh, {x}), Types{x});
+    EXPECT_EQ(infer(OpKind::tanh_backward, {x, x}), Types{x});
     for (const char* approximate : {"none", "tanh"}) {
       const Attrs a{{"approximate", std::string(approximate)}};
       EXPECT_EQ(infer(OpKind::gelu, {x}, a), Types{x});

@@ -145,10 +145,11 @@ struct AttentionRun {
   // forward, then backward (delta: the reference's scratch); q ... dv of dtype dt, lse f32
   void run(const cuda::AttentionDims& d, bool causal, float scale, const void* q, const void* k, const void* v,
            const int32_t* doc, void* out, float* lse, const void* dout, void* dq, void* dk, void* dv,
-           float* delta, int64_t window = 0, cuda::Dt dt = cuda::Dt::f32) const {
+           float* delta, int64_t window = 0, cuda::Dt dt = cuda::Dt::f32, float softcap = 0.0f) const {
     if (impl.rows == 0) {
-      cuda::attention_forward(dt, d, causal, window, scale, q, k, v, doc, out, lse, nullptr);
-      cuda::attention_backward(dt, d, causal, window, scale, q, k, v, out, lse, dout, doc, dq, dk, dv, delta, nullptr);
+      cuda::attention_forward(dt, d, causal, window, scale, softcap, q, k, v, doc, out, lse, nullptr);
+      cuda::attention_backward(dt, d, causal, window, scale, softcap, q, k, v, out, lse, dout, doc, dq, dk, dv, delta,
+                               nullptr);
       return;
     }
     const CudaContext c{nullptr, cublas, nullptr};
@@ -157,8 +158,9 @@ struct AttentionRun {
         cuda::attention_block_layout(false, d.B, d.S, d.NH, d.NKV, d.D, elem, impl.rows).bytes,
         cuda::attention_block_layout(true, d.B, d.S, d.NH, d.NKV, d.D, elem, impl.rows).bytes);
     DeviceBuffer<char> workspace(static_cast<size_t>(bytes));
-    cuda_attention_forward_blocks(c, dt, d, causal, window, scale, q, k, v, doc, out, lse, workspace.p, impl.rows);
-    cuda_attention_backward_blocks(c, dt, d, causal, window, scale, q, k, v, out, lse, dout, doc, dq, dk, dv,
+    cuda_attention_forward_blocks(c, dt, d, causal, window, scale, softcap, q, k, v, doc, out, lse, workspace.p,
+                                  impl.rows);
+    cuda_attention_backward_blocks(c, dt, d, causal, window, scale, softcap, q, k, v, out, lse, dout, doc, dq, dk, dv,
                                    workspace.p, impl.rows);
     check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize", "attention blocks");
   }

@@ -97,7 +97,8 @@ TEST_P(TorchImportReference, LossGradientsAndFiveStepsEqualPyTorch) {
 INSTANTIATE_TEST_SUITE_P(Models, TorchImportReference,
                          ::testing::Values("llama", "gpt2", "phi3", "gemma3", "llama31", "qwen2", "phi3_partial", "olmo",
                                            "granite", "arcee", "stablelm", "helium", "glm",
-                                           "cohere", "persimmon", "falcon", "nemotron", "gptj", "codegen"),
+                                           "cohere", "persimmon", "falcon", "nemotron", "gptj", "codegen",
+                                           "gemma2"),
                          [](const auto& info) { return info.param; });
 
 // Llama through PyTorch and through autosp's own builder (models/llama.h): the same model,
@@ -433,6 +434,25 @@ TEST(TorchImport, AttentionWrittenOutWithACausalMaskIsOneAttention) {
     EXPECT_EQ(attentions, 2u) << "S = " << S;
     EXPECT_EQ(text.find("softmax"), std::string::npos) << "S = " << S;
   }
+}
+
+// Gemma 2's softcaps (held to PyTorch above): each attention carries the model's
+// attn_logit_softcapping, and the head's c tanh(logits / c) is the fused loss's softcap, so the
+// [B, S, V] logits are never made (no tanh, no separate head linear).
+TEST(TorchImport, Gemma2sSoftcapsAreTheAttentionsAndTheFusedLosss) {
+  const TorchProgram p = TorchProgram::load(testing::source_path("tests/fixtures/torch_export/gemma2/model.pt2"));
+  const std::string text = print_graph(p.forward({.batch = 2, .seq_len = 16}));
+  size_t attentions = 0;
+  for (size_t at = text.find("= attention("); at != std::string::npos; at = text.find("= attention(", at + 1)) {
+    ++attentions;
+    const std::string line = text.substr(at, text.find('\n', at) - at);
+    EXPECT_NE(line.find("softcap=0.5"), std::string::npos) << line;
+  }
+  EXPECT_EQ(attentions, 2u) << text;
+  const size_t head = text.find("= linear_cross_entropy(");
+  ASSERT_NE(head, std::string::npos) << text;
+  EXPECT_NE(text.substr(head, text.find('\n', head) - head).find("softcap=1.0"), std::string::npos) << text;
+  EXPECT_EQ(text.find("tanh("), std::string::npos) << text;
 }
 
 // A causal mask computed with a stored tensor is checked whole up to S = 2048; beyond, the

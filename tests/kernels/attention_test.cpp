@@ -1,7 +1,8 @@
 // The flash-style CPU attention kernels against the plain double-precision reference:
 // forward (out, lse) and backward (dq, dk, dv) over sequence lengths that are and are not
 // multiples of the tile, GQA ratios, head dims, causal and not, with and without document
-// ids (packed samples), with a sliding window (alone and with documents); bitwise
+// ids (packed samples), with a sliding window (alone and with documents), with Gemma 2's
+// logit softcap (alone, with the window and with documents); bitwise
 // determinism across thread counts; and the O(S) workspace, including one long run at
 // S = 16384.
 #include "kernels/cpu/attention.h"
@@ -12,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -61,7 +63,7 @@ Tensors make_inputs(const AttentionDims& d, uint32_t seed) {
 
 // Runs forward then backward with a workspace of exactly the advertised size.
 void run_kernels(const AttentionDims& d, bool causal, float scale, Tensors& t,
-                 const int32_t* documents = nullptr, int64_t window = 0) {
+                 const int32_t* documents = nullptr, int64_t window = 0, float softcap = 0.0f) {
   const int threads = omp_get_max_threads();
   t.out.assign(d.B * d.S * d.NH * d.D, 0.0f);
   t.lse.assign(d.B * d.NH * d.S, 0.0f);
@@ -73,10 +75,10 @@ void run_kernels(const AttentionDims& d, bool causal, float scale, Tensors& t,
                                  autosp::cpu::attention_backward_workspace_floats(d, threads)),
                         std::numeric_limits<float>::quiet_NaN());
   autosp::cpu::attention_forward(d, causal, scale, t.q.data(), t.k.data(), t.v.data(),
-                                 t.out.data(), t.lse.data(), ws.data(), threads, documents, window);
+                                 t.out.data(), t.lse.data(), ws.data(), threads, documents, window, softcap);
   autosp::cpu::attention_backward(d, causal, scale, t.q.data(), t.k.data(), t.v.data(),
                                   t.out.data(), t.lse.data(), t.dout.data(), t.dq.data(),
-                                  t.dk.data(), t.dv.data(), ws.data(), threads, documents, window);
+                                  t.dk.data(), t.dv.data(), ws.data(), threads, documents, window, softcap);
 }
 
 // Document ids [B, S]: row b holds documents of lengths[b % lengths.size()] in order; the
@@ -377,6 +379,86 @@ TEST(AttentionKernelWindow, BitwiseEqualAcrossThreadCountsAndSchedules) {
           EXPECT_EQ(0, std::memcmp(a->data(), b->data(), a->size() * sizeof(float))) << name << ", " << where;
       }
     }
+  omp_set_num_threads(saved);
+  EXPECT_TRUE(saw_split && saw_fused) << "both backward schedules must be compared";
+}
+
+// ---- logit softcap (Gemma 2) -----------------------------------------------------------------
+// Scores of these inputs reach about +-5 (|q|, |k| up to 2 per element); caps of 1 and 4 bend
+// most of them, so a cap left out of either direction, or a backward without its 1 - tanh^2,
+// is off by 1e-1 or more. Observed at most 1.2e-6 (out, lse, dq, dk, dv): the rational tanh's
+// few ulp (simd::vtanh) add nothing visible to the fp32 sums, so the same 1e-5 as above.
+TEST(AttentionKernelSoftcap, ForwardAndBackwardMatchDouble) {
+  double worst = 0.0;
+  for (float softcap : {1.0f, 4.0f})
+    for (int64_t S : {1, 100, 257})
+      for (auto [NH, NKV] : {std::pair<int64_t, int64_t>{4, 2}, {4, 1}})
+        for (int64_t D : {16, 40})
+          for (int variant = 0; variant < 4; ++variant) {  // full, causal, causal + window, causal + documents
+            const bool causal = variant > 0;
+            const int64_t window = variant == 2 ? 70 : 0;
+            const AttentionDims d{2, S, NH, NKV, D};
+            const std::vector<int32_t> docs = documents_of(d, {{37, 27, 100}, {64, 1, 70}});
+            const int32_t* ids = variant == 3 ? docs.data() : nullptr;
+            const std::string at = "softcap " + std::to_string(softcap) + " S=" + std::to_string(S) + " NH=" +
+                                   std::to_string(NH) + " NKV=" + std::to_string(NKV) + " D=" + std::to_string(D) +
+                                   " variant " + std::to_string(variant);
+            const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+            Tensors t = make_inputs(d, static_cast<uint32_t>(S + NH + NKV + D + variant));
+            run_kernels(d, causal, scale, t, ids, window, softcap);
+            std::vector<double> out(t.out.size()), lse(t.lse.size());
+            std::vector<double> dq(t.dq.size()), dk(t.dk.size()), dv(t.dv.size());
+            const auto q = to_double(t.q), k = to_double(t.k), v = to_double(t.v), dout = to_double(t.dout);
+            autosp::cpu::attention_forward_reference(d, causal, scale, q.data(), k.data(), v.data(), out.data(),
+                                                     lse.data(), ids, window, softcap);
+            autosp::cpu::attention_backward_reference(d, causal, scale, q.data(), k.data(), v.data(), dout.data(),
+                                                      dq.data(), dk.data(), dv.data(), ids, window, softcap);
+            for (auto [x, ref, name] : {std::tuple{&t.out, &out, "out"}, {&t.lse, &lse, "lse"}, {&t.dq, &dq, "dq"},
+                                        {&t.dk, &dk, "dk"}, {&t.dv, &dv, "dv"}}) {
+              const double e = normalised_max_error(*x, *ref);
+              worst = std::max(worst, e);
+              EXPECT_LE(e, kTolerance) << name << ", " << at;
+            }
+          }
+  std::printf("softcap: worst normalised error %.3g\n", worst);
+}
+
+// The cap changes the numbers: the same inputs without it differ by far more than the
+// tolerance (so the test above cannot pass with a kernel that ignores softcap), and a cap far
+// above every score (1e4) is the uncapped attention within rounding.
+TEST(AttentionKernelSoftcap, ACapBendsTheScoresAndAFarCapDoesNot) {
+  const AttentionDims d{1, 100, 4, 2, 16};
+  Tensors plain = make_inputs(d, 11), capped = make_inputs(d, 11), far = make_inputs(d, 11);
+  run_kernels(d, true, 0.25f, plain);
+  run_kernels(d, true, 0.25f, capped, nullptr, 0, 1.0f);
+  run_kernels(d, true, 0.25f, far, nullptr, 0, 1e4f);
+  for (auto [a, b, c, name] : {std::tuple{&plain.out, &capped.out, &far.out, "out"},
+                               {&plain.dq, &capped.dq, &far.dq, "dq"}, {&plain.dk, &capped.dk, &far.dk, "dk"}}) {
+    EXPECT_GT(normalised_max_error(*b, to_double(*a)), 1e-2) << name;
+    EXPECT_LE(normalised_max_error(*c, to_double(*a)), kTolerance) << name;
+  }
+}
+
+// With a cap too, results are bitwise the same on any thread count and schedule.
+TEST(AttentionKernelSoftcap, BitwiseEqualAcrossThreadCountsAndSchedules) {
+  const int saved = omp_get_max_threads();
+  bool saw_split = false, saw_fused = false;
+  for (const AttentionDims d : {AttentionDims{2, 200, 8, 2, 64}, AttentionDims{1, 200, 4, 2, 40}}) {
+    Tensors one = make_inputs(d, 13);
+    omp_set_num_threads(1);
+    run_kernels(d, true, 0.125f, one, nullptr, 0, 3.0f);
+    for (int threads : {3, 16}) {
+      Tensors many = make_inputs(d, 13);
+      omp_set_num_threads(threads);
+      const bool split = autosp::cpu::attention_backward_is_split(d, threads);
+      (split ? saw_split : saw_fused) = true;
+      run_kernels(d, true, 0.125f, many, nullptr, 0, 3.0f);
+      const std::string where = "B=" + std::to_string(d.B) + " " + std::to_string(threads) + " threads";
+      for (auto [a, b, name] : {std::tuple{&one.out, &many.out, "out"}, {&one.lse, &many.lse, "lse"},
+                                {&one.dq, &many.dq, "dq"}, {&one.dk, &many.dk, "dk"}, {&one.dv, &many.dv, "dv"}})
+        EXPECT_EQ(0, std::memcmp(a->data(), b->data(), a->size() * sizeof(float))) << name << ", " << where;
+    }
+  }
   omp_set_num_threads(saved);
   EXPECT_TRUE(saw_split && saw_fused) << "both backward schedules must be compared";
 }

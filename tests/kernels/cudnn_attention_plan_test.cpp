@@ -156,6 +156,7 @@ TEST(CudnnSdpaKey, EveryFieldChangesTheKey) {
       {"causal", [](CudnnSdpaKey& k) { k.causal = false; }},
       {"window", [](CudnnSdpaKey& k) { k.window = 51; }},
       {"scale", [](CudnnSdpaKey& k) { k.scale = 0.125f * (1 + 1e-6f); }},
+      {"softcap", [](CudnnSdpaKey& k) { k.softcap = 50.0f; }},
       {"documents", [](CudnnSdpaKey& k) { k.documents = false; }},
       {"max_documents", [](CudnnSdpaKey& k) { k.max_documents = 255; }},
       {"device", [](CudnnSdpaKey& k) { k.device = 1; }},
@@ -222,6 +223,12 @@ TEST(AttentionSelection, CudnnTakesBf16WithAHeadDimOfItsKernels) {
   // With documents the backward's workspace is bounded by the tokens only for D % 16 == 0.
   EXPECT_EQ(impl(key_of(cuda::Dt::bf16, 64, true)), AttentionImplementation::cudnn);
   EXPECT_EQ(impl(key_of(cuda::Dt::bf16, 72, true)), AttentionImplementation::blocks);
+  // A logit softcap (Gemma 2): the graphs here build none, so the blocks cap the scores.
+  CudnnSdpaKey capped = cuda::cudnn_sdpa_key(false, cuda::Dt::bf16, 1, 512, 8, 2, 64, true, 0, 0.125f, false, 0, 50.0f);
+  EXPECT_EQ(capped.softcap, 50.0f);
+  EXPECT_EQ(impl(capped), AttentionImplementation::blocks);
+  EXPECT_NE(cuda::choose_attention(cuda::AttentionMode::automatic, true, capped).why.find("softcap"), std::string::npos);
+  EXPECT_TRUE(cuda::choose_attention(cuda::AttentionMode::cudnn, true, capped).error);
   const auto why = cuda::choose_attention(cuda::AttentionMode::automatic, true, key_of(cuda::Dt::f32, 64, false));
   EXPECT_NE(why.why.find("bf16"), std::string::npos) << why.why;
   EXPECT_FALSE(why.error);

@@ -69,16 +69,18 @@ TEST(Isa, AnInstructionSetThisCpuLacksIsRefused) {
 // reference in attention_test.cpp). S = 200 is not a multiple of the tile, D = 40 not of
 // either vector width, NH / NKV = 3; also with documents (packed samples) whose boundaries
 // fall inside tiles and on a tile edge, and with a sliding window of 50 (tiles wholly
-// outside it skipped, tiles across its edge masked), alone and with the documents.
+// outside it skipped, tiles across its edge masked), alone and with the documents; with a
+// logit softcap (simd::vtanh at each width) alone and with documents and the window.
 TEST(Isa, Avx2AndAvx512AttentionAgree) {
   if (!both_run()) GTEST_SKIP() << "needs a CPU with AVX-512 to run both copies";
   struct Case {
     int64_t D;
     bool packed;
     int64_t window;
+    float softcap;
   };
-  for (auto [D, packed, window] : {Case{40, false, 0}, {64, false, 0}, {40, true, 0}, {64, true, 0}, {40, false, 50},
-                                   {64, true, 50}}) {
+  for (auto [D, packed, window, softcap] : {Case{40, false, 0, 0}, {64, false, 0, 0}, {40, true, 0, 0}, {64, true, 0, 0},
+                                            {40, false, 50, 0}, {64, true, 50, 0}, {40, false, 0, 2}, {64, true, 50, 2}}) {
     const cpu::AttentionDims d{2, 200, 6, 2, D};
     const size_t nq = d.B * d.S * d.NH * d.D, nk = d.B * d.S * d.NKV * d.D;
     const auto q = random_floats(nq, 1, -2, 2), k = random_floats(nk, 2, -2, 2);
@@ -98,9 +100,10 @@ TEST(Isa, Avx2AndAvx512AttentionAgree) {
                std::vector<float>(nk), std::vector<float>(nk)};
       std::vector<float> ws(std::max(fwd_ws(d, threads), bwd_ws(d, threads)), NAN);
       const float scale = 1.0f / std::sqrt(float(D));
-      fwd(d, true, scale, q.data(), k.data(), v.data(), r.out.data(), r.lse.data(), ws.data(), threads, docs, window);
+      fwd(d, true, scale, q.data(), k.data(), v.data(), r.out.data(), r.lse.data(), ws.data(), threads, docs, window,
+          softcap);
       bwd(d, true, scale, q.data(), k.data(), v.data(), r.out.data(), r.lse.data(), dout.data(),
-          r.dq.data(), r.dk.data(), r.dv.data(), ws.data(), threads, docs, window);
+          r.dq.data(), r.dk.data(), r.dv.data(), ws.data(), threads, docs, window, softcap);
       return r;
     };
     const Result a = run(cpu::avx2::attention_forward_workspace_floats, cpu::avx2::attention_backward_workspace_floats,
@@ -108,11 +111,12 @@ TEST(Isa, Avx2AndAvx512AttentionAgree) {
     const Result b = run(cpu::avx512::attention_forward_workspace_floats,
                          cpu::avx512::attention_backward_workspace_floats, cpu::avx512::attention_forward,
                          cpu::avx512::attention_backward);
-    EXPECT_LT(normalised_error(a.out, b.out), 4e-6) << "D=" << D << " packed=" << packed << " window=" << window;
-    EXPECT_LT(normalised_error(a.lse, b.lse), 4e-6) << "D=" << D << " packed=" << packed << " window=" << window;
-    EXPECT_LT(normalised_error(a.dq, b.dq), 4e-6) << "D=" << D << " packed=" << packed << " window=" << window;
-    EXPECT_LT(normalised_error(a.dk, b.dk), 4e-6) << "D=" << D << " packed=" << packed << " window=" << window;
-    EXPECT_LT(normalised_error(a.dv, b.dv), 4e-6) << "D=" << D << " packed=" << packed << " window=" << window;
+    const std::string at = autosp::str("D=", D, " packed=", packed, " window=", window, " softcap=", softcap);
+    EXPECT_LT(normalised_error(a.out, b.out), 4e-6) << at;
+    EXPECT_LT(normalised_error(a.lse, b.lse), 4e-6) << at;
+    EXPECT_LT(normalised_error(a.dq, b.dq), 4e-6) << at;
+    EXPECT_LT(normalised_error(a.dk, b.dk), 4e-6) << at;
+    EXPECT_LT(normalised_error(a.dv, b.dv), 4e-6) << at;
   }
 }
 
@@ -129,15 +133,18 @@ TEST(Isa, Avx2AndAvx512RowKernelsAgree) {
   const auto logits = random_floats(T * V, 7, -8, 8);
   std::vector<int32_t> labels(T);
   for (int64_t t = 0; t < T; ++t) labels[t] = int32_t((t * 131) % V);
-  std::vector<float> loss2(1), loss5(1), lse2(T), lse5(T), g2(T * V), g5(T * V);
-  cpu::avx2::cross_entropy_forward(logits.data(), labels.data(), T, V, -100, loss2.data(), lse2.data());
-  cpu::avx512::cross_entropy_forward(logits.data(), labels.data(), T, V, -100, loss5.data(), lse5.data());
-  EXPECT_LT(normalised_error(lse2, lse5), 1e-6);
-  EXPECT_LT(normalised_error(loss2, loss5), 1e-6);
-  const float one = 1.0f;
-  cpu::avx2::cross_entropy_backward(&one, logits.data(), labels.data(), lse2.data(), T, V, -100, g2.data());
-  cpu::avx512::cross_entropy_backward(&one, logits.data(), labels.data(), lse5.data(), T, V, -100, g5.data());
-  EXPECT_LT(normalised_error(g2, g5), 1e-5);
+  for (const float softcap : {0.0f, 3.0f}) {  // with Gemma 2's final logit softcap too
+    std::vector<float> loss2(1), loss5(1), lse2(T), lse5(T), g2(T * V), g5(T * V);
+    cpu::avx2::cross_entropy_forward(logits.data(), labels.data(), T, V, -100, loss2.data(), lse2.data(), softcap);
+    cpu::avx512::cross_entropy_forward(logits.data(), labels.data(), T, V, -100, loss5.data(), lse5.data(), softcap);
+    EXPECT_LT(normalised_error(lse2, lse5), 1e-6) << "softcap " << softcap;
+    EXPECT_LT(normalised_error(loss2, loss5), 1e-6) << "softcap " << softcap;
+    const float one = 1.0f;
+    cpu::avx2::cross_entropy_backward(&one, logits.data(), labels.data(), lse2.data(), T, V, -100, g2.data(), softcap);
+    cpu::avx512::cross_entropy_backward(&one, logits.data(), labels.data(), lse5.data(), T, V, -100, g5.data(),
+                                        softcap);
+    EXPECT_LT(normalised_error(g2, g5), 1e-5) << "softcap " << softcap;
+  }
 }
 
 }  // namespace

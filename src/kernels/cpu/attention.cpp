@@ -25,6 +25,9 @@
 // The exponentials are taken in base 2 (simd::vexp2, cheaper than exp): scores are scaled by
 // scale log2(e), so m_i and the scores are in units of ln 2, and exp(s - m) = 2^(s' - m');
 // lse is stored in natural units, lse_i = m_i ln 2 + log l_i.
+// Softcap c > 0: s_ij is replaced by c t_ij, t_ij = tanh(scale q_i . k_j / c), in both
+// directions (so lse is of the capped scores), and dS_ij = P_ij (dP_ij - delta_i) (1 - t_ij^2),
+// the derivative through the cap, before dq and dk take it (tile_p_ds).
 #include <omp.h>
 
 #include <algorithm>
@@ -270,7 +273,7 @@ BackwardPlan plan_backward(const AttentionDims& d, int threads) {
 
 // ---- forward ---------------------------------------------------------------------------
 // One work item: query block [i0, i0 + qb) of head h in batch b.
-void forward_block(const AttentionDims& d, bool causal, float scale, const float* q,
+void forward_block(const AttentionDims& d, bool causal, float scale, float softcap, const float* q,
                    const float* k, const float* v, float* out, float* lse, int64_t b, int64_t h,
                    int64_t i0, const Mask& mask, float* ws, const ForwardPlan& plan) {
   const int64_t S = d.S, D = d.D, NH = d.NH, NKV = d.NKV;
@@ -284,7 +287,9 @@ void forward_block(const AttentionDims& d, bool causal, float scale, const float
   float* __restrict corr = ws + plan.corr;
 
   const float* qrow = q + ((b * S + i0) * NH + h) * D;
-  const float scale2 = scale * kLog2e;  // scores in base 2
+  // Scores in base 2; with a cap, the tiles first hold scale q.k / c, the argument of tanh.
+  const float scale2 = softcap > 0 ? scale / softcap : scale * kLog2e;
+  const vf cap2 = splat(softcap * kLog2e);
   for (int64_t dd = 0; dd < D; ++dd) {
     for (int64_t r = 0; r < qb; ++r) qT[dd * kBq + r] = scale2 * qrow[r * NH * D + dd];
     for (int64_t r = qb; r < kBq; ++r) qT[dd * kBq + r] = 0.0f;
@@ -304,6 +309,9 @@ void forward_block(const AttentionDims& d, bool causal, float scale, const float
     // S^T = K_j (scale log2(e) Q_i)^T: rows are keys, the vector dimension is queries, so the
     // softmax statistics of all Bq queries update with whole-vector operations.
     gemm(kb, kBq, D, krow, NKV * D, 1, qT, kBq, st, kBq, false);
+    if (softcap > 0) {  // c tanh(scale q.k / c), in base 2
+      for (int64_t e = 0; e < kb * kBq; e += W) store(st + e, cap2 * vtanh(load(st + e)));
+    }
     if (causal && j0 + kb - 1 > i0) {  // tile crosses the diagonal
       for (int64_t c = 0; c < kb; ++c)
         for (int64_t r = 0; r < std::min(kBq, j0 + c - i0); ++r)
@@ -394,16 +402,45 @@ void load_kv_transposed(const AttentionDims& d, const float* k, const float* v, 
   }
 }
 
+// tile_p_ds with a softcap c: both products first (dP into ds, then the raw scores into p),
+// then one pass makes t = tanh(scale q.k / c), P = 2^(c t log2(e) - lse log2(e)) and
+// dS = P (dP - delta) (1 - t^2), which needs t and dP together; hidden pairs get P = dS = 0.
+void tile_p_ds_capped(const AttentionDims& d, bool diag, float scale, float softcap, const HeadView& hv,
+                      int64_t i0, int64_t qb, int64_t j0, int64_t kb, const Mask* mixed, const float* kT,
+                      const float* vT, float* p, float* ds) {
+  gemm(qb, kBk, d.D, hv.dout + i0 * hv.qs, hv.qs, 1, vT, kBk, ds, kBk, false);
+  gemm(qb, kBk, d.D, hv.q + i0 * hv.qs, hv.qs, 1, kT, kBk, p, kBk, false);
+  const vf arg = splat(scale / softcap), cap2 = splat(softcap * kLog2e), one = splat(1.0f);
+  for (int64_t r = 0; r < qb; ++r) {
+    const vf lr = splat(hv.lse[i0 + r] * kLog2e), dl = splat(hv.delta[i0 + r]);
+    float* pr = p + r * kBk;
+    float* dsr = ds + r * kBk;
+    for (int64_t c = 0; c < kBk; c += W) {
+      const vf t = vtanh(load(pr + c) * arg);
+      const vf pc = vexp2(fmadd(t, cap2, -lr));
+      store(pr + c, pc);
+      store(dsr + c, pc * (load(dsr + c) - dl) * (one - t * t));
+    }
+    const int64_t c_end = diag ? std::clamp<int64_t>(i0 + r - j0 + 1, 0, kb) : kb;
+    for (int64_t c = c_end; c < kBk; ++c) pr[c] = dsr[c] = 0.0f;
+    if (mixed) {
+      for (int64_t c = 0; c < c_end; ++c)
+        if (mixed->hidden(i0 + r, j0 + c)) pr[c] = dsr[c] = 0.0f;
+    }
+  }
+}
+
 // P = exp(scale Q_i K_j^T - lse_i) (masked and padding keys 0) and dS = P (dO_i V_j^T - delta_i)
 // of tile (query block [i0, i0 + qb), key block [j0, j0 + kb)), into p and ds (qb x kBk).
 // mixed (a mixed tile's mask, else null): its hidden pairs get P = 0.
-void tile_p_ds(const AttentionDims& d, bool causal, float scale, const HeadView& hv, int64_t i0,
+void tile_p_ds(const AttentionDims& d, bool causal, float scale, float softcap, const HeadView& hv, int64_t i0,
                int64_t qb, int64_t j0, int64_t kb, const Mask* mixed, const float* kT,
                const float* vT, float* p, float* ds) {
   const float* qi = hv.q + i0 * hv.qs;
   const float* doi = hv.dout + i0 * hv.qs;
-  gemm(qb, kBk, d.D, qi, hv.qs, 1, kT, kBk, p, kBk, false);
   const bool diag = causal && j0 + kb - 1 > i0;
+  if (softcap > 0) return tile_p_ds_capped(d, diag, scale, softcap, hv, i0, qb, j0, kb, mixed, kT, vT, p, ds);
+  gemm(qb, kBk, d.D, qi, hv.qs, 1, kT, kBk, p, kBk, false);
   const vf sc = splat(scale * kLog2e);  // base 2, as the forward
   for (int64_t r = 0; r < qb; ++r) {
     const vf lr = splat(hv.lse[i0 + r] * kLog2e);
@@ -453,7 +490,7 @@ HeadView head_view(const AttentionDims& d, const float* q, const float* dout, co
 
 // Fused schedule, one work item: every key block of query head h in batch b. Writes dq for
 // (b, h) and the head's dk, dv contribution (scaled) to dk_dst, dv_dst (rows of stride ld).
-void backward_head(const AttentionDims& d, bool causal, float scale, const float* q,
+void backward_head(const AttentionDims& d, bool causal, float scale, float softcap, const float* q,
                    const float* k, const float* v, const float* out, const float* lse,
                    const float* dout, float* dq, float* dk_dst, float* dv_dst, int64_t ld,
                    int64_t b, int64_t h, const Mask& mask, float* ws, const BackwardPlan& plan) {
@@ -481,7 +518,7 @@ void backward_head(const AttentionDims& d, bool causal, float scale, const float
       const int64_t qb = std::min(kBq, S - i0);
       const Mask::Tile tile = mask.tile(i0, qb, j0, kb);
       if (tile == Mask::skip) continue;
-      tile_p_ds(d, causal, scale, hv, i0, qb, j0, kb, mask.mixed_mask(tile), ws + plan.kT, ws + plan.vT,
+      tile_p_ds(d, causal, scale, softcap, hv, i0, qb, j0, kb, mask.mixed_mask(tile), ws + plan.kT, ws + plan.vT,
                 ws + plan.p, ws + plan.ds);
       tile_dk_dv(d, hv, i0, qb, kb, ws + plan.p, ws + plan.ds, ws + plan.dk, ws + plan.dv, !first);
       tile_dq(d, k, b, kvh, j0, qb, kb, ws + plan.ds, dqa + i0 * D);
@@ -506,7 +543,7 @@ void backward_head(const AttentionDims& d, bool causal, float scale, const float
 
 // Split schedule, phase 1 item: dK_j, dV_j of key block j0 of kv head kvh in batch b,
 // summed over the group's query heads in head order, as the fused schedule's partials are.
-void backward_key_block(const AttentionDims& d, bool causal, float scale, const float* q,
+void backward_key_block(const AttentionDims& d, bool causal, float scale, float softcap, const float* q,
                         const float* k, const float* v, const float* lse, const float* dout,
                         const float* deltas, float* dk, float* dv, int64_t b, int64_t kvh,
                         int64_t j0, const Mask& mask, float* ws, const BackwardPlan& plan) {
@@ -526,7 +563,7 @@ void backward_key_block(const AttentionDims& d, bool causal, float scale, const 
       const int64_t qb = std::min(kBq, S - i0);
       const Mask::Tile tile = mask.tile(i0, qb, j0, kb);
       if (tile == Mask::skip) continue;
-      tile_p_ds(d, causal, scale, hv, i0, qb, j0, kb, mask.mixed_mask(tile), ws + plan.kT, ws + plan.vT,
+      tile_p_ds(d, causal, scale, softcap, hv, i0, qb, j0, kb, mask.mixed_mask(tile), ws + plan.kT, ws + plan.vT,
                 ws + plan.p, ws + plan.ds);
       tile_dk_dv(d, hv, i0, qb, kb, ws + plan.p, ws + plan.ds, ws + plan.dk, ws + plan.dv, !first);
       first = false;
@@ -556,7 +593,7 @@ void backward_key_block(const AttentionDims& d, bool causal, float scale, const 
 
 // Split schedule, phase 2 item: dQ_i of query block i0 of head h in batch b, over key
 // blocks in increasing order, as the fused schedule accumulates it.
-void backward_query_block(const AttentionDims& d, bool causal, float scale, const float* q,
+void backward_query_block(const AttentionDims& d, bool causal, float scale, float softcap, const float* q,
                           const float* k, const float* v, const float* lse, const float* dout,
                           const float* deltas, float* dq, int64_t b, int64_t h, int64_t i0,
                           const Mask& mask, float* ws, const BackwardPlan& plan) {
@@ -574,7 +611,7 @@ void backward_query_block(const AttentionDims& d, bool causal, float scale, cons
     const Mask::Tile tile = mask.tile(i0, qb, j0, kb);
     if (tile == Mask::skip) continue;
     load_kv_transposed(d, k, v, b, kvh, j0, kb, ws + plan.kT, ws + plan.vT);
-    tile_p_ds(d, causal, scale, hv, i0, qb, j0, kb, mask.mixed_mask(tile), ws + plan.kT, ws + plan.vT,
+    tile_p_ds(d, causal, scale, softcap, hv, i0, qb, j0, kb, mask.mixed_mask(tile), ws + plan.kT, ws + plan.vT,
               ws + plan.p, ws + plan.ds);
     tile_dq(d, k, b, kvh, j0, qb, kb, ws + plan.ds, dqa);
   }
@@ -601,7 +638,7 @@ int64_t attention_backward_workspace_floats(const AttentionDims& dims, int threa
 
 void attention_forward(const AttentionDims& dims, bool causal, float scale, const float* q,
                        const float* k, const float* v, float* out, float* lse, float* workspace,
-                       int threads, const int32_t* documents, int64_t window) {
+                       int threads, const int32_t* documents, int64_t window, float softcap) {
   const ForwardPlan plan = plan_forward(dims);
   const int64_t nq = ceil_div(dims.S, kBq);
   const int64_t items = dims.B * dims.NH * nq;
@@ -614,7 +651,7 @@ void attention_forward(const AttentionDims& dims, bool causal, float scale, cons
       const int64_t qblk = nq - 1 - it % nq;
       const int64_t bh = it / nq;
       const int64_t b = bh / dims.NH;
-      forward_block(dims, causal, scale, q, k, v, out, lse, b, bh % dims.NH, qblk * kBq,
+      forward_block(dims, causal, scale, softcap, q, k, v, out, lse, b, bh % dims.NH, qblk * kBq,
                     mask_of(documents, window, dims.S, b), ws, plan);
     }
   }
@@ -623,7 +660,7 @@ void attention_forward(const AttentionDims& dims, bool causal, float scale, cons
 void attention_backward(const AttentionDims& dims, bool causal, float scale, const float* q,
                         const float* k, const float* v, const float* out, const float* lse,
                         const float* dout, float* dq, float* dk, float* dv, float* workspace,
-                        int threads, const int32_t* documents, int64_t window) {
+                        int threads, const int32_t* documents, int64_t window, float softcap) {
   threads = std::max(threads, 1);
   const BackwardPlan plan = plan_backward(dims, threads);
   const int64_t S = dims.S, D = dims.D, NKV = dims.NKV, G = plan.G;
@@ -643,7 +680,7 @@ void attention_backward(const AttentionDims& dims, bool causal, float scale, con
       for (int64_t it = 0; it < dims.B * NKV * nk; ++it) {
         const int64_t bkv = it % (dims.B * NKV), jblk = it / (dims.B * NKV);
         const int64_t b = bkv / NKV;
-        backward_key_block(dims, causal, scale, q, k, v, lse, dout, deltas, dk, dv, b, bkv % NKV, jblk * kBk,
+        backward_key_block(dims, causal, scale, softcap, q, k, v, lse, dout, deltas, dk, dv, b, bkv % NKV, jblk * kBk,
                            mask_of(documents, window, S, b), ws, plan);
       }
       // dQ by query block, the last (most keys) first.
@@ -651,7 +688,7 @@ void attention_backward(const AttentionDims& dims, bool causal, float scale, con
       for (int64_t it = 0; it < dims.B * dims.NH * nq; ++it) {
         const int64_t bh = it % (dims.B * dims.NH), iblk = nq - 1 - it / (dims.B * dims.NH);
         const int64_t b = bh / dims.NH;
-        backward_query_block(dims, causal, scale, q, k, v, lse, dout, deltas, dq, b, bh % dims.NH, iblk * kBq,
+        backward_query_block(dims, causal, scale, softcap, q, k, v, lse, dout, deltas, dq, b, bh % dims.NH, iblk * kBq,
                              mask_of(documents, window, S, b), ws, plan);
       }
     }
@@ -667,7 +704,7 @@ void attention_backward(const AttentionDims& dims, bool causal, float scale, con
         const int64_t b = bh / dims.NH, h = bh % dims.NH;
         float* dk_bh = dk + (b * S * NKV + h) * D;
         float* dv_bh = dv + (b * S * NKV + h) * D;
-        backward_head(dims, causal, scale, q, k, v, out, lse, dout, dq, dk_bh, dv_bh, NKV * D, b,
+        backward_head(dims, causal, scale, softcap, q, k, v, out, lse, dout, dq, dk_bh, dv_bh, NKV * D, b,
                       h, mask_of(documents, window, S, b), ws, plan);
       }
     }
@@ -687,7 +724,7 @@ void attention_backward(const AttentionDims& dims, bool causal, float scale, con
         const int64_t b = grp / NKV, h = grp % NKV * G + it % G;
         float* dk_part = slots + it * plan.slot;
         float* dv_part = dk_part + plan.slot / 2;
-        backward_head(dims, causal, scale, q, k, v, out, lse, dout, dq, dk_part, dv_part, D, b, h,
+        backward_head(dims, causal, scale, softcap, q, k, v, out, lse, dout, dq, dk_part, dv_part, D, b, h,
                       mask_of(documents, window, S, b), ws, plan);
       }
       // (implicit barrier) reduce rows of the wave's groups

@@ -14,6 +14,9 @@
 // only): query i attends only to keys i - W < j <= i (W keys, itself included, as Hugging
 // Face's Mistral); tiles wholly outside the window are skipped both ways (forward and
 // backward), so the work is about S x W, not S^2 / 2. Documents and window combine.
+// softcap c > 0 (Gemma 2's attn_logit_softcapping): each score s = scale q_i . k_j becomes
+// c tanh(s / c) before the softmax (lse too is of the capped scores), and the backward's dS
+// is multiplied by d(c tanh(s / c))/ds = 1 - tanh^2(s / c); 0: no cap.
 #pragma once
 #include <cstdint>
 
@@ -33,13 +36,15 @@ int64_t attention_backward_workspace_floats(const AttentionDims& dims, int threa
 // results are bitwise the same for every thread count.
 void attention_forward(const AttentionDims& dims, bool causal, float scale, const float* q,
                        const float* k, const float* v, float* out, float* lse, float* workspace,
-                       int threads, const int32_t* documents = nullptr, int64_t window = 0);
+                       int threads, const int32_t* documents = nullptr, int64_t window = 0,
+                       float softcap = 0.0f);
 
 // Writes (does not accumulate into) dq, dk, dv.
 void attention_backward(const AttentionDims& dims, bool causal, float scale, const float* q,
                         const float* k, const float* v, const float* out, const float* lse,
                         const float* dout, float* dq, float* dk, float* dv, float* workspace,
-                        int threads, const int32_t* documents = nullptr, int64_t window = 0);
+                        int threads, const int32_t* documents = nullptr, int64_t window = 0,
+                       float softcap = 0.0f);
 
 // Which schedule attention_backward uses on `threads` threads (attention.cpp): the split
 // one (over key blocks, then query blocks) when B x NH heads are too few to keep every
@@ -53,10 +58,12 @@ int64_t first_unsorted_document(const AttentionDims& dims, const int32_t* docume
 // The plain O(S^2)-memory reference, in double, for tests: same layouts.
 void attention_forward_reference(const AttentionDims& dims, bool causal, double scale,
                                  const double* q, const double* k, const double* v, double* out,
-                                 double* lse, const int32_t* documents = nullptr, int64_t window = 0);
+                                 double* lse, const int32_t* documents = nullptr, int64_t window = 0,
+                                 double softcap = 0.0);
 void attention_backward_reference(const AttentionDims& dims, bool causal, double scale,
                                   const double* q, const double* k, const double* v,
                                   const double* dout, double* dq, double* dk, double* dv,
-                                  const int32_t* documents = nullptr, int64_t window = 0);
+                                  const int32_t* documents = nullptr, int64_t window = 0,
+                                  double softcap = 0.0);
 
 }  // namespace autosp::cpu

@@ -15,6 +15,8 @@ namespace {
 bool visible(const int32_t* documents, int64_t window, int64_t S, int64_t b, int64_t i, int64_t j) {
   return (!documents || documents[b * S + i] == documents[b * S + j]) && (window == 0 || i - j < window);
 }
+// The score of scale q.k = s: s itself, or with a softcap c > 0, c tanh(s / c).
+double capped(double s, double softcap) { return softcap > 0 ? softcap * std::tanh(s / softcap) : s; }
 }  // namespace
 
 int64_t first_unsorted_document(const AttentionDims& d, const int32_t* documents) {
@@ -26,7 +28,7 @@ int64_t first_unsorted_document(const AttentionDims& d, const int32_t* documents
 
 void attention_forward_reference(const AttentionDims& d, bool causal, double scale,
                                  const double* q, const double* k, const double* v, double* out,
-                                 double* lse, const int32_t* documents, int64_t window) {
+                                 double* lse, const int32_t* documents, int64_t window, double softcap) {
   const int64_t S = d.S, D = d.D, NH = d.NH, NKV = d.NKV, G = NH / NKV;
   std::vector<double> s(S);
   for (int64_t b = 0; b < d.B; ++b)
@@ -39,7 +41,8 @@ void attention_forward_reference(const AttentionDims& d, bool causal, double sca
           const double* kj = k + ((b * S + j) * NKV + h / G) * D;
           double t = 0.0;
           for (int64_t dd = 0; dd < D; ++dd) t += qi[dd] * kj[dd];
-          s[j] = visible(documents, window, S, b, i, j) ? scale * t : -std::numeric_limits<double>::infinity();
+          s[j] = visible(documents, window, S, b, i, j) ? capped(scale * t, softcap)
+                                                        : -std::numeric_limits<double>::infinity();
           mx = std::max(mx, s[j]);
         }
         double sum = 0.0;
@@ -57,12 +60,12 @@ void attention_forward_reference(const AttentionDims& d, bool causal, double sca
 void attention_backward_reference(const AttentionDims& d, bool causal, double scale,
                                   const double* q, const double* k, const double* v,
                                   const double* dout, double* dq, double* dk, double* dv,
-                                  const int32_t* documents, int64_t window) {
+                                  const int32_t* documents, int64_t window, double softcap) {
   const int64_t S = d.S, D = d.D, NH = d.NH, NKV = d.NKV, G = NH / NKV;
   std::fill(dq, dq + d.B * S * NH * D, 0.0);
   std::fill(dk, dk + d.B * S * NKV * D, 0.0);
   std::fill(dv, dv + d.B * S * NKV * D, 0.0);
-  std::vector<double> P(S * S), dP(S * S);
+  std::vector<double> P(S * S), dP(S * S), dcap(S * S);
   auto row = [&](auto* x, int64_t b, int64_t t, int64_t heads, int64_t hh) {
     return x + ((b * S + t) * heads + hh) * D;
   };
@@ -75,8 +78,11 @@ void attention_backward_reference(const AttentionDims& d, bool causal, double sc
         for (int64_t j = 0; j < S; ++j) {
           double t = 0.0;
           for (int64_t dd = 0; dd < D; ++dd) t += row(q, b, i, NH, h)[dd] * row(k, b, j, NKV, kvh)[dd];
-          P[i * S + j] = j < n && visible(documents, window, S, b, i, j) ? scale * t
+          P[i * S + j] = j < n && visible(documents, window, S, b, i, j) ? capped(scale * t, softcap)
                                                                  : -std::numeric_limits<double>::infinity();
+          // d capped / ds = 1 - tanh^2 (1 without a cap), kept for the softmax backward below
+          const double th = softcap > 0 ? std::tanh(scale * t / softcap) : 0.0;
+          dcap[i * S + j] = 1.0 - th * th;
           mx = std::max(mx, P[i * S + j]);
         }
         double sum = 0.0;
@@ -93,12 +99,12 @@ void attention_backward_reference(const AttentionDims& d, bool causal, double sc
           }
           dP[i * S + j] = t;
         }
-      // softmax backward: dS_ij = P_ij (dP_ij - sum_l P_il dP_il); s = scale q.k
+      // softmax backward: dS_ij = P_ij (dP_ij - sum_l P_il dP_il) d capped / ds; s = scale q.k
       for (int64_t i = 0; i < S; ++i) {
         double dot = 0.0;
         for (int64_t j = 0; j < S; ++j) dot += P[i * S + j] * dP[i * S + j];
         for (int64_t j = 0; j < S; ++j) {
-          const double dS = P[i * S + j] * (dP[i * S + j] - dot);
+          const double dS = P[i * S + j] * (dP[i * S + j] - dot) * dcap[i * S + j];
           for (int64_t dd = 0; dd < D; ++dd) {
             row(dq, b, i, NH, h)[dd] += scale * dS * row(k, b, j, NKV, kvh)[dd];
             row(dk, b, j, NKV, kvh)[dd] += scale * dS * row(q, b, i, NH, h)[dd];

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -42,6 +43,16 @@ void relu_forward(const float* x, int64_t n, float* y) {
 void relu_backward(const float* dy, const float* x, int64_t n, float* dx) {
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) dx[i] = x[i] > 0.0f ? dy[i] : 0.0f;
+}
+
+void tanh_forward(const float* x, int64_t n, float* y) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) y[i] = std::tanh(x[i]);
+}
+
+void tanh_backward(const float* dy, const float* y, int64_t n, float* dx) {
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) dx[i] = dy[i] * (1.0f - y[i] * y[i]);
 }
 
 // Fixed chunks, summed in order: the result does not depend on the thread count.

@@ -14,6 +14,9 @@ void div_scalar(const float* x, int64_t n, float divisor, float* y);
 // relu(x) = max(x, 0); its backward dx = dy where x > 0, else 0 (torch's: 0 at x = 0)
 void relu_forward(const float* x, int64_t n, float* y);
 void relu_backward(const float* dy, const float* x, int64_t n, float* dx);
+// tanh(x) (std::tanh); its backward from the output, dx = dy (1 - y^2)
+void tanh_forward(const float* x, int64_t n, float* y);
+void tanh_backward(const float* dy, const float* y, int64_t n, float* dx);
 // Sum in double over a fixed partition of the range: the same on any thread count.
 // scratch: sum_scratch_doubles(n) doubles (per-chunk partial sums), or null to allocate.
 double sum(const float* x, int64_t n, double* scratch = nullptr);

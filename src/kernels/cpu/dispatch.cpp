@@ -24,15 +24,16 @@ int64_t attention_backward_workspace_floats(const AttentionDims& d, int threads)
 }
 void attention_forward(const AttentionDims& d, bool causal, float scale, const float* q,
                        const float* k, const float* v, float* out, float* lse, float* workspace,
-                       int threads, const int32_t* documents, int64_t window) {
-  AUTOSP_DISPATCH(attention_forward, d, causal, scale, q, k, v, out, lse, workspace, threads, documents, window);
+                       int threads, const int32_t* documents, int64_t window, float softcap) {
+  AUTOSP_DISPATCH(attention_forward, d, causal, scale, q, k, v, out, lse, workspace, threads, documents, window,
+                  softcap);
 }
 void attention_backward(const AttentionDims& d, bool causal, float scale, const float* q,
                         const float* k, const float* v, const float* out, const float* lse,
                         const float* dout, float* dq, float* dk, float* dv, float* workspace,
-                        int threads, const int32_t* documents, int64_t window) {
+                        int threads, const int32_t* documents, int64_t window, float softcap) {
   AUTOSP_DISPATCH(attention_backward, d, causal, scale, q, k, v, out, lse, dout, dq, dk, dv,
-                  workspace, threads, documents, window);
+                  workspace, threads, documents, window, softcap);
 }
 
 bool attention_backward_is_split(const AttentionDims& d, int threads) {
@@ -82,14 +83,14 @@ void swiglu_backward(const float* dy, const float* gate, const float* up, int64_
 }
 
 void cross_entropy_forward(const float* logits, const int32_t* labels, int64_t T, int64_t V,
-                           int32_t ignore_index, float* loss_sum, float* lse) {
-  AUTOSP_DISPATCH(cross_entropy_forward, logits, labels, T, V, ignore_index, loss_sum, lse);
+                           int32_t ignore_index, float* loss_sum, float* lse, float softcap) {
+  AUTOSP_DISPATCH(cross_entropy_forward, logits, labels, T, V, ignore_index, loss_sum, lse, softcap);
 }
 void cross_entropy_backward(const float* dloss_sum, const float* logits, const int32_t* labels,
                             const float* lse, int64_t T, int64_t V, int32_t ignore_index,
-                            float* dlogits) {
+                            float* dlogits, float softcap) {
   AUTOSP_DISPATCH(cross_entropy_backward, dloss_sum, logits, labels, lse, T, V, ignore_index,
-                  dlogits);
+                  dlogits, softcap);
 }
 
 int64_t gemm_workspace_floats(int threads) { AUTOSP_DISPATCH(gemm_workspace_floats, threads); }

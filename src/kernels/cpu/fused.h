@@ -75,12 +75,17 @@ void swiglu_backward(const float* dy, const float* gate, const float* up, int64_
 // ---- cross entropy over V classes, rows with label == ignore_index contribute 0 ---------
 // loss_sum = sum over valid t of (lse[t] - logits[t, label[t]]); lse[t] written for every row.
 // Labels of valid rows are already validated to lie in [0, V).
+// softcap c > 0 (Gemma 2's final_logit_softcapping): the loss is of the capped logits
+// c tanh(logits / c), computed on the fly from the raw ones (which stay as they are), and lse is
+// theirs; the backward's dlogits is then d loss / d raw logits, the softmax's gradient times
+// 1 - tanh^2(logits / c). 0: none.
 void cross_entropy_forward(const float* logits, const int32_t* labels, int64_t T, int64_t V,
-                           int32_t ignore_index, float* loss_sum /* [1] */, float* lse /* [T] */);
+                           int32_t ignore_index, float* loss_sum /* [1] */, float* lse /* [T] */,
+                           float softcap = 0.0f);
 // dlogits[t, :] = dloss_sum * (softmax(logits[t]) - onehot(label[t])) for valid rows, 0 else.
 // dlogits may be logits (in place: linear_cross_entropy's chunks).
 void cross_entropy_backward(const float* dloss_sum /* [1] */, const float* logits,
                             const int32_t* labels, const float* lse, int64_t T, int64_t V,
-                            int32_t ignore_index, float* dlogits);
+                            int32_t ignore_index, float* dlogits, float softcap = 0.0f);
 
 }  // namespace autosp::cpu

@@ -28,8 +28,8 @@ bool all_ignored(const int32_t* labels, int64_t r, int32_t ignore_index) {
 // then dx_c = dz W and dW = (or, with accumulate, +=) dz^T x_c.
 void chunk_backward(const float* dloss_sum, float* z, const float* x_c, const float* W, const int32_t* labels_c,
                     const float* lse_c, int64_t r, int64_t H, int64_t V, int32_t ignore_index, float* dx_c,
-                    float* dW, bool accumulate) {
-  cross_entropy_backward(dloss_sum, z, labels_c, lse_c, r, V, ignore_index, z);
+                    float* dW, bool accumulate, float softcap) {
+  cross_entropy_backward(dloss_sum, z, labels_c, lse_c, r, V, ignore_index, z, softcap);
   gemm(false, false, r, H, V, z, W, dx_c);
   gemm(true, false, V, H, r, z, x_c, dW, accumulate);
 }
@@ -49,7 +49,7 @@ int64_t linear_cross_entropy_backward_workspace_floats(int64_t T, int64_t V, int
 void linear_cross_entropy_forward(const float* x, const float* W, const int32_t* labels,
                                   int64_t T, int64_t H, int64_t V, int32_t ignore_index,
                                   int64_t chunk_rows, float* loss_sum, float* lse,
-                                  float* workspace) {
+                                  float* workspace, float softcap) {
   const int64_t rows = rows_per_chunk(T, chunk_rows);
   float* z = workspace;
   double total = 0.0;  // the chunks' sums, in chunk order: thread-independent
@@ -57,7 +57,7 @@ void linear_cross_entropy_forward(const float* x, const float* W, const int32_t*
     const int64_t r = std::min(rows, T - t0);
     gemm(false, true, r, V, H, x + t0 * H, W, z);
     float chunk_loss = 0.0f;
-    cross_entropy_forward(z, labels + t0, r, V, ignore_index, &chunk_loss, lse + t0);
+    cross_entropy_forward(z, labels + t0, r, V, ignore_index, &chunk_loss, lse + t0, softcap);
     total += chunk_loss;
   }
   *loss_sum = static_cast<float>(total);
@@ -66,7 +66,7 @@ void linear_cross_entropy_forward(const float* x, const float* W, const int32_t*
 void linear_cross_entropy_backward(const float* dloss_sum, const float* x, const float* W,
                                    const int32_t* labels, const float* lse, int64_t T, int64_t H,
                                    int64_t V, int32_t ignore_index, int64_t chunk_rows, float* dx,
-                                   float* dW, float* workspace) {
+                                   float* dW, float* workspace, float softcap) {
   const int64_t rows = rows_per_chunk(T, chunk_rows);
   float* dz = workspace;
   bool dW_written = false;
@@ -79,7 +79,7 @@ void linear_cross_entropy_backward(const float* dloss_sum, const float* x, const
     }
     gemm(false, true, r, V, H, x + t0 * H, W, dz);  // recompute the logits
     chunk_backward(dloss_sum, dz, x + t0 * H, W, labels + t0, lse + t0, r, H, V, ignore_index, dx + t0 * H, dW,
-                   dW_written);
+                   dW_written, softcap);
     dW_written = true;
   }
   if (!dW_written) std::memset(dW, 0, sizeof(float) * V * H);
@@ -94,7 +94,7 @@ int64_t linear_cross_entropy_with_grad_workspace_floats(int64_t T, int64_t V, in
 void linear_cross_entropy_with_grad(const float* x, const float* W, const int32_t* labels,
                                     const float* dloss_sum, int64_t T, int64_t H, int64_t V,
                                     int32_t ignore_index, int64_t chunk_rows, float* loss_sum,
-                                    float* dx, float* dW, float* workspace) {
+                                    float* dx, float* dW, float* workspace, float softcap) {
   const int64_t rows = rows_per_chunk(T, chunk_rows);
   float* z = workspace;
   float* lse = workspace + rows * V;
@@ -109,9 +109,10 @@ void linear_cross_entropy_with_grad(const float* x, const float* W, const int32_
     }
     gemm(false, true, r, V, H, x + t0 * H, W, z);
     float chunk_loss = 0.0f;
-    cross_entropy_forward(z, labels + t0, r, V, ignore_index, &chunk_loss, lse);
+    cross_entropy_forward(z, labels + t0, r, V, ignore_index, &chunk_loss, lse, softcap);
     total += chunk_loss;
-    chunk_backward(dloss_sum, z, x + t0 * H, W, labels + t0, lse, r, H, V, ignore_index, dx + t0 * H, dW, dW_written);
+    chunk_backward(dloss_sum, z, x + t0 * H, W, labels + t0, lse, r, H, V, ignore_index, dx + t0 * H, dW, dW_written,
+                   softcap);
     dW_written = true;
   }
   *loss_sum = static_cast<float>(total);

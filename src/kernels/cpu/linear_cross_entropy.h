@@ -10,6 +10,9 @@
 // as cross_entropy_forward sums it within a chunk (fixed row blocks, double) and over the
 // chunks in chunk order, and dW sums the chunks in chunk order. They do depend on
 // chunk_rows (dW's summation order and gemm blocking), at fp32 rounding level.
+//
+// softcap c > 0 (Gemma 2's final_logit_softcapping): the logits are c tanh(x W^T / c), capped
+// by the row passes on the fly (cross_entropy_forward's softcap), so no more memory.
 #pragma once
 #include <cstdint>
 
@@ -25,14 +28,15 @@ int64_t linear_cross_entropy_backward_workspace_floats(int64_t T, int64_t V, int
 void linear_cross_entropy_forward(const float* x, const float* W, const int32_t* labels,
                                   int64_t T, int64_t H, int64_t V, int32_t ignore_index,
                                   int64_t chunk_rows, float* loss_sum /* [1] */, float* lse,
-                                  float* workspace);
+                                  float* workspace, float softcap = 0.0f);
 
 // With dz[t, :] = dloss_sum (softmax(z[t]) - onehot(label[t])) on labelled rows, 0 else:
 // dx = dz W,  dW = dz^T x.
 void linear_cross_entropy_backward(const float* dloss_sum /* [1] */, const float* x,
                                    const float* W, const int32_t* labels, const float* lse,
                                    int64_t T, int64_t H, int64_t V, int32_t ignore_index,
-                                   int64_t chunk_rows, float* dx, float* dW, float* workspace);
+                                   int64_t chunk_rows, float* dx, float* dW, float* workspace,
+                                   float softcap = 0.0f);
 
 // Both at once, for a training step whose dloss_sum is known before the loss (it is: the
 // seed over the label count): per chunk the logits once, their lse and loss, dz in place,
@@ -44,6 +48,6 @@ int64_t linear_cross_entropy_with_grad_workspace_floats(int64_t T, int64_t V, in
 void linear_cross_entropy_with_grad(const float* x, const float* W, const int32_t* labels,
                                     const float* dloss_sum /* [1] */, int64_t T, int64_t H, int64_t V,
                                     int32_t ignore_index, int64_t chunk_rows, float* loss_sum /* [1] */,
-                                    float* dx, float* dW, float* workspace);
+                                    float* dx, float* dW, float* workspace, float softcap = 0.0f);
 
 }  // namespace autosp::cpu

@@ -7,10 +7,11 @@
 //
 // visible(i, j) = (!causal || j <= i) && (window == 0 || i - j < window)
 //                 && (doc == null || doc[b, j] == doc[b, i])
-//   forward:  s_j = scale q_i . k_j,  lse_i = log sum_visible exp(s_j),
+//   forward:  s_j = scale q_i . k_j (capped: c tanh(s_j / c) when softcap c > 0),
+//             lse_i = log sum_visible exp(s_j),
 //             out_i = sum_visible exp(s_j - lse_i) v_j
 //   backward: p_ij = exp(s_ij - lse_i),  delta_i = dout_i . out_i,
-//             ds_ij = p_ij (dout_i . v_j - delta_i)
+//             ds_ij = p_ij (dout_i . v_j - delta_i) (times 1 - tanh^2(s_ij / c) when capped)
 //             dq_i = scale sum_j ds_ij k_j,  dk_j = scale sum_i ds_ij q_i,  dv_j = sum_i p_ij dout_i
 //   (GQA: dk, dv of kv head g sum over the NH / NKV query heads that read it.)
 #include <stdexcept>
@@ -46,8 +47,19 @@ __device__ __forceinline__ bool visible(bool causal, int64_t window, const int32
   return (!causal || j <= i) && (window == 0 || i - j < window) && (doc == nullptr || doc_i == doc_j);
 }
 
+// A scaled score s capped, c tanh(s / c) (c = 0: s itself), and the cap's derivative
+// 1 - tanh^2(s / c) (1 without a cap).
+struct Capped {
+  float s, ds;
+};
+__device__ __forceinline__ Capped cap(float s, float softcap) {
+  if (softcap <= 0.0f) return {s, 1.0f};
+  const float t = tanhf(s / softcap);
+  return {softcap * t, 1.0f - t * t};
+}
+
 template <typename T>
-__global__ void forward_kernel(AttentionDims d, bool causal, int64_t window, float scale, const T* q, const T* k,
+__global__ void forward_kernel(AttentionDims d, bool causal, int64_t window, float scale, float softcap, const T* q, const T* k,
                                const T* v, const int32_t* doc, T* out, float* lse, int tile) {
   extern __shared__ float smem[];
   float* ks = smem;
@@ -83,7 +95,7 @@ __global__ void forward_kernel(AttentionDims d, bool causal, int64_t window, flo
       if (!visible(causal, window, doc, i, j, doc_i, doc ? docs[jj] : 0)) continue;
       float s = 0.0f;
       for (int64_t e = 0; e < D; ++e) s += qr[e] * ks[jj * D + e];
-      s *= scale;
+      s = cap(s * scale, softcap).s;
       if (s > m) {  // a new row maximum: rescale what was summed so far
         const float f = expf(m - s);
         l *= f;
@@ -113,7 +125,7 @@ __global__ void delta_kernel(AttentionDims d, const T* out, const T* dout, float
 }
 
 template <typename T>
-__global__ void dq_kernel(AttentionDims d, bool causal, int64_t window, float scale, const T* q, const T* k,
+__global__ void dq_kernel(AttentionDims d, bool causal, int64_t window, float scale, float softcap, const T* q, const T* k,
                           const T* v, const float* lse, const float* delta, const T* dout, const int32_t* doc, T* dq,
                           int tile) {
   extern __shared__ float smem[];
@@ -152,7 +164,8 @@ __global__ void dq_kernel(AttentionDims d, bool causal, int64_t window, float sc
       if (!visible(causal, window, doc, i, j, doc_i, doc ? docs[jj] : 0)) continue;
       float s = 0.0f, dp = 0.0f;
       for (int64_t e = 0; e < D; ++e) s += qr[e] * ks[jj * D + e], dp += dor[e] * vs[jj * D + e];
-      const float p = expf(s * scale - lse_i), ds = p * (dp - delta_i);
+      const Capped c = cap(s * scale, softcap);
+      const float p = expf(c.s - lse_i), ds = p * (dp - delta_i) * c.ds;
       for (int64_t e = 0; e < D; ++e) acc[e] += ds * ks[jj * D + e];
     }
   }
@@ -164,7 +177,7 @@ __global__ void dq_kernel(AttentionDims d, bool causal, int64_t window, float sc
 // One thread per key row j of kv head g; loops over the group's query heads and the query
 // tiles that can see j.
 template <typename T>
-__global__ void dkdv_kernel(AttentionDims d, bool causal, int64_t window, float scale, const T* q, const T* k,
+__global__ void dkdv_kernel(AttentionDims d, bool causal, int64_t window, float scale, float softcap, const T* q, const T* k,
                             const T* v, const float* lse, const float* delta, const T* dout, const int32_t* doc, T* dk, T* dv,
                             int tile) {
   extern __shared__ float smem[];
@@ -205,7 +218,8 @@ __global__ void dkdv_kernel(AttentionDims d, bool causal, int64_t window, float 
         if (!visible(causal, window, doc, i, j, doc ? docs[ii] : 0, doc_j)) continue;
         float s = 0.0f, dp = 0.0f;
         for (int64_t e = 0; e < D; ++e) s += qs[ii * D + e] * kr[e], dp += dos[ii * D + e] * vr[e];
-        const float p = expf(s * scale - lses[ii]), ds = p * (dp - deltas[ii]);
+        const Capped c = cap(s * scale, softcap);
+        const float p = expf(c.s - lses[ii]), ds = p * (dp - deltas[ii]) * c.ds;
         for (int64_t e = 0; e < D; ++e) dva[e] += p * dos[ii * D + e], dka[e] += ds * qs[ii * D + e];
       }
     }
@@ -227,7 +241,7 @@ __device__ __forceinline__ bool key_visible(bool causal, int64_t window, const i
 // One block of threads per score row.
 template <typename T>
 __global__ void block_softmax_kernel(AttentionDims d, AttentionBlock blk, bool causal, int64_t window,
-                                     const int32_t* doc, const float* scores, T* probs, float* lse) {
+                                     float softcap, const int32_t* doc, const float* scores, T* probs, float* lse) {
   __shared__ float red[32];
   const int64_t G = d.NH / d.NKV, r = blockIdx.x, hh = r / blk.nq, i = blk.q0 + r % blk.nq;
   const int64_t h = blk.g * G + hh;
@@ -236,21 +250,22 @@ __global__ void block_softmax_kernel(AttentionDims d, AttentionBlock blk, bool c
   const int32_t* doc_row = doc ? doc + blk.b * d.S : nullptr;
   float m = -INFINITY;
   for (int64_t j = threadIdx.x; j < blk.nk; j += blockDim.x)
-    if (key_visible(causal, window, doc_row, i, blk.k0 + j)) m = fmaxf(m, s[j]);
+    if (key_visible(causal, window, doc_row, i, blk.k0 + j)) m = fmaxf(m, cap(s[j], softcap).s);
   m = block_max(m, red);
   float l = 0.0f;
   for (int64_t j = threadIdx.x; j < blk.nk; j += blockDim.x)
-    if (key_visible(causal, window, doc_row, i, blk.k0 + j)) l += expf(s[j] - m);
+    if (key_visible(causal, window, doc_row, i, blk.k0 + j)) l += expf(cap(s[j], softcap).s - m);
   l = block_sum(l, red);
   const float row_lse = m + logf(l);
   for (int64_t j = threadIdx.x; j < blk.nk; j += blockDim.x)
-    p[j] = from_f<T>(key_visible(causal, window, doc_row, i, blk.k0 + j) ? expf(s[j] - row_lse) : 0.0f);
+    p[j] = from_f<T>(key_visible(causal, window, doc_row, i, blk.k0 + j) ? expf(cap(s[j], softcap).s - row_lse)
+                                                                          : 0.0f);
   if (threadIdx.x == 0) lse[(blk.b * d.NH + h) * d.S + i] = row_lse;
 }
 
 template <typename T>
 __global__ void block_backward_probs_kernel(AttentionDims d, AttentionBlock blk, bool causal, int64_t window,
-                                            const int32_t* doc, const float* scores, const float* dprobs,
+                                            float softcap, const int32_t* doc, const float* scores, const float* dprobs,
                                             const float* lse, const float* delta, T* probs, T* dscores) {
   const int64_t G = d.NH / d.NKV;
   const int32_t* doc_row = doc ? doc + blk.b * d.S : nullptr;
@@ -259,8 +274,9 @@ __global__ void block_backward_probs_kernel(AttentionDims d, AttentionBlock blk,
     const int64_t row = (blk.b * d.NH + blk.g * G + hh) * d.S + i;
     float p = 0.0f, ds = 0.0f;
     if (key_visible(causal, window, doc_row, i, blk.k0 + j)) {
-      p = expf(scores[e] - lse[row]);
-      ds = p * (dprobs[e] - delta[row]);
+      const Capped c = cap(scores[e], softcap);
+      p = expf(c.s - lse[row]);
+      ds = p * (dprobs[e] - delta[row]) * c.ds;
     }
     probs[e] = from_f<T>(p);
     dscores[e] = from_f<T>(ds);
@@ -280,11 +296,11 @@ __global__ void store_kv_grads_kernel(AttentionDims d, int64_t b, int64_t g, con
 }  // namespace
 
 void attention_block_softmax(Dt dt, const AttentionDims& d, const AttentionBlock& blk, bool causal, int64_t window,
-                             const int32_t* doc, const float* scores, void* probs, float* lse, cudaStream_t stream) {
+                             float softcap, const int32_t* doc, const float* scores, void* probs, float* lse, cudaStream_t stream) {
   const int64_t rows = (d.NH / d.NKV) * blk.nq;
   if (rows == 0 || blk.nk == 0) return;
   dispatch(dt, [&]<typename T>() {
-    block_softmax_kernel<T><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(d, blk, causal, window, doc, scores,
+    block_softmax_kernel<T><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(d, blk, causal, window, softcap, doc, scores,
                                                                                     static_cast<T*>(probs), lse);
   });
 }
@@ -299,14 +315,14 @@ void attention_delta(Dt dt, const AttentionDims& d, const void* out, const void*
 }
 
 void attention_block_backward_probs(Dt dt, const AttentionDims& d, const AttentionBlock& blk, bool causal,
-                                    int64_t window, const int32_t* doc, const float* scores, const float* dprobs,
+                                    int64_t window, float softcap, const int32_t* doc, const float* scores, const float* dprobs,
                                     const float* lse, const float* delta, void* probs, void* dscores,
                                     cudaStream_t stream) {
   const int64_t n = (d.NH / d.NKV) * blk.nq * blk.nk;
   if (n == 0) return;
   dispatch(dt, [&]<typename T>() {
     block_backward_probs_kernel<T><<<blocks_for(n), kThreads, 0, stream>>>(
-        d, blk, causal, window, doc, scores, dprobs, lse, delta, static_cast<T*>(probs), static_cast<T*>(dscores));
+        d, blk, causal, window, softcap, doc, scores, dprobs, lse, delta, static_cast<T*>(probs), static_cast<T*>(dscores));
   });
 }
 
@@ -319,7 +335,8 @@ void attention_store_kv_grads(Dt dt, const AttentionDims& d, int64_t b, int64_t 
   });
 }
 
-void attention_forward(Dt dt, const AttentionDims& d, bool causal, int64_t window, float scale, const void* q,
+void attention_forward(Dt dt, const AttentionDims& d, bool causal, int64_t window, float scale, float softcap,
+                       const void* q,
                        const void* k, const void* v, const int32_t* doc, void* out, float* lse, cudaStream_t stream) {
   if (d.B * d.S * d.NH == 0) return;
   require_reference_head_dim(d, "cuda::attention_forward");
@@ -327,12 +344,13 @@ void attention_forward(Dt dt, const AttentionDims& d, bool causal, int64_t windo
   const size_t smem = sizeof(float) * (2 * tile * d.D + tile);
   dispatch(dt, [&]<typename T>() {
     forward_kernel<T><<<grid_of(d.S, d.NH, d.B), kRows, smem, stream>>>(
-        d, causal, window, scale, static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), doc,
+        d, causal, window, scale, softcap, static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), doc,
         static_cast<T*>(out), lse, tile);
   });
 }
 
-void attention_backward(Dt dt, const AttentionDims& d, bool causal, int64_t window, float scale, const void* q,
+void attention_backward(Dt dt, const AttentionDims& d, bool causal, int64_t window, float scale, float softcap,
+                        const void* q,
                         const void* k, const void* v, const void* out, const float* lse, const void* dout, const int32_t* doc,
                         void* dq, void* dk, void* dv, float* delta, cudaStream_t stream) {
   if (d.B * d.S * d.NH == 0) return;
@@ -344,10 +362,10 @@ void attention_backward(Dt dt, const AttentionDims& d, bool causal, int64_t wind
     delta_kernel<T><<<blocks_for(d.B * d.S * d.NH), kThreads, 0, stream>>>(d, static_cast<const T*>(out),
                                                                             static_cast<const T*>(dout), delta);
     dq_kernel<T><<<grid_of(d.S, d.NH, d.B), kRows, smem_q, stream>>>(
-        d, causal, window, scale, static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), lse,
+        d, causal, window, scale, softcap, static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), lse,
         delta, static_cast<const T*>(dout), doc, static_cast<T*>(dq), tile);
     dkdv_kernel<T><<<grid_of(d.S, d.NKV, d.B), kRows, smem_kv, stream>>>(
-        d, causal, window, scale, static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), lse,
+        d, causal, window, scale, softcap, static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), lse,
         delta, static_cast<const T*>(dout), doc, static_cast<T*>(dk), static_cast<T*>(dv), tile);
   });
 }

@@ -42,6 +42,11 @@ __global__ void relu_kernel(const T* x, int64_t n, T* y) {
 }
 
 template <typename T>
+__global__ void tanh_kernel(const T* x, int64_t n, T* y) {
+  AUTOSP_GRID_STRIDE(i, n) y[i] = from_f<T>(tanhf(to_f(x[i])));
+}
+
+template <typename T>
 __global__ void div_scalar_kernel(const T* x, int64_t n, const T* s, T* y) {
   const float d = to_f(s[0]);
   AUTOSP_GRID_STRIDE(i, n) y[i] = from_f<T>(to_f(x[i]) / d);
@@ -349,17 +354,22 @@ __global__ void rope_kernel(const T* x, const int32_t* pos, InvFreq inv_freq, in
 
 // ---- cross entropy ----------------------------------------------------------------------------
 
+// A logit, capped to c tanh(z / c) when softcap c > 0.
+__device__ __forceinline__ float capped_logit(float z, float softcap) {
+  return softcap > 0.0f ? softcap * tanhf(z / softcap) : z;
+}
+
 template <typename T>
 __global__ void cross_entropy_rows_kernel(const T* logits, const int32_t* labels, int64_t V,
-                                          int32_t ignore, float* lse, float* row_loss, int* error) {
+                                          int32_t ignore, float* lse, float* row_loss, int* error, float softcap) {
   __shared__ float shared[32];
   const int64_t row = blockIdx.x;
   const T* z = logits + row * V;
   float m = -INFINITY;
-  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) m = fmaxf(m, to_f(z[v]));
+  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) m = fmaxf(m, capped_logit(to_f(z[v]), softcap));
   m = block_max(m, shared);
   float s = 0;
-  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) s += expf(to_f(z[v]) - m);
+  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) s += expf(capped_logit(to_f(z[v]), softcap) - m);
   s = block_sum(s, shared);
   if (threadIdx.x != 0) return;
   const float l = m + logf(s);
@@ -368,7 +378,7 @@ __global__ void cross_entropy_rows_kernel(const T* logits, const int32_t* labels
   float loss = 0;
   if (label != ignore) {
     if (label < 0 || label >= V) set_error(error, kErrorLabel);
-    else loss = l - to_f(z[label]);
+    else loss = l - capped_logit(to_f(z[label]), softcap);
   }
   row_loss[row] = loss;
 }
@@ -384,14 +394,17 @@ __global__ void sum_rows_kernel(const float* row_loss, int64_t T_, float* out) {
 template <typename In, typename Out>
 __global__ void cross_entropy_backward_kernel(const In* logits, const int32_t* labels, const float* lse,
                                               const float* dloss, int64_t T_, int64_t V, int32_t ignore,
-                                              Out* dlogits) {
+                                              Out* dlogits, float softcap) {
   const float d = dloss[0];
   AUTOSP_GRID_STRIDE(i, T_ * V) {
     const int64_t t = i / V, v = i % V;
     const int32_t label = labels[t];
     float g = 0;
-    if (label != ignore && label >= 0 && label < V)
-      g = d * (expf(to_f(logits[i]) - lse[t]) - (v == label ? 1.0f : 0.0f));
+    if (label != ignore && label >= 0 && label < V) {
+      const float th = softcap > 0.0f ? tanhf(to_f(logits[i]) / softcap) : 0.0f;
+      const float z = softcap > 0.0f ? softcap * th : to_f(logits[i]);
+      g = d * (expf(z - lse[t]) - (v == label ? 1.0f : 0.0f)) * (softcap > 0.0f ? 1.0f - th * th : 1.0f);
+    }
     dlogits[i] = from_f<Out>(g);
   }
 }
@@ -420,6 +433,9 @@ struct MulOp {
 };
 struct ReluBackwardOp {  // (dy, x): dy where x > 0, else 0 (exact: dy passes through f32 unchanged)
   __device__ float operator()(float dy, float x) const { return x > 0.0f ? dy : 0.0f; }
+};
+struct TanhBackwardOp {  // (dy, y): dy (1 - y^2)
+  __device__ float operator()(float dy, float y) const { return dy * (1.0f - y * y); }
 };
 
 }  // namespace
@@ -471,6 +487,19 @@ void relu_backward(Dt dt, const void* dy, const void* x, int64_t n, void* dx, cu
   dispatch(dt, [&]<typename T>() {
     binary_kernel<T><<<blocks_for(n), kThreads, 0, stream>>>(static_cast<const T*>(dy), static_cast<const T*>(x), n,
                                                               static_cast<T*>(dx), ReluBackwardOp{});
+  });
+}
+
+void tanh_forward(Dt dt, const void* x, int64_t n, void* y, cudaStream_t stream) {
+  dispatch(dt, [&]<typename T>() {
+    tanh_kernel<T><<<blocks_for(n), kThreads, 0, stream>>>(static_cast<const T*>(x), n, static_cast<T*>(y));
+  });
+}
+
+void tanh_backward(Dt dt, const void* dy, const void* y, int64_t n, void* dx, cudaStream_t stream) {
+  dispatch(dt, [&]<typename T>() {
+    binary_kernel<T><<<blocks_for(n), kThreads, 0, stream>>>(static_cast<const T*>(dy), static_cast<const T*>(y), n,
+                                                              static_cast<T*>(dx), TanhBackwardOp{});
   });
 }
 
@@ -663,11 +692,12 @@ void rope_forward(Dt dt, const void* x, const int32_t* pos, const double* inv_fr
 }
 
 void cross_entropy_rows(Dt logits_dt, const void* logits, const int32_t* labels, int64_t T, int64_t V,
-                        int32_t ignore_index, float* lse, float* row_loss, int* error, cudaStream_t stream) {
+                        int32_t ignore_index, float* lse, float* row_loss, int* error, cudaStream_t stream,
+                        float softcap) {
   if (T == 0) return;
   dispatch(logits_dt, [&]<typename Ty>() {
     cross_entropy_rows_kernel<Ty><<<static_cast<unsigned>(T), kThreads, 0, stream>>>(
-        static_cast<const Ty*>(logits), labels, V, ignore_index, lse, row_loss, error);
+        static_cast<const Ty*>(logits), labels, V, ignore_index, lse, row_loss, error, softcap);
   });
 }
 
@@ -677,13 +707,13 @@ void sum_rows(const float* row_loss, int64_t T, float* loss_sum, cudaStream_t st
 
 void cross_entropy_backward_rows(Dt logits_dt, const void* logits, const int32_t* labels, const float* lse,
                                  const float* dloss, int64_t T, int64_t V, int32_t ignore_index, Dt out_dt,
-                                 void* dlogits, cudaStream_t stream) {
+                                 void* dlogits, cudaStream_t stream, float softcap) {
   const int64_t n = T * V;
   if (n == 0) return;
   dispatch(logits_dt, [&]<typename In>() {
     dispatch(out_dt, [&]<typename Out>() {
       cross_entropy_backward_kernel<In, Out><<<blocks_for(n), kThreads, 0, stream>>>(
-          static_cast<const In*>(logits), labels, lse, dloss, T, V, ignore_index, static_cast<Out*>(dlogits));
+          static_cast<const In*>(logits), labels, lse, dloss, T, V, ignore_index, static_cast<Out*>(dlogits), softcap);
     });
   });
 }

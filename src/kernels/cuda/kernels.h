@@ -51,6 +51,9 @@ void silu_forward(Dt dt, const void* x, int64_t n, void* y, cudaStream_t stream)
 // relu(x) = max(x, 0); dx = dy where x > 0, else 0
 void relu_forward(Dt dt, const void* x, int64_t n, void* y, cudaStream_t stream);
 void relu_backward(Dt dt, const void* dy, const void* x, int64_t n, void* dx, cudaStream_t stream);
+// tanh(x); dx = dy (1 - y^2) from the output y
+void tanh_forward(Dt dt, const void* x, int64_t n, void* y, cudaStream_t stream);
+void tanh_backward(Dt dt, const void* dy, const void* y, int64_t n, void* dx, cudaStream_t stream);
 void silu_backward(Dt dt, const void* dy, const void* x, int64_t n, void* dx, cudaStream_t stream);
 void swiglu_forward(Dt dt, const void* gate, const void* up, int64_t n, void* out, cudaStream_t stream);
 void swiglu_backward(Dt dt, const void* dy, const void* gate, const void* up, int64_t n, void* dgate,
@@ -108,17 +111,18 @@ void rope_forward(Dt dt, const void* x, const int32_t* pos, const double* inv_fr
 // Layouts as kernels/cpu/attention.h: q, out [B, S, NH, D]; k, v [B, S, NKV, D]; lse
 // [B, NH, S]. Key j is visible to query i iff (!causal || j <= i), (window == 0 || i - j <
 // window) (a sliding window: causal only) and, when doc is not null (document ids, i32
-// [B, S]), doc[b, j] == doc[b, i].
+// [B, S]), doc[b, j] == doc[b, i]. softcap c > 0 caps each score s = scale q.k to c tanh(s / c)
+// (kernels/cpu/attention.h); 0: none.
 struct AttentionDims {
   int64_t B, S, NH, NKV, D;
 };
 // The reference kernels; the ops run ops/cuda_attention.cpp's blocks. D <= kAttentionMaxD (limits.h): a larger
 // D throws std::invalid_argument before any launch.
-void attention_forward(Dt dt, const AttentionDims& d, bool causal, int64_t window, float scale, const void* q,
+void attention_forward(Dt dt, const AttentionDims& d, bool causal, int64_t window, float scale, float softcap, const void* q,
                        const void* k, const void* v, const int32_t* doc, void* out, float* lse,
                        cudaStream_t stream);
 // delta: B * NH * S floats of scratch (rowsum(dout * out)). Writes dq, dk, dv.
-void attention_backward(Dt dt, const AttentionDims& d, bool causal, int64_t window, float scale, const void* q,
+void attention_backward(Dt dt, const AttentionDims& d, bool causal, int64_t window, float scale, float softcap, const void* q,
                         const void* k, const void* v, const void* out, const float* lse,
                         const void* dout, const int32_t* doc, void* dq, void* dk, void* dv,
                         float* delta, cudaStream_t stream);
@@ -127,21 +131,21 @@ void attention_backward(Dt dt, const AttentionDims& d, bool causal, int64_t wind
 // row kernels; kernels/cuda/attention_blocks.h has the layout) ------------------------------
 // A block: batch b, kv head g, queries [q0, q0 + nq) of its G = NH / NKV query heads, keys
 // [k0, k0 + nk). Its score rows are r = hh * nq + ii (query head g * G + hh, query q0 + ii),
-// nk scores each, already scaled.
+// nk scores each, already scaled (not yet capped: the row kernels apply softcap).
 struct AttentionBlock {
   int64_t b, g, q0, nq, k0, nk;
 };
-// probs[r, j] = exp(scores[r, j] - lse) for visible keys, 0 for the others; lse of each row
+// probs[r, j] = exp(cap(scores[r, j]) - lse) for visible keys, 0 for the others; lse of each row
 // into lse [B, NH, S].
 void attention_block_softmax(Dt dt, const AttentionDims& d, const AttentionBlock& blk, bool causal, int64_t window,
-                             const int32_t* doc, const float* scores, void* probs, float* lse, cudaStream_t stream);
+                             float softcap, const int32_t* doc, const float* scores, void* probs, float* lse, cudaStream_t stream);
 // delta [B, NH, S] = rowsum(dout * out).
 void attention_delta(Dt dt, const AttentionDims& d, const void* out, const void* dout, float* delta,
                      cudaStream_t stream);
-// p = exp(scores - lse) (0 where not visible) into probs, and dS = p (dprobs - delta) into
-// dscores, both of dtype dt.
+// p = exp(cap(scores) - lse) (0 where not visible) into probs, and dS = p (dprobs - delta) cap'(scores)
+// into dscores, both of dtype dt.
 void attention_block_backward_probs(Dt dt, const AttentionDims& d, const AttentionBlock& blk, bool causal,
-                                    int64_t window, const int32_t* doc, const float* scores, const float* dprobs,
+                                    int64_t window, float softcap, const int32_t* doc, const float* scores, const float* dprobs,
                                     const float* lse, const float* delta, void* probs, void* dscores,
                                     cudaStream_t stream);
 // dk, dv rows of kv head g in batch b ([B, S, NKV, D], dtype dt) from the f32 sums [S, D].
@@ -164,16 +168,19 @@ void lse_from_token_major(const float* stats, int64_t B, int64_t S, int64_t NH, 
 // ---- cross entropy over rows of V logits (of dtype logits_dt: the op's, or f32 for a
 // chunk of linear_cross_entropy's logits) ----------------------------------------------------
 // lse[t] for every row; row_loss[t] = lse - logit[label] for labelled rows, else 0.
+// softcap c > 0: of the capped logits c tanh(logit / c), made on the fly (kernels/cpu/fused.h).
 void cross_entropy_rows(Dt logits_dt, const void* logits, const int32_t* labels, int64_t T,
                         int64_t V, int32_t ignore_index, float* lse, float* row_loss, int* error,
-                        cudaStream_t stream);
+                        cudaStream_t stream, float softcap = 0.0f);
 // loss_sum[] = sum of row_loss (double, fixed order).
 void sum_rows(const float* row_loss, int64_t T, float* loss_sum, cudaStream_t stream);
 // dlogits[t, :] = dloss (softmax(logits[t]) - onehot(label[t])) on labelled rows, 0 else.
-// dlogits (of out_dt) may be logits itself when the dtypes match.
+// dlogits (of out_dt) may be logits itself when the dtypes match. softcap c > 0: through the
+// cap, times 1 - tanh^2(logit / c).
 void cross_entropy_backward_rows(Dt logits_dt, const void* logits, const int32_t* labels,
                                  const float* lse, const float* dloss /* [] */, int64_t T, int64_t V,
-                                 int32_t ignore_index, Dt out_dt, void* dlogits, cudaStream_t stream);
+                                 int32_t ignore_index, Dt out_dt, void* dlogits, cudaStream_t stream,
+                                 float softcap = 0.0f);
 
 // ---- optimizer (fp32 master weights and moments; src/train/adamw.h has the maths) ---------
 // One AdamW (decoupled) or Adam (L2) step on n elements, in torch's operation order with
