@@ -13,7 +13,8 @@ The model code is not changed. What this does, and nothing else:
     node in the exported graph instead of a B x 1 x S x S mask subgraph, and autosp's
     compiler shards it (causal, sliding window, softcap);
   - exports `forward(input_ids, labels) -> loss` with torch.export.export, the batch and the
-    sequence length dynamic, and saves it with torch.export.save, a transformers model's
+    sequence length dynamic (a module with LayerDrop 0, OPT's decoder, in eval mode alone while
+    it does: its train-mode draw of torch.rand cannot be traced; LayerDrop above 0 is refused), and saves it with torch.export.save, a transformers model's
     config.json beside the graph (the archive's extra/config.json), so that autosp's
     checkpoints of the program are model directories transformers loads.
 Models that call torch.nn.functional.scaled_dot_product_attention(is_causal=True) themselves
@@ -111,6 +112,36 @@ def use_autosp_attention(model):
     return model
 
 
+class _NoLayerDrop:
+    """While exporting: a module with LayerDrop (OPT's and BioGPT's decoders: `if self.training:
+    if torch.rand([]) < self.layerdrop: continue`) draws a random number in train mode to skip
+    layers, which torch.export cannot trace (a data-dependent branch). At layerdrop 0 the draw
+    never skips, so such a module alone (not its children: their dropout and the rest keep train
+    mode) is put in eval mode for the export; layerdrop > 0 would train another network each
+    step, not one graph, and is refused."""
+
+    def __init__(self, model):
+        self.model = model
+        self.switched = []
+
+    def __enter__(self):
+        for name, module in self.model.named_modules():
+            p = getattr(module, "layerdrop", None)
+            if not isinstance(p, (int, float)) or isinstance(p, bool) or not module.training:
+                continue
+            if p > 0:
+                raise ValueError(f"autosp export: {name or type(module).__name__} drops whole layers at random "
+                                 f"(layerdrop={p}); set the config's layerdrop to 0 to train it with autosp")
+            module.training = False  # this module only, not its children
+            self.switched.append(module)
+        return self
+
+    def __exit__(self, *exc):
+        for module in self.switched:
+            module.training = True
+        return False
+
+
 class _ConcreteIsCausal:
     """While exporting: a model that calls scaled_dot_product_attention itself with
     is_causal = (mask is None and q_len > 1) (Falcon, Nemotron) passes a symbolic bool, which
@@ -143,7 +174,7 @@ def export(model, path, batch: int = 2, seq_len: int = 16, max_seq_len: int = 1 
     ids = torch.randint(0, vocab, (batch, seq_len), generator=torch.Generator().manual_seed(0))
     b = torch.export.Dim("batch", min=1, max=1 << 16)
     s = torch.export.Dim("seq_len", min=2, max=max_seq_len)
-    with _ConcreteIsCausal():
+    with _ConcreteIsCausal(), _NoLayerDrop(model):
         program = torch.export.export(_LossOf(model), (ids, ids.clone()),
                                       dynamic_shapes=({0: b, 1: s}, {0: b, 1: s}))
     # transformers' config.json rides along (the archive's extra/config.json): autosp's

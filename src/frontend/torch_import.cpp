@@ -436,6 +436,7 @@ struct Imported {
   Tensor t;                    // tensor: the IR value
   std::vector<int64_t> perm;   // tensor: torch's value is transpose(t, perm) (empty: t itself)
   Shape shape;                 // the torch shape (tensor, positions, host)
+  int64_t offset = 0;          // positions: the value is the positions plus this (OPT's learned offset 2)
   std::vector<float> data;     // host: the values (a buffer or constant); rope_table: inv_freq
   double number = 0;           // integer; rope_table: attention scaling
   bool is_cos = false;         // rope_table
@@ -918,9 +919,10 @@ class HostEvaluator {
       });
     }
     // Shapes. (Any other op is not evaluated, nor what it reads: the scores, the model.)
+    // And cumsum along a dim (OPT's positions: the cumsum of a mask of ones).
     static const std::set<std::string> shapes = {"unsqueeze.default", "squeeze.dim", "expand.default", "view.default",
                                                  "reshape.default", "_unsafe_view.default", "permute.default",
-                                                 "transpose.int", "slice.Tensor", "select.int"};
+                                                 "transpose.int", "slice.Tensor", "select.int", "cumsum.default"};
     if (!shapes.count(op)) return std::nullopt;
     const HostArray* x = in("self", 0);
     if (!x) return std::nullopt;
@@ -930,6 +932,17 @@ class HostEvaluator {
       if (!d || *d < -rank || *d >= rank) return std::nullopt;
       return *d < 0 ? *d + rank : *d;
     };
+    if (op == "cumsum.default") {
+      std::optional<int64_t> d = dim_arg("dim", 1, r);
+      if (!d) return std::nullopt;
+      int64_t inner = 1;
+      for (int64_t i = *d + 1; i < r; ++i) inner *= x->shape[i];
+      const int64_t len = x->shape[*d];
+      HostArray out = *x;
+      for (size_t k = 0; k < out.v.size(); ++k)  // each element adds the one before it along d
+        if ((int64_t(k) / inner) % len != 0) out.v[k] += out.v[k - inner];
+      return out;
+    }
     if (op == "unsqueeze.default") {
       std::optional<int64_t> d = dim_arg("dim", 1, r + 1);
       if (!d) return std::nullopt;
@@ -1156,10 +1169,34 @@ class TorchImporter {
   }
   std::vector<std::string> making_;  // the values being imported, innermost last
   Tensor tensor_of(const std::string& name) { return materialize(value(name), name); }
+  // Rows merged: torch's [R, H] is the IR's [B, S, ..., H] with its leading dims merged (OPT's
+  // reshape(-1, H) before its MLP, Conv1D's addmm), kept unmerged in the IR so that the
+  // sequence stays a dim the autosp pass can shard. Row-wise ops (rowwise_of) take the IR value
+  // as it is and give rows merged again (rowwise); any other op gets torch's [R, H].
+  bool rows_merged(const Imported& v) const {
+    if (v.kind != Imported::tensor || !v.perm.empty() || v.shape.size() != 2) return false;
+    const Shape& s = t_.shape(v.t);
+    return s.size() > 2 && s.back() == v.shape[1] && numel(s) == numel(v.shape);
+  }
+  Tensor rowwise_of(const std::string& name) {
+    const Imported& v = value(name);
+    return rows_merged(v) ? v.t : materialize(v, name);
+  }
+  Imported rowwise(Tensor y, const std::string& operand) {
+    Imported v = ir(y);
+    if (rows_merged(value(operand))) v.shape = {numel(v.shape) / v.shape.back(), v.shape.back()};
+    return v;
+  }
   Tensor materialize(const Imported& v, const std::string& name) {
     switch (v.kind) {
-      case Imported::tensor: return v.perm.empty() || is_identity(v.perm) ? v.t : t_.transpose(v.t, v.perm);
-      case Imported::positions: return positions();
+      case Imported::tensor:
+        if (rows_merged(v)) return t_.reshape(v.t, v.shape);
+        return v.perm.empty() || is_identity(v.perm) ? v.t : t_.transpose(v.t, v.perm);
+      case Imported::positions:
+        if (v.offset == 0) return positions();
+        if (const FxNode* n = node_of(name))
+          m_.fail_at(*n, str("positions plus ", v.offset, " used other than as the rows an embedding reads"));
+        break;
       default: break;
     }
     const FxNode* n = node_of(name);
@@ -1170,6 +1207,36 @@ class TorchImporter {
     if (!positions_) positions_ = t_.input(Role::positions, "position_ids", DType::i32, {o_.batch, o_.seq_len});
     return *positions_;
   }
+
+  // Positions computed from the sizes alone by arithmetic on them, as OPT's are: a mask of
+  // ones, its cumsum along the sequence, times the mask, minus 1, plus the table's offset 2.
+  // The value, evaluated on the host at this batch and length, is the positions (plus an
+  // offset) when each row is offset, offset + 1, ..., offset + S - 1: [B, S], [1, S] or [S].
+  // Only for the index arithmetic ops, and never from a stored tensor.
+  std::optional<Imported> host_positions(const FxNode& n, const std::string& name) {
+    static const std::set<std::string> arithmetic = {
+        "torch.ops.aten.add.Tensor", "torch.ops.aten.sub.Tensor", "torch.ops.aten.mul.Tensor",
+        "torch.ops.aten.cumsum.default", "torch.ops.aten.slice.Tensor"};
+    if (!arithmetic.count(n.target)) return std::nullopt;
+    if (!sizes_) sizes_.emplace(m_, o_.batch, o_.seq_len);
+    sizes_->reset();
+    const HostArray* a = sizes_->eval(name);
+    if (!a || sizes_->read_stored) return std::nullopt;
+    const int64_t S = o_.seq_len;
+    const Shape& s = a->shape;
+    if (s.empty() || s.back() != S || s.size() > 2 || (s.size() == 2 && s[0] != 1 && s[0] != o_.batch))
+      return std::nullopt;
+    const double offset = a->v.empty() ? 0 : double(a->v[0]);
+    if (offset != std::round(offset)) return std::nullopt;
+    for (size_t k = 0; k < a->v.size(); ++k)
+      if (double(a->v[k]) != offset + double(int64_t(k) % S)) return std::nullopt;
+    Imported v;
+    v.kind = Imported::positions;
+    v.shape = s;
+    v.offset = int64_t(offset);
+    return v;
+  }
+  std::optional<HostEvaluator> sizes_;  // host_positions' evaluator, at this batch and length
   static Imported tensor_value(Tensor t, Shape shape) {
     Imported v;
     v.kind = Imported::tensor;
@@ -1264,6 +1331,7 @@ class TorchImporter {
       return split(n, name);
     }
 
+    if (auto p = host_positions(n, name)) return *p;
     if (op == "torch.ops.aten.arange.start" || op == "torch.ops.aten.arange.default") {
       const bool with_start = op == "torch.ops.aten.arange.start";
       const int64_t start = with_start ? int_arg(n, "start", 0) : 0, end = int_arg(n, "end", with_start ? 1 : 0);
@@ -1371,6 +1439,16 @@ class TorchImporter {
       Tensor weight = tensor_of(w);
       Tensor index = ids.kind == Imported::positions ? positions() : tensor_of(idx);
       if (padding_idx >= t_.shape(weight)[0]) m_.fail_at(n, str("padding_idx ", padding_idx, " is not a row of the table"));
+      if (ids.kind == Imported::positions && ids.offset != 0) {
+        // Rows offset + p of the table (OPT's learned positions start at row 2): the positions
+        // read the table from its row `offset`. Position p < S, so the rows must reach offset + S.
+        const int64_t rows = t_.shape(weight)[0];
+        if (ids.offset < 0 || ids.offset + o_.seq_len > rows)
+          m_.fail_at(n, str("positions plus ", ids.offset, " read rows up to ", ids.offset + o_.seq_len - 1,
+                            " of a table of ", rows, " (S = ", o_.seq_len, ")"));
+        if (padding_idx >= 0) m_.fail_at(n, "a learned position table with a padding_idx");
+        weight = t_.slice(weight, 0, ids.offset, rows);
+      }
       Tensor e = padding_idx >= 0 ? t_.embedding(weight, index, padding_idx) : t_.embedding(weight, index);
       if (ids.kind == Imported::positions) {  // torch's [1, S, H] (or [S, H]); autosp's [B, S, H] adds alike
         Shape s = ids.shape;
@@ -1382,9 +1460,9 @@ class TorchImporter {
       return ir(e);
     }
     if (op == "torch.ops.aten.linear.default") {
-      Tensor x = tensor_of(A("input", 0)), w = tensor_of(A("weight", 1));
+      Tensor x = rowwise_of(A("input", 0)), w = tensor_of(A("weight", 1));
       const std::string b = A("bias", 2);
-      return ir(b.empty() ? t_.linear(x, w) : t_.linear(x, w, tensor_of(b)));
+      return rowwise(b.empty() ? t_.linear(x, w) : t_.linear(x, w, tensor_of(b)), A("input", 0));
     }
     if (op == "torch.ops.aten.addmm.default") {  // bias + mat1 @ mat2: Conv1D's weight is [in, out]
       if (float_arg(n, "beta", 3, 1.0) != 1.0 || float_arg(n, "alpha", 4, 1.0) != 1.0) return unsupported();
@@ -1438,6 +1516,10 @@ class TorchImporter {
       if (numel(size) != total) m_.fail_at(n, str("a view of ", shape_str(x.shape), " as ", shape_str(size)));
       if (size == x.shape) return x;
       if (x.perm.empty() && t_.shape(x.t) == size) return tensor_value(x.t, size);  // back to the IR's own shape
+      // [B, S, ..., H] to rows [R, H]: rows merged (rows_merged), no reshape in the IR.
+      if (x.perm.empty() && t_.shape(x.t) == x.shape && x.shape.size() > 2 && size.size() == 2 &&
+          size[1] == x.shape.back())
+        return tensor_value(x.t, size);
       return tensor_value(t_.reshape(materialize(x, A("self", 0)), size), size);
     }
     if (op == "torch.ops.aten.transpose.int" || op == "torch.ops.aten.permute.default") {
@@ -1504,8 +1586,8 @@ class TorchImporter {
       Tensor x = tensor_of(A("self", 0));
       return ir(t_.scale(x, -1.0));
     }
-    if (op == "torch.ops.aten.silu.default") return ir(t_.silu(tensor_of(A("self", 0))));
-    if (op == "torch.ops.aten.relu.default") return ir(t_.relu(tensor_of(A("self", 0))));
+    if (op == "torch.ops.aten.silu.default") return rowwise(t_.silu(rowwise_of(A("self", 0))), A("self", 0));
+    if (op == "torch.ops.aten.relu.default") return rowwise(t_.relu(rowwise_of(A("self", 0))), A("self", 0));
     if (op == "torch.ops.aten.tanh.default") return ir(t_.tanh(tensor_of(A("self", 0))));
     if (op == "torch.ops.aten.square.default") {  // x * x (the squared relu's square)
       Tensor x = tensor_of(A("self", 0));
@@ -1517,7 +1599,7 @@ class TorchImporter {
       const json* a = arg(n, "approximate", 1);
       const std::string approx = a && a->contains("as_string") ? (*a)["as_string"].get<std::string>() : "none";
       if (approx != "none" && approx != "tanh") m_.fail_at(n, str("gelu approximate='", approx, "'"));
-      return ir(t_.gelu(tensor_of(A("self", 0)), approx == "tanh"));
+      return rowwise(t_.gelu(rowwise_of(A("self", 0)), approx == "tanh"), A("self", 0));
     }
     if (op == "torch.ops.aten.layer_norm.default") {
       const std::vector<int64_t> shape = ints_arg(n, "normalized_shape", 1);
@@ -1528,8 +1610,9 @@ class TorchImporter {
       // x * 1 + 0 is x exactly.
       const std::string w = A("weight", 2), b = A("bias", 3);
       const Shape h = {shape[0]};
-      return ir(t_.layer_norm(tensor_of(A("input", 0)), w.empty() ? t_.fill(h, 1.0, o_.dtype) : tensor_of(w),
-                              b.empty() ? t_.fill(h, 0.0, o_.dtype) : tensor_of(b), float_arg(n, "eps", 4, 1e-5)));
+      return rowwise(t_.layer_norm(rowwise_of(A("input", 0)), w.empty() ? t_.fill(h, 1.0, o_.dtype) : tensor_of(w),
+                                   b.empty() ? t_.fill(h, 0.0, o_.dtype) : tensor_of(b), float_arg(n, "eps", 4, 1e-5)),
+                     A("input", 0));
     }
     if (op == "torch.ops.aten.cat.default") return cat(n);
     if (op == "torch.ops.autosp.attention.default") {
@@ -1930,12 +2013,15 @@ class TorchImporter {
   }
   template <typename F>
   Imported same_shape(const FxNode& n, const std::string& a, const std::string& b, F f) {
-    Tensor x = tensor_of(a), y = tensor_of(b);
+    // Both rows merged alike: the op on the IR's rows (their torch shapes are equal too).
+    const bool rows = rows_merged(value(a)) && rows_merged(value(b)) && value(a).shape == value(b).shape;
+    Tensor x = rows ? value(a).t : tensor_of(a), y = rows ? value(b).t : tensor_of(b);
     if (t_.shape(x) != t_.shape(y))
       m_.fail_at(n, str("operands of shapes ", shape_str(t_.shape(x)), " and ", shape_str(t_.shape(y)),
                         ": autosp imports elementwise ops on equal shapes (a broadcast only where a subgraph pattern "
                         "covers it)"));
     Imported out = ir(f(x, y));
+    if (rows) return rowwise(out.t, a);
     out.shape = value(a).shape.size() >= value(b).shape.size() ? value(a).shape : value(b).shape;
     if (numel(out.shape) != numel(t_.shape(out.t))) out.shape = t_.shape(out.t);
     return out;

@@ -64,7 +64,7 @@ TEST_P(TorchImportReference, LossGradientsAndFiveStepsEqualPyTorch) {
       const std::string& name = f.program.parameters()[i].name;
       const std::string key = f.grad_key(name);
       ASSERT_TRUE(f.reference.count(key)) << name;
-      const double err = normalised_error(grads[i], f.reference.at(key).data);
+      const double err = f.gradient_error(name, grads[i]);
       worst = std::max(worst, err);
       EXPECT_LT(err, 5e-6) << name;
       if (std::string(policy) == "none") none_grads.push_back(grads[i]);
@@ -88,7 +88,13 @@ TEST_P(TorchImportReference, LossGradientsAndFiveStepsEqualPyTorch) {
     // reordering moves it. After step 0, fp32 and float64 differ by ~lr in 12 elements of each
     // layer's key bias (whose exact gradient is zero) and in one element of layer 0's
     // mlp.c_proj weight. So GPT-2's steps after the first are held to 1e-4.
-    const double tolerance = GetParam() == "gpt2" && k > 0 ? 1e-4 : 1e-5;
+    // OPT drifts alike (autosp: loss 1.1e-6 at step 2, gradient norm 1.4e-5 at step 3), and so
+    // does PyTorch's own fp32 run with SDPA instead of eager attention (1.3e-6 at step 2, 5.9e-6
+    // at step 3; eager 5.5e-7): the first update, lr x sign(g), meets gradients of ~1e-8 in
+    // layer 1's fc2, from a relu unit active on one token with a pre-activation of 8e-6 made
+    // of O(1) terms, and key-bias gradients that are zero in exact arithmetic. OPT's steps after
+    // the first are held to 1e-4 as GPT-2's; step 0 of every model stays at 1e-5.
+    const double tolerance = (GetParam() == "gpt2" || GetParam() == "opt") && k > 0 ? 1e-4 : 1e-5;
     EXPECT_NEAR(st.loss, loss, tolerance * std::abs(loss)) << "step " << k;
     EXPECT_NEAR(st.grad_norm, norm, tolerance * std::abs(norm)) << "step " << k;
   }
@@ -98,7 +104,7 @@ INSTANTIATE_TEST_SUITE_P(Models, TorchImportReference,
                          ::testing::Values("llama", "gpt2", "phi3", "gemma3", "llama31", "qwen2", "phi3_partial", "olmo",
                                            "granite", "arcee", "stablelm", "helium", "glm",
                                            "cohere", "persimmon", "falcon", "nemotron", "gptj", "codegen",
-                                           "gemma2"),
+                                           "gemma2", "opt"),
                          [](const auto& info) { return info.param; });
 
 // Llama through PyTorch and through autosp's own builder (models/llama.h): the same model,

@@ -43,7 +43,7 @@ TEST_P(TorchImportSequenceParallel, LossAndGradientsEqualPyTorchFloat64) {
     for (const auto& spec : f.program.parameters()) {
       const std::string name = "grad." + spec.name;
       ASSERT_TRUE(grads.count(name)) << name;
-      const double err = testing::normalised_error(grads.at(name).data, f.reference.at(f.grad_key(spec.name)).data);
+      const double err = f.gradient_error(spec.name, grads.at(name).data);
       worst = std::max(worst, err);
       EXPECT_LT(err, 5e-6) << spec.name;
       if (std::string(policy) == "none") none[name] = grads.at(name);
@@ -64,8 +64,9 @@ TEST_P(TorchImportSequenceParallel, LossAndGradientsEqualPyTorchFloat64) {
   EXPECT_GT(std::abs(one - want), 1e-4) << "the packed batch's loss is the unpacked one's";
   const auto split = io::read_safetensors(out / "packed.safetensors");
   const auto& specs = f.program.parameters();
+  const double scale = testing::largest_element(grads);
   for (size_t i = 0; i < specs.size(); ++i)
-    EXPECT_LT(testing::normalised_error(split.at("grad." + specs[i].name).data, grads[i]), 5e-6)
+    EXPECT_LT(testing::gradient_error(split.at("grad." + specs[i].name).data, grads[i], scale), 5e-6)
         << "packed documents: " << specs[i].name;
 }
 
@@ -74,7 +75,7 @@ INSTANTIATE_TEST_SUITE_P(Models, TorchImportSequenceParallel,
                                                               "phi3_partial", "olmo", "granite",
                                                               "arcee", "stablelm", "helium", "glm",
                                                               "cohere", "persimmon", "falcon", "nemotron", "gptj", "codegen",
-                                                              "gemma2"),
+                                                              "gemma2", "opt"),
                                             ::testing::Values(2, 4)),
                          [](const auto& info) {
                            return str(std::get<0>(info.param), "_sp", std::get<1>(info.param));

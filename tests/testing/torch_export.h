@@ -3,6 +3,8 @@
 // and the training config and data the reference used. No gtest here: the MPI driver
 // (tests/sp/torch_import_mpi_main.cpp) reads the fixtures too.
 #pragma once
+#include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -16,6 +18,29 @@
 #include "train/trainer.h"
 
 namespace autosp::testing {
+
+// A gradient tensor against a reference one: the normalised error (max |got - ref| over max
+// |ref|), except for a gradient that is zero in exact arithmetic, which is rounding noise in
+// both runs and has no scale of its own (OPT's separate key biases: softmax is unchanged by
+// q . b added to a whole row; the float64 run gives 5e-10, autosp's fp32 2.7e-9). One whose
+// largest element is under 1e-6 of `model_scale` (the model's largest gradient element) is
+// measured against model_scale instead.
+inline double gradient_error(const std::vector<float>& got, const std::vector<float>& ref, double model_scale) {
+  if (got.size() != ref.size()) return INFINITY;
+  double own = 0, err = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    own = std::max(own, double(std::abs(ref[i])));
+    err = std::max(err, std::abs(double(got[i]) - double(ref[i])));
+  }
+  return err / std::max(own < 1e-6 * model_scale ? model_scale : own, 1e-30);
+}
+// The largest element of any of the tensors.
+inline double largest_element(const std::vector<std::vector<float>>& tensors) {
+  double m = 0;
+  for (const auto& t : tensors)
+    for (float v : t) m = std::max(m, double(std::abs(v)));
+  return m;
+}
 
 // A fixture: the program, PyTorch's float64 results on it (expected.json, reference.safetensors).
 struct ExportFixture {
@@ -33,6 +58,14 @@ struct ExportFixture {
   // wrapper's "model." prefix the importer removes).
   std::string grad_key(const std::string& name) const {
     return reference.count("grad.model." + name) ? "grad.model." + name : "grad." + name;
+  }
+  // A parameter's gradient against PyTorch's (testing::gradient_error, at the scale of all of
+  // PyTorch's gradients).
+  double gradient_error(const std::string& name, const std::vector<float>& got) const {
+    std::vector<std::vector<float>> all;
+    for (const auto& [key, t] : reference)
+      if (key.rfind("grad.", 0) == 0) all.push_back(t.data);
+    return testing::gradient_error(got, reference.at(grad_key(name)).data, largest_element(all));
   }
   int64_t B() const { return expected["B"].get<int64_t>(); }
   int64_t S() const { return expected["S"].get<int64_t>(); }
