@@ -332,6 +332,20 @@ std::vector<OpCase> op_cases() {
                        return b.emit(OpKind::attention_backward, {in[3], in[0], in[1], in[2], f[0], f[1], in[4]}, a);
                      }, {{"doc", doc}}, {}, false});
   }
+  // Gemma 2's attention logit softcap, with a window: the cuda blocks against the CPU kernels.
+  {
+    const Attrs a{{"causal", int64_t{1}}, {"scale", scale}, {"window", int64_t{3}}, {"softcap", 0.5}};
+    cases.push_back({"attention_softcap",
+                     {{"q", DType::f32, {Bt, S, NH, D}}, {"k", DType::f32, {Bt, S, NKV, D}}, {"v", DType::f32, {Bt, S, NKV, D}}},
+                     [a](B& b, const Ins& in) { return b.emit(OpKind::attention, in, a); }, {}, {}, true, 1});
+    cases.push_back({"attention_and_backward_softcap",
+                     {{"q", DType::f32, {Bt, S, NH, D}}, {"k", DType::f32, {Bt, S, NKV, D}},
+                      {"v", DType::f32, {Bt, S, NKV, D}}, {"dout", DType::f32, {Bt, S, NH, D}}},
+                     [a](B& b, const Ins& in) {
+                       auto f = b.emit(OpKind::attention, {in[0], in[1], in[2]}, a);
+                       return b.emit(OpKind::attention_backward, {in[3], in[0], in[1], in[2], f[0], f[1]}, a);
+                     }, {}, {}, false});
+  }
   cases.push_back({"cross_entropy", {{"z", DType::f32, {2, 5, V}}, {"l", DType::i32, {2, 5}}},
                    one(OpKind::cross_entropy), {{"l", labels_with_ignored(10, V, 3)}}, {}, true, 1});
   cases.push_back({"cross_entropy_and_backward",
@@ -349,6 +363,16 @@ std::vector<OpCase> op_cases() {
                     {"d", DType::f32, {}, true}},
                    [](B& b, const Ins& in) {
                      const Attrs a{{"chunk", int64_t{3}}};
+                     auto f = b.emit(OpKind::linear_cross_entropy, {in[0], in[1], in[2]}, a);
+                     auto d = b.emit(OpKind::linear_cross_entropy_backward, {in[3], in[0], in[1], in[2], f[1]}, a);
+                     return std::vector<ValueId>{f[0], f[1], d[0], d[1]};
+                   }, {{"l", labels_with_ignored(10, V, 6)}}, {{"d", {1.25f}}}, false});
+  // With Gemma 2's final logit softcap (capped in the row kernels).
+  cases.push_back({"linear_cross_entropy_and_backward_softcap",
+                   {{"x", DType::f32, {2, 5, H}}, {"w", DType::f32, {V, H}}, {"l", DType::i32, {2, 5}},
+                    {"d", DType::f32, {}, true}},
+                   [](B& b, const Ins& in) {
+                     const Attrs a{{"chunk", int64_t{3}}, {"softcap", 1.5}};
                      auto f = b.emit(OpKind::linear_cross_entropy, {in[0], in[1], in[2]}, a);
                      auto d = b.emit(OpKind::linear_cross_entropy_backward, {in[3], in[0], in[1], in[2], f[1]}, a);
                      return std::vector<ValueId>{f[0], f[1], d[0], d[1]};
