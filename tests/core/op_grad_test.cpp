@@ -3,9 +3,11 @@
 // the gradients of their forward ops; input, fill and count_valid have no gradient.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <map>
+#include <utility>
 
 #include "frontend/tracer.h"
 #include "testing/gradcheck.h"
@@ -374,6 +376,30 @@ Graph linear_cross_entropy_mean(const Shape& x_shape, int64_t V, const Attrs& at
   return g;
 }
 
+// The loss "y0", "lse" and the gradients of x and w of a linear + cross-entropy forward graph
+// (fused or not), from its joint graph on the CPU.
+std::map<std::string, std::vector<float>> run_head(const Graph& forward, Feed& feed) {
+  Graph joint = autodiff(forward, {.loss = "y0"});
+  verify(joint);
+  HeapAllocator alloc;
+  CpuExecutor ex(joint, alloc);
+  feed.bind(ex, joint);
+  ex.run();
+  std::map<std::string, std::vector<float>> out;
+  for (const char* name : {"y0", "lse", "grad:x", "grad:w"}) out[name] = ex.output_vector(name);
+  return out;
+}
+
+// max |got - want| and max |want| of one output.
+std::pair<double, double> max_error(const std::vector<float>& got, const std::vector<float>& want) {
+  double err = 0, scale = 0;
+  for (size_t k = 0; k < want.size(); ++k) {
+    err = std::max(err, std::abs(double(got[k]) - double(want[k])));
+    scale = std::max(scale, std::abs(double(want[k])));
+  }
+  return {err, scale};
+}
+
 TEST(OpGrad, LinearCrossEntropyChunkedWithIgnoredLabels) {
   // T = 9 rows in chunks of 2: a short last chunk, and rows 2-3 a chunk with no label
   // (whose backward skips its gemms).
@@ -416,28 +442,14 @@ TEST(OpGrad, LinearCrossEntropySoftcapEqualsTheCapWrittenOut) {
   Feed feed;
   for (int64_t i = 0; i < B * S; ++i) feed.i["labels"].push_back(i % 5 == 3 ? -100 : int32_t(i * 17 % V));
   testing::fill_random(feed, unfused, 3);  // logits of std 4: most of them capped hard
-  auto run = [&](const Graph& forward) {
-    Graph joint = autodiff(forward, {.loss = "y0"});
-    verify(joint);
-    HeapAllocator alloc;
-    CpuExecutor ex(joint, alloc);
-    feed.bind(ex, joint);
-    ex.run();
-    std::map<std::string, std::vector<float>> out;
-    for (const char* name : {"y0", "lse", "grad:x", "grad:w"}) out[name] = ex.output_vector(name);
-    return out;
-  };
+  auto run = [&](const Graph& forward) { return run_head(forward, feed); };
   auto want = run(unfused);
   for (int64_t chunk : {int64_t{0}, int64_t{8}}) {
     Attrs attrs{{"ignore_index", int64_t{-100}}, {"softcap", cap}};
     if (chunk) attrs.set("chunk", chunk);
     auto got = run(linear_cross_entropy_mean({B, S, H}, V, attrs));
     for (const auto& [name, w] : want) {
-      double err = 0, scale = 0;
-      for (size_t k = 0; k < w.size(); ++k) {
-        err = std::max(err, std::abs(double(got[name][k]) - double(w[k])));
-        scale = std::max(scale, std::abs(double(w[k])));
-      }
+      const auto [err, scale] = max_error(got[name], w);
       std::printf("softcap chunk=%lld %-6s max |fused - written out| = %.3g (max %.3g)\n", (long long)chunk,
                   name.c_str(), err, scale);
       EXPECT_LT(err, 1e-5 * scale) << name << ", chunk " << chunk;
@@ -467,17 +479,7 @@ TEST(OpGrad, LinearCrossEntropyEqualsLinearThenCrossEntropy) {
   // Unit-variance x and w: logits of std 4, a softmax far from uniform.
   testing::fill_random(feed, unfused, 3);
 
-  auto run = [&](const Graph& forward) {
-    Graph joint = autodiff(forward, {.loss = "y0"});
-    verify(joint);
-    HeapAllocator alloc;
-    CpuExecutor ex(joint, alloc);
-    feed.bind(ex, joint);
-    ex.run();
-    std::map<std::string, std::vector<float>> out;
-    for (const char* name : {"y0", "lse", "grad:x", "grad:w"}) out[name] = ex.output_vector(name);
-    return out;
-  };
+  auto run = [&](const Graph& forward) { return run_head(forward, feed); };
   auto want = run(unfused);
   for (int64_t chunk : {int64_t{0}, int64_t{1}, int64_t{8}}) {
     SCOPED_TRACE(str("chunk=", chunk));
@@ -485,11 +487,7 @@ TEST(OpGrad, LinearCrossEntropyEqualsLinearThenCrossEntropy) {
     if (chunk) attrs.set("chunk", chunk);
     auto got = run(linear_cross_entropy_mean({B, S, H}, V, attrs));
     for (const auto& [name, w] : want) {
-      double err = 0, scale = 0;
-      for (size_t k = 0; k < w.size(); ++k) {
-        err = std::max(err, std::abs(double(got[name][k]) - double(w[k])));
-        scale = std::max(scale, std::abs(double(w[k])));
-      }
+      const auto [err, scale] = max_error(got[name], w);
       std::printf("linear_cross_entropy chunk=%lld %-6s max |fused - unfused| = %.3g (max |unfused| %.3g)\n",
                   (long long)chunk, name.c_str(), err, scale);
       // Both paths do the same row maths on logits from gemms of the same operands; what
