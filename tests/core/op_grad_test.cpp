@@ -297,57 +297,45 @@ TEST(OpGrad, AttentionWithDocuments) {
     }
 }
 
+// The finite-difference check of one attention: q, k, v of [B, S, NH or NKV, D = 4], causal or
+// full, a window (0: none), document ids (packed: rows of 3 and 2 documents) and a softcap (0:
+// none). S > 64 spans several key and query tiles (and the window's skipped ones); one
+// sequence and one KV group keep its finite differences to a few seconds (42 s with B 2, NH 4).
+void check_attention_gradients(int64_t S, bool causal, int64_t window, bool packed, double softcap) {
+  SCOPED_TRACE(str("S=", S, causal ? " causal" : " full", " window=", window, packed ? " packed" : "",
+                   " softcap=", softcap));
+  const int64_t B = S > 64 ? 1 : 2, NH = S > 64 ? 2 : 4, NKV = S > 64 ? 1 : 2, D = 4;
+  Tracer t;
+  Tensor q = t.parameter("q", {B, S, NH, D});
+  Tensor k = t.parameter("k", {B, S, NKV, D});
+  Tensor v = t.parameter("v", {B, S, NKV, D});
+  const double scale = 1.0 / std::sqrt(double(D));
+  Feed feed;
+  if (packed) {
+    Tensor docs = t.input(Role::documents, "documents", DType::i32, {B, S});
+    t.output("y0", t.attention(q, k, v, docs, causal, scale, window, softcap));
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t i = 0; i < S; ++i) feed.i["documents"].push_back(int32_t(i >= S / 3) + int32_t(b && i >= S / 2));
+  } else {
+    t.output("y0", t.attention(q, k, v, causal, scale, window, softcap));
+  }
+  check_gradients(t.finish(), feed);
+}
+
 // Gemma 2's logit softcap c tanh(s / c): a cap of 0.5 bends every score of these inputs, full
 // and causal, with GQA, a window and documents; S = 70 spans the kernels' tiles.
 TEST(OpGrad, AttentionWithSoftcap) {
   for (auto [S, causal, window, packed] : {std::tuple<int64_t, bool, int64_t, bool>{5, false, 0, false},
                                            {5, true, 0, false}, {9, true, 3, false}, {9, true, 0, true},
-                                           {70, true, 20, false}}) {
-    SCOPED_TRACE(str("S=", S, causal ? " causal" : " full", " window=", window, packed ? " packed" : ""));
-    const int64_t B = S > 64 ? 1 : 2, NH = S > 64 ? 2 : 4, NKV = S > 64 ? 1 : 2, D = 4;
-    Tracer t;
-    Tensor q = t.parameter("q", {B, S, NH, D});
-    Tensor k = t.parameter("k", {B, S, NKV, D});
-    Tensor v = t.parameter("v", {B, S, NKV, D});
-    const double scale = 1.0 / std::sqrt(double(D));
-    Feed feed;
-    if (packed) {
-      Tensor docs = t.input(Role::documents, "documents", DType::i32, {B, S});
-      t.output("y0", t.attention(q, k, v, docs, causal, scale, window, 0.5));
-      for (int64_t b = 0; b < B; ++b)
-        for (int64_t i = 0; i < S; ++i) feed.i["documents"].push_back(int32_t(i >= S / 3) + int32_t(b && i >= S / 2));
-    } else {
-      t.output("y0", t.attention(q, k, v, causal, scale, window, 0.5));
-    }
-    check_gradients(t.finish(), feed);
-  }
+                                           {70, true, 20, false}})
+    check_attention_gradients(S, causal, window, packed, 0.5);
 }
 
 // A sliding window (Mistral): windows of 1, 3 and longer than S = 9; with documents too.
 // S = 70 with W = 20 has tiles wholly outside the window and tiles across its edge.
 TEST(OpGrad, AttentionWithSlidingWindow) {
   for (auto [S, window] : {std::pair<int64_t, int64_t>{9, 1}, {9, 3}, {9, 12}, {70, 20}})
-    for (bool packed : {false, true}) {
-      SCOPED_TRACE(str("S=", S, " window=", window, packed ? " packed" : ""));
-      // S = 70 spans several key and query tiles (the skipped ones); one sequence and one KV
-      // group keep its finite differences to a few seconds (42 s with B 2, NH 4).
-      const int64_t B = S > 64 ? 1 : 2, NH = S > 64 ? 2 : 4, NKV = S > 64 ? 1 : 2, D = 4;
-      Tracer t;
-      Tensor q = t.parameter("q", {B, S, NH, D});
-      Tensor k = t.parameter("k", {B, S, NKV, D});
-      Tensor v = t.parameter("v", {B, S, NKV, D});
-      const double scale = 1.0 / std::sqrt(double(D));
-      Feed feed;
-      if (packed) {
-        Tensor docs = t.input(Role::documents, "documents", DType::i32, {B, S});
-        t.output("y0", t.attention(q, k, v, docs, true, scale, window));
-        for (int64_t b = 0; b < B; ++b)
-          for (int64_t i = 0; i < S; ++i) feed.i["documents"].push_back(int32_t(i >= S / 3) + int32_t(b && i >= S / 2));
-      } else {
-        t.output("y0", t.attention(q, k, v, true, scale, window));
-      }
-      check_gradients(t.finish(), feed);
-    }
+    for (bool packed : {false, true}) check_attention_gradients(S, true, window, packed, 0.0);
 }
 
 TEST(OpGrad, CrossEntropyMeanWithIgnoredLabels) {

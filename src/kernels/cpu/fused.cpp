@@ -272,33 +272,16 @@ inline vf capped_lanes(const float* p, int64_t len, float softcap) {
   return z;
 }
 
-// cross_entropy_forward of the capped logits (fused.h): the row's max, its sum of exponentials
-// in row_sum's order, and the label's capped logit, each from capped_lanes.
-void cross_entropy_forward_capped(const float* logits, const int32_t* labels, int64_t T, int64_t V,
-                                  int32_t ignore_index, float* loss_sum, float* lse, float softcap) {
-  const int64_t chunks = std::min(T, kRowChunks);
-  double partial[kRowChunks] = {};
-#pragma omp parallel for schedule(static) if (parallel(T * V))
-  for (int64_t c = 0; c < chunks; ++c) {
-    double acc = 0.0;
-    for (int64_t t = chunk_begin(c, T, chunks); t < chunk_begin(c + 1, T, chunks); ++t) {
-      const float* xr = logits + t * V;
-      vf mx = simd::splat(-INFINITY);
-      for (int64_t v = 0; v < V; v += simd::W) mx = simd::vmax(mx, capped_lanes(xr + v, V - v, softcap));
-      const float m = simd::hmax(mx);
-      const vf mv = simd::splat(m);
-      const double s = row_sum(V, [&](int64_t i, int64_t len) {
-        return simd::vexp(capped_lanes(xr + i, len, softcap) - mv);
-      });
-      const double l = double{m} + std::log(s);
-      lse[t] = static_cast<float>(l);
-      if (labels[t] != ignore_index) acc += l - double{capped_lanes(xr + labels[t], 1, softcap)[0]};
-    }
-    partial[c] = acc;
-  }
-  double total = 0.0;
-  for (int64_t c = 0; c < chunks; ++c) total += partial[c];
-  *loss_sum = static_cast<float>(total);
+// One row of cross_entropy_forward of the capped logits (fused.h): the row's max and its sum
+// of exponentials in row_sum's order, from capped_lanes. Returns lse; *label_logit is the
+// label's capped logit (as the row's lanes compute it).
+double capped_forward_row(const float* xr, int64_t V, int64_t y, float softcap, double* label_logit) {
+  vf mx = simd::splat(-INFINITY);
+  for (int64_t v = 0; v < V; v += simd::W) mx = simd::vmax(mx, capped_lanes(xr + v, V - v, softcap));
+  const vf mv = simd::splat(simd::hmax(mx));
+  const double s = row_sum(V, [&](int64_t i, int64_t len) { return simd::vexp(capped_lanes(xr + i, len, softcap) - mv); });
+  *label_logit = double{capped_lanes(xr + y, 1, softcap)[0]};
+  return double{mv[0]} + std::log(s);
 }
 
 // One row of cross_entropy_backward through the cap: with t = tanh(x / c) and
@@ -325,7 +308,6 @@ void capped_backward_row(const float* xr, int64_t y, float lse, float g, int64_t
 
 void cross_entropy_forward(const float* logits, const int32_t* labels, int64_t T, int64_t V,
                            int32_t ignore_index, float* loss_sum, float* lse, float softcap) {
-  if (softcap > 0) return cross_entropy_forward_capped(logits, labels, T, V, ignore_index, loss_sum, lse, softcap);
   const int64_t chunks = std::min(T, kRowChunks);
   double partial[kRowChunks] = {};
 #pragma omp parallel for schedule(static) if (parallel(T * V))
@@ -333,6 +315,14 @@ void cross_entropy_forward(const float* logits, const int32_t* labels, int64_t T
     double acc = 0.0;
     for (int64_t t = chunk_begin(c, T, chunks); t < chunk_begin(c + 1, T, chunks); ++t) {
       const float* xr = logits + t * V;
+      if (softcap > 0) {
+        // (an ignored row's label may be anything: the label's logit is read at 0 then)
+        double zy = 0;
+        const double l = capped_forward_row(xr, V, labels[t] != ignore_index ? labels[t] : 0, softcap, &zy);
+        lse[t] = static_cast<float>(l);
+        if (labels[t] != ignore_index) acc += l - zy;
+        continue;
+      }
       vf mx[4] = {simd::splat(-INFINITY), simd::splat(-INFINITY), simd::splat(-INFINITY),
                   simd::splat(-INFINITY)};
       int64_t v = 0;
