@@ -69,7 +69,7 @@ fuzz: deps-fuzz
 # training section `isa` run once per kernel set this CPU supports (avx2, and avx512 where
 # present). Tables on stdout, JSON in $(BUILD)/bench/.
 #   KERNEL_ARGS="--isa avx2" runs the kernel table for one set; KERNEL_ARGS="--only
-#   sgemm,attention" the named parts (sgemm linear memcpy fma_peak attention rms_norm rope
+#   sgemm,attention" the named parts (sgemm linear memcpy fma_peak attention softcap rms_norm rope
 #   swiglu cross_entropy embedding; a part's baselines run with it).
 #   BENCH_ARGS=--quick for a training subset of under 10 minutes; BENCH_ARGS=--sections=isa
 #   (or sweep,cap,sp,policies,policy-cap) for some parts; BENCH_ARGS="--isas avx2" for one

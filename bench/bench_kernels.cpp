@@ -517,6 +517,7 @@ struct AttentionData {
   std::vector<float> q, k, v, dout, out, lse, dq, dk, dv, ws;
   std::vector<int32_t> docs;  // document ids (B = 1), empty: one document
   int64_t window = 0;         // sliding window, 0: none
+  float softcap = 0;          // logit softcap (Gemma 2), 0: none
   float scale;
   explicit AttentionData(const cpu::AttentionDims& dims) : d(dims) {
     const int64_t nq = d.B * d.S * d.NH * d.D, nk = d.B * d.S * d.NKV * d.D;
@@ -536,12 +537,12 @@ struct AttentionData {
   }
   void forward() {
     cpu::attention_forward(d, true, scale, q.data(), k.data(), v.data(), out.data(), lse.data(),
-                           ws.data(), omp_get_max_threads(), docs.empty() ? nullptr : docs.data(), window);
+                           ws.data(), omp_get_max_threads(), docs.empty() ? nullptr : docs.data(), window, softcap);
   }
   void backward() {
     cpu::attention_backward(d, true, scale, q.data(), k.data(), v.data(), out.data(), lse.data(),
                             dout.data(), dq.data(), dk.data(), dv.data(), ws.data(),
-                            omp_get_max_threads(), docs.empty() ? nullptr : docs.data(), window);
+                            omp_get_max_threads(), docs.empty() ? nullptr : docs.data(), window, softcap);
   }
   // The first key query i sees: its document's start (0 for one document), or the window's.
   int64_t first_key(int64_t i) const {
@@ -589,13 +590,17 @@ RowRef attention_row(const AttentionData& a, int64_t h, int64_t i) {
   const float* qi = a.q.data() + (i * d.NH + h) * D;
   const float* doi = a.dout.data() + (i * d.NH + h) * D;
   const int64_t j0 = a.first_key(i);
-  std::vector<double> s(i + 1);
+  std::vector<double> s(i + 1), dcap(i + 1, 1.0);  // dcap: d(capped score) / d(score)
   double m = -1e300;
   for (int64_t j = j0; j <= i; ++j) {
     const float* kj = a.k.data() + (j * d.NKV + kvh) * D;
     double x = 0.0;
     for (int64_t dd = 0; dd < D; ++dd) x += static_cast<double>(qi[dd]) * kj[dd];
     s[j] = a.scale * x;
+    if (a.softcap > 0) {
+      const double t = std::tanh(s[j] / a.softcap);
+      s[j] = a.softcap * t, dcap[j] = 1.0 - t * t;
+    }
     m = std::max(m, s[j]);
   }
   double l = 0.0;
@@ -613,7 +618,7 @@ RowRef attention_row(const AttentionData& a, int64_t h, int64_t i) {
   for (int64_t dd = 0; dd < D; ++dd) delta += r.out[dd] * doi[dd];
   for (int64_t j = j0; j <= i; ++j) {
     const float* kj = a.k.data() + (j * d.NKV + kvh) * D;
-    const double ds = std::exp(s[j] - r.lse) * (dp[j] - delta);
+    const double ds = std::exp(s[j] - r.lse) * (dp[j] - delta) * dcap[j];
     for (int64_t dd = 0; dd < D; ++dd) r.dq[dd] += a.scale * ds * kj[dd];
   }
   return r;
@@ -705,6 +710,49 @@ void bench_window(Bench& bench, int64_t S, int64_t W, int64_t D) {
                window ? "causal" : "sgemm 2048", base});
     if (!window) full = bench.rows.size() - 1;
     bench.windows.push_back({bench.isa, S, D, window, bench.rows.size() - 1});
+  }
+}
+
+// Gemma 2's logit softcaps against the same kernels without them, in the same run: attention's
+// c tanh(s / c) on every score (the forward's, and the backward's recomputed ones, with the
+// derivative), and the loss's on every logit (forward and backward, as linear_cross_entropy's
+// chunks run them). Each capped row's baseline is its uncapped row: the ratio is the cap's cost.
+void bench_softcap(Bench& bench, int64_t S, int64_t D) {
+  const cpu::AttentionDims d{1, S, 8, 4, D};
+  const double work = attention_flops(d, 14);
+  double base = 0.0;
+  for (const float cap : {0.0f, 50.0f}) {
+    AttentionData a(d);
+    a.softcap = cap;
+    const std::string shape = dims({1, S, 8, 4, D}, "B S NH NKV D") + " causal" + (cap > 0 ? ", softcap 50" : "");
+    const Timing t = measure([&] { a.forward(); a.backward(); }, [&] { check_attention_rows(a, true); }, 1.0, 0);
+    bench.add({"attention fwd+bwd, softcap", shape, t, work, true, cap > 0 ? "no softcap" : "sgemm 2048", base});
+    if (cap == 0) base = bench.rows.back().rate();
+  }
+  const int64_t T = 1024, V = 32000;  // the memory-bound parts' V (kV, below)
+  const auto logits = random_floats(T * V, 27, -8, 8);
+  const auto labels = random_ints(T, 28, static_cast<int32_t>(V));
+  std::vector<float> lse(T), dlogits(T * V);
+  float loss = 0.0f;
+  const float dloss = 1.0f / T;
+  double fwd_base = 0.0, bwd_base = 0.0;
+  for (const float cap : {0.0f, 30.0f}) {
+    const std::string shape = dims({T, V}, "T V") + (cap > 0 ? ", softcap 30" : "");
+    const Timing tf = measure(
+        [&] { cpu::cross_entropy_forward(logits.data(), labels.data(), T, V, -100, &loss, lse.data(), cap); },
+        [&] { check_finite("cross_entropy loss", &loss, 1), check_finite("cross_entropy lse", lse.data(), T); }, 1.0,
+        3, 21);
+    bench.add({"cross_entropy fwd, softcap", shape, tf, 4.0 * (T * V + 2 * T), false,
+               cap > 0 ? "no softcap" : "memcpy", fwd_base});
+    if (cap == 0) fwd_base = bench.rows.back().rate();
+    const Timing tb = measure(
+        [&] {
+          cpu::cross_entropy_backward(&dloss, logits.data(), labels.data(), lse.data(), T, V, -100, dlogits.data(), cap);
+        },
+        [&] { check_finite("cross_entropy dlogits", dlogits.data(), T * V); }, 1.0, 3, 21);
+    bench.add({"cross_entropy bwd, softcap", shape, tb, 4.0 * (2 * T * V + 2 * T), false,
+               cap > 0 ? "no softcap" : "memcpy", bwd_base});
+    if (cap == 0) bwd_base = bench.rows.back().rate();
   }
 }
 
@@ -1016,7 +1064,7 @@ void write_json(const Bench& b, const std::string& path, int threads,
 // The parts --only can name, in the order they run. The per-set ones run once per
 // instruction set.
 const char* const kParts[] = {"sgemm", "linear", "memcpy", "fma_peak", "attention", "documents", "window",
-                              "rms_norm", "rope", "swiglu", "cross_entropy", "embedding"};
+                              "softcap", "rms_norm", "rope", "swiglu", "cross_entropy", "embedding"};
 const std::set<std::string> kMemoryParts = {"rms_norm", "rope", "swiglu", "cross_entropy",
                                             "embedding"};
 
@@ -1032,7 +1080,7 @@ int main(int argc, char** argv) {
                                    "every one this CPU supports)")
       ->check(CLI::IsMember({"avx2", "avx512"}));
   app.add_option("--only", only, "comma list of parts to run (default all): sgemm, linear, "
-                                 "memcpy, fma_peak, attention, documents, window, rms_norm, rope, swiglu, "
+                                 "memcpy, fma_peak, attention, documents, window, softcap, rms_norm, rope, swiglu, "
                                  "cross_entropy, embedding; a part's baselines run with it")
       ->check([](const std::string& list) {
         // One comma list (CLI11's delimiter would also take the JSON path as a part).
@@ -1049,8 +1097,8 @@ int main(int argc, char** argv) {
   std::stringstream only_list(only);
   for (std::string p; std::getline(only_list, p, ',');) parts.insert(p);
   if (parts.empty()) parts.insert(std::begin(kParts), std::end(kParts));
-  if (parts.count("attention") || parts.count("documents") || parts.count("window"))
-    parts.insert({"sgemm", "fma_peak"});
+  if (parts.count("attention") || parts.count("documents") || parts.count("window") || parts.count("softcap"))
+    parts.insert({"sgemm", "fma_peak", "memcpy"});
   if (parts.count("linear")) parts.insert("sgemm");
   for (const auto& p : kMemoryParts)
     if (parts.count(p)) parts.insert("memcpy");
@@ -1114,6 +1162,7 @@ int main(int argc, char** argv) {
           if (D != 40 || S == 2048 || S == 4096) bench_attention(bench, S, D);
     if (want("documents")) bench_documents(bench, 16384, 64);
     if (want("window")) bench_window(bench, 16384, 4096, 64);
+    if (want("softcap")) bench_softcap(bench, 4096, 64);
     if (want("rms_norm")) bench_rms_norm(bench);
     if (want("rope")) bench_rope(bench);
     if (want("swiglu")) bench_swiglu(bench);

@@ -589,7 +589,9 @@ struct HostArray {
 
 class HostEvaluator {
  public:
-  HostEvaluator(const TorchProgram::Impl& m, int64_t batch, int64_t seq) : m_(m), batch_(batch), seq_(seq) {}
+  // max_elements caps every array (an op that would make a larger one is not evaluated).
+  HostEvaluator(const TorchProgram::Impl& m, int64_t batch, int64_t seq, int64_t max_elements = int64_t(1) << 24)
+      : m_(m), batch_(batch), seq_(seq), max_elements_(max_elements) {}
 
   const HostArray* eval(const std::string& name) {
     auto it = memo_.find(name);
@@ -623,7 +625,7 @@ class HostEvaluator {
     double largest_constant;
   };
   std::map<std::string, Entry> memo_;
-  static constexpr int64_t kMaxElements = int64_t(1) << 24;
+  const int64_t max_elements_;
 
   static const json* arg(const FxNode& n, const std::string& name, size_t position) {
     for (const auto& [k, v] : n.args)
@@ -720,8 +722,8 @@ class HostEvaluator {
     }
     return out;
   }
-  static std::optional<HostArray> expand(const HostArray& a, const Shape& to) {
-    if (numel(to) > kMaxElements || to.size() < a.shape.size()) return std::nullopt;
+  std::optional<HostArray> expand(const HostArray& a, const Shape& to) const {
+    if (numel(to) > max_elements_ || to.size() < a.shape.size()) return std::nullopt;
     const size_t r = to.size(), pad = r - a.shape.size();
     std::vector<int64_t> stride(r, 0);
     for (int64_t i = int64_t(r) - 1, st = 1; i >= int64_t(pad); --i) {
@@ -741,7 +743,7 @@ class HostEvaluator {
     return out;
   }
   template <typename F>
-  static std::optional<HostArray> elementwise(std::vector<HostArray> xs, F f) {
+  std::optional<HostArray> elementwise(std::vector<HostArray> xs, F f) const {
     Shape shape;
     for (const HostArray& x : xs) {
       std::optional<Shape> s = broadcast_shape(shape, x.shape);
@@ -780,7 +782,7 @@ class HostEvaluator {
     if (m_.stored.count(name) && !m_.parameter_of.count(name)) {
       read_stored = true;
       const StoredTensor& t = m_.stored.at(name);
-      if (numel(t.shape) > kMaxElements) return std::nullopt;
+      if (numel(t.shape) > max_elements_) return std::nullopt;
       return HostArray{t.shape, m_.read_floats(t, name)};
     }
     const FxNode* np = node_of(name);
@@ -820,6 +822,7 @@ class HostEvaluator {
       std::optional<int64_t> end = integer(arg(n, "end", with_start ? 1 : 0));
       std::optional<int64_t> step = op == "arange.start_step" ? integer(arg(n, "step", 2)) : std::optional<int64_t>(1);
       if (!start || !end || !step || *step == 0) return std::nullopt;
+      if ((double(*end) - double(*start)) / double(*step) > double(max_elements_)) return std::nullopt;
       constant(double(*start)), constant(double(*step));
       HostArray out;
       for (int64_t i = *start; *step > 0 ? i < *end : i > *end; i += *step) out.v.push_back(float(i));
@@ -830,7 +833,7 @@ class HostEvaluator {
         op == "new_zeros.default" || op == "new_full.default") {
       const bool is_new = op.rfind("new_", 0) == 0;
       std::optional<std::vector<int64_t>> size = integers(arg(n, "size", is_new ? 1 : 0));
-      if (!size || numel(*size) > kMaxElements) return std::nullopt;
+      if (!size || numel(*size) > max_elements_) return std::nullopt;
       double fill = op.find("ones") != std::string::npos ? 1.0 : 0.0;
       if (op == "full.default" || op == "new_full.default") {
         std::optional<HostArray> f = operand(arg(n, "fill_value", is_new ? 2 : 1), /*fill=*/true);
@@ -1218,7 +1221,8 @@ class TorchImporter {
         "torch.ops.aten.add.Tensor", "torch.ops.aten.sub.Tensor", "torch.ops.aten.mul.Tensor",
         "torch.ops.aten.cumsum.default", "torch.ops.aten.slice.Tensor"};
     if (!arithmetic.count(n.target)) return std::nullopt;
-    if (!sizes_) sizes_.emplace(m_, o_.batch, o_.seq_len);
+    // Capped at the positions' own size: a mask ([.., S, S]) is not evaluated on the way.
+    if (!sizes_) sizes_.emplace(m_, o_.batch, o_.seq_len, o_.batch * o_.seq_len);
     sizes_->reset();
     const HostArray* a = sizes_->eval(name);
     if (!a || sizes_->read_stored) return std::nullopt;
