@@ -747,7 +747,8 @@ void bench_softcap(Bench& bench, int64_t S, int64_t D) {
     if (cap == 0) fwd_base = bench.rows.back().rate();
     const Timing tb = measure(
         [&] {
-          cpu::cross_entropy_backward(&dloss, logits.data(), labels.data(), lse.data(), T, V, -100, dlogits.data(), cap);
+          cpu::cross_entropy_backward(&dloss, logits.data(), labels.data(), lse.data(), T, V, -100, dlogits.data(),
+                                      cap);
         },
         [&] { check_finite("cross_entropy dlogits", dlogits.data(), T * V); }, 1.0, 3, 21);
     bench.add({"cross_entropy bwd, softcap", shape, tb, 4.0 * (2 * T * V + 2 * T), false,

@@ -137,8 +137,8 @@ void cuda_attention(const KernelArgs& a, const CudaContext& c) {
                                    a.out<void>(0), a.out<float>(1), a.workspace))
     return;
   cuda_attention_forward_blocks(c, cuda_in_dt(a, 0), cuda_dims(d), a.attrs->get_int("causal") != 0, window_of(*a.attrs),
-                                float(a.attrs->get_float("scale")), softcap_of(*a.attrs), a.in<void>(0), a.in<void>(1), a.in<void>(2), doc,
-                                a.out<void>(0), a.out<float>(1), a.workspace);
+                                float(a.attrs->get_float("scale")), softcap_of(*a.attrs), a.in<void>(0), a.in<void>(1),
+                                a.in<void>(2), doc, a.out<void>(0), a.out<float>(1), a.workspace);
 }
 // attention_backward(dout, q, k, v, out, lse[, doc]) -> (dq, dk, dv)
 void cuda_attention_backward(const KernelArgs& a, const CudaContext& c) {
@@ -152,10 +152,10 @@ void cuda_attention_backward(const KernelArgs& a, const CudaContext& c) {
                                     a.in<float>(5), a.in<void>(0), doc, a.out<void>(0), a.out<void>(1),
                                     a.out<void>(2), a.workspace))
     return;
-  cuda_attention_backward_blocks(c, cuda_in_dt(a, 1), cuda_dims(d), a.attrs->get_int("causal") != 0, window_of(*a.attrs),
-                                 float(a.attrs->get_float("scale")), softcap_of(*a.attrs), a.in<void>(1), a.in<void>(2), a.in<void>(3),
-                                 a.in<void>(4), a.in<float>(5), a.in<void>(0), doc, a.out<void>(0), a.out<void>(1),
-                                 a.out<void>(2), a.workspace);
+  cuda_attention_backward_blocks(c, cuda_in_dt(a, 1), cuda_dims(d), a.attrs->get_int("causal") != 0,
+                                 window_of(*a.attrs), float(a.attrs->get_float("scale")), softcap_of(*a.attrs),
+                                 a.in<void>(1), a.in<void>(2), a.in<void>(3), a.in<void>(4), a.in<float>(5),
+                                 a.in<void>(0), doc, a.out<void>(0), a.out<void>(1), a.out<void>(2), a.workspace);
 }
 #endif
 }  // namespace

@@ -102,8 +102,8 @@ void cuda_attention_backward_blocks(const CudaContext& c, cuda::Dt dt, const cud
           cuda_gemm(c, dt, cuda::Dt::f32, false, true, blk.nq, blk.nk, D, 1.0f, at(dout, row, dt), d.NH * D, vg,
                     d.NKV * D, 0.0f, dprobs + hh * cells, blk.nk, op);
         }
-        cuda::attention_block_backward_probs(dt, d, blk, causal, window, softcap, doc, scores, dprobs, lse, delta, probs,
-                                             dscores, c.stream);
+        cuda::attention_block_backward_probs(dt, d, blk, causal, window, softcap, doc, scores, dprobs, lse, delta,
+                                             probs, dscores, c.stream);
         for (int64_t hh = 0; hh < G; ++hh) {
           const int64_t row = ((b * d.S + q0) * d.NH + g * G + hh) * D;
           const void* ds_h = at(dscores, hh * cells, dt);

@@ -208,8 +208,12 @@ std::vector<OpCase> op_cases() {
   cases.push_back({"relu_backward", {{"dy", DType::f32, {4, 33}}, {"x", DType::f32, {4, 33}}}, one(OpKind::relu_backward),
                    {}, {}, false});
   cases.push_back({"tanh", {{"x", DType::f32, {4, 33}}}, one(OpKind::tanh)});
-  cases.push_back({"tanh_backward", {{"dy", DType::f32, {4, 33}}, {"y", DType::f32, {4, 33}}}, one(OpKind::tanh_backward),
-                   {}, {}, false});
+  cases.push_back({"tanh_backward",
+                   {{"dy", DType::f32, {4, 33}}, {"y", DType::f32, {4, 33}}},
+                   one(OpKind::tanh_backward),
+                   {},
+                   {},
+                   false});
   cases.push_back({"swiglu", {{"g", DType::f32, {4, 33}}, {"u", DType::f32, {4, 33}}}, one(OpKind::swiglu)});
   cases.push_back({"swiglu_backward",
                    {{"dy", DType::f32, {4, 33}}, {"g", DType::f32, {4, 33}}, {"u", DType::f32, {4, 33}}},
@@ -335,9 +339,14 @@ std::vector<OpCase> op_cases() {
   // Gemma 2's attention logit softcap, with a window: the cuda blocks against the CPU kernels.
   {
     const Attrs a{{"causal", int64_t{1}}, {"scale", scale}, {"window", int64_t{3}}, {"softcap", 0.5}};
-    cases.push_back({"attention_softcap",
-                     {{"q", DType::f32, {Bt, S, NH, D}}, {"k", DType::f32, {Bt, S, NKV, D}}, {"v", DType::f32, {Bt, S, NKV, D}}},
-                     [a](B& b, const Ins& in) { return b.emit(OpKind::attention, in, a); }, {}, {}, true, 1});
+    cases.push_back(
+        {"attention_softcap",
+         {{"q", DType::f32, {Bt, S, NH, D}}, {"k", DType::f32, {Bt, S, NKV, D}}, {"v", DType::f32, {Bt, S, NKV, D}}},
+         [a](B& b, const Ins& in) { return b.emit(OpKind::attention, in, a); },
+         {},
+         {},
+         true,
+         1});
     cases.push_back({"attention_and_backward_softcap",
                      {{"q", DType::f32, {Bt, S, NH, D}}, {"k", DType::f32, {Bt, S, NKV, D}},
                       {"v", DType::f32, {Bt, S, NKV, D}}, {"dout", DType::f32, {Bt, S, NH, D}}},
@@ -502,11 +511,11 @@ TEST(CudaAttentionKernel, ReferenceRefusesAHeadDimPastItsRegisters) {
   for (const bool backward : {false, true}) {
     try {
       if (backward)
-        cuda::attention_backward(cuda::Dt::f32, d, true, 0, 1.0f, 0.0f, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
-                                 nullptr, nullptr, nullptr, nullptr, nullptr, nullptr);
+        cuda::attention_backward(cuda::Dt::f32, d, true, 0, 1.0f, 0.0f, nullptr, nullptr, nullptr, nullptr, nullptr,
+                                 nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr);
       else
-        cuda::attention_forward(cuda::Dt::f32, d, true, 0, 1.0f, 0.0f, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
-                                nullptr);
+        cuda::attention_forward(cuda::Dt::f32, d, true, 0, 1.0f, 0.0f, nullptr, nullptr, nullptr, nullptr, nullptr,
+                                nullptr, nullptr);
       ADD_FAILURE() << "D = " << d.D << " was launched (backward " << backward << ")";
     } catch (const std::invalid_argument& e) {
       EXPECT_NE(std::string(e.what()).find("head dim D = 257"), std::string::npos) << e.what();

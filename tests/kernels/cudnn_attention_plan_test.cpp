@@ -227,7 +227,8 @@ TEST(AttentionSelection, CudnnTakesBf16WithAHeadDimOfItsKernels) {
   CudnnSdpaKey capped = cuda::cudnn_sdpa_key(false, cuda::Dt::bf16, 1, 512, 8, 2, 64, true, 0, 0.125f, false, 0, 50.0f);
   EXPECT_EQ(capped.softcap, 50.0f);
   EXPECT_EQ(impl(capped), AttentionImplementation::blocks);
-  EXPECT_NE(cuda::choose_attention(cuda::AttentionMode::automatic, true, capped).why.find("softcap"), std::string::npos);
+  EXPECT_NE(cuda::choose_attention(cuda::AttentionMode::automatic, true, capped).why.find("softcap"),
+            std::string::npos);
   EXPECT_TRUE(cuda::choose_attention(cuda::AttentionMode::cudnn, true, capped).error);
   const auto why = cuda::choose_attention(cuda::AttentionMode::automatic, true, key_of(cuda::Dt::f32, 64, false));
   EXPECT_NE(why.why.find("bf16"), std::string::npos) << why.why;

@@ -79,8 +79,14 @@ TEST(Isa, Avx2AndAvx512AttentionAgree) {
     int64_t window;
     float softcap;
   };
-  for (auto [D, packed, window, softcap] : {Case{40, false, 0, 0}, {64, false, 0, 0}, {40, true, 0, 0}, {64, true, 0, 0},
-                                            {40, false, 50, 0}, {64, true, 50, 0}, {40, false, 0, 2}, {64, true, 50, 2}}) {
+  for (auto [D, packed, window, softcap] : {Case{40, false, 0, 0},
+                                            {64, false, 0, 0},
+                                            {40, true, 0, 0},
+                                            {64, true, 0, 0},
+                                            {40, false, 50, 0},
+                                            {64, true, 50, 0},
+                                            {40, false, 0, 2},
+                                            {64, true, 50, 2}}) {
     const cpu::AttentionDims d{2, 200, 6, 2, D};
     const size_t nq = d.B * d.S * d.NH * d.D, nk = d.B * d.S * d.NKV * d.D;
     const auto q = random_floats(nq, 1, -2, 2), k = random_floats(nk, 2, -2, 2);

@@ -279,7 +279,8 @@ double capped_forward_row(const float* xr, int64_t V, int64_t y, float softcap, 
   vf mx = simd::splat(-INFINITY);
   for (int64_t v = 0; v < V; v += simd::W) mx = simd::vmax(mx, capped_lanes(xr + v, V - v, softcap));
   const vf mv = simd::splat(simd::hmax(mx));
-  const double s = row_sum(V, [&](int64_t i, int64_t len) { return simd::vexp(capped_lanes(xr + i, len, softcap) - mv); });
+  const double s =
+      row_sum(V, [&](int64_t i, int64_t len) { return simd::vexp(capped_lanes(xr + i, len, softcap) - mv); });
   *label_logit = double{capped_lanes(xr + y, 1, softcap)[0]};
   return double{mv[0]} + std::log(s);
 }

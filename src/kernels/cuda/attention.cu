@@ -59,8 +59,8 @@ __device__ __forceinline__ Capped cap(float s, float softcap) {
 }
 
 template <typename T>
-__global__ void forward_kernel(AttentionDims d, bool causal, int64_t window, float scale, float softcap, const T* q, const T* k,
-                               const T* v, const int32_t* doc, T* out, float* lse, int tile) {
+__global__ void forward_kernel(AttentionDims d, bool causal, int64_t window, float scale, float softcap, const T* q,
+                               const T* k, const T* v, const int32_t* doc, T* out, float* lse, int tile) {
   extern __shared__ float smem[];
   float* ks = smem;
   float* vs = ks + tile * d.D;
@@ -125,9 +125,9 @@ __global__ void delta_kernel(AttentionDims d, const T* out, const T* dout, float
 }
 
 template <typename T>
-__global__ void dq_kernel(AttentionDims d, bool causal, int64_t window, float scale, float softcap, const T* q, const T* k,
-                          const T* v, const float* lse, const float* delta, const T* dout, const int32_t* doc, T* dq,
-                          int tile) {
+__global__ void dq_kernel(AttentionDims d, bool causal, int64_t window, float scale, float softcap, const T* q,
+                          const T* k, const T* v, const float* lse, const float* delta, const T* dout,
+                          const int32_t* doc, T* dq, int tile) {
   extern __shared__ float smem[];
   float* ks = smem;
   float* vs = ks + tile * d.D;
@@ -177,9 +177,9 @@ __global__ void dq_kernel(AttentionDims d, bool causal, int64_t window, float sc
 // One thread per key row j of kv head g; loops over the group's query heads and the query
 // tiles that can see j.
 template <typename T>
-__global__ void dkdv_kernel(AttentionDims d, bool causal, int64_t window, float scale, float softcap, const T* q, const T* k,
-                            const T* v, const float* lse, const float* delta, const T* dout, const int32_t* doc, T* dk, T* dv,
-                            int tile) {
+__global__ void dkdv_kernel(AttentionDims d, bool causal, int64_t window, float scale, float softcap, const T* q,
+                            const T* k, const T* v, const float* lse, const float* delta, const T* dout,
+                            const int32_t* doc, T* dk, T* dv, int tile) {
   extern __shared__ float smem[];
   float* qs = smem;
   float* dos = qs + tile * d.D;
@@ -296,12 +296,13 @@ __global__ void store_kv_grads_kernel(AttentionDims d, int64_t b, int64_t g, con
 }  // namespace
 
 void attention_block_softmax(Dt dt, const AttentionDims& d, const AttentionBlock& blk, bool causal, int64_t window,
-                             float softcap, const int32_t* doc, const float* scores, void* probs, float* lse, cudaStream_t stream) {
+                             float softcap, const int32_t* doc, const float* scores, void* probs, float* lse,
+                             cudaStream_t stream) {
   const int64_t rows = (d.NH / d.NKV) * blk.nq;
   if (rows == 0 || blk.nk == 0) return;
   dispatch(dt, [&]<typename T>() {
-    block_softmax_kernel<T><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(d, blk, causal, window, softcap, doc, scores,
-                                                                                    static_cast<T*>(probs), lse);
+    block_softmax_kernel<T><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(d, blk, causal, window, softcap, doc,
+                                                                                  scores, static_cast<T*>(probs), lse);
   });
 }
 
@@ -315,14 +316,15 @@ void attention_delta(Dt dt, const AttentionDims& d, const void* out, const void*
 }
 
 void attention_block_backward_probs(Dt dt, const AttentionDims& d, const AttentionBlock& blk, bool causal,
-                                    int64_t window, float softcap, const int32_t* doc, const float* scores, const float* dprobs,
-                                    const float* lse, const float* delta, void* probs, void* dscores,
-                                    cudaStream_t stream) {
+                                    int64_t window, float softcap, const int32_t* doc, const float* scores,
+                                    const float* dprobs, const float* lse, const float* delta, void* probs,
+                                    void* dscores, cudaStream_t stream) {
   const int64_t n = (d.NH / d.NKV) * blk.nq * blk.nk;
   if (n == 0) return;
   dispatch(dt, [&]<typename T>() {
-    block_backward_probs_kernel<T><<<blocks_for(n), kThreads, 0, stream>>>(
-        d, blk, causal, window, softcap, doc, scores, dprobs, lse, delta, static_cast<T*>(probs), static_cast<T*>(dscores));
+    block_backward_probs_kernel<T><<<blocks_for(n), kThreads, 0, stream>>>(d, blk, causal, window, softcap, doc, scores,
+                                                                           dprobs, lse, delta, static_cast<T*>(probs),
+                                                                           static_cast<T*>(dscores));
   });
 }
 
@@ -344,8 +346,8 @@ void attention_forward(Dt dt, const AttentionDims& d, bool causal, int64_t windo
   const size_t smem = sizeof(float) * (2 * tile * d.D + tile);
   dispatch(dt, [&]<typename T>() {
     forward_kernel<T><<<grid_of(d.S, d.NH, d.B), kRows, smem, stream>>>(
-        d, causal, window, scale, softcap, static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), doc,
-        static_cast<T*>(out), lse, tile);
+        d, causal, window, scale, softcap, static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v),
+        doc, static_cast<T*>(out), lse, tile);
   });
 }
 
@@ -362,11 +364,11 @@ void attention_backward(Dt dt, const AttentionDims& d, bool causal, int64_t wind
     delta_kernel<T><<<blocks_for(d.B * d.S * d.NH), kThreads, 0, stream>>>(d, static_cast<const T*>(out),
                                                                             static_cast<const T*>(dout), delta);
     dq_kernel<T><<<grid_of(d.S, d.NH, d.B), kRows, smem_q, stream>>>(
-        d, causal, window, scale, softcap, static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), lse,
-        delta, static_cast<const T*>(dout), doc, static_cast<T*>(dq), tile);
+        d, causal, window, scale, softcap, static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v),
+        lse, delta, static_cast<const T*>(dout), doc, static_cast<T*>(dq), tile);
     dkdv_kernel<T><<<grid_of(d.S, d.NKV, d.B), kRows, smem_kv, stream>>>(
-        d, causal, window, scale, softcap, static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), lse,
-        delta, static_cast<const T*>(dout), doc, static_cast<T*>(dk), static_cast<T*>(dv), tile);
+        d, causal, window, scale, softcap, static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v),
+        lse, delta, static_cast<const T*>(dout), doc, static_cast<T*>(dk), static_cast<T*>(dv), tile);
   });
 }
 

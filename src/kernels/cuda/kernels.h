@@ -118,14 +118,14 @@ struct AttentionDims {
 };
 // The reference kernels; the ops run ops/cuda_attention.cpp's blocks. D <= kAttentionMaxD (limits.h): a larger
 // D throws std::invalid_argument before any launch.
-void attention_forward(Dt dt, const AttentionDims& d, bool causal, int64_t window, float scale, float softcap, const void* q,
-                       const void* k, const void* v, const int32_t* doc, void* out, float* lse,
+void attention_forward(Dt dt, const AttentionDims& d, bool causal, int64_t window, float scale, float softcap,
+                       const void* q, const void* k, const void* v, const int32_t* doc, void* out, float* lse,
                        cudaStream_t stream);
 // delta: B * NH * S floats of scratch (rowsum(dout * out)). Writes dq, dk, dv.
-void attention_backward(Dt dt, const AttentionDims& d, bool causal, int64_t window, float scale, float softcap, const void* q,
-                        const void* k, const void* v, const void* out, const float* lse,
-                        const void* dout, const int32_t* doc, void* dq, void* dk, void* dv,
-                        float* delta, cudaStream_t stream);
+void attention_backward(Dt dt, const AttentionDims& d, bool causal, int64_t window, float scale, float softcap,
+                        const void* q, const void* k, const void* v, const void* out, const float* lse,
+                        const void* dout, const int32_t* doc, void* dq, void* dk, void* dv, float* delta,
+                        cudaStream_t stream);
 
 // ---- attention by blocks of queries (ops/cuda_attention.cpp runs the gemms; these are its
 // row kernels; kernels/cuda/attention_blocks.h has the layout) ------------------------------
@@ -138,16 +138,17 @@ struct AttentionBlock {
 // probs[r, j] = exp(cap(scores[r, j]) - lse) for visible keys, 0 for the others; lse of each row
 // into lse [B, NH, S].
 void attention_block_softmax(Dt dt, const AttentionDims& d, const AttentionBlock& blk, bool causal, int64_t window,
-                             float softcap, const int32_t* doc, const float* scores, void* probs, float* lse, cudaStream_t stream);
+                             float softcap, const int32_t* doc, const float* scores, void* probs, float* lse,
+                             cudaStream_t stream);
 // delta [B, NH, S] = rowsum(dout * out).
 void attention_delta(Dt dt, const AttentionDims& d, const void* out, const void* dout, float* delta,
                      cudaStream_t stream);
 // p = exp(cap(scores) - lse) (0 where not visible) into probs, and dS = p (dprobs - delta) cap'(scores)
 // into dscores, both of dtype dt.
 void attention_block_backward_probs(Dt dt, const AttentionDims& d, const AttentionBlock& blk, bool causal,
-                                    int64_t window, float softcap, const int32_t* doc, const float* scores, const float* dprobs,
-                                    const float* lse, const float* delta, void* probs, void* dscores,
-                                    cudaStream_t stream);
+                                    int64_t window, float softcap, const int32_t* doc, const float* scores,
+                                    const float* dprobs, const float* lse, const float* delta, void* probs,
+                                    void* dscores, cudaStream_t stream);
 // dk, dv rows of kv head g in batch b ([B, S, NKV, D], dtype dt) from the f32 sums [S, D].
 void attention_store_kv_grads(Dt dt, const AttentionDims& d, int64_t b, int64_t g, const float* dk_sum,
                               const float* dv_sum, void* dk, void* dv, cudaStream_t stream);
