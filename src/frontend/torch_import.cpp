@@ -1214,7 +1214,9 @@ class TorchImporter {
   // Positions computed from the sizes alone by arithmetic on them, as OPT's are: a mask of
   // ones, its cumsum along the sequence, times the mask, minus 1, plus the table's offset 2.
   // The value, evaluated on the host at this batch and length, is the positions (plus an
-  // offset) when each row is offset, offset + 1, ..., offset + S - 1: [B, S], [1, S] or [S].
+  // offset) when each row is offset, offset + 1, ..., offset + S - 1: [B, S], [1, S] or [S];
+  // and evaluated at S + 1 as well, it must be those of S + 1 (so it is a function of the
+  // length, not a constant that happens to look like positions, as any integer would at S = 1).
   // Only for the index arithmetic ops, and never from a stored tensor.
   std::optional<Imported> host_positions(const FxNode& n, const std::string& name) {
     static const std::set<std::string> arithmetic = {
@@ -1222,25 +1224,34 @@ class TorchImporter {
         "torch.ops.aten.cumsum.default", "torch.ops.aten.slice.Tensor"};
     if (!arithmetic.count(n.target)) return std::nullopt;
     // Capped at the positions' own size: a mask ([.., S, S]) is not evaluated on the way.
-    if (!sizes_) sizes_.emplace(m_, o_.batch, o_.seq_len, o_.batch * o_.seq_len);
-    sizes_->reset();
-    const HostArray* a = sizes_->eval(name);
-    if (!a || sizes_->read_stored) return std::nullopt;
-    const int64_t S = o_.seq_len;
+    if (!sizes_) {
+      sizes_.emplace(m_, o_.batch, o_.seq_len, o_.batch * o_.seq_len);
+      longer_.emplace(m_, o_.batch, o_.seq_len + 1, o_.batch * (o_.seq_len + 1));
+    }
+    std::optional<int64_t> offset = positions_offset(*sizes_, name, o_.seq_len);
+    if (!offset || positions_offset(*longer_, name, o_.seq_len + 1) != offset) return std::nullopt;
+    Imported v;
+    v.kind = Imported::positions;
+    v.shape = sizes_->eval(name)->shape;
+    v.offset = *offset;
+    return v;
+  }
+  // The offset c when `name` evaluates (by `h`, at length S, reading no stored tensor) to rows
+  // c, c + 1, ..., c + S - 1 of shape [B, S], [1, S] or [S].
+  std::optional<int64_t> positions_offset(HostEvaluator& h, const std::string& name, int64_t S) const {
+    h.reset();
+    const HostArray* a = h.eval(name);
+    if (!a || h.read_stored) return std::nullopt;
     const Shape& s = a->shape;
     if (s.empty() || s.back() != S || s.size() > 2 || (s.size() == 2 && s[0] != 1 && s[0] != o_.batch))
       return std::nullopt;
     const double offset = a->v.empty() ? 0 : double(a->v[0]);
-    if (offset != std::round(offset)) return std::nullopt;
+    if (offset != std::round(offset) || std::abs(offset) > 1e9) return std::nullopt;
     for (size_t k = 0; k < a->v.size(); ++k)
       if (double(a->v[k]) != offset + double(int64_t(k) % S)) return std::nullopt;
-    Imported v;
-    v.kind = Imported::positions;
-    v.shape = s;
-    v.offset = int64_t(offset);
-    return v;
+    return int64_t(offset);
   }
-  std::optional<HostEvaluator> sizes_;  // host_positions' evaluator, at this batch and length
+  std::optional<HostEvaluator> sizes_, longer_;  // host_positions' evaluators: at this batch and length, and S + 1
   static Imported tensor_value(Tensor t, Shape shape) {
     Imported v;
     v.kind = Imported::tensor;
