@@ -461,6 +461,17 @@ TEST(TorchImport, Gemma2sSoftcapsAreTheAttentionsAndTheFusedLosss) {
   EXPECT_EQ(text.find("tanh("), std::string::npos) << text;
 }
 
+// OPT's positions (a cumsum of a mask of ones, minus 1, plus 2) read its learned table from row
+// 2: 64 positions in a table of 66 rows. At S = 64 the last position reads row 65; at S = 65 it
+// would read row 66, past the table, which is an error naming the rows, not an out-of-range read.
+TEST(TorchImportErrors, OptsPositionsPastItsLearnedTableAreAUserError) {
+  const TorchProgram p = TorchProgram::load(testing::source_path("tests/fixtures/torch_export/opt/model.pt2"));
+  const std::string text = print_graph(p.forward({.batch = 1, .seq_len = 64}));
+  EXPECT_NE(text.find("= slice("), std::string::npos) << text;  // the table from row 2
+  const std::string e = testing::user_error_of([&] { p.forward({.batch = 1, .seq_len = 65}); });
+  EXPECT_NE(e.find("positions plus 2 read rows up to 66 of a table of 66 (S = 65)"), std::string::npos) << e;
+}
+
 // A causal mask computed with a stored tensor is checked whole up to S = 2048; beyond, the
 // tensor could change its form where it was not checked, and it is refused.
 TEST(TorchImportErrors, AMaskReadingAStoredTensorIsRefusedBeyondTheLengthItIsCheckedAt) {
