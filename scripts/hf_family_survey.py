@@ -79,6 +79,20 @@ def families():
          dict(vocab_size=V, n_embd=32, n_layer=2, n_head=4, rotary_dim=4, n_positions=64, n_ctx=64)),
         ("bloom", "BloomForCausalLM", "BloomConfig",  # alibi
          dict(vocab_size=V, hidden_size=32, n_layer=2, n_head=4)),
+        ("gemma", "GemmaForCausalLM", "GemmaConfig", dict(C, head_dim=8)),  # (1 + w) norms, gelu tanh
+        ("phi", "PhiForCausalLM", "PhiConfig", dict(NOKV)),  # partial rotary, parallel block, biases
+        ("cohere2", "Cohere2ForCausalLM", "Cohere2Config", dict(C)),  # sliding and global (NoPE) layers
+        ("olmo3", "Olmo3ForCausalLM", "Olmo3Config", dict(C)),  # sliding layers, q/k norms, post-norms
+        ("seed_oss", "SeedOssForCausalLM", "SeedOssConfig", dict(C, head_dim=8)),  # qkv biases
+        ("hunyuan_dense", "HunYuanDenseV1ForCausalLM", "HunYuanDenseV1Config", dict(C, head_dim=8)),  # q/k norms
+        ("ministral", "MinistralForCausalLM", "MinistralConfig",  # a sliding and a full layer
+         dict(C, head_dim=8, sliding_window=6, layer_types=["sliding_attention", "full_attention"])),
+        ("apertus", "ApertusForCausalLM", "ApertusConfig", dict(C)),  # xIELU activation, q/k norms
+        ("gpt_neo", "GPTNeoForCausalLM", "GPTNeoConfig",  # global and local (window 8) layers
+         dict(vocab_size=V, hidden_size=32, num_layers=2, num_heads=4, max_position_embeddings=64,
+              attention_types=[[["global", "local"], 1]], window_size=8)),
+        ("mpt", "MptForCausalLM", "MptConfig",  # alibi
+         dict(vocab_size=V, d_model=32, n_heads=4, n_layers=2, max_seq_len=64)),
     ]
 
 
