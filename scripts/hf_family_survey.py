@@ -87,7 +87,7 @@ def families():
         ("hunyuan_dense", "HunYuanDenseV1ForCausalLM", "HunYuanDenseV1Config", dict(C, head_dim=8)),  # q/k norms
         ("ministral", "MinistralForCausalLM", "MinistralConfig",  # a sliding and a full layer
          dict(C, head_dim=8, sliding_window=6, layer_types=["sliding_attention", "full_attention"])),
-        ("apertus", "ApertusForCausalLM", "ApertusConfig", dict(C)),  # xIELU activation, q/k norms
+        ("apertus", "ApertusForCausalLM", "ApertusConfig", dict(C)),  # xIELU activation (learned scalars), q/k norms
         ("gpt_neo", "GPTNeoForCausalLM", "GPTNeoConfig",  # global and local (window 8) layers
          dict(vocab_size=V, hidden_size=32, num_layers=2, num_heads=4, max_position_embeddings=64,
               attention_types=[[["global", "local"], 1]], window_size=8)),

@@ -1604,6 +1604,10 @@ class TorchImporter {
     if (op == "torch.ops.aten.silu.default") return rowwise(t_.silu(rowwise_of(A("self", 0))), A("self", 0));
     if (op == "torch.ops.aten.relu.default") return rowwise(t_.relu(rowwise_of(A("self", 0))), A("self", 0));
     if (op == "torch.ops.aten.tanh.default") return ir(t_.tanh(tensor_of(A("self", 0))));
+    if (op == "torch.ops.aten.where.self") {
+      if (auto y = match_xielu(n)) return *y;
+      return unsupported();
+    }
     if (op == "torch.ops.aten.square.default") {  // x * x (the squared relu's square)
       Tensor x = tensor_of(A("self", 0));
       Imported out = ir(t_.mul(x, x));
@@ -2419,6 +2423,59 @@ class TorchImporter {
     r.shape = qv.shape;
     r.shape[3] = vv.shape[3];
     return r;
+  }
+
+  // transformers' XIELUActivation (Apertus), as torch.export writes it:
+  //   where(x > 0, softplus(alpha_p) * x * x + beta * x,
+  //         (expm1(min(x, eps)) - x) * (beta + softplus(alpha_n)) + beta * x)
+  // with alpha_p, alpha_n parameters and beta, eps stored scalars -> xielu(x, alpha_p, alpha_n).
+  std::optional<Imported> match_xielu(const FxNode& n) {
+    auto node = [&](const FxNode& m, const char* name, size_t pos) { return node_of(through(arg_tensor(m, name, pos))); };
+    auto tensor = [&](const FxNode& m, const char* name, size_t pos) { return through(arg_tensor(m, name, pos)); };
+    const FxNode* gt = node(n, "condition", 0);
+    if (!is(gt, "gt.Scalar") || scalar(*gt, "other", 1) != 0.0) return std::nullopt;
+    const std::string x = tensor(*gt, "self", 0);
+    // beta * x, beta a stored scalar: its value, or nullopt.
+    auto beta_times_x = [&](const FxNode* m) -> std::optional<double> {
+      if (!is(m, "mul.Tensor") || tensor(*m, "other", 1) != x) return std::nullopt;
+      return scalar(*m, "self", 0);
+    };
+    // softplus(p) of a parameter p (torch's defaults: beta 1, threshold 20): p's placeholder.
+    auto softplus_of = [&](const FxNode* m) -> std::string {
+      if (!is(m, "softplus.default") || float_arg(*m, "beta", 1, 1.0) != 1.0 || float_arg(*m, "threshold", 2, 20.0) != 20.0)
+        return "";
+      const std::string p = tensor(*m, "self", 0);
+      return m_.parameter_of.count(p) ? p : "";
+    };
+    // Positive branch: add(mul(mul(softplus(alpha_p), x), x), beta * x).
+    const FxNode* pos = node(n, "self", 1);
+    if (!is(pos, "add.Tensor") || float_arg(*pos, "alpha", 2, 1.0) != 1.0) return std::nullopt;
+    const FxNode* px2 = node(*pos, "self", 0);
+    if (!is(px2, "mul.Tensor") || tensor(*px2, "other", 1) != x) return std::nullopt;
+    const FxNode* px = node(*px2, "self", 0);
+    if (!is(px, "mul.Tensor") || tensor(*px, "other", 1) != x) return std::nullopt;
+    const std::string alpha_p = softplus_of(node(*px, "self", 0));
+    const std::optional<double> beta = beta_times_x(node(*pos, "other", 1));
+    // Negative branch: add(mul(sub(expm1(min(x, eps)), x), add(beta, softplus(alpha_n))), beta * x).
+    const FxNode* neg = node(n, "other", 2);
+    if (alpha_p.empty() || !beta || !is(neg, "add.Tensor") || float_arg(*neg, "alpha", 2, 1.0) != 1.0 ||
+        beta_times_x(node(*neg, "other", 1)) != beta)
+      return std::nullopt;
+    const FxNode* scaled = node(*neg, "self", 0);
+    if (!is(scaled, "mul.Tensor")) return std::nullopt;
+    const FxNode* diff = node(*scaled, "self", 0);
+    const FxNode* an = node(*scaled, "other", 1);
+    if (!is(diff, "sub.Tensor") || float_arg(*diff, "alpha", 2, 1.0) != 1.0 || tensor(*diff, "other", 1) != x)
+      return std::nullopt;
+    const FxNode* em1 = node(*diff, "self", 0);
+    const FxNode* mn = is(em1, "expm1.default") ? node(*em1, "self", 0) : nullptr;
+    if (!is(mn, "min.other") && !is(mn, "minimum.default")) return std::nullopt;
+    if (tensor(*mn, "self", 0) != x) return std::nullopt;
+    const std::optional<double> eps = scalar(*mn, "other", 1);
+    if (!eps || !is(an, "add.Tensor") || scalar(*an, "self", 0) != beta) return std::nullopt;
+    const std::string alpha_n = softplus_of(node(*an, "other", 1));
+    if (alpha_n.empty()) return std::nullopt;
+    return rowwise(t_.xielu(rowwise_of(x), tensor_of(alpha_p), tensor_of(alpha_n), *beta, *eps), x);
   }
 
   // c where `n` is c * tanh(x / c) (mul by c of the tanh of a div by c, the same constant: Gemma

@@ -37,6 +37,9 @@ Tensor Tracer::scale(Tensor x, double alpha) { return op(OpKind::scale, {x}, {{"
 Tensor Tracer::silu(Tensor x) { return op(OpKind::silu, {x}); }
 Tensor Tracer::relu(Tensor x) { return op(OpKind::relu, {x}); }
 Tensor Tracer::tanh(Tensor x) { return op(OpKind::tanh, {x}); }
+Tensor Tracer::xielu(Tensor x, Tensor alpha_p, Tensor alpha_n, double beta, double eps) {
+  return op(OpKind::xielu, {x, alpha_p, alpha_n}, {{"beta", beta}, {"eps", eps}});
+}
 Tensor Tracer::swiglu(Tensor gate, Tensor up) { return op(OpKind::swiglu, {gate, up}); }
 Tensor Tracer::sum(Tensor x) { return op(OpKind::sum, {x}); }
 Tensor Tracer::fill(const Shape& shape, double value, DType dtype) {

@@ -62,6 +62,8 @@ class Tracer {
   Tensor silu(Tensor x);
   Tensor relu(Tensor x);
   Tensor tanh(Tensor x);  // torch.tanh
+  // xIELU (Apertus) with its learned scalars alpha_p, alpha_n ([1]) and constants beta, eps
+  Tensor xielu(Tensor x, Tensor alpha_p, Tensor alpha_n, double beta, double eps);
   Tensor swiglu(Tensor gate, Tensor up);  // silu(gate) * up
   Tensor rms_norm(Tensor x, Tensor weight, double eps);
   // torch.nn.functional.gelu: the erf form, or approximate="tanh" (GPT-2, Gemma)

@@ -1,4 +1,6 @@
-// silu, swiglu, gelu, relu and tanh, with their explicit backward ops.
+// silu, swiglu, gelu, relu, tanh and xIELU, with their explicit backward ops.
+#include <cmath>
+
 #include "kernels/cpu/basic.h"
 #include "kernels/cpu/fused.h"
 #include "kernels/cpu/norm_act.h"
@@ -59,6 +61,15 @@ void cuda_tanh(const KernelArgs& a, const CudaContext& c) {
 }
 void cuda_tanh_backward(const KernelArgs& a, const CudaContext& c) {
   cuda::tanh_backward(cuda_in_dt(a, 0), a.in<void>(0), a.in<void>(1), a.in_numel(0), a.out<void>(0), c.stream);
+}
+void cuda_xielu(const KernelArgs& a, const CudaContext& c) {
+  cuda::xielu_forward(cuda_in_dt(a, 0), a.in<void>(0), a.in_numel(0), a.in<void>(1), a.in<void>(2),
+                      float(a.attrs->get_float("beta")), float(a.attrs->get_float("eps")), a.out<void>(0), c.stream);
+}
+void cuda_xielu_backward(const KernelArgs& a, const CudaContext& c) {
+  cuda::xielu_backward(cuda_in_dt(a, 1), a.in<void>(0), a.in<void>(1), a.in_numel(1), a.in<void>(2), a.in<void>(3),
+                       float(a.attrs->get_float("beta")), float(a.attrs->get_float("eps")), a.out<void>(0),
+                       a.out<void>(1), a.out<void>(2), c.stream);
 }
 void cuda_gelu(const KernelArgs& a, const CudaContext& c) {
   cuda::gelu_forward(cuda_in_dt(a, 0), a.in<void>(0), a.in_numel(0), gelu_tanh(*a.attrs), a.out<void>(0), c.stream);
@@ -167,6 +178,72 @@ extern const OpDef tanh_backward_op = {
     .cpu = [](const KernelArgs& a) { cpu::tanh_backward(a.in(0), a.in(1), a.in_numel(0), a.out(0)); },
     .cpu_inplace = true,
     .cuda = {.name = "tanh_backward", .run = AUTOSP_CUDA_RUN(cuda_tanh_backward), .inplace = true},
+};
+
+namespace {
+// xIELU's operands: x, and its learned scalars alpha_p and alpha_n ([1] each, of x's dtype);
+// attributes beta and eps (finite).
+void check_xielu(const Types& in, const Attrs& attrs, size_t x) {
+  require_floating(in[x], "x");
+  for (size_t i = x + 1; i < x + 3; ++i) {
+    const char* name = i == x + 1 ? "alpha_p" : "alpha_n";
+    require_same_dtype(in[x], "x", in[i], name);
+    require(in[i].shape == Shape{1}, name, " must be [1], got ", shape_str(in[i].shape));
+  }
+  for (const char* k : {"beta", "eps"})
+    require(attrs.has(k) && std::isfinite(attrs.get_float(k)), "needs a finite '", k, "'");
+}
+}  // namespace
+
+// xielu(x, alpha_p [1], alpha_n [1]) {beta, eps} (Apertus' activation; kernels/cpu/norm_act.h):
+// a_p = softplus(alpha_p), a_n = beta + softplus(alpha_n);
+// y = a_p x^2 + beta x for x > 0, else (expm1(min(x, eps)) - x) a_n + beta x.
+extern const OpDef xielu_op = {
+    .num_inputs = 3,
+    .num_outputs = 1,
+    .infer = [](const Types& in, const Attrs& attrs) -> Types {
+      check_xielu(in, attrs, 0);
+      return {in[0]};
+    },
+    .cost = [](const Types& in, const Types&, const Attrs&) { return Cost{6.0 * numel(in[0].shape), 0}; },
+    // dx = dy y'(x); d alpha_p = sum dy x^2 [x > 0] softplus'(alpha_p); d alpha_n = sum dy
+    // (expm1(min(x, eps)) - x) [x <= 0] softplus'(alpha_n): one backward op for the three.
+    .grad = [](GradContext& c) {
+      auto d = c.b.emit(OpKind::xielu_backward, {c.dout[0], c.in(0), c.in(1), c.in(2)}, c.attrs());
+      for (int i = 0; i < 3; ++i)
+        if (c.needs[i]) c.din[i] = d[i];
+    },
+    .cpu = [](const KernelArgs& a) {
+      cpu::xielu_forward(a.in(0), a.in_numel(0), a.in(1)[0], a.in(2)[0], float(a.attrs->get_float("beta")),
+                         float(a.attrs->get_float("eps")), a.out(0));
+    },
+    // Elementwise in x; the scalars whole on every rank.
+    .shard = [](const Shardings& in, const Types&, const Attrs&) -> Shardings {
+      require(!is_partial(in[0]), "xielu of a partial sum is not a partial sum");
+      require(is_replicated(in[1]) && is_replicated(in[2]), "xielu's alpha_p and alpha_n must be replicated");
+      return {in[0]};
+    },
+    .cpu_inplace = true,
+    .recompute = Recompute::cheap,
+    .cuda = {.name = "xielu_forward", .run = AUTOSP_CUDA_RUN(cuda_xielu), .inplace = true},
+};
+
+// xielu_backward(dy, x, alpha_p, alpha_n) {beta, eps} -> (dx, dalpha_p [1], dalpha_n [1])
+extern const OpDef xielu_backward_op = {
+    .num_inputs = 4,
+    .num_outputs = 3,
+    .infer = [](const Types& in, const Attrs& attrs) -> Types {
+      check_xielu(in, attrs, 1);
+      require(in[0] == in[1], "dy must have x's type");
+      return {in[1], in[2], in[3]};
+    },
+    .cost = [](const Types& in, const Types&, const Attrs&) { return Cost{8.0 * numel(in[1].shape), 0}; },
+    .grad = nullptr,
+    .cpu = [](const KernelArgs& a) {
+      cpu::xielu_backward(a.in(0), a.in(1), a.in_numel(1), a.in(2)[0], a.in(3)[0], float(a.attrs->get_float("beta")),
+                          float(a.attrs->get_float("eps")), a.out(0), a.out(1), a.out(2));
+    },
+    .cuda = {.name = "xielu_backward", .run = AUTOSP_CUDA_RUN(cuda_xielu_backward)},
 };
 
 // gelu(x) {approximate}: "none": 0.5 x (1 + erf(x / sqrt 2)); "tanh": 0.5 x (1 + tanh(sqrt(2/pi)

@@ -140,6 +140,23 @@ TEST(OpGrad, TanhAndTheLogitSoftcap) {
   check_gradients(t.finish(), feed);
 }
 
+// xIELU (Apertus) with its two learned scalars: x on both branches, held 0.05 from the kinks
+// at 0 and at eps (-1e-6), where the finite difference would straddle them; alpha_p, alpha_n
+// with their own gradients (sums over every element).
+TEST(OpGrad, XieluAndItsScalars) {
+  Tracer t;
+  Tensor x = t.parameter("x", {3, 9});
+  Tensor ap = t.parameter("alpha_p", {1}), an = t.parameter("alpha_n", {1});
+  t.output("y0", t.xielu(x, ap, an, 0.5, -1e-6));
+  Feed feed;
+  std::vector<float> xs = testing::random_normal(27, 11);
+  for (float& v : xs) v = 2.0f * v + (v >= 0 ? 0.05f : -0.05f);
+  feed.f["x"] = xs;
+  feed.f["alpha_p"] = {0.3f};
+  feed.f["alpha_n"] = {-0.2f};
+  check_gradients(t.finish(), feed);
+}
+
 TEST(OpGrad, Swiglu) {
   Tracer t;
   Tensor g = t.parameter("gate", {2, 11}), u = t.parameter("up", {2, 11});

@@ -61,6 +61,10 @@ void elementwise_and_reduction_ops_follow_the_operand_dtype() {
     EXPECT_EQ(infer(OpKind::relu_backward, {x, x}), Types{x});
     EXPECT_EQ(infer(OpKind::tanh, {x}), Types{x});
     EXPECT_EQ(infer(OpKind::tanh_backward, {x, x}), Types{x});
+    const TensorType one{x.dtype, {1}};
+    const Attrs xielu{{"beta", 0.5}, {"eps", -1e-6}};
+    EXPECT_EQ(infer(OpKind::xielu, {x, one, one}, xielu), Types{x});
+    EXPECT_EQ(infer(OpKind::xielu_backward, {x, x, one, one}, xielu), (Types{x, one, one}));
     for (const char* approximate : {"none", "tanh"}) {
       const Attrs a{{"approximate", std::string(approximate)}};
       EXPECT_EQ(infer(OpKind::gelu, {x}, a), Types{x});

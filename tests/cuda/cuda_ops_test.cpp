@@ -208,6 +208,9 @@ std::vector<OpCase> op_cases() {
   cases.push_back({"relu_backward", {{"dy", DType::f32, {4, 33}}, {"x", DType::f32, {4, 33}}}, one(OpKind::relu_backward),
                    {}, {}, false});
   cases.push_back({"tanh", {{"x", DType::f32, {4, 33}}}, one(OpKind::tanh)});
+  // xIELU's x held 0.1 from its kinks at 0 and eps, as relu's.
+  cases.push_back({"xielu", {{"x", DType::f32, {4, 33}}, {"ap", DType::f32, {1}}, {"an", DType::f32, {1}}},
+                   one(OpKind::xielu, {{"beta", 0.5}, {"eps", -1e-6}}), {}, {{"x", away_from_zero}}});
   cases.push_back({"tanh_backward",
                    {{"dy", DType::f32, {4, 33}}, {"y", DType::f32, {4, 33}}},
                    one(OpKind::tanh_backward),

@@ -93,8 +93,11 @@ TEST_P(TorchImportReference, LossGradientsAndFiveStepsEqualPyTorch) {
     // at step 3; eager 5.5e-7): the first update, lr x sign(g), meets gradients of ~1e-8 in
     // layer 1's fc2, from a relu unit active on one token with a pre-activation of 8e-6 made
     // of O(1) terms, and key-bias gradients that are zero in exact arithmetic. OPT's steps after
-    // the first are held to 1e-4 as GPT-2's; step 0 of every model stays at 1e-5.
-    const double tolerance = (GetParam() == "gpt2" || GetParam() == "opt") && k > 0 ? 1e-4 : 1e-5;
+    // the first are held to 1e-4 as GPT-2's; step 0 of every model stays at 1e-5. Apertus too:
+    // PyTorch's own fp32 eager run leaves float64 by 3.3e-5 in the gradient norm at step 3 and
+    // 1.2e-5 in the loss at step 4 (autosp: 2.0e-5 and 7.3e-6).
+    const bool drifts = GetParam() == "gpt2" || GetParam() == "opt" || GetParam() == "apertus";
+    const double tolerance = drifts && k > 0 ? 1e-4 : 1e-5;
     EXPECT_NEAR(st.loss, loss, tolerance * std::abs(loss)) << "step " << k;
     EXPECT_NEAR(st.grad_norm, norm, tolerance * std::abs(norm)) << "step " << k;
   }
@@ -104,7 +107,7 @@ INSTANTIATE_TEST_SUITE_P(Models, TorchImportReference,
                          ::testing::Values("llama", "gpt2", "phi3", "gemma3", "llama31", "qwen2", "phi3_partial", "olmo",
                                            "granite", "arcee", "stablelm", "helium", "glm",
                                            "cohere", "persimmon", "falcon", "nemotron", "gptj", "codegen",
-                                           "gemma2", "opt", "cohere2"),
+                                           "gemma2", "opt", "cohere2", "apertus"),
                          [](const auto& info) { return info.param; });
 
 // Llama through PyTorch and through autosp's own builder (models/llama.h): the same model,

@@ -147,4 +147,49 @@ void gelu_backward(const float* dy, const float* x, int64_t n, bool tanh, float*
   }
 }
 
+// ---- xIELU ------------------------------------------------------------------------------------
+
+namespace {
+// torch.nn.functional.softplus (beta 1, threshold 20) and its derivative.
+double softplus(double v) { return v > 20.0 ? v : std::log1p(std::exp(v)); }
+double softplus_grad(double v) { return v > 20.0 ? 1.0 : 1.0 / (1.0 + std::exp(-v)); }
+constexpr int64_t kXieluChunks = 64;  // fixed: the sums do not depend on the thread count
+}  // namespace
+
+void xielu_forward(const float* x, int64_t n, float alpha_p, float alpha_n, float beta, float eps, float* y) {
+  const float ap = float(softplus(alpha_p)), an = beta + float(softplus(alpha_n));
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = x[i];
+    y[i] = v > 0.0f ? ap * v * v + beta * v : (std::expm1(std::min(v, eps)) - v) * an + beta * v;
+  }
+}
+
+void xielu_backward(const float* dy, const float* x, int64_t n, float alpha_p, float alpha_n, float beta, float eps,
+                    float* dx, float* dalpha_p, float* dalpha_n) {
+  const float ap = float(softplus(alpha_p)), an = beta + float(softplus(alpha_n));
+  double sum_p[kXieluChunks] = {}, sum_n[kXieluChunks] = {};
+#pragma omp parallel for schedule(static)
+  for (int64_t c = 0; c < kXieluChunks; ++c) {
+    double sp = 0.0, sn = 0.0;
+    for (int64_t i = n * c / kXieluChunks; i < n * (c + 1) / kXieluChunks; ++i) {
+      const float v = x[i], g = dy[i];
+      if (v > 0.0f) {
+        sp += double(g) * v * v;
+        dx[i] = g * (2.0f * ap * v + beta);
+      } else {
+        const float m = std::min(v, eps);
+        const float dmin = v < eps ? 1.0f : (v == eps ? 0.5f : 0.0f);
+        sn += double(g) * (std::expm1(m) - v);
+        dx[i] = g * ((std::exp(m) * dmin - 1.0f) * an + beta);
+      }
+    }
+    sum_p[c] = sp, sum_n[c] = sn;
+  }
+  double p = 0.0, q = 0.0;
+  for (int64_t c = 0; c < kXieluChunks; ++c) p += sum_p[c], q += sum_n[c];
+  *dalpha_p = float(p * softplus_grad(alpha_p));
+  *dalpha_n = float(q * softplus_grad(alpha_n));
+}
+
 }  // namespace autosp::cpu

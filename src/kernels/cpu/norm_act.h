@@ -30,4 +30,18 @@ void gelu_forward(const float* x, int64_t n, bool tanh, float* y);
 // dx = dy gelu'(x), torch's GeluBackward formulas; dx may be dy or x.
 void gelu_backward(const float* dy, const float* x, int64_t n, bool tanh, float* dx);
 
+// ---- xIELU (Apertus; arXiv 2411.13010) ---------------------------------------------------
+// With learned scalars a_p = softplus(alpha_p) and a_n = beta + softplus(alpha_n) (softplus as
+// torch's, beta 1 and threshold 20):
+//   y = a_p x^2 + beta x                         for x > 0,
+//   y = (expm1(min(x, eps)) - x) a_n + beta x     otherwise,
+// in transformers' XIELUActivation's operation order. y may be x.
+void xielu_forward(const float* x, int64_t n, float alpha_p, float alpha_n, float beta, float eps, float* y);
+// dx = dy y'(x) (min's derivative as torch's: 1 below eps, 1/2 at it, 0 above); dalpha_p and
+// dalpha_n [1] are sum(dy x^2 over x > 0) softplus'(alpha_p) and sum(dy (expm1(min(x, eps)) - x)
+// over x <= 0) softplus'(alpha_n), summed in double over fixed chunks in chunk order (thread-
+// count independent). dx may be dy or x.
+void xielu_backward(const float* dy, const float* x, int64_t n, float alpha_p, float alpha_n, float beta, float eps,
+                    float* dx, float* dalpha_p, float* dalpha_n);
+
 }  // namespace autosp::cpu

@@ -329,6 +329,54 @@ __global__ void gelu_backward_kernel(const T* dy, const T* x, int64_t n, bool ta
   }
 }
 
+// ---- xIELU ----------------------------------------------------------------------------------
+
+__device__ __forceinline__ float softplus_f(float v) { return v > 20.0f ? v : log1pf(expf(v)); }
+
+template <typename T>
+__global__ void xielu_kernel(const T* x, int64_t n, const T* alpha_p, const T* alpha_n, float beta, float eps, T* y) {
+  const float ap = softplus_f(to_f(alpha_p[0])), an = beta + softplus_f(to_f(alpha_n[0]));
+  AUTOSP_GRID_STRIDE(i, n) {
+    const float v = to_f(x[i]);
+    y[i] = from_f<T>(v > 0.0f ? ap * v * v + beta * v : (expm1f(fminf(v, eps)) - v) * an + beta * v);
+  }
+}
+
+template <typename T>
+__global__ void xielu_dx_kernel(const T* dy, const T* x, int64_t n, const T* alpha_p, const T* alpha_n, float beta,
+                                float eps, T* dx) {
+  const float ap = softplus_f(to_f(alpha_p[0])), an = beta + softplus_f(to_f(alpha_n[0]));
+  AUTOSP_GRID_STRIDE(i, n) {
+    const float v = to_f(x[i]), g = to_f(dy[i]);
+    if (v > 0.0f) {
+      dx[i] = from_f<T>(g * (2.0f * ap * v + beta));
+    } else {
+      const float m = fminf(v, eps), dmin = v < eps ? 1.0f : (v == eps ? 0.5f : 0.0f);
+      dx[i] = from_f<T>(g * ((expf(m) * dmin - 1.0f) * an + beta));
+    }
+  }
+}
+
+// One block: thread t takes t, t + blockDim, ...; the block's fixed tree sums (deterministic).
+template <typename T>
+__global__ void xielu_dalpha_kernel(const T* dy, const T* x, int64_t n, const T* alpha_p, const T* alpha_n, float eps,
+                                    T* dalpha_p, T* dalpha_n) {
+  __shared__ double shared[32];
+  double sp = 0, sn = 0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    const float v = to_f(x[i]), g = to_f(dy[i]);
+    if (v > 0.0f) sp += double(g) * v * v;
+    else sn += double(g) * (expm1f(fminf(v, eps)) - v);
+  }
+  sp = block_sum(sp, shared);
+  __syncthreads();
+  sn = block_sum(sn, shared);
+  if (threadIdx.x != 0) return;
+  const float a = to_f(alpha_p[0]), b = to_f(alpha_n[0]);
+  dalpha_p[0] = from_f<T>(float(sp * (a > 20.0f ? 1.0 : 1.0 / (1.0 + exp(-double(a))))));
+  dalpha_n[0] = from_f<T>(float(sn * (b > 20.0f ? 1.0 : 1.0 / (1.0 + exp(-double(b))))));
+}
+
 // ---- rope -----------------------------------------------------------------------------------
 
 // One thread per (row, head, i < D/2); the angle in double, as the CPU kernel computes it.
@@ -676,6 +724,30 @@ void gelu_backward(Dt dt, const void* dy, const void* x, int64_t n, bool tanh, v
     gelu_backward_kernel<T><<<blocks_for(n), kThreads, 0, stream>>>(static_cast<const T*>(dy),
                                                                      static_cast<const T*>(x), n, tanh,
                                                                      static_cast<T*>(dx));
+  });
+}
+
+void xielu_forward(Dt dt, const void* x, int64_t n, const void* alpha_p, const void* alpha_n, float beta, float eps,
+                   void* y, cudaStream_t stream) {
+  if (n == 0) return;
+  dispatch(dt, [&]<typename T>() {
+    xielu_kernel<T><<<blocks_for(n), kThreads, 0, stream>>>(static_cast<const T*>(x), n, static_cast<const T*>(alpha_p),
+                                                             static_cast<const T*>(alpha_n), beta, eps,
+                                                             static_cast<T*>(y));
+  });
+}
+
+void xielu_backward(Dt dt, const void* dy, const void* x, int64_t n, const void* alpha_p, const void* alpha_n,
+                    float beta, float eps, void* dx, void* dalpha_p, void* dalpha_n, cudaStream_t stream) {
+  dispatch(dt, [&]<typename T>() {
+    // The sums first: dx may be dy or x.
+    xielu_dalpha_kernel<T><<<1, 1024, 0, stream>>>(static_cast<const T*>(dy), static_cast<const T*>(x), n,
+                                                    static_cast<const T*>(alpha_p), static_cast<const T*>(alpha_n), eps,
+                                                    static_cast<T*>(dalpha_p), static_cast<T*>(dalpha_n));
+    if (n == 0) return;
+    xielu_dx_kernel<T><<<blocks_for(n), kThreads, 0, stream>>>(
+        static_cast<const T*>(dy), static_cast<const T*>(x), n, static_cast<const T*>(alpha_p),
+        static_cast<const T*>(alpha_n), beta, eps, static_cast<T*>(dx));
   });
 }
 

@@ -101,6 +101,13 @@ void layer_norm_backward(Dt dt, const void* dy, const void* x, const void* w, co
 void gelu_forward(Dt dt, const void* x, int64_t n, bool tanh, void* y, cudaStream_t stream);
 void gelu_backward(Dt dt, const void* dy, const void* x, int64_t n, bool tanh, void* dx, cudaStream_t stream);
 
+// ---- xIELU (kernels/cpu/norm_act.h has the maths); alpha_p, alpha_n and the [1] gradients in
+// device memory, of dtype dt; the gradients' sums in double by one block, in a fixed order ------
+void xielu_forward(Dt dt, const void* x, int64_t n, const void* alpha_p, const void* alpha_n, float beta, float eps,
+                   void* y, cudaStream_t stream);
+void xielu_backward(Dt dt, const void* dy, const void* x, int64_t n, const void* alpha_p, const void* alpha_n,
+                    float beta, float eps, void* dx, void* dalpha_p, void* dalpha_n, cudaStream_t stream);
+
 // ---- rope (rotate-half, or interleaved pairs; see kernels/cpu/fused.h for the maths) -----
 // inv_freq: D/2 doubles in host memory (cpu::rope_inv_freq's), passed to the kernel by value
 // (no copy, no synchronisation); D <= kRopeMaxD (limits.h).
