@@ -2430,7 +2430,9 @@ class TorchImporter {
   //         (expm1(min(x, eps)) - x) * (beta + softplus(alpha_n)) + beta * x)
   // with alpha_p, alpha_n parameters and beta, eps stored scalars -> xielu(x, alpha_p, alpha_n).
   std::optional<Imported> match_xielu(const FxNode& n) {
-    auto node = [&](const FxNode& m, const char* name, size_t pos) { return node_of(through(arg_tensor(m, name, pos))); };
+    auto node = [&](const FxNode& m, const char* name, size_t pos) {
+      return node_of(through(arg_tensor(m, name, pos)));
+    };
     auto tensor = [&](const FxNode& m, const char* name, size_t pos) { return through(arg_tensor(m, name, pos)); };
     const FxNode* gt = node(n, "condition", 0);
     if (!is(gt, "gt.Scalar") || scalar(*gt, "other", 1) != 0.0) return std::nullopt;
@@ -2442,7 +2444,8 @@ class TorchImporter {
     };
     // softplus(p) of a parameter p (torch's defaults: beta 1, threshold 20): p's placeholder.
     auto softplus_of = [&](const FxNode* m) -> std::string {
-      if (!is(m, "softplus.default") || float_arg(*m, "beta", 1, 1.0) != 1.0 || float_arg(*m, "threshold", 2, 20.0) != 20.0)
+      if (!is(m, "softplus.default") || float_arg(*m, "beta", 1, 1.0) != 1.0 ||
+          float_arg(*m, "threshold", 2, 20.0) != 20.0)
         return "";
       const std::string p = tensor(*m, "self", 0);
       return m_.parameter_of.count(p) ? p : "";

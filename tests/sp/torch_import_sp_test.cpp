@@ -74,7 +74,8 @@ INSTANTIATE_TEST_SUITE_P(Models, TorchImportSequenceParallel,
                          ::testing::Combine(::testing::Values("llama", "gpt2", "phi3", "gemma3", "llama31", "qwen2",
                                                               "phi3_partial", "olmo", "granite", "arcee", "stablelm",
                                                               "helium", "glm", "cohere", "persimmon", "falcon",
-                                                              "nemotron", "gptj", "codegen", "gemma2", "opt", "cohere2", "apertus"),
+                                                              "nemotron", "gptj", "codegen", "gemma2", "opt", "cohere2",
+                                                              "apertus"),
                                             ::testing::Values(2, 4)),
                          [](const auto& info) { return str(std::get<0>(info.param), "_sp", std::get<1>(info.param)); });
 
