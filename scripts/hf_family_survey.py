@@ -99,14 +99,9 @@ def families():
 def probes():
     """Variants with the first blocker switched off, to see the next one (not part of the table)."""
     return [
-        ("probe_gemma2_no_attn_softcap", "Gemma2ForCausalLM", "Gemma2Config",
-         dict(C, head_dim=8, query_pre_attn_scalar=8, attn_logit_softcapping=None)),  # final softcap 30 kept
         ("probe_stablelm_mha", "StableLmForCausalLM", "StableLmConfig",
          dict(C, hidden_size=64, num_key_value_heads=4)),  # no repeat_kv (StableLM's default kv = heads)
         ("probe_gpt_neox_rotary2", "GPTNeoXForCausalLM", "GPTNeoXConfig", dict(NOKV)),  # head 8 x .25: one frequency
-        ("probe_gemma2_window6", "Gemma2ForCausalLM", "Gemma2Config",
-         dict(C, head_dim=8, query_pre_attn_scalar=8, attn_logit_softcapping=None, final_logit_softcapping=None,
-              sliding_window=6)),
     ]
 
 
