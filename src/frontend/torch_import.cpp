@@ -1955,6 +1955,7 @@ class TorchImporter {
       return std::nullopt;
     }
     if (positions.empty() || !m_.stored.count(table) || value(positions).kind != Imported::positions) return std::nullopt;
+    if (value(positions).offset != 0) m_.fail_at(n, "a rotary table read at the positions plus a constant");
     const Imported& t = value(table);
     Shape ts = t.shape;
     while (ts.size() > 2 && ts[0] == 1) ts.erase(ts.begin());
@@ -2173,6 +2174,7 @@ class TorchImporter {
     const Imported& pos = value(args[1]);
     if (inv.kind != Imported::host || pos.kind != Imported::positions)
       m_.fail_at(n, "a no-grad block that is not a rotary embedding's tables (inv_freq and the positions)");
+    if (pos.offset != 0) m_.fail_at(n, str("rotary tables of the positions plus ", pos.offset));
     Imported tuple;
     tuple.kind = Imported::tuple;
     for (const json& out : (*n.subgraph)["outputs"]) {

@@ -424,26 +424,35 @@ TEST(OpGrad, LinearCrossEntropyWithSoftcap) {
   check_gradients(g, feed);
 }
 
+// linear then cross_entropy, unfused, mean over labelled rows, as linear_cross_entropy_mean but
+// with the [B, S, V] logits made; with a softcap c > 0 written out between them: scale by 1 / c,
+// tanh, scale by c.
+Graph linear_then_cross_entropy(int64_t B, int64_t S, int64_t H, int64_t V, double softcap = 0) {
+  Graph g;
+  GraphBuilder b(g);
+  ValueId x = g.add_input(Role::parameter, {DType::f32, {B, S, H}}, "x");
+  ValueId w = g.add_input(Role::parameter, {DType::f32, {V, H}}, "w");
+  ValueId labels = g.add_input(Role::labels, {DType::i32, {B, S}}, "labels");
+  Attrs attrs{{"ignore_index", int64_t{-100}}};
+  ValueId logits = b.emit1(OpKind::linear, {x, w});
+  if (softcap > 0) {
+    ValueId t = b.emit1(OpKind::tanh, {b.emit1(OpKind::scale, {logits}, {{"alpha", 1.0 / softcap}})});
+    logits = b.emit1(OpKind::scale, {t}, {{"alpha", softcap}});
+  }
+  auto outs = b.emit(OpKind::cross_entropy, {logits, labels}, attrs);
+  ValueId count = b.emit1(OpKind::count_valid, {labels}, attrs);
+  g.add_output("y0", b.emit1(OpKind::div_scalar, {outs[0], count}));
+  g.add_output("lse", outs[1]);
+  return g;
+}
+
 // The capped head fused equals the cap written out (linear, scale by 1 / c, tanh, scale by c,
 // cross_entropy) to fp32 rounding: the fused row passes take tanh from simd::vtanh (a few ulp),
 // the tanh op from std::tanh. Observed at most 4e-7 of the largest value (loss, lse, gradients).
 TEST(OpGrad, LinearCrossEntropySoftcapEqualsTheCapWrittenOut) {
   const int64_t B = 2, S = 37, H = 16, V = 50;
   const double cap = 3.0;
-  Graph unfused;
-  {
-    GraphBuilder b(unfused);
-    ValueId x = unfused.add_input(Role::parameter, {DType::f32, {B, S, H}}, "x");
-    ValueId w = unfused.add_input(Role::parameter, {DType::f32, {V, H}}, "w");
-    ValueId labels = unfused.add_input(Role::labels, {DType::i32, {B, S}}, "labels");
-    Attrs attrs{{"ignore_index", int64_t{-100}}};
-    ValueId logits = b.emit1(OpKind::linear, {x, w});
-    ValueId t = b.emit1(OpKind::tanh, {b.emit1(OpKind::scale, {logits}, {{"alpha", 1.0 / cap}})});
-    auto outs = b.emit(OpKind::cross_entropy, {b.emit1(OpKind::scale, {t}, {{"alpha", cap}}), labels}, attrs);
-    ValueId count = b.emit1(OpKind::count_valid, {labels}, attrs);
-    unfused.add_output("y0", b.emit1(OpKind::div_scalar, {outs[0], count}));
-    unfused.add_output("lse", outs[1]);
-  }
+  const Graph unfused = linear_then_cross_entropy(B, S, H, V, cap);
   Feed feed;
   for (int64_t i = 0; i < B * S; ++i) feed.i["labels"].push_back(i % 5 == 3 ? -100 : int32_t(i * 17 % V));
   testing::fill_random(feed, unfused, 3);  // logits of std 4: most of them capped hard
@@ -466,19 +475,7 @@ TEST(OpGrad, LinearCrossEntropySoftcapEqualsTheCapWrittenOut) {
 // (one chunk here), chunks of one row, and chunks that do not divide T.
 TEST(OpGrad, LinearCrossEntropyEqualsLinearThenCrossEntropy) {
   const int64_t B = 2, S = 37, H = 16, V = 50;
-  Graph unfused;
-  {
-    GraphBuilder b(unfused);
-    ValueId x = unfused.add_input(Role::parameter, {DType::f32, {B, S, H}}, "x");
-    ValueId w = unfused.add_input(Role::parameter, {DType::f32, {V, H}}, "w");
-    ValueId labels = unfused.add_input(Role::labels, {DType::i32, {B, S}}, "labels");
-    Attrs attrs{{"ignore_index", int64_t{-100}}};
-    ValueId logits = b.emit1(OpKind::linear, {x, w});
-    auto outs = b.emit(OpKind::cross_entropy, {logits, labels}, attrs);
-    ValueId count = b.emit1(OpKind::count_valid, {labels}, attrs);
-    unfused.add_output("y0", b.emit1(OpKind::div_scalar, {outs[0], count}));
-    unfused.add_output("lse", outs[1]);
-  }
+  const Graph unfused = linear_then_cross_entropy(B, S, H, V);
   Feed feed;
   for (int64_t i = 0; i < B * S; ++i) feed.i["labels"].push_back(i % 5 == 3 ? -100 : int32_t(i * 17 % V));
   // Unit-variance x and w: logits of std 4, a softmax far from uniform.

@@ -582,66 +582,43 @@ TEST(CudaAttentionKernel, DocumentIdsMaskAcrossDocuments) {
   }
 }
 
-// Without document ids the kernels equal the double reference on a sequence of several tiles
-// and blocks (the op cases above use S = 9, inside one), with and without a sliding window
-// (which starts a block's keys after the sequence's first).
+// Without document ids the kernels equal the double reference (kernels/cpu/attention.h's) on a
+// sequence of several tiles and blocks (the op cases above use S = 9, inside one), with and
+// without a sliding window (which starts a block's keys after the sequence's first), and with
+// and without Gemma 2's logit softcap c tanh(s / c): c = 2 with scores ~ N(0, 1) bends most of
+// them (tanh(0.5) is 8% under 0.5), so a missing cap, or a backward without its 1 - tanh^2, is
+// far outside kF32Tol.
 TEST(CudaAttentionKernel, LongSequenceMatchesTheDoubleReference) {
   SKIP_WITHOUT_GPU();
   for (const AttentionImpl& impl : kAttentionImpls)
-  for (int64_t window : {int64_t{0}, int64_t{50}}) {
-    SCOPED_TRACE(str(impl.name, ", window ", window));
-    const AttentionRun runner(impl);
-    const cuda::AttentionDims d{1, 300, 2, 1, 64};
-    const double scale = 0.125;
-    const auto q = random_normal(d.S * d.NH * d.D, 5), k = random_normal(d.S * d.NKV * d.D, 6),
-               v = random_normal(d.S * d.NKV * d.D, 7), dout = random_normal(d.S * d.NH * d.D, 8);
-    const std::vector<int32_t> doc(size_t(d.S), 0);  // one document: no mask beyond causality
-    const AttnRef ref = attention_reference(d, true, scale, q, k, v, dout, doc, window);
-    DeviceBuffer<float> dq_(q), dk_(k), dv_(v), ddout(dout), out(q.size()), lse(ref.lse.size()), gq(q.size()),
-        gk(k.size()), gv(v.size()), delta(ref.lse.size());
-    runner.run(d, true, float(scale), dq_.p, dk_.p, dv_.p, nullptr, out.p, lse.p, ddout.p, gq.p, gk.p, gv.p, delta.p,
-               window);
-    check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize", "attention kernels");
-    EXPECT_LT(normalised_error(out.host(), as_float(ref.out)), kF32Tol);
-    EXPECT_LT(normalised_error(gq.host(), as_float(ref.dq)), kF32Tol);
-    EXPECT_LT(normalised_error(gk.host(), as_float(ref.dk)), kF32Tol);
-    EXPECT_LT(normalised_error(gv.host(), as_float(ref.dv)), kF32Tol);
-  }
-}
-
-// Gemma 2's logit softcap, c tanh(s / c), in every implementation against the CPU's double
-// reference (kernels/cpu/attention.h), with GQA and a window, over several blocks. c = 2 with
-// scores ~ N(0, 1) bends most of them (tanh(0.5) is 8% under 0.5), so a missing cap or a
-// missing 1 - tanh^2 in the backward is far outside kF32Tol.
-TEST(CudaAttentionKernel, SoftcapMatchesTheDoubleReference) {
-  SKIP_WITHOUT_GPU();
-  for (const AttentionImpl& impl : kAttentionImpls)
-    for (int64_t window : {int64_t{0}, int64_t{50}}) {
-      SCOPED_TRACE(str(impl.name, ", window ", window));
-      const AttentionRun runner(impl);
-      const cuda::AttentionDims d{1, 150, 4, 2, 32};
-      const cpu::AttentionDims cd{d.B, d.S, d.NH, d.NKV, d.D};
-      const double scale = 1.0 / std::sqrt(32.0), softcap = 2.0;
-      const auto q = random_normal(d.S * d.NH * d.D, 15), k = random_normal(d.S * d.NKV * d.D, 16),
-                 v = random_normal(d.S * d.NKV * d.D, 17), dout = random_normal(d.S * d.NH * d.D, 18);
-      auto dbl = [](const std::vector<float>& x) { return std::vector<double>(x.begin(), x.end()); };
-      const std::vector<double> q64 = dbl(q), k64 = dbl(k), v64 = dbl(v), dout64 = dbl(dout);
-      std::vector<double> out64(q.size()), lse64(size_t(d.NH * d.S)), dq64(q.size()), dk64(k.size()), dv64(v.size());
-      cpu::attention_forward_reference(cd, true, scale, q64.data(), k64.data(), v64.data(), out64.data(), lse64.data(),
-                                       nullptr, window, softcap);
-      cpu::attention_backward_reference(cd, true, scale, q64.data(), k64.data(), v64.data(), dout64.data(),
-                                        dq64.data(), dk64.data(), dv64.data(), nullptr, window, softcap);
-      DeviceBuffer<float> dq_(q), dk_(k), dv_(v), ddout(dout), out(q.size()), lse(lse64.size()), gq(q.size()),
-          gk(k.size()), gv(v.size()), delta(lse64.size());
-      runner.run(d, true, float(scale), dq_.p, dk_.p, dv_.p, nullptr, out.p, lse.p, ddout.p, gq.p, gk.p, gv.p, delta.p,
-                 window, cuda::Dt::f32, float(softcap));
-      check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize", "attention kernels");
-      EXPECT_LT(normalised_error(out.host(), as_float(out64)), kF32Tol);
-      EXPECT_LT(normalised_error(lse.host(), as_float(lse64)), kF32Tol);
-      EXPECT_LT(normalised_error(gq.host(), as_float(dq64)), kF32Tol);
-      EXPECT_LT(normalised_error(gk.host(), as_float(dk64)), kF32Tol);
-      EXPECT_LT(normalised_error(gv.host(), as_float(dv64)), kF32Tol);
-    }
+    for (int64_t window : {int64_t{0}, int64_t{50}})
+      for (double softcap : {0.0, 2.0}) {
+        SCOPED_TRACE(str(impl.name, ", window ", window, ", softcap ", softcap));
+        const AttentionRun runner(impl);
+        const cuda::AttentionDims d{1, 300, 2, 1, 64};
+        const cpu::AttentionDims cd{d.B, d.S, d.NH, d.NKV, d.D};
+        const double scale = 0.125;
+        const auto q = random_normal(d.S * d.NH * d.D, 5), k = random_normal(d.S * d.NKV * d.D, 6),
+                   v = random_normal(d.S * d.NKV * d.D, 7), dout = random_normal(d.S * d.NH * d.D, 8);
+        auto dbl = [](const std::vector<float>& x) { return std::vector<double>(x.begin(), x.end()); };
+        const std::vector<double> q64 = dbl(q), k64 = dbl(k), v64 = dbl(v), dout64 = dbl(dout);
+        AttnRef ref{std::vector<double>(q.size()), std::vector<double>(size_t(d.NH * d.S)),
+                    std::vector<double>(q.size()), std::vector<double>(k.size()), std::vector<double>(v.size())};
+        cpu::attention_forward_reference(cd, true, scale, q64.data(), k64.data(), v64.data(), ref.out.data(),
+                                         ref.lse.data(), nullptr, window, softcap);
+        cpu::attention_backward_reference(cd, true, scale, q64.data(), k64.data(), v64.data(), dout64.data(),
+                                          ref.dq.data(), ref.dk.data(), ref.dv.data(), nullptr, window, softcap);
+        DeviceBuffer<float> dq_(q), dk_(k), dv_(v), ddout(dout), out(q.size()), lse(ref.lse.size()), gq(q.size()),
+            gk(k.size()), gv(v.size()), delta(ref.lse.size());
+        runner.run(d, true, float(scale), dq_.p, dk_.p, dv_.p, nullptr, out.p, lse.p, ddout.p, gq.p, gk.p, gv.p,
+                   delta.p, window, cuda::Dt::f32, float(softcap));
+        check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize", "attention kernels");
+        EXPECT_LT(normalised_error(out.host(), as_float(ref.out)), kF32Tol);
+        EXPECT_LT(normalised_error(lse.host(), as_float(ref.lse)), kF32Tol);
+        EXPECT_LT(normalised_error(gq.host(), as_float(ref.dq)), kF32Tol);
+        EXPECT_LT(normalised_error(gk.host(), as_float(ref.dk)), kF32Tol);
+        EXPECT_LT(normalised_error(gv.host(), as_float(ref.dv)), kF32Tol);
+      }
 }
 
 // The blocks in bf16, the cuda backend's training dtype, over a sequence of several blocks:

@@ -47,17 +47,6 @@ __device__ __forceinline__ bool visible(bool causal, int64_t window, const int32
   return (!causal || j <= i) && (window == 0 || i - j < window) && (doc == nullptr || doc_i == doc_j);
 }
 
-// A scaled score s capped, c tanh(s / c) (c = 0: s itself), and the cap's derivative
-// 1 - tanh^2(s / c) (1 without a cap).
-struct Capped {
-  float s, ds;
-};
-__device__ __forceinline__ Capped cap(float s, float softcap) {
-  if (softcap <= 0.0f) return {s, 1.0f};
-  const float t = tanhf(s / softcap);
-  return {softcap * t, 1.0f - t * t};
-}
-
 template <typename T>
 __global__ void forward_kernel(AttentionDims d, bool causal, int64_t window, float scale, float softcap, const T* q,
                                const T* k, const T* v, const int32_t* doc, T* out, float* lse, int tile) {

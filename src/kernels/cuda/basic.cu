@@ -402,11 +402,6 @@ __global__ void rope_kernel(const T* x, const int32_t* pos, InvFreq inv_freq, in
 
 // ---- cross entropy ----------------------------------------------------------------------------
 
-// A logit, capped to c tanh(z / c) when softcap c > 0.
-__device__ __forceinline__ float capped_logit(float z, float softcap) {
-  return softcap > 0.0f ? softcap * tanhf(z / softcap) : z;
-}
-
 template <typename T>
 __global__ void cross_entropy_rows_kernel(const T* logits, const int32_t* labels, int64_t V,
                                           int32_t ignore, float* lse, float* row_loss, int* error, float softcap) {
@@ -414,10 +409,10 @@ __global__ void cross_entropy_rows_kernel(const T* logits, const int32_t* labels
   const int64_t row = blockIdx.x;
   const T* z = logits + row * V;
   float m = -INFINITY;
-  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) m = fmaxf(m, capped_logit(to_f(z[v]), softcap));
+  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) m = fmaxf(m, cap(to_f(z[v]), softcap).s);
   m = block_max(m, shared);
   float s = 0;
-  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) s += expf(capped_logit(to_f(z[v]), softcap) - m);
+  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) s += expf(cap(to_f(z[v]), softcap).s - m);
   s = block_sum(s, shared);
   if (threadIdx.x != 0) return;
   const float l = m + logf(s);
@@ -426,7 +421,7 @@ __global__ void cross_entropy_rows_kernel(const T* logits, const int32_t* labels
   float loss = 0;
   if (label != ignore) {
     if (label < 0 || label >= V) set_error(error, kErrorLabel);
-    else loss = l - capped_logit(to_f(z[label]), softcap);
+    else loss = l - cap(to_f(z[label]), softcap).s;
   }
   row_loss[row] = loss;
 }
@@ -449,9 +444,8 @@ __global__ void cross_entropy_backward_kernel(const In* logits, const int32_t* l
     const int32_t label = labels[t];
     float g = 0;
     if (label != ignore && label >= 0 && label < V) {
-      const float th = softcap > 0.0f ? tanhf(to_f(logits[i]) / softcap) : 0.0f;
-      const float z = softcap > 0.0f ? softcap * th : to_f(logits[i]);
-      g = d * (expf(z - lse[t]) - (v == label ? 1.0f : 0.0f)) * (softcap > 0.0f ? 1.0f - th * th : 1.0f);
+      const Capped z = cap(to_f(logits[i]), softcap);
+      g = d * (expf(z.s - lse[t]) - (v == label ? 1.0f : 0.0f)) * z.ds;
     }
     dlogits[i] = from_f<Out>(g);
   }

@@ -55,6 +55,17 @@ __device__ A block_sum(A v, A* shared) {
   return v;
 }
 
+// A score or logit s capped as Gemma 2's softcaps do, c tanh(s / c) (c = 0: s itself), and the
+// cap's derivative 1 - tanh^2(s / c) (1 without a cap): the attention kernels' and the loss rows'.
+struct Capped {
+  float s, ds;
+};
+__device__ __forceinline__ Capped cap(float s, float softcap) {
+  if (softcap <= 0.0f) return {s, 1.0f};
+  const float t = tanhf(s / softcap);
+  return {softcap * t, 1.0f - t * t};
+}
+
 template <typename A>
 __device__ A block_max(A v, A* shared) {
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
