@@ -87,23 +87,25 @@ Attrs rope_attrs(const RopeOptions& o) {
 }
 
 namespace {
-// The window and softcap attributes only where there is one: a graph without stays as it
-// always was.
-Attrs attention_attrs(bool causal, double scale, int64_t window, double softcap) {
+// The window, softcap and alibi attributes only where there is one: a graph without stays as
+// it always was.
+Attrs attention_attrs(bool causal, double scale, int64_t window, double softcap, const std::vector<double>& alibi) {
   Attrs attrs{{"causal", int64_t{causal}}, {"scale", scale}};
   if (window != 0) attrs.set("window", window);
   if (softcap != 0) attrs.set("softcap", softcap);
+  if (!alibi.empty()) attrs.set("alibi", alibi);
   return attrs;
 }
 }  // namespace
 
-Tensor Tracer::attention(Tensor q, Tensor k, Tensor v, bool causal, double scale, int64_t window, double softcap) {
-  return op(OpKind::attention, {q, k, v}, attention_attrs(causal, scale, window, softcap));
+Tensor Tracer::attention(Tensor q, Tensor k, Tensor v, bool causal, double scale, int64_t window, double softcap,
+                         const std::vector<double>& alibi) {
+  return op(OpKind::attention, {q, k, v}, attention_attrs(causal, scale, window, softcap, alibi));
 }
 
 Tensor Tracer::attention(Tensor q, Tensor k, Tensor v, Tensor documents, bool causal, double scale, int64_t window,
-                         double softcap) {
-  return op(OpKind::attention, {q, k, v, documents}, attention_attrs(causal, scale, window, softcap));
+                         double softcap, const std::vector<double>& alibi) {
+  return op(OpKind::attention, {q, k, v, documents}, attention_attrs(causal, scale, window, softcap, alibi));
 }
 
 Tensor Tracer::cross_entropy(Tensor logits, Tensor labels, int64_t ignore_index) {

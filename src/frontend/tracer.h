@@ -73,11 +73,14 @@ class Tracer {
   Tensor rope(Tensor x, Tensor positions, const RopeOptions& options);
   // window W > 0 (causal only): query i sees only keys i - W < j <= i (a sliding window).
   // softcap c > 0 (Gemma 2): each score s = scale q.k becomes c tanh(s / c) before the softmax.
-  Tensor attention(Tensor q, Tensor k, Tensor v, bool causal, double scale, int64_t window = 0, double softcap = 0);
+  // alibi (BLOOM, MPT; empty: none): the slopes a_h of the NH query heads, each score of query
+  // i and key j gains a_h (j - i).
+  Tensor attention(Tensor q, Tensor k, Tensor v, bool causal, double scale, int64_t window = 0, double softcap = 0,
+                   const std::vector<double>& alibi = {});
   // Attention within documents: `documents` (i32 [B, S], non-decreasing) keeps each query to
   // the keys of its own document (packed samples).
   Tensor attention(Tensor q, Tensor k, Tensor v, Tensor documents, bool causal, double scale, int64_t window = 0,
-                   double softcap = 0);
+                   double softcap = 0, const std::vector<double>& alibi = {});
   // Mean over labelled tokens (label != ignore_index) of -log softmax(logits)[label].
   Tensor cross_entropy(Tensor logits, Tensor labels, int64_t ignore_index = -100);
   // cross_entropy(linear(x, weight), labels) as one fused op that never holds the

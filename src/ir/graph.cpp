@@ -120,6 +120,10 @@ const std::vector<int64_t>& Attrs::get_ints(const std::string& key) const {
   return get_as<std::vector<int64_t>>(map_, key, "an int list");
 }
 
+const std::vector<double>& Attrs::get_floats(const std::string& key) const {
+  return get_as<std::vector<double>>(map_, key, "a float list");
+}
+
 const std::string& Attrs::get_str(const std::string& key) const {
   return get_as<std::string>(map_, key, "a string");
 }

@@ -19,7 +19,7 @@ namespace autosp {
 using ValueId = int32_t;
 using NodeId = int32_t;
 
-using AttrValue = std::variant<int64_t, double, std::vector<int64_t>, std::string>;
+using AttrValue = std::variant<int64_t, double, std::vector<int64_t>, std::string, std::vector<double>>;
 
 // Named op attributes, kept sorted so that printing is canonical.
 class Attrs {
@@ -37,6 +37,7 @@ class Attrs {
   int64_t get_int(const std::string& key) const;
   double get_float(const std::string& key) const;  // accepts an int too
   const std::vector<int64_t>& get_ints(const std::string& key) const;
+  const std::vector<double>& get_floats(const std::string& key) const;  // a float list
   const std::string& get_str(const std::string& key) const;
   int64_t get_int(const std::string& key, int64_t fallback) const;
   double get_float(const std::string& key, double fallback) const;

@@ -34,6 +34,11 @@ std::string format_attr(const AttrValue& value) {
   if (auto* i = std::get_if<int64_t>(&value)) return std::to_string(*i);
   if (auto* d = std::get_if<double>(&value)) return format_double(*d);
   if (auto* s = std::get_if<std::string>(&value)) return quote(*s);
+  if (auto* floats = std::get_if<std::vector<double>>(&value)) {  // each marked a float: [1.0, 0.5]
+    std::string out = "[";
+    for (size_t i = 0; i < floats->size(); ++i) out += (i ? ", " : "") + format_double((*floats)[i]);
+    return out + "]";
+  }
   const auto& list = std::get<std::vector<int64_t>>(value);
   std::string out = "[";
   for (size_t i = 0; i < list.size(); ++i) out += (i ? ", " : "") + std::to_string(list[i]);
@@ -175,16 +180,34 @@ class Parser {
   AttrValue attr_value() {
     char c = peek();
     if (c == '"') return quoted();
-    if (c == '[') {
+    if (c == '[') {  // an int list, or a float list when its first element is a float
       ++pos_;
-      std::vector<int64_t> list;
-      if (!accept(']')) {
-        do list.push_back(integer());
-        while (accept(','));
+      if (accept(']')) return std::vector<int64_t>{};
+      AttrValue first = number();
+      if (const double* d = std::get_if<double>(&first)) {
+        std::vector<double> list = {*d};
+        while (accept(',')) {
+          AttrValue x = number();
+          if (!std::holds_alternative<double>(x)) fail("a float list with an integer element (write it as 1.0)");
+          list.push_back(std::get<double>(x));
+        }
         expect(']');
+        return list;
       }
+      std::vector<int64_t> list = {std::get<int64_t>(first)};
+      while (accept(',')) {
+        AttrValue x = number();
+        if (!std::holds_alternative<int64_t>(x)) fail("an int list with a float element");
+        list.push_back(std::get<int64_t>(x));
+      }
+      expect(']');
       return list;
     }
+    return number();
+  }
+  // An int, or a double when it has a '.', an exponent or is inf / nan.
+  AttrValue number() {
+    skip_space();
     size_t start = pos_;
     while (pos_ < text_.size() && (std::isalnum(static_cast<unsigned char>(text_[pos_])) ||
                                    std::strchr("+-.", text_[pos_])))

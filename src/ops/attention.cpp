@@ -6,10 +6,17 @@
 // is the same whether the sequence was whole from the start or gathered by the autosp pass's
 // all-to-all; with documents, both limits apply. An optional attribute `softcap` c > 0
 // (Gemma 2's attn_logit_softcapping) caps each score s = scale q.k to c tanh(s / c) before the
-// softmax.
+// softmax. An optional attribute `alibi` (BLOOM's and MPT's ALiBi) lists the slopes a_h of the
+// model's query heads: each score gains a_h (j - i) (kernels/cpu/attention.h). Under sequence
+// parallelism a rank attends over 1/P of the heads, the rank's part of the list in the sp
+// group: the autosp pass sets `alibi_split` P, and the kernels read the slopes from the rank's
+// offset (so the graph stays the same on every rank).
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <vector>
+
+#include "comm/communicator.h"
 
 #include "kernels/cpu/attention.h"
 #include "ops/op.h"
@@ -64,6 +71,40 @@ const int32_t* documents_operand(const KernelArgs& a, size_t at, const cpu::Atte
 int64_t window_of(const Attrs& attrs) { return attrs.get_int("window", 0); }
 // The logit softcap c (attribute "softcap", absent: 0 = none).
 float softcap_of(const Attrs& attrs) { return float(attrs.get_float("softcap", 0.0)); }
+
+// ALiBi's slopes as the attribute holds them: every head of the model (alibi_split parts), or none.
+const std::vector<double>* alibi_of(const Attrs& attrs) {
+  return attrs.has("alibi") ? &attrs.get_floats("alibi") : nullptr;
+}
+int64_t alibi_split_of(const Attrs& attrs) { return attrs.get_int("alibi_split", 1); }
+
+void check_alibi(const Attrs& attrs, int64_t NH) {
+  if (attrs.has("alibi_split")) require(attrs.has("alibi"), "'alibi_split' without 'alibi'");
+  const std::vector<double>* alibi = alibi_of(attrs);
+  if (!alibi) return;
+  const int64_t split = alibi_split_of(attrs);
+  require(split >= 1, "'alibi_split' must be >= 1, got ", split);
+  require(int64_t(alibi->size()) == NH * split, "'alibi' has ", alibi->size(), " slopes for ", NH * split,
+          " query heads (NH = ", NH, split > 1 ? str(" on each of alibi_split = ", split, " ranks") : std::string(), ")");
+  for (double a : *alibi) require(std::isfinite(a), "an ALiBi slope that is not finite: ", a);
+  require(attrs.get_float("softcap", 0.0) == 0.0, "'alibi' with a 'softcap': no model has both, and the kernels "
+                                                  "do not combine them");
+}
+
+// The slopes of this rank's NH heads, as the kernels take them (empty: no ALiBi). Split: the
+// heads are the rank's part of the sp group's (KernelArgs::comm, given for alibi_split).
+std::vector<float> local_alibi(const KernelArgs& a, int64_t NH) {
+  const std::vector<double>* alibi = alibi_of(*a.attrs);
+  if (!alibi) return {};
+  const int64_t split = alibi_split_of(*a.attrs);
+  int64_t first = 0;
+  if (split > 1) {
+    AUTOSP_CHECK(a.comm && a.comm->size() == split, "attention: alibi_split ", split, " needs the sp group of ", split,
+                 " ranks");
+    first = a.comm->rank() * NH;
+  }
+  return std::vector<float>(alibi->begin() + first, alibi->begin() + first + NH);
+}
 
 void check_attrs(const Attrs& attrs) {
   require(attrs.has("scale") && attrs.get_float("scale") > 0, "needs a positive 'scale'");
@@ -160,7 +201,8 @@ void cuda_attention_backward(const KernelArgs& a, const CudaContext& c) {
 #endif
 }  // namespace
 
-// attention(q, k, v[, documents]) {causal, scale[, window, softcap]} -> (out [B, S, NH, D], lse [B, NH, S])
+// attention(q, k, v[, documents]) {causal, scale[, window, softcap, alibi, alibi_split]}
+//   -> (out [B, S, NH, D], lse [B, NH, S])
 // documents (i32 [B, S], non-decreasing along S): query i sees key j only when both are in
 // one document. window W > 0 (causal only): query i sees keys i - W < j <= i. The cost rule
 // counts the work of one document (an upper bound: it does not see the ids), within the
@@ -176,6 +218,7 @@ extern const OpDef attention_op = {
       cpu::AttentionDims d = attention_dims(in);
       check_documents(in, 3, d);
       check_attrs(attrs);
+      check_alibi(attrs, d.NH);
       return {in[0], {DType::f32, {d.B, d.NH, d.S}}};
     },
     .cost = [](const Types& in, const Types&, const Attrs& attrs) {
@@ -192,10 +235,11 @@ extern const OpDef attention_op = {
     },
     .cpu = [](const KernelArgs& a) {
       cpu::AttentionDims d = attention_dims({*a.in_types[0], *a.in_types[1], *a.in_types[2]});
+      const std::vector<float> alibi = local_alibi(a, d.NH);
       cpu::attention_forward(d, a.attrs->get_int("causal") != 0, float(a.attrs->get_float("scale")),
                              a.in(0), a.in(1), a.in(2), a.out(0), a.out(1),
                              static_cast<float*>(a.workspace), a.threads, documents_operand(a, 3, d),
-                             window_of(*a.attrs), softcap_of(*a.attrs));
+                             window_of(*a.attrs), softcap_of(*a.attrs), alibi.empty() ? nullptr : alibi.data());
     },
     .cpu_workspace_bytes = [](const Types& in, const Attrs&, int threads) -> int64_t {
       return cpu::attention_forward_workspace_floats(attention_dims(in), threads) * 4;
@@ -223,7 +267,7 @@ extern const OpDef attention_op = {
              }},
 };
 
-// attention_backward(dout, q, k, v, out, lse[, documents]) {causal, scale[, window, softcap]} -> (dq, dk, dv),
+// attention_backward(dout, q, k, v, out, lse[, documents]) {as the forward's} -> (dq, dk, dv),
 // each of its operand's type (so of q's dtype); lse is f32; documents as the forward's.
 extern const OpDef attention_backward_op = {
     .num_inputs = -1,
@@ -234,6 +278,7 @@ extern const OpDef attention_backward_op = {
       cpu::AttentionDims d = attention_dims({in[1], in[2], in[3]});
       check_documents(in, 6, d);
       check_attrs(attrs);
+      check_alibi(attrs, d.NH);
       require(in[0] == in[1] && in[4] == in[1], "dout and out must have q's type");
       require(in[5] == TensorType{DType::f32, {d.B, d.NH, d.S}}, "lse must be f32[B, NH, S]");
       return {in[1], in[2], in[3]};
@@ -244,10 +289,12 @@ extern const OpDef attention_backward_op = {
     .grad = nullptr,
     .cpu = [](const KernelArgs& a) {
       cpu::AttentionDims d = attention_dims({*a.in_types[1], *a.in_types[2], *a.in_types[3]});
+      const std::vector<float> alibi = local_alibi(a, d.NH);
       cpu::attention_backward(d, a.attrs->get_int("causal") != 0, float(a.attrs->get_float("scale")),
                               a.in(1), a.in(2), a.in(3), a.in(4), a.in(5), a.in(0), a.out(0),
                               a.out(1), a.out(2), static_cast<float*>(a.workspace), a.threads,
-                              documents_operand(a, 6, d), window_of(*a.attrs), softcap_of(*a.attrs));
+                              documents_operand(a, 6, d), window_of(*a.attrs), softcap_of(*a.attrs),
+                              alibi.empty() ? nullptr : alibi.data());
     },
     .cpu_workspace_bytes = [](const Types& in, const Attrs&, int threads) -> int64_t {
       return cpu::attention_backward_workspace_floats(attention_dims({in[1], in[2], in[3]}), threads) * 4;

@@ -104,7 +104,10 @@ class AutospPass {
     v = all_to_all(v, 2, 1);
     std::vector<ValueId> ins = {q, k, v};
     if (documents) ins.push_back(whole_documents(node.inputs[3]));
-    auto outs = b_.emit(OpKind::attention, ins, node.attrs);
+    // ALiBi: each rank's heads are its part of the model's, so its slopes are too.
+    Attrs attrs = node.attrs;
+    if (attrs.has("alibi")) attrs.set("alibi_split", P_);
+    auto outs = b_.emit(OpKind::attention, ins, attrs);
     g_.mutable_value(outs[0]).sharding = shard(2);
     g_.mutable_value(outs[1]).sharding = shard(1);  // lse [B, NH, S]: its head dim
     map_[node.outputs[0]] = all_to_all(outs[0], 1, 2);

@@ -91,6 +91,29 @@ TEST(IrText, FloatAttributesRoundTripExactly) {
   }
 }
 
+TEST(IrText, FloatListsRoundTripExactlyAndStayApartFromIntLists) {
+  // ALiBi's slopes: powers of two and their interpolations, and whole numbers (printed 1.0)
+  const std::vector<double> slopes = {0.5, 0.25, 0.7071067811865476, 1.0, -3.0, 1e-30};
+  Graph g;
+  GraphBuilder b(g);
+  ValueId x = g.add_input(Role::constant, {DType::f32, {2}}, "x");
+  g.add_output("y", b.emit1(OpKind::scale, {x}, {{"alpha", 2.0}, {"floats", slopes}, {"ints", Shape{1, -2}}}));
+  const std::string text = print_graph(g);
+  EXPECT_NE(text.find("floats=[0.5, 0.25, 0.7071067811865476, 1.0, -3.0, 1e-30]"), std::string::npos) << text;
+  Graph parsed = parse_graph(text);
+  EXPECT_EQ(parsed.node(1).attrs.get_floats("floats"), slopes);
+  EXPECT_EQ(parsed.node(1).attrs.get_ints("ints"), (Shape{1, -2}));
+  expect_round_trip(g);
+}
+
+void expect_parse_error(const std::string& text, const std::string& fragment);
+
+TEST(IrText, ListsOfMixedKindsAreErrors) {
+  const std::string head = "graph {\n  %0 = input() {role=\"constant\"} : f32[2]\n  %1 = scale(%0) {alpha=1.0, l=";
+  expect_parse_error(head + "[0.5, 1]} : f32[2]\n}\n", "a float list with an integer element");
+  expect_parse_error(head + "[1, 0.5]} : f32[2]\n}\n", "an int list with a float element");
+}
+
 void expect_parse_error(const std::string& text, const std::string& fragment) {
   try {
     parse_graph(text, "bad.ir");

@@ -2,7 +2,8 @@
 // forward (out, lse) and backward (dq, dk, dv) over sequence lengths that are and are not
 // multiples of the tile, GQA ratios, head dims, causal and not, with and without document
 // ids (packed samples), with a sliding window (alone and with documents), with Gemma 2's
-// logit softcap (alone, with the window and with documents); bitwise
+// logit softcap (alone, with the window and with documents), with ALiBi (alone, with the
+// window and with documents); bitwise
 // determinism across thread counts; and the O(S) workspace, including one long run at
 // S = 16384.
 #include "kernels/cpu/attention.h"
@@ -63,7 +64,8 @@ Tensors make_inputs(const AttentionDims& d, uint32_t seed) {
 
 // Runs forward then backward with a workspace of exactly the advertised size.
 void run_kernels(const AttentionDims& d, bool causal, float scale, Tensors& t,
-                 const int32_t* documents = nullptr, int64_t window = 0, float softcap = 0.0f) {
+                 const int32_t* documents = nullptr, int64_t window = 0, float softcap = 0.0f,
+                 const float* alibi = nullptr) {
   const int threads = omp_get_max_threads();
   t.out.assign(d.B * d.S * d.NH * d.D, 0.0f);
   t.lse.assign(d.B * d.NH * d.S, 0.0f);
@@ -75,10 +77,10 @@ void run_kernels(const AttentionDims& d, bool causal, float scale, Tensors& t,
                                  autosp::cpu::attention_backward_workspace_floats(d, threads)),
                         std::numeric_limits<float>::quiet_NaN());
   autosp::cpu::attention_forward(d, causal, scale, t.q.data(), t.k.data(), t.v.data(),
-                                 t.out.data(), t.lse.data(), ws.data(), threads, documents, window, softcap);
+                                 t.out.data(), t.lse.data(), ws.data(), threads, documents, window, softcap, alibi);
   autosp::cpu::attention_backward(d, causal, scale, t.q.data(), t.k.data(), t.v.data(),
                                   t.out.data(), t.lse.data(), t.dout.data(), t.dq.data(),
-                                  t.dk.data(), t.dv.data(), ws.data(), threads, documents, window, softcap);
+                                  t.dk.data(), t.dv.data(), ws.data(), threads, documents, window, softcap, alibi);
 }
 
 // Document ids [B, S]: row b holds documents of lengths[b % lengths.size()] in order; the
@@ -453,6 +455,103 @@ TEST(AttentionKernelSoftcap, BitwiseEqualAcrossThreadCountsAndSchedules) {
       const bool split = autosp::cpu::attention_backward_is_split(d, threads);
       (split ? saw_split : saw_fused) = true;
       run_kernels(d, true, 0.125f, many, nullptr, 0, 3.0f);
+      const std::string where = "B=" + std::to_string(d.B) + " " + std::to_string(threads) + " threads";
+      for (auto [a, b, name] : {std::tuple{&one.out, &many.out, "out"}, {&one.lse, &many.lse, "lse"},
+                                {&one.dq, &many.dq, "dq"}, {&one.dk, &many.dk, "dk"}, {&one.dv, &many.dv, "dv"}})
+        EXPECT_EQ(0, std::memcmp(a->data(), b->data(), a->size() * sizeof(float))) << name << ", " << where;
+    }
+  }
+  omp_set_num_threads(saved);
+  EXPECT_TRUE(saw_split && saw_fused) << "both backward schedules must be compared";
+}
+
+// ---- ALiBi (BLOOM, MPT) ----------------------------------------------------------------------
+// BLOOM's slopes for NH heads: 2^(-8 (h + 1) / NH) for a power of two, else those of the power
+// below and every other one of twice it (transformers' build_alibi_tensor).
+std::vector<float> bloom_slopes(int64_t NH) {
+  int64_t p = 1;
+  while (2 * p <= NH) p *= 2;
+  std::vector<float> a;
+  for (int64_t h = 1; h <= p; ++h) a.push_back(float(std::pow(2.0, -8.0 * double(h) / double(p))));
+  for (int64_t h = 1; int64_t(a.size()) < NH; h += 2) a.push_back(float(std::pow(2.0, -4.0 * double(h) / double(p))));
+  return a;
+}
+
+// Scores reach about +-5 here and the bias a_h (j - i) reaches -0.5 x 256 in head 0 (slopes
+// 1/2 .. 1/256, or 3 heads' interpolated ones), so far keys weigh little in the steep heads
+// and much in the flat ones; a bias left out, of the wrong sign or of the wrong head is off
+// by 1e-1 or more (checked below). Observed at most 1.3e-6; the same 1e-5 as above.
+TEST(AttentionKernelAlibi, ForwardAndBackwardMatchDouble) {
+  double worst = 0.0;
+  for (int64_t S : {1, 100, 257})
+    for (auto [NH, NKV] : {std::pair<int64_t, int64_t>{8, 2}, {6, 3}, {3, 1}})
+      for (int64_t D : {16, 40})
+        for (int variant = 0; variant < 4; ++variant) {  // full, causal, causal + window, causal + documents
+          const bool causal = variant > 0;
+          const int64_t window = variant == 2 ? 70 : 0;
+          const AttentionDims d{2, S, NH, NKV, D};
+          const std::vector<int32_t> docs = documents_of(d, {{37, 27, 100}, {64, 1, 70}});
+          const int32_t* ids = variant == 3 ? docs.data() : nullptr;
+          const std::vector<float> slopes = bloom_slopes(NH);
+          const std::vector<double> slopes64(slopes.begin(), slopes.end());
+          const std::string at = "S=" + std::to_string(S) + " NH=" + std::to_string(NH) + " NKV=" +
+                                 std::to_string(NKV) + " D=" + std::to_string(D) + " variant " + std::to_string(variant);
+          const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+          Tensors t = make_inputs(d, static_cast<uint32_t>(7 * S + NH + NKV + D + variant));
+          run_kernels(d, causal, scale, t, ids, window, 0.0f, slopes.data());
+          std::vector<double> out(t.out.size()), lse(t.lse.size());
+          std::vector<double> dq(t.dq.size()), dk(t.dk.size()), dv(t.dv.size());
+          const auto q = to_double(t.q), k = to_double(t.k), v = to_double(t.v), dout = to_double(t.dout);
+          autosp::cpu::attention_forward_reference(d, causal, scale, q.data(), k.data(), v.data(), out.data(),
+                                                   lse.data(), ids, window, 0.0, slopes64.data());
+          autosp::cpu::attention_backward_reference(d, causal, scale, q.data(), k.data(), v.data(), dout.data(),
+                                                    dq.data(), dk.data(), dv.data(), ids, window, 0.0,
+                                                    slopes64.data());
+          for (auto [x, ref, name] : {std::tuple{&t.out, &out, "out"}, {&t.lse, &lse, "lse"}, {&t.dq, &dq, "dq"},
+                                      {&t.dk, &dk, "dk"}, {&t.dv, &dv, "dv"}}) {
+            const double e = normalised_max_error(*x, *ref);
+            worst = std::max(worst, e);
+            EXPECT_LE(e, kTolerance) << name << ", " << at;
+          }
+        }
+  std::printf("alibi: worst normalised error %.3g\n", worst);
+}
+
+// The bias changes the numbers (so the test above cannot pass with a kernel that ignores
+// it, or reads another head's slope), and slopes of 0 are plain attention bitwise.
+TEST(AttentionKernelAlibi, TheBiasChangesTheResultsAndZeroSlopesDoNot) {
+  const AttentionDims d{1, 130, 4, 2, 16};
+  const std::vector<float> slopes = bloom_slopes(4), reversed(slopes.rbegin(), slopes.rend()), zeros(4, 0.0f);
+  Tensors plain = make_inputs(d, 21), biased = make_inputs(d, 21), swapped = make_inputs(d, 21),
+          zero = make_inputs(d, 21);
+  run_kernels(d, true, 0.25f, plain);
+  run_kernels(d, true, 0.25f, biased, nullptr, 0, 0.0f, slopes.data());
+  run_kernels(d, true, 0.25f, swapped, nullptr, 0, 0.0f, reversed.data());
+  run_kernels(d, true, 0.25f, zero, nullptr, 0, 0.0f, zeros.data());
+  for (auto [a, b, c, z, name] :
+       {std::tuple{&plain.out, &biased.out, &swapped.out, &zero.out, "out"},
+        {&plain.dq, &biased.dq, &swapped.dq, &zero.dq, "dq"}, {&plain.dk, &biased.dk, &swapped.dk, &zero.dk, "dk"}}) {
+    EXPECT_GT(normalised_max_error(*b, to_double(*a)), 1e-1) << name;
+    EXPECT_GT(normalised_max_error(*c, to_double(*b)), 1e-1) << name;
+    EXPECT_EQ(0, std::memcmp(a->data(), z->data(), a->size() * sizeof(float))) << name;
+  }
+}
+
+// With slopes too, results are bitwise the same on any thread count and schedule.
+TEST(AttentionKernelAlibi, BitwiseEqualAcrossThreadCountsAndSchedules) {
+  const int saved = omp_get_max_threads();
+  bool saw_split = false, saw_fused = false;
+  for (const AttentionDims d : {AttentionDims{2, 200, 8, 2, 64}, AttentionDims{1, 200, 4, 2, 40}}) {
+    const std::vector<float> slopes = bloom_slopes(d.NH);
+    Tensors one = make_inputs(d, 17);
+    omp_set_num_threads(1);
+    run_kernels(d, true, 0.125f, one, nullptr, 0, 0.0f, slopes.data());
+    for (int threads : {3, 16}) {
+      Tensors many = make_inputs(d, 17);
+      omp_set_num_threads(threads);
+      const bool split = autosp::cpu::attention_backward_is_split(d, threads);
+      (split ? saw_split : saw_fused) = true;
+      run_kernels(d, true, 0.125f, many, nullptr, 0, 0.0f, slopes.data());
       const std::string where = "B=" + std::to_string(d.B) + " " + std::to_string(threads) + " threads";
       for (auto [a, b, name] : {std::tuple{&one.out, &many.out, "out"}, {&one.lse, &many.lse, "lse"},
                                 {&one.dq, &many.dq, "dq"}, {&one.dk, &many.dk, "dk"}, {&one.dv, &many.dv, "dv"}})

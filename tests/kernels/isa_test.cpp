@@ -78,15 +78,18 @@ TEST(Isa, Avx2AndAvx512AttentionAgree) {
     bool packed;
     int64_t window;
     float softcap;
+    bool alibi;
   };
-  for (auto [D, packed, window, softcap] : {Case{40, false, 0, 0},
-                                            {64, false, 0, 0},
-                                            {40, true, 0, 0},
-                                            {64, true, 0, 0},
-                                            {40, false, 50, 0},
-                                            {64, true, 50, 0},
-                                            {40, false, 0, 2},
-                                            {64, true, 50, 2}}) {
+  for (auto [D, packed, window, softcap, alibi] : {Case{40, false, 0, 0, false},
+                                                   {64, false, 0, 0, false},
+                                                   {40, true, 0, 0, false},
+                                                   {64, true, 0, 0, false},
+                                                   {40, false, 50, 0, false},
+                                                   {64, true, 50, 0, false},
+                                                   {40, false, 0, 2, false},
+                                                   {64, true, 50, 2, false},
+                                                   {40, false, 0, 0, true},
+                                                   {64, true, 50, 0, true}}) {
     const cpu::AttentionDims d{2, 200, 6, 2, D};
     const size_t nq = d.B * d.S * d.NH * d.D, nk = d.B * d.S * d.NKV * d.D;
     const auto q = random_floats(nq, 1, -2, 2), k = random_floats(nk, 2, -2, 2);
@@ -97,6 +100,8 @@ TEST(Isa, Avx2AndAvx512AttentionAgree) {
       documents[d.S + i] = (i >= 128);                    // row 1: 2, split on a tile edge
     }
     const int32_t* docs = packed ? documents.data() : nullptr;
+    const std::vector<float> slopes = {0.5f, 0.25f, 0.125f, 0.0625f, 0.7071068f, 0.17677669f};  // 6 heads
+    const float* slope = alibi ? slopes.data() : nullptr;
     struct Result {
       std::vector<float> out, lse, dq, dk, dv;
     };
@@ -107,9 +112,9 @@ TEST(Isa, Avx2AndAvx512AttentionAgree) {
       std::vector<float> ws(std::max(fwd_ws(d, threads), bwd_ws(d, threads)), NAN);
       const float scale = 1.0f / std::sqrt(float(D));
       fwd(d, true, scale, q.data(), k.data(), v.data(), r.out.data(), r.lse.data(), ws.data(), threads, docs, window,
-          softcap);
+          softcap, slope);
       bwd(d, true, scale, q.data(), k.data(), v.data(), r.out.data(), r.lse.data(), dout.data(),
-          r.dq.data(), r.dk.data(), r.dv.data(), ws.data(), threads, docs, window, softcap);
+          r.dq.data(), r.dk.data(), r.dv.data(), ws.data(), threads, docs, window, softcap, slope);
       return r;
     };
     const Result a = run(cpu::avx2::attention_forward_workspace_floats, cpu::avx2::attention_backward_workspace_floats,
@@ -117,7 +122,8 @@ TEST(Isa, Avx2AndAvx512AttentionAgree) {
     const Result b = run(cpu::avx512::attention_forward_workspace_floats,
                          cpu::avx512::attention_backward_workspace_floats, cpu::avx512::attention_forward,
                          cpu::avx512::attention_backward);
-    const std::string at = autosp::str("D=", D, " packed=", packed, " window=", window, " softcap=", softcap);
+    const std::string at = autosp::str("D=", D, " packed=", packed, " window=", window, " softcap=", softcap,
+                                  " alibi=", alibi);
     EXPECT_LT(normalised_error(a.out, b.out), 4e-6) << at;
     EXPECT_LT(normalised_error(a.lse, b.lse), 4e-6) << at;
     EXPECT_LT(normalised_error(a.dq, b.dq), 4e-6) << at;

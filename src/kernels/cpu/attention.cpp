@@ -28,6 +28,8 @@
 // Softcap c > 0: s_ij is replaced by c t_ij, t_ij = tanh(scale q_i . k_j / c), in both
 // directions (so lse is of the capped scores), and dS_ij = P_ij (dP_ij - delta_i) (1 - t_ij^2),
 // the derivative through the cap, before dq and dk take it (tile_p_ds).
+// ALiBi slopes a_h (null: none): s_ij + a_h (j - i) in both directions, added in base 2 as
+// fmadd(a_h log2(e), j - i, s'_ij), j - i exact in float; a constant bias, so dS is unchanged.
 #include <omp.h>
 
 #include <algorithm>
@@ -147,6 +149,15 @@ constexpr int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 constexpr int64_t region(int64_t floats) { return round_up(floats, W); }
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// 0, 1, ..., 63 as floats: a tile's row or column offsets, for ALiBi's j - i.
+struct Iota {
+  alignas(64) float v[kBk > kBq ? kBk : kBq];
+  constexpr Iota() : v{} {
+    for (int64_t i = 0; i < (kBk > kBq ? kBk : kBq); ++i) v[i] = float(i);
+  }
+};
+constexpr Iota kIota{};
 
 // ---- masks beyond causal ---------------------------------------------------------------
 // Documents and the sliding window, for one sequence of the batch. Document ids (null: one
@@ -273,9 +284,9 @@ BackwardPlan plan_backward(const AttentionDims& d, int threads) {
 
 // ---- forward ---------------------------------------------------------------------------
 // One work item: query block [i0, i0 + qb) of head h in batch b.
-void forward_block(const AttentionDims& d, bool causal, float scale, float softcap, const float* q,
-                   const float* k, const float* v, float* out, float* lse, int64_t b, int64_t h,
-                   int64_t i0, const Mask& mask, float* ws, const ForwardPlan& plan) {
+void forward_block(const AttentionDims& d, bool causal, float scale, float softcap, const float* alibi,
+                   const float* q, const float* k, const float* v, float* out, float* lse, int64_t b,
+                   int64_t h, int64_t i0, const Mask& mask, float* ws, const ForwardPlan& plan) {
   const int64_t S = d.S, D = d.D, NH = d.NH, NKV = d.NKV;
   const int64_t kvh = h / (NH / NKV);
   const int64_t qb = std::min(kBq, S - i0);
@@ -290,6 +301,7 @@ void forward_block(const AttentionDims& d, bool causal, float scale, float softc
   // Scores in base 2; with a cap, the tiles first hold scale q.k / c, the argument of tanh.
   const float scale2 = softcap > 0 ? scale / softcap : scale * kLog2e;
   const vf cap2 = splat(softcap * kLog2e);
+  const float slope2 = alibi ? alibi[h] * kLog2e : 0.0f;  // ALiBi's slope in base 2
   for (int64_t dd = 0; dd < D; ++dd) {
     for (int64_t r = 0; r < qb; ++r) qT[dd * kBq + r] = scale2 * qrow[r * NH * D + dd];
     for (int64_t r = qb; r < kBq; ++r) qT[dd * kBq + r] = 0.0f;
@@ -311,6 +323,14 @@ void forward_block(const AttentionDims& d, bool causal, float scale, float softc
     gemm(kb, kBq, D, krow, NKV * D, 1, qT, kBq, st, kBq, false);
     if (softcap > 0) {  // c tanh(scale q.k / c), in base 2
       for (int64_t e = 0; e < kb * kBq; e += W) store(st + e, cap2 * vtanh(load(st + e)));
+    }
+    if (alibi) {  // + slope (j - i): key j = j0 + c, query i = i0 + r along the vector
+      const vf sl = splat(slope2);
+      for (int64_t c = 0; c < kb; ++c)
+        for (int64_t r = 0; r < kBq; r += W) {
+          const vf ji = splat(float(j0 + c - i0)) - load(kIota.v + r);
+          store(st + c * kBq + r, fmadd(sl, ji, load(st + c * kBq + r)));
+        }
     }
     if (causal && j0 + kb - 1 > i0) {  // tile crosses the diagonal
       for (int64_t c = 0; c < kb; ++c)
@@ -371,6 +391,7 @@ void forward_block(const AttentionDims& d, bool causal, float scale, float softc
 struct HeadView {
   const float *q, *dout, *lse, *delta;  // rows of q / dout (stride qs), lse / delta (stride 1)
   int64_t qs;
+  float slope2 = 0.0f;  // ALiBi's slope in base 2 (0: none)
 };
 
 // delta_i = dout_i . out_i for every row of head h in batch b.
@@ -442,10 +463,17 @@ void tile_p_ds(const AttentionDims& d, bool causal, float scale, float softcap, 
   if (softcap > 0) return tile_p_ds_capped(d, diag, scale, softcap, hv, i0, qb, j0, kb, mixed, kT, vT, p, ds);
   gemm(qb, kBk, d.D, qi, hv.qs, 1, kT, kBk, p, kBk, false);
   const vf sc = splat(scale * kLog2e);  // base 2, as the forward
+  const vf sl = splat(hv.slope2);
   for (int64_t r = 0; r < qb; ++r) {
     const vf lr = splat(hv.lse[i0 + r] * kLog2e);
     float* pr = p + r * kBk;
-    for (int64_t c = 0; c < kBk; c += W) store(pr + c, vexp2(fmadd(load(pr + c), sc, -lr)));
+    if (hv.slope2 != 0.0f) {  // ALiBi: + slope (j - i), key j = j0 + c along the vector
+      const vf ij = splat(float(j0 - i0 - r));
+      for (int64_t c = 0; c < kBk; c += W)
+        store(pr + c, vexp2(fmadd(load(pr + c), sc, fmadd(sl, ij + load(kIota.v + c), -lr))));
+    } else {
+      for (int64_t c = 0; c < kBk; c += W) store(pr + c, vexp2(fmadd(load(pr + c), sc, -lr)));
+    }
     // Masked keys (j > i) and padding columns (c >= kb) get probability 0.
     const int64_t c_end = diag ? std::clamp<int64_t>(i0 + r - j0 + 1, 0, kb) : kb;
     for (int64_t c = c_end; c < kBk; ++c) pr[c] = 0.0f;
@@ -483,14 +511,14 @@ void tile_dq(const AttentionDims& d, const float* k, int64_t b, int64_t kvh, int
 int64_t first_query_block(bool causal, int64_t j0) { return causal ? j0 / kBq * kBq : 0; }
 
 HeadView head_view(const AttentionDims& d, const float* q, const float* dout, const float* lse,
-                   const float* delta, int64_t b, int64_t h) {
+                   const float* delta, int64_t b, int64_t h, const float* alibi) {
   return {q + (b * d.S * d.NH + h) * d.D, dout + (b * d.S * d.NH + h) * d.D,
-          lse + (b * d.NH + h) * d.S, delta, d.NH * d.D};
+          lse + (b * d.NH + h) * d.S, delta, d.NH * d.D, alibi ? alibi[h] * kLog2e : 0.0f};
 }
 
 // Fused schedule, one work item: every key block of query head h in batch b. Writes dq for
 // (b, h) and the head's dk, dv contribution (scaled) to dk_dst, dv_dst (rows of stride ld).
-void backward_head(const AttentionDims& d, bool causal, float scale, float softcap, const float* q,
+void backward_head(const AttentionDims& d, bool causal, float scale, float softcap, const float* alibi, const float* q,
                    const float* k, const float* v, const float* out, const float* lse,
                    const float* dout, float* dq, float* dk_dst, float* dv_dst, int64_t ld,
                    int64_t b, int64_t h, const Mask& mask, float* ws, const BackwardPlan& plan) {
@@ -500,13 +528,13 @@ void backward_head(const AttentionDims& d, bool causal, float scale, float softc
   float* __restrict delta = ws + plan.delta;
   head_deltas(d, out, dout, b, h, delta);
   // The head's q and dout rows copied adjacent (BackwardPlan, fused), and read from there.
-  const HeadView strided = head_view(d, q, dout, lse, delta, b, h);
+  const HeadView strided = head_view(d, q, dout, lse, delta, b, h, alibi);
   const int64_t qs = strided.qs;  // the row stride of q, dout and dq
   for (int64_t i = 0; i < S; ++i) {
     std::memcpy(ws + plan.q + i * D, strided.q + i * qs, sizeof(float) * D);
     std::memcpy(ws + plan.dout + i * D, strided.dout + i * qs, sizeof(float) * D);
   }
-  const HeadView hv{ws + plan.q, ws + plan.dout, strided.lse, strided.delta, D};
+  const HeadView hv{ws + plan.q, ws + plan.dout, strided.lse, strided.delta, D, strided.slope2};
   std::memset(dqa, 0, sizeof(float) * S * D);
 
   for (int64_t j0 = 0; j0 < S; j0 += kBk) {
@@ -543,7 +571,8 @@ void backward_head(const AttentionDims& d, bool causal, float scale, float softc
 
 // Split schedule, phase 1 item: dK_j, dV_j of key block j0 of kv head kvh in batch b,
 // summed over the group's query heads in head order, as the fused schedule's partials are.
-void backward_key_block(const AttentionDims& d, bool causal, float scale, float softcap, const float* q,
+void backward_key_block(const AttentionDims& d, bool causal, float scale, float softcap, const float* alibi,
+                        const float* q,
                         const float* k, const float* v, const float* lse, const float* dout,
                         const float* deltas, float* dk, float* dv, int64_t b, int64_t kvh,
                         int64_t j0, const Mask& mask, float* ws, const BackwardPlan& plan) {
@@ -556,7 +585,7 @@ void backward_key_block(const AttentionDims& d, bool causal, float scale, float 
   float* __restrict dvs = ws + plan.dv_sum;
   for (int64_t g = 0; g < G; ++g) {
     const int64_t h = kvh * G + g;
-    const HeadView hv = head_view(d, q, dout, lse, deltas + (b * d.NH + h) * S, b, h);
+    const HeadView hv = head_view(d, q, dout, lse, deltas + (b * d.NH + h) * S, b, h, alibi);
     bool first = true;
     for (int64_t i0 = first_query_block(causal, j0); i0 < S; i0 += kBq) {
       if (mask.past_window(i0, j0, kb)) break;
@@ -593,14 +622,15 @@ void backward_key_block(const AttentionDims& d, bool causal, float scale, float 
 
 // Split schedule, phase 2 item: dQ_i of query block i0 of head h in batch b, over key
 // blocks in increasing order, as the fused schedule accumulates it.
-void backward_query_block(const AttentionDims& d, bool causal, float scale, float softcap, const float* q,
+void backward_query_block(const AttentionDims& d, bool causal, float scale, float softcap, const float* alibi,
+                          const float* q,
                           const float* k, const float* v, const float* lse, const float* dout,
                           const float* deltas, float* dq, int64_t b, int64_t h, int64_t i0,
                           const Mask& mask, float* ws, const BackwardPlan& plan) {
   const int64_t S = d.S, D = d.D;
   const int64_t kvh = h / plan.G;
   const int64_t qb = std::min(kBq, S - i0);
-  const HeadView hv = head_view(d, q, dout, lse, deltas + (b * d.NH + h) * S, b, h);
+  const HeadView hv = head_view(d, q, dout, lse, deltas + (b * d.NH + h) * S, b, h, alibi);
   float* __restrict dqa = ws + plan.dq;
   std::memset(dqa, 0, sizeof(float) * qb * D);
   // Window: key blocks before the one holding i0 - W + 1 are hidden from every row.
@@ -638,7 +668,8 @@ int64_t attention_backward_workspace_floats(const AttentionDims& dims, int threa
 
 void attention_forward(const AttentionDims& dims, bool causal, float scale, const float* q,
                        const float* k, const float* v, float* out, float* lse, float* workspace,
-                       int threads, const int32_t* documents, int64_t window, float softcap) {
+                       int threads, const int32_t* documents, int64_t window, float softcap,
+                       const float* alibi) {
   const ForwardPlan plan = plan_forward(dims);
   const int64_t nq = ceil_div(dims.S, kBq);
   const int64_t items = dims.B * dims.NH * nq;
@@ -651,7 +682,7 @@ void attention_forward(const AttentionDims& dims, bool causal, float scale, cons
       const int64_t qblk = nq - 1 - it % nq;
       const int64_t bh = it / nq;
       const int64_t b = bh / dims.NH;
-      forward_block(dims, causal, scale, softcap, q, k, v, out, lse, b, bh % dims.NH, qblk * kBq,
+      forward_block(dims, causal, scale, softcap, alibi, q, k, v, out, lse, b, bh % dims.NH, qblk * kBq,
                     mask_of(documents, window, dims.S, b), ws, plan);
     }
   }
@@ -660,7 +691,8 @@ void attention_forward(const AttentionDims& dims, bool causal, float scale, cons
 void attention_backward(const AttentionDims& dims, bool causal, float scale, const float* q,
                         const float* k, const float* v, const float* out, const float* lse,
                         const float* dout, float* dq, float* dk, float* dv, float* workspace,
-                        int threads, const int32_t* documents, int64_t window, float softcap) {
+                        int threads, const int32_t* documents, int64_t window, float softcap,
+                        const float* alibi) {
   threads = std::max(threads, 1);
   const BackwardPlan plan = plan_backward(dims, threads);
   const int64_t S = dims.S, D = dims.D, NKV = dims.NKV, G = plan.G;
@@ -680,7 +712,7 @@ void attention_backward(const AttentionDims& dims, bool causal, float scale, con
       for (int64_t it = 0; it < dims.B * NKV * nk; ++it) {
         const int64_t bkv = it % (dims.B * NKV), jblk = it / (dims.B * NKV);
         const int64_t b = bkv / NKV;
-        backward_key_block(dims, causal, scale, softcap, q, k, v, lse, dout, deltas, dk, dv, b, bkv % NKV, jblk * kBk,
+        backward_key_block(dims, causal, scale, softcap, alibi, q, k, v, lse, dout, deltas, dk, dv, b, bkv % NKV, jblk * kBk,
                            mask_of(documents, window, S, b), ws, plan);
       }
       // dQ by query block, the last (most keys) first.
@@ -688,7 +720,7 @@ void attention_backward(const AttentionDims& dims, bool causal, float scale, con
       for (int64_t it = 0; it < dims.B * dims.NH * nq; ++it) {
         const int64_t bh = it % (dims.B * dims.NH), iblk = nq - 1 - it / (dims.B * dims.NH);
         const int64_t b = bh / dims.NH;
-        backward_query_block(dims, causal, scale, softcap, q, k, v, lse, dout, deltas, dq, b, bh % dims.NH, iblk * kBq,
+        backward_query_block(dims, causal, scale, softcap, alibi, q, k, v, lse, dout, deltas, dq, b, bh % dims.NH, iblk * kBq,
                              mask_of(documents, window, S, b), ws, plan);
       }
     }
@@ -704,7 +736,7 @@ void attention_backward(const AttentionDims& dims, bool causal, float scale, con
         const int64_t b = bh / dims.NH, h = bh % dims.NH;
         float* dk_bh = dk + (b * S * NKV + h) * D;
         float* dv_bh = dv + (b * S * NKV + h) * D;
-        backward_head(dims, causal, scale, softcap, q, k, v, out, lse, dout, dq, dk_bh, dv_bh, NKV * D, b,
+        backward_head(dims, causal, scale, softcap, alibi, q, k, v, out, lse, dout, dq, dk_bh, dv_bh, NKV * D, b,
                       h, mask_of(documents, window, S, b), ws, plan);
       }
     }
@@ -724,7 +756,7 @@ void attention_backward(const AttentionDims& dims, bool causal, float scale, con
         const int64_t b = grp / NKV, h = grp % NKV * G + it % G;
         float* dk_part = slots + it * plan.slot;
         float* dv_part = dk_part + plan.slot / 2;
-        backward_head(dims, causal, scale, softcap, q, k, v, out, lse, dout, dq, dk_part, dv_part, D, b, h,
+        backward_head(dims, causal, scale, softcap, alibi, q, k, v, out, lse, dout, dq, dk_part, dv_part, D, b, h,
                       mask_of(documents, window, S, b), ws, plan);
       }
       // (implicit barrier) reduce rows of the wave's groups

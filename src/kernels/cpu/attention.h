@@ -17,6 +17,11 @@
 // softcap c > 0 (Gemma 2's attn_logit_softcapping): each score s = scale q_i . k_j becomes
 // c tanh(s / c) before the softmax (lse too is of the capped scores), and the backward's dS
 // is multiplied by d(c tanh(s / c))/ds = 1 - tanh^2(s / c); 0: no cap.
+// alibi (BLOOM's and MPT's ALiBi; null: none): the slopes a_h of the NH query heads; score
+// s_ij gains a_h (j - i), a bias that is 0 on the diagonal and more negative the farther the
+// key (Press et al.'s relative form: the softmax is that of BLOOM's a_h j and MPT's
+// a_h (j - S_max + 1), which differ from it by a constant per row, and the scores stay small
+// at any length). A constant bias: the backward's dS is unchanged. Not with a softcap.
 #pragma once
 #include <cstdint>
 
@@ -37,14 +42,14 @@ int64_t attention_backward_workspace_floats(const AttentionDims& dims, int threa
 void attention_forward(const AttentionDims& dims, bool causal, float scale, const float* q,
                        const float* k, const float* v, float* out, float* lse, float* workspace,
                        int threads, const int32_t* documents = nullptr, int64_t window = 0,
-                       float softcap = 0.0f);
+                       float softcap = 0.0f, const float* alibi = nullptr);
 
 // Writes (does not accumulate into) dq, dk, dv.
 void attention_backward(const AttentionDims& dims, bool causal, float scale, const float* q,
                         const float* k, const float* v, const float* out, const float* lse,
                         const float* dout, float* dq, float* dk, float* dv, float* workspace,
                         int threads, const int32_t* documents = nullptr, int64_t window = 0,
-                       float softcap = 0.0f);
+                        float softcap = 0.0f, const float* alibi = nullptr);
 
 // Which schedule attention_backward uses on `threads` threads (attention.cpp): the split
 // one (over key blocks, then query blocks) when B x NH heads are too few to keep every
@@ -59,11 +64,11 @@ int64_t first_unsorted_document(const AttentionDims& dims, const int32_t* docume
 void attention_forward_reference(const AttentionDims& dims, bool causal, double scale,
                                  const double* q, const double* k, const double* v, double* out,
                                  double* lse, const int32_t* documents = nullptr, int64_t window = 0,
-                                 double softcap = 0.0);
+                                 double softcap = 0.0, const double* alibi = nullptr);
 void attention_backward_reference(const AttentionDims& dims, bool causal, double scale,
                                   const double* q, const double* k, const double* v,
                                   const double* dout, double* dq, double* dk, double* dv,
                                   const int32_t* documents = nullptr, int64_t window = 0,
-                                  double softcap = 0.0);
+                                  double softcap = 0.0, const double* alibi = nullptr);
 
 }  // namespace autosp::cpu

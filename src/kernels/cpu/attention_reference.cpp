@@ -17,6 +17,8 @@ bool visible(const int32_t* documents, int64_t window, int64_t S, int64_t b, int
 }
 // The score of scale q.k = s: s itself, or with a softcap c > 0, c tanh(s / c).
 double capped(double s, double softcap) { return softcap > 0 ? softcap * std::tanh(s / softcap) : s; }
+// ALiBi's bias of query i and key j in head h: a_h (j - i), or 0 without slopes.
+double bias(const double* alibi, int64_t h, int64_t i, int64_t j) { return alibi ? alibi[h] * double(j - i) : 0.0; }
 }  // namespace
 
 int64_t first_unsorted_document(const AttentionDims& d, const int32_t* documents) {
@@ -28,7 +30,8 @@ int64_t first_unsorted_document(const AttentionDims& d, const int32_t* documents
 
 void attention_forward_reference(const AttentionDims& d, bool causal, double scale,
                                  const double* q, const double* k, const double* v, double* out,
-                                 double* lse, const int32_t* documents, int64_t window, double softcap) {
+                                 double* lse, const int32_t* documents, int64_t window, double softcap,
+                                 const double* alibi) {
   const int64_t S = d.S, D = d.D, NH = d.NH, NKV = d.NKV, G = NH / NKV;
   std::vector<double> s(S);
   for (int64_t b = 0; b < d.B; ++b)
@@ -41,7 +44,7 @@ void attention_forward_reference(const AttentionDims& d, bool causal, double sca
           const double* kj = k + ((b * S + j) * NKV + h / G) * D;
           double t = 0.0;
           for (int64_t dd = 0; dd < D; ++dd) t += qi[dd] * kj[dd];
-          s[j] = visible(documents, window, S, b, i, j) ? capped(scale * t, softcap)
+          s[j] = visible(documents, window, S, b, i, j) ? capped(scale * t, softcap) + bias(alibi, h, i, j)
                                                         : -std::numeric_limits<double>::infinity();
           mx = std::max(mx, s[j]);
         }
@@ -60,7 +63,8 @@ void attention_forward_reference(const AttentionDims& d, bool causal, double sca
 void attention_backward_reference(const AttentionDims& d, bool causal, double scale,
                                   const double* q, const double* k, const double* v,
                                   const double* dout, double* dq, double* dk, double* dv,
-                                  const int32_t* documents, int64_t window, double softcap) {
+                                  const int32_t* documents, int64_t window, double softcap,
+                                  const double* alibi) {
   const int64_t S = d.S, D = d.D, NH = d.NH, NKV = d.NKV, G = NH / NKV;
   std::fill(dq, dq + d.B * S * NH * D, 0.0);
   std::fill(dk, dk + d.B * S * NKV * D, 0.0);
@@ -78,7 +82,7 @@ void attention_backward_reference(const AttentionDims& d, bool causal, double sc
         for (int64_t j = 0; j < S; ++j) {
           double t = 0.0;
           for (int64_t dd = 0; dd < D; ++dd) t += row(q, b, i, NH, h)[dd] * row(k, b, j, NKV, kvh)[dd];
-          P[i * S + j] = j < n && visible(documents, window, S, b, i, j) ? capped(scale * t, softcap)
+          P[i * S + j] = j < n && visible(documents, window, S, b, i, j) ? capped(scale * t, softcap) + bias(alibi, h, i, j)
                                                                  : -std::numeric_limits<double>::infinity();
           // d capped / ds = 1 - tanh^2 (1 without a cap), kept for the softmax backward below
           const double th = softcap > 0 ? std::tanh(scale * t / softcap) : 0.0;

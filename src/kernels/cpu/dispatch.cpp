@@ -24,16 +24,20 @@ int64_t attention_backward_workspace_floats(const AttentionDims& d, int threads)
 }
 void attention_forward(const AttentionDims& d, bool causal, float scale, const float* q,
                        const float* k, const float* v, float* out, float* lse, float* workspace,
-                       int threads, const int32_t* documents, int64_t window, float softcap) {
+                       int threads, const int32_t* documents, int64_t window, float softcap,
+                       const float* alibi) {
+  AUTOSP_CHECK(!(alibi && softcap > 0), "attention with both ALiBi and a softcap");
   AUTOSP_DISPATCH(attention_forward, d, causal, scale, q, k, v, out, lse, workspace, threads, documents, window,
-                  softcap);
+                  softcap, alibi);
 }
 void attention_backward(const AttentionDims& d, bool causal, float scale, const float* q,
                         const float* k, const float* v, const float* out, const float* lse,
                         const float* dout, float* dq, float* dk, float* dv, float* workspace,
-                        int threads, const int32_t* documents, int64_t window, float softcap) {
+                        int threads, const int32_t* documents, int64_t window, float softcap,
+                        const float* alibi) {
+  AUTOSP_CHECK(!(alibi && softcap > 0), "attention with both ALiBi and a softcap");
   AUTOSP_DISPATCH(attention_backward, d, causal, scale, q, k, v, out, lse, dout, dq, dk, dv,
-                  workspace, threads, documents, window, softcap);
+                  workspace, threads, documents, window, softcap, alibi);
 }
 
 bool attention_backward_is_split(const AttentionDims& d, int threads) {
