@@ -99,6 +99,7 @@ std::string attrs_str(const Attrs& attrs) {
     if (auto* i = std::get_if<int64_t>(&v)) s += std::to_string(*i);
     else if (auto* d = std::get_if<double>(&v)) s += str(*d);
     else if (auto* t = std::get_if<std::string>(&v)) s += "\"" + *t + "\"";
+    else if (auto* f = std::get_if<std::vector<double>>(&v)) s += str("[", f->size(), " floats]");
     else s += shape_str(std::get<std::vector<int64_t>>(v));
   }
   return s + "}";

@@ -318,9 +318,10 @@ TEST(OpGrad, AttentionWithDocuments) {
 // full, a window (0: none), document ids (packed: rows of 3 and 2 documents) and a softcap (0:
 // none). S > 64 spans several key and query tiles (and the window's skipped ones); one
 // sequence and one KV group keep its finite differences to a few seconds (42 s with B 2, NH 4).
-void check_attention_gradients(int64_t S, bool causal, int64_t window, bool packed, double softcap) {
+void check_attention_gradients(int64_t S, bool causal, int64_t window, bool packed, double softcap,
+                               const std::vector<double>& alibi = {}) {
   SCOPED_TRACE(str("S=", S, causal ? " causal" : " full", " window=", window, packed ? " packed" : "",
-                   " softcap=", softcap));
+                   " softcap=", softcap, alibi.empty() ? "" : " alibi"));
   const int64_t B = S > 64 ? 1 : 2, NH = S > 64 ? 2 : 4, NKV = S > 64 ? 1 : 2, D = 4;
   Tracer t;
   Tensor q = t.parameter("q", {B, S, NH, D});
@@ -330,11 +331,11 @@ void check_attention_gradients(int64_t S, bool causal, int64_t window, bool pack
   Feed feed;
   if (packed) {
     Tensor docs = t.input(Role::documents, "documents", DType::i32, {B, S});
-    t.output("y0", t.attention(q, k, v, docs, causal, scale, window, softcap));
+    t.output("y0", t.attention(q, k, v, docs, causal, scale, window, softcap, alibi));
     for (int64_t b = 0; b < B; ++b)
       for (int64_t i = 0; i < S; ++i) feed.i["documents"].push_back(int32_t(i >= S / 3) + int32_t(b && i >= S / 2));
   } else {
-    t.output("y0", t.attention(q, k, v, causal, scale, window, softcap));
+    t.output("y0", t.attention(q, k, v, causal, scale, window, softcap, alibi));
   }
   check_gradients(t.finish(), feed);
 }
@@ -346,6 +347,21 @@ TEST(OpGrad, AttentionWithSoftcap) {
                                            {5, true, 0, false}, {9, true, 3, false}, {9, true, 0, true},
                                            {70, true, 20, false}})
     check_attention_gradients(S, causal, window, packed, 0.5);
+}
+
+// ALiBi (BLOOM, MPT): slopes 1 and 1/4 per query head (2 or 4 heads: the steep ones make
+// the bias dominate the scores), full and causal, with a window and documents; S = 70 spans
+// the kernels' tiles. The bias is a constant: its gradient paths are the plain ones, so this
+// checks that both directions add the same bias (a backward without it gives P wrong).
+TEST(OpGrad, AttentionWithAlibi) {
+  for (auto [S, causal, window, packed] : {std::tuple<int64_t, bool, int64_t, bool>{5, false, 0, false},
+                                           {5, true, 0, false}, {9, true, 3, false}, {9, true, 0, true},
+                                           {70, true, 20, false}}) {
+    const int64_t NH = S > 64 ? 2 : 4;
+    std::vector<double> slopes = {1.0, 0.25, 0.5, 0.125};
+    slopes.resize(NH);
+    check_attention_gradients(S, causal, window, packed, 0.0, slopes);
+  }
 }
 
 // A sliding window (Mistral): windows of 1, 3 and longer than S = 9; with documents too.

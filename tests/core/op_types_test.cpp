@@ -3,6 +3,7 @@
 // operands and f16 are refused with both types named, integer operands stay i32.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <set>
 
 #include "ops/op.h"
@@ -149,6 +150,36 @@ void attention_keeps_an_f32_log_sum_exp() {
             std::string::npos);
   EXPECT_NE(infer_error(OpKind::attention, {q, kv, kv}, {{"causal", int64_t{1}}, {"scale", 0.5}, {"window", int64_t{-1}}})
                 .find("'window' must be positive"),
+            std::string::npos);
+  // ALiBi: one slope per query head (per head of every rank's part with alibi_split), finite,
+  // and not with a softcap.
+  const Attrs causal{{"causal", int64_t{1}}, {"scale", 0.5}};
+  auto with = [&](std::initializer_list<std::pair<const std::string, AttrValue>> extra) {
+    Attrs a = causal;
+    for (const auto& [key, value] : extra) a.set(key, value);
+    return a;
+  };
+  const std::vector<double> four = {0.5, 0.25, 0.125, 0.0625};
+  EXPECT_EQ(infer(OpKind::attention, {q, kv, kv}, with({{"alibi", four}})), (Types{q, T(f32, {1, 4, 6})}));
+  EXPECT_EQ(infer(OpKind::attention_backward, {q, q, kv, kv, q, T(f32, {1, 4, 6})}, with({{"alibi", four}})),
+            (Types{q, kv, kv}));
+  const TensorType q2 = T(bf16, {1, 6, 2, 8});  // 2 of the 4 heads on each of 2 ranks
+  EXPECT_EQ(infer(OpKind::attention, {q2, kv, kv}, with({{"alibi", four}, {"alibi_split", int64_t{2}}})),
+            (Types{q2, T(f32, {1, 2, 6})}));
+  EXPECT_NE(infer_error(OpKind::attention, {q2, kv, kv}, with({{"alibi", four}}))
+                .find("'alibi' has 4 slopes for 2 query heads"),
+            std::string::npos);
+  EXPECT_NE(infer_error(OpKind::attention, {q, kv, kv}, with({{"alibi", four}, {"alibi_split", int64_t{2}}}))
+                .find("'alibi' has 4 slopes for 8 query heads (NH = 4 on each of alibi_split = 2 ranks)"),
+            std::string::npos);
+  EXPECT_NE(infer_error(OpKind::attention, {q, kv, kv}, with({{"alibi", std::vector<double>{0.5, std::nan(""), 0.1, 0.2}}}))
+                .find("an ALiBi slope that is not finite"),
+            std::string::npos);
+  EXPECT_NE(infer_error(OpKind::attention, {q, kv, kv}, with({{"alibi", four}, {"softcap", 2.0}}))
+                .find("'alibi' with a 'softcap'"),
+            std::string::npos);
+  EXPECT_NE(infer_error(OpKind::attention, {q, kv, kv}, with({{"alibi_split", int64_t{2}}}))
+                .find("'alibi_split' without 'alibi'"),
             std::string::npos);
 }
 

@@ -480,7 +480,11 @@ std::vector<float> bloom_slopes(int64_t NH) {
 // Scores reach about +-5 here and the bias a_h (j - i) reaches -0.5 x 256 in head 0 (slopes
 // 1/2 .. 1/256, or 3 heads' interpolated ones), so far keys weigh little in the steep heads
 // and much in the flat ones; a bias left out, of the wrong sign or of the wrong head is off
-// by 1e-1 or more (checked below). Observed at most 1.3e-6; the same 1e-5 as above.
+// by 1e-1 or more (checked below). Causal, observed at most 2.0e-6: the same 1e-5 as above.
+// Full attention (no model uses ALiBi so, but the op allows it) biases the keys after the
+// query upwards, to +128 at S = 257, where one fp32 ulp of a score is 7.6e-6 of a probability:
+// observed up to 7.8e-6 (dq), so 3e-5 there.
+constexpr double kFullTolerance = 3e-5;
 TEST(AttentionKernelAlibi, ForwardAndBackwardMatchDouble) {
   double worst = 0.0;
   for (int64_t S : {1, 100, 257})
@@ -511,7 +515,7 @@ TEST(AttentionKernelAlibi, ForwardAndBackwardMatchDouble) {
                                       {&t.dk, &dk, "dk"}, {&t.dv, &dv, "dv"}}) {
             const double e = normalised_max_error(*x, *ref);
             worst = std::max(worst, e);
-            EXPECT_LE(e, kTolerance) << name << ", " << at;
+            EXPECT_LE(e, causal ? kTolerance : kFullTolerance) << name << ", " << at;
           }
         }
   std::printf("alibi: worst normalised error %.3g\n", worst);

@@ -215,6 +215,33 @@ TEST(AutospPass, TheJointGraphDifferentiatesEachCollectiveIntoItsInverse) {
   EXPECT_EQ(all_reduces, 1);              // the count has no gradient
 }
 
+// ALiBi: a rank attends over its part of the heads, so its attention (and the backward, which
+// takes the forward's attributes) reads its part of the slopes: the model's whole list stays
+// on the node, and alibi_split P tells the kernel to read from rank x NH / P (the executor
+// hands it the sp group). One graph for every rank, as ever.
+TEST(AutospPass, AlibiAttentionReadsTheRanksPartOfTheSlopes) {
+  const std::vector<double> slopes = {0.5, 0.25, 0.125, 0.0625};
+  Tracer t;
+  Tensor x = t.embedding(t.parameter("wte", {11, 16}), t.input(Role::tokens, "tokens", DType::i32, {1, 6}));
+  Tensor q = t.reshape(t.linear(x, t.parameter("wq", {32, 16})), {1, 6, 4, 8});
+  Tensor k = t.reshape(t.linear(x, t.parameter("wk", {16, 16})), {1, 6, 2, 8});
+  Tensor v = t.reshape(t.linear(x, t.parameter("wv", {16, 16})), {1, 6, 2, 8});
+  t.output("loss", t.sum(t.attention(q, k, v, true, 0.35, 0, 0, slopes)));
+  const Graph fwd = t.finish();
+  int attentions = 0;
+  for (const Node& n : fwd.nodes())
+    if (n.op == OpKind::attention) EXPECT_FALSE(n.attrs.has("alibi_split"));
+  const Graph joint = autodiff(autosp(fwd, {.sp_size = 2}));
+  for (const Node& n : joint.nodes()) {
+    if (n.op != OpKind::attention && n.op != OpKind::attention_backward) continue;
+    ++attentions;
+    EXPECT_EQ(n.attrs.get_floats("alibi"), slopes);
+    EXPECT_EQ(n.attrs.get_int("alibi_split"), 2);
+    EXPECT_EQ(joint.shape(n.inputs[n.op == OpKind::attention ? 0 : 1])[2], 2);  // NH / P query heads
+  }
+  EXPECT_EQ(attentions, 2);
+}
+
 TEST(AutospPass, OneRankIsTheIdentity) {
   Graph fwd = testing::tiny_transformer();
   EXPECT_EQ(print_graph(autosp(fwd, {.sp_size = 1})), print_graph(fwd));
