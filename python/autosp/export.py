@@ -16,7 +16,11 @@ The model code is not changed. What this does, and nothing else:
     sequence length dynamic (a module with LayerDrop 0, OPT's decoder, in eval mode alone while
     it does: its train-mode draw of torch.rand cannot be traced; LayerDrop above 0 is refused), and saves it with torch.export.save, a transformers model's
     config.json beside the graph (the archive's extra/config.json), so that autosp's
-    checkpoints of the program are model directories transformers loads.
+    checkpoints of the program are model directories transformers loads. A model that cuts
+    its positions from a table of its config's length L (MPT's ALiBi, GPT-Neo's mask) makes
+    torch.export refuse the length L itself (a guard S != L: the cut of the whole table is
+    another view than a cut of part of it); export() then exports lengths up to L - 1 and
+    says so.
 Models that call torch.nn.functional.scaled_dot_product_attention(is_causal=True) themselves
 need none of the registration; autosp reads that node as it is, and attention written out
 (softmax(q @ k^T * scale + mask) @ v, GPT-J's, nanoGPT's) or SDPA given a mask tensor, where the
@@ -29,6 +33,7 @@ errors quote the model's source line from it), which names the source files' pat
 """
 import json
 import math
+import warnings
 
 import torch
 
@@ -165,6 +170,16 @@ class _ConcreteIsCausal:
         return False
 
 
+def _position_table_length(model):
+    """The length of the model's position tables from its config (None: it names none)."""
+    config = getattr(model, "config", None)
+    for key in ("max_seq_len", "n_positions", "max_position_embeddings"):
+        value = getattr(config, key, None)
+        if isinstance(value, int) and value > 2:
+            return value
+    return None
+
+
 def export(model, path, batch: int = 2, seq_len: int = 16, max_seq_len: int = 1 << 20, vocab_size=None):
     """Exports `model`'s training loss, forward(input_ids, labels) -> loss, to `path` (.pt2)."""
     use_autosp_attention(model)
@@ -172,11 +187,24 @@ def export(model, path, batch: int = 2, seq_len: int = 16, max_seq_len: int = 1 
     vocab = vocab_size or model.config.vocab_size
     # The sample inputs the archive stores: seeded, so the same model exports to the same bytes.
     ids = torch.randint(0, vocab, (batch, seq_len), generator=torch.Generator().manual_seed(0))
-    b = torch.export.Dim("batch", min=1, max=1 << 16)
-    s = torch.export.Dim("seq_len", min=2, max=max_seq_len)
-    with _ConcreteIsCausal(), _NoLayerDrop(model):
-        program = torch.export.export(_LossOf(model), (ids, ids.clone()),
-                                      dynamic_shapes=({0: b, 1: s}, {0: b, 1: s}))
+
+    def export_up_to(longest):
+        b = torch.export.Dim("batch", min=1, max=1 << 16)
+        s = torch.export.Dim("seq_len", min=2, max=longest)
+        with _ConcreteIsCausal(), _NoLayerDrop(model):
+            return torch.export.export(_LossOf(model), (ids, ids.clone()),
+                                       dynamic_shapes=({0: b, 1: s}, {0: b, 1: s}))
+
+    try:
+        program = export_up_to(max_seq_len)
+    except Exception as e:  # torch._dynamo.exc.UserError: constraints violated
+        table = _position_table_length(model)
+        if table is None or max_seq_len < table or "Constraints violated (seq_len)" not in str(e):
+            raise
+        program = export_up_to(table - 1)
+        warnings.warn(f"{type(model).__name__} cuts its positions from a table of {table} (its config): "
+                      f"torch.export refuses the length {table} itself, so the archive holds lengths up to "
+                      f"{table - 1}")
     # transformers' config.json rides along (the archive's extra/config.json): autosp's
     # checkpoints of the program are then model directories transformers loads.
     # (with the model's class as "architectures", which save_pretrained adds likewise)

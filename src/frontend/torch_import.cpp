@@ -668,6 +668,8 @@ class HostEvaluator {
     if (xs.size() == 2 && t == "_operator.mul") return xs[0] * xs[1];
     if (xs.size() == 2 && t == "_operator.floordiv" && xs[1] != 0) return xs[0] / xs[1];
     if (xs.size() == 1 && t == "_operator.neg") return -xs[0];
+    if (xs.size() == 2 && t == "torch.sym_max") return std::max(xs[0], xs[1]);  // MPT's slice bounds
+    if (xs.size() == 2 && t == "torch.sym_min") return std::min(xs[0], xs[1]);
     return std::nullopt;
   }
   std::optional<int64_t> integer(const json* a) {
@@ -802,7 +804,7 @@ class HostEvaluator {
       return o && o->v.size() == 1 ? double(o->v[0]) : std::nan("");
     };
     if (op == "contiguous.default" || op == "alias.default" || op == "clone.default" || op == "detach.default" ||
-        op == "lift_fresh_copy.default") {
+        op == "detach_.default" || op == "lift_fresh_copy.default") {
       const HostArray* x = in("self", 0);
       return x ? std::optional<HostArray>(*x) : std::nullopt;
     }
@@ -896,6 +898,52 @@ class HostEvaluator {
         for (float& v : b->v) v = float(v * alpha);
       Fn g = f->second;
       return elementwise({*a, *b}, [g](const std::vector<HostArray>& x, size_t k) { return g(x[0].v[k], x[1].v[k]); });
+    }
+    // Powers (MPT's and BLOOM's ALiBi slopes, 1 / 2^x and base^k): a tensor or a number to a
+    // tensor or a number, in float as torch computes them; and reciprocals.
+    if (op == "pow.Tensor_Scalar" || op == "pow.Scalar" || op == "pow.Tensor_Tensor") {
+      std::optional<HostArray> a = operand(arg(n, "self", 0)), b = operand(arg(n, "exponent", 1));
+      if (!a || !b) return std::nullopt;
+      return elementwise({*a, *b}, [](const std::vector<HostArray>& x, size_t k) { return std::pow(x[0].v[k], x[1].v[k]); });
+    }
+    if (op == "reciprocal.default") {
+      const HostArray* x = in("self", 0);
+      if (!x) return std::nullopt;
+      HostArray out = *x;
+      for (float& f : out.v) f = 1.0f / f;
+      return out;
+    }
+    if (op == "cat.default") {  // along one dim; every operand of one rank (MPT's slopes of 6 heads)
+      const json* ts = arg(n, "tensors", 0);
+      if (!ts || !ts->contains("as_tensors") || (*ts)["as_tensors"].empty()) return std::nullopt;
+      std::vector<const HostArray*> xs;
+      for (const json& t : (*ts)["as_tensors"]) {
+        const HostArray* x = eval(t.value("name", ""));
+        if (!x || (!xs.empty() && x->shape.size() != xs[0]->shape.size())) return std::nullopt;
+        xs.push_back(x);
+      }
+      const int64_t r = int64_t(xs[0]->shape.size());
+      std::optional<int64_t> d0 = arg(n, "dim", 1) ? integer(arg(n, "dim", 1)) : std::optional<int64_t>(0);
+      if (r == 0 || !d0 || *d0 < -r || *d0 >= r) return std::nullopt;
+      const int64_t d = *d0 < 0 ? *d0 + r : *d0;
+      Shape to = xs[0]->shape;
+      to[d] = 0;
+      for (const HostArray* x : xs) {
+        for (int64_t i = 0; i < r; ++i)
+          if (i != d && x->shape[i] != xs[0]->shape[i]) return std::nullopt;
+        to[d] += x->shape[d];
+      }
+      if (numel(to) > max_elements_) return std::nullopt;
+      int64_t outer = 1;
+      for (int64_t i = 0; i < d; ++i) outer *= to[i];
+      HostArray out{to, {}};
+      out.v.reserve(numel(to));
+      for (int64_t o = 0; o < outer; ++o)
+        for (const HostArray* x : xs) {
+          const int64_t block = int64_t(x->v.size()) / std::max<int64_t>(outer, 1);
+          out.v.insert(out.v.end(), x->v.begin() + o * block, x->v.begin() + (o + 1) * block);
+        }
+      return out;
     }
     if (op == "neg.default" || op == "logical_not.default" || op == "bitwise_not.default") {
       const HostArray* x = in("self", 0);
@@ -1732,6 +1780,46 @@ class TorchImporter {
     causal_masks_.insert(key);
   }
 
+  // ALiBi (MPT's position_bias, BLOOM's alibi): a value computed from the sizes and constants
+  // of shape [..., H, R, S] (R = 1 or S, leading dims 1) that is, in each head h and each row,
+  // a_h (j - c) for some constant c of the row: the bias a_h (j - i) up to a constant per row,
+  // which the softmax does not see. Evaluated at the run's length (it is only H x R x S), so a
+  // bias cut from a table shorter than the run is no ALiBi here. a_h is read where the row's
+  // multiplier is 0 and 1 (exact in fp32: a x 0 and a x 1), the rest must agree with it to
+  // fp32 rounding. The slopes, or nullopt for anything else (all slopes 0: no bias at all).
+  std::optional<std::vector<double>> alibi_slopes(const std::string& name) {
+    const int64_t S = o_.seq_len;
+    if (S < 2) return std::nullopt;
+    if (!alibi_) alibi_.emplace(m_, 1, S, int64_t(1) << 27);
+    const HostArray* a = alibi_->eval(name);
+    if (!a) return std::nullopt;
+    const Shape& sh = a->shape;
+    if (sh.size() < 3 || sh.back() != S) return std::nullopt;
+    const int64_t R = sh[sh.size() - 2], H = sh[sh.size() - 3];
+    if (R != 1 && R != S) return std::nullopt;
+    for (size_t i = 0; i + 3 < sh.size(); ++i)
+      if (sh[i] != 1) return std::nullopt;
+    std::vector<double> slopes(H);
+    bool any = false;
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t r = 0; r < R; ++r) {
+        const float* row = a->v.data() + (h * R + r) * S;
+        const int64_t j0 = std::find(row, row + S, 0.0f) - row;
+        if (j0 == S) return std::nullopt;
+        const double slope = j0 + 1 < S ? double(row[j0 + 1]) : -double(row[j0 - 1]);
+        if (r > 0 && slope != slopes[h]) return std::nullopt;
+        slopes[h] = slope;
+        for (int64_t j = 0; j < S; ++j) {
+          const double want = slope * double(j - j0);
+          if (!(std::abs(double(row[j]) - want) <= 1e-6 * std::abs(want))) return std::nullopt;
+        }
+        any = any || slope != 0.0;
+      }
+    if (!any) return std::nullopt;
+    return slopes;
+  }
+  std::optional<HostEvaluator> alibi_;
+
   // A scalar factor of a mul or div node (either side for mul): the factor and the other operand.
   std::optional<std::pair<double, std::string>> scaling(const FxNode* n) {
     if (!is(n, "mul.Tensor") && !is(n, "div.Tensor")) return std::nullopt;
@@ -1751,7 +1839,8 @@ class TorchImporter {
   // matmul(P, v) with P = softmax(scores, -1) (through casts and dropout 0), scores = q @ k^T
   // scaled and masked in any order: scalar mul/div, + an additive mask, masked_fill or where
   // with a fill of at most -1e4; q and k^T each possibly scaled. -> attention(q, k, v, causal,
-  // scale) when the mask is causal (GPT-J, CodeGen, nanoGPT's written-out attention).
+  // scale) when the mask is causal (GPT-J, CodeGen, nanoGPT's written-out attention). An added
+  // ALiBi bias (MPT's; alibi_slopes) gives the attention its slopes, times the scaling after it.
   std::optional<Imported> match_attention(const FxNode& n) {
     const std::string p = arg_tensor(n, "self", 0), v = arg_tensor(n, "other", 1);
     const FxNode* sm = node_of(through(p));
@@ -1760,6 +1849,7 @@ class TorchImporter {
     if (dim != -1 && dim != 3) return std::nullopt;
     double scale = 1.0;
     int masks = 0;
+    std::vector<double> alibi;
     std::string x = arg_tensor(*sm, "self", 0);
     const FxNode* mm = nullptr;
     for (int guard = 0; guard < 16 && !mm; ++guard) {
@@ -1779,8 +1869,14 @@ class TorchImporter {
         const bool b_mask = masks_->eval(b) != nullptr, a_mask = !b_mask && masks_->eval(a) != nullptr;
         if (!a_mask && !b_mask) m_.fail_at(*s, "an attention mask autosp cannot evaluate: it imports causal masks "
                                                "computed from the sequence length and constants");
-        require_causal(*s, a_mask ? a : b, MaskUse::additive, scale);
         x = a_mask ? b : a;
+        if (std::optional<std::vector<double>> slopes = alibi_slopes(a_mask ? a : b)) {
+          if (!alibi.empty()) m_.fail_at(*s, "attention written out with two ALiBi biases");
+          for (double& slope : *slopes) slope *= scale;  // the scaling of the scores after it
+          alibi = std::move(*slopes);
+          continue;
+        }
+        require_causal(*s, a_mask ? a : b, MaskUse::additive, scale);
         ++masks;
       } else if (is(s, "masked_fill.Scalar") || is(s, "masked_fill_.Scalar")) {
         const std::optional<double> fill = scalar(*s, "value", 2);
@@ -1824,7 +1920,9 @@ class TorchImporter {
     if (k.empty() || value(q).shape.size() != 4 || value(v).shape.size() != 4) return std::nullopt;
     if (masks > 1) m_.fail_at(n, "attention written out with more than one mask");
     if (masks == 0) m_.fail_at(n, "attention written out without a mask: autosp trains causal language models");
-    return attention(n, q, through(k), through(v), true, scale, 0);
+    if (!alibi.empty() && int64_t(alibi.size()) != value(q).shape[1])
+      m_.fail_at(n, str("an ALiBi bias of ", alibi.size(), " heads on attention of ", value(q).shape[1]));
+    return attention(n, q, through(k), through(v), true, scale, 0, 0, alibi);
   }
 
   // x @ M with M a matrix: linear(x, M^T) (Falcon's x @ W.T is linear(x, W)). 4-D products are
@@ -2410,16 +2508,17 @@ class TorchImporter {
   }
 
   Imported attention(const FxNode& n, const std::string& q, const std::string& k_in, const std::string& v_in,
-                     bool causal, double scale, int64_t window, double softcap = 0) {
+                     bool causal, double scale, int64_t window, double softcap = 0,
+                     const std::vector<double>& alibi = {}) {
     const std::string k = unrepeated_kv(k_in), v = unrepeated_kv(v_in);
     const Imported &qv = value(q), &kv = value(k), &vv = value(v);
     if (qv.shape.size() != 4 || kv.shape.size() != 4 || vv.shape.size() != 4) m_.fail_at(n, "attention on values not [B, H, S, D]");
     if (!causal) m_.fail_at(n, "non-causal attention: autosp trains causal language models");
     if (!(softcap >= 0) || !std::isfinite(softcap)) m_.fail_at(n, str("attention softcap ", softcap));
     Tensor out = documents_ ? t_.attention(as_bshd(qv, q), as_bshd(kv, k), as_bshd(vv, v), *documents_, causal, scale,
-                                           window, softcap)
+                                           window, softcap, alibi)
                             : t_.attention(as_bshd(qv, q), as_bshd(kv, k), as_bshd(vv, v), causal, scale, window,
-                                           softcap);
+                                           softcap, alibi);
     Imported r = ir(out);
     r.perm = {0, 2, 1, 3};
     r.shape = qv.shape;
