@@ -906,6 +906,12 @@ class HostEvaluator {
       if (!a || !b) return std::nullopt;
       return elementwise({*a, *b}, [](const std::vector<HostArray>& x, size_t k) { return std::pow(x[0].v[k], x[1].v[k]); });
     }
+    if (op == "copy_.default") {  // all of self overwritten by src (BLOOM's causal mask): src as self's shape
+      const HostArray* self = in("self", 0);
+      const HostArray* src = in("src", 1);
+      if (!self || !src) return std::nullopt;
+      return expand(*src, self->shape);
+    }
     if (op == "reciprocal.default") {
       const HostArray* x = in("self", 0);
       if (!x) return std::nullopt;
@@ -1551,6 +1557,8 @@ class TorchImporter {
     }
     if (op == "torch.ops.aten.view.default" || op == "torch.ops.aten.reshape.default" ||
         op == "torch.ops.aten._unsafe_view.default" || op == "torch.ops.aten.flatten.using_ints") {
+      if (op != "torch.ops.aten.flatten.using_ints")
+        if (auto att = match_bmm_attention(n)) return *att;  // BLOOM's heads, read back from [B H, S, D]
       const Imported& x = value(A("self", 0));
       std::vector<int64_t> size;
       if (op == "torch.ops.aten.flatten.using_ints") {
@@ -1836,21 +1844,31 @@ class TorchImporter {
     return std::nullopt;
   }
 
-  // matmul(P, v) with P = softmax(scores, -1) (through casts and dropout 0), scores = q @ k^T
-  // scaled and masked in any order: scalar mul/div, + an additive mask, masked_fill or where
-  // with a fill of at most -1e4; q and k^T each possibly scaled. -> attention(q, k, v, causal,
-  // scale) when the mask is causal (GPT-J, CodeGen, nanoGPT's written-out attention). An added
-  // ALiBi bias (MPT's; alibi_slopes) gives the attention its slopes, times the scaling after it.
-  std::optional<Imported> match_attention(const FxNode& n) {
-    const std::string p = arg_tensor(n, "self", 0), v = arg_tensor(n, "other", 1);
-    const FxNode* sm = node_of(through(p));
-    if (!is(sm, "softmax.int") && !is(sm, "_softmax.default")) return std::nullopt;
-    const int64_t dim = int_arg(*sm, "dim", 1, 0);
-    if (dim != -1 && dim != 3) return std::nullopt;
-    double scale = 1.0;
+  // The scores a softmax over the last dim reads: q k^T scaled and masked in any order (scalar
+  // mul/div, + an additive mask, masked_fill or where with a fill of at most -1e4), with at
+  // most one added ALiBi bias (alibi_slopes); down to the product, either a matmul (q and k^T
+  // each possibly scaled) or BLOOM's baddbmm(bias, q, k^T, beta, alpha) on [B H, S, .] read
+  // back through a view to [B, H, S, S]. nullopt where the scores are something else.
+  struct Scores {
+    double scale = 1.0;          // of q . k
     int masks = 0;
-    std::vector<double> alibi;
-    std::string x = arg_tensor(*sm, "self", 0);
+    std::vector<double> alibi;   // the slopes (empty: none), times the scaling after the bias
+    std::string q, kt;           // the product's operands, through scalings
+    bool merged = false;         // baddbmm's [B H, S, D] q and [B H, D, S] k^T
+  };
+  std::optional<Scores> scores_of(const FxNode& sm) {
+    const int64_t dim = int_arg(sm, "dim", 1, 0);
+    if (dim != -1 && dim != 3) return std::nullopt;
+    Scores r;
+    auto add_alibi = [&](const FxNode& at, const std::string& bias, double factor) {
+      std::optional<std::vector<double>> slopes = alibi_slopes(bias);
+      if (!slopes) return false;
+      if (!r.alibi.empty()) m_.fail_at(at, "attention written out with two ALiBi biases");
+      for (double& slope : *slopes) slope *= factor;
+      r.alibi = std::move(*slopes);
+      return true;
+    };
+    std::string x = arg_tensor(sm, "self", 0);
     const FxNode* mm = nullptr;
     for (int guard = 0; guard < 16 && !mm; ++guard) {
       x = through(x);
@@ -1858,8 +1876,20 @@ class TorchImporter {
       if (!s) return std::nullopt;
       if (is(s, "matmul.default")) {
         mm = s;
+      } else if (is(s, "view.default") || is(s, "reshape.default") || is(s, "_unsafe_view.default")) {
+        // BLOOM: the [B H, S, S] scores of baddbmm(bias, q, k^T, beta, alpha) = beta bias + alpha q k^T
+        const FxNode* bb = node_of(through(arg_tensor(*s, "self", 0)));
+        if (!is(bb, "baddbmm.default")) return std::nullopt;
+        const double beta = float_arg(*bb, "beta", 3, 1.0), alpha = float_arg(*bb, "alpha", 4, 1.0);
+        if (!add_alibi(*bb, arg_tensor(*bb, "self", 0), beta * r.scale))
+          m_.fail_at(*bb, "a baddbmm whose added term is no ALiBi bias autosp can read (it reads BLOOM's: a_h j per "
+                          "head, computed from the sequence length and constants)");
+        r.scale *= alpha;
+        r.q = through(arg_tensor(*bb, "batch1", 1)), r.kt = through(arg_tensor(*bb, "batch2", 2));
+        r.merged = true;
+        return r;
       } else if (auto f = scaling(s)) {
-        scale *= f->first;
+        r.scale *= f->first;
         x = f->second;
       } else if (is(s, "add.Tensor") || is(s, "add_.Tensor")) {
         if (float_arg(*s, "alpha", 2, 1.0) != 1.0) return std::nullopt;
@@ -1870,59 +1900,109 @@ class TorchImporter {
         if (!a_mask && !b_mask) m_.fail_at(*s, "an attention mask autosp cannot evaluate: it imports causal masks "
                                                "computed from the sequence length and constants");
         x = a_mask ? b : a;
-        if (std::optional<std::vector<double>> slopes = alibi_slopes(a_mask ? a : b)) {
-          if (!alibi.empty()) m_.fail_at(*s, "attention written out with two ALiBi biases");
-          for (double& slope : *slopes) slope *= scale;  // the scaling of the scores after it
-          alibi = std::move(*slopes);
-          continue;
-        }
-        require_causal(*s, a_mask ? a : b, MaskUse::additive, scale);
-        ++masks;
+        if (add_alibi(*s, a_mask ? a : b, r.scale)) continue;  // times the scaling of the scores after it
+        require_causal(*s, a_mask ? a : b, MaskUse::additive, r.scale);
+        ++r.masks;
       } else if (is(s, "masked_fill.Scalar") || is(s, "masked_fill_.Scalar")) {
         const std::optional<double> fill = scalar(*s, "value", 2);
-        if (!fill || *fill * scale > kMasked) m_.fail_at(*s, "a masked_fill of the attention scores with more than -1e4");
-        require_causal(*s, arg_tensor(*s, "mask", 1), MaskUse::masked_where_true, scale);
+        if (!fill || *fill * r.scale > kMasked) m_.fail_at(*s, "a masked_fill of the attention scores with more than -1e4");
+        require_causal(*s, arg_tensor(*s, "mask", 1), MaskUse::masked_where_true, r.scale);
         x = arg_tensor(*s, "self", 0);
-        ++masks;
+        ++r.masks;
       } else if (is(s, "where.self") || is(s, "where.ScalarOther") || is(s, "where.ScalarSelf")) {
         // where(keep, scores, fill) or where(masked, fill, scores)
         const std::string a = arg_tensor(*s, "self", 1);
         const bool scores_first = !a.empty() && value(a).kind != Imported::host;
         const std::optional<double> fill = scalar(*s, scores_first ? "other" : "self", scores_first ? 2 : 1);
-        if (!fill || *fill * scale > kMasked) m_.fail_at(*s, "a where on the attention scores with a fill above -1e4");
+        if (!fill || *fill * r.scale > kMasked) m_.fail_at(*s, "a where on the attention scores with a fill above -1e4");
         require_causal(*s, arg_tensor(*s, "condition", 0), scores_first ? MaskUse::keep_where_true : MaskUse::masked_where_true,
-                       scale);
+                       r.scale);
         x = scores_first ? a : arg_tensor(*s, "other", 2);
-        ++masks;
+        ++r.masks;
       } else {
         return std::nullopt;
       }
     }
     if (!mm) return std::nullopt;
-    // q @ k^T, either scaled
-    std::string q = through(arg_tensor(*mm, "self", 0)), kt = through(arg_tensor(*mm, "other", 1));
-    for (std::string* side : {&q, &kt})
+    r.q = through(arg_tensor(*mm, "self", 0)), r.kt = through(arg_tensor(*mm, "other", 1));
+    for (std::string* side : {&r.q, &r.kt})
       for (int guard = 0; guard < 4; ++guard) {
         auto f = scaling(node_of(*side));
         if (!f) break;
-        scale *= f->first;
+        r.scale *= f->first;
         *side = through(f->second);
       }
+    return r;
+  }
+
+  // k of k^T: transpose(k, rank - 2, rank - 1) or permute(k, [0, 1, 3, 2]); "" for anything else.
+  std::string untransposed(const std::string& kt, int64_t rank) {
     const FxNode* t = node_of(kt);
-    std::string k;
     if (is(t, "transpose.int")) {
       int64_t a = int_arg(*t, "dim0", 1), b = int_arg(*t, "dim1", 2);
-      a = a < 0 ? a + 4 : a, b = b < 0 ? b + 4 : b;
-      if (std::min(a, b) == 2 && std::max(a, b) == 3) k = arg_tensor(*t, "self", 0);
-    } else if (is(t, "permute.default") && ints_arg(*t, "dims", 1) == std::vector<int64_t>{0, 1, 3, 2}) {
-      k = arg_tensor(*t, "self", 0);
+      a = a < 0 ? a + rank : a, b = b < 0 ? b + rank : b;
+      if (std::min(a, b) == rank - 2 && std::max(a, b) == rank - 1) return arg_tensor(*t, "self", 0);
+    } else if (rank == 4 && is(t, "permute.default") && ints_arg(*t, "dims", 1) == std::vector<int64_t>{0, 1, 3, 2}) {
+      return arg_tensor(*t, "self", 0);
     }
-    if (k.empty() || value(q).shape.size() != 4 || value(v).shape.size() != 4) return std::nullopt;
-    if (masks > 1) m_.fail_at(n, "attention written out with more than one mask");
-    if (masks == 0) m_.fail_at(n, "attention written out without a mask: autosp trains causal language models");
-    if (!alibi.empty() && int64_t(alibi.size()) != value(q).shape[1])
-      m_.fail_at(n, str("an ALiBi bias of ", alibi.size(), " heads on attention of ", value(q).shape[1]));
-    return attention(n, q, through(k), through(v), true, scale, 0, 0, alibi);
+    return "";
+  }
+
+  // The mask count and ALiBi of scores that make one causal attention over `heads` query heads.
+  void require_one_causal_mask(const FxNode& n, const Scores& sc, int64_t heads) {
+    if (sc.masks > 1) m_.fail_at(n, "attention written out with more than one mask");
+    if (sc.masks == 0) m_.fail_at(n, "attention written out without a mask: autosp trains causal language models");
+    if (!sc.alibi.empty() && int64_t(sc.alibi.size()) != heads)
+      m_.fail_at(n, str("an ALiBi bias of ", sc.alibi.size(), " heads on attention of ", heads));
+  }
+
+  // matmul(P, v) with P = softmax(scores, -1) (through casts and dropout 0), scores_of a matmul
+  // q @ k^T -> attention(q, k, v, causal, scale) when the mask is causal (GPT-J, CodeGen,
+  // nanoGPT's written-out attention); with an added ALiBi bias (MPT's), its slopes.
+  std::optional<Imported> match_attention(const FxNode& n) {
+    const std::string p = arg_tensor(n, "self", 0), v = arg_tensor(n, "other", 1);
+    const FxNode* sm = node_of(through(p));
+    if (!is(sm, "softmax.int") && !is(sm, "_softmax.default")) return std::nullopt;
+    std::optional<Scores> sc = scores_of(*sm);
+    if (!sc || sc->merged) return std::nullopt;
+    const std::string k = untransposed(sc->kt, 4);
+    if (k.empty() || value(sc->q).shape.size() != 4 || value(v).shape.size() != 4) return std::nullopt;
+    require_one_causal_mask(n, *sc, value(sc->q).shape[1]);
+    return attention(n, sc->q, through(k), through(v), true, sc->scale, 0, 0, sc->alibi);
+  }
+
+  // BLOOM's attention on [B H, S, .] batches of heads, read back by its caller, a view to
+  // [B, H, S, D]: view(bmm(P, v3)) with P = view(softmax(scores), [B H, S, S]) (through casts
+  // and dropout 0) and scores_of a baddbmm; q3, k3 (under k^T) and v3 reshapes of [B, H, S, D]
+  // values to [B H, S, D]. -> attention(q, k, v, causal, alpha, ALiBi): the [B H, ...] values
+  // (copies of the transposed heads in torch) are never made.
+  std::optional<Imported> match_bmm_attention(const FxNode& n) {
+    const FxNode* bmm = node_of(arg_tensor(n, "self", 0));
+    if (!is(bmm, "bmm.default")) return std::nullopt;
+    const Shape out = ints_arg(n, arg(n, "size", 1) ? "size" : "shape", 1);
+    if (out.size() != 4 || std::count(out.begin(), out.end(), -1) > 0) return std::nullopt;
+    const FxNode* pv = node_of(through(arg_tensor(*bmm, "self", 0)));
+    if (!is(pv, "view.default") && !is(pv, "reshape.default") && !is(pv, "_unsafe_view.default")) return std::nullopt;
+    const FxNode* sm = node_of(through(arg_tensor(*pv, "self", 0)));
+    if (!is(sm, "softmax.int") && !is(sm, "_softmax.default")) return std::nullopt;
+    std::optional<Scores> sc = scores_of(*sm);
+    if (!sc || !sc->merged) return std::nullopt;
+    // [B, H, S, D] of a reshape to [B H, S, D]: the name of the 4-D value, or "".
+    auto heads_of = [&](const std::string& x3) -> std::string {
+      const FxNode* r = node_of(x3);
+      if (!is(r, "view.default") && !is(r, "reshape.default") && !is(r, "_unsafe_view.default")) return "";
+      const std::string x = arg_tensor(*r, "self", 0);
+      const Imported& xv = value(x);
+      if (xv.kind != Imported::tensor || xv.shape.size() != 4 || xv.shape[0] != out[0] || xv.shape[1] != out[1] ||
+          xv.shape[2] != out[2])
+        return "";
+      return x;
+    };
+    const std::string q = heads_of(sc->q), k = heads_of(untransposed(sc->kt, 3)),
+                      v = heads_of(through(arg_tensor(*bmm, "mat2", 1)));
+    if (q.empty() || k.empty() || v.empty() || value(v).shape[3] != out[3]) return std::nullopt;
+    require_one_causal_mask(n, *sc, out[1]);
+    return attention(n, q, k, v, true, sc->scale, 0, 0, sc->alibi);
   }
 
   // x @ M with M a matrix: linear(x, M^T) (Falcon's x @ W.T is linear(x, W)). 4-D products are
@@ -2159,7 +2239,9 @@ class TorchImporter {
     return std::nullopt;
   }
 
-  // GPT-2's gelu_new: (0.5 * x) * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3)))
+  // GPT-2's gelu_new: (0.5 * x) * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3))), and BLOOM's
+  // (0.5 * x) * (1 + tanh(0.79788456 * x * (1 + 0.044715 * x * x))), the same function written
+  // otherwise (its constant is sqrt(2/pi) in fp32, as torch uses it).
   std::optional<Imported> match_gelu_tanh(const FxNode& n) {
     const FxNode* half = node_of(arg_tensor(n, "self", 0));
     const FxNode* one_plus = node_of(arg_tensor(n, "other", 1));
@@ -2168,9 +2250,27 @@ class TorchImporter {
     if (x.empty() || scalar(*half, "other", 1) != 0.5 || scalar(*one_plus, "other", 1) != 1.0) return std::nullopt;
     const FxNode* th = node_of(arg_tensor(*one_plus, "self", 0));
     if (!is(th, "tanh.default")) return std::nullopt;
+    auto is_sqrt_2_over_pi = [](std::optional<double> c) { return c && float(*c) == float(std::sqrt(2.0 / M_PI)); };
+    auto gelu = [&] { return ir(t_.gelu(tensor_of(x), /*tanh_approximation=*/true)); };
     const FxNode* c = node_of(arg_tensor(*th, "self", 0));
-    if (!is(c, "mul.Tensor") || !scalar(*c, "other", 1) || std::abs(*scalar(*c, "other", 1) - std::sqrt(2.0 / M_PI)) > 1e-12)
-      return std::nullopt;
+    if (!is(c, "mul.Tensor")) return std::nullopt;
+    if (const FxNode* poly = node_of(arg_tensor(*c, "other", 1)); is(poly, "add.Tensor")) {
+      // BLOOM's: mul(mul(x, c), add(mul(mul(x, 0.044715), x), 1)); nothing imported on the way
+      // (scalar() would import a tensor operand).
+      const FxNode* cx = node_of(arg_tensor(*c, "self", 0));
+      if (!is(cx, "mul.Tensor") || arg_tensor(*cx, "self", 0) != x || !arg_tensor(*cx, "other", 1).empty() ||
+          !is_sqrt_2_over_pi(scalar(*cx, "other", 1)) || !arg_tensor(*poly, "other", 1).empty() ||
+          scalar(*poly, "other", 1) != 1.0)
+        return std::nullopt;
+      const FxNode* ax2 = node_of(arg_tensor(*poly, "self", 0));
+      if (!is(ax2, "mul.Tensor") || arg_tensor(*ax2, "other", 1) != x) return std::nullopt;
+      const FxNode* ax = node_of(arg_tensor(*ax2, "self", 0));
+      if (!is(ax, "mul.Tensor") || arg_tensor(*ax, "self", 0) != x || !arg_tensor(*ax, "other", 1).empty() ||
+          scalar(*ax, "other", 1) != 0.044715)
+        return std::nullopt;
+      return gelu();
+    }
+    if (!arg_tensor(*c, "other", 1).empty() || !is_sqrt_2_over_pi(scalar(*c, "other", 1))) return std::nullopt;
     const FxNode* inner = node_of(arg_tensor(*c, "self", 0));
     if (!is(inner, "add.Tensor") || arg_tensor(*inner, "self", 0) != x) return std::nullopt;
     const FxNode* cube = node_of(arg_tensor(*inner, "other", 1));
@@ -2178,7 +2278,7 @@ class TorchImporter {
     const FxNode* p = node_of(arg_tensor(*cube, "self", 0));
     if (!is(p, "pow.Tensor_Scalar") || arg_tensor(*p, "self", 0) != x || float_arg(*p, "exponent", 1) != 3.0)
       return std::nullopt;
-    return ir(t_.gelu(tensor_of(x), /*tanh_approximation=*/true));
+    return gelu();
   }
 
   // x of x - mean(x, dim=-1, keepdim=True) (through casts), or "".
