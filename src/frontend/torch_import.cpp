@@ -1901,6 +1901,11 @@ class TorchImporter {
                                                "computed from the sequence length and constants");
         x = a_mask ? b : a;
         if (add_alibi(*s, a_mask ? a : b, r.scale)) continue;  // times the scaling of the scores after it
+        if (const HostArray* bias = alibi_ ? alibi_->eval(a_mask ? a : b) : nullptr;
+            bias && !bias->shape.empty() && bias->shape.back() != o_.seq_len)
+          m_.fail_at(*s, str("an attention bias of shape ", shape_str(bias->shape), " at S = ", o_.seq_len,
+                             ": the model makes it for ", bias->shape.back(), " positions, fewer than the sequence "
+                             "(a table of its config's length: train at most that long)"));
         require_causal(*s, a_mask ? a : b, MaskUse::additive, r.scale);
         ++r.masks;
       } else if (is(s, "masked_fill.Scalar") || is(s, "masked_fill_.Scalar")) {

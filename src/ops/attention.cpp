@@ -22,6 +22,7 @@
 #include "ops/op.h"
 #include "kernels/cuda/attention_blocks.h"
 #include "kernels/cuda/cudnn_attention.h"
+#include "kernels/cuda/limits.h"
 #ifdef AUTOSP_HAVE_CUDA
 #include "ops/cuda_attention.h"
 #endif
@@ -135,7 +136,8 @@ cuda::CudnnSdpaKey cuda_attention_key(const Types& qkv, const Attrs& attrs, bool
   const cpu::AttentionDims d = attention_dims(qkv);
   return cuda::cudnn_sdpa_key(backward, qkv[0].dtype == DType::bf16 ? cuda::Dt::bf16 : cuda::Dt::f32, d.B, d.S, d.NH,
                               d.NKV, d.D, attrs.get_int("causal") != 0, window_of(attrs),
-                              float(attrs.get_float("scale")), documents, device, softcap_of(attrs));
+                              float(attrs.get_float("scale")), documents, device, softcap_of(attrs),
+                              attrs.has("alibi"));
 }
 cuda::AttentionChoice cuda_attention_choice(const cuda::CudnnSdpaKey& key, bool built_with_cudnn) {
   cuda::AttentionMode mode;
@@ -160,8 +162,24 @@ int64_t cuda_attention_workspace(const Types& qkv, const Attrs& attrs, bool docu
   if (cuda_attention_choice(key, true).impl != cuda::AttentionImplementation::cudnn) return blocks;
   return std::max(blocks, cuda::cudnn_sdpa_layout(key).bytes);
 }
+// The cuda kernels take the slopes by value: at most kAttentionMaxAlibiHeads query heads (a rank's).
+void cuda_check_alibi(const Types& qkv, const Attrs& attrs) {
+  if (attrs.has("alibi"))
+    require(qkv[0].shape.size() == 4 && qkv[0].shape[2] <= cuda::kAttentionMaxAlibiHeads,
+            "the cuda kernels take ALiBi slopes for at most ", cuda::kAttentionMaxAlibiHeads, " query heads, got ",
+            shape_str(qkv[0].shape));
+}
 #ifdef AUTOSP_HAVE_CUDA
 cuda::AttentionDims cuda_dims(const cpu::AttentionDims& d) { return {d.B, d.S, d.NH, d.NKV, d.D}; }
+// This rank's slopes as the cuda kernels take them (n = 0: none).
+cuda::AlibiSlopes cuda_alibi(const KernelArgs& a, int64_t NH) {
+  cuda::AlibiSlopes s;
+  const std::vector<float> slopes = local_alibi(a, NH);
+  AUTOSP_CHECK(int64_t(slopes.size()) <= cuda::kAttentionMaxAlibiHeads, "ALiBi slopes of ", slopes.size(), " heads");
+  s.n = int32_t(slopes.size());
+  std::copy(slopes.begin(), slopes.end(), s.a);
+  return s;
+}
 int cuda_current_device() {
   int device = 0;
   check_cuda(cudaGetDevice(&device), "cudaGetDevice", "attention");
@@ -179,7 +197,7 @@ void cuda_attention(const KernelArgs& a, const CudaContext& c) {
     return;
   cuda_attention_forward_blocks(c, cuda_in_dt(a, 0), cuda_dims(d), a.attrs->get_int("causal") != 0, window_of(*a.attrs),
                                 float(a.attrs->get_float("scale")), softcap_of(*a.attrs), a.in<void>(0), a.in<void>(1),
-                                a.in<void>(2), doc, a.out<void>(0), a.out<float>(1), a.workspace);
+                                a.in<void>(2), doc, a.out<void>(0), a.out<float>(1), a.workspace, 0, cuda_alibi(a, d.NH));
 }
 // attention_backward(dout, q, k, v, out, lse[, doc]) -> (dq, dk, dv)
 void cuda_attention_backward(const KernelArgs& a, const CudaContext& c) {
@@ -196,7 +214,8 @@ void cuda_attention_backward(const KernelArgs& a, const CudaContext& c) {
   cuda_attention_backward_blocks(c, cuda_in_dt(a, 1), cuda_dims(d), a.attrs->get_int("causal") != 0,
                                  window_of(*a.attrs), float(a.attrs->get_float("scale")), softcap_of(*a.attrs),
                                  a.in<void>(1), a.in<void>(2), a.in<void>(3), a.in<void>(4), a.in<float>(5),
-                                 a.in<void>(0), doc, a.out<void>(0), a.out<void>(1), a.out<void>(2), a.workspace);
+                                 a.in<void>(0), doc, a.out<void>(0), a.out<void>(1), a.out<void>(2), a.workspace, 0,
+                                 cuda_alibi(a, d.NH));
 }
 #endif
 }  // namespace
@@ -264,7 +283,8 @@ extern const OpDef attention_op = {
              .run = AUTOSP_CUDA_RUN(cuda_attention),
              .workspace_bytes = [](const Types& in, const Types&, const Attrs& attrs) -> int64_t {
                return cuda_attention_workspace({in[0], in[1], in[2]}, attrs, in.size() == 4, false);
-             }},
+             },
+             .check = [](const Types& in, const Attrs& attrs) { cuda_check_alibi(in, attrs); }},
 };
 
 // attention_backward(dout, q, k, v, out, lse[, documents]) {as the forward's} -> (dq, dk, dv),
@@ -305,7 +325,8 @@ extern const OpDef attention_backward_op = {
              // blocks: delta [B, NH, S], then one block's scores and the f32 sums of dk and dv
              .workspace_bytes = [](const Types& in, const Types&, const Attrs& attrs) -> int64_t {
                return cuda_attention_workspace({in[1], in[2], in[3]}, attrs, in.size() == 7, true);
-             }},
+             },
+             .check = [](const Types& in, const Attrs& attrs) { cuda_check_alibi({in[1], in[2], in[3]}, attrs); }},
 };
 
 }  // namespace autosp

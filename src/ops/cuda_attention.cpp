@@ -45,7 +45,7 @@ const void* block_keys(const void* kv, const cuda::AttentionDims& d, const cuda:
 void cuda_attention_forward_blocks(const CudaContext& c, cuda::Dt dt, const cuda::AttentionDims& d, bool causal,
                                    int64_t window, float scale, float softcap, const void* q, const void* k,
                                    const void* v, const int32_t* doc, void* out, float* lse, void* workspace,
-                                   int64_t rows) {
+                                   int64_t rows, const cuda::AlibiSlopes& alibi) {
   if (d.B * d.S * d.NH == 0) return;
   const int64_t G = d.NH / d.NKV, D = d.D;
   const cuda::AttentionBlockLayout l = layout_of(false, dt, d, rows);
@@ -62,7 +62,7 @@ void cuda_attention_forward_blocks(const CudaContext& c, cuda::Dt dt, const cuda
           cuda_gemm(c, dt, cuda::Dt::f32, false, true, blk.nq, blk.nk, D, scale,
                     at(q, ((b * d.S + q0) * d.NH + g * G + hh) * D, dt), d.NH * D, kg, d.NKV * D, 0.0f,
                     scores + hh * blk.nq * blk.nk, blk.nk, op);
-        cuda::attention_block_softmax(dt, d, blk, causal, window, softcap, doc, scores, probs, lse, c.stream);
+        cuda::attention_block_softmax(dt, d, blk, causal, window, softcap, doc, scores, probs, lse, c.stream, alibi);
         for (int64_t hh = 0; hh < G; ++hh)  // out_h = P_h v_g
           cuda_gemm(c, dt, dt, false, false, blk.nq, D, blk.nk, 1.0f, at(probs, hh * blk.nq * blk.nk, dt), blk.nk, vg,
                     d.NKV * D, 0.0f, at(out, ((b * d.S + q0) * d.NH + g * G + hh) * D, dt), d.NH * D, op);
@@ -72,7 +72,8 @@ void cuda_attention_forward_blocks(const CudaContext& c, cuda::Dt dt, const cuda
 void cuda_attention_backward_blocks(const CudaContext& c, cuda::Dt dt, const cuda::AttentionDims& d, bool causal,
                                     int64_t window, float scale, float softcap, const void* q, const void* k,
                                     const void* v, const void* out, const float* lse, const void* dout,
-                                    const int32_t* doc, void* dq, void* dk, void* dv, void* workspace, int64_t rows) {
+                                    const int32_t* doc, void* dq, void* dk, void* dv, void* workspace, int64_t rows,
+                                    const cuda::AlibiSlopes& alibi) {
   if (d.B * d.S * d.NH == 0) return;
   const int64_t G = d.NH / d.NKV, D = d.D;
   const cuda::AttentionBlockLayout l = layout_of(true, dt, d, rows);
@@ -103,7 +104,7 @@ void cuda_attention_backward_blocks(const CudaContext& c, cuda::Dt dt, const cud
                     d.NKV * D, 0.0f, dprobs + hh * cells, blk.nk, op);
         }
         cuda::attention_block_backward_probs(dt, d, blk, causal, window, softcap, doc, scores, dprobs, lse, delta,
-                                             probs, dscores, c.stream);
+                                             probs, dscores, c.stream, alibi);
         for (int64_t hh = 0; hh < G; ++hh) {
           const int64_t row = ((b * d.S + q0) * d.NH + g * G + hh) * D;
           const void* ds_h = at(dscores, hh * cells, dt);

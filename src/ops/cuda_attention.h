@@ -14,19 +14,19 @@
 
 namespace autosp {
 
-// out [B, S, NH, D] and lse [B, NH, S] from q, k, v (kernels.h's layouts; softcap as theirs); workspace: the
+// out [B, S, NH, D] and lse [B, NH, S] from q, k, v (kernels.h's layouts; softcap and alibi as theirs); workspace: the
 // forward layout of attention_block_layout with `rows` queries a block (0: the sizing rule's,
 // attention_block_rows, which is what the op's workspace rule plans for).
 void cuda_attention_forward_blocks(const CudaContext& c, cuda::Dt dt, const cuda::AttentionDims& d, bool causal,
                                    int64_t window, float scale, float softcap, const void* q, const void* k,
                                    const void* v, const int32_t* doc, void* out, float* lse, void* workspace,
-                                   int64_t rows = 0);
+                                   int64_t rows = 0, const cuda::AlibiSlopes& alibi = {});
 // dq, dk, dv; workspace: the backward layout with `rows` (0 as above).
 void cuda_attention_backward_blocks(const CudaContext& c, cuda::Dt dt, const cuda::AttentionDims& d, bool causal,
                                     int64_t window, float scale, float softcap, const void* q, const void* k,
                                     const void* v, const void* out, const float* lse, const void* dout,
                                     const int32_t* doc, void* dq, void* dk, void* dv, void* workspace,
-                                    int64_t rows = 0);
+                                    int64_t rows = 0, const cuda::AlibiSlopes& alibi = {});
 
 // ---- cuDNN's fused SDPA (bf16; kernels/cuda/cudnn_attention.h) ------------------------------
 // Whether this build has it (AUTOSP_HAVE_CUDNN: CMake found the cudnn-frontend headers and

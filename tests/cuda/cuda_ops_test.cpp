@@ -358,6 +358,23 @@ std::vector<OpCase> op_cases() {
                        return b.emit(OpKind::attention_backward, {in[3], in[0], in[1], in[2], f[0], f[1]}, a);
                      }, {}, {}, false});
   }
+  // ALiBi (BLOOM, MPT) with documents: the cuda blocks, slopes by value, against the CPU kernels.
+  {
+    std::vector<double> slopes;
+    for (int64_t h = 0; h < NH; ++h) slopes.push_back(1.0 / double(2 << h));
+    const Attrs a{{"causal", int64_t{1}}, {"scale", scale}, {"alibi", slopes}};
+    std::vector<int32_t> doc;  // row 0 one document, row 1 two
+    for (int64_t b = 0; b < Bt; ++b)
+      for (int64_t i = 0; i < S; ++i) doc.push_back(static_cast<int32_t>(b == 1 && i >= 4));
+    cases.push_back({"attention_and_backward_alibi",
+                     {{"q", DType::f32, {Bt, S, NH, D}}, {"k", DType::f32, {Bt, S, NKV, D}},
+                      {"v", DType::f32, {Bt, S, NKV, D}}, {"dout", DType::f32, {Bt, S, NH, D}},
+                      {"doc", DType::i32, {Bt, S}}},
+                     [a](B& b, const Ins& in) {
+                       auto f = b.emit(OpKind::attention, {in[0], in[1], in[2], in[4]}, a);
+                       return b.emit(OpKind::attention_backward, {in[3], in[0], in[1], in[2], f[0], f[1], in[4]}, a);
+                     }, {{"doc", doc}}, {}, false});
+  }
   cases.push_back({"cross_entropy", {{"z", DType::f32, {2, 5, V}}, {"l", DType::i32, {2, 5}}},
                    one(OpKind::cross_entropy), {{"l", labels_with_ignored(10, V, 3)}}, {}, true, 1});
   cases.push_back({"cross_entropy_and_backward",
@@ -587,13 +604,20 @@ TEST(CudaAttentionKernel, DocumentIdsMaskAcrossDocuments) {
 // without a sliding window (which starts a block's keys after the sequence's first), and with
 // and without Gemma 2's logit softcap c tanh(s / c): c = 2 with scores ~ N(0, 1) bends most of
 // them (tanh(0.5) is 8% under 0.5), so a missing cap, or a backward without its 1 - tanh^2, is
-// far outside kF32Tol.
+// far outside kF32Tol; and with ALiBi (slopes 1/2 and 1/16: a bias of -150 and -19 at the far
+// keys), which a missing or misplaced bias misses by far more.
 TEST(CudaAttentionKernel, LongSequenceMatchesTheDoubleReference) {
   SKIP_WITHOUT_GPU();
   for (const AttentionImpl& impl : kAttentionImpls)
     for (int64_t window : {int64_t{0}, int64_t{50}})
-      for (double softcap : {0.0, 2.0}) {
-        SCOPED_TRACE(str(impl.name, ", window ", window, ", softcap ", softcap));
+      for (int variant : {0, 1, 2}) {  // plain, softcap 2, ALiBi slopes 1/2 and 1/16
+        const double softcap = variant == 1 ? 2.0 : 0.0;
+        const bool with_alibi = variant == 2;
+        SCOPED_TRACE(str(impl.name, ", window ", window, ", softcap ", softcap, with_alibi ? ", alibi" : ""));
+        const std::vector<double> slopes64 = {0.5, 0.0625};
+        cuda::AlibiSlopes slopes;
+        if (with_alibi) slopes.n = 2, slopes.a[0] = 0.5f, slopes.a[1] = 0.0625f;
+        const double* alibi64 = with_alibi ? slopes64.data() : nullptr;
         const AttentionRun runner(impl);
         const cuda::AttentionDims d{1, 300, 2, 1, 64};
         const cpu::AttentionDims cd{d.B, d.S, d.NH, d.NKV, d.D};
@@ -605,13 +629,14 @@ TEST(CudaAttentionKernel, LongSequenceMatchesTheDoubleReference) {
         AttnRef ref{std::vector<double>(q.size()), std::vector<double>(size_t(d.NH * d.S)),
                     std::vector<double>(q.size()), std::vector<double>(k.size()), std::vector<double>(v.size())};
         cpu::attention_forward_reference(cd, true, scale, q64.data(), k64.data(), v64.data(), ref.out.data(),
-                                         ref.lse.data(), nullptr, window, softcap);
+                                         ref.lse.data(), nullptr, window, softcap, alibi64);
         cpu::attention_backward_reference(cd, true, scale, q64.data(), k64.data(), v64.data(), dout64.data(),
-                                          ref.dq.data(), ref.dk.data(), ref.dv.data(), nullptr, window, softcap);
+                                          ref.dq.data(), ref.dk.data(), ref.dv.data(), nullptr, window, softcap,
+                                          alibi64);
         DeviceBuffer<float> dq_(q), dk_(k), dv_(v), ddout(dout), out(q.size()), lse(ref.lse.size()), gq(q.size()),
             gk(k.size()), gv(v.size()), delta(ref.lse.size());
         runner.run(d, true, float(scale), dq_.p, dk_.p, dv_.p, nullptr, out.p, lse.p, ddout.p, gq.p, gk.p, gv.p,
-                   delta.p, window, cuda::Dt::f32, float(softcap));
+                   delta.p, window, cuda::Dt::f32, float(softcap), slopes);
         check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize", "attention kernels");
         EXPECT_LT(normalised_error(out.host(), as_float(ref.out)), kF32Tol);
         EXPECT_LT(normalised_error(lse.host(), as_float(ref.lse)), kF32Tol);

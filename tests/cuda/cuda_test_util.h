@@ -145,11 +145,12 @@ struct AttentionRun {
   // forward, then backward (delta: the reference's scratch); q ... dv of dtype dt, lse f32
   void run(const cuda::AttentionDims& d, bool causal, float scale, const void* q, const void* k, const void* v,
            const int32_t* doc, void* out, float* lse, const void* dout, void* dq, void* dk, void* dv,
-           float* delta, int64_t window = 0, cuda::Dt dt = cuda::Dt::f32, float softcap = 0.0f) const {
+           float* delta, int64_t window = 0, cuda::Dt dt = cuda::Dt::f32, float softcap = 0.0f,
+           const cuda::AlibiSlopes& alibi = {}) const {
     if (impl.rows == 0) {
-      cuda::attention_forward(dt, d, causal, window, scale, softcap, q, k, v, doc, out, lse, nullptr);
+      cuda::attention_forward(dt, d, causal, window, scale, softcap, q, k, v, doc, out, lse, nullptr, alibi);
       cuda::attention_backward(dt, d, causal, window, scale, softcap, q, k, v, out, lse, dout, doc, dq, dk, dv, delta,
-                               nullptr);
+                               nullptr, alibi);
       return;
     }
     const CudaContext c{nullptr, cublas, nullptr};
@@ -159,9 +160,9 @@ struct AttentionRun {
         cuda::attention_block_layout(true, d.B, d.S, d.NH, d.NKV, d.D, elem, impl.rows).bytes);
     DeviceBuffer<char> workspace(static_cast<size_t>(bytes));
     cuda_attention_forward_blocks(c, dt, d, causal, window, scale, softcap, q, k, v, doc, out, lse, workspace.p,
-                                  impl.rows);
+                                  impl.rows, alibi);
     cuda_attention_backward_blocks(c, dt, d, causal, window, scale, softcap, q, k, v, out, lse, dout, doc, dq, dk, dv,
-                                   workspace.p, impl.rows);
+                                   workspace.p, impl.rows, alibi);
     check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize", "attention blocks");
   }
 };

@@ -464,6 +464,38 @@ TEST(TorchImport, Gemma2sSoftcapsAreTheAttentionsAndTheFusedLosss) {
   EXPECT_EQ(text.find("tanh("), std::string::npos) << text;
 }
 
+// ALiBi (held to PyTorch above): MPT's bias, a table of max_seq_len positions times the slopes
+// added to the scores, and BLOOM's, from a cumsum of a mask of ones and added by baddbmm on
+// [B H, S, S] batches of heads, are each attention's slopes: 2^-2, 2^-4, 2^-6, 2^-8 for 4 heads
+// (ALiBi's 2^(-8 h / H)), the same at any length; no softmax, no [B H, ...] copies (BLOOM's
+// bmm), and BLOOM's written-out tanh gelu one gelu. MPT's table of 64 positions is shorter than
+// S = 65, which is an error saying so.
+TEST(TorchImport, MptsAndBloomsAlibiAreTheAttentionsSlopes) {
+  for (const char* model : {"mpt", "bloom"}) {
+    SCOPED_TRACE(model);
+    const TorchProgram p =
+        TorchProgram::load(testing::source_path(str("tests/fixtures/torch_export/", model, "/model.pt2")));
+    for (int64_t S : {16, 64}) {
+      const std::string text = print_graph(p.forward({.batch = 2, .seq_len = S}));
+      size_t attentions = 0;
+      for (size_t at = text.find("= attention("); at != std::string::npos; at = text.find("= attention(", at + 1)) {
+        ++attentions;
+        const std::string line = text.substr(at, text.find('\n', at) - at);
+        EXPECT_NE(line.find("alibi=[0.25, 0.0625, 0.015625, 0.00390625]"), std::string::npos) << line;
+      }
+      EXPECT_EQ(attentions, 2u) << text;
+      EXPECT_EQ(text.find("softmax"), std::string::npos);
+      EXPECT_EQ(text.find("matmul("), std::string::npos) << text;
+      EXPECT_EQ(text.find("mul("), std::string::npos) << text;  // BLOOM's gelu is one op
+    }
+  }
+  const TorchProgram mpt = TorchProgram::load(testing::source_path("tests/fixtures/torch_export/mpt/model.pt2"));
+  const std::string e = testing::user_error_of([&] { mpt.forward({.batch = 1, .seq_len = 65}); });
+  EXPECT_NE(e.find("an attention bias of shape [4, 1, 64] at S = 65: the model makes it for 64 positions"),
+            std::string::npos)
+      << e;
+}
+
 // OPT's positions (a cumsum of a mask of ones, minus 1, plus 2) read its learned table from row
 // 2: 64 positions in a table of 66 rows. At S = 64 the last position reads row 65; at S = 65 it
 // would read row 66, past the table, which is an error naming the rows, not an out-of-range read.

@@ -7,7 +7,8 @@
 //
 // visible(i, j) = (!causal || j <= i) && (window == 0 || i - j < window)
 //                 && (doc == null || doc[b, j] == doc[b, i])
-//   forward:  s_j = scale q_i . k_j (capped: c tanh(s_j / c) when softcap c > 0),
+//   forward:  s_j = scale q_i . k_j (capped: c tanh(s_j / c) when softcap c > 0; plus a_h (j - i)
+//             with ALiBi slopes),
 //             lse_i = log sum_visible exp(s_j),
 //             out_i = sum_visible exp(s_j - lse_i) v_j
 //   backward: p_ij = exp(s_ij - lse_i),  delta_i = dout_i . out_i,
@@ -42,14 +43,20 @@ int tile_rows(int64_t D) {
 }
 
 // The window (0: none) only ever comes with causal (the op's rule): keys i - window < j <= i.
+// ALiBi's bias of query i and key j in head h (0 without slopes), as the CPU kernels add it.
+__device__ __forceinline__ float alibi_bias(const AlibiSlopes& alibi, int64_t h, int64_t i, int64_t j) {
+  return alibi.n ? alibi.a[h] * float(j - i) : 0.0f;
+}
+
 __device__ __forceinline__ bool visible(bool causal, int64_t window, const int32_t* doc, int64_t i, int64_t j,
                                         int32_t doc_i, int32_t doc_j) {
   return (!causal || j <= i) && (window == 0 || i - j < window) && (doc == nullptr || doc_i == doc_j);
 }
 
 template <typename T>
-__global__ void forward_kernel(AttentionDims d, bool causal, int64_t window, float scale, float softcap, const T* q,
-                               const T* k, const T* v, const int32_t* doc, T* out, float* lse, int tile) {
+__global__ void forward_kernel(AttentionDims d, bool causal, int64_t window, float scale, float softcap,
+                               const AlibiSlopes alibi, const T* q, const T* k, const T* v, const int32_t* doc, T* out,
+                               float* lse, int tile) {
   extern __shared__ float smem[];
   float* ks = smem;
   float* vs = ks + tile * d.D;
@@ -84,7 +91,7 @@ __global__ void forward_kernel(AttentionDims d, bool causal, int64_t window, flo
       if (!visible(causal, window, doc, i, j, doc_i, doc ? docs[jj] : 0)) continue;
       float s = 0.0f;
       for (int64_t e = 0; e < D; ++e) s += qr[e] * ks[jj * D + e];
-      s = cap(s * scale, softcap).s;
+      s = cap(s * scale, softcap).s + alibi_bias(alibi, h, i, j);
       if (s > m) {  // a new row maximum: rescale what was summed so far
         const float f = expf(m - s);
         l *= f;
@@ -114,9 +121,9 @@ __global__ void delta_kernel(AttentionDims d, const T* out, const T* dout, float
 }
 
 template <typename T>
-__global__ void dq_kernel(AttentionDims d, bool causal, int64_t window, float scale, float softcap, const T* q,
-                          const T* k, const T* v, const float* lse, const float* delta, const T* dout,
-                          const int32_t* doc, T* dq, int tile) {
+__global__ void dq_kernel(AttentionDims d, bool causal, int64_t window, float scale, float softcap,
+                          const AlibiSlopes alibi, const T* q, const T* k, const T* v, const float* lse,
+                          const float* delta, const T* dout, const int32_t* doc, T* dq, int tile) {
   extern __shared__ float smem[];
   float* ks = smem;
   float* vs = ks + tile * d.D;
@@ -154,7 +161,7 @@ __global__ void dq_kernel(AttentionDims d, bool causal, int64_t window, float sc
       float s = 0.0f, dp = 0.0f;
       for (int64_t e = 0; e < D; ++e) s += qr[e] * ks[jj * D + e], dp += dor[e] * vs[jj * D + e];
       const Capped c = cap(s * scale, softcap);
-      const float p = expf(c.s - lse_i), ds = p * (dp - delta_i) * c.ds;
+      const float p = expf(c.s + alibi_bias(alibi, h, i, j) - lse_i), ds = p * (dp - delta_i) * c.ds;
       for (int64_t e = 0; e < D; ++e) acc[e] += ds * ks[jj * D + e];
     }
   }
@@ -166,9 +173,9 @@ __global__ void dq_kernel(AttentionDims d, bool causal, int64_t window, float sc
 // One thread per key row j of kv head g; loops over the group's query heads and the query
 // tiles that can see j.
 template <typename T>
-__global__ void dkdv_kernel(AttentionDims d, bool causal, int64_t window, float scale, float softcap, const T* q,
-                            const T* k, const T* v, const float* lse, const float* delta, const T* dout,
-                            const int32_t* doc, T* dk, T* dv, int tile) {
+__global__ void dkdv_kernel(AttentionDims d, bool causal, int64_t window, float scale, float softcap,
+                            const AlibiSlopes alibi, const T* q, const T* k, const T* v, const float* lse,
+                            const float* delta, const T* dout, const int32_t* doc, T* dk, T* dv, int tile) {
   extern __shared__ float smem[];
   float* qs = smem;
   float* dos = qs + tile * d.D;
@@ -208,7 +215,7 @@ __global__ void dkdv_kernel(AttentionDims d, bool causal, int64_t window, float 
         float s = 0.0f, dp = 0.0f;
         for (int64_t e = 0; e < D; ++e) s += qs[ii * D + e] * kr[e], dp += dos[ii * D + e] * vr[e];
         const Capped c = cap(s * scale, softcap);
-        const float p = expf(c.s - lses[ii]), ds = p * (dp - deltas[ii]) * c.ds;
+        const float p = expf(c.s + alibi_bias(alibi, h, i, j) - lses[ii]), ds = p * (dp - deltas[ii]) * c.ds;
         for (int64_t e = 0; e < D; ++e) dva[e] += p * dos[ii * D + e], dka[e] += ds * qs[ii * D + e];
       }
     }
@@ -230,32 +237,35 @@ __device__ __forceinline__ bool key_visible(bool causal, int64_t window, const i
 // One block of threads per score row.
 template <typename T>
 __global__ void block_softmax_kernel(AttentionDims d, AttentionBlock blk, bool causal, int64_t window,
-                                     float softcap, const int32_t* doc, const float* scores, T* probs, float* lse) {
+                                     float softcap, const AlibiSlopes alibi, const int32_t* doc, const float* scores,
+                                     T* probs, float* lse) {
   __shared__ float red[32];
   const int64_t G = d.NH / d.NKV, r = blockIdx.x, hh = r / blk.nq, i = blk.q0 + r % blk.nq;
   const int64_t h = blk.g * G + hh;
   const float* s = scores + r * blk.nk;
   T* p = probs + r * blk.nk;
   const int32_t* doc_row = doc ? doc + blk.b * d.S : nullptr;
+  // the score of key blk.k0 + j, capped and biased
+  auto score = [&](int64_t j) { return cap(s[j], softcap).s + alibi_bias(alibi, h, i, blk.k0 + j); };
   float m = -INFINITY;
   for (int64_t j = threadIdx.x; j < blk.nk; j += blockDim.x)
-    if (key_visible(causal, window, doc_row, i, blk.k0 + j)) m = fmaxf(m, cap(s[j], softcap).s);
+    if (key_visible(causal, window, doc_row, i, blk.k0 + j)) m = fmaxf(m, score(j));
   m = block_max(m, red);
   float l = 0.0f;
   for (int64_t j = threadIdx.x; j < blk.nk; j += blockDim.x)
-    if (key_visible(causal, window, doc_row, i, blk.k0 + j)) l += expf(cap(s[j], softcap).s - m);
+    if (key_visible(causal, window, doc_row, i, blk.k0 + j)) l += expf(score(j) - m);
   l = block_sum(l, red);
   const float row_lse = m + logf(l);
   for (int64_t j = threadIdx.x; j < blk.nk; j += blockDim.x)
-    p[j] = from_f<T>(key_visible(causal, window, doc_row, i, blk.k0 + j) ? expf(cap(s[j], softcap).s - row_lse)
-                                                                          : 0.0f);
+    p[j] = from_f<T>(key_visible(causal, window, doc_row, i, blk.k0 + j) ? expf(score(j) - row_lse) : 0.0f);
   if (threadIdx.x == 0) lse[(blk.b * d.NH + h) * d.S + i] = row_lse;
 }
 
 template <typename T>
 __global__ void block_backward_probs_kernel(AttentionDims d, AttentionBlock blk, bool causal, int64_t window,
-                                            float softcap, const int32_t* doc, const float* scores, const float* dprobs,
-                                            const float* lse, const float* delta, T* probs, T* dscores) {
+                                            float softcap, const AlibiSlopes alibi, const int32_t* doc,
+                                            const float* scores, const float* dprobs, const float* lse,
+                                            const float* delta, T* probs, T* dscores) {
   const int64_t G = d.NH / d.NKV;
   const int32_t* doc_row = doc ? doc + blk.b * d.S : nullptr;
   AUTOSP_GRID_STRIDE(e, G * blk.nq * blk.nk) {
@@ -264,7 +274,7 @@ __global__ void block_backward_probs_kernel(AttentionDims d, AttentionBlock blk,
     float p = 0.0f, ds = 0.0f;
     if (key_visible(causal, window, doc_row, i, blk.k0 + j)) {
       const Capped c = cap(scores[e], softcap);
-      p = expf(c.s - lse[row]);
+      p = expf(c.s + alibi_bias(alibi, blk.g * G + hh, i, blk.k0 + j) - lse[row]);
       ds = p * (dprobs[e] - delta[row]) * c.ds;
     }
     probs[e] = from_f<T>(p);
@@ -286,12 +296,12 @@ __global__ void store_kv_grads_kernel(AttentionDims d, int64_t b, int64_t g, con
 
 void attention_block_softmax(Dt dt, const AttentionDims& d, const AttentionBlock& blk, bool causal, int64_t window,
                              float softcap, const int32_t* doc, const float* scores, void* probs, float* lse,
-                             cudaStream_t stream) {
+                             cudaStream_t stream, const AlibiSlopes& alibi) {
   const int64_t rows = (d.NH / d.NKV) * blk.nq;
   if (rows == 0 || blk.nk == 0) return;
   dispatch(dt, [&]<typename T>() {
-    block_softmax_kernel<T><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(d, blk, causal, window, softcap, doc,
-                                                                                  scores, static_cast<T*>(probs), lse);
+    block_softmax_kernel<T><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
+        d, blk, causal, window, softcap, alibi, doc, scores, static_cast<T*>(probs), lse);
   });
 }
 
@@ -307,13 +317,13 @@ void attention_delta(Dt dt, const AttentionDims& d, const void* out, const void*
 void attention_block_backward_probs(Dt dt, const AttentionDims& d, const AttentionBlock& blk, bool causal,
                                     int64_t window, float softcap, const int32_t* doc, const float* scores,
                                     const float* dprobs, const float* lse, const float* delta, void* probs,
-                                    void* dscores, cudaStream_t stream) {
+                                    void* dscores, cudaStream_t stream, const AlibiSlopes& alibi) {
   const int64_t n = (d.NH / d.NKV) * blk.nq * blk.nk;
   if (n == 0) return;
   dispatch(dt, [&]<typename T>() {
-    block_backward_probs_kernel<T><<<blocks_for(n), kThreads, 0, stream>>>(d, blk, causal, window, softcap, doc, scores,
-                                                                           dprobs, lse, delta, static_cast<T*>(probs),
-                                                                           static_cast<T*>(dscores));
+    block_backward_probs_kernel<T><<<blocks_for(n), kThreads, 0, stream>>>(
+        d, blk, causal, window, softcap, alibi, doc, scores, dprobs, lse, delta, static_cast<T*>(probs),
+        static_cast<T*>(dscores));
   });
 }
 
@@ -328,22 +338,23 @@ void attention_store_kv_grads(Dt dt, const AttentionDims& d, int64_t b, int64_t 
 
 void attention_forward(Dt dt, const AttentionDims& d, bool causal, int64_t window, float scale, float softcap,
                        const void* q,
-                       const void* k, const void* v, const int32_t* doc, void* out, float* lse, cudaStream_t stream) {
+                       const void* k, const void* v, const int32_t* doc, void* out, float* lse, cudaStream_t stream,
+                       const AlibiSlopes& alibi) {
   if (d.B * d.S * d.NH == 0) return;
   require_reference_head_dim(d, "cuda::attention_forward");
   const int tile = tile_rows(d.D);
   const size_t smem = sizeof(float) * (2 * tile * d.D + tile);
   dispatch(dt, [&]<typename T>() {
     forward_kernel<T><<<grid_of(d.S, d.NH, d.B), kRows, smem, stream>>>(
-        d, causal, window, scale, softcap, static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v),
-        doc, static_cast<T*>(out), lse, tile);
+        d, causal, window, scale, softcap, alibi, static_cast<const T*>(q), static_cast<const T*>(k),
+        static_cast<const T*>(v), doc, static_cast<T*>(out), lse, tile);
   });
 }
 
 void attention_backward(Dt dt, const AttentionDims& d, bool causal, int64_t window, float scale, float softcap,
                         const void* q,
                         const void* k, const void* v, const void* out, const float* lse, const void* dout, const int32_t* doc,
-                        void* dq, void* dk, void* dv, float* delta, cudaStream_t stream) {
+                        void* dq, void* dk, void* dv, float* delta, cudaStream_t stream, const AlibiSlopes& alibi) {
   if (d.B * d.S * d.NH == 0) return;
   require_reference_head_dim(d, "cuda::attention_backward");
   const int tile = tile_rows(d.D);
@@ -353,11 +364,12 @@ void attention_backward(Dt dt, const AttentionDims& d, bool causal, int64_t wind
     delta_kernel<T><<<blocks_for(d.B * d.S * d.NH), kThreads, 0, stream>>>(d, static_cast<const T*>(out),
                                                                             static_cast<const T*>(dout), delta);
     dq_kernel<T><<<grid_of(d.S, d.NH, d.B), kRows, smem_q, stream>>>(
-        d, causal, window, scale, softcap, static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v),
-        lse, delta, static_cast<const T*>(dout), doc, static_cast<T*>(dq), tile);
+        d, causal, window, scale, softcap, alibi, static_cast<const T*>(q), static_cast<const T*>(k),
+        static_cast<const T*>(v), lse, delta, static_cast<const T*>(dout), doc, static_cast<T*>(dq), tile);
     dkdv_kernel<T><<<grid_of(d.S, d.NKV, d.B), kRows, smem_kv, stream>>>(
-        d, causal, window, scale, softcap, static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v),
-        lse, delta, static_cast<const T*>(dout), doc, static_cast<T*>(dk), static_cast<T*>(dv), tile);
+        d, causal, window, scale, softcap, alibi, static_cast<const T*>(q), static_cast<const T*>(k),
+        static_cast<const T*>(v), lse, delta, static_cast<const T*>(dout), doc, static_cast<T*>(dk),
+        static_cast<T*>(dv), tile);
   });
 }
 

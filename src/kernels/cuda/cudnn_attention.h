@@ -102,6 +102,7 @@ struct CudnnSdpaKey {
   int64_t window = 0;  // 0: none. A window of S or more keeps every causal key: 0 as well.
   float scale = 0;     // baked into the graph (attn_scale as a value)
   float softcap = 0;   // 0: none; a cap the graphs here do not build (cudnn_sdpa_unsupported)
+  bool alibi = false;  // ALiBi slopes, which the graphs here do not take (cudnn_sdpa_unsupported)
   bool documents = false;
   int64_t max_documents = 0;  // the THD graph's batch (documents only, else 0)
   int device = 0;             // a plan is built for one device
@@ -110,7 +111,7 @@ struct CudnnSdpaKey {
 
 inline CudnnSdpaKey cudnn_sdpa_key(bool backward, Dt dtype, int64_t B, int64_t S, int64_t NH, int64_t NKV, int64_t D,
                                    bool causal, int64_t window, float scale, bool documents, int device = 0,
-                                   float softcap = 0) {
+                                   float softcap = 0, bool alibi = false) {
   CudnnSdpaKey k;
   k.backward = backward;
   k.dtype = dtype;
@@ -119,6 +120,7 @@ inline CudnnSdpaKey cudnn_sdpa_key(bool backward, Dt dtype, int64_t B, int64_t S
   k.window = causal && window > 0 && window < S ? window : 0;
   k.scale = scale;
   k.softcap = softcap;
+  k.alibi = alibi;
   k.documents = documents;
   k.max_documents = documents ? cudnn_max_documents(B, S) : 0;
   k.device = device;
@@ -134,7 +136,7 @@ struct CudnnSdpaKeyHash {
     for (uint64_t x : {uint64_t(k.backward), uint64_t(k.dtype), uint64_t(k.B), uint64_t(k.S), uint64_t(k.NH),
                        uint64_t(k.NKV), uint64_t(k.D), uint64_t(k.causal), uint64_t(k.window),
                        uint64_t(std::bit_cast<uint32_t>(k.scale)), uint64_t(std::bit_cast<uint32_t>(k.softcap)),
-                       uint64_t(k.documents), uint64_t(k.max_documents),
+                       uint64_t(k.alibi), uint64_t(k.documents), uint64_t(k.max_documents),
                        uint64_t(uint32_t(k.device))})
       mix(x);
     return static_cast<size_t>(h);
@@ -146,7 +148,7 @@ inline std::string cudnn_sdpa_key_str(const CudnnSdpaKey& k) {
   return "B=" + std::to_string(k.B) + " S=" + std::to_string(k.S) + " NH=" + std::to_string(k.NH) +
          " NKV=" + std::to_string(k.NKV) + " D=" + std::to_string(k.D) + (k.dtype == Dt::bf16 ? " bf16" : " f32") +
          (k.causal ? " causal" : " full") + " window=" + std::to_string(k.window) +
-         (k.softcap > 0 ? " softcap=" + std::to_string(k.softcap) : "") +
+         (k.softcap > 0 ? " softcap=" + std::to_string(k.softcap) : "") + (k.alibi ? " alibi" : "") +
          (k.documents ? " documents (at most " + std::to_string(k.max_documents) + ")" : "") +
          (k.backward ? " backward" : " forward");
 }
@@ -177,6 +179,9 @@ constexpr int64_t kCudnnMaxHeadDim = 128;
 inline std::string cudnn_sdpa_unsupported(const CudnnSdpaKey& k) {
   if (k.dtype != Dt::bf16) return "cuDNN's fused attention runs bf16 only here (f32 runs on the blocks)";
   if (k.softcap > 0) return "the cuDNN graphs here have no logit softcap (the blocks cap the scores)";
+  // cudnn-frontend's alibi_mask makes its own slopes from the head count (those of a power of
+  // two), not a rank's part of any model's list: the blocks add the bias.
+  if (k.alibi) return "the cuDNN graphs here take no ALiBi slopes (the blocks add the bias)";
   if (k.D % 8 != 0 || k.D > kCudnnMaxHeadDim)
     return "head dim D=" + std::to_string(k.D) + " is not a multiple of 8 up to " + std::to_string(kCudnnMaxHeadDim);
   // cudnn-frontend bounds the backward's f32 dQ accumulator by the token count (max_total_seq_len)

@@ -119,26 +119,34 @@ void rope_forward(Dt dt, const void* x, const int32_t* pos, const double* inv_fr
 // [B, NH, S]. Key j is visible to query i iff (!causal || j <= i), (window == 0 || i - j <
 // window) (a sliding window: causal only) and, when doc is not null (document ids, i32
 // [B, S]), doc[b, j] == doc[b, i]. softcap c > 0 caps each score s = scale q.k to c tanh(s / c)
-// (kernels/cpu/attention.h); 0: none.
+// (kernels/cpu/attention.h); 0: none. alibi: ALiBi's slopes a_h, each score of query i and key j
+// gains a_h (j - i) (kernels/cpu/attention.h); n = 0: none. Not with a softcap (the op refuses).
 struct AttentionDims {
   int64_t B, S, NH, NKV, D;
+};
+// The slopes of the NH query heads, passed to the kernels by value (no copy, no
+// synchronisation): n = NH <= kAttentionMaxAlibiHeads (limits.h), or 0 for none.
+struct AlibiSlopes {
+  int32_t n = 0;
+  float a[kAttentionMaxAlibiHeads] = {};
 };
 // The reference kernels; the ops run ops/cuda_attention.cpp's blocks. D <= kAttentionMaxD (limits.h): a larger
 // D throws std::invalid_argument before any launch.
 void attention_forward(Dt dt, const AttentionDims& d, bool causal, int64_t window, float scale, float softcap,
                        const void* q, const void* k, const void* v, const int32_t* doc, void* out, float* lse,
-                       cudaStream_t stream);
+                       cudaStream_t stream, const AlibiSlopes& alibi = {});
 // delta: B * NH * S floats of scratch (rowsum(dout * out)). Writes dq, dk, dv.
 void attention_backward(Dt dt, const AttentionDims& d, bool causal, int64_t window, float scale, float softcap,
                         const void* q, const void* k, const void* v, const void* out, const float* lse,
                         const void* dout, const int32_t* doc, void* dq, void* dk, void* dv, float* delta,
-                        cudaStream_t stream);
+                        cudaStream_t stream, const AlibiSlopes& alibi = {});
 
 // ---- attention by blocks of queries (ops/cuda_attention.cpp runs the gemms; these are its
 // row kernels; kernels/cuda/attention_blocks.h has the layout) ------------------------------
 // A block: batch b, kv head g, queries [q0, q0 + nq) of its G = NH / NKV query heads, keys
 // [k0, k0 + nk). Its score rows are r = hh * nq + ii (query head g * G + hh, query q0 + ii),
-// nk scores each, already scaled (not yet capped: the row kernels apply softcap).
+// nk scores each, already scaled (not yet capped, nor biased: the row kernels apply softcap and
+// ALiBi).
 struct AttentionBlock {
   int64_t b, g, q0, nq, k0, nk;
 };
@@ -146,7 +154,7 @@ struct AttentionBlock {
 // into lse [B, NH, S].
 void attention_block_softmax(Dt dt, const AttentionDims& d, const AttentionBlock& blk, bool causal, int64_t window,
                              float softcap, const int32_t* doc, const float* scores, void* probs, float* lse,
-                             cudaStream_t stream);
+                             cudaStream_t stream, const AlibiSlopes& alibi = {});
 // delta [B, NH, S] = rowsum(dout * out).
 void attention_delta(Dt dt, const AttentionDims& d, const void* out, const void* dout, float* delta,
                      cudaStream_t stream);
@@ -155,7 +163,7 @@ void attention_delta(Dt dt, const AttentionDims& d, const void* out, const void*
 void attention_block_backward_probs(Dt dt, const AttentionDims& d, const AttentionBlock& blk, bool causal,
                                     int64_t window, float softcap, const int32_t* doc, const float* scores,
                                     const float* dprobs, const float* lse, const float* delta, void* probs,
-                                    void* dscores, cudaStream_t stream);
+                                    void* dscores, cudaStream_t stream, const AlibiSlopes& alibi = {});
 // dk, dv rows of kv head g in batch b ([B, S, NKV, D], dtype dt) from the f32 sums [S, D].
 void attention_store_kv_grads(Dt dt, const AttentionDims& d, int64_t b, int64_t g, const float* dk_sum,
                               const float* dv_sum, void* dk, void* dv, cudaStream_t stream);

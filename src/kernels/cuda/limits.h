@@ -14,5 +14,8 @@ constexpr int64_t kRopeMaxD = 256;
 // dim for attention; the reference kernels are what the tests hold the blocks to, and they
 // refuse a larger D on the host (std::invalid_argument) rather than overrun their registers.
 constexpr int64_t kAttentionMaxD = 256;
+// The most query heads (per rank) of an attention with ALiBi slopes: the kernels take them by
+// value (kernels.h, AlibiSlopes). BLOOM-176B has 112.
+constexpr int64_t kAttentionMaxAlibiHeads = 128;
 
 }  // namespace autosp::cuda
