@@ -279,6 +279,10 @@ std::vector<float> TorchProgram::Impl::read_floats(const StoredTensor& t, const 
       case kFloat16: { uint16_t v; std::memcpy(&v, p, 2); out[i] = f16_to_f32(v); break; }
       case kInt64: { int64_t v; std::memcpy(&v, p, 8); out[i] = float(v); break; }
       case kInt32: { int32_t v; std::memcpy(&v, p, 4); out[i] = float(v); break; }
+      case kInt16: { int16_t v; std::memcpy(&v, p, 2); out[i] = float(v); break; }
+      case kInt8: out[i] = float(int8_t(*p)); break;
+      case kUint8: out[i] = float(*p); break;
+      case kBool: out[i] = *p != 0 ? 1.0f : 0.0f; break;  // GPT-Neo's stored causal masks
       default: user_error(path, ": ", name, " has dtype code ", t.dtype, ", not a number autosp reads");
     }
   }
@@ -1700,11 +1704,12 @@ class TorchImporter {
       if (const std::string mask = A("attn_mask", 3); !mask.empty()) {
         auto dtype = m_.dtype_of.find(mask);
         if (dtype == m_.dtype_of.end()) m_.fail_at(n, "an attention mask of unknown dtype");
-        require_causal(n, mask, dtype->second == kBool ? MaskUse::keep_where_true : MaskUse::additive, 1.0);
+        const int64_t window =
+            require_causal(n, mask, dtype->second == kBool ? MaskUse::keep_where_true : MaskUse::additive, 1.0);
         const Imported& q = value(A("query", 0));
         const double scale = float_arg(n, "scale", 6, 1.0 / std::sqrt(double(q.shape.back())));
         if (float_arg(n, "dropout_p", 4, 0.0) != 0.0) m_.fail_at(n, "attention dropout");
-        return attention(n, A("query", 0), A("key", 1), A("value", 2), true, scale, 0);
+        return attention(n, A("query", 0), A("key", 1), A("value", 2), true, scale, window);
       }
       if (float_arg(n, "dropout_p", 4, 0.0) != 0.0) m_.fail_at(n, "attention dropout");
       const Imported& q = value(A("query", 0));
@@ -1752,14 +1757,16 @@ class TorchImporter {
   // exact 0 in fp32 for scores within 1e4 of each other), or -inf.
   static constexpr double kMasked = -1e4;
   std::optional<HostEvaluator> masks_;
-  std::set<std::string> causal_masks_;  // checked, by "<name>/<how it is applied>"
+  std::map<std::string, int64_t> causal_masks_;  // checked, by "<name>/<how it is applied>": the window
 
   enum class MaskUse { additive, keep_where_true, masked_where_true };
-  // Fails unless `name` is the causal mask as `use` applies it (with `factor` the scaling of the
-  // scores after it): keep (i, j) iff j <= i, over the last two dims, every leading index.
-  void require_causal(const FxNode& at, const std::string& name, MaskUse use, double factor) {
+  // Fails unless `name` is a causal mask as `use` applies it (with `factor` the scaling of the
+  // scores after it): keep (i, j) iff j <= i, and i - j < W with a sliding window (GPT-Neo's
+  // local layers), over the last two dims, every leading index. Returns W (0: none, or one no
+  // shorter than the sequence, which hides nothing).
+  int64_t require_causal(const FxNode& at, const std::string& name, MaskUse use, double factor) {
     const std::string key = str(name, "/", int(use), "/", factor);
-    if (causal_masks_.count(key)) return;
+    if (auto it = causal_masks_.find(key); it != causal_masks_.end()) return it->second;
     const int64_t S = std::min<int64_t>(o_.seq_len, kMaskCheckLength);
     if (!masks_) masks_.emplace(m_, 1, S);
     masks_->reset();
@@ -1774,18 +1781,26 @@ class TorchImporter {
     const Shape& sh = mask->shape;
     if (sh.size() < 2 || sh[sh.size() - 1] != S || sh[sh.size() - 2] != S)
       m_.fail_at(at, str("an attention mask of shape ", shape_str(sh), " at S = ", S, ", not [..., S, S]"));
+    auto keeps = [&](float v) {
+      return use == MaskUse::additive ? v == 0.0f : use == MaskUse::keep_where_true ? v != 0.0f : v == 0.0f;
+    };
+    // The window: the keys the last query keeps (all S: none), then every pair checked against it.
+    int64_t window = 0;
+    for (int64_t j = 0; j < S; ++j) window += keeps(mask->v[(S - 1) * S + j]);
+    if (window == S) window = 0;
     for (size_t k = 0; k < mask->v.size(); ++k) {
       const int64_t i = int64_t(k / S) % S, j = int64_t(k % S);
       const float v = mask->v[k];
-      const bool keep = use == MaskUse::additive ? v == 0.0f
-                        : use == MaskUse::keep_where_true ? v != 0.0f : v == 0.0f;
+      const bool keep = keeps(v);
       const bool masked = use == MaskUse::additive ? double(v) * factor <= kMasked : !keep;
-      if (keep != (j <= i) || keep == masked)
+      if (keep != (j <= i && (window == 0 || i - j < window)) || keep == masked)
         m_.fail_at(at, str("an attention mask that is not causal: at S = ", S, ", query ", i, " and key ", j, " it is ", v,
                            use == MaskUse::additive ? " (added to the scores)" : " (a boolean mask)",
-                           "; autosp imports causal attention (keys up to the query's position, masked scores at most -1e4)"));
+                           "; autosp imports causal attention (keys up to the query's position, or a sliding window "
+                           "of them, masked scores at most -1e4)"));
     }
-    causal_masks_.insert(key);
+    causal_masks_.emplace(key, window);
+    return window;
   }
 
   // ALiBi (MPT's position_bias, BLOOM's alibi): a value computed from the sizes and constants
@@ -1852,6 +1867,7 @@ class TorchImporter {
   struct Scores {
     double scale = 1.0;          // of q . k
     int masks = 0;
+    int64_t window = 0;          // the narrowest of the masks' sliding windows (0: none)
     std::vector<double> alibi;   // the slopes (empty: none), times the scaling after the bias
     std::string q, kt;           // the product's operands, through scalings
     bool merged = false;         // baddbmm's [B H, S, D] q and [B H, D, S] k^T
@@ -1860,6 +1876,10 @@ class TorchImporter {
     const int64_t dim = int_arg(sm, "dim", 1, 0);
     if (dim != -1 && dim != 3) return std::nullopt;
     Scores r;
+    auto add_mask = [&](int64_t window) {
+      ++r.masks;
+      if (window > 0) r.window = r.window > 0 ? std::min(r.window, window) : window;
+    };
     auto add_alibi = [&](const FxNode& at, const std::string& bias, double factor) {
       std::optional<std::vector<double>> slopes = alibi_slopes(bias);
       if (!slopes) return false;
@@ -1906,24 +1926,24 @@ class TorchImporter {
           m_.fail_at(*s, str("an attention bias of shape ", shape_str(bias->shape), " at S = ", o_.seq_len,
                              ": the model makes it for ", bias->shape.back(), " positions, fewer than the sequence "
                              "(a table of its config's length: train at most that long)"));
-        require_causal(*s, a_mask ? a : b, MaskUse::additive, r.scale);
-        ++r.masks;
+        add_mask(require_causal(*s, a_mask ? a : b, MaskUse::additive, r.scale));
       } else if (is(s, "masked_fill.Scalar") || is(s, "masked_fill_.Scalar")) {
         const std::optional<double> fill = scalar(*s, "value", 2);
         if (!fill || *fill * r.scale > kMasked) m_.fail_at(*s, "a masked_fill of the attention scores with more than -1e4");
-        require_causal(*s, arg_tensor(*s, "mask", 1), MaskUse::masked_where_true, r.scale);
+        add_mask(require_causal(*s, arg_tensor(*s, "mask", 1), MaskUse::masked_where_true, r.scale));
         x = arg_tensor(*s, "self", 0);
-        ++r.masks;
       } else if (is(s, "where.self") || is(s, "where.ScalarOther") || is(s, "where.ScalarSelf")) {
-        // where(keep, scores, fill) or where(masked, fill, scores)
+        // where(keep, scores, fill) or where(masked, fill, scores); the fill a number or a host
+        // constant (GPT-Neo's tensor of the lowest float), so the scores are the operand the
+        // host cannot evaluate (asked without importing them)
         const std::string a = arg_tensor(*s, "self", 1);
-        const bool scores_first = !a.empty() && value(a).kind != Imported::host;
+        if (!masks_) masks_.emplace(m_, 1, std::min<int64_t>(o_.seq_len, kMaskCheckLength));
+        const bool scores_first = !a.empty() && masks_->eval(a) == nullptr;
         const std::optional<double> fill = scalar(*s, scores_first ? "other" : "self", scores_first ? 2 : 1);
         if (!fill || *fill * r.scale > kMasked) m_.fail_at(*s, "a where on the attention scores with a fill above -1e4");
-        require_causal(*s, arg_tensor(*s, "condition", 0), scores_first ? MaskUse::keep_where_true : MaskUse::masked_where_true,
-                       r.scale);
+        add_mask(require_causal(*s, arg_tensor(*s, "condition", 0),
+                                scores_first ? MaskUse::keep_where_true : MaskUse::masked_where_true, r.scale));
         x = scores_first ? a : arg_tensor(*s, "other", 2);
-        ++r.masks;
       } else {
         return std::nullopt;
       }
@@ -1953,9 +1973,10 @@ class TorchImporter {
     return "";
   }
 
-  // The mask count and ALiBi of scores that make one causal attention over `heads` query heads.
-  void require_one_causal_mask(const FxNode& n, const Scores& sc, int64_t heads) {
-    if (sc.masks > 1) m_.fail_at(n, "attention written out with more than one mask");
+  // The masks and ALiBi of scores that make one causal attention over `heads` query heads: at
+  // least one mask, each causal (several, as GPT-Neo's stored one and transformers' own, keep
+  // what all keep: the narrowest window).
+  void require_causal_masks(const FxNode& n, const Scores& sc, int64_t heads) {
     if (sc.masks == 0) m_.fail_at(n, "attention written out without a mask: autosp trains causal language models");
     if (!sc.alibi.empty() && int64_t(sc.alibi.size()) != heads)
       m_.fail_at(n, str("an ALiBi bias of ", sc.alibi.size(), " heads on attention of ", heads));
@@ -1972,8 +1993,8 @@ class TorchImporter {
     if (!sc || sc->merged) return std::nullopt;
     const std::string k = untransposed(sc->kt, 4);
     if (k.empty() || value(sc->q).shape.size() != 4 || value(v).shape.size() != 4) return std::nullopt;
-    require_one_causal_mask(n, *sc, value(sc->q).shape[1]);
-    return attention(n, sc->q, through(k), through(v), true, sc->scale, 0, 0, sc->alibi);
+    require_causal_masks(n, *sc, value(sc->q).shape[1]);
+    return attention(n, sc->q, through(k), through(v), true, sc->scale, sc->window, 0, sc->alibi);
   }
 
   // BLOOM's attention on [B H, S, .] batches of heads, read back by its caller, a view to
@@ -2006,8 +2027,8 @@ class TorchImporter {
     const std::string q = heads_of(sc->q), k = heads_of(untransposed(sc->kt, 3)),
                       v = heads_of(through(arg_tensor(*bmm, "mat2", 1)));
     if (q.empty() || k.empty() || v.empty() || value(v).shape[3] != out[3]) return std::nullopt;
-    require_one_causal_mask(n, *sc, out[1]);
-    return attention(n, q, k, v, true, sc->scale, 0, 0, sc->alibi);
+    require_causal_masks(n, *sc, out[1]);
+    return attention(n, q, k, v, true, sc->scale, sc->window, 0, sc->alibi);
   }
 
   // x @ M with M a matrix: linear(x, M^T) (Falcon's x @ W.T is linear(x, W)). 4-D products are

@@ -75,7 +75,7 @@ INSTANTIATE_TEST_SUITE_P(Models, TorchImportSequenceParallel,
                                                               "phi3_partial", "olmo", "granite", "arcee", "stablelm",
                                                               "helium", "glm", "cohere", "persimmon", "falcon",
                                                               "nemotron", "gptj", "codegen", "gemma2", "opt", "cohere2",
-                                                              "apertus", "mpt", "bloom"),
+                                                              "apertus", "mpt", "bloom", "gpt_neo"),
                                             ::testing::Values(2, 4)),
                          [](const auto& info) { return str(std::get<0>(info.param), "_sp", std::get<1>(info.param)); });
 
