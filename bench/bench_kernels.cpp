@@ -518,6 +518,7 @@ struct AttentionData {
   std::vector<int32_t> docs;  // document ids (B = 1), empty: one document
   int64_t window = 0;         // sliding window, 0: none
   float softcap = 0;          // logit softcap (Gemma 2), 0: none
+  std::vector<float> alibi;   // ALiBi slopes of the NH heads (BLOOM, MPT), empty: none
   float scale;
   explicit AttentionData(const cpu::AttentionDims& dims) : d(dims) {
     const int64_t nq = d.B * d.S * d.NH * d.D, nk = d.B * d.S * d.NKV * d.D;
@@ -537,12 +538,14 @@ struct AttentionData {
   }
   void forward() {
     cpu::attention_forward(d, true, scale, q.data(), k.data(), v.data(), out.data(), lse.data(),
-                           ws.data(), omp_get_max_threads(), docs.empty() ? nullptr : docs.data(), window, softcap);
+                           ws.data(), omp_get_max_threads(), docs.empty() ? nullptr : docs.data(), window, softcap,
+                           alibi.empty() ? nullptr : alibi.data());
   }
   void backward() {
     cpu::attention_backward(d, true, scale, q.data(), k.data(), v.data(), out.data(), lse.data(),
                             dout.data(), dq.data(), dk.data(), dv.data(), ws.data(),
-                            omp_get_max_threads(), docs.empty() ? nullptr : docs.data(), window, softcap);
+                            omp_get_max_threads(), docs.empty() ? nullptr : docs.data(), window, softcap,
+                            alibi.empty() ? nullptr : alibi.data());
   }
   // The first key query i sees: its document's start (0 for one document), or the window's.
   int64_t first_key(int64_t i) const {
@@ -601,6 +604,7 @@ RowRef attention_row(const AttentionData& a, int64_t h, int64_t i) {
       const double t = std::tanh(s[j] / a.softcap);
       s[j] = a.softcap * t, dcap[j] = 1.0 - t * t;
     }
+    if (!a.alibi.empty()) s[j] += double(a.alibi[h]) * double(j - i);
     m = std::max(m, s[j]);
   }
   double l = 0.0;
@@ -710,6 +714,23 @@ void bench_window(Bench& bench, int64_t S, int64_t W, int64_t D) {
                window ? "causal" : "sgemm 2048", base});
     if (!window) full = bench.rows.size() - 1;
     bench.windows.push_back({bench.isa, S, D, window, bench.rows.size() - 1});
+  }
+}
+
+// ALiBi (BLOOM, MPT) against the same kernels without it, in the same run: a_h (j - i) added to
+// every score of both directions (8 heads, BLOOM's slopes 2^-1 .. 2^-8). The ratio is its cost.
+void bench_alibi(Bench& bench, int64_t S, int64_t D) {
+  const cpu::AttentionDims d{1, S, 8, 4, D};
+  const double work = attention_flops(d, 14);
+  double base = 0.0;
+  for (const bool alibi : {false, true}) {
+    AttentionData a(d);
+    if (alibi)
+      for (int64_t h = 0; h < d.NH; ++h) a.alibi.push_back(std::ldexp(1.0f, -int(h + 1)));
+    const std::string shape = dims({1, S, 8, 4, D}, "B S NH NKV D") + " causal" + (alibi ? ", alibi" : "");
+    const Timing t = measure([&] { a.forward(); a.backward(); }, [&] { check_attention_rows(a, true); }, 1.0, 0);
+    bench.add({"attention fwd+bwd, alibi", shape, t, work, true, alibi ? "no alibi" : "sgemm 2048", base});
+    if (!alibi) base = bench.rows.back().rate();
   }
 }
 
@@ -1065,7 +1086,7 @@ void write_json(const Bench& b, const std::string& path, int threads,
 // The parts --only can name, in the order they run. The per-set ones run once per
 // instruction set.
 const char* const kParts[] = {"sgemm", "linear", "memcpy", "fma_peak", "attention", "documents", "window",
-                              "softcap", "rms_norm", "rope", "swiglu", "cross_entropy", "embedding"};
+                              "softcap", "alibi", "rms_norm", "rope", "swiglu", "cross_entropy", "embedding"};
 const std::set<std::string> kMemoryParts = {"rms_norm", "rope", "swiglu", "cross_entropy",
                                             "embedding"};
 
@@ -1081,7 +1102,7 @@ int main(int argc, char** argv) {
                                    "every one this CPU supports)")
       ->check(CLI::IsMember({"avx2", "avx512"}));
   app.add_option("--only", only, "comma list of parts to run (default all): sgemm, linear, "
-                                 "memcpy, fma_peak, attention, documents, window, softcap, rms_norm, rope, swiglu, "
+                                 "memcpy, fma_peak, attention, documents, window, softcap, alibi, rms_norm, rope, swiglu, "
                                  "cross_entropy, embedding; a part's baselines run with it")
       ->check([](const std::string& list) {
         // One comma list (CLI11's delimiter would also take the JSON path as a part).
@@ -1098,7 +1119,8 @@ int main(int argc, char** argv) {
   std::stringstream only_list(only);
   for (std::string p; std::getline(only_list, p, ',');) parts.insert(p);
   if (parts.empty()) parts.insert(std::begin(kParts), std::end(kParts));
-  if (parts.count("attention") || parts.count("documents") || parts.count("window") || parts.count("softcap"))
+  if (parts.count("attention") || parts.count("documents") || parts.count("window") || parts.count("softcap") ||
+      parts.count("alibi"))
     parts.insert({"sgemm", "fma_peak", "memcpy"});
   if (parts.count("linear")) parts.insert("sgemm");
   for (const auto& p : kMemoryParts)
@@ -1164,6 +1186,7 @@ int main(int argc, char** argv) {
     if (want("documents")) bench_documents(bench, 16384, 64);
     if (want("window")) bench_window(bench, 16384, 4096, 64);
     if (want("softcap")) bench_softcap(bench, 4096, 64);
+    if (want("alibi")) bench_alibi(bench, 4096, 64);
     if (want("rms_norm")) bench_rms_norm(bench);
     if (want("rope")) bench_rope(bench);
     if (want("swiglu")) bench_swiglu(bench);
