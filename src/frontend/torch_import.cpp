@@ -923,7 +923,7 @@ class HostEvaluator {
       for (float& f : out.v) f = 1.0f / f;
       return out;
     }
-    if (op == "cat.default") {  // along one dim; every operand of one rank (MPT's slopes of 6 heads)
+    if (op == "cat.default" || op == "concat.default") {  // along one dim, operands of one rank (MPT's slopes of 6 heads)
       const json* ts = arg(n, "tensors", 0);
       if (!ts || !ts->contains("as_tensors") || (*ts)["as_tensors"].empty()) return std::nullopt;
       std::vector<const HostArray*> xs;

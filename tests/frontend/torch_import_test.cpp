@@ -483,8 +483,8 @@ TEST(TorchImport, Gemma2sSoftcapsAreTheAttentionsAndTheFusedLosss) {
 // added to the scores, and BLOOM's, from a cumsum of a mask of ones and added by baddbmm on
 // [B H, S, S] batches of heads, are each attention's slopes: 2^-2, 2^-4, 2^-6, 2^-8 for 4 heads
 // (ALiBi's 2^(-8 h / H)), the same at any length; no softmax, no [B H, ...] copies (BLOOM's
-// bmm), and BLOOM's written-out tanh gelu one gelu. MPT's table of 64 positions is shorter than
-// S = 65, which is an error saying so.
+// bmm), and BLOOM's written-out tanh gelu one gelu; with 6 heads, their interleaved slopes. MPT's
+// table of 64 positions is shorter than S = 65, which is an error saying so.
 TEST(TorchImport, MptsAndBloomsAlibiAreTheAttentionsSlopes) {
   for (const char* model : {"mpt", "bloom"}) {
     SCOPED_TRACE(model);
@@ -503,6 +503,19 @@ TEST(TorchImport, MptsAndBloomsAlibiAreTheAttentionsSlopes) {
       EXPECT_EQ(text.find("matmul("), std::string::npos) << text;
       EXPECT_EQ(text.find("mul("), std::string::npos) << text;  // BLOOM's gelu is one op
     }
+  }
+  // 6 heads, not a power of two: MPT takes the odd then the even slopes of 8 heads, BLOOM the 4
+  // of a power of two then every other one of 8; both give these six, as torch computes them
+  // (transformers' build_mpt_alibi_tensor and build_alibi_tensor).
+  for (const char* model : {"mpt6", "bloom6"}) {
+    const TorchProgram p =
+        TorchProgram::load(testing::source_path(str("tests/fixtures/torch_export_errors/", model, "/model.pt2")));
+    const std::string text = print_graph(p.forward({.batch = 1, .seq_len = 16}));
+    const size_t at = text.find("= attention(");
+    ASSERT_NE(at, std::string::npos) << model << text;
+    EXPECT_NE(text.substr(at, text.find('\n', at) - at).find("alibi=[0.25, 0.0625, 0.015625, 0.00390625, 0.5, 0.125]"),
+              std::string::npos)
+        << model << text;
   }
   const TorchProgram mpt = TorchProgram::load(testing::source_path("tests/fixtures/torch_export/mpt/model.pt2"));
   const std::string e = testing::user_error_of([&] { mpt.forward({.batch = 1, .seq_len = 65}); });
