@@ -1806,17 +1806,28 @@ class TorchImporter {
   // ALiBi (MPT's position_bias, BLOOM's alibi): a value computed from the sizes and constants
   // of shape [..., H, R, S] (R = 1 or S, leading dims 1) that is, in each head h and each row,
   // a_h (j - c) for some constant c of the row: the bias a_h (j - i) up to a constant per row,
-  // which the softmax does not see. Evaluated at the run's length (it is only H x R x S), so a
-  // bias cut from a table shorter than the run is no ALiBi here. a_h is read where the row's
-  // multiplier is 0 and 1 (exact in fp32: a x 0 and a x 1), the rest must agree with it to
-  // fp32 rounding. The slopes, or nullopt for anything else (all slopes 0: no bias at all).
-  std::optional<std::vector<double>> alibi_slopes(const std::string& name) {
+  // which the softmax does not see. a_h is read where the row's multiplier is 0 and 1 (exact in
+  // fp32: a x 0 and a x 1), the rest must agree with it to fp32 rounding. Looked at first at the
+  // masks' length (min(S, 2048), as a mask would be); a bias of one row per head (R = 1, H x S
+  // values) is then read at the run's length, so a bias cut from a table shorter than the run
+  // is an error saying so (at `at`), and one of S rows only where S is the masks' length. The
+  // slopes, or nullopt for anything else (all slopes 0: no bias at all).
+  std::optional<std::vector<double>> alibi_slopes(const FxNode& at, const std::string& name) {
     const int64_t S = o_.seq_len;
     if (S < 2) return std::nullopt;
+    if (!masks_) masks_.emplace(m_, 1, std::min<int64_t>(S, kMaskCheckLength));
+    const HostArray* small = masks_->eval(name);
+    if (!small || small->shape.size() < 3) return std::nullopt;
+    const bool one_row = small->shape[small->shape.size() - 2] == 1;
+    if (!one_row && S > kMaskCheckLength) return std::nullopt;
     if (!alibi_) alibi_.emplace(m_, 1, S, int64_t(1) << 27);
-    const HostArray* a = alibi_->eval(name);
+    const HostArray* a = one_row ? alibi_->eval(name) : small;
     if (!a) return std::nullopt;
     const Shape& sh = a->shape;
+    if (one_row && sh.size() >= 3 && sh.back() != S && sh[sh.size() - 2] == 1)
+      m_.fail_at(at, str("an attention bias of shape ", shape_str(sh), " at S = ", S, ": the model makes it for ",
+                         sh.back(), " positions, fewer than the sequence (a table of its config's length: train at "
+                         "most that long)"));
     if (sh.size() < 3 || sh.back() != S) return std::nullopt;
     const int64_t R = sh[sh.size() - 2], H = sh[sh.size() - 3];
     if (R != 1 && R != S) return std::nullopt;
@@ -1881,7 +1892,7 @@ class TorchImporter {
       if (window > 0) r.window = r.window > 0 ? std::min(r.window, window) : window;
     };
     auto add_alibi = [&](const FxNode& at, const std::string& bias, double factor) {
-      std::optional<std::vector<double>> slopes = alibi_slopes(bias);
+      std::optional<std::vector<double>> slopes = alibi_slopes(at, bias);
       if (!slopes) return false;
       if (!r.alibi.empty()) m_.fail_at(at, "attention written out with two ALiBi biases");
       for (double& slope : *slopes) slope *= factor;
@@ -1921,11 +1932,6 @@ class TorchImporter {
                                                "computed from the sequence length and constants");
         x = a_mask ? b : a;
         if (add_alibi(*s, a_mask ? a : b, r.scale)) continue;  // times the scaling of the scores after it
-        if (const HostArray* bias = alibi_ ? alibi_->eval(a_mask ? a : b) : nullptr;
-            bias && !bias->shape.empty() && bias->shape.back() != o_.seq_len)
-          m_.fail_at(*s, str("an attention bias of shape ", shape_str(bias->shape), " at S = ", o_.seq_len,
-                             ": the model makes it for ", bias->shape.back(), " positions, fewer than the sequence "
-                             "(a table of its config's length: train at most that long)"));
         add_mask(require_causal(*s, a_mask ? a : b, MaskUse::additive, r.scale));
       } else if (is(s, "masked_fill.Scalar") || is(s, "masked_fill_.Scalar")) {
         const std::optional<double> fill = scalar(*s, "value", 2);
