@@ -93,6 +93,11 @@ def families():
               attention_types=[[["global", "local"], 1]], window_size=8)),
         ("mpt", "MptForCausalLM", "MptConfig",  # alibi
          dict(vocab_size=V, d_model=32, n_heads=4, n_layers=2, max_seq_len=64)),
+        ("biogpt", "BioGptForCausalLM", "BioGptConfig",  # learned positions (offset 2), scaled embeddings
+         dict(vocab_size=V, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48,
+              max_position_embeddings=64)),
+        ("vaultgemma", "VaultGemmaForCausalLM", "VaultGemmaConfig",  # Gemma 2's layout, softcaps
+         dict(C, head_dim=8, query_pre_attn_scalar=8)),
     ]
 
 
