@@ -423,6 +423,13 @@ void load_kv_transposed(const AttentionDims& d, const float* k, const float* v, 
   }
 }
 
+// The backward's P = 2^x (x <= 0, a score less its lse in base 2), exactly 0 below 2^-100: a
+// probability that small is nothing beside its row's sum of 1, but dS = P (dP - delta) of
+// one near vexp2's smallest (2^-126) is a subnormal, and the dK and dQ products that read
+// subnormals run many times slower (ALiBi's far keys: its backward took 1.07-1.52x its
+// unbiased time before this, 0.88-1.06x after, on avx512; docs/PERFORMANCE.md).
+inline vf probability(vf x) { return x < splat(-100.0f) ? vf{} : vexp2(x); }
+
 // tile_p_ds with a softcap c: both products first (dP into ds, then the raw scores into p),
 // then one pass makes t = tanh(scale q.k / c), P = 2^(c t log2(e) - lse log2(e)) and
 // dS = P (dP - delta) (1 - t^2), which needs t and dP together; hidden pairs get P = dS = 0.
@@ -470,9 +477,9 @@ void tile_p_ds(const AttentionDims& d, bool causal, float scale, float softcap, 
     if (hv.slope2 != 0.0f) {  // ALiBi: + slope (j - i), key j = j0 + c along the vector
       const vf ij = splat(float(j0 - i0 - r));
       for (int64_t c = 0; c < kBk; c += W)
-        store(pr + c, vexp2(fmadd(load(pr + c), sc, fmadd(sl, ij + load(kIota.v + c), -lr))));
+        store(pr + c, probability(fmadd(load(pr + c), sc, fmadd(sl, ij + load(kIota.v + c), -lr))));
     } else {
-      for (int64_t c = 0; c < kBk; c += W) store(pr + c, vexp2(fmadd(load(pr + c), sc, -lr)));
+      for (int64_t c = 0; c < kBk; c += W) store(pr + c, probability(fmadd(load(pr + c), sc, -lr)));
     }
     // Masked keys (j > i) and padding columns (c >= kb) get probability 0.
     const int64_t c_end = diag ? std::clamp<int64_t>(i0 + r - j0 + 1, 0, kb) : kb;
