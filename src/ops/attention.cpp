@@ -17,7 +17,6 @@
 #include <vector>
 
 #include "comm/communicator.h"
-
 #include "kernels/cpu/attention.h"
 #include "ops/op.h"
 #include "kernels/cuda/attention_blocks.h"
@@ -266,7 +265,11 @@ extern const OpDef attention_op = {
     // Every query needs every key: the sequence must be whole, so heads are split instead
     // (the autosp pass exchanges q, k, v to shard(2) before and the output back after, and
     // gathers the document ids whole).
-    .shard = [](const Shardings& in, const Types&, const Attrs&) -> Shardings {
+    .shard = [](const Shardings& in, const Types&, const Attrs& attrs) -> Shardings {
+      // ALiBi on split heads needs each rank's part of the slopes: the autosp pass's exchange
+      // sets alibi_split; heads split any other way would read the first heads' slopes.
+      require(!(is_shard(in[0]) && in[0].dim == 2 && attrs.has("alibi") && !attrs.has("alibi_split")),
+              "attention with ALiBi on heads split other than by the autosp pass's exchange");
       for (size_t i = 0; i < 3; ++i)
         require(in[i] == in[0] && !is_partial(in[i]) && (!is_shard(in[i]) || in[i].dim == 0 || in[i].dim == 2),
                 "attention needs the whole sequence: q, k, v must be split alike on B or heads, got ",
