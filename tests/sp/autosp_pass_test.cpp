@@ -242,6 +242,28 @@ TEST(AutospPass, AlibiAttentionReadsTheRanksPartOfTheSlopes) {
   EXPECT_EQ(attentions, 2);
 }
 
+// Heads split any other way than by the pass's exchange (no alibi_split) would read the first
+// heads' slopes on every rank: the attention's sharding rule refuses it.
+TEST(AutospPass, AlibiOnHeadsSplitWithoutTheExchangeIsRefused) {
+  const OpDef& def = op_def(OpKind::attention);
+  const Types qkv = {{DType::f32, {1, 6, 4, 8}}, {DType::f32, {1, 6, 2, 8}}, {DType::f32, {1, 6, 2, 8}}};
+  const Shardings heads = {shard(2), shard(2), shard(2)};
+  const Attrs plain{{"causal", int64_t{1}}, {"scale", 0.35}};
+  Attrs alibi = plain;
+  alibi.set("alibi", std::vector<double>{0.5, 0.25, 0.125, 0.0625});
+  EXPECT_EQ(def.shard(heads, qkv, plain), (Shardings{shard(2), shard(1)}));
+  try {
+    def.shard(heads, qkv, alibi);
+    ADD_FAILURE() << "no error";
+  } catch (const ShapeError& e) {
+    EXPECT_NE(std::string(e.what()).find("ALiBi on heads split other than by the autosp pass's exchange"),
+              std::string::npos)
+        << e.what();
+  }
+  alibi.set("alibi_split", int64_t{2});
+  EXPECT_EQ(def.shard(heads, qkv, alibi), (Shardings{shard(2), shard(1)}));
+}
+
 TEST(AutospPass, OneRankIsTheIdentity) {
   Graph fwd = testing::tiny_transformer();
   EXPECT_EQ(print_graph(autosp(fwd, {.sp_size = 1})), print_graph(fwd));
