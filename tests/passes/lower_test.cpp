@@ -5,6 +5,7 @@
 // with the lowered workspaces and in-place rules.
 #include <gtest/gtest.h>
 
+#include "frontend/tracer.h"
 #include "models/llama.h"
 #include "passes/autodiff.h"
 #include "passes/lower.h"
@@ -119,6 +120,28 @@ TEST(Lower, RefusesWhatTheBackendCannotRunAtCompileTime) {
   EXPECT_NE(e.find("cuda backend: rope"), std::string::npos) << e;
   EXPECT_NE(e.find("head dim D = 512 exceeds the kernel's 256"), std::string::npos) << e;
   EXPECT_NO_THROW(compile(wide, {.backend = Backend::cpu}));
+}
+
+// ALiBi on cuda takes its slopes by value, for at most kAttentionMaxAlibiHeads (128) query heads
+// a rank: 130 heads are refused when lowering for cuda, naming the limit; the CPU runs them.
+TEST(Lower, RefusesAlibiOverMoreHeadsThanTheCudaKernelsTake) {
+  for (int64_t NH : {128, 130}) {
+    SCOPED_TRACE(NH);
+    Tracer t;
+    Tensor x = t.embedding(t.parameter("wte", {11, 8}), t.input(Role::tokens, "tokens", DType::i32, {1, 4}));
+    Tensor q = t.reshape(t.linear(x, t.parameter("wq", {NH * 2, 8})), {1, 4, NH, 2});
+    Tensor kv = t.reshape(t.linear(x, t.parameter("wk", {2, 8})), {1, 4, 1, 2});
+    t.output("loss", t.sum(t.attention(q, kv, kv, true, 0.7, 0, 0, std::vector<double>(size_t(NH), 0.5))));
+    const Graph g = t.finish();
+    EXPECT_NO_THROW(compile(g, {.backend = Backend::cpu}));
+    if (NH <= 128) {
+      EXPECT_NO_THROW(compile(g, {.backend = Backend::cuda}));
+      continue;
+    }
+    const std::string e = user_error_of([&] { compile(g, {.backend = Backend::cuda}); });
+    EXPECT_NE(e.find("cuda backend: attention"), std::string::npos) << e;
+    EXPECT_NE(e.find("ALiBi slopes for at most 128 query heads"), std::string::npos) << e;
+  }
 }
 
 }  // namespace
