@@ -107,7 +107,8 @@ INSTANTIATE_TEST_SUITE_P(Models, TorchImportReference,
                          ::testing::Values("llama", "gpt2", "phi3", "gemma3", "llama31", "qwen2", "phi3_partial", "olmo",
                                            "granite", "arcee", "stablelm", "helium", "glm",
                                            "cohere", "persimmon", "falcon", "nemotron", "gptj", "codegen",
-                                           "gemma2", "opt", "cohere2", "apertus", "mpt", "bloom", "gpt_neo"),
+                                           "gemma2", "opt", "cohere2", "apertus", "mpt", "bloom", "gpt_neo", "qwen3",
+                                           "gpt_neox", "olmo2", "gpt_bigcode", "starcoder2", "smollm3"),
                          [](const auto& info) { return info.param; });
 
 // Llama through PyTorch and through autosp's own builder (models/llama.h): the same model,

@@ -75,7 +75,8 @@ INSTANTIATE_TEST_SUITE_P(Models, TorchImportSequenceParallel,
                                                               "phi3_partial", "olmo", "granite", "arcee", "stablelm",
                                                               "helium", "glm", "cohere", "persimmon", "falcon",
                                                               "nemotron", "gptj", "codegen", "gemma2", "opt", "cohere2",
-                                                              "apertus", "mpt", "bloom", "gpt_neo"),
+                                                              "apertus", "mpt", "bloom", "gpt_neo", "qwen3", "gpt_neox",
+                                                              "olmo2", "gpt_bigcode", "starcoder2", "smollm3"),
                                             ::testing::Values(2, 4)),
                          [](const auto& info) { return str(std::get<0>(info.param), "_sp", std::get<1>(info.param)); });
 
