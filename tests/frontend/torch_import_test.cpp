@@ -108,7 +108,8 @@ INSTANTIATE_TEST_SUITE_P(Models, TorchImportReference,
                                            "granite", "arcee", "stablelm", "helium", "glm",
                                            "cohere", "persimmon", "falcon", "nemotron", "gptj", "codegen",
                                            "gemma2", "opt", "cohere2", "apertus", "mpt", "bloom", "gpt_neo", "qwen3",
-                                           "gpt_neox", "olmo2", "gpt_bigcode", "starcoder2", "smollm3"),
+                                           "gpt_neox", "olmo2", "gpt_bigcode", "starcoder2", "smollm3", "phi", "glm4",
+                                           "biogpt", "exaone4"),
                          [](const auto& info) { return info.param; });
 
 // Llama through PyTorch and through autosp's own builder (models/llama.h): the same model,
