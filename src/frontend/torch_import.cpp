@@ -1098,7 +1098,30 @@ class TorchImporter {
     if (o_.documents) documents_ = t_.input(Role::documents, "document_ids", DType::i32, {o_.batch, o_.seq_len});
     Tensor loss = tensor_of(m_.loss);
     t_.output("loss", loss);
-    return t_.finish();
+    return without_dead_nodes(t_.finish());
+  }
+
+  // The graph without the nodes none of whose results anything reads, transitively. A matcher
+  // that looks at an operand's kind imports it, and then may not use it (Gemma 2's head linear,
+  // looked at before the fused loss took it: [B, S, V] logits made every step and dropped).
+  // Every input stays (the trainer binds them by name and role).
+  static Graph without_dead_nodes(const Graph& g) {
+    std::vector<char> read(g.values().size(), 0), keep(g.nodes().size(), 0);
+    for (const GraphOutput& o : g.outputs()) read[o.value] = 1;
+    for (NodeId n = static_cast<NodeId>(g.nodes().size()) - 1; n >= 0; --n) {
+      const Node& node = g.node(n);
+      bool live = node.op == OpKind::input;
+      for (ValueId v : node.outputs) live = live || read[v];
+      if (!live) continue;
+      keep[n] = 1;
+      for (ValueId v : node.inputs) read[v] = 1;
+    }
+    Graph out;
+    std::vector<ValueId> map(g.values().size(), -1);
+    for (NodeId n = 0; n < static_cast<NodeId>(g.nodes().size()); ++n)
+      if (keep[n]) copy_node(g, n, out, map);
+    for (const GraphOutput& o : g.outputs()) out.add_output(o.name, map[o.value]);
+    return out;
   }
 
  private:
@@ -2724,7 +2747,7 @@ class TorchImporter {
     const FxNode* d = node_of(through(arg_tensor(*t, "self", 0)));
     if (!is(d, "div.Tensor") || scalar(*d, "other", 1) != c) return 0;
     const std::string x = arg_tensor(*d, "self", 0);
-    return x.empty() || value(x).kind == Imported::host ? 0 : *c;
+    return x.empty() || !node_of(x) ? 0 : *c;  // the logits a node makes (not a stored constant), not imported here
   }
 
   // cross_entropy_loss(logits.view(-1, V), labels.view(-1)) with the mean over labelled tokens.

@@ -103,6 +103,26 @@ TEST_P(TorchImportReference, LossGradientsAndFiveStepsEqualPyTorch) {
   }
 }
 
+// Nothing the importer makes goes unread: a matcher that looked at an operand (and so imported
+// it) before a fused op took the subgraph left its nodes behind, run every step (Gemma 2's head
+// linear: [B, S, V] logits made and dropped beside the fused loss). Every node but an input
+// has a result some node, or the loss, reads.
+TEST_P(TorchImportReference, EveryImportedNodeIsRead) {
+  const ExportFixture f(testing::source_path("tests/fixtures/torch_export/" + GetParam()));
+  const Graph g = f.program.forward({.batch = f.B(), .seq_len = f.S()});
+  std::vector<char> read(g.values().size(), 0);
+  for (const Node& node : g.nodes())
+    for (ValueId v : node.inputs) read[v] = 1;
+  for (const GraphOutput& o : g.outputs()) read[o.value] = 1;
+  for (NodeId n = 0; n < static_cast<NodeId>(g.nodes().size()); ++n) {
+    const Node& node = g.node(n);
+    if (node.op == OpKind::input) continue;
+    bool any = false;
+    for (ValueId v : node.outputs) any = any || read[v];
+    EXPECT_TRUE(any) << "node " << n << " (" << op_name(node.op) << ") is read by nothing";
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Models, TorchImportReference,
                          ::testing::Values("llama", "gpt2", "phi3", "gemma3", "llama31", "qwen2", "phi3_partial", "olmo",
                                            "granite", "arcee", "stablelm", "helium", "glm",
