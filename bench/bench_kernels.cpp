@@ -1102,7 +1102,8 @@ int main(int argc, char** argv) {
                                    "every one this CPU supports)")
       ->check(CLI::IsMember({"avx2", "avx512"}));
   app.add_option("--only", only, "comma list of parts to run (default all): sgemm, linear, "
-                                 "memcpy, fma_peak, attention, documents, window, softcap, alibi, rms_norm, rope, swiglu, "
+                                 "memcpy, fma_peak, attention, documents, window, softcap, alibi, rms_norm, rope, "
+                                 "swiglu, "
                                  "cross_entropy, embedding; a part's baselines run with it")
       ->check([](const std::string& list) {
         // One comma list (CLI11's delimiter would also take the JSON path as a part).

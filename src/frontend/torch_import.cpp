@@ -908,7 +908,8 @@ class HostEvaluator {
     if (op == "pow.Tensor_Scalar" || op == "pow.Scalar" || op == "pow.Tensor_Tensor") {
       std::optional<HostArray> a = operand(arg(n, "self", 0)), b = operand(arg(n, "exponent", 1));
       if (!a || !b) return std::nullopt;
-      return elementwise({*a, *b}, [](const std::vector<HostArray>& x, size_t k) { return std::pow(x[0].v[k], x[1].v[k]); });
+      return elementwise({*a, *b},
+                         [](const std::vector<HostArray>& x, size_t k) { return std::pow(x[0].v[k], x[1].v[k]); });
     }
     if (op == "copy_.default") {  // all of self overwritten by src (BLOOM's causal mask): src as self's shape
       const HostArray* self = in("self", 0);
@@ -923,7 +924,8 @@ class HostEvaluator {
       for (float& f : out.v) f = 1.0f / f;
       return out;
     }
-    if (op == "cat.default" || op == "concat.default") {  // along one dim, operands of one rank (MPT's slopes of 6 heads)
+    // along one dim, operands of one rank (MPT's slopes of 6 heads)
+    if (op == "cat.default" || op == "concat.default") {
       const json* ts = arg(n, "tensors", 0);
       if (!ts || !ts->contains("as_tensors") || (*ts)["as_tensors"].empty()) return std::nullopt;
       std::vector<const HostArray*> xs;
@@ -1958,7 +1960,8 @@ class TorchImporter {
         add_mask(require_causal(*s, a_mask ? a : b, MaskUse::additive, r.scale));
       } else if (is(s, "masked_fill.Scalar") || is(s, "masked_fill_.Scalar")) {
         const std::optional<double> fill = scalar(*s, "value", 2);
-        if (!fill || *fill * r.scale > kMasked) m_.fail_at(*s, "a masked_fill of the attention scores with more than -1e4");
+        if (!fill || *fill * r.scale > kMasked)
+          m_.fail_at(*s, "a masked_fill of the attention scores with more than -1e4");
         add_mask(require_causal(*s, arg_tensor(*s, "mask", 1), MaskUse::masked_where_true, r.scale));
         x = arg_tensor(*s, "self", 0);
       } else if (is(s, "where.self") || is(s, "where.ScalarOther") || is(s, "where.ScalarSelf")) {
@@ -1969,7 +1972,8 @@ class TorchImporter {
         if (!masks_) masks_.emplace(m_, 1, std::min<int64_t>(o_.seq_len, kMaskCheckLength));
         const bool scores_first = !a.empty() && masks_->eval(a) == nullptr;
         const std::optional<double> fill = scalar(*s, scores_first ? "other" : "self", scores_first ? 2 : 1);
-        if (!fill || *fill * r.scale > kMasked) m_.fail_at(*s, "a where on the attention scores with a fill above -1e4");
+        if (!fill || *fill * r.scale > kMasked)
+          m_.fail_at(*s, "a where on the attention scores with a fill above -1e4");
         add_mask(require_causal(*s, arg_tensor(*s, "condition", 0),
                                 scores_first ? MaskUse::keep_where_true : MaskUse::masked_where_true, r.scale));
         x = scores_first ? a : arg_tensor(*s, "other", 2);

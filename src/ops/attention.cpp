@@ -85,7 +85,8 @@ void check_alibi(const Attrs& attrs, int64_t NH) {
   const int64_t split = alibi_split_of(attrs);
   require(split >= 1, "'alibi_split' must be >= 1, got ", split);
   require(int64_t(alibi->size()) == NH * split, "'alibi' has ", alibi->size(), " slopes for ", NH * split,
-          " query heads (NH = ", NH, split > 1 ? str(" on each of alibi_split = ", split, " ranks") : std::string(), ")");
+          " query heads (NH = ", NH,
+          split > 1 ? str(" on each of alibi_split = ", split, " ranks") : std::string(), ")");
   for (double a : *alibi) require(std::isfinite(a), "an ALiBi slope that is not finite: ", a);
   require(attrs.get_float("softcap", 0.0) == 0.0, "'alibi' with a 'softcap': no model has both, and the kernels "
                                                   "do not combine them");
@@ -196,7 +197,8 @@ void cuda_attention(const KernelArgs& a, const CudaContext& c) {
     return;
   cuda_attention_forward_blocks(c, cuda_in_dt(a, 0), cuda_dims(d), a.attrs->get_int("causal") != 0, window_of(*a.attrs),
                                 float(a.attrs->get_float("scale")), softcap_of(*a.attrs), a.in<void>(0), a.in<void>(1),
-                                a.in<void>(2), doc, a.out<void>(0), a.out<float>(1), a.workspace, 0, cuda_alibi(a, d.NH));
+                                a.in<void>(2), doc, a.out<void>(0), a.out<float>(1), a.workspace, 0,
+                                cuda_alibi(a, d.NH));
 }
 // attention_backward(dout, q, k, v, out, lse[, doc]) -> (dq, dk, dv)
 void cuda_attention_backward(const KernelArgs& a, const CudaContext& c) {

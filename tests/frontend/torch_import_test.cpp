@@ -470,7 +470,8 @@ TEST(TorchImport, AttentionWrittenOutWithACausalMaskIsOneAttention) {
 // S = 4 the window hides nothing, and the attention has none. (GPT-Neo's local layers, a stored
 // table masked again by transformers' causal mask, are held to PyTorch float64 above.)
 TEST(TorchImport, AWrittenOutSlidingWindowIsTheAttentionsWindow) {
-  const TorchProgram p = TorchProgram::load(testing::source_path("tests/fixtures/torch_export_errors/window/model.pt2"));
+  const TorchProgram p =
+      TorchProgram::load(testing::source_path("tests/fixtures/torch_export_errors/window/model.pt2"));
   for (int64_t S : {4, 8, 3000}) {
     const std::string text = print_graph(p.forward({.batch = 1, .seq_len = S}));
     const size_t at = text.find("= attention(");

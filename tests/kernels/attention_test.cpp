@@ -499,7 +499,8 @@ TEST(AttentionKernelAlibi, ForwardAndBackwardMatchDouble) {
           const std::vector<float> slopes = bloom_slopes(NH);
           const std::vector<double> slopes64(slopes.begin(), slopes.end());
           const std::string at = "S=" + std::to_string(S) + " NH=" + std::to_string(NH) + " NKV=" +
-                                 std::to_string(NKV) + " D=" + std::to_string(D) + " variant " + std::to_string(variant);
+                                 std::to_string(NKV) + " D=" + std::to_string(D) + " variant " +
+                                 std::to_string(variant);
           const float scale = 1.0f / std::sqrt(static_cast<float>(D));
           Tensors t = make_inputs(d, static_cast<uint32_t>(7 * S + NH + NKV + D + variant));
           run_kernels(d, causal, scale, t, ids, window, 0.0f, slopes.data());

@@ -719,7 +719,8 @@ void attention_backward(const AttentionDims& dims, bool causal, float scale, con
       for (int64_t it = 0; it < dims.B * NKV * nk; ++it) {
         const int64_t bkv = it % (dims.B * NKV), jblk = it / (dims.B * NKV);
         const int64_t b = bkv / NKV;
-        backward_key_block(dims, causal, scale, softcap, alibi, q, k, v, lse, dout, deltas, dk, dv, b, bkv % NKV, jblk * kBk,
+        backward_key_block(dims, causal, scale, softcap, alibi, q, k, v, lse, dout, deltas, dk, dv, b, bkv % NKV,
+                           jblk * kBk,
                            mask_of(documents, window, S, b), ws, plan);
       }
       // dQ by query block, the last (most keys) first.
@@ -727,7 +728,8 @@ void attention_backward(const AttentionDims& dims, bool causal, float scale, con
       for (int64_t it = 0; it < dims.B * dims.NH * nq; ++it) {
         const int64_t bh = it % (dims.B * dims.NH), iblk = nq - 1 - it / (dims.B * dims.NH);
         const int64_t b = bh / dims.NH;
-        backward_query_block(dims, causal, scale, softcap, alibi, q, k, v, lse, dout, deltas, dq, b, bh % dims.NH, iblk * kBq,
+        backward_query_block(dims, causal, scale, softcap, alibi, q, k, v, lse, dout, deltas, dq, b, bh % dims.NH,
+                             iblk * kBq,
                              mask_of(documents, window, S, b), ws, plan);
       }
     }

@@ -82,7 +82,8 @@ void attention_backward_reference(const AttentionDims& d, bool causal, double sc
         for (int64_t j = 0; j < S; ++j) {
           double t = 0.0;
           for (int64_t dd = 0; dd < D; ++dd) t += row(q, b, i, NH, h)[dd] * row(k, b, j, NKV, kvh)[dd];
-          P[i * S + j] = j < n && visible(documents, window, S, b, i, j) ? capped(scale * t, softcap) + bias(alibi, h, i, j)
+          P[i * S + j] = j < n && visible(documents, window, S, b, i, j)
+                             ? capped(scale * t, softcap) + bias(alibi, h, i, j)
                                                                  : -std::numeric_limits<double>::infinity();
           // d capped / ds = 1 - tanh^2 (1 without a cap), kept for the softmax backward below
           const double th = softcap > 0 ? std::tanh(scale * t / softcap) : 0.0;
