@@ -287,39 +287,49 @@ std::vector<OpCase> op_cases() {
   }
   cases.push_back({"rope_D128", {{"x", DType::f32, {1, 3, 4, 128}}, {"p", DType::i32, {1, 3}}},
                    one(OpKind::rope, {{"theta", 500000.0}}), {{"p", positions(1, 3, 4000)}}, {}, false});
+  // attention(q, k, v[, doc]) alone (finite differences through out, not lse), and its
+  // backward fed by it; doc empty: no document ids.
+  auto attention_case = [&](const std::string& name, const Attrs& a, const std::vector<int32_t>& doc = {}) {
+    std::vector<InputSpec> in = {{"q", DType::f32, {Bt, S, NH, D}}, {"k", DType::f32, {Bt, S, NKV, D}},
+                                 {"v", DType::f32, {Bt, S, NKV, D}}};
+    if (!doc.empty()) in.push_back({"doc", DType::i32, {Bt, S}});
+    cases.push_back({name, in, [a](B& b, const Ins& x) { return b.emit(OpKind::attention, x, a); },
+                     doc.empty() ? std::map<std::string, std::vector<int32_t>>{}
+                                 : std::map<std::string, std::vector<int32_t>>{{"doc", doc}},
+                     {}, true, 1});
+  };
+  auto attention_and_backward_case = [&](const std::string& name, const Attrs& a,
+                                         const std::vector<int32_t>& doc = {}) {
+    std::vector<InputSpec> in = {{"q", DType::f32, {Bt, S, NH, D}}, {"k", DType::f32, {Bt, S, NKV, D}},
+                                 {"v", DType::f32, {Bt, S, NKV, D}}, {"dout", DType::f32, {Bt, S, NH, D}}};
+    const bool docs = !doc.empty();
+    if (docs) in.push_back({"doc", DType::i32, {Bt, S}});
+    cases.push_back({name, in,
+                     [a, docs](B& b, const Ins& x) {
+                       std::vector<ValueId> fwd = {x[0], x[1], x[2]};
+                       if (docs) fwd.push_back(x[4]);
+                       auto f = b.emit(OpKind::attention, fwd, a);
+                       std::vector<ValueId> bwd = {x[3], x[0], x[1], x[2], f[0], f[1]};
+                       if (docs) bwd.push_back(x[4]);
+                       return b.emit(OpKind::attention_backward, bwd, a);
+                     },
+                     docs ? std::map<std::string, std::vector<int32_t>>{{"doc", doc}}
+                          : std::map<std::string, std::vector<int32_t>>{},
+                     {}, false});
+  };
   for (int causal : {1, 0}) {
     const Attrs a{{"causal", int64_t{causal}}, {"scale", scale}};
-    cases.push_back({str("attention_", causal ? "causal" : "full"),
-                     {{"q", DType::f32, {Bt, S, NH, D}}, {"k", DType::f32, {Bt, S, NKV, D}}, {"v", DType::f32, {Bt, S, NKV, D}}},
-                     [a](B& b, const Ins& in) { return b.emit(OpKind::attention, in, a); }, {}, {}, true, 1});
-    cases.push_back({str("attention_and_backward_", causal ? "causal" : "full"),
-                     {{"q", DType::f32, {Bt, S, NH, D}}, {"k", DType::f32, {Bt, S, NKV, D}},
-                      {"v", DType::f32, {Bt, S, NKV, D}}, {"dout", DType::f32, {Bt, S, NH, D}}},
-                     [a](B& b, const Ins& in) {
-                       auto f = b.emit(OpKind::attention, {in[0], in[1], in[2]}, a);
-                       return b.emit(OpKind::attention_backward, {in[3], in[0], in[1], in[2], f[0], f[1]}, a);
-                     }, {}, {}, false});
+    attention_case(str("attention_", causal ? "causal" : "full"), a);
+    attention_and_backward_case(str("attention_and_backward_", causal ? "causal" : "full"), a);
   }
-  // attention(q, k, v, doc): once the op takes document ids (an optional 4th operand,
-  // attention_backward's 7th), the matrix covers them at the op level too; until then the
-  // kernel tests below do.
-  if (op_def(OpKind::attention).num_inputs != 3) {
+  // Document ids: row 0 of three documents, row 1 of two.
+  {
     std::vector<int32_t> doc;
     for (int64_t b = 0; b < Bt; ++b)
       for (int64_t i = 0; i < S; ++i) doc.push_back(static_cast<int32_t>(b == 0 ? i / 3 : (i < 5 ? 0 : 1)));
     const Attrs a{{"causal", int64_t{1}}, {"scale", scale}};
-    cases.push_back({"attention_documents",
-                     {{"q", DType::f32, {Bt, S, NH, D}}, {"k", DType::f32, {Bt, S, NKV, D}},
-                      {"v", DType::f32, {Bt, S, NKV, D}}, {"doc", DType::i32, {Bt, S}}},
-                     [a](B& b, const Ins& in) { return b.emit(OpKind::attention, in, a); }, {{"doc", doc}}, {}, true, 1});
-    cases.push_back({"attention_and_backward_documents",
-                     {{"q", DType::f32, {Bt, S, NH, D}}, {"k", DType::f32, {Bt, S, NKV, D}},
-                      {"v", DType::f32, {Bt, S, NKV, D}}, {"dout", DType::f32, {Bt, S, NH, D}},
-                      {"doc", DType::i32, {Bt, S}}},
-                     [a](B& b, const Ins& in) {
-                       auto f = b.emit(OpKind::attention, {in[0], in[1], in[2], in[4]}, a);
-                       return b.emit(OpKind::attention_backward, {in[3], in[0], in[1], in[2], f[0], f[1], in[4]}, a);
-                     }, {{"doc", doc}}, {}, false});
+    attention_case("attention_documents", a, doc);
+    attention_and_backward_case("attention_and_backward_documents", a, doc);
   }
   // A sliding window shorter than S (Mistral's), alone and with documents.
   {
@@ -327,36 +337,14 @@ std::vector<OpCase> op_cases() {
     for (int64_t b = 0; b < Bt; ++b)
       for (int64_t i = 0; i < S; ++i) doc.push_back(static_cast<int32_t>(i < S / 2 ? 0 : 1));
     const Attrs a{{"causal", int64_t{1}}, {"scale", scale}, {"window", int64_t{3}}};
-    cases.push_back({"attention_window",
-                     {{"q", DType::f32, {Bt, S, NH, D}}, {"k", DType::f32, {Bt, S, NKV, D}}, {"v", DType::f32, {Bt, S, NKV, D}}},
-                     [a](B& b, const Ins& in) { return b.emit(OpKind::attention, in, a); }, {}, {}, true, 1});
-    cases.push_back({"attention_and_backward_window_documents",
-                     {{"q", DType::f32, {Bt, S, NH, D}}, {"k", DType::f32, {Bt, S, NKV, D}},
-                      {"v", DType::f32, {Bt, S, NKV, D}}, {"dout", DType::f32, {Bt, S, NH, D}},
-                      {"doc", DType::i32, {Bt, S}}},
-                     [a](B& b, const Ins& in) {
-                       auto f = b.emit(OpKind::attention, {in[0], in[1], in[2], in[4]}, a);
-                       return b.emit(OpKind::attention_backward, {in[3], in[0], in[1], in[2], f[0], f[1], in[4]}, a);
-                     }, {{"doc", doc}}, {}, false});
+    attention_case("attention_window", a);
+    attention_and_backward_case("attention_and_backward_window_documents", a, doc);
   }
   // Gemma 2's attention logit softcap, with a window: the cuda blocks against the CPU kernels.
   {
     const Attrs a{{"causal", int64_t{1}}, {"scale", scale}, {"window", int64_t{3}}, {"softcap", 0.5}};
-    cases.push_back(
-        {"attention_softcap",
-         {{"q", DType::f32, {Bt, S, NH, D}}, {"k", DType::f32, {Bt, S, NKV, D}}, {"v", DType::f32, {Bt, S, NKV, D}}},
-         [a](B& b, const Ins& in) { return b.emit(OpKind::attention, in, a); },
-         {},
-         {},
-         true,
-         1});
-    cases.push_back({"attention_and_backward_softcap",
-                     {{"q", DType::f32, {Bt, S, NH, D}}, {"k", DType::f32, {Bt, S, NKV, D}},
-                      {"v", DType::f32, {Bt, S, NKV, D}}, {"dout", DType::f32, {Bt, S, NH, D}}},
-                     [a](B& b, const Ins& in) {
-                       auto f = b.emit(OpKind::attention, {in[0], in[1], in[2]}, a);
-                       return b.emit(OpKind::attention_backward, {in[3], in[0], in[1], in[2], f[0], f[1]}, a);
-                     }, {}, {}, false});
+    attention_case("attention_softcap", a);
+    attention_and_backward_case("attention_and_backward_softcap", a);
   }
   // ALiBi (BLOOM, MPT) with documents: the cuda blocks, slopes by value, against the CPU kernels.
   {
@@ -366,14 +354,7 @@ std::vector<OpCase> op_cases() {
     std::vector<int32_t> doc;  // row 0 one document, row 1 two
     for (int64_t b = 0; b < Bt; ++b)
       for (int64_t i = 0; i < S; ++i) doc.push_back(static_cast<int32_t>(b == 1 && i >= 4));
-    cases.push_back({"attention_and_backward_alibi",
-                     {{"q", DType::f32, {Bt, S, NH, D}}, {"k", DType::f32, {Bt, S, NKV, D}},
-                      {"v", DType::f32, {Bt, S, NKV, D}}, {"dout", DType::f32, {Bt, S, NH, D}},
-                      {"doc", DType::i32, {Bt, S}}},
-                     [a](B& b, const Ins& in) {
-                       auto f = b.emit(OpKind::attention, {in[0], in[1], in[2], in[4]}, a);
-                       return b.emit(OpKind::attention_backward, {in[3], in[0], in[1], in[2], f[0], f[1], in[4]}, a);
-                     }, {{"doc", doc}}, {}, false});
+    attention_and_backward_case("attention_and_backward_alibi", a, doc);
   }
   cases.push_back({"cross_entropy", {{"z", DType::f32, {2, 5, V}}, {"l", DType::i32, {2, 5}}},
                    one(OpKind::cross_entropy), {{"l", labels_with_ignored(10, V, 3)}}, {}, true, 1});
