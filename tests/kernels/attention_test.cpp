@@ -441,20 +441,24 @@ TEST(AttentionKernelSoftcap, ACapBendsTheScoresAndAFarCapDoesNot) {
   }
 }
 
-// With a cap too, results are bitwise the same on any thread count and schedule.
-TEST(AttentionKernelSoftcap, BitwiseEqualAcrossThreadCountsAndSchedules) {
+// Runs the kernels on 1 thread, then on 3 and 16 (the split backward schedule and the fused
+// one both met), with a softcap (0: none) and slopes (null: none), and expects every result
+// bitwise the same.
+void expect_bitwise_across_threads(float softcap, std::vector<float> (*slopes_of)(int64_t), uint32_t seed) {
   const int saved = omp_get_max_threads();
   bool saw_split = false, saw_fused = false;
   for (const AttentionDims d : {AttentionDims{2, 200, 8, 2, 64}, AttentionDims{1, 200, 4, 2, 40}}) {
-    Tensors one = make_inputs(d, 13);
+    const std::vector<float> slopes = slopes_of ? slopes_of(d.NH) : std::vector<float>{};
+    const float* alibi = slopes.empty() ? nullptr : slopes.data();
+    Tensors one = make_inputs(d, seed);
     omp_set_num_threads(1);
-    run_kernels(d, true, 0.125f, one, nullptr, 0, 3.0f);
+    run_kernels(d, true, 0.125f, one, nullptr, 0, softcap, alibi);
     for (int threads : {3, 16}) {
-      Tensors many = make_inputs(d, 13);
+      Tensors many = make_inputs(d, seed);
       omp_set_num_threads(threads);
       const bool split = autosp::cpu::attention_backward_is_split(d, threads);
       (split ? saw_split : saw_fused) = true;
-      run_kernels(d, true, 0.125f, many, nullptr, 0, 3.0f);
+      run_kernels(d, true, 0.125f, many, nullptr, 0, softcap, alibi);
       const std::string where = "B=" + std::to_string(d.B) + " " + std::to_string(threads) + " threads";
       for (auto [a, b, name] : {std::tuple{&one.out, &many.out, "out"}, {&one.lse, &many.lse, "lse"},
                                 {&one.dq, &many.dq, "dq"}, {&one.dk, &many.dk, "dk"}, {&one.dv, &many.dv, "dv"}})
@@ -463,6 +467,11 @@ TEST(AttentionKernelSoftcap, BitwiseEqualAcrossThreadCountsAndSchedules) {
   }
   omp_set_num_threads(saved);
   EXPECT_TRUE(saw_split && saw_fused) << "both backward schedules must be compared";
+}
+
+// With a cap too, results are bitwise the same on any thread count and schedule.
+TEST(AttentionKernelSoftcap, BitwiseEqualAcrossThreadCountsAndSchedules) {
+  expect_bitwise_across_threads(3.0f, nullptr, 13);
 }
 
 // ---- ALiBi (BLOOM, MPT) ----------------------------------------------------------------------
@@ -544,27 +553,7 @@ TEST(AttentionKernelAlibi, TheBiasChangesTheResultsAndZeroSlopesDoNot) {
 
 // With slopes too, results are bitwise the same on any thread count and schedule.
 TEST(AttentionKernelAlibi, BitwiseEqualAcrossThreadCountsAndSchedules) {
-  const int saved = omp_get_max_threads();
-  bool saw_split = false, saw_fused = false;
-  for (const AttentionDims d : {AttentionDims{2, 200, 8, 2, 64}, AttentionDims{1, 200, 4, 2, 40}}) {
-    const std::vector<float> slopes = bloom_slopes(d.NH);
-    Tensors one = make_inputs(d, 17);
-    omp_set_num_threads(1);
-    run_kernels(d, true, 0.125f, one, nullptr, 0, 0.0f, slopes.data());
-    for (int threads : {3, 16}) {
-      Tensors many = make_inputs(d, 17);
-      omp_set_num_threads(threads);
-      const bool split = autosp::cpu::attention_backward_is_split(d, threads);
-      (split ? saw_split : saw_fused) = true;
-      run_kernels(d, true, 0.125f, many, nullptr, 0, 0.0f, slopes.data());
-      const std::string where = "B=" + std::to_string(d.B) + " " + std::to_string(threads) + " threads";
-      for (auto [a, b, name] : {std::tuple{&one.out, &many.out, "out"}, {&one.lse, &many.lse, "lse"},
-                                {&one.dq, &many.dq, "dq"}, {&one.dk, &many.dk, "dk"}, {&one.dv, &many.dv, "dv"}})
-        EXPECT_EQ(0, std::memcmp(a->data(), b->data(), a->size() * sizeof(float))) << name << ", " << where;
-    }
-  }
-  omp_set_num_threads(saved);
-  EXPECT_TRUE(saw_split && saw_fused) << "both backward schedules must be compared";
+  expect_bitwise_across_threads(0.0f, bloom_slopes, 17);
 }
 
 // The backward pass reduces GQA's dk, dv in a fixed order and never lets the schedule
