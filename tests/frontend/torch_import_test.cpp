@@ -33,6 +33,15 @@ using testing::FixedRows;
 using testing::fixture_config;
 using testing::normalised_error;
 
+// The printed graph's lines of nodes of `op` ("%3, %4 = attention(...) {...} : ...").
+std::vector<std::string> op_lines(const std::string& text, const std::string& op) {
+  std::vector<std::string> lines;
+  const std::string key = "= " + op + "(";
+  for (size_t at = text.find(key); at != std::string::npos; at = text.find(key, at + 1))
+    lines.push_back(text.substr(at, text.find('\n', at) - at));
+  return lines;
+}
+
 std::string import_error(const std::string& path) {
   try {
     TorchProgram p = TorchProgram::load(path);
@@ -454,12 +463,9 @@ TEST(TorchImport, AttentionWrittenOutWithACausalMaskIsOneAttention) {
   const TorchProgram p = TorchProgram::load(testing::source_path("tests/fixtures/torch_export_errors/written/model.pt2"));
   for (int64_t S : {8, 3000}) {
     const std::string text = print_graph(p.forward({.batch = 1, .seq_len = S}));
-    size_t attentions = 0;
-    for (size_t at = text.find("= attention("); at != std::string::npos; at = text.find("= attention(", at + 1)) {
-      ++attentions;
-      EXPECT_NE(text.find("{causal=1, scale=0.5}", at), std::string::npos);
-    }
-    EXPECT_EQ(attentions, 2u) << "S = " << S;
+    const std::vector<std::string> attentions = op_lines(text, "attention");
+    for (const std::string& line : attentions) EXPECT_NE(line.find("{causal=1, scale=0.5}"), std::string::npos) << line;
+    EXPECT_EQ(attentions.size(), 2u) << "S = " << S;
     EXPECT_EQ(text.find("softmax"), std::string::npos) << "S = " << S;
   }
 }
@@ -474,9 +480,9 @@ TEST(TorchImport, AWrittenOutSlidingWindowIsTheAttentionsWindow) {
       TorchProgram::load(testing::source_path("tests/fixtures/torch_export_errors/window/model.pt2"));
   for (int64_t S : {4, 8, 3000}) {
     const std::string text = print_graph(p.forward({.batch = 1, .seq_len = S}));
-    const size_t at = text.find("= attention(");
-    ASSERT_NE(at, std::string::npos) << text;
-    const std::string line = text.substr(at, text.find('\n', at) - at);
+    const std::vector<std::string> attentions = op_lines(text, "attention");
+    ASSERT_EQ(attentions.size(), 1u) << text;
+    const std::string& line = attentions[0];
     EXPECT_NE(line.find(S > 4 ? "{causal=1, scale=0.5, window=4}" : "{causal=1, scale=0.5}"), std::string::npos)
         << "S = " << S << ": " << line;
     EXPECT_EQ(text.find("softmax"), std::string::npos) << "S = " << S;
@@ -485,21 +491,19 @@ TEST(TorchImport, AWrittenOutSlidingWindowIsTheAttentionsWindow) {
 
 // Gemma 2's softcaps (held to PyTorch above): each attention carries the model's
 // attn_logit_softcapping, and the head's c tanh(logits / c) is the fused loss's softcap, so the
-// [B, S, V] logits are never made (no tanh, no separate head linear).
+// [B, S, V] logits are never made (no tanh, no linear of V = 64 outputs).
 TEST(TorchImport, Gemma2sSoftcapsAreTheAttentionsAndTheFusedLosss) {
   const TorchProgram p = TorchProgram::load(testing::source_path("tests/fixtures/torch_export/gemma2/model.pt2"));
   const std::string text = print_graph(p.forward({.batch = 2, .seq_len = 16}));
-  size_t attentions = 0;
-  for (size_t at = text.find("= attention("); at != std::string::npos; at = text.find("= attention(", at + 1)) {
-    ++attentions;
-    const std::string line = text.substr(at, text.find('\n', at) - at);
-    EXPECT_NE(line.find("softcap=0.5"), std::string::npos) << line;
-  }
-  EXPECT_EQ(attentions, 2u) << text;
-  const size_t head = text.find("= linear_cross_entropy(");
-  ASSERT_NE(head, std::string::npos) << text;
-  EXPECT_NE(text.substr(head, text.find('\n', head) - head).find("softcap=1.0"), std::string::npos) << text;
+  const std::vector<std::string> attentions = op_lines(text, "attention");
+  for (const std::string& line : attentions) EXPECT_NE(line.find("softcap=0.5"), std::string::npos) << line;
+  EXPECT_EQ(attentions.size(), 2u) << text;
+  const std::vector<std::string> head = op_lines(text, "linear_cross_entropy");
+  ASSERT_EQ(head.size(), 1u) << text;
+  EXPECT_NE(head[0].find("softcap=1.0"), std::string::npos) << head[0];
   EXPECT_EQ(text.find("tanh("), std::string::npos) << text;
+  for (const std::string& line : op_lines(text, "linear"))
+    EXPECT_EQ(line.find(": f32[2, 16, 64]"), std::string::npos) << "the logits made: " << line;
 }
 
 // ALiBi (held to PyTorch above): MPT's bias, a table of max_seq_len positions times the slopes
@@ -515,13 +519,10 @@ TEST(TorchImport, MptsAndBloomsAlibiAreTheAttentionsSlopes) {
         TorchProgram::load(testing::source_path(str("tests/fixtures/torch_export/", model, "/model.pt2")));
     for (int64_t S : {16, 64}) {
       const std::string text = print_graph(p.forward({.batch = 2, .seq_len = S}));
-      size_t attentions = 0;
-      for (size_t at = text.find("= attention("); at != std::string::npos; at = text.find("= attention(", at + 1)) {
-        ++attentions;
-        const std::string line = text.substr(at, text.find('\n', at) - at);
+      const std::vector<std::string> attentions = op_lines(text, "attention");
+      for (const std::string& line : attentions)
         EXPECT_NE(line.find("alibi=[0.25, 0.0625, 0.015625, 0.00390625]"), std::string::npos) << line;
-      }
-      EXPECT_EQ(attentions, 2u) << text;
+      EXPECT_EQ(attentions.size(), 2u) << text;
       EXPECT_EQ(text.find("softmax"), std::string::npos);
       EXPECT_EQ(text.find("matmul("), std::string::npos) << text;
       EXPECT_EQ(text.find("mul("), std::string::npos) << text;  // BLOOM's gelu is one op
@@ -533,12 +534,10 @@ TEST(TorchImport, MptsAndBloomsAlibiAreTheAttentionsSlopes) {
   for (const char* model : {"mpt6", "bloom6"}) {
     const TorchProgram p =
         TorchProgram::load(testing::source_path(str("tests/fixtures/torch_export_errors/", model, "/model.pt2")));
-    const std::string text = print_graph(p.forward({.batch = 1, .seq_len = 16}));
-    const size_t at = text.find("= attention(");
-    ASSERT_NE(at, std::string::npos) << model << text;
-    EXPECT_NE(text.substr(at, text.find('\n', at) - at).find("alibi=[0.25, 0.0625, 0.015625, 0.00390625, 0.5, 0.125]"),
-              std::string::npos)
-        << model << text;
+    const std::vector<std::string> attentions = op_lines(print_graph(p.forward({.batch = 1, .seq_len = 16})), "attention");
+    ASSERT_EQ(attentions.size(), 1u) << model;
+    EXPECT_NE(attentions[0].find("alibi=[0.25, 0.0625, 0.015625, 0.00390625, 0.5, 0.125]"), std::string::npos)
+        << model << ": " << attentions[0];
   }
   const TorchProgram mpt = TorchProgram::load(testing::source_path("tests/fixtures/torch_export/mpt/model.pt2"));
   const std::string e = testing::user_error_of([&] { mpt.forward({.batch = 1, .seq_len = 65}); });
