@@ -534,7 +534,8 @@ TEST(TorchImport, MptsAndBloomsAlibiAreTheAttentionsSlopes) {
   for (const char* model : {"mpt6", "bloom6"}) {
     const TorchProgram p =
         TorchProgram::load(testing::source_path(str("tests/fixtures/torch_export_errors/", model, "/model.pt2")));
-    const std::vector<std::string> attentions = op_lines(print_graph(p.forward({.batch = 1, .seq_len = 16})), "attention");
+    const std::vector<std::string> attentions =
+        op_lines(print_graph(p.forward({.batch = 1, .seq_len = 16})), "attention");
     ASSERT_EQ(attentions.size(), 1u) << model;
     EXPECT_NE(attentions[0].find("alibi=[0.25, 0.0625, 0.015625, 0.00390625, 0.5, 0.125]"), std::string::npos)
         << model << ": " << attentions[0];
