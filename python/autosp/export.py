@@ -170,6 +170,54 @@ class _ConcreteIsCausal:
         return False
 
 
+class _LongRopeByLength:
+    """While exporting: transformers' longrope (Phi-3's rotary) takes its long factors when the
+    sequence is longer than the config's original_max_position_embeddings L, by a Python `if` on
+    max(position_ids) + 1, which torch.export cannot trace (a data-dependent branch). Each such
+    rotary module instead takes w = min(max(S - L, 0), 1) of the sequence length S and the
+    frequencies short (1 - w) + long w (exactly one table: w is 0 or 1), arithmetic on the length
+    that the program keeps and autosp evaluates at the length it trains. Where positions are
+    0..S - 1, as in the program, max(position_ids) + 1 is S."""
+
+    def __init__(self, model):
+        self.model = model
+        self.patched = []
+
+    def __enter__(self):
+        # (torch warns of the table assigned to the module while exporting, which is the point)
+        self.warnings = warnings.catch_warnings()
+        self.warnings.__enter__()
+        warnings.filterwarnings("ignore", message=r"The tensor attribute .*inv_freq was assigned during export")
+        for module in self.model.modules():
+            if getattr(module, "rope_type", None) != "longrope" or "inv_freq" not in module._buffers:
+                continue
+            config = module.config
+            L = getattr(config, "original_max_position_embeddings", None) or config.max_position_embeddings
+            short = module.original_inv_freq
+            long, _ = module.rope_init_fn(config, short.device, seq_len=L + 1)
+            buffer = module._buffers.pop("inv_freq")
+            forward = module.forward
+
+            def by_length(x, position_ids, module=module, forward=forward, short=short, long=long, L=L):
+                w = torch.sym_min(torch.sym_max(position_ids.shape[-1] - L, 0), 1)
+                module.__dict__["inv_freq"] = short * (1 - w) + long * w
+                return forward(x, position_ids)
+
+            module.forward = by_length
+            module.rope_type = "longrope (by length)"  # transformers' own update skips it
+            self.patched.append((module, buffer))
+        return self
+
+    def __exit__(self, *exc):
+        for module, buffer in self.patched:
+            del module.forward
+            module.__dict__.pop("inv_freq", None)
+            module._buffers["inv_freq"] = buffer
+            module.rope_type = "longrope"
+        self.warnings.__exit__(*exc)
+        return False
+
+
 def _position_table_length(model):
     """The length of the model's position tables from its config (None: it names none)."""
     config = getattr(model, "config", None)
@@ -191,7 +239,7 @@ def export(model, path, batch: int = 2, seq_len: int = 16, max_seq_len: int = 1 
     def export_up_to(longest):
         b = torch.export.Dim("batch", min=1, max=1 << 16)
         s = torch.export.Dim("seq_len", min=2, max=longest)
-        with _ConcreteIsCausal(), _NoLayerDrop(model):
+        with _ConcreteIsCausal(), _NoLayerDrop(model), _LongRopeByLength(model):
             return torch.export.export(_LossOf(model), (ids, ids.clone()),
                                        dynamic_shapes=({0: b, 1: s}, {0: b, 1: s}))
 

@@ -460,23 +460,24 @@ bool is_identity(const std::vector<int64_t>& perm) {
 }  // namespace
 
 // (torch_import.h) The table is all the graph says of the rope, so the scaling's parameters are
-// solved from it, and a candidate is kept only if every frequency cpu::rope_inv_freq gives for
-// it (the kernels' own, in double) is within 1e-5 of torch's. torch's fp32 tables are ~1e-7
-// from exact, and round parameters (tried first) reproduce the model's exactly; the bound only
-// lets a non-round one (solved, ~1e-6 off) through. An llama3 table with fewer than two
-// frequencies between its bands is solved as yarn's ramp, which gives it the same values.
+// solved from it, and a candidate is kept only if its theta and factor are round (a model's
+// are: a whole theta, a factor in steps of 1e-3, and llama3's band edges alike; yarn's betas are
+// solved for any original length) and every frequency cpu::rope_inv_freq gives for it (the
+// kernels' own, in double) is within 1e-6 of torch's, which is fp32's rounding of the exact
+// ones (~1e-7). Anything else, a non-round fit included (a few frequencies fit many a
+// parameter set to 1e-5), is nullopt: the table itself is then exact, and the importer takes it.
+// An llama3 table with fewer than two frequencies between its bands is solved as yarn's ramp,
+// which gives it the same values.
 std::optional<RopeOptions> rope_from_inv_freq(const std::vector<float>& f, int64_t D) {
-  constexpr double kTolerance = 1e-5, kPi = 3.14159265358979323846;
+  constexpr double kTolerance = 1e-5, kRound = 1e-6, kPi = 3.14159265358979323846;
   const size_t n = f.size();
   if (n < 2 || int64_t(n) * 2 != D) return std::nullopt;
   for (float x : f)
     if (!(x > 0) || !std::isfinite(x)) return std::nullopt;
-  // The candidate whose frequencies are nearest torch's; a round one (as a model's theta, factor
-  // and positions are) within fp32's rounding of the table (1e-6) before any solved one.
+  // The round candidate whose frequencies are nearest torch's.
   std::optional<RopeOptions> best;
-  double best_error = kTolerance;
-  bool best_round = false;
-  auto consider = [&](const RopeOptions& o, bool round) {
+  double best_error = kRound;
+  auto consider = [&](const RopeOptions& o) {
     if (!(o.theta > 1) || !std::isfinite(o.theta)) return;
     std::vector<double> g(n);
     try {
@@ -487,12 +488,10 @@ std::optional<RopeOptions> rope_from_inv_freq(const std::vector<float>& f, int64
     double error = 0;
     for (size_t i = 0; i < n; ++i) {
       const double e = std::abs(double(f[i]) - g[i]) / g[i];
-      if (!(e <= kTolerance)) return;  // (NaN too)
+      if (!(e <= kRound)) return;  // (NaN too)
       error = std::max(error, e);
     }
-    round = round && error <= 1e-6;
-    if (best_round && !round) return;
-    if ((round && !best_round) || error < best_error) best = o, best_error = error, best_round = round;
+    if (!best || error < best_error) best = o, best_error = error;
   };
   auto round_to = [](double x, double unit) { return std::round(x / unit) * unit; };
   // Two frequencies scaled alike (both unscaled, or both divided by the factor) i and k apart are
@@ -505,80 +504,71 @@ std::optional<RopeOptions> rope_from_inv_freq(const std::vector<float>& f, int64
   }
   std::sort(thetas.begin(), thetas.end());
   thetas.erase(std::unique(thetas.begin(), thetas.end()), thetas.end());
-  for (const double estimate : thetas)
-    for (const bool round_theta : {true, false}) {
-      RopeOptions o;
-      o.theta = round_theta ? std::round(estimate) : estimate;
-      consider(o, round_theta);
-      o.rope_type = "linear";
-      o.factor = round_to(1.0 / double(f[0]), 1e-3);
-      consider(o, round_theta);
-      o.factor = 1.0 / double(f[0]);
-      consider(o, false);
-      // llama3 and yarn: frequency 0 unscaled, the last divided by the factor, and between them
-      // each scaled by a share s of (1 - 1 / factor): f / f_default = 1 - s (1 - 1 / factor).
-      std::vector<double> def(n), share(n);
-      for (size_t i = 0; i < n; ++i) def[i] = 1.0 / std::pow(o.theta, double(2 * i) / double(D));
-      const double fitted_factor = def[n - 1] / double(f[n - 1]);
-      if (!(fitted_factor > 1 + kTolerance)) continue;
-      for (const bool round_factor : {true, false}) {
-        const double factor = round_factor ? round_to(fitted_factor, 1e-3) : fitted_factor;
-        const bool round = round_theta && round_factor;
-        std::vector<size_t> between;  // 0 < s < 1
-        for (size_t i = 0; i < n; ++i) {
-          share[i] = (1.0 - double(f[i]) / def[i]) / (1.0 - 1.0 / factor);
-          if (share[i] > kTolerance * factor && share[i] < 1 - kTolerance * factor) between.push_back(i);
-        }
-        RopeOptions scaled = o;
-        scaled.factor = factor;
-        if (between.size() >= 2) {
-          // llama3: 1 - s = (orig / wavelen - low) / (high - low) with wavelen = 2 pi / f_default,
-          // linear in f_default: A f_default + C. With low = 1: high = 1 - 1 / C, orig = -2 pi A / C.
-          const size_t i1 = between.front(), i2 = between.back();
-          const double A = (share[i1] - share[i2]) / (def[i2] - def[i1]), C = 1.0 - share[i1] - A * def[i1];
-          RopeOptions l = scaled;
-          l.rope_type = "llama3";
-          l.low_freq_factor = 1.0;
-          l.high_freq_factor = 1.0 - 1.0 / C;
-          l.original_max_position_embeddings = -2 * kPi * A / C;
-          consider(l, false);
-          l.high_freq_factor = round_to(l.high_freq_factor, 1e-3);
-          l.original_max_position_embeddings = std::round(l.original_max_position_embeddings);
-          consider(l, round);
-        }
-        // yarn: s is a ramp over the index, (i - low) / (high - low) clamped to [0, 1]; its ends
-        // are where correction_dim(beta) = D ln(orig / (2 pi beta)) / (2 ln theta) falls.
-        double low = 0, high = 0;
-        if (between.size() >= 2) {
-          const size_t i1 = between.front(), i2 = between.back();
-          const double slope = (share[i2] - share[i1]) / double(i2 - i1);
-          low = double(i1) - share[i1] / slope;
-          high = low + 1.0 / slope;
-        } else if (between.size() == 1) {
-          low = double(between[0]) - share[between[0]];
-          high = low + 1.0;
-        } else {
-          size_t j = 0;
-          while (j < n && share[j] < 0.5) ++j;
-          low = double(j) - 1.0;
-          high = double(j);
-        }
-        if (low < 0) continue;
-        // The ends whole where they are near (transformers truncates them): the ramp's own.
-        if (std::abs(low - std::round(low)) < 1e-3 && std::abs(high - std::round(high)) < 1e-3)
-          low = std::round(low), high = std::round(high);
-        RopeOptions y = scaled;
-        y.rope_type = "yarn";
-        y.truncate = false;
-        y.original_max_position_embeddings = 4096.0;  // any: the betas are solved for it
-        const auto beta = [&](double at) {
-          return y.original_max_position_embeddings / (2 * kPi) * std::exp(-at * 2.0 * std::log(o.theta) / double(D));
-        };
-        y.beta_fast = beta(low);
-        y.beta_slow = beta(high);
-        consider(y, round);
-      }
+  for (const double estimate : thetas) {
+    RopeOptions o;
+    o.theta = std::round(estimate);
+    consider(o);
+    o.rope_type = "linear";
+    o.factor = round_to(1.0 / double(f[0]), 1e-3);
+    consider(o);
+    // llama3 and yarn: frequency 0 unscaled, the last divided by the factor, and between them
+    // each scaled by a share s of (1 - 1 / factor): f / f_default = 1 - s (1 - 1 / factor).
+    std::vector<double> def(n), share(n);
+    for (size_t i = 0; i < n; ++i) def[i] = 1.0 / std::pow(o.theta, double(2 * i) / double(D));
+    const double fitted_factor = def[n - 1] / double(f[n - 1]);
+    if (!(fitted_factor > 1 + kTolerance)) continue;
+    const double factor = round_to(fitted_factor, 1e-3);
+    std::vector<size_t> between;  // 0 < s < 1
+    for (size_t i = 0; i < n; ++i) {
+      share[i] = (1.0 - double(f[i]) / def[i]) / (1.0 - 1.0 / factor);
+      if (share[i] > kTolerance * factor && share[i] < 1 - kTolerance * factor) between.push_back(i);
     }
+    RopeOptions scaled = o;
+    scaled.factor = factor;
+    if (between.size() >= 2) {
+      // llama3: 1 - s = (orig / wavelen - low) / (high - low) with wavelen = 2 pi / f_default,
+      // linear in f_default: A f_default + C. With low = 1: high = 1 - 1 / C, orig = -2 pi A / C.
+      const size_t i1 = between.front(), i2 = between.back();
+      const double A = (share[i1] - share[i2]) / (def[i2] - def[i1]), C = 1.0 - share[i1] - A * def[i1];
+      RopeOptions l = scaled;
+      l.rope_type = "llama3";
+      l.low_freq_factor = 1.0;
+      l.high_freq_factor = round_to(1.0 - 1.0 / C, 1e-3);
+      l.original_max_position_embeddings = std::round(-2 * kPi * A / C);
+      consider(l);
+    }
+    // yarn: s is a ramp over the index, (i - low) / (high - low) clamped to [0, 1]; its ends
+    // are where correction_dim(beta) = D ln(orig / (2 pi beta)) / (2 ln theta) falls.
+    double low = 0, high = 0;
+    if (between.size() >= 2) {
+      const size_t i1 = between.front(), i2 = between.back();
+      const double slope = (share[i2] - share[i1]) / double(i2 - i1);
+      low = double(i1) - share[i1] / slope;
+      high = low + 1.0 / slope;
+    } else if (between.size() == 1) {
+      low = double(between[0]) - share[between[0]];
+      high = low + 1.0;
+    } else {
+      size_t j = 0;
+      while (j < n && share[j] < 0.5) ++j;
+      low = double(j) - 1.0;
+      high = double(j);
+    }
+    if (low < 0) continue;
+    // The ends whole where they are near (transformers truncates them): the ramp's own.
+    if (std::abs(low - std::round(low)) < 1e-3 && std::abs(high - std::round(high)) < 1e-3)
+      low = std::round(low), high = std::round(high);
+    RopeOptions y = scaled;
+    y.rope_type = "yarn";
+    y.truncate = false;
+    y.original_max_position_embeddings = 4096.0;  // any: the betas are solved for it
+    const auto beta = [&](double at) {
+      return y.original_max_position_embeddings / (2 * kPi) * std::exp(-at * 2.0 * std::log(o.theta) / double(D));
+    };
+    y.beta_fast = beta(low);
+    y.beta_slow = beta(high);
+    consider(y);
+  }
   return best;
 }
 
@@ -2396,6 +2386,22 @@ class TorchImporter {
     return std::nullopt;
   }
 
+  // The rotary embedding's inv_freq: a stored table, or one the program computes from stored
+  // tables and the sizes (export.py's longrope: its short or long factors by the sequence
+  // length), evaluated on the host at this batch and length.
+  Imported frequencies(const FxNode& block, const std::string& name) {
+    if (!node_of(name)) return value(name);
+    HostEvaluator h(m_, o_.batch, o_.seq_len);
+    const HostArray* a = h.eval(name);
+    if (!a) m_.fail_at(block, "a rotary embedding whose inv_freq autosp cannot evaluate from the sizes and stored "
+                              "tensors (" + name + ")");
+    Imported v;
+    v.kind = Imported::host;
+    v.shape = a->shape;
+    v.data = a->v;
+    return v;
+  }
+
   // The rotary embedding's tables: a no-grad block computing cos and sin of inv_freq x the
   // positions (times an attention scaling).
   Imported rope_tables(const FxNode& n) {
@@ -2427,7 +2433,7 @@ class TorchImporter {
     for (size_t i = 2; i < n.args.size(); ++i) args.push_back(tensor_name(n.args[i].second));
     const json& sub_inputs = (*n.subgraph)["inputs"];
     if (args.size() != 2 || sub_inputs.size() != 2) m_.fail_at(n, "a no-grad block that is not a rotary embedding's tables");
-    const Imported& inv = value(args[0]);
+    const Imported inv = frequencies(n, args[0]);
     const Imported& pos = value(args[1]);
     if (inv.kind != Imported::host || pos.kind != Imported::positions)
       m_.fail_at(n, "a no-grad block that is not a rotary embedding's tables (inv_freq and the positions)");
@@ -2597,13 +2603,18 @@ class TorchImporter {
       m_.fail_at(n, str("a rotary embedding whose ", cos->data.size(), " frequencies do not cover the ", D,
                         " dims it rotates (a partial rotary slices them off first)"));
     if (cos->data != sin->data || cos->number != sin->number) return std::nullopt;
-    const std::optional<RopeOptions> rope = rope_from_inv_freq(cos->data, D);
+    // A theta and scaling whose frequencies are the table's (the kernels' own, in double), or else
+    // the table itself (longrope's per-dimension factors).
+    std::optional<RopeOptions> rope = rope_from_inv_freq(cos->data, D);
     if (!rope) {
-      std::string table;
-      for (size_t i = 0; i < cos->data.size() && i < 8; ++i) table += str(i ? ", " : "", cos->data[i]);
-      m_.fail_at(n, str("the rotary frequencies (inv_freq: ", table, cos->data.size() > 8 ? ", ..." : "",
-                        ") are none of the default rope's of a theta, nor its linear, llama3 or yarn scaling's "
-                        "(longrope and per-dimension factors are not imported)"));
+      rope.emplace();
+      rope->rope_type = "frequencies";
+      for (size_t i = 0; i < cos->data.size(); ++i) {
+        const float f = cos->data[i];
+        if (!(f > 0) || !std::isfinite(f))
+          m_.fail_at(n, str("a rotary embedding whose frequency ", i, " (inv_freq) is ", f, ", not a positive number"));
+        rope->inv_freq.push_back(f);
+      }
     }
     // autosp's rope is [B, S, H, D]; torch's q here is [B, H, S, D] (or already [B, S, H, D]).
     Tensor bshd = heads == 2 ? materialize(xv, x) : as_bshd(xv, x);

@@ -94,10 +94,11 @@ class TorchProgram {
 };
 
 // The rope whose frequencies, as autosp's kernels compute them, are a rotary embedding's
-// inv_freq table (fp32, D / 2 entries for a head dim of D) within 1e-5 each: the default rope
-// of a theta, or its linear, llama3 or yarn scaling, with the parameters solved from the table
-// (round values preferred: a model's theta, factor and positions are). nullopt when none is
-// (longrope, per-dimension factors).
+// inv_freq table (fp32, D / 2 entries for a head dim of D) within fp32's rounding (1e-6 each):
+// the default rope of a theta, or its linear, llama3 or yarn scaling, with round parameters
+// solved from the table (a model's theta, factor and positions are round). nullopt when none
+// is (longrope's per-dimension factors, a non-round theta): the importer then gives the rope op
+// the table itself (rope_type "frequencies").
 std::optional<RopeOptions> rope_from_inv_freq(const std::vector<float>& inv_freq, int64_t D);
 
 }  // namespace autosp

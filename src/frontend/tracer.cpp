@@ -66,6 +66,12 @@ Tensor Tracer::rope(Tensor x, Tensor positions, const RopeOptions& o) {
 }
 
 Attrs rope_attrs(const RopeOptions& o) {
+  if (o.rope_type == "frequencies") {
+    Attrs attrs{{"rope_type", o.rope_type}};
+    attrs.set("inv_freq", o.inv_freq);
+    if (o.interleaved) attrs.set("interleaved", int64_t{1});
+    return attrs;
+  }
   Attrs attrs{{"theta", o.theta}};
   if (o.rope_type != "default") {
     attrs.set("rope_type", o.rope_type);

@@ -11,6 +11,7 @@
 //   Graph forward = t.finish();
 #pragma once
 #include <string>
+#include <vector>
 
 #include "ir/graph.h"
 #include "ops/op.h"
@@ -25,7 +26,8 @@ struct Tensor {
 // (frequencies / factor), "llama3" (factor, low/high_freq_factor, original positions) and
 // "yarn" (factor, original positions, beta_fast/slow, truncate; its attention_factor scales
 // cos and sin, which the model applies as attention_factor^2 on the attention scale, since
-// it multiplies both q and k).
+// it multiplies both q and k). And autosp's own "frequencies": the D/2 inverse frequencies as
+// they are (`inv_freq`; theta and the scaling unused), for a table none of those give.
 struct RopeOptions {
   double theta = 10000.0;
   std::string rope_type = "default";
@@ -35,6 +37,7 @@ struct RopeOptions {
   bool truncate = true;                      // yarn
   double attention_factor = 1.0;             // yarn, resolved from factor / mscale / mscale_all_dim
   bool interleaved = false;                  // pairs (2i, 2i + 1), GPT-J's layout, not (i, i + D/2)
+  std::vector<double> inv_freq;              // "frequencies"
 };
 
 // The rope op's attributes for these options (what Tracer::rope emits).

@@ -261,6 +261,25 @@ TEST(OpGrad, RopeDefaultLinearLlama3AndYarn) {
   }
 }
 
+// The frequencies given as they are (longrope's per-dimension factors), rotate-half and
+// interleaved.
+TEST(OpGrad, RopeOfGivenFrequencies) {
+  for (bool interleaved : {false, true}) {
+    SCOPED_TRACE(interleaved ? "interleaved" : "rotate-half");
+    Tracer t;
+    Tensor x = t.parameter("x", {2, 3, 2, 8});
+    Tensor pos = t.input(Role::positions, "positions", DType::i32, {2, 3});
+    RopeOptions o;
+    o.rope_type = "frequencies";
+    o.inv_freq = {0.8, 0.31, 0.0125, 3.5e-4};
+    o.interleaved = interleaved;
+    t.output("y0", t.rope(x, pos, o));
+    Feed feed;
+    feed.i["positions"] = {0, 1, 2, 5, 17, 1000};
+    check_gradients(t.finish(), feed);
+  }
+}
+
 // The interleaved pairs (2i, 2i + 1), GPT-J's layout.
 TEST(OpGrad, RopeInterleaved) {
   Tracer t;

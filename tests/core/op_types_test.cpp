@@ -5,8 +5,11 @@
 
 #include <cmath>
 #include <set>
+#include <vector>
 
+#include "kernels/cpu/fused.h"
 #include "ops/op.h"
+#include "ops/rope.h"
 
 namespace autosp {
 namespace {
@@ -321,6 +324,53 @@ void f16_and_integers_are_not_floating_operands() {
   EXPECT_NE(infer_error(OpKind::rope, {T(bf16, {1, 5, 2, 4}), T(bf16, {1, 5})}, {{"theta", 1e4}})
                 .find("positions must be i32"),
             std::string::npos);
+}
+
+// rope's frequencies given as they are: D/2 of them, each positive and finite, without a theta
+// (which they replace); and a theta's rope takes no table.
+TEST(OpTypes, RopeOfGivenFrequencies) {
+  const Types in = {T(f32, {1, 5, 2, 8}), T(i32, {1, 5})};
+  const Attrs table{{"rope_type", std::string("frequencies")}, {"inv_freq", std::vector<double>{1.0, 0.1, 0.01, 1e-3}}};
+  EXPECT_EQ(infer(OpKind::rope, in, table), (Types{in[0]}));
+  auto with = [&](const std::string& key, AttrValue value) {
+    Attrs a = table;
+    a.set(key, std::move(value));
+    return a;
+  };
+  EXPECT_NE(infer_error(OpKind::rope, in, with("inv_freq", std::vector<double>{1.0, 0.1, 0.01}))
+                .find("inv_freq has 3 frequencies; head dim 8 needs 4"),
+            std::string::npos);
+  EXPECT_NE(infer_error(OpKind::rope, in, with("inv_freq", std::vector<double>{1.0, 0.0, 0.01, 1e-3}))
+                .find("inv_freq[1] = 0 is not a positive frequency"),
+            std::string::npos);
+  EXPECT_NE(infer_error(OpKind::rope, in, with("inv_freq", std::vector<double>{1.0, 0.1, std::nan(""), 1e-3}))
+                .find("inv_freq[2] = nan is not a positive frequency"),
+            std::string::npos);
+  EXPECT_NE(infer_error(OpKind::rope, in, with("theta", 1e4)).find("rope_type frequencies takes no 'theta'"),
+            std::string::npos);
+  EXPECT_NE(infer_error(OpKind::rope, in, {{"rope_type", std::string("frequencies")}})
+                .find("rope_type frequencies needs 'inv_freq'"),
+            std::string::npos);
+  EXPECT_NE(infer_error(OpKind::rope, in, {{"theta", 1e4}, {"inv_freq", std::vector<double>{1.0, 0.1, 0.01, 1e-3}}})
+                .find("'inv_freq' is rope_type frequencies' only"),
+            std::string::npos);
+}
+
+// What every backend's rope kernel rotates by (ops/rope.h): a theta's frequencies as
+// rope_inv_freq computes them, and a table as it is.
+TEST(OpTypes, TheRopesFrequenciesAreAThetasOrTheTableItself) {
+  const int64_t D = 16;
+  Attrs llama3{{"theta", 500000.0}, {"rope_type", std::string("llama3")}, {"factor", 8.0},
+               {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 64.0}};
+  std::vector<double> got(D / 2), want(D / 2);
+  rope_frequencies(llama3, D, got.data());
+  cpu::RopeScaling s;
+  s.kind = cpu::RopeScaling::llama3, s.factor = 8.0, s.original_max_position_embeddings = 64.0;
+  cpu::rope_inv_freq(D, 500000.0, s, want.data());
+  EXPECT_EQ(got, want);
+  const std::vector<double> table{0.8, 0.31, 0.0125, 3.5e-4, 1e-5, 7e-6, 2e-7, 1e-9};
+  rope_frequencies({{"rope_type", std::string("frequencies")}, {"inv_freq", table}}, D, got.data());
+  EXPECT_EQ(got, table);
 }
 
 // Shape and attribute errors of the GPT-2 / Gemma ops (layer_norm's bias, gelu's approximate).

@@ -252,6 +252,10 @@ std::vector<OpCase> op_cases() {
                    one(OpKind::rope, {{"theta", 10000.0}}), {{"p", positions(Bt, 6)}}});
   cases.push_back({"rope_interleaved", {{"x", DType::f32, {Bt, 6, 3, D}}, {"p", DType::i32, {Bt, 6}}},
                    one(OpKind::rope, {{"theta", 10000.0}, {"interleaved", int64_t{1}}}), {{"p", positions(Bt, 6)}}});
+  cases.push_back({"rope_frequencies", {{"x", DType::f32, {Bt, 6, 3, D}}, {"p", DType::i32, {Bt, 6}}},
+                   one(OpKind::rope, {{"rope_type", std::string("frequencies")},
+                                      {"inv_freq", std::vector<double>{0.8, 0.31, 0.0125, 3.5e-4}}}),
+                   {{"p", positions(Bt, 6, 100)}}});
   cases.push_back({"rope_inverse_llama3", {{"x", DType::f32, {Bt, 6, 3, D}}, {"p", DType::i32, {Bt, 6}}},
                    one(OpKind::rope, {{"theta", 500000.0}, {"inverse", int64_t{1}}, {"rope_type", std::string("llama3")},
                                       {"factor", 8.0}, {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0},

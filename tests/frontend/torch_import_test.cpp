@@ -138,7 +138,7 @@ INSTANTIATE_TEST_SUITE_P(Models, TorchImportReference,
                                            "cohere", "persimmon", "falcon", "nemotron", "gptj", "codegen",
                                            "gemma2", "opt", "cohere2", "apertus", "mpt", "bloom", "gpt_neo", "qwen3",
                                            "gpt_neox", "olmo2", "gpt_bigcode", "starcoder2", "smollm3", "phi", "glm4",
-                                           "biogpt", "exaone4"),
+                                           "biogpt", "exaone4", "phi3_longrope"),
                          [](const auto& info) { return info.param; });
 
 // Llama through PyTorch and through autosp's own builder (models/llama.h): the same model,
@@ -202,7 +202,8 @@ INSTANTIATE_TEST_SUITE_P(Models, ImportedLlama, ::testing::Values("llama", "llam
 
 // A program holds its rope only as the inv_freq table; transformers' own tables for real models'
 // settings (tests/fixtures/rope, by make_rope_tables.py) solve back to those settings, or to a
-// yarn ramp giving the same frequencies, and longrope's per-dimension factors are refused.
+// yarn ramp giving the same frequencies; longrope's per-dimension factors are none (the importer
+// then takes the table itself, LongropeTakesItsLongFactorsAboveTheOriginalLength).
 TEST(TorchImport, RopeSettingsAreSolvedFromTransformersFrequencyTables) {
   std::ifstream in(testing::source_path("tests/fixtures/rope/inv_freq.json"));
   const nlohmann::json tables = nlohmann::json::parse(in)["tables"];
@@ -545,6 +546,36 @@ TEST(TorchImport, MptsAndBloomsAlibiAreTheAttentionsSlopes) {
   EXPECT_NE(e.find("an attention bias of shape [4, 1, 64] at S = 65: the model makes it for 64 positions"),
             std::string::npos)
       << e;
+}
+
+// Phi-4-mini's longrope: per-dimension factors no theta and scaling give, so the rope op takes
+// the frequencies themselves; the short factors up to original_max_position_embeddings (8
+// here) and the long ones above it, which the program computes from the sequence length
+// (export.py) and the importer evaluates at the length it imports: the frequencies
+// 1 / (factor_i 10^(4 i / 4)) as transformers computes them (fp32), every rope alike.
+TEST(TorchImport, LongropeTakesItsLongFactorsAboveTheOriginalLength) {
+  const TorchProgram p =
+      TorchProgram::load(testing::source_path("tests/fixtures/torch_export/phi3_longrope/model.pt2"));
+  const std::vector<double> short_factor{1.0, 1.25, 1.5, 1.1}, long_factor{1.5, 3.0, 4.5, 6.5};
+  for (int64_t S : {2, 8, 9, 16, 40}) {
+    SCOPED_TRACE(str("S = ", S));
+    const std::vector<double>& factor = S > 8 ? long_factor : short_factor;
+    const Graph g = p.forward({.batch = 1, .seq_len = S});
+    int ropes = 0;
+    for (const Node& n : g.nodes()) {
+      if (n.op != OpKind::rope) continue;
+      ++ropes;
+      EXPECT_EQ(n.attrs.get_str("rope_type"), "frequencies");
+      EXPECT_FALSE(n.attrs.has("theta"));
+      const std::vector<double>& f = n.attrs.get_floats("inv_freq");
+      ASSERT_EQ(f.size(), 4u);
+      for (size_t i = 0; i < 4; ++i) {
+        const double want = 1.0 / (factor[i] * std::pow(10000.0, double(2 * i) / 8.0));
+        EXPECT_NEAR(f[i], want, 5e-7 * want) << "frequency " << i;
+      }
+    }
+    EXPECT_EQ(ropes, 4);  // q and k of 2 layers
+  }
 }
 
 // OPT's positions (a cumsum of a mask of ones, minus 1, plus 2) read its learned table from row
