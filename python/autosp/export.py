@@ -20,7 +20,9 @@ The model code is not changed. What this does, and nothing else:
     its positions from a table of its config's length L (MPT's ALiBi, GPT-Neo's mask) makes
     torch.export refuse the length L itself (a guard S != L: the cut of the whole table is
     another view than a cut of part of it); export() then exports lengths up to L - 1 and
-    says so.
+    says so. Longrope (Phi-3's rotary), which transformers switches to its long factors by a
+    Python `if` on the positions, chooses them by the sequence length instead, in the program
+    (_LongRopeByLength), so that autosp takes the factors of the length it trains.
 Models that call torch.nn.functional.scaled_dot_product_attention(is_causal=True) themselves
 need none of the registration; autosp reads that node as it is, and attention written out
 (softmax(q @ k^T * scale + mask) @ v, GPT-J's, nanoGPT's) or SDPA given a mask tensor, where the
@@ -31,8 +33,10 @@ copy before, if one is needed); loading the .pt2 back in Python (torch.export.lo
 register() first, for the custom op. The archive keeps each node's stack trace (autosp's
 errors quote the model's source line from it), which names the source files' paths.
 """
+import inspect
 import json
 import math
+import re
 import warnings
 
 import torch
@@ -98,12 +102,19 @@ def register():
 
 
 class _LossOf(torch.nn.Module):
+    """forward(input_ids, labels) -> the model's loss: its output's .loss (transformers'), or the
+    output itself (a plain module's forward(input_ids, labels) returning the loss). use_cache=False
+    only to a model whose forward takes it."""
+
     def __init__(self, model):
         super().__init__()
         self.model = model
+        parameters = inspect.signature(model.forward).parameters.values()
+        self.cache = {"use_cache": False} if any(p.name == "use_cache" or p.kind == p.VAR_KEYWORD
+                                                 for p in parameters) else {}
 
     def forward(self, input_ids, labels):
-        out = self.model(input_ids=input_ids, labels=labels, use_cache=False)
+        out = self.model(input_ids=input_ids, labels=labels, **self.cache)
         return out.loss if hasattr(out, "loss") else out
 
 
@@ -232,27 +243,45 @@ def export(model, path, batch: int = 2, seq_len: int = 16, max_seq_len: int = 1 
     """Exports `model`'s training loss, forward(input_ids, labels) -> loss, to `path` (.pt2)."""
     use_autosp_attention(model)
     model.train()
-    vocab = vocab_size or model.config.vocab_size
+    vocab = vocab_size or getattr(getattr(model, "config", None), "vocab_size", None)
+    if not vocab:
+        raise ValueError(f"autosp export: {type(model).__name__} has no config.vocab_size; pass vocab_size= (the "
+                         f"sample token ids are drawn below it)")
     # The sample inputs the archive stores: seeded, so the same model exports to the same bytes.
     ids = torch.randint(0, vocab, (batch, seq_len), generator=torch.Generator().manual_seed(0))
 
-    def export_up_to(longest):
+    def export_between(shortest, longest):
         b = torch.export.Dim("batch", min=1, max=1 << 16)
-        s = torch.export.Dim("seq_len", min=2, max=longest)
+        s = torch.export.Dim("seq_len", min=shortest, max=longest)
         with _ConcreteIsCausal(), _NoLayerDrop(model), _LongRopeByLength(model):
             return torch.export.export(_LossOf(model), (ids, ids.clone()),
                                        dynamic_shapes=({0: b, 1: s}, {0: b, 1: s}))
 
-    try:
-        program = export_up_to(max_seq_len)
-    except Exception as e:  # torch._dynamo.exc.UserError: constraints violated
-        table = _position_table_length(model)
-        if table is None or max_seq_len < table or "Constraints violated (seq_len)" not in str(e):
-            raise
-        program = export_up_to(table - 1)
-        warnings.warn(f"{type(model).__name__} cuts its positions from a table of {table} (its config): "
-                      f"torch.export refuses the length {table} itself, so the archive holds lengths up to "
-                      f"{table - 1}")
+    # torch.export refuses a range of lengths the model's code guards; two such guards are
+    # taken, each once, with a warning; any other is raised.
+    shortest, longest, table = 2, max_seq_len, _position_table_length(model)
+    while True:
+        try:
+            program = export_between(shortest, longest)
+            break
+        except Exception as e:  # torch._dynamo.exc.UserError: constraints violated
+            message = str(e)
+            if "Constraints violated (seq_len)" not in message:
+                raise
+            least = re.search(r"seq_len = Dim\('seq_len', min=(\d+)", message)
+            if least and shortest < int(least.group(1)) <= 16:
+                # A short sequence the code cannot take as the others (e.g. a model's own label
+                # shift, logits[:, :-1], one position at S = 2, which broadcasts).
+                shortest = int(least.group(1))
+                warnings.warn(f"torch.export needs {type(model).__name__}'s sequences at least {shortest} long, "
+                              f"so the archive holds lengths from {shortest}")
+            elif table is not None and table <= longest:
+                longest = table - 1
+                warnings.warn(f"{type(model).__name__} cuts its positions from a table of {table} (its config): "
+                              f"torch.export refuses the length {table} itself, so the archive holds lengths up "
+                              f"to {longest}")
+            else:
+                raise
     # transformers' config.json rides along (the archive's extra/config.json): autosp's
     # checkpoints of the program are then model directories transformers loads.
     # (with the model's class as "architectures", which save_pretrained adds likewise)

@@ -441,6 +441,9 @@ struct Imported {
   std::vector<int64_t> perm;   // tensor: torch's value is transpose(t, perm) (empty: t itself)
   Shape shape;                 // the torch shape (tensor, positions, host)
   int64_t offset = 0;          // positions: the value is the positions plus this (OPT's learned offset 2)
+  // tensor: a table read at the positions (a learned position embedding), [S, H] or [1, S, H]
+  // in torch and [B, S, H] in the IR, where it adds to [B, S, H] alike (its rows are not merged).
+  bool per_position = false;
   std::vector<float> data;     // host: the values (a buffer or constant); rope_table: inv_freq
   double number = 0;           // integer; rope_table: attention scaling
   bool is_cos = false;         // rope_table
@@ -1250,7 +1253,7 @@ class TorchImporter {
   // sequence stays a dim the autosp pass can shard. Row-wise ops (rowwise_of) take the IR value
   // as it is and give rows merged again (rowwise); any other op gets torch's [R, H].
   bool rows_merged(const Imported& v) const {
-    if (v.kind != Imported::tensor || !v.perm.empty() || v.shape.size() != 2) return false;
+    if (v.kind != Imported::tensor || !v.perm.empty() || v.shape.size() != 2 || v.per_position) return false;
     const Shape& s = t_.shape(v.t);
     return s.size() > 2 && s.back() == v.shape[1] && numel(s) == numel(v.shape);
   }
@@ -1543,6 +1546,7 @@ class TorchImporter {
         s.push_back(t_.shape(weight)[1]);
         Imported v = ir(e);
         v.shape = s;
+        v.per_position = true;
         return v;
       }
       return ir(e);
@@ -2765,10 +2769,36 @@ class TorchImporter {
     return x.empty() || !node_of(x) ? 0 : *c;  // the logits a node makes (not a stored constant), not imported here
   }
 
+  // A model's own label shift, logits[:, :-1] against labels[:, 1:] (nanoGPT's, transformers'
+  // older one): position i scored against token i + 1 and the last position unscored, which is
+  // what transformers' pad(labels, (0, 1), -100)[:, 1:] does too. autosp's labels are the next
+  // tokens already, at every position, so the shift is read as them: the logits unsliced (their
+  // name), or nullopt where `logits` and `labels` are not that pair.
+  std::optional<std::string> shifted_logits(const std::string& logits, const std::string& labels) {
+    const FxNode* l = node_of(logits);
+    const FxNode* y = node_of(labels);
+    if (!is(l, "slice.Tensor") || !is(y, "slice.Tensor")) return std::nullopt;
+    if (through(arg_tensor(*y, "self", 0)) != m_.user_inputs[1]) return std::nullopt;
+    const int64_t ydim = int_arg(*y, "dim", 1, 0), ldim = int_arg(*l, "dim", 1, 0);
+    const int64_t S = o_.seq_len;
+    if ((ydim != 1 && ydim != -1) || int_arg(*y, "start", 2, 0) != 1 || int_arg(*y, "end", 3, INT64_MAX) < S)
+      m_.fail_at(*y, "a slice of the labels other than labels[:, 1:] (the next tokens)");
+    const int64_t end = int_arg(*l, "end", 3, INT64_MAX);
+    if ((ldim != 1 && ldim != -2) || int_arg(*l, "start", 2, 0) != 0 || (end != -1 && end != S - 1))
+      m_.fail_at(*l, "labels[:, 1:] against logits other than logits[:, :-1] (every position but the last)");
+    if (const json* step = arg(*l, "step", 4); step && int_value(*l, *step) != 1) m_.fail_at(*l, "a strided slice");
+    if (const json* step = arg(*y, "step", 4); step && int_value(*y, *step) != 1) m_.fail_at(*y, "a strided slice");
+    return through(arg_tensor(*l, "self", 0));
+  }
+
   // cross_entropy_loss(logits.view(-1, V), labels.view(-1)) with the mean over labelled tokens.
   Imported cross_entropy(const FxNode& n) {
     if (int_arg(n, "reduction", 3, 1) != 1) m_.fail_at(n, "a cross entropy not reduced by its mean");
-    if (int_arg(n, "ignore_index", 4, -100) != -100) m_.fail_at(n, "a cross entropy with ignore_index other than -100");
+    // A negative ignore_index (transformers' -100, nanoGPT's -1) is no token id, so it leaves unscored
+    // only what autosp's data leaves unscored (its -100 labels); one that is a token id would
+    // leave that token unscored too, which autosp's op does not do besides.
+    if (const int64_t ignore = int_arg(n, "ignore_index", 4, -100); ignore >= 0)
+      m_.fail_at(n, str("a cross entropy with ignore_index ", ignore, ", a token id (a negative one: none)"));
     if (float_arg(n, "label_smoothing", 5, 0.0) != 0.0) m_.fail_at(n, "label smoothing");
     if (!arg_tensor(n, "weight", 2).empty()) m_.fail_at(n, "class weights");
     // Look through the flattening views to the [B, S, V] logits and [B, S] labels.
@@ -2780,12 +2810,19 @@ class TorchImporter {
       }
       return s;
     };
-    const std::string logits = unflatten(arg_tensor(n, "self", 0)), lab = unflatten(arg_tensor(n, "target", 1));
-    const Imported& lv = value(lab);
+    std::string logits = unflatten(arg_tensor(n, "self", 0));
+    const std::string lab = unflatten(arg_tensor(n, "target", 1));
     Tensor labels_t;
-    if (lv.kind == Imported::tensor && lv.t.id == (labels_ ? labels_->id : -2)) labels_t = lv.t;
-    else if (lab == m_.user_inputs[1]) labels_t = labels();  // already shifted by the caller
-    else m_.fail_at(n, "the loss's labels are not the program's labels (shifted as transformers does, or as given)");
+    if (const std::optional<std::string> unshifted = shifted_logits(logits, lab)) {
+      logits = *unshifted;
+      labels_t = labels();
+    } else {
+      const Imported& lv = value(lab);
+      if (lv.kind == Imported::tensor && lv.t.id == (labels_ ? labels_->id : -2)) labels_t = lv.t;
+      else if (lab == m_.user_inputs[1]) labels_t = labels();  // already shifted by the caller
+      else m_.fail_at(n, "the loss's labels are not the program's labels (shifted as transformers does, by "
+                         "logits[:, :-1] against labels[:, 1:], or as given)");
+    }
     // The head: a bias-free linear whose logits nothing else reads -> linear_cross_entropy; logits
     // multiplied or divided by a constant (Granite's logits_scaling, Cohere's logit_scale) are the
     // linear of the hidden states so scaled; capped as c tanh(logits / c) (Gemma 2's
