@@ -2798,7 +2798,8 @@ class TorchImporter {
     // only what autosp's data leaves unscored (its -100 labels); one that is a token id would
     // leave that token unscored too, which autosp's op does not do besides.
     if (const int64_t ignore = int_arg(n, "ignore_index", 4, -100); ignore >= 0)
-      m_.fail_at(n, str("a cross entropy with ignore_index ", ignore, ", a token id (a negative one: none)"));
+      m_.fail_at(n, str("a cross entropy with ignore_index ", ignore, ", a token id: autosp leaves unscored only the "
+                        "labels its data marks (a negative ignore_index, -100 or -1, is read as those)"));
     if (float_arg(n, "label_smoothing", 5, 0.0) != 0.0) m_.fail_at(n, "label smoothing");
     if (!arg_tensor(n, "weight", 2).empty()) m_.fail_at(n, "class weights");
     // Look through the flattening views to the [B, S, V] logits and [B, S] labels.

@@ -138,7 +138,7 @@ INSTANTIATE_TEST_SUITE_P(Models, TorchImportReference,
                                            "cohere", "persimmon", "falcon", "nemotron", "gptj", "codegen",
                                            "gemma2", "opt", "cohere2", "apertus", "mpt", "bloom", "gpt_neo", "qwen3",
                                            "gpt_neox", "olmo2", "gpt_bigcode", "starcoder2", "smollm3", "phi", "glm4",
-                                           "biogpt", "exaone4", "phi3_longrope"),
+                                           "biogpt", "exaone4", "phi3_longrope", "nanogpt", "nanogpt_shift"),
                          [](const auto& info) { return info.param; });
 
 // Llama through PyTorch and through autosp's own builder (models/llama.h): the same model,
@@ -613,6 +613,33 @@ TEST(TorchImportErrors, AnAutocastBlockThatIsOnIsRefused) {
   const std::string e = import_error(testing::source_path("tests/fixtures/torch_export_errors/autocast/model.pt2"));
   EXPECT_NE(e.find("torch.ops.higher_order.wrap_with_autocast"), std::string::npos) << e;
   EXPECT_NE(e.find("autocast block that is on"), std::string::npos) << e;
+}
+
+// A model's own label shift is read only as logits[:, :-1] against labels[:, 1:] (held to
+// PyTorch by the nanogpt_shift fixture); a cut at the other end scores each position against
+// its own token. An ignore_index that is a token id would leave that token unscored besides
+// the labels autosp's data marks.
+TEST(TorchImportErrors, ALabelShiftOtherThanTheNextTokensOrATokenIgnoredIsRefused) {
+  const std::string shift = import_error(testing::source_path("tests/fixtures/torch_export_errors/shift/model.pt2"));
+  EXPECT_NE(shift.find("labels[:, 1:] against logits other than logits[:, :-1]"), std::string::npos) << shift;
+  EXPECT_NE(shift.find("logits[:, 1:].reshape(-1, 16)"), std::string::npos) << shift;  // the model's line
+  const std::string ignore =
+      import_error(testing::source_path("tests/fixtures/torch_export_errors/ignore_token/model.pt2"));
+  EXPECT_NE(ignore.find("a cross entropy with ignore_index 0, a token id"), std::string::npos) << ignore;
+}
+
+// nanoGPT reads its position table at arange(T), [T, C], and adds it to [B, T, C]: in the IR a
+// [B, T, C] embedding of the positions, which at batch 1 has as many elements as [T, C] and
+// was taken for rows merged by a reshape (an import error). Both batches import alike.
+TEST(TorchImport, APositionTableReadAtArangeAddsToEveryRowAtAnyBatch) {
+  const TorchProgram p = TorchProgram::load(testing::source_path("tests/fixtures/torch_export/nanogpt/model.pt2"));
+  for (int64_t B : {1, 2}) {
+    const std::string text = print_graph(p.forward({.batch = B, .seq_len = 16}));
+    const std::vector<std::string> embeddings = op_lines(text, "embedding");
+    ASSERT_EQ(embeddings.size(), 2u) << text;
+    EXPECT_NE(embeddings[1].find(str("f32[", B, ", 16, 32]")), std::string::npos) << embeddings[1];
+    EXPECT_EQ(text.find("shape=[16, 32]"), std::string::npos) << text;  // never torch's [T, C] in the IR
+  }
 }
 
 TEST(TorchImportErrors, NotAnArchiveOrATruncatedOneIsAUserError) {

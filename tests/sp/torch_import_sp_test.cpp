@@ -77,7 +77,8 @@ INSTANTIATE_TEST_SUITE_P(Models, TorchImportSequenceParallel,
                                                               "nemotron", "gptj", "codegen", "gemma2", "opt", "cohere2",
                                                               "apertus", "mpt", "bloom", "gpt_neo", "qwen3", "gpt_neox",
                                                               "olmo2", "gpt_bigcode", "starcoder2", "smollm3", "phi",
-                                                              "glm4", "biogpt", "exaone4", "phi3_longrope"),
+                                                              "glm4", "biogpt", "exaone4", "phi3_longrope", "nanogpt",
+                                                              "nanogpt_shift"),
                                             ::testing::Values(2, 4)),
                          [](const auto& info) { return str(std::get<0>(info.param), "_sp", std::get<1>(info.param)); });
 
