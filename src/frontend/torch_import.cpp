@@ -1,6 +1,7 @@
 #include "frontend/torch_import.h"
 
 #include <cmath>
+#include <limits>
 #include <cstring>
 #include <algorithm>
 #include <deque>
@@ -25,14 +26,14 @@ namespace {
 
 // torch's ScalarType numbering as torch.export serialises it (torch/_export/serde/schema.py).
 enum TorchDType : int { kUint8 = 1, kInt8 = 2, kInt16 = 3, kInt32 = 4, kInt64 = 5, kFloat16 = 6, kFloat32 = 7,
-                        kFloat64 = 8, kBool = 12, kBFloat16 = 13 };
+                        kFloat64 = 8, kComplexFloat = 10, kBool = 12, kBFloat16 = 13 };
 
 int64_t torch_item_size(int dtype) {
   switch (dtype) {
     case kUint8: case kInt8: case kBool: return 1;
     case kInt16: case kFloat16: case kBFloat16: return 2;
     case kInt32: case kFloat32: return 4;
-    case kInt64: case kFloat64: return 8;
+    case kInt64: case kFloat64: case kComplexFloat: return 8;
     default: return 0;
   }
 }
@@ -113,6 +114,9 @@ struct TorchProgram::Impl {
                where.empty() ? std::string() : str("\n  at ", where));
   }
   std::vector<float> read_floats(const StoredTensor& t, const std::string& name) const;
+  // `count` floats from float `at` of a float32 tensor, or of a complex64 one as (real, imaginary)
+  // pairs: a part of a large table.
+  std::vector<float> read_float32s(const StoredTensor& t, int64_t at, int64_t count, const std::string& name) const;
 };
 
 namespace {
@@ -286,6 +290,21 @@ std::vector<float> TorchProgram::Impl::read_floats(const StoredTensor& t, const 
       default: user_error(path, ": ", name, " has dtype code ", t.dtype, ", not a number autosp reads");
     }
   }
+  return out;
+}
+
+std::vector<float> TorchProgram::Impl::read_float32s(const StoredTensor& t, int64_t at, int64_t count,
+                                                     const std::string& name) const {
+  if (t.dtype != kFloat32 && t.dtype != kComplexFloat)
+    user_error(path, ": ", name, " has dtype code ", t.dtype, ", not float32 or complex64");
+  const int64_t floats = numel(t.shape) * (t.dtype == kComplexFloat ? 2 : 1);
+  AUTOSP_CHECK(at >= 0 && count >= 0 && at + count <= floats, "read of floats [", at, ", ", at + count, ") of ", floats);
+  const io::ZipArchive::Entry& e = zip.entry(t.entry);
+  if (e.size < uint64_t(floats * 4))
+    user_error(path, ": ", name, " is ", shape_str(t.shape), " of dtype code ", t.dtype, ", but its entry ", t.entry,
+               " has ", e.size, " bytes");
+  std::vector<float> out(count);
+  zip.read(t.entry, uint64_t(at) * 4, out.data(), uint64_t(count) * 4);
   return out;
 }
 
@@ -1580,8 +1599,11 @@ class TorchImporter {
     }
     if (op == "torch.ops.aten.view.default" || op == "torch.ops.aten.reshape.default" ||
         op == "torch.ops.aten._unsafe_view.default" || op == "torch.ops.aten.flatten.using_ints") {
-      if (op != "torch.ops.aten.flatten.using_ints")
+      if (op != "torch.ops.aten.flatten.using_ints") {
         if (auto att = match_bmm_attention(n)) return *att;  // BLOOM's heads, read back from [B H, S, D]
+      } else if (auto rope = match_complex_rope(n)) {
+        return *rope;
+      }
       const Imported& x = value(A("self", 0));
       std::vector<int64_t> size;
       if (op == "torch.ops.aten.flatten.using_ints") {
@@ -1698,6 +1720,20 @@ class TorchImporter {
       const std::string approx = a && a->contains("as_string") ? (*a)["as_string"].get<std::string>() : "none";
       if (approx != "none" && approx != "tanh") m_.fail_at(n, str("gelu approximate='", approx, "'"));
       return rowwise(t_.gelu(rowwise_of(A("self", 0)), approx == "tanh"), A("self", 0));
+    }
+    if (op == "torch.ops.aten.rms_norm.default") {  // torch.nn.RMSNorm, F.rms_norm
+      const std::vector<int64_t> shape = ints_arg(n, "normalized_shape", 1);
+      const Imported& x = value(A("input", 0));
+      if (shape.size() != 1 || x.shape.empty() || shape[0] != x.shape.back())
+        m_.fail_at(n, "rms_norm over more than the last dim");
+      // No weight is a weight of ones; no eps is torch's, the input dtype's epsilon (fp32's here).
+      const std::string w = A("weight", 2);
+      const json* e = arg(n, "eps", 3);
+      const double eps = !e || e->contains("as_none") ? double(std::numeric_limits<float>::epsilon())
+                                                      : float_arg(n, "eps", 3);
+      return rowwise(t_.rms_norm(rowwise_of(A("input", 0)), w.empty() ? t_.fill({shape[0]}, 1.0, o_.dtype) : tensor_of(w),
+                                 eps),
+                     A("input", 0));
     }
     if (op == "torch.ops.aten.layer_norm.default") {
       const std::vector<int64_t> shape = ints_arg(n, "normalized_shape", 1);
@@ -2535,6 +2571,108 @@ class TorchImporter {
     return x;
   }
 
+  // The complex rotary embedding of Meta's Llama and torchtitan's:
+  //   view_as_real(view_as_complex(x.float().reshape(B, S, H, D/2, 2))
+  //                * freqs_cis[0:S].view(1, S, 1, D/2)).flatten(3)
+  // with freqs_cis a stored complex64 table [R, D/2] whose row p is polar(1, p f_i) (torch.polar of
+  // outer(arange(R), inv_freq)): the interleaved rope (pairs 2i, 2i + 1) of x [B, S, H, D] at the
+  // positions, frequencies read back from the table (complex_rope_frequencies). nullopt where `n`
+  // (a flatten) is not such a product.
+  std::optional<Imported> match_complex_rope(const FxNode& n) {
+    const int64_t end_dim = int_arg(n, "end_dim", 2, -1);
+    if (int_arg(n, "start_dim", 1, 0) != 3 || (end_dim != -1 && end_dim != 4)) return std::nullopt;
+    const FxNode* real = node_of(through(arg_tensor(n, "self", 0)));
+    if (!is(real, "view_as_real.default")) return std::nullopt;
+    const FxNode* m = node_of(through(arg_tensor(*real, "self", 0)));
+    if (!is(m, "mul.Tensor")) return std::nullopt;
+    std::string table = through(arg_tensor(*m, "other", 1));
+    const FxNode* c = node_of(through(arg_tensor(*m, "self", 0)));
+    if (!is(c, "view_as_complex.default")) {
+      table = through(arg_tensor(*m, "self", 0));
+      c = node_of(through(arg_tensor(*m, "other", 1)));
+    }
+    if (!is(c, "view_as_complex.default")) return std::nullopt;
+    const FxNode* r = node_of(through(arg_tensor(*c, "self", 0)));
+    if (!is(r, "reshape.default") && !is(r, "view.default") && !is(r, "_unsafe_view.default")) return std::nullopt;
+    const std::string x = through(arg_tensor(*r, "self", 0));
+    const Imported& xv = value(x);
+    if (xv.kind != Imported::tensor || xv.shape.size() != 4 || xv.shape[1] != o_.seq_len) return std::nullopt;
+    const int64_t D = xv.shape[3], F = D / 2;
+    const std::vector<int64_t> pairs = ints_arg(*r, arg(*r, "size", 1) ? "size" : "shape", 1);
+    if (pairs.size() != 5 || pairs[4] != 2 || (pairs[3] != F && pairs[3] != -1) || D % 2 != 0) return std::nullopt;
+    // The table: a view [1, S, 1, D/2] of rows [0, S) of a stored tensor.
+    const FxNode* view = node_of(table);
+    if (!is(view, "view.default") && !is(view, "reshape.default") && !is(view, "_unsafe_view.default")) return std::nullopt;
+    if (ints_arg(*view, arg(*view, "size", 1) ? "size" : "shape", 1) != std::vector<int64_t>{1, o_.seq_len, 1, F})
+      m_.fail_at(*view, str("a complex rotary table not viewed as [1, S, 1, D/2] = [1, ", o_.seq_len, ", 1, ", F, "]"));
+    const FxNode* cut = node_of(through(arg_tensor(*view, "self", 0)));
+    if (!is(cut, "slice.Tensor") || int_arg(*cut, "dim", 1, 0) != 0 || int_arg(*cut, "start", 2, 0) != 0 ||
+        int_arg(*cut, "step", 4, 1) != 1)
+      m_.fail_at(*view, "a complex rotary table that is not rows [0, S) of a table");
+    const std::string stored = through(arg_tensor(*cut, "self", 0));
+    if (!m_.stored.count(stored) || m_.parameter_of.count(stored))
+      m_.fail_at(*cut, "a complex rotary table that is not a stored tensor (a buffer)");
+    std::optional<RopeOptions> rope = complex_rope_frequencies(*cut, stored, F);
+    rope->interleaved = true;
+    Imported out = ir(t_.rope(tensor_of(x), positions(), *rope));
+    out.shape = xv.shape;
+    return out;
+  }
+  // The rope of a stored complex table [R, F] whose row p is polar(1, p f_i): f_i read from row 1
+  // (its angle, f_i < pi) and refined at rows 2, 4, ..., R - 1 (each angle unwrapped by the last
+  // estimate; at row P the angle's fp32 error is 1/P of a frequency's), then every row the
+  // sequence reads (at most 4096) checked against cos and sin of p f_i, within fp32's rounding of
+  // the table's angles p f_i (torch computes them in fp32) and of its cos and sin. A theta (or a
+  // scaling) whose frequencies these are within fp32's rounding is the rope's (rope_from_inv_freq),
+  // else the frequencies themselves.
+  std::optional<RopeOptions> complex_rope_frequencies(const FxNode& at, const std::string& name, int64_t F) {
+    constexpr double kPi = 3.14159265358979323846;
+    const StoredTensor& t = m_.stored.at(name);
+    const int64_t S = o_.seq_len;
+    if (t.dtype != kComplexFloat || t.shape.size() != 2 || t.shape[1] != F)
+      m_.fail_at(at, str("a rotary table ", name, " that is not complex64 [R, ", F, "] (dtype code ", t.dtype, ", ",
+                         shape_str(t.shape), ")"));
+    const int64_t R = t.shape[0];
+    if (R < S)
+      m_.fail_at(at, str("a rotary table of ", R, " positions at S = ", S, ": the model makes it for fewer positions "
+                         "than the sequence"));
+    if (R < 2) m_.fail_at(at, "a rotary table of one position");
+    auto row = [&](int64_t p) { return m_.read_float32s(t, p * F * 2, F * 2, name); };
+    std::vector<double> f(F);
+    const std::vector<float> one = row(1);
+    for (int64_t i = 0; i < F; ++i) f[i] = std::atan2(double(one[2 * i + 1]), double(one[2 * i]));
+    auto refine = [&](int64_t P) {
+      const std::vector<float> rp = row(P);
+      for (int64_t i = 0; i < F; ++i) {
+        const double a = std::atan2(double(rp[2 * i + 1]), double(rp[2 * i]));
+        const double k = std::round((double(P) * f[i] - a) / (2 * kPi));
+        f[i] = (a + 2 * kPi * k) / double(P);
+      }
+    };
+    for (int64_t P = 2; P < R - 1; P *= 2) refine(P);
+    if (R > 2) refine(R - 1);
+    const int64_t checked = std::min<int64_t>(S, 4096);
+    const std::vector<float> rows = m_.read_float32s(t, 0, checked * F * 2, name);
+    for (int64_t p = 0; p < checked; ++p)
+      for (int64_t i = 0; i < F; ++i) {
+        const double angle = double(p) * f[i], tolerance = 1e-6 + 2.4e-7 * angle;
+        const double re = rows[(p * F + i) * 2], im = rows[(p * F + i) * 2 + 1];
+        if (!(std::abs(re - std::cos(angle)) <= tolerance) || !(std::abs(im - std::sin(angle)) <= tolerance))
+          m_.fail_at(at, str("a rotary table whose row ", p, ", frequency ", i, " is (", re, ", ", im,
+                             "), not polar(1, ", p, " x ", f[i], "): not the rotations of one frequency per pair"));
+      }
+    for (int64_t i = 0; i < F; ++i)
+      if (!(f[i] > 0)) m_.fail_at(at, str("a rotary table whose frequency ", i, " is ", f[i], ", not positive"));
+    std::vector<float> as_float(f.begin(), f.end());
+    std::optional<RopeOptions> rope = rope_from_inv_freq(as_float, 2 * F);
+    if (!rope) {
+      rope.emplace();
+      rope->rope_type = "frequencies";
+      rope->inv_freq = f;
+    }
+    return rope;
+  }
+
   // q * cos + rotate_half(q) * sin: rotate_half(q) = cat(-q[..., D/2:], q[..., :D/2]) (Llama's), or
   // its interleaved form (GPT-J's, in GLM, Helium, Ernie 4.5, Cohere): pairs (q[2i], q[2i+1]),
   // rotate_half(q) = stack(-q[..., 1::2], q[..., 0::2], -1).flatten(-2), cos and sin each frequency
@@ -2659,40 +2797,56 @@ class TorchImporter {
     return ir(t_.concat(xs, dim));
   }
 
+  // K or V heads for autosp's attention, which reads grouped heads without repeating them: a
+  // value as torch has it ([B, KV, S, D], bshd false), or one in autosp's [B, S, KV, D] (true).
+  struct KvHeads {
+    std::string name;
+    bool bshd = false;
+  };
   // transformers' repeat_kv in a model that calls attention itself (StableLM):
-  // x[:, :, None].expand(B, KV, rep, S, D).reshape(B, KV * rep, S, D) is x to autosp's attention,
-  // which reads grouped K/V heads without repeating them. Anything else is `name` itself.
-  std::string unrepeated_kv(const std::string& name) {
-    const FxNode* r = node_of(through(name));
-    if (!is(r, "reshape.default") && !is(r, "view.default") && !is(r, "_unsafe_view.default")) return name;
+  // x[:, :, None].expand(B, KV, rep, S, D).reshape(B, KV * rep, S, D) is x [B, KV, S, D]; and
+  // torchtitan's (Meta's Llama's), before the heads move: x[:, :, :, None].expand(B, S, KV, rep, D)
+  // .reshape(B, S, KV * rep, D).transpose(1, 2) is x [B, S, KV, D]. Anything else is `name` itself.
+  KvHeads unrepeated_kv(const std::string& name) {
+    const FxNode* tr = node_of(through(name));
+    const bool bshd = is(tr, "transpose.int") && std::set<int64_t>{int_arg(*tr, "dim0", 1), int_arg(*tr, "dim1", 2)} ==
+                                                     std::set<int64_t>{1, 2};
+    const FxNode* r = node_of(through(bshd ? arg_tensor(*tr, "self", 0) : name));
+    if (!is(r, "reshape.default") && !is(r, "view.default") && !is(r, "_unsafe_view.default")) return {name};
     const FxNode* e = node_of(through(arg_tensor(*r, "self", 0)));
-    if (!is(e, "expand.default")) return name;
+    if (!is(e, "expand.default")) return {name};
     const FxNode* u = node_of(through(arg_tensor(*e, "self", 0)));
-    if (!is(u, "unsqueeze.default") || int_arg(*u, "dim", 1) != 2) return name;
+    // the new dim: after the heads (2 of [B, KV, S, D]; 3 of [B, S, KV, D])
+    const int64_t at = bshd ? 3 : 2;
+    if (!is(u, "unsqueeze.default") || (int_arg(*u, "dim", 1) != at && int_arg(*u, "dim", 1) != at - 5)) return {name};
     const std::string x = arg_tensor(*u, "self", 0);
     const Imported& xv = value(x);
-    const std::vector<int64_t> size = ints_arg(*e, "size", 1), shape = ints_arg(*r, "shape", 1);
-    if (xv.shape.size() != 4 || size.size() != 5 || shape.size() != 4) return name;
-    const int64_t kv = xv.shape[1], rep = size[2];
-    const bool repeats = (size[0] == xv.shape[0] || size[0] == -1) && (size[1] == kv || size[1] == -1) &&
-                         rep >= 1 && (size[3] == xv.shape[2] || size[3] == -1) &&
-                         (size[4] == xv.shape[3] || size[4] == -1) && shape[1] == kv * rep &&
-                         shape[3] == xv.shape[3] && (shape[2] == xv.shape[2] || shape[2] == -1);
-    return repeats ? x : name;
+    const std::vector<int64_t> size = ints_arg(*e, "size", 1);
+    const std::vector<int64_t> shape = ints_arg(*r, arg(*r, "size", 1) ? "size" : "shape", 1);
+    if (xv.shape.size() != 4 || size.size() != 5 || shape.size() != 4) return {name};
+    // x's dims around the new one: heads at h (1 or 2), the others alike in size, shape and x
+    const int64_t h = bshd ? 2 : 1, kv = xv.shape[h], rep = size[at];
+    bool repeats = rep >= 1 && shape[h] == kv * rep;
+    for (int64_t d = 0; d < 4; ++d) {
+      const int64_t sd = d < at ? d : d + 1;  // d's dim in `size`
+      repeats = repeats && (size[sd] == xv.shape[d] || size[sd] == -1);
+      if (d != h) repeats = repeats && (shape[d] == xv.shape[d] || shape[d] == -1);
+    }
+    return repeats ? KvHeads{x, bshd} : KvHeads{name};
   }
 
   Imported attention(const FxNode& n, const std::string& q, const std::string& k_in, const std::string& v_in,
                      bool causal, double scale, int64_t window, double softcap = 0,
                      const std::vector<double>& alibi = {}) {
-    const std::string k = unrepeated_kv(k_in), v = unrepeated_kv(v_in);
-    const Imported &qv = value(q), &kv = value(k), &vv = value(v);
+    const KvHeads k = unrepeated_kv(k_in), v = unrepeated_kv(v_in);
+    const Imported &qv = value(q), &kv = value(k.name), &vv = value(v.name);
     if (qv.shape.size() != 4 || kv.shape.size() != 4 || vv.shape.size() != 4) m_.fail_at(n, "attention on values not [B, H, S, D]");
     if (!causal) m_.fail_at(n, "non-causal attention: autosp trains causal language models");
     if (!(softcap >= 0) || !std::isfinite(softcap)) m_.fail_at(n, str("attention softcap ", softcap));
-    Tensor out = documents_ ? t_.attention(as_bshd(qv, q), as_bshd(kv, k), as_bshd(vv, v), *documents_, causal, scale,
-                                           window, softcap, alibi)
-                            : t_.attention(as_bshd(qv, q), as_bshd(kv, k), as_bshd(vv, v), causal, scale, window,
-                                           softcap, alibi);
+    const Tensor qt = as_bshd(qv, q), kt = k.bshd ? tensor_of(k.name) : as_bshd(kv, k.name),
+                 vt = v.bshd ? tensor_of(v.name) : as_bshd(vv, v.name);
+    Tensor out = documents_ ? t_.attention(qt, kt, vt, *documents_, causal, scale, window, softcap, alibi)
+                            : t_.attention(qt, kt, vt, causal, scale, window, softcap, alibi);
     Imported r = ir(out);
     r.perm = {0, 2, 1, 3};
     r.shape = qv.shape;

@@ -138,7 +138,8 @@ INSTANTIATE_TEST_SUITE_P(Models, TorchImportReference,
                                            "cohere", "persimmon", "falcon", "nemotron", "gptj", "codegen",
                                            "gemma2", "opt", "cohere2", "apertus", "mpt", "bloom", "gpt_neo", "qwen3",
                                            "gpt_neox", "olmo2", "gpt_bigcode", "starcoder2", "smollm3", "phi", "glm4",
-                                           "biogpt", "exaone4", "phi3_longrope", "nanogpt", "nanogpt_shift"),
+                                           "biogpt", "exaone4", "phi3_longrope", "nanogpt", "nanogpt_shift",
+                                           "titan_llama"),
                          [](const auto& info) { return info.param; });
 
 // Llama through PyTorch and through autosp's own builder (models/llama.h): the same model,
@@ -576,6 +577,31 @@ TEST(TorchImport, LongropeTakesItsLongFactorsAboveTheOriginalLength) {
     }
     EXPECT_EQ(ropes, 4);  // q and k of 2 layers
   }
+}
+
+// torchtitan's Llama (Meta's reference code): the rotary embedding as a complex product with rows
+// of a stored complex64 table polar(1, p f), which is autosp's interleaved rope (pairs 2i,
+// 2i + 1) with the frequencies read back from the table (theta 10000, solved); K/V repeated
+// before the heads move, which the attention reads as its 2 grouped heads; nn.RMSNorm as
+// rms_norm. The table has 64 rows: 65 positions are an error saying so.
+TEST(TorchImport, TorchtitansComplexRotaryIsTheInterleavedRope) {
+  const TorchProgram p = TorchProgram::load(testing::source_path("tests/fixtures/torch_export/titan_llama/model.pt2"));
+  const std::string text = print_graph(p.forward({.batch = 1, .seq_len = 16}));
+  const std::vector<std::string> ropes = op_lines(text, "rope");
+  ASSERT_EQ(ropes.size(), 4u) << text;
+  for (const std::string& line : ropes) EXPECT_NE(line.find("{interleaved=1, theta=10000.0}"), std::string::npos) << line;
+  const std::vector<std::string> attentions = op_lines(text, "attention");
+  ASSERT_EQ(attentions.size(), 2u) << text;
+  EXPECT_EQ(op_lines(text, "rms_norm").size(), 5u) << text;
+  EXPECT_EQ(text.find("expand"), std::string::npos) << text;
+  EXPECT_EQ(text.find("concat"), std::string::npos) << text;
+  EXPECT_NE(text.find("f32[1, 16, 2, 8]"), std::string::npos) << text;  // k and v: 2 heads
+  const std::string e = testing::user_error_of([&] { p.forward({.batch = 1, .seq_len = 65}); });
+  EXPECT_NE(e.find("a rotary table of 64 positions at S = 65"), std::string::npos) << e;
+  // A complex table of random angles is no rope: the first row that is not p f is named.
+  const std::string random =
+      import_error(testing::source_path("tests/fixtures/torch_export_errors/complex_table/model.pt2"));
+  EXPECT_NE(random.find("not the rotations of one frequency per pair"), std::string::npos) << random;
 }
 
 // OPT's positions (a cumsum of a mask of ones, minus 1, plus 2) read its learned table from row
