@@ -2,6 +2,7 @@
 
     from autosp.export import export
     export(model, "model.pt2")          # model(input_ids, labels=...) -> .loss, e.g. transformers
+    export(model, "model.pt2", vocab_size=V)  # a plain module: forward(input_ids, labels) -> loss
 
 The model code is not changed. What this does, and nothing else:
   - registers `autosp::attention(q, k, v, causal, scale, window, softcap=0)`, a PyTorch custom
