@@ -15,19 +15,27 @@ The model code is not changed. What this does, and nothing else:
     compiler shards it (causal, sliding window, softcap);
   - exports `forward(input_ids, labels) -> loss` with torch.export.export, the batch and the
     sequence length dynamic (a module with LayerDrop 0, OPT's decoder, in eval mode alone while
-    it does: its train-mode draw of torch.rand cannot be traced; LayerDrop above 0 is refused), and saves it with torch.export.save, a transformers model's
+    it does: its train-mode draw of torch.rand cannot be traced; LayerDrop above 0 is refused),
+    and saves it with torch.export.save, a transformers model's
     config.json beside the graph (the archive's extra/config.json), so that autosp's
     checkpoints of the program are model directories transformers loads. A model that cuts
     its positions from a table of its config's length L (MPT's ALiBi, GPT-Neo's mask) makes
     torch.export refuse the length L itself (a guard S != L: the cut of the whole table is
     another view than a cut of part of it); export() then exports lengths up to L - 1 and
-    says so. Longrope (Phi-3's rotary), which transformers switches to its long factors by a
-    Python `if` on the positions, chooses them by the sequence length instead, in the program
-    (_LongRopeByLength), so that autosp takes the factors of the length it trains.
+    says so. A guard that the sequence is at least N long (N <= 16: a model's own label shift)
+    is taken likewise;
+  - while exporting, computes three things in a form torch.export traces or autosp reads, the
+    same numbers: longrope (Phi-3's rotary), which transformers switches to its long factors by
+    a Python `if` on the positions, chooses them by the sequence length in the program
+    (_LongRopeByLength), so that autosp takes the factors of the length it trains;
+    nn.MultiheadAttention used as batch-first self-attention runs in the [B, H, S, D] layout
+    (_BatchFirstSelfAttention: its own merges the heads into the batch); and
+    nn.TransformerEncoder's guess whether its mask is causal (a data-dependent torch.equal)
+    answers only what it was told.
 Models that call torch.nn.functional.scaled_dot_product_attention(is_causal=True) themselves
 need none of the registration; autosp reads that node as it is, and attention written out
-(softmax(q @ k^T * scale + mask) @ v, GPT-J's, nanoGPT's) or SDPA given a mask tensor, where the
-mask it evaluates is the causal one.
+(softmax(q @ k^T * scale + mask) @ v, GPT-J's) or SDPA given a mask tensor, where the mask it
+evaluates is the causal one.
 
 Notes: export() switches `model` to the "autosp" attention and to train mode (take a reference
 copy before, if one is needed); loading the .pt2 back in Python (torch.export.load) needs
@@ -230,6 +238,63 @@ class _LongRopeByLength:
         return False
 
 
+class _BatchFirstSelfAttention:
+    """While exporting: torch.nn.MultiheadAttention (nn.TransformerEncoderLayer's) computes in
+    F.multi_head_attention_forward on [S, B, E] with the heads merged into the batch ([B H, S,
+    D]), a layout autosp's importer does not take apart. For the export, a module used as
+    batch-first self-attention (query is key is value, one in_proj for q, k and v, no bias_k or
+    bias_v, no zero attention, no key_padding_mask, no weights asked for, no dropout while
+    training, a 2-D attn_mask or is_causal) computes the same thing in the layout transformers'
+    models use: the in_proj linear split in three, [B, H, S, D], scaled_dot_product_attention,
+    and out_proj. is_causal is PyTorch's hint that the mask is the causal one, taken as
+    multi_head_attention_forward takes it there (SDPA's is_causal, the mask unused); a mask
+    alone is passed on (as the additive mask PyTorch makes of it). Any other call runs the
+    module's own forward. And nn.TransformerEncoder's guess whether a mask is the causal one
+    (_detect_is_causal_mask: torch.equal with one it makes, which torch.export cannot trace)
+    answers only what it was told (is_causal, else no): the mask itself is passed on, and autosp
+    checks it entry by entry."""
+
+    def __enter__(self):
+        import torch.nn.modules.transformer as transformer
+        self.detect = transformer._detect_is_causal_mask
+        transformer._detect_is_causal_mask = lambda mask, is_causal=None, size=None: bool(is_causal)
+        self.forward = torch.nn.MultiheadAttention.forward
+        original = self.forward
+
+        def forward(mha, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
+                    average_attn_weights=True, is_causal=False):
+            if not (mha.batch_first and query is key and key is value and query.dim() == 3
+                    and mha._qkv_same_embed_dim and mha.bias_k is None and mha.bias_v is None
+                    and not mha.add_zero_attn and key_padding_mask is None and not need_weights
+                    and (mha.dropout == 0.0 or not mha.training)
+                    and (is_causal or (attn_mask is not None and attn_mask.dim() == 2))):
+                return original(mha, query, key, value, key_padding_mask, need_weights, attn_mask,
+                                average_attn_weights, is_causal)
+            B, S, E = query.shape
+            H = mha.num_heads
+            q, k, v = (t.view(B, S, H, E // H).transpose(1, 2)
+                       for t in torch.nn.functional.linear(query, mha.in_proj_weight, mha.in_proj_bias).chunk(3, -1))
+            if is_causal:
+                out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+            else:
+                mask = torch.nn.functional._canonical_mask(mask=attn_mask, mask_name="attn_mask", other_type=None,
+                                                           other_name="", target_type=query.dtype,
+                                                           check_other=False)
+                out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+            out = torch.nn.functional.linear(out.transpose(1, 2).reshape(B, S, E), mha.out_proj.weight,
+                                             mha.out_proj.bias)
+            return out, None
+
+        torch.nn.MultiheadAttention.forward = forward
+        return self
+
+    def __exit__(self, *exc):
+        import torch.nn.modules.transformer as transformer
+        transformer._detect_is_causal_mask = self.detect
+        torch.nn.MultiheadAttention.forward = self.forward
+        return False
+
+
 def _position_table_length(model):
     """The length of the model's position tables from its config (None: it names none)."""
     config = getattr(model, "config", None)
@@ -254,7 +319,7 @@ def export(model, path, batch: int = 2, seq_len: int = 16, max_seq_len: int = 1 
     def export_between(shortest, longest):
         b = torch.export.Dim("batch", min=1, max=1 << 16)
         s = torch.export.Dim("seq_len", min=shortest, max=longest)
-        with _ConcreteIsCausal(), _NoLayerDrop(model), _LongRopeByLength(model):
+        with _ConcreteIsCausal(), _NoLayerDrop(model), _LongRopeByLength(model), _BatchFirstSelfAttention():
             return torch.export.export(_LossOf(model), (ids, ids.clone()),
                                        dynamic_shapes=({0: b, 1: s}, {0: b, 1: s}))
 
