@@ -229,8 +229,11 @@ TEST(AutospPass, AlibiAttentionReadsTheRanksPartOfTheSlopes) {
   t.output("loss", t.sum(t.attention(q, k, v, true, 0.35, 0, 0, slopes)));
   const Graph fwd = t.finish();
   int attentions = 0;
-  for (const Node& n : fwd.nodes())
-    if (n.op == OpKind::attention) EXPECT_FALSE(n.attrs.has("alibi_split"));
+  for (const Node& n : fwd.nodes()) {
+    if (n.op == OpKind::attention) {
+      EXPECT_FALSE(n.attrs.has("alibi_split"));
+    }
+  }
   const Graph joint = autodiff(autosp(fwd, {.sp_size = 2}));
   for (const Node& n : joint.nodes()) {
     if (n.op != OpKind::attention && n.op != OpKind::attention_backward) continue;
