@@ -549,7 +549,7 @@ TEST(TorchImport, MptsAndBloomsAlibiAreTheAttentionsSlopes) {
       << e;
 }
 
-// Phi-4-mini's longrope: per-dimension factors no theta and scaling give, so the rope op takes
+// Phi-3's longrope: per-dimension factors no theta and scaling give, so the rope op takes
 // the frequencies themselves; the short factors up to original_max_position_embeddings (8
 // here) and the long ones above it, which the program computes from the sequence length
 // (export.py) and the importer evaluates at the length it imports: the frequencies
