@@ -298,7 +298,8 @@ std::vector<float> TorchProgram::Impl::read_float32s(const StoredTensor& t, int6
   if (t.dtype != kFloat32 && t.dtype != kComplexFloat)
     user_error(path, ": ", name, " has dtype code ", t.dtype, ", not float32 or complex64");
   const int64_t floats = numel(t.shape) * (t.dtype == kComplexFloat ? 2 : 1);
-  AUTOSP_CHECK(at >= 0 && count >= 0 && at + count <= floats, "read of floats [", at, ", ", at + count, ") of ", floats);
+  AUTOSP_CHECK(at >= 0 && count >= 0 && at + count <= floats, "read of floats [", at, ", ", at + count, ") of ",
+               floats);
   const io::ZipArchive::Entry& e = zip.entry(t.entry);
   if (e.size < uint64_t(floats * 4))
     user_error(path, ": ", name, " is ", shape_str(t.shape), " of dtype code ", t.dtype, ", but its entry ", t.entry,
@@ -1731,9 +1732,8 @@ class TorchImporter {
       const json* e = arg(n, "eps", 3);
       const double eps = !e || e->contains("as_none") ? double(std::numeric_limits<float>::epsilon())
                                                       : float_arg(n, "eps", 3);
-      return rowwise(t_.rms_norm(rowwise_of(A("input", 0)), w.empty() ? t_.fill({shape[0]}, 1.0, o_.dtype) : tensor_of(w),
-                                 eps),
-                     A("input", 0));
+      const Tensor weight = w.empty() ? t_.fill({shape[0]}, 1.0, o_.dtype) : tensor_of(w);
+      return rowwise(t_.rms_norm(rowwise_of(A("input", 0)), weight, eps), A("input", 0));
     }
     if (op == "torch.ops.aten.layer_norm.default") {
       const std::vector<int64_t> shape = ints_arg(n, "normalized_shape", 1);
@@ -2602,7 +2602,8 @@ class TorchImporter {
     if (pairs.size() != 5 || pairs[4] != 2 || (pairs[3] != F && pairs[3] != -1) || D % 2 != 0) return std::nullopt;
     // The table: a view [1, S, 1, D/2] of rows [0, S) of a stored tensor.
     const FxNode* view = node_of(table);
-    if (!is(view, "view.default") && !is(view, "reshape.default") && !is(view, "_unsafe_view.default")) return std::nullopt;
+    if (!is(view, "view.default") && !is(view, "reshape.default") && !is(view, "_unsafe_view.default"))
+      return std::nullopt;
     if (ints_arg(*view, arg(*view, "size", 1) ? "size" : "shape", 1) != std::vector<int64_t>{1, o_.seq_len, 1, F})
       m_.fail_at(*view, str("a complex rotary table not viewed as [1, S, 1, D/2] = [1, ", o_.seq_len, ", 1, ", F, "]"));
     const FxNode* cut = node_of(through(arg_tensor(*view, "self", 0)));

@@ -589,7 +589,8 @@ TEST(TorchImport, TorchtitansComplexRotaryIsTheInterleavedRope) {
   const std::string text = print_graph(p.forward({.batch = 1, .seq_len = 16}));
   const std::vector<std::string> ropes = op_lines(text, "rope");
   ASSERT_EQ(ropes.size(), 4u) << text;
-  for (const std::string& line : ropes) EXPECT_NE(line.find("{interleaved=1, theta=10000.0}"), std::string::npos) << line;
+  for (const std::string& line : ropes)
+    EXPECT_NE(line.find("{interleaved=1, theta=10000.0}"), std::string::npos) << line;
   const std::vector<std::string> attentions = op_lines(text, "attention");
   ASSERT_EQ(attentions.size(), 2u) << text;
   EXPECT_EQ(op_lines(text, "rms_norm").size(), 5u) << text;
