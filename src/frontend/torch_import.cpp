@@ -472,6 +472,9 @@ struct Imported {
   // both halves [sin(p f) | cos(p f)], split into the `half`s (each frequency once), is_cos says which.
   bool sincos = false, half = false;
   std::vector<std::string> items;  // tuple: the value names it holds
+  // rope_table of a stored cos or sin table [R, 2F] (cat(freqs, freqs)) read at the positions:
+  // its name; the frequencies (data) come from the pair, when the rope finds both (match_rope).
+  std::string cached;
 };
 
 bool is_identity(const std::vector<int64_t>& perm) {
@@ -1677,6 +1680,7 @@ class TorchImporter {
     if (op == "torch.ops.aten.index.Tensor" || op == "torch.ops.aten.gather.default") {
       if (auto t = sincos_table(n)) return *t;
       if (op == "torch.ops.aten.gather.default") return unsupported();
+      if (auto t = cached_table(n)) return *t;
       return index(n);
     }
     if (op == "torch.ops.aten.mul.Tensor") return mul(n);
@@ -2619,31 +2623,37 @@ class TorchImporter {
     out.shape = xv.shape;
     return out;
   }
-  // The rope of a stored complex table [R, F] whose row p is polar(1, p f_i): f_i read from row 1
-  // (its angle, f_i < pi) and refined at rows 2, 4, ..., R - 1 (each angle unwrapped by the last
-  // estimate; at row P the angle's fp32 error is 1/P of a frequency's), then every row the
-  // sequence reads (at most 4096) checked against cos and sin of p f_i, within fp32's rounding of
-  // the table's angles p f_i (torch computes them in fp32) and of its cos and sin. A theta (or a
-  // scaling) whose frequencies these are within fp32's rounding is the rope's (rope_from_inv_freq),
-  // else the frequencies themselves.
+  // The rope of a stored complex table [R, F] whose row p is polar(1, p f_i) (rotation_frequencies).
   std::optional<RopeOptions> complex_rope_frequencies(const FxNode& at, const std::string& name, int64_t F) {
-    constexpr double kPi = 3.14159265358979323846;
     const StoredTensor& t = m_.stored.at(name);
-    const int64_t S = o_.seq_len;
     if (t.dtype != kComplexFloat || t.shape.size() != 2 || t.shape[1] != F)
       m_.fail_at(at, str("a rotary table ", name, " that is not complex64 [R, ", F, "] (dtype code ", t.dtype, ", ",
                          shape_str(t.shape), ")"));
-    const int64_t R = t.shape[0];
+    return rotation_frequencies(at, t.shape[0], F, [&](int64_t first, int64_t rows) {
+      return m_.read_float32s(t, first * F * 2, rows * F * 2, name);
+    });
+  }
+  // The rope of a table of rotations whose row p is (cos p f_i, sin p f_i), i < F, for R positions;
+  // `rows(first, n)` gives rows first .. first + n - 1, F (cos, sin) pairs each. f_i is read from
+  // row 1 (its angle, f_i < pi) and refined at rows 2, 4, ..., R - 1 (each angle unwrapped by the
+  // last estimate; at row P the angle's fp32 error is 1/P of a frequency's), then every row the
+  // sequence reads (at most 4096) is checked against cos and sin of p f_i, within fp32's rounding
+  // of the table's angles p f_i (torch computes them in fp32) and of its cos and sin. A theta (or a
+  // scaling) whose frequencies these are within fp32's rounding is the rope's (rope_from_inv_freq),
+  // else the frequencies themselves.
+  std::optional<RopeOptions> rotation_frequencies(const FxNode& at, int64_t R, int64_t F,
+                                                  const std::function<std::vector<float>(int64_t, int64_t)>& rows) {
+    constexpr double kPi = 3.14159265358979323846;
+    const int64_t S = o_.seq_len;
     if (R < S)
       m_.fail_at(at, str("a rotary table of ", R, " positions at S = ", S, ": the model makes it for fewer positions "
                          "than the sequence"));
     if (R < 2) m_.fail_at(at, "a rotary table of one position");
-    auto row = [&](int64_t p) { return m_.read_float32s(t, p * F * 2, F * 2, name); };
     std::vector<double> f(F);
-    const std::vector<float> one = row(1);
+    const std::vector<float> one = rows(1, 1);
     for (int64_t i = 0; i < F; ++i) f[i] = std::atan2(double(one[2 * i + 1]), double(one[2 * i]));
     auto refine = [&](int64_t P) {
-      const std::vector<float> rp = row(P);
+      const std::vector<float> rp = rows(P, 1);
       for (int64_t i = 0; i < F; ++i) {
         const double a = std::atan2(double(rp[2 * i + 1]), double(rp[2 * i]));
         const double k = std::round((double(P) * f[i] - a) / (2 * kPi));
@@ -2653,14 +2663,14 @@ class TorchImporter {
     for (int64_t P = 2; P < R - 1; P *= 2) refine(P);
     if (R > 2) refine(R - 1);
     const int64_t checked = std::min<int64_t>(S, 4096);
-    const std::vector<float> rows = m_.read_float32s(t, 0, checked * F * 2, name);
+    const std::vector<float> table = rows(0, checked);
     for (int64_t p = 0; p < checked; ++p)
       for (int64_t i = 0; i < F; ++i) {
         const double angle = double(p) * f[i], tolerance = 1e-6 + 2.4e-7 * angle;
-        const double re = rows[(p * F + i) * 2], im = rows[(p * F + i) * 2 + 1];
-        if (!(std::abs(re - std::cos(angle)) <= tolerance) || !(std::abs(im - std::sin(angle)) <= tolerance))
-          m_.fail_at(at, str("a rotary table whose row ", p, ", frequency ", i, " is (", re, ", ", im,
-                             "), not polar(1, ", p, " x ", f[i], "): not the rotations of one frequency per pair"));
+        const double c = table[(p * F + i) * 2], sn = table[(p * F + i) * 2 + 1];
+        if (!(std::abs(c - std::cos(angle)) <= tolerance) || !(std::abs(sn - std::sin(angle)) <= tolerance))
+          m_.fail_at(at, str("a rotary table whose row ", p, ", frequency ", i, " is (", c, ", ", sn,
+                             "), not (cos, sin) of ", p, " x ", f[i], ": not the rotations of one frequency per pair"));
       }
     for (int64_t i = 0; i < F; ++i)
       if (!(f[i] > 0)) m_.fail_at(at, str("a rotary table whose frequency ", i, " is ", f[i], ", not positive"));
@@ -2672,6 +2682,58 @@ class TorchImporter {
       rope->inv_freq = f;
     }
     return rope;
+  }
+  // A stored cos or sin table [R, 2F] of cat(freqs, freqs), cut to the sequence and read at the
+  // positions: cos_cached[:S][position_ids] (transformers' Llama before 4.38, and many a model's
+  // remote code since). A rope table whose frequencies come with its partner's (match_rope);
+  // nullopt for an index of anything else.
+  std::optional<Imported> cached_table(const FxNode& n) {
+    const std::vector<std::string> indices = index_list(n);
+    if (indices.size() != 1 || indices[0].empty()) return std::nullopt;
+    const Imported& pos = value(indices[0]);
+    const FxNode* cut = node_of(through(arg_tensor(n, "self", 0)));
+    if (pos.kind != Imported::positions || !is(cut, "slice.Tensor") || int_arg(*cut, "dim", 1, 0) != 0 ||
+        int_arg(*cut, "start", 2, 0) != 0 || int_arg(*cut, "step", 4, 1) != 1)
+      return std::nullopt;
+    const std::string name = through(arg_tensor(*cut, "self", 0));
+    if (!m_.stored.count(name) || m_.parameter_of.count(name)) return std::nullopt;
+    const StoredTensor& t = m_.stored.at(name);
+    if (t.dtype != kFloat32 || t.shape.size() != 2 || t.shape[1] % 2 != 0 || t.shape[0] < 2) return std::nullopt;
+    // cos of the angles at position 0 is 1, sin 0
+    const std::vector<float> first = m_.read_float32s(t, 0, t.shape[1], name);
+    const bool ones = std::all_of(first.begin(), first.end(), [](float v) { return v == 1.0f; });
+    const bool zeros = std::all_of(first.begin(), first.end(), [](float v) { return v == 0.0f; });
+    if (!ones && !zeros) return std::nullopt;
+    if (pos.offset != 0) m_.fail_at(n, "a rotary table read at the positions plus a constant");
+    Imported v;
+    v.kind = Imported::rope_table;
+    v.is_cos = ones;
+    v.number = 1.0;
+    v.cached = name;
+    v.shape = pos.shape;
+    v.shape.push_back(t.shape[1]);
+    return v;
+  }
+  // The frequencies of a cached cos table and its sin partner (cached_table), both [R, 2F] with
+  // equal halves in every row the sequence reads.
+  std::optional<RopeOptions> cached_frequencies(const FxNode& at, const std::string& cos, const std::string& sin) {
+    const StoredTensor &c = m_.stored.at(cos), &s = m_.stored.at(sin);
+    if (c.shape != s.shape) m_.fail_at(at, str("rotary cos and sin tables of shapes ", shape_str(c.shape), " and ",
+                                               shape_str(s.shape)));
+    const int64_t W = c.shape[1], F = W / 2;
+    return rotation_frequencies(at, c.shape[0], F, [&](int64_t first, int64_t rows) {
+      const std::vector<float> a = m_.read_float32s(c, first * W, rows * W, cos);
+      const std::vector<float> b = m_.read_float32s(s, first * W, rows * W, sin);
+      std::vector<float> pairs(rows * F * 2);
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t i = 0; i < F; ++i) {
+          if (a[r * W + i] != a[r * W + F + i] || b[r * W + i] != b[r * W + F + i])
+            m_.fail_at(at, str("rotary tables whose row ", first + r, " has halves that differ at ", i,
+                               " (not cat(freqs, freqs))"));
+          pairs[(r * F + i) * 2] = a[r * W + i], pairs[(r * F + i) * 2 + 1] = b[r * W + i];
+        }
+      return pairs;
+    });
   }
 
   // q * cos + rotate_half(q) * sin: rotate_half(q) = cat(-q[..., D/2:], q[..., :D/2]) (Llama's), or
@@ -2742,13 +2804,23 @@ class TorchImporter {
     const Imported& xv = value(x);
     if (xv.kind != Imported::tensor || xv.shape.size() != 4) return std::nullopt;
     const int64_t D = xv.shape[3];
-    if (int64_t(cos->data.size()) * 2 != D)
-      m_.fail_at(n, str("a rotary embedding whose ", cos->data.size(), " frequencies do not cover the ", D,
-                        " dims it rotates (a partial rotary slices them off first)"));
-    if (cos->data != sin->data || cos->number != sin->number) return std::nullopt;
-    // A theta and scaling whose frequencies are the table's (the kernels' own, in double), or else
-    // the table itself (longrope's per-dimension factors).
-    std::optional<RopeOptions> rope = rope_from_inv_freq(cos->data, D);
+    // Cached cos and sin tables (cached_table): the frequencies of the pair.
+    std::optional<RopeOptions> rope;
+    if (!cos->cached.empty() || !sin->cached.empty()) {
+      if (cos->cached.empty() || sin->cached.empty() || interleaved) return std::nullopt;
+      if (m_.stored.at(cos->cached).shape[1] != D)
+        m_.fail_at(n, str("a rotary embedding whose tables of ", m_.stored.at(cos->cached).shape[1],
+                          " columns do not cover the ", D, " dims it rotates"));
+      rope = cached_frequencies(n, cos->cached, sin->cached);
+    } else {
+      if (int64_t(cos->data.size()) * 2 != D)
+        m_.fail_at(n, str("a rotary embedding whose ", cos->data.size(), " frequencies do not cover the ", D,
+                          " dims it rotates (a partial rotary slices them off first)"));
+      if (cos->data != sin->data || cos->number != sin->number) return std::nullopt;
+      // A theta and scaling whose frequencies are the table's (the kernels' own, in double), or else
+      // the table itself (longrope's per-dimension factors).
+      rope = rope_from_inv_freq(cos->data, D);
+    }
     if (!rope) {
       rope.emplace();
       rope->rope_type = "frequencies";

@@ -139,7 +139,7 @@ INSTANTIATE_TEST_SUITE_P(Models, TorchImportReference,
                                            "gemma2", "opt", "cohere2", "apertus", "mpt", "bloom", "gpt_neo", "qwen3",
                                            "gpt_neox", "olmo2", "gpt_bigcode", "starcoder2", "smollm3", "phi", "glm4",
                                            "biogpt", "exaone4", "phi3_longrope", "nanogpt", "nanogpt_shift",
-                                           "titan_llama", "torch_encoder", "torch_encoder_prenorm"),
+                                           "titan_llama", "torch_encoder", "torch_encoder_prenorm", "cached_llama"),
                          [](const auto& info) { return info.param; });
 
 // Llama through PyTorch and through autosp's own builder (models/llama.h): the same model,
@@ -603,6 +603,25 @@ TEST(TorchImport, TorchtitansComplexRotaryIsTheInterleavedRope) {
   const std::string random =
       import_error(testing::source_path("tests/fixtures/torch_export_errors/complex_table/model.pt2"));
   EXPECT_NE(random.find("not the rotations of one frequency per pair"), std::string::npos) << random;
+}
+
+// Stored cos and sin tables cut to the sequence and read at the positions (transformers' Llama
+// before 4.38, and many a model's remote code since) are the rope: the frequencies come from the
+// pair (theta 10000, solved), every row the sequence reads checked. A table of 64 rows at S = 65
+// is an error saying so.
+TEST(TorchImport, CachedCosAndSinTablesReadAtThePositionsAreTheRope) {
+  const TorchProgram p = TorchProgram::load(testing::source_path("tests/fixtures/torch_export/cached_llama/model.pt2"));
+  const std::string text = print_graph(p.forward({.batch = 2, .seq_len = 16}));
+  const std::vector<std::string> ropes = op_lines(text, "rope");
+  ASSERT_EQ(ropes.size(), 4u) << text;
+  for (const std::string& line : ropes) EXPECT_NE(line.find("{theta=10000.0}"), std::string::npos) << line;
+  EXPECT_EQ(op_lines(text, "embedding").size(), 1u) << text;  // the tokens' only: no table is read
+  const std::string e = testing::user_error_of([&] { p.forward({.batch = 1, .seq_len = 65}); });
+  EXPECT_NE(e.find("a rotary table of 64 positions at S = 65"), std::string::npos) << e;
+  // A sin table of other frequencies than its cos table is no rotation.
+  const std::string other =
+      import_error(testing::source_path("tests/fixtures/torch_export_errors/cached_tables/model.pt2"));
+  EXPECT_NE(other.find("not the rotations of one frequency per pair"), std::string::npos) << other;
 }
 
 // OPT's positions (a cumsum of a mask of ones, minus 1, plus 2) read its learned table from row
