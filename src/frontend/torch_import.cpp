@@ -2202,8 +2202,8 @@ class TorchImporter {
 
   // A stored table of sin and cos of p * f read at the positions p: index(table, [positions])
   // (CodeGen's) or gather(table.repeat(1, 1, 1), 1, positions[..., None].repeat(1, 1, 2F))
-  // (GPT-J's). The frequencies are read back from row 1 (f = atan2(sin f, cos f)), and every row
-  // the sequence reads is checked against them; nullopt for an index or gather of anything else.
+  // (GPT-J's). The frequencies are read back from the table and every row the sequence reads is
+  // checked (rotation_frequencies); nullopt for an index or gather of anything else.
   std::optional<Imported> sincos_table(const FxNode& n) {
     std::string table, positions;
     if (is(&n, "index.Tensor")) {
@@ -2240,14 +2240,17 @@ class TorchImporter {
     v.sincos = true;
     v.number = 1.0;
     v.shape = {1, o_.seq_len, 2 * F};
-    for (int64_t i = 0; i < F; ++i) v.data.push_back(float(std::atan2(double(t.data[ts[1] + i]), double(t.data[ts[1] + F + i]))));
-    for (int64_t p = 0; p < o_.seq_len; ++p)
-      for (int64_t i = 0; i < F; ++i) {
-        const double angle = double(p) * v.data[i], tol = 1e-5 + 4e-7 * std::abs(angle);  // fp32 angles
-        if (std::abs(t.data[p * ts[1] + i] - std::sin(angle)) > tol || std::abs(t.data[p * ts[1] + F + i] - std::cos(angle)) > tol)
-          m_.fail_at(n, str("a table read at the positions that is not [sin(p f) | cos(p f)] of one set of frequencies (row ",
-                            p, ", frequency ", i, ")"));
-      }
+    // rows of [sin | cos] as (cos, sin) pairs
+    const std::vector<double> f = rotation_frequencies(n, rows, F, [&](int64_t first, int64_t count) {
+      std::vector<float> pairs(count * F * 2);
+      for (int64_t r = 0; r < count; ++r)
+        for (int64_t i = 0; i < F; ++i) {
+          const float* row = &t.data[(first + r) * 2 * F];
+          pairs[(r * F + i) * 2] = row[F + i], pairs[(r * F + i) * 2 + 1] = row[i];
+        }
+      return pairs;
+    });
+    v.data.assign(f.begin(), f.end());
     return v;
   }
   Imported split_sincos(const FxNode& n, const Imported& x, const std::string& name) {
@@ -2617,32 +2620,32 @@ class TorchImporter {
     const std::string stored = through(arg_tensor(*cut, "self", 0));
     if (!m_.stored.count(stored) || m_.parameter_of.count(stored))
       m_.fail_at(*cut, "a complex rotary table that is not a stored tensor (a buffer)");
-    std::optional<RopeOptions> rope = complex_rope_frequencies(*cut, stored, F);
-    rope->interleaved = true;
-    Imported out = ir(t_.rope(tensor_of(x), positions(), *rope));
+    RopeOptions rope = complex_rope_frequencies(*cut, stored, F);
+    rope.interleaved = true;
+    Imported out = ir(t_.rope(tensor_of(x), positions(), rope));
     out.shape = xv.shape;
     return out;
   }
   // The rope of a stored complex table [R, F] whose row p is polar(1, p f_i) (rotation_frequencies).
-  std::optional<RopeOptions> complex_rope_frequencies(const FxNode& at, const std::string& name, int64_t F) {
+  RopeOptions complex_rope_frequencies(const FxNode& at, const std::string& name, int64_t F) {
     const StoredTensor& t = m_.stored.at(name);
     if (t.dtype != kComplexFloat || t.shape.size() != 2 || t.shape[1] != F)
       m_.fail_at(at, str("a rotary table ", name, " that is not complex64 [R, ", F, "] (dtype code ", t.dtype, ", ",
                          shape_str(t.shape), ")"));
-    return rotation_frequencies(at, t.shape[0], F, [&](int64_t first, int64_t rows) {
+    return rope_of(at, rotation_frequencies(at, t.shape[0], F, [&](int64_t first, int64_t rows) {
       return m_.read_float32s(t, first * F * 2, rows * F * 2, name);
-    });
+    }));
   }
-  // The rope of a table of rotations whose row p is (cos p f_i, sin p f_i), i < F, for R positions;
-  // `rows(first, n)` gives rows first .. first + n - 1, F (cos, sin) pairs each. f_i is read from
-  // row 1 (its angle, f_i < pi) and refined at rows 2, 4, ..., R - 1 (each angle unwrapped by the
-  // last estimate; at row P the angle's fp32 error is 1/P of a frequency's), then every row the
-  // sequence reads (at most 4096) is checked against cos and sin of p f_i, within fp32's rounding
-  // of the table's angles p f_i (torch computes them in fp32) and of its cos and sin. A theta (or a
-  // scaling) whose frequencies these are within fp32's rounding is the rope's (rope_from_inv_freq),
-  // else the frequencies themselves.
-  std::optional<RopeOptions> rotation_frequencies(const FxNode& at, int64_t R, int64_t F,
-                                                  const std::function<std::vector<float>(int64_t, int64_t)>& rows) {
+  // The frequencies f_i of a table of rotations whose row p is (cos p f_i, sin p f_i), i < F, for
+  // R positions; `rows(first, n)` gives rows first .. first + n - 1, F (cos, sin) pairs each. f_i
+  // is read from row 1 (its angle, f_i < pi) and refined at rows 2, 4, ..., R - 1 (each angle
+  // unwrapped by the last estimate; at row P the angle's fp32 error is 1/P of a frequency's),
+  // then every row the sequence reads (at most 4096) is checked against cos and sin of p f_i,
+  // within fp32's rounding of the table's angles p f_i (torch computes them in fp32) and of its cos
+  // and sin. The stored sin/cos table of GPT-J, the complex one of torchtitan, the cached cos and
+  // sin of older Llamas.
+  std::vector<double> rotation_frequencies(const FxNode& at, int64_t R, int64_t F,
+                                           const std::function<std::vector<float>(int64_t, int64_t)>& rows) {
     constexpr double kPi = 3.14159265358979323846;
     const int64_t S = o_.seq_len;
     if (R < S)
@@ -2672,15 +2675,21 @@ class TorchImporter {
           m_.fail_at(at, str("a rotary table whose row ", p, ", frequency ", i, " is (", c, ", ", sn,
                              "), not (cos, sin) of ", p, " x ", f[i], ": not the rotations of one frequency per pair"));
       }
-    for (int64_t i = 0; i < F; ++i)
-      if (!(f[i] > 0)) m_.fail_at(at, str("a rotary table whose frequency ", i, " is ", f[i], ", not positive"));
-    std::vector<float> as_float(f.begin(), f.end());
-    std::optional<RopeOptions> rope = rope_from_inv_freq(as_float, 2 * F);
-    if (!rope) {
-      rope.emplace();
-      rope->rope_type = "frequencies";
-      rope->inv_freq = f;
-    }
+    return f;
+  }
+  // The rope of D / 2 frequencies: a theta and scaling whose frequencies are these (the kernels'
+  // own, in double) within fp32's rounding, or else the frequencies themselves (longrope's
+  // per-dimension factors); each must be positive.
+  RopeOptions rope_of(const FxNode& at, const std::vector<double>& f) {
+    for (size_t i = 0; i < f.size(); ++i)
+      if (!(f[i] > 0) || !std::isfinite(f[i]))
+        m_.fail_at(at, str("a rotary embedding whose frequency ", i, " is ", f[i], ", not a positive number"));
+    if (std::optional<RopeOptions> rope = rope_from_inv_freq(std::vector<float>(f.begin(), f.end()),
+                                                             2 * int64_t(f.size())))
+      return *rope;
+    RopeOptions rope;
+    rope.rope_type = "frequencies";
+    rope.inv_freq = f;
     return rope;
   }
   // A stored cos or sin table [R, 2F] of cat(freqs, freqs), cut to the sequence and read at the
@@ -2690,13 +2699,14 @@ class TorchImporter {
   std::optional<Imported> cached_table(const FxNode& n) {
     const std::vector<std::string> indices = index_list(n);
     if (indices.size() != 1 || indices[0].empty()) return std::nullopt;
-    const Imported& pos = value(indices[0]);
     const FxNode* cut = node_of(through(arg_tensor(n, "self", 0)));
-    if (pos.kind != Imported::positions || !is(cut, "slice.Tensor") || int_arg(*cut, "dim", 1, 0) != 0 ||
-        int_arg(*cut, "start", 2, 0) != 0 || int_arg(*cut, "step", 4, 1) != 1)
+    if (!is(cut, "slice.Tensor") || int_arg(*cut, "dim", 1, 0) != 0 || int_arg(*cut, "start", 2, 0) != 0 ||
+        int_arg(*cut, "step", 4, 1) != 1)
       return std::nullopt;
     const std::string name = through(arg_tensor(*cut, "self", 0));
     if (!m_.stored.count(name) || m_.parameter_of.count(name)) return std::nullopt;
+    const Imported& pos = value(indices[0]);  // (a stored table's index only: nothing else is imported here)
+    if (pos.kind != Imported::positions) return std::nullopt;
     const StoredTensor& t = m_.stored.at(name);
     if (t.dtype != kFloat32 || t.shape.size() != 2 || t.shape[1] % 2 != 0 || t.shape[0] < 2) return std::nullopt;
     // cos of the angles at position 0 is 1, sin 0
@@ -2716,12 +2726,12 @@ class TorchImporter {
   }
   // The frequencies of a cached cos table and its sin partner (cached_table), both [R, 2F] with
   // equal halves in every row the sequence reads.
-  std::optional<RopeOptions> cached_frequencies(const FxNode& at, const std::string& cos, const std::string& sin) {
+  RopeOptions cached_frequencies(const FxNode& at, const std::string& cos, const std::string& sin) {
     const StoredTensor &c = m_.stored.at(cos), &s = m_.stored.at(sin);
     if (c.shape != s.shape) m_.fail_at(at, str("rotary cos and sin tables of shapes ", shape_str(c.shape), " and ",
                                                shape_str(s.shape)));
     const int64_t W = c.shape[1], F = W / 2;
-    return rotation_frequencies(at, c.shape[0], F, [&](int64_t first, int64_t rows) {
+    return rope_of(at, rotation_frequencies(at, c.shape[0], F, [&](int64_t first, int64_t rows) {
       const std::vector<float> a = m_.read_float32s(c, first * W, rows * W, cos);
       const std::vector<float> b = m_.read_float32s(s, first * W, rows * W, sin);
       std::vector<float> pairs(rows * F * 2);
@@ -2733,7 +2743,7 @@ class TorchImporter {
           pairs[(r * F + i) * 2] = a[r * W + i], pairs[(r * F + i) * 2 + 1] = b[r * W + i];
         }
       return pairs;
-    });
+    }));
   }
 
   // q * cos + rotate_half(q) * sin: rotate_half(q) = cat(-q[..., D/2:], q[..., :D/2]) (Llama's), or
@@ -2804,8 +2814,8 @@ class TorchImporter {
     const Imported& xv = value(x);
     if (xv.kind != Imported::tensor || xv.shape.size() != 4) return std::nullopt;
     const int64_t D = xv.shape[3];
-    // Cached cos and sin tables (cached_table): the frequencies of the pair.
-    std::optional<RopeOptions> rope;
+    // Cached cos and sin tables (cached_table): the frequencies of the pair; else the tables'.
+    RopeOptions rope;
     if (!cos->cached.empty() || !sin->cached.empty()) {
       if (cos->cached.empty() || sin->cached.empty() || interleaved) return std::nullopt;
       if (m_.stored.at(cos->cached).shape[1] != D)
@@ -2817,23 +2827,11 @@ class TorchImporter {
         m_.fail_at(n, str("a rotary embedding whose ", cos->data.size(), " frequencies do not cover the ", D,
                           " dims it rotates (a partial rotary slices them off first)"));
       if (cos->data != sin->data || cos->number != sin->number) return std::nullopt;
-      // A theta and scaling whose frequencies are the table's (the kernels' own, in double), or else
-      // the table itself (longrope's per-dimension factors).
-      rope = rope_from_inv_freq(cos->data, D);
-    }
-    if (!rope) {
-      rope.emplace();
-      rope->rope_type = "frequencies";
-      for (size_t i = 0; i < cos->data.size(); ++i) {
-        const float f = cos->data[i];
-        if (!(f > 0) || !std::isfinite(f))
-          m_.fail_at(n, str("a rotary embedding whose frequency ", i, " (inv_freq) is ", f, ", not a positive number"));
-        rope->inv_freq.push_back(f);
-      }
+      rope = rope_of(n, std::vector<double>(cos->data.begin(), cos->data.end()));
     }
     // autosp's rope is [B, S, H, D]; torch's q here is [B, H, S, D] (or already [B, S, H, D]).
     Tensor bshd = heads == 2 ? materialize(xv, x) : as_bshd(xv, x);
-    RopeOptions options = *rope;
+    RopeOptions options = rope;
     options.interleaved = interleaved;
     Tensor y = t_.rope(bshd, positions(), options);
     // cos and sin times an attention scaling (yarn's): the rotated x times it.
