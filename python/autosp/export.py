@@ -76,6 +76,23 @@ def _attention_reference(q, k, v, causal: bool, scale: float, window: int, softc
     return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
 
 
+def _moe_reference(x, router_logits, gate, up, down, top_k: int, normalize: bool):
+    # x [T, H], router_logits [T, E]; expert e is down[e](silu(gate[e] x) * up[e] x). Each token's
+    # top_k experts by softmax probability, weighted by it (normalize: over the chosen ones' sum),
+    # summed in ascending expert order. Written densely (every expert on every row, weight 0 where
+    # not chosen: exactly the sparse sum) so that it traces without data-dependent shapes.
+    p = torch.softmax(router_logits, dim=-1, dtype=torch.float)
+    w, chosen = torch.topk(p, top_k, dim=-1)
+    if normalize:
+        w = w / w.sum(dim=-1, keepdim=True)
+    dense = torch.zeros_like(p).scatter(-1, chosen, w).to(x.dtype)
+    out = torch.zeros_like(x)
+    for e in range(len(gate)):
+        h = torch.nn.functional.silu(x @ gate[e].T) * (x @ up[e].T)
+        out = out + (h @ down[e].T) * dense[..., e:e + 1]
+    return out
+
+
 def register():
     """Registers the custom op and, when transformers is importable, its "autosp" attention."""
     global _registered
@@ -84,6 +101,9 @@ def register():
     torch.library.define("autosp::attention", "(Tensor q, Tensor k, Tensor v, bool causal, float scale, int window, "
                                               "float softcap=0.0) -> Tensor")
     torch.library.impl("autosp::attention", "CompositeImplicitAutograd")(_attention_reference)
+    torch.library.define("autosp::moe", "(Tensor x, Tensor router_logits, Tensor[] gate, Tensor[] up, Tensor[] down, "
+                                        "int top_k, bool normalize) -> Tensor")
+    torch.library.impl("autosp::moe", "CompositeImplicitAutograd")(_moe_reference)
     try:
         from transformers import AttentionInterface
         from transformers.masking_utils import AttentionMaskInterface
@@ -295,6 +315,89 @@ class _BatchFirstSelfAttention:
         return False
 
 
+class _SparseMoeBlocks:
+    """While exporting: transformers' sparse mixture-of-experts blocks (Mixtral's, Qwen3-MoE's,
+    OLMoE's) send each token to its top-k experts through a loop over the experts hit (nonzero,
+    where, index_add_), which torch.export cannot trace with a dynamic sequence. A block made of a
+    router `gate` (a linear without bias of E outputs), `experts` (E SwiGLU MLPs: gate_proj, up_proj,
+    down_proj or Mixtral's w1, w3, w2, linears without bias) and `top_k` computes, for the export,
+    its router logits with its own gate and the rest as one `autosp::moe` node of the experts'
+    weights (autosp's moe op). Before that, the rewrite is run against the block's own forward on a
+    sample, with the chosen weights normalised to sum 1 and without: the form that gives the
+    block's output is kept, and a block that neither gives (another routing, activation or a
+    shared expert) is refused, named. Mixtral's router jitter (random) is refused above 0."""
+
+    def __init__(self, model):
+        self.model = model
+        self.patched = []
+
+    @staticmethod
+    def _layer_names(module):
+        """The experts' gate, up and down layers' names (all experts alike), or None: not such a block."""
+        gate, experts, k = getattr(module, "gate", None), getattr(module, "experts", None), getattr(module, "top_k", None)
+        if not (isinstance(gate, torch.nn.Linear) and gate.bias is None and isinstance(experts, torch.nn.ModuleList)
+                and isinstance(k, int) and len(experts) == gate.out_features and 1 <= k <= len(experts)):
+            return None
+        for names in (("gate_proj", "up_proj", "down_proj"), ("w1", "w3", "w2")):
+            if all(isinstance(getattr(e, n, None), torch.nn.Linear) and getattr(e, n).bias is None
+                   for e in experts for n in names):
+                return names
+        return None
+
+    def __enter__(self):
+        try:
+            self._patch()
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def _patch(self):
+        for name, module in self.model.named_modules():
+            names = self._layer_names(module)
+            if names is None:
+                continue
+            if getattr(module, "jitter_noise", 0) and module.training:
+                raise ValueError(f"autosp export: {name} ({type(module).__name__}) multiplies its input by random "
+                                 f"noise (router_jitter_noise={module.jitter_noise}); set it to 0 to train with autosp")
+            original = module.forward
+            gate = module.gate
+
+            def moe(hidden_states, normalize, module=module, names=names):
+                # (the weights read through the modules while tracing: torch.export then sees parameters)
+                x = hidden_states.reshape(-1, hidden_states.shape[-1])
+                logits = module.gate(x)
+                gate, up, down = ([getattr(e, n).weight for e in module.experts] for n in names)
+                out = torch.ops.autosp.moe(x, logits, gate, up, down, module.top_k, normalize)
+                return out.view(hidden_states.shape), logits
+
+            sample = torch.randn(1, 8, gate.in_features, generator=torch.Generator().manual_seed(0),
+                                 dtype=gate.weight.dtype, device=gate.weight.device)
+            with torch.no_grad():
+                want = original(sample)
+                tuple_out = isinstance(want, tuple)
+                want = want[0] if tuple_out else want
+                fits = [n for n in (True, False)
+                        if torch.allclose(moe(sample, n)[0], want, rtol=1e-4, atol=1e-5 * float(want.abs().max()))]
+            if not fits:
+                raise ValueError(f"autosp export: {name} ({type(module).__name__}) has a router gate, experts and "
+                                 f"top_k, but computes something else than softmax top-k routing over SwiGLU experts "
+                                 f"(autosp's moe op), e.g. a shared expert or another activation; not supported yet")
+            normalize = fits[0]
+
+            def forward(hidden_states, moe=moe, normalize=normalize, tuple_out=tuple_out):
+                out, logits = moe(hidden_states, normalize)
+                return (out, logits) if tuple_out else out
+
+            module.forward = forward
+            self.patched.append(module)
+
+    def __exit__(self, *exc):
+        for module in self.patched:
+            del module.forward
+        return False
+
+
 def _position_table_length(model):
     """The length of the model's position tables from its config (None: it names none)."""
     config = getattr(model, "config", None)
@@ -309,6 +412,9 @@ def export(model, path, batch: int = 2, seq_len: int = 16, max_seq_len: int = 1 
     """Exports `model`'s training loss, forward(input_ids, labels) -> loss, to `path` (.pt2)."""
     use_autosp_attention(model)
     model.train()
+    if getattr(getattr(model, "config", None), "output_router_logits", False):
+        raise ValueError("autosp export: the config's output_router_logits is true, which adds the mixture-of-experts "
+                         "load-balancing loss to the loss; autosp does not compute it yet (set it to False)")
     vocab = vocab_size or getattr(getattr(model, "config", None), "vocab_size", None)
     if not vocab:
         raise ValueError(f"autosp export: {type(model).__name__} has no config.vocab_size; pass vocab_size= (the "
@@ -319,7 +425,8 @@ def export(model, path, batch: int = 2, seq_len: int = 16, max_seq_len: int = 1 
     def export_between(shortest, longest):
         b = torch.export.Dim("batch", min=1, max=1 << 16)
         s = torch.export.Dim("seq_len", min=shortest, max=longest)
-        with _ConcreteIsCausal(), _NoLayerDrop(model), _LongRopeByLength(model), _BatchFirstSelfAttention():
+        with _ConcreteIsCausal(), _NoLayerDrop(model), _LongRopeByLength(model), _BatchFirstSelfAttention(), \
+                _SparseMoeBlocks(model):
             return torch.export.export(_LossOf(model), (ids, ids.clone()),
                                        dynamic_shapes=({0: b, 1: s}, {0: b, 1: s}))
 

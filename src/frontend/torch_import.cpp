@@ -1753,6 +1753,7 @@ class TorchImporter {
                      A("input", 0));
     }
     if (op == "torch.ops.aten.cat.default") return cat(n);
+    if (op == "torch.ops.autosp.moe.default") return moe(n);
     if (op == "torch.ops.autosp.attention.default") {
       // softcap: Gemma 2's attn_logit_softcapping (archives written before it have no such argument)
       return attention(n, A("q", 0), A("k", 1), A("v", 2), bool_arg(n, "causal", 3, true), float_arg(n, "scale", 4),
@@ -2845,6 +2846,31 @@ class TorchImporter {
   Tensor as_bshd(const Imported& v, const std::string& name) {
     if (v.perm == std::vector<int64_t>{0, 2, 1, 3}) return v.t;
     return t_.transpose(materialize(v, name), {0, 2, 1, 3});
+  }
+
+  // autosp::moe, export.py's form of a sparse mixture-of-experts block (Mixtral's, Qwen3-MoE's,
+  // OLMoE's): x's rows, its router logits (the block's gate, a linear of the same rows), and each
+  // expert's gate, up and down weights, as the moe op takes them.
+  Imported moe(const FxNode& n) {
+    const std::string x = arg_tensor(n, "x", 0), logits = arg_tensor(n, "router_logits", 1);
+    std::vector<std::vector<std::string>> lists;
+    const char* names[] = {"gate", "up", "down"};
+    for (size_t i = 0; i < 3; ++i) {
+      const json* a = arg(n, names[i], 2 + i);
+      if (!a || !a->contains("as_tensors")) m_.fail_at(n, str("the experts' ", names[i], " weights are not a list"));
+      lists.emplace_back();
+      for (const json& t : (*a)["as_tensors"]) lists.back().push_back(t.value("name", ""));
+    }
+    if (lists[0].size() != lists[1].size() || lists[0].size() != lists[2].size())
+      m_.fail_at(n, str(lists[0].size(), " gate, ", lists[1].size(), " up and ", lists[2].size(),
+                        " down weights: one of each per expert"));
+    std::vector<Tensor> experts;
+    for (size_t e = 0; e < lists[0].size(); ++e)
+      for (size_t i = 0; i < 3; ++i) experts.push_back(tensor_of(lists[i][e]));
+    if (rows_merged(value(x)) != rows_merged(value(logits)) || value(x).shape.size() != value(logits).shape.size())
+      m_.fail_at(n, "x and the router logits are not rows alike");
+    const int64_t top_k = int_arg(n, "top_k", 5);
+    return rowwise(t_.moe(rowwise_of(x), rowwise_of(logits), experts, top_k, bool_arg(n, "normalize", 6, false)), x);
   }
 
   Imported cat(const FxNode& n) {

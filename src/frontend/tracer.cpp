@@ -130,6 +130,13 @@ Tensor Tracer::linear_cross_entropy(Tensor x, Tensor weight, Tensor labels, int6
   return op(OpKind::div_scalar, {loss_sum, count});
 }
 
+Tensor Tracer::moe(Tensor x, Tensor router_logits, const std::vector<Tensor>& experts, int64_t top_k,
+                   bool normalize) {
+  std::vector<Tensor> in{x, router_logits};
+  in.insert(in.end(), experts.begin(), experts.end());
+  return op(OpKind::moe, in, {{"top_k", top_k}, {"normalize", int64_t{normalize}}});
+}
+
 Tensor Tracer::reshape(Tensor x, const Shape& shape) {
   return op(OpKind::reshape, {x}, {{"shape", shape}});
 }

@@ -91,6 +91,11 @@ class Tracer {
   // softcap c > 0: of the logits c tanh(x weight^T / c) (Gemma 2's final_logit_softcapping).
   Tensor linear_cross_entropy(Tensor x, Tensor weight, Tensor labels, int64_t ignore_index = -100,
                               double softcap = 0);
+  // The sparse mixture-of-experts block (Mixtral's, Qwen-MoE's): each row of x through the top_k
+  // of E SwiGLU experts its router logits [..., E] rank highest, weighted by their softmax
+  // probabilities (normalize: divided by their sum). experts: gate, up [I, H] and down [H, I] of
+  // each expert in turn (3 E tensors).
+  Tensor moe(Tensor x, Tensor router_logits, const std::vector<Tensor>& experts, int64_t top_k, bool normalize);
   Tensor reshape(Tensor x, const Shape& shape);
   Tensor transpose(Tensor x, const std::vector<int64_t>& perm);
   Tensor slice(Tensor x, int64_t dim, int64_t start, int64_t end);

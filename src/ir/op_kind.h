@@ -13,9 +13,9 @@ namespace autosp {
   X(tanh_backward) X(xielu) X(xielu_backward) X(rms_norm) X(rms_norm_backward) X(layer_norm) \
   X(layer_norm_backward) X(rope) X(attention)                                                \
   X(attention_backward) X(cross_entropy) X(cross_entropy_backward) X(linear_cross_entropy)  \
-  X(linear_cross_entropy_backward) X(linear_cross_entropy_with_grad) X(count_valid)        \
-  X(reshape) X(transpose) X(slice) X(slice_backward) X(concat) X(all_to_all) X(all_reduce)    \
-  X(all_gather) X(reduce_scatter)
+  X(linear_cross_entropy_backward) X(linear_cross_entropy_with_grad) X(count_valid) X(moe)   \
+  X(moe_backward) X(reshape) X(transpose) X(slice) X(slice_backward) X(concat) X(all_to_all)  \
+  X(all_reduce) X(all_gather) X(reduce_scatter)
 
 enum class OpKind : uint8_t {
 #define AUTOSP_OP_ENUM(name) name,

@@ -172,7 +172,7 @@ struct StartedKernel {
 
 struct OpDef {
   int num_inputs;   // -1: variadic, at least one
-  int num_outputs;
+  int num_outputs;  // -1: as many as `infer` returns (moe_backward: one per operand)
   // Checks attributes and operand types; returns the result types.
   Types (*infer)(const Types& inputs, const Attrs& attrs);
   // FLOPs; bytes default to operands + results when the rule leaves them 0.

@@ -114,7 +114,7 @@ Types infer_checked(OpKind op, const Types& inputs, const Attrs& attrs) {
     else
       require(!inputs.empty(), "expected at least one operand");
     Types out = def.infer(inputs, attrs);
-    AUTOSP_CHECK(static_cast<int>(out.size()) == def.num_outputs, op_name(op),
+    AUTOSP_CHECK(def.num_outputs < 0 ? !out.empty() : static_cast<int>(out.size()) == def.num_outputs, op_name(op),
                  ": rule returned ", out.size(), " results");
     return out;
   } catch (const ShapeError& e) {

@@ -157,6 +157,36 @@ TEST(OpGrad, XieluAndItsScalars) {
   check_gradients(t.finish(), feed);
 }
 
+// The sparse mixture-of-experts block: 5 experts, each token's top 2, with and without the
+// normalisation of their weights. Each row's logits are a permutation of 0, 0.6, 1.2, 1.8 and
+// -3 for expert 4, so no step of the differences (at most 1e-2 x 1.8) changes a token's
+// experts, and expert 4, which no token chooses, must get zero gradients.
+TEST(OpGrad, MixtureOfExperts) {
+  for (const bool normalize : {false, true}) {
+    SCOPED_TRACE(normalize ? "normalized" : "softmax weights");
+    const int64_t T = 6, H = 6, I = 5, E = 5;
+    Tracer t;
+    Tensor x = t.parameter("x", {2, T / 2, H}), logits = t.parameter("logits", {2, T / 2, E});
+    std::vector<Tensor> experts;
+    for (int64_t e = 0; e < E; ++e) {
+      experts.push_back(t.parameter(str("gate", e), {I, H}));
+      experts.push_back(t.parameter(str("up", e), {I, H}));
+      experts.push_back(t.parameter(str("down", e), {H, I}));
+    }
+    t.output("y0", t.moe(x, logits, experts, 2, normalize));
+    Feed feed;
+    std::vector<float> l;
+    std::vector<int> order = {0, 1, 2, 3};
+    for (int64_t r = 0; r < T; ++r) {
+      std::next_permutation(order.begin(), order.end());
+      for (int e = 0; e < 4; ++e) l.push_back(0.6f * float(order[e]));
+      l.push_back(-3.0f);
+    }
+    feed.f["logits"] = l;
+    check_gradients(t.finish(), feed);
+  }
+}
+
 TEST(OpGrad, Swiglu) {
   Tracer t;
   Tensor g = t.parameter("gate", {2, 11}), u = t.parameter("up", {2, 11});

@@ -130,6 +130,39 @@ void matmuls_norms_rope_and_embedding_follow_the_operand_dtype() {
   }
 }
 
+// moe: y of x's type; its backward one gradient per operand, each of the operand's type. The
+// rule names what is wrong: the count of expert weights, top_k, an expert's shape, a dtype.
+void moe_follows_the_operand_dtype() {
+  const Attrs attrs{{"top_k", int64_t{2}}, {"normalize", int64_t{1}}};
+  for (DType d : {f32, bf16}) {
+    SCOPED_TRACE(dtype_name(d));
+    const TensorType x = T(d, {2, 5, 8}), logits = T(d, {2, 5, 3}), gu = T(d, {6, 8}), down = T(d, {8, 6});
+    Types in{x, logits};
+    for (int e = 0; e < 3; ++e) in.insert(in.end(), {gu, gu, down});
+    EXPECT_EQ(infer(OpKind::moe, in, attrs), Types{x});
+    Types back{x};
+    back.insert(back.end(), in.begin(), in.end());
+    EXPECT_EQ(infer(OpKind::moe_backward, back, attrs), in);
+  }
+  const TensorType x = T(f32, {2, 5, 8}), logits = T(f32, {2, 5, 3}), gu = T(f32, {6, 8}), down = T(f32, {8, 6});
+  Types in{x, logits};
+  for (int e = 0; e < 3; ++e) in.insert(in.end(), {gu, gu, down});
+  EXPECT_NE(infer_error(OpKind::moe, Types(in.begin(), in.end() - 1), attrs)
+                .find("router logits of 3 experts need 9 expert weights (gate, up and down of each), got 8"),
+            std::string::npos);
+  EXPECT_NE(infer_error(OpKind::moe, in, {{"top_k", int64_t{4}}}).find("top_k=4 must be in [1, 3]"),
+            std::string::npos);
+  Types wrong = in;
+  wrong[7] = T(f32, {6, 7});
+  EXPECT_NE(infer_error(OpKind::moe, wrong, attrs).find("expert 1's down must be [8, 6], got f32[6, 7]"),
+            std::string::npos);
+  wrong = in;
+  wrong[2] = T(bf16, {6, 8});
+  EXPECT_NE(infer_error(OpKind::moe, wrong, attrs).find("x and gate must have the same dtype"), std::string::npos);
+  EXPECT_NE(infer_error(OpKind::moe, {x, T(f32, {2, 4, 3})}, attrs).find("router logits must be x's leading dims"),
+            std::string::npos);
+}
+
 void attention_keeps_an_f32_log_sum_exp() {
   const Attrs attrs{{"causal", int64_t{1}}, {"scale", 0.5}};
   for (DType d : {f32, bf16}) {
@@ -407,6 +440,7 @@ TEST(OpTypes, FillTakesAnOptionalDtype) { fill_takes_an_optional_dtype(); }
 TEST(OpTypes, ConvertChangesTheDtypeAndNothingElse) { convert_changes_the_dtype_and_nothing_else(); }
 TEST(OpTypes, MatmulsNormsRopeAndEmbeddingFollowTheOperandDtype) { matmuls_norms_rope_and_embedding_follow_the_operand_dtype(); }
 TEST(OpTypes, AttentionKeepsAnF32LogSumExp) { attention_keeps_an_f32_log_sum_exp(); }
+TEST(OpTypes, MoeFollowsTheOperandDtype) { moe_follows_the_operand_dtype(); }
 TEST(OpTypes, CrossEntropyKeepsAnF32LossAndLogSumExp) { cross_entropy_keeps_an_f32_loss_and_log_sum_exp(); }
 TEST(OpTypes, LayoutOpsAndCollectivesKeepTheDtype) { layout_ops_and_collectives_keep_the_dtype(); }
 TEST(OpTypes, MixedF32AndBf16IsAnErrorNamingBothTypes) { mixed_f32_and_bf16_is_an_error_naming_both_types(); }
@@ -419,6 +453,7 @@ TEST(OpTypes, EveryOpHasATypeTest) {
   convert_changes_the_dtype_and_nothing_else();
   matmuls_norms_rope_and_embedding_follow_the_operand_dtype();
   attention_keeps_an_f32_log_sum_exp();
+  moe_follows_the_operand_dtype();
   cross_entropy_keeps_an_f32_loss_and_log_sum_exp();
   layout_ops_and_collectives_keep_the_dtype();
   mixed_f32_and_bf16_is_an_error_naming_both_types();

@@ -79,7 +79,8 @@ INSTANTIATE_TEST_SUITE_P(Models, TorchImportSequenceParallel,
                                                               "olmo2", "gpt_bigcode", "starcoder2", "smollm3", "phi",
                                                               "glm4", "biogpt", "exaone4", "phi3_longrope", "nanogpt",
                                                               "nanogpt_shift", "titan_llama", "torch_encoder",
-                                                              "torch_encoder_prenorm", "cached_llama"),
+                                                              "torch_encoder_prenorm", "cached_llama", "mixtral",
+                                                              "qwen3_moe", "olmoe"),
                                             ::testing::Values(2, 4)),
                          [](const auto& info) { return str(std::get<0>(info.param), "_sp", std::get<1>(info.param)); });
 

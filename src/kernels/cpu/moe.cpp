@@ -1,0 +1,189 @@
+#include "kernels/cpu/moe.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <vector>
+
+#include "kernels/cpu/basic.h"
+#include "kernels/cpu/fused.h"
+
+namespace autosp::cpu {
+
+namespace {
+
+// softmax(l) of one token's E logits in double: max subtracted, exp, divided by the sum.
+void softmax_row(const float* l, int64_t E, double* p) {
+  const double m = *std::max_element(l, l + E);
+  double s = 0;
+  for (int64_t e = 0; e < E; ++e) s += p[e] = std::exp(double(l[e]) - m);
+  for (int64_t e = 0; e < E; ++e) p[e] /= s;
+}
+
+// The k largest of p, in descending order, ties to the lower expert.
+void top_k(const double* p, int64_t E, int64_t k, int32_t* chosen) {
+  std::vector<int32_t> order(E);
+  std::iota(order.begin(), order.end(), 0);
+  std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                    [p](int32_t a, int32_t b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
+  std::copy_n(order.begin(), k, chosen);
+}
+
+// The routing's integer arrays, laid out at the start of the workspace.
+struct Routing {
+  int32_t* experts;  // [T, k]
+  float* weights;    // [T, k]
+  int32_t* slots;    // [T k]: the slots t k + j, by expert, ascending t within each
+  int32_t* start;    // [E + 1]: expert e's slots are slots[start[e] .. start[e + 1])
+};
+
+int64_t routing_floats(const MoeDims& d) { return 3 * d.T * d.k + d.E + 1; }
+
+Routing route(const MoeDims& d, const float* logits, float* ws) {
+  Routing r{reinterpret_cast<int32_t*>(ws), ws + d.T * d.k, reinterpret_cast<int32_t*>(ws + 2 * d.T * d.k),
+            reinterpret_cast<int32_t*>(ws + 3 * d.T * d.k)};
+  moe_route(d, logits, r.experts, r.weights);
+  std::fill_n(r.start, d.E + 1, 0);
+  for (int64_t s = 0; s < d.T * d.k; ++s) ++r.start[r.experts[s] + 1];
+  for (int64_t e = 0; e < d.E; ++e) r.start[e + 1] += r.start[e];
+  std::vector<int32_t> next(r.start, r.start + d.E);
+  for (int64_t s = 0; s < d.T * d.k; ++s) r.slots[next[r.experts[s]]++] = int32_t(s);
+  return r;
+}
+
+// rows[i, :] = src[slots[i] / k, :] for i < n (a token's row, gathered).
+void gather_rows(const float* src, const int32_t* slots, int64_t n, int64_t k, int64_t H, float* rows) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) std::copy_n(src + int64_t(slots[i] / k) * H, H, rows + i * H);
+}
+
+}  // namespace
+
+void moe_route(const MoeDims& d, const float* logits, int32_t* experts, float* weights) {
+#pragma omp parallel
+  {
+    std::vector<double> p(d.E);
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < d.T; ++t) {
+      softmax_row(logits + t * d.E, d.E, p.data());
+      int32_t* chosen = experts + t * d.k;
+      top_k(p.data(), d.E, d.k, chosen);
+      double s = 0;
+      for (int64_t j = 0; j < d.k; ++j) s += p[chosen[j]];
+      for (int64_t j = 0; j < d.k; ++j) weights[t * d.k + j] = float(d.normalize ? p[chosen[j]] / s : p[chosen[j]]);
+    }
+  }
+}
+
+int64_t moe_workspace_floats(const MoeDims& d, bool backward) {
+  const int64_t R = std::min(d.T * d.k, kMoeChunkRows);
+  // forward: x rows, gate, up (then the swiglu), out; backward adds dy rows, the swiglu kept,
+  // its gradient, and each slot's dw.
+  return routing_floats(d) + (backward ? d.T * d.k + R * (3 * d.H + 4 * d.I) : R * (2 * d.H + 2 * d.I));
+}
+
+void moe_forward(const MoeDims& d, const float* x, const float* logits, const float* const* w, float* y,
+                 float* workspace) {
+  const Routing r = route(d, logits, workspace);
+  const int64_t R = std::min(d.T * d.k, kMoeChunkRows), H = d.H, I = d.I;
+  float* xs = workspace + routing_floats(d);
+  float *g = xs + R * H, *u = g + R * I, *o = u + R * I;
+  std::fill_n(y, d.T * H, 0.0f);
+  for (int64_t e = 0; e < d.E; ++e) {
+    for (int64_t c = r.start[e]; c < r.start[e + 1]; c += R) {
+      const int32_t* slots = r.slots + c;
+      const int64_t n = std::min<int64_t>(R, r.start[e + 1] - c);
+      gather_rows(x, slots, n, d.k, H, xs);
+      gemm(false, true, n, I, H, xs, w[3 * e], g);
+      gemm(false, true, n, I, H, xs, w[3 * e + 1], u);
+      swiglu_forward(g, u, n * I, g);
+      gemm(false, true, n, H, I, g, w[3 * e + 2], o);
+      // y[t] += w_j o: the expert's output weighted, then added (transformers' order).
+#pragma omp parallel for schedule(static)
+      for (int64_t i = 0; i < n; ++i) {
+        const float wj = r.weights[slots[i]];
+        float* yt = y + int64_t(slots[i] / d.k) * H;
+        const float* oi = o + i * H;
+        for (int64_t h = 0; h < H; ++h) yt[h] += wj * oi[h];
+      }
+    }
+  }
+}
+
+void moe_backward(const MoeDims& d, const float* dy, const float* x, const float* logits, const float* const* w,
+                  float* dx, float* dlogits, float* const* dw, float* workspace) {
+  const Routing r = route(d, logits, workspace);
+  const int64_t R = std::min(d.T * d.k, kMoeChunkRows), H = d.H, I = d.I;
+  float* dws = workspace + routing_floats(d);  // [T k]: dw of each slot
+  float* xs = dws + d.T * d.k;
+  float *dys = xs + R * H, *o = dys + R * H, *g = o + R * H, *u = g + R * I, *hh = u + R * I, *dh = hh + R * I;
+  std::fill_n(dx, d.T * H, 0.0f);
+  for (int64_t e = 0; e < d.E; ++e) {
+    std::fill_n(dw[3 * e], I * H, 0.0f);
+    std::fill_n(dw[3 * e + 1], I * H, 0.0f);
+    std::fill_n(dw[3 * e + 2], H * I, 0.0f);
+    for (int64_t c = r.start[e]; c < r.start[e + 1]; c += R) {
+      const int32_t* slots = r.slots + c;
+      const int64_t n = std::min<int64_t>(R, r.start[e + 1] - c);
+      gather_rows(x, slots, n, d.k, H, xs);
+      gather_rows(dy, slots, n, d.k, H, dys);
+      gemm(false, true, n, I, H, xs, w[3 * e], g);
+      gemm(false, true, n, I, H, xs, w[3 * e + 1], u);
+      swiglu_forward(g, u, n * I, hh);
+      gemm(false, true, n, H, I, hh, w[3 * e + 2], o);
+      // dw_j = <dy[t], o>, then o becomes do = w_j dy[t].
+#pragma omp parallel for schedule(static)
+      for (int64_t i = 0; i < n; ++i) {
+        const float* dyi = dys + i * H;
+        float* oi = o + i * H;
+        double s = 0;
+        for (int64_t h = 0; h < H; ++h) s += double(dyi[h]) * double(oi[h]);
+        dws[slots[i]] = float(s);
+        const float wj = r.weights[slots[i]];
+        for (int64_t h = 0; h < H; ++h) oi[h] = wj * dyi[h];
+      }
+      gemm(true, false, H, I, n, o, hh, dw[3 * e + 2], true);  // ddown += do^T h
+      gemm(false, false, n, I, H, o, w[3 * e + 2], dh);        // dh = do down
+      swiglu_backward(dh, g, u, n * I, g, u);                  // g, u become dgate, dup
+      gemm(true, false, I, H, n, g, xs, dw[3 * e], true);      // dgate_e += dg^T x
+      gemm(true, false, I, H, n, u, xs, dw[3 * e + 1], true);  // dup_e += du^T x
+      gemm(false, false, n, H, I, g, w[3 * e], dys);           // dx rows = dg gate + du up
+      gemm(false, false, n, H, I, u, w[3 * e + 1], dys, true);
+#pragma omp parallel for schedule(static)
+      for (int64_t i = 0; i < n; ++i) {
+        float* dxt = dx + int64_t(slots[i] / d.k) * H;
+        const float* src = dys + i * H;
+        for (int64_t h = 0; h < H; ++h) dxt[h] += src[h];
+      }
+    }
+  }
+  // The router, in double. Normalised, the weights are the softmax of the chosen logits alone
+  // (p_j / sum_i p_i = e^{l_j} / sum_i e^{l_i}), so dl_j = w_j (dw_j - sum_i dw_i w_i) and an
+  // unchosen logit's gradient is exactly 0 (as it is in the maths: computed through the full
+  // softmax it would be rounding noise, which AdamW's first steps turn into +-lr updates).
+  // Otherwise dl_e = p_e (dw_e - sum_j dw_j p_{e_j}), dw_e = 0 unchosen.
+#pragma omp parallel
+  {
+    std::vector<double> p(d.E);
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < d.T; ++t) {
+      softmax_row(logits + t * d.E, d.E, p.data());
+      const int32_t* chosen = r.experts + t * d.k;
+      const float* dwt = dws + t * d.k;
+      float* dl = dlogits + t * d.E;
+      double s = 0, dot = 0;
+      for (int64_t j = 0; j < d.k; ++j) s += p[chosen[j]];
+      if (d.normalize) {
+        for (int64_t j = 0; j < d.k; ++j) dot += double(dwt[j]) * (p[chosen[j]] / s);
+        std::fill_n(dl, d.E, 0.0f);
+        for (int64_t j = 0; j < d.k; ++j) dl[chosen[j]] = float(p[chosen[j]] / s * (double(dwt[j]) - dot));
+      } else {
+        for (int64_t j = 0; j < d.k; ++j) dot += double(dwt[j]) * p[chosen[j]];
+        for (int64_t e = 0; e < d.E; ++e) dl[e] = float(-p[e] * dot);
+        for (int64_t j = 0; j < d.k; ++j) dl[chosen[j]] = float(p[chosen[j]] * (double(dwt[j]) - dot));
+      }
+    }
+  }
+}
+
+}  // namespace autosp::cpu

@@ -1,0 +1,44 @@
+// CPU kernels of the mixture-of-experts layer (the `moe` op): the sparse MoE block of Mixtral,
+// Qwen2/3-MoE and OLMoE. T tokens (the rows of x [T, H]), E experts, each a SwiGLU MLP
+// down_e(silu(gate_e x) * up_e x) with gate_e, up_e [I, H] and down_e [H, I], and each token
+// sent to the k experts its router logits [T, E] rank highest:
+//
+//   p = softmax(logits[t]),  e_1..e_k = the k largest p (ties to the lower expert),
+//   w_j = p_{e_j}  (normalize: p_{e_j} / sum_i p_{e_i}, Mixtral's and norm_topk_prob's),
+//   y[t] = sum over the chosen experts in ascending order of w_j expert_{e_j}(x[t])
+//
+// which is transformers' loop (index_add_ per expert, ascending) with no token dropped. Each
+// expert runs on its own tokens only, gathered in ascending order, in chunks of at most
+// kMoeChunkRows rows: two gemms, the fused swiglu, one gemm, a scatter-add. The routing is
+// computed in double and rounded once; the backward recomputes it and each expert's forward
+// (nothing is kept between the two). Sums over tokens (the weights' gradients) follow the
+// chunks' fixed order, so the results are the same on any thread count.
+#pragma once
+#include <cstdint>
+
+namespace autosp::cpu {
+
+struct MoeDims {
+  int64_t T = 0, H = 0, I = 0, E = 0, k = 0;
+  bool normalize = false;
+};
+
+constexpr int64_t kMoeChunkRows = 512;
+
+// Token t's experts[t, j] and weights[t, j], j < k, in descending order of p.
+void moe_route(const MoeDims& d, const float* logits, int32_t* experts, float* weights);
+
+// The experts' weights as the op takes them: w[3e], w[3e + 1], w[3e + 2] are expert e's gate,
+// up and down (dw likewise). Workspace: moe_workspace_floats(d, backward) floats.
+int64_t moe_workspace_floats(const MoeDims& d, bool backward);
+void moe_forward(const MoeDims& d, const float* x, const float* logits, const float* const* w, float* y,
+                 float* workspace);
+// dx (the experts' part; the router's reaches x through dlogits), dlogits, and every expert's
+// dgate, dup, ddown (zero for an expert no token chose).
+//   dw_j = <dy[t], expert_{e_j}(x[t])>;  normalize (w the softmax of the chosen logits alone):
+//   dlogits[t, e_j] = w_j (dw_j - sum_i dw_i w_i) and 0 for the others (exactly); else
+//   dlogits[t, e] = p_e (dw_e - sum_j dw_j p_{e_j})  (dw_e = 0 unchosen).
+void moe_backward(const MoeDims& d, const float* dy, const float* x, const float* logits, const float* const* w,
+                  float* dx, float* dlogits, float* const* dw, float* workspace);
+
+}  // namespace autosp::cpu

@@ -1,0 +1,160 @@
+// The mixture-of-experts layer's kernels (moe.h): one thread per token for the routing (E and
+// k are small: at most a few hundred experts), one block per row for the row copies.
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/moe.h"
+
+#include <stdexcept>
+#include <string>
+
+namespace autosp::cuda {
+
+namespace {
+
+constexpr int kMaxExperts = 512;  // the routing kernels' per-thread arrays (checked on the host)
+
+// softmax of one token's logits into p (double), and its k largest (ties to the lower expert).
+template <typename T>
+__device__ void route_token(const T* l, int64_t E, int64_t k, double* p, int32_t* chosen) {
+  double m = -INFINITY;
+  for (int64_t e = 0; e < E; ++e) m = fmax(m, double(to_f(l[e])));
+  double s = 0;
+  for (int64_t e = 0; e < E; ++e) s += p[e] = exp(double(to_f(l[e])) - m);
+  for (int64_t e = 0; e < E; ++e) p[e] /= s;
+  for (int64_t j = 0; j < k; ++j) {
+    int32_t best = -1;
+    for (int64_t e = 0; e < E; ++e) {
+      bool taken = false;
+      for (int64_t i = 0; i < j; ++i) taken = taken || chosen[i] == e;
+      if (!taken && (best < 0 || p[e] > p[best])) best = int32_t(e);
+    }
+    chosen[j] = best;
+  }
+}
+
+template <typename T>
+__global__ void route_kernel(const T* logits, int64_t T_, int64_t E, int64_t k, bool normalize, int32_t* experts,
+                             float* weights) {
+  double p[kMaxExperts];
+  AUTOSP_GRID_STRIDE(t, T_) {
+    int32_t* chosen = experts + t * k;
+    route_token(logits + t * E, E, k, p, chosen);
+    double s = 0;
+    for (int64_t j = 0; j < k; ++j) s += p[chosen[j]];
+    for (int64_t j = 0; j < k; ++j) weights[t * k + j] = float(normalize ? p[chosen[j]] / s : p[chosen[j]]);
+  }
+}
+
+template <typename T>
+__global__ void gather_kernel(const T* src, const int32_t* slots, int64_t n, int64_t k, int64_t H, T* rows) {
+  AUTOSP_GRID_STRIDE(i, n * H) {
+    const int64_t r = i / H, h = i % H;
+    rows[i] = src[int64_t(slots[r] / k) * H + h];
+  }
+}
+
+template <typename T>
+__global__ void scatter_add_kernel(const T* rows, const int32_t* slots, const float* weights, int64_t n, int64_t k,
+                                   int64_t H, T* y) {
+  AUTOSP_GRID_STRIDE(i, n * H) {
+    const int64_t r = i / H, h = i % H;
+    const float w = weights ? weights[slots[r]] : 1.0f;
+    T* yt = y + int64_t(slots[r] / k) * H + h;
+    *yt = from_f<T>(to_f(*yt) + w * to_f(rows[i]));
+  }
+}
+
+// One block per row.
+template <typename T>
+__global__ void output_grad_kernel(const T* dy_rows, T* out, const int32_t* slots, const float* weights, int64_t H,
+                                   float* dws) {
+  __shared__ double shared[32];
+  const int64_t r = blockIdx.x;
+  const T* dy = dy_rows + r * H;
+  T* o = out + r * H;
+  double acc = 0;
+  for (int64_t h = threadIdx.x; h < H; h += blockDim.x) acc += double(to_f(dy[h])) * double(to_f(o[h]));
+  acc = block_sum(acc, shared);
+  if (threadIdx.x == 0) dws[slots[r]] = float(acc);
+  const float w = weights[slots[r]];
+  for (int64_t h = threadIdx.x; h < H; h += blockDim.x) o[h] = from_f<T>(w * to_f(dy[h]));
+}
+
+template <typename T>
+__global__ void router_backward_kernel(const T* logits, const int32_t* experts, const float* dws, int64_t T_,
+                                       int64_t E, int64_t k, bool normalize, T* dlogits) {
+  double p[kMaxExperts];
+  AUTOSP_GRID_STRIDE(t, T_) {
+    const T* l = logits + t * E;
+    double m = -INFINITY;
+    for (int64_t e = 0; e < E; ++e) m = fmax(m, double(to_f(l[e])));
+    double s = 0;
+    for (int64_t e = 0; e < E; ++e) s += p[e] = exp(double(to_f(l[e])) - m);
+    for (int64_t e = 0; e < E; ++e) p[e] /= s;
+    const int32_t* chosen = experts + t * k;
+    const float* dw = dws + t * k;
+    double sel = 0, dot = 0;
+    for (int64_t j = 0; j < k; ++j) sel += p[chosen[j]];
+    for (int64_t j = 0; j < k; ++j) dot += double(dw[j]) * p[chosen[j]] / sel;
+    double pdp = 0;
+    for (int64_t j = 0; j < k; ++j) pdp += (normalize ? (double(dw[j]) - dot) / sel : double(dw[j])) * p[chosen[j]];
+    T* dl = dlogits + t * E;
+    for (int64_t e = 0; e < E; ++e) dl[e] = from_f<T>(float(-p[e] * pdp));
+    for (int64_t j = 0; j < k; ++j) {
+      const double dp = normalize ? (double(dw[j]) - dot) / sel : double(dw[j]);
+      dl[chosen[j]] = from_f<T>(float(p[chosen[j]] * (dp - pdp)));
+    }
+  }
+}
+
+void check_experts(int64_t E) {
+  if (E > kMaxExperts)
+    throw std::invalid_argument("moe: " + std::to_string(E) + " experts, above the cuda routing kernel's " +
+                                std::to_string(kMaxExperts));
+}
+
+}  // namespace
+
+void moe_route(Dt dt, const void* logits, int64_t T, int64_t E, int64_t k, bool normalize, int32_t* experts,
+               float* weights, cudaStream_t stream) {
+  check_experts(E);
+  dispatch(dt, [&]<typename X>() {
+    route_kernel<X><<<blocks_for(T), kThreads, 0, stream>>>(static_cast<const X*>(logits), T, E, k, normalize,
+                                                             experts, weights);
+  });
+}
+
+void moe_gather_rows(Dt dt, const void* src, const int32_t* slots, int64_t n, int64_t k, int64_t H, void* rows,
+                     cudaStream_t stream) {
+  dispatch(dt, [&]<typename X>() {
+    gather_kernel<X><<<blocks_for(n * H), kThreads, 0, stream>>>(static_cast<const X*>(src), slots, n, k, H,
+                                                                  static_cast<X*>(rows));
+  });
+}
+
+void moe_scatter_add(Dt dt, const void* rows, const int32_t* slots, const float* weights, int64_t n, int64_t k,
+                     int64_t H, void* y, cudaStream_t stream) {
+  dispatch(dt, [&]<typename X>() {
+    scatter_add_kernel<X><<<blocks_for(n * H), kThreads, 0, stream>>>(static_cast<const X*>(rows), slots, weights, n,
+                                                                       k, H, static_cast<X*>(y));
+  });
+}
+
+void moe_output_grad(Dt dt, const void* dy_rows, void* out, const int32_t* slots, const float* weights, int64_t n,
+                     int64_t H, float* dws, cudaStream_t stream) {
+  if (n == 0) return;
+  dispatch(dt, [&]<typename X>() {
+    output_grad_kernel<X><<<unsigned(n), kThreads, 0, stream>>>(static_cast<const X*>(dy_rows), static_cast<X*>(out),
+                                                                 slots, weights, H, dws);
+  });
+}
+
+void moe_router_backward(Dt dt, const void* logits, const int32_t* experts, const float* dws, int64_t T, int64_t E,
+                         int64_t k, bool normalize, void* dlogits, cudaStream_t stream) {
+  check_experts(E);
+  dispatch(dt, [&]<typename X>() {
+    router_backward_kernel<X><<<blocks_for(T), kThreads, 0, stream>>>(static_cast<const X*>(logits), experts, dws, T,
+                                                                       E, k, normalize, static_cast<X*>(dlogits));
+  });
+}
+
+}  // namespace autosp::cuda

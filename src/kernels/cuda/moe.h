@@ -1,0 +1,34 @@
+// The cuda kernels of the mixture-of-experts layer (the `moe` op) beside its cuBLAS products
+// (ops/moe.cpp orchestrates them: the routing here, the experts' rows gathered here, three
+// cuBLAS gemms and the fused swiglu per chunk, then a scatter-add here). The maths is
+// kernels/cpu/moe.h's; each kernel is one thread (or block) per token or gathered row.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/dtype.h"
+
+namespace autosp::cuda {
+
+// Token t's experts[t, j] and weights[t, j] (f32) from its E router logits (of dt), as
+// cpu::moe_route: softmax and normalisation in double, the k largest, ties to the lower expert.
+void moe_route(Dt dt, const void* logits, int64_t T, int64_t E, int64_t k, bool normalize, int32_t* experts,
+               float* weights, cudaStream_t stream);
+// rows[i, :] = src[slots[i] / k, :] for i < n (H elements of dt each).
+void moe_gather_rows(Dt dt, const void* src, const int32_t* slots, int64_t n, int64_t k, int64_t H, void* rows,
+                     cudaStream_t stream);
+// y[slots[i] / k, :] += weights[slots[i]] rows[i, :] (weights null: 1), in fp32, rounded once
+// to dt. The rows of one call are distinct tokens (a token chooses an expert once), and calls
+// run in stream order, so each element's sum has one order.
+void moe_scatter_add(Dt dt, const void* rows, const int32_t* slots, const float* weights, int64_t n, int64_t k,
+                     int64_t H, void* y, cudaStream_t stream);
+// For each gathered row i: dws[slots[i]] = <dy_rows[i], out[i]> (summed in double), then
+// out[i] = weights[slots[i]] dy_rows[i] (the expert's output gradient, in place).
+void moe_output_grad(Dt dt, const void* dy_rows, void* out, const int32_t* slots, const float* weights, int64_t n,
+                     int64_t H, float* dws, cudaStream_t stream);
+// dlogits (of dt) from each slot's dw, as cpu::moe_backward's router part.
+void moe_router_backward(Dt dt, const void* logits, const int32_t* experts, const float* dws, int64_t T, int64_t E,
+                         int64_t k, bool normalize, void* dlogits, cudaStream_t stream);
+
+}  // namespace autosp::cuda

@@ -1,0 +1,290 @@
+// moe (the sparse mixture-of-experts block: routing and SwiGLU experts in one op) and
+// moe_backward. The maths is kernels/cpu/moe.h's.
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/moe.h"
+#include "ops/op.h"
+#ifdef AUTOSP_HAVE_CUDA
+#include "kernels/cuda/fused.h"
+#include "kernels/cuda/moe.h"
+#include "ops/cuda_kernels.h"
+#endif
+
+namespace autosp {
+
+namespace {
+
+// moe's operands from `first` on: x [..., H], router logits [..., E] (x's leading dims), then
+// expert e's gate [I, H], up [I, H] and down [H, I] for e = 0 .. E - 1, every floating operand
+// of x's dtype. {top_k: 1..E, normalize: 0 or 1}.
+cpu::MoeDims moe_dims(const Types& in, const Attrs& attrs, size_t first) {
+  require(in.size() >= first + 2, "expected x, the router logits and 3 weights per expert");
+  const TensorType &x = in[first], &logits = in[first + 1];
+  require_floating(x, "x");
+  require_same_dtype(x, "x", logits, "router logits");
+  require(!x.shape.empty(), "x must have rank >= 1");
+  require(logits.shape.size() == x.shape.size() &&
+              std::equal(x.shape.begin(), x.shape.end() - 1, logits.shape.begin()),
+          "router logits must be x's leading dims by the experts, got x ", type_str(x), " and logits ",
+          type_str(logits));
+  cpu::MoeDims d;
+  d.T = rows_of(x.shape);
+  d.H = x.shape.back();
+  d.E = logits.shape.back();
+  require(d.E >= 1, "at least one expert");
+  require(int64_t(in.size()) == int64_t(first) + 2 + 3 * d.E, "router logits of ", d.E, " experts need ", 3 * d.E,
+          " expert weights (gate, up and down of each), got ", int64_t(in.size()) - int64_t(first) - 2);
+  require(attrs.has("top_k"), "needs a 'top_k' attribute");
+  d.k = attrs.get_int("top_k");
+  require(d.k >= 1 && d.k <= d.E, "top_k=", d.k, " must be in [1, ", d.E, "] (the experts)");
+  const int64_t normalize = attrs.get_int("normalize", 0);
+  require(normalize == 0 || normalize == 1, "normalize must be 0 or 1, got ", normalize);
+  d.normalize = normalize == 1;
+  d.I = in[first + 2].shape.size() == 2 ? in[first + 2].shape[0] : -1;
+  for (int64_t e = 0; e < d.E; ++e) {
+    const char* names[] = {"gate", "up", "down"};
+    for (int64_t m = 0; m < 3; ++m) {
+      const TensorType& w = in[first + 2 + 3 * e + m];
+      const Shape want = m < 2 ? Shape{d.I, d.H} : Shape{d.H, d.I};
+      require_same_dtype(x, "x", w, names[m]);
+      require(w.shape == want, "expert ", e, "'s ", names[m], " must be ", shape_str(want), ", got ", type_str(w),
+              " (gate and up [I, H], down [H, I], one I for all experts)");
+    }
+  }
+  return d;
+}
+
+Types types_of(const KernelArgs& a) {
+  Types t;
+  for (const TensorType* p : a.in_types) t.push_back(*p);
+  return t;
+}
+
+// The operands' buffers from `first` on (the experts' weights).
+std::vector<const float*> floats_from(const KernelArgs& a, size_t first) {
+  std::vector<const float*> w;
+  for (size_t i = first; i < a.inputs.size(); ++i) w.push_back(static_cast<const float*>(a.inputs[i]));
+  return w;
+}
+
+// The cuda kernels' scratch (ops/moe.cpp's cuda_moe): the routing (each slot's expert, weight
+// and, backward, dw; the slots by expert) and one chunk's rows in the operands' dtype, each
+// piece at a 256-byte boundary. Chunks are larger than the CPU's: a gemm of 4096 rows keeps
+// an H200 busy.
+constexpr int64_t kMoeDeviceChunkRows = 4096;
+struct MoeDeviceLayout {
+  int64_t experts = 0, weights = 0, slots = 0, dws = 0, rows = 0, total = 0;
+  int64_t R = 0;  // rows per chunk
+};
+MoeDeviceLayout moe_device_layout(const cpu::MoeDims& d, DType dtype, bool backward) {
+  MoeDeviceLayout l;
+  const int64_t slots = d.T * d.k, esize = dtype == DType::bf16 ? 2 : 4;
+  l.R = std::min(slots, kMoeDeviceChunkRows);
+  int64_t at = 0;
+  auto piece = [&](int64_t bytes) {
+    const int64_t start = at;
+    at += cuda_aligned(bytes);
+    return start;
+  };
+  l.experts = piece(4 * slots);
+  l.weights = piece(4 * slots);
+  l.slots = piece(4 * slots);
+  l.dws = backward ? piece(4 * slots) : 0;
+  l.rows = piece(esize * l.R * (backward ? 3 * d.H + 4 * d.I : 2 * d.H + 2 * d.I));
+  l.total = at;
+  return l;
+}
+int64_t moe_device_workspace_bytes(const Types& in, const Attrs& attrs, bool backward) {
+  const size_t first = backward ? 1 : 0;
+  return moe_device_layout(moe_dims(in, attrs, first), in[first].dtype, backward).total;
+}
+
+}  // namespace
+
+#ifdef AUTOSP_HAVE_CUDA
+namespace {
+
+// The routing on the device, and its slots by expert (ascending tokens within each) sorted on
+// the host: the op's one host synchronisation, since cuBLAS takes each expert's row count from
+// the host. start[e] .. start[e + 1] are expert e's slots.
+struct DeviceRouting {
+  int32_t* experts;
+  float* weights;
+  int32_t* slots;
+  std::vector<int32_t> start;
+};
+DeviceRouting route_on_device(const cpu::MoeDims& d, const MoeDeviceLayout& l, cuda::Dt dt, const void* logits,
+                              void* workspace, const CudaContext& c, const char* op) {
+  char* ws = static_cast<char*>(workspace);
+  DeviceRouting r{reinterpret_cast<int32_t*>(ws + l.experts), reinterpret_cast<float*>(ws + l.weights),
+                  reinterpret_cast<int32_t*>(ws + l.slots), std::vector<int32_t>(d.E + 1, 0)};
+  const int64_t n = d.T * d.k;
+  cuda::moe_route(dt, logits, d.T, d.E, d.k, d.normalize, r.experts, r.weights, c.stream);
+  std::vector<int32_t> experts(n), slots(n);
+  check_cuda(cudaMemcpyAsync(experts.data(), r.experts, size_t(4 * n), cudaMemcpyDeviceToHost, c.stream),
+             "cudaMemcpyAsync", op);
+  check_cuda(cudaStreamSynchronize(c.stream), "cudaStreamSynchronize", op);
+  for (int64_t s = 0; s < n; ++s) ++r.start[experts[s] + 1];
+  for (int64_t e = 0; e < d.E; ++e) r.start[e + 1] += r.start[e];
+  std::vector<int32_t> next(r.start.begin(), r.start.end() - 1);
+  for (int64_t s = 0; s < n; ++s) slots[next[experts[s]]++] = int32_t(s);
+  // (from pageable memory: the call returns once the source is read)
+  check_cuda(cudaMemcpyAsync(r.slots, slots.data(), size_t(4 * n), cudaMemcpyHostToDevice, c.stream),
+             "cudaMemcpyAsync", op);
+  return r;
+}
+
+// As cpu::moe_forward, chunk by chunk of each expert's rows: gather, gate and up products, the
+// fused swiglu, the down product, the weighted scatter-add.
+void cuda_moe(const KernelArgs& a, const CudaContext& c) {
+  const cpu::MoeDims d = moe_dims(types_of(a), *a.attrs, 0);
+  const cuda::Dt dt = cuda_in_dt(a, 0);
+  const MoeDeviceLayout l = moe_device_layout(d, a.in_types[0]->dtype, false);
+  const DeviceRouting r = route_on_device(d, l, dt, a.inputs[1], a.workspace, c, "moe");
+  const int64_t H = d.H, I = d.I, es = cuda::dt_size(dt), R = l.R;
+  char* rows = static_cast<char*>(a.workspace) + l.rows;
+  char *xs = rows, *g = xs + es * R * H, *u = g + es * R * I, *o = u + es * R * I;
+  cuda::fill(dt, a.outputs[0], d.T * H, 0.0f, c.stream);
+  for (int64_t e = 0; e < d.E; ++e) {
+    const void *wg = a.inputs[2 + 3 * e], *wu = a.inputs[3 + 3 * e], *wd = a.inputs[4 + 3 * e];
+    for (int64_t at = r.start[e]; at < r.start[e + 1]; at += R) {
+      const int64_t n = std::min<int64_t>(R, r.start[e + 1] - at);
+      const int32_t* slots = r.slots + at;
+      cuda::moe_gather_rows(dt, a.inputs[0], slots, n, d.k, H, xs, c.stream);
+      cuda_gemm(c, dt, dt, false, true, n, I, H, xs, wg, g, false, "moe");
+      cuda_gemm(c, dt, dt, false, true, n, I, H, xs, wu, u, false, "moe");
+      cuda::swiglu_forward_fused(dt, g, u, n * I, g, c.stream);
+      cuda_gemm(c, dt, dt, false, true, n, H, I, g, wd, o, false, "moe");
+      cuda::moe_scatter_add(dt, o, slots, r.weights, n, d.k, H, a.outputs[0], c.stream);
+    }
+  }
+}
+
+// As cpu::moe_backward.
+void cuda_moe_backward(const KernelArgs& a, const CudaContext& c) {
+  const cpu::MoeDims d = moe_dims(types_of(a), *a.attrs, 1);
+  const cuda::Dt dt = cuda_in_dt(a, 1);
+  const MoeDeviceLayout l = moe_device_layout(d, a.in_types[1]->dtype, true);
+  const DeviceRouting r = route_on_device(d, l, dt, a.inputs[2], a.workspace, c, "moe_backward");
+  const int64_t H = d.H, I = d.I, es = cuda::dt_size(dt), R = l.R;
+  float* dws = reinterpret_cast<float*>(static_cast<char*>(a.workspace) + l.dws);
+  char* rows = static_cast<char*>(a.workspace) + l.rows;
+  char *xs = rows, *dys = xs + es * R * H, *o = dys + es * R * H, *g = o + es * R * H, *u = g + es * R * I;
+  char *hh = u + es * R * I, *dh = hh + es * R * I;
+  cuda::fill(dt, a.outputs[0], d.T * H, 0.0f, c.stream);
+  for (int64_t e = 0; e < d.E; ++e) {
+    const void *wg = a.inputs[3 + 3 * e], *wu = a.inputs[4 + 3 * e], *wd = a.inputs[5 + 3 * e];
+    void *dwg = a.outputs[2 + 3 * e], *dwu = a.outputs[3 + 3 * e], *dwd = a.outputs[4 + 3 * e];
+    cuda::fill(dt, dwg, I * H, 0.0f, c.stream);
+    cuda::fill(dt, dwu, I * H, 0.0f, c.stream);
+    cuda::fill(dt, dwd, H * I, 0.0f, c.stream);
+    for (int64_t at = r.start[e]; at < r.start[e + 1]; at += R) {
+      const int64_t n = std::min<int64_t>(R, r.start[e + 1] - at);
+      const int32_t* slots = r.slots + at;
+      cuda::moe_gather_rows(dt, a.inputs[1], slots, n, d.k, H, xs, c.stream);
+      cuda::moe_gather_rows(dt, a.inputs[0], slots, n, d.k, H, dys, c.stream);
+      cuda_gemm(c, dt, dt, false, true, n, I, H, xs, wg, g, false, "moe_backward");
+      cuda_gemm(c, dt, dt, false, true, n, I, H, xs, wu, u, false, "moe_backward");
+      cuda::swiglu_forward_fused(dt, g, u, n * I, hh, c.stream);
+      cuda_gemm(c, dt, dt, false, true, n, H, I, hh, wd, o, false, "moe_backward");
+      cuda::moe_output_grad(dt, dys, o, slots, r.weights, n, H, dws, c.stream);  // o becomes do
+      cuda_gemm(c, dt, dt, true, false, H, I, n, o, hh, dwd, true, "moe_backward");
+      cuda_gemm(c, dt, dt, false, false, n, I, H, o, wd, dh, false, "moe_backward");
+      cuda::swiglu_backward_fused(dt, dh, g, u, n * I, g, u, c.stream);
+      cuda_gemm(c, dt, dt, true, false, I, H, n, g, xs, dwg, true, "moe_backward");
+      cuda_gemm(c, dt, dt, true, false, I, H, n, u, xs, dwu, true, "moe_backward");
+      cuda_gemm(c, dt, dt, false, false, n, H, I, g, wg, dys, false, "moe_backward");
+      cuda_gemm(c, dt, dt, false, false, n, H, I, u, wu, dys, true, "moe_backward");
+      cuda::moe_scatter_add(dt, dys, slots, nullptr, n, d.k, H, a.outputs[0], c.stream);
+    }
+  }
+  cuda::moe_router_backward(dt, a.inputs[2], r.experts, dws, d.T, d.E, d.k, d.normalize, a.outputs[1], c.stream);
+}
+
+}  // namespace
+#endif
+
+// moe(x, router_logits, gate_0, up_0, down_0, ..., gate_{E-1}, up_{E-1}, down_{E-1})
+//     {top_k, normalize} = y [..., H]: each row of x through its top_k experts, weighted by
+// their softmax probabilities (kernels/cpu/moe.h). The importer's form of transformers' sparse
+// MoE blocks, whose router linear stays a linear before it.
+extern const OpDef moe_op = {
+    .num_inputs = -1,
+    .num_outputs = 1,
+    .infer = [](const Types& in, const Attrs& attrs) -> Types {
+      moe_dims(in, attrs, 0);
+      return {in[0]};
+    },
+    // Each row: k experts of three [I, H] products, and the routing over E.
+    .cost = [](const Types& in, const Types&, const Attrs& attrs) {
+      const cpu::MoeDims d = moe_dims(in, attrs, 0);
+      return Cost{double(d.T) * (6.0 * double(d.k) * double(d.H) * double(d.I) + 4.0 * double(d.E)), 0};
+    },
+    // One backward op for every operand (it recomputes the routing and the experts' forward).
+    .grad = [](GradContext& c) {
+      std::vector<ValueId> ins{c.dout[0]};
+      ins.insert(ins.end(), c.node.inputs.begin(), c.node.inputs.end());
+      const std::vector<ValueId> d = c.b.emit(OpKind::moe_backward, ins, c.attrs());
+      for (size_t i = 0; i < c.node.inputs.size(); ++i)
+        if (c.needs[i]) c.din[i] = d[i];
+    },
+    .cpu = [](const KernelArgs& a) {
+      const cpu::MoeDims d = moe_dims(types_of(a), *a.attrs, 0);
+      const std::vector<const float*> w = floats_from(a, 2);
+      cpu::moe_forward(d, a.in(0), a.in(1), w.data(), a.out(0), static_cast<float*>(a.workspace));
+    },
+    .cpu_workspace_bytes = [](const Types& in, const Attrs& attrs, int) -> int64_t {
+      return 4 * cpu::moe_workspace_floats(moe_dims(in, attrs, 0), false);
+    },
+    // Row-wise: every token's rows are its own; the experts' weights are replicated.
+    .shard = [](const Shardings& in, const Types& t, const Attrs& a) -> Shardings {
+      require(in[0] == in[1] && !is_partial(in[0]), "x and the router logits must be sharded alike (not partial), got ",
+              sharding_str(in[0]), " and ", sharding_str(in[1]));
+      for (size_t i = 2; i < in.size(); ++i) require(is_replicated(in[i]), "the experts' weights must be replicated");
+      return shard_rowwise({in[0], in[1]}, {t[0], t[1]}, a);
+    },
+    .recompute = Recompute::matmul,
+    .cuda = {.name = "moe_forward",
+             .run = AUTOSP_CUDA_RUN(cuda_moe),
+             .workspace_bytes = [](const Types& in, const Types&, const Attrs& attrs) -> int64_t {
+               return moe_device_workspace_bytes(in, attrs, false);
+             }},
+};
+
+// moe_backward(dy, x, router_logits, gate_0, up_0, down_0, ...) {top_k, normalize} = (dx,
+// dlogits, dgate_0, dup_0, ddown_0, ...): every operand's gradient, each of its operand's type.
+extern const OpDef moe_backward_op = {
+    .num_inputs = -1,
+    .num_outputs = -1,
+    .infer = [](const Types& in, const Attrs& attrs) -> Types {
+      moe_dims(in, attrs, 1);
+      require(in[0].dtype == in[1].dtype && in[0].shape == in[1].shape, "dy must be x's type, got dy ",
+              type_str(in[0]), " and x ", type_str(in[1]));
+      return Types(in.begin() + 1, in.end());
+    },
+    // The forward again, then per expert five products: ddown, dh, dgate, dup, dx.
+    .cost = [](const Types& in, const Types&, const Attrs& attrs) {
+      const cpu::MoeDims d = moe_dims(in, attrs, 1);
+      return Cost{double(d.T) * (16.0 * double(d.k) * double(d.H) * double(d.I) + 10.0 * double(d.E)), 0};
+    },
+    .cpu = [](const KernelArgs& a) {
+      const cpu::MoeDims d = moe_dims(types_of(a), *a.attrs, 1);
+      const std::vector<const float*> w = floats_from(a, 3);
+      std::vector<float*> dw;
+      for (size_t i = 2; i < a.outputs.size(); ++i) dw.push_back(a.out(int(i)));
+      cpu::moe_backward(d, a.in(0), a.in(1), a.in(2), w.data(), a.out(0), a.out(1), dw.data(),
+                        static_cast<float*>(a.workspace));
+    },
+    .cpu_workspace_bytes = [](const Types& in, const Attrs& attrs, int) -> int64_t {
+      return 4 * cpu::moe_workspace_floats(moe_dims(in, attrs, 1), true);
+    },
+    .cuda = {.name = "moe_backward",
+             .run = AUTOSP_CUDA_RUN(cuda_moe_backward),
+             .workspace_bytes = [](const Types& in, const Types&, const Attrs& attrs) -> int64_t {
+               return moe_device_workspace_bytes(in, attrs, true);
+             }},
+};
+
+}  // namespace autosp
