@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "kernels/cpu/moe.h"
+#include "kernels/cuda/limits.h"
 #include "ops/op.h"
 #ifdef AUTOSP_HAVE_CUDA
 #include "kernels/cuda/fused.h"
@@ -54,6 +55,12 @@ cpu::MoeDims moe_dims(const Types& in, const Attrs& attrs, size_t first) {
     }
   }
   return d;
+}
+
+// The cuda routing kernels keep a token's probabilities in per-thread arrays.
+void check_device_experts(const Types& in, size_t first) {
+  const int64_t E = in[first + 1].shape.back();
+  require(E <= cuda::kMoeMaxExperts, E, " experts: the cuda moe kernels take at most ", cuda::kMoeMaxExperts);
 }
 
 Types types_of(const KernelArgs& a) {
@@ -250,7 +257,8 @@ extern const OpDef moe_op = {
              .run = AUTOSP_CUDA_RUN(cuda_moe),
              .workspace_bytes = [](const Types& in, const Types&, const Attrs& attrs) -> int64_t {
                return moe_device_workspace_bytes(in, attrs, false);
-             }},
+             },
+             .check = [](const Types& in, const Attrs&) { check_device_experts(in, 0); }},
 };
 
 // moe_backward(dy, x, router_logits, gate_0, up_0, down_0, ...) {top_k, normalize} = (dx,
@@ -284,7 +292,8 @@ extern const OpDef moe_backward_op = {
              .run = AUTOSP_CUDA_RUN(cuda_moe_backward),
              .workspace_bytes = [](const Types& in, const Types&, const Attrs& attrs) -> int64_t {
                return moe_device_workspace_bytes(in, attrs, true);
-             }},
+             },
+             .check = [](const Types& in, const Attrs&) { check_device_experts(in, 1); }},
 };
 
 }  // namespace autosp

@@ -12,6 +12,7 @@
 // (The bf16 attention cases run cuDNN's attention where it takes them, since it exists.)
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -397,6 +398,28 @@ std::vector<OpCase> op_cases() {
                     {"d", DType::f32, {}, true}},
                    one(OpKind::linear_cross_entropy_with_grad, {{"chunk", int64_t{3}}}),
                    {{"l", labels_with_ignored(10, V, 6)}}, {{"d", {1.25f}}}, false});
+  // The mixture-of-experts block: 4 experts, top 2, normalised; each token's logits a permutation
+  // of 0, 0.5, 1, 1.5 (exact in bf16, and no difference step changes a token's experts).
+  {
+    const int64_t E = 4, I = 12;
+    std::vector<float> logits;
+    std::vector<int> order = {0, 1, 2, 3};
+    for (int64_t r = 0; r < 2 * 5; ++r) {
+      std::next_permutation(order.begin(), order.end());
+      for (int e = 0; e < E; ++e) logits.push_back(0.5f * float(order[e]));
+    }
+    std::vector<InputSpec> in = {{"x", DType::f32, {2, 5, H}}, {"logits", DType::f32, {2, 5, E}}};
+    for (int64_t e = 0; e < E; ++e) {
+      in.push_back({str("gate", e), DType::f32, {I, H}});
+      in.push_back({str("up", e), DType::f32, {I, H}});
+      in.push_back({str("down", e), DType::f32, {H, I}});
+    }
+    const Attrs a{{"top_k", int64_t{2}}, {"normalize", int64_t{1}}};
+    cases.push_back({"moe", in, one(OpKind::moe, a), {}, {{"logits", logits}}});
+    std::vector<InputSpec> back = in;
+    back.insert(back.begin(), InputSpec{"dy", DType::f32, {2, 5, H}});
+    cases.push_back({"moe_backward", back, one(OpKind::moe_backward, a), {}, {{"logits", logits}}, false});
+  }
   cases.push_back({"count_valid", {{"l", DType::i32, {2, 5}}},
                    one(OpKind::count_valid), {{"l", labels_with_ignored(10, V, 7)}}, {}, false});
   cases.push_back({"reshape_then_scale", {{"x", DType::f32, {2, 3, 4}}},

@@ -17,5 +17,8 @@ constexpr int64_t kAttentionMaxD = 256;
 // The most query heads (per rank) of an attention with ALiBi slopes: the kernels take them by
 // value (kernels.h, AlibiSlopes). BLOOM-176B has 112.
 constexpr int64_t kAttentionMaxAlibiHeads = 128;
+// The most experts of the moe op's routing kernels (kernels/cuda/moe.h: a token's probabilities
+// in per-thread arrays). Qwen3-MoE and OLMoE have 128 and 64, DeepSeek-V3 256.
+constexpr int64_t kMoeMaxExperts = 512;
 
 }  // namespace autosp::cuda

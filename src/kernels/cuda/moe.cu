@@ -10,7 +10,7 @@ namespace autosp::cuda {
 
 namespace {
 
-constexpr int kMaxExperts = 512;  // the routing kernels' per-thread arrays (checked on the host)
+constexpr int kMaxExperts = int(kMoeMaxExperts);  // the routing kernels' per-thread arrays
 
 // softmax of one token's logits into p (double), and its k largest (ties to the lower expert).
 template <typename T>
