@@ -98,6 +98,29 @@ def families():
               max_position_embeddings=64)),
         ("vaultgemma", "VaultGemmaForCausalLM", "VaultGemmaConfig",  # Gemma 2's layout, softcaps
          dict(C, head_dim=8, query_pre_attn_scalar=8)),
+        # Mixture-of-experts (export.py's autosp::moe where the block is softmax top-k over SwiGLU experts)
+        ("mixtral", "MixtralForCausalLM", "MixtralConfig", dict(C, num_local_experts=4, num_experts_per_tok=2)),
+        ("qwen3_moe", "Qwen3MoeForCausalLM", "Qwen3MoeConfig",
+         dict(C, head_dim=8, moe_intermediate_size=24, num_experts=4, num_experts_per_tok=2)),
+        ("olmoe", "OlmoeForCausalLM", "OlmoeConfig", dict(C, num_experts=8, num_experts_per_tok=2)),
+        ("flex_olmo", "FlexOlmoForCausalLM", "FlexOlmoConfig", dict(C, num_experts=4, num_experts_per_tok=2)),
+        ("minimax", "MiniMaxForCausalLM", "MiniMaxConfig",  # lightning (linear) attention layers too
+         dict(C, head_dim=8, num_local_experts=4, num_experts_per_tok=2)),
+        ("ernie4_5_moe", "Ernie4_5_MoeForCausalLM", "Ernie4_5_MoeConfig",
+         dict(C, head_dim=8, moe_intermediate_size=24, moe_num_experts=4, moe_k=2)),
+        ("hunyuan_moe", "HunYuanMoEV1ForCausalLM", "HunYuanMoEV1Config", dict(C, head_dim=8, num_experts=4, moe_topk=2)),
+        ("qwen2_moe", "Qwen2MoeForCausalLM", "Qwen2MoeConfig",  # a shared expert behind a sigmoid gate
+         dict(C, moe_intermediate_size=24, shared_expert_intermediate_size=48, num_experts=4, num_experts_per_tok=2)),
+        ("phimoe", "PhimoeForCausalLM", "PhimoeConfig", dict(C, num_local_experts=4, num_experts_per_tok=2)),
+        ("granitemoe", "GraniteMoeForCausalLM", "GraniteMoeConfig", dict(C, num_local_experts=4, num_experts_per_tok=2)),
+        ("deepseek_v3", "DeepseekV3ForCausalLM", "DeepseekV3Config",
+         dict(C, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=24, first_k_dense_replace=0,
+              n_group=1, topk_group=1, kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=4, qk_nope_head_dim=4,
+              v_head_dim=8)),
+        ("dbrx", "DbrxForCausalLM", "DbrxConfig",
+         dict(vocab_size=V, d_model=32, n_heads=4, n_layers=2, max_seq_len=64,
+              ffn_config={"ffn_hidden_size": 48, "moe_num_experts": 4, "moe_top_k": 2},
+              attn_config={"kv_n_heads": 2})),
     ]
 
 

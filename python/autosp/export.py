@@ -322,10 +322,11 @@ class _SparseMoeBlocks:
     router `gate` (a linear without bias of E outputs), `experts` (E SwiGLU MLPs: gate_proj, up_proj,
     down_proj or Mixtral's w1, w3, w2, linears without bias) and `top_k` computes, for the export,
     its router logits with its own gate and the rest as one `autosp::moe` node of the experts'
-    weights (autosp's moe op). Before that, the rewrite is run against the block's own forward on a
-    sample, with the chosen weights normalised to sum 1 and without: the form that gives the
-    block's output is kept, and a block that neither gives (another routing, activation or a
-    shared expert) is refused, named. Mixtral's router jitter (random) is refused above 0."""
+    weights (autosp's moe op), plus, where the block has one (Qwen2-MoE), its shared expert times
+    the sigmoid of its shared_expert_gate. Before that, the rewrite is run against the block's own
+    forward on a sample, with the chosen weights normalised to sum 1 and without: the form that gives the
+    block's output is kept, and a block that neither gives (another routing or activation) is
+    refused, named. Mixtral's router jitter (random) is refused above 0."""
 
     def __init__(self, model):
         self.model = model
@@ -363,12 +364,17 @@ class _SparseMoeBlocks:
             original = module.forward
             gate = module.gate
 
-            def moe(hidden_states, normalize, module=module, names=names):
+            shared = isinstance(getattr(module, "shared_expert", None), torch.nn.Module) and \
+                isinstance(getattr(module, "shared_expert_gate", None), torch.nn.Linear)
+
+            def moe(hidden_states, normalize, module=module, names=names, shared=shared):
                 # (the weights read through the modules while tracing: torch.export then sees parameters)
                 x = hidden_states.reshape(-1, hidden_states.shape[-1])
                 logits = module.gate(x)
                 gate, up, down = ([getattr(e, n).weight for e in module.experts] for n in names)
                 out = torch.ops.autosp.moe(x, logits, gate, up, down, module.top_k, normalize)
+                if shared:  # Qwen2-MoE's shared expert, behind its sigmoid gate
+                    out = out + torch.sigmoid(module.shared_expert_gate(x)) * module.shared_expert(x)
                 return out.view(hidden_states.shape), logits
 
             sample = torch.randn(1, 8, gate.in_features, generator=torch.Generator().manual_seed(0),
@@ -382,7 +388,7 @@ class _SparseMoeBlocks:
             if not fits:
                 raise ValueError(f"autosp export: {name} ({type(module).__name__}) has a router gate, experts and "
                                  f"top_k, but computes something else than softmax top-k routing over SwiGLU experts "
-                                 f"(autosp's moe op), e.g. a shared expert or another activation; not supported yet")
+                                 f"(autosp's moe op), e.g. another routing or activation; not supported yet")
             normalize = fits[0]
 
             def forward(hidden_states, moe=moe, normalize=normalize, tuple_out=tuple_out):

@@ -1710,6 +1710,10 @@ class TorchImporter {
     if (op == "torch.ops.aten.silu.default") return rowwise(t_.silu(rowwise_of(A("self", 0))), A("self", 0));
     if (op == "torch.ops.aten.relu.default") return rowwise(t_.relu(rowwise_of(A("self", 0))), A("self", 0));
     if (op == "torch.ops.aten.tanh.default") return ir(t_.tanh(tensor_of(A("self", 0))));
+    if (op == "torch.ops.aten.sigmoid.default") {  // 1 / (1 + e^-x) = (1 + tanh(x / 2)) / 2
+      const Tensor x = rowwise_of(A("self", 0));
+      return rowwise(t_.scale(t_.tanh(t_.scale(x, 0.5)), 0.5, 0.5), A("self", 0));
+    }
     if (op == "torch.ops.aten.where.self") {
       if (auto y = match_xielu(n)) return *y;
       return unsupported();
@@ -2291,7 +2295,31 @@ class TorchImporter {
       out.shape = xv.shape;
       return out;
     }
+    if (auto y = mul_by_column(a, b)) return *y;
     return same_shape(n, a, b, [&](Tensor x, Tensor y) { return t_.mul(x, y); });
+  }
+  // x [..., H] times a column c [..., 1] of the same rows, either order (Qwen2-MoE's shared
+  // expert times its sigmoid gate): c broadcast along the row as c 1^T, a linear of c with a
+  // [H, 1] weight of ones (exact: each element c_r 1), then the elementwise product; its
+  // gradient sums dy x along each row back into c.
+  std::optional<Imported> mul_by_column(const std::string& a, const std::string& b) {
+    for (int k = 0; k < 2; ++k) {
+      const std::string& x = k ? b : a;
+      const std::string& c = k ? a : b;
+      const Imported &xv = value(x), &cv = value(c);
+      if (xv.kind != Imported::tensor || cv.kind != Imported::tensor || xv.shape.size() != cv.shape.size() ||
+          xv.shape.empty() || cv.shape.back() != 1 || xv.shape.back() == 1 ||
+          !std::equal(xv.shape.begin(), xv.shape.end() - 1, cv.shape.begin()))
+        continue;
+      // Both rows merged alike: on the IR's rows (the sequence stays shardable); else torch's shapes.
+      const bool rows = rows_merged(xv) && rows_merged(cv);
+      const Tensor xt = rows ? xv.t : tensor_of(x), ct = rows ? cv.t : tensor_of(c);
+      if (t_.shape(xt).size() != t_.shape(ct).size()) continue;
+      const int64_t H = xv.shape.back();
+      const Tensor y = t_.mul(xt, t_.linear(ct, t_.fill({H, 1}, 1.0, o_.dtype)));
+      return rows ? rowwise(y, x) : ir(y);
+    }
+    return std::nullopt;
   }
   Imported add(const FxNode& n) {
     if (float_arg(n, "alpha", 2, 1.0) != 1.0) m_.fail_at(n, "add with alpha");
@@ -2302,7 +2330,7 @@ class TorchImporter {
       if (!c) m_.fail_at(n, "add of a non-scalar constant");
       const Imported& x = value(a);
       Tensor xt = materialize(x, a);
-      return ir(t_.add(xt, t_.fill(t_.shape(xt), *c, o_.dtype)));
+      return ir(t_.scale(xt, 1.0, *c));  // x + c (no tensor of c: its shape would be the global one)
     }
     return same_shape(n, a, b, [&](Tensor x, Tensor y) { return t_.add(x, y); });
   }
@@ -2328,9 +2356,12 @@ class TorchImporter {
       const std::string s = through(k ? b : a), other = k ? a : b;
       const FxNode* sn = node_of(s);
       if (is(sn, "silu.default")) {
-        Tensor gate = tensor_of(arg_tensor(*sn, "self", 0)), up = tensor_of(other);
+        // Rows merged alike (an MLP on reshape(-1, H)'s rows): on the IR's rows, rows merged again.
+        const std::string g = arg_tensor(*sn, "self", 0);
+        const bool rows = rows_merged(value(g)) && rows_merged(value(other)) && value(g).shape == value(other).shape;
+        Tensor gate = rows ? value(g).t : tensor_of(g), up = rows ? value(other).t : tensor_of(other);
         if (t_.shape(gate) != t_.shape(up)) return std::nullopt;
-        return ir(t_.swiglu(gate, up));
+        return rows ? rowwise(t_.swiglu(gate, up), other) : ir(t_.swiglu(gate, up));
       }
     }
     return std::nullopt;

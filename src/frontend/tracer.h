@@ -61,7 +61,7 @@ class Tracer {
   Tensor linear(Tensor x, Tensor weight, Tensor bias);  // x W^T + b
   Tensor add(Tensor a, Tensor b);
   Tensor mul(Tensor a, Tensor b);
-  Tensor scale(Tensor x, double alpha);
+  Tensor scale(Tensor x, double alpha, double beta = 0.0);  // alpha x + beta
   Tensor silu(Tensor x);
   Tensor relu(Tensor x);
   Tensor tanh(Tensor x);  // torch.tanh

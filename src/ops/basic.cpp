@@ -47,7 +47,7 @@ void cuda_mul(const KernelArgs& a, const CudaContext& c) {
 }
 void cuda_scale(const KernelArgs& a, const CudaContext& c) {
   cuda::scale(cuda_in_dt(a, 0), a.in<void>(0), a.out_numel(0), float(a.attrs->get_float("alpha")), a.out<void>(0),
-              c.stream);
+              c.stream, float(a.attrs->get_float("beta", 0.0)));
 }
 void cuda_sum(const KernelArgs& a, const CudaContext& c) {
   cuda::sum(cuda_in_dt(a, 0), a.in<void>(0), a.in_numel(0), a.out<void>(0), c.stream);
@@ -143,7 +143,8 @@ extern const OpDef mul_op = {
     .cuda = {.name = "mul", .run = AUTOSP_CUDA_RUN(cuda_mul), .inplace = true},
 };
 
-// scale(x) {alpha}: alpha * x.
+// scale(x) {alpha, beta = 0}: alpha x + beta (a constant added without a tensor of it, which
+// under sequence parallelism would need the local shape).
 extern const OpDef scale_op = {
     .num_inputs = 1,
     .num_outputs = 1,
@@ -157,7 +158,8 @@ extern const OpDef scale_op = {
       c.din[0] = c.b.emit1(OpKind::scale, {c.dout[0]}, {{"alpha", c.attrs().get_float("alpha")}});
     },
     .cpu = [](const KernelArgs& a) {
-      cpu::scale(a.in(0), a.out_numel(0), float(a.attrs->get_float("alpha")), a.out(0));
+      cpu::scale(a.in(0), a.out_numel(0), float(a.attrs->get_float("alpha")), a.out(0),
+                 float(a.attrs->get_float("beta", 0.0)));
     },
     .shard = shard_elementwise,
     .cpu_inplace = true,

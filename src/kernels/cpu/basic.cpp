@@ -25,9 +25,14 @@ void mul(const float* a, const float* b, int64_t n, float* y) {
   for (int64_t i = 0; i < n; ++i) y[i] = a[i] * b[i];
 }
 
-void scale(const float* x, int64_t n, float alpha, float* y) {
+void scale(const float* x, int64_t n, float alpha, float* y, float beta) {
+  if (beta == 0.0f) {  // (not + 0: that would turn -0 into +0)
 #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < n; ++i) y[i] = alpha * x[i];
+    for (int64_t i = 0; i < n; ++i) y[i] = alpha * x[i];
+    return;
+  }
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) y[i] = alpha * x[i] + beta;
 }
 
 void div_scalar(const float* x, int64_t n, float divisor, float* y) {

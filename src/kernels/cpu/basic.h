@@ -9,7 +9,8 @@ void fill(float* y, int64_t n, float value);
 // be one of the operands (in-place; plan_memory relies on it, see OpDef::cpu_inplace).
 void add(const float* a, const float* b, int64_t n, float* y);
 void mul(const float* a, const float* b, int64_t n, float* y);
-void scale(const float* x, int64_t n, float alpha, float* y);
+// y = alpha x + beta (beta 0: alpha x, bitwise)
+void scale(const float* x, int64_t n, float alpha, float* y, float beta = 0.0f);
 void div_scalar(const float* x, int64_t n, float divisor, float* y);
 // relu(x) = max(x, 0); its backward dx = dy where x > 0, else 0 (torch's: 0 at x = 0)
 void relu_forward(const float* x, int64_t n, float* y);

@@ -32,8 +32,12 @@ __global__ void binary_kernel(const T* a, const T* b, int64_t n, T* y, Op op) {
 }
 
 template <typename T>
-__global__ void scale_kernel(const T* x, int64_t n, float alpha, T* y) {
-  AUTOSP_GRID_STRIDE(i, n) y[i] = from_f<T>(alpha * to_f(x[i]));
+__global__ void scale_kernel(const T* x, int64_t n, float alpha, float beta, T* y) {
+  if (beta == 0.0f) {
+    AUTOSP_GRID_STRIDE(i, n) y[i] = from_f<T>(alpha * to_f(x[i]));
+  } else {
+    AUTOSP_GRID_STRIDE(i, n) y[i] = from_f<T>(alpha * to_f(x[i]) + beta);
+  }
 }
 
 template <typename T>
@@ -513,9 +517,10 @@ void mul(Dt dt, const void* a, const void* b, int64_t n, void* y, cudaStream_t s
   });
 }
 
-void scale(Dt dt, const void* x, int64_t n, float alpha, void* y, cudaStream_t stream) {
+void scale(Dt dt, const void* x, int64_t n, float alpha, void* y, cudaStream_t stream, float beta) {
   dispatch(dt, [&]<typename T>() {
-    scale_kernel<T><<<blocks_for(n), kThreads, 0, stream>>>(static_cast<const T*>(x), n, alpha, static_cast<T*>(y));
+    scale_kernel<T><<<blocks_for(n), kThreads, 0, stream>>>(static_cast<const T*>(x), n, alpha, beta,
+                                                             static_cast<T*>(y));
   });
 }
 

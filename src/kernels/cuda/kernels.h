@@ -42,7 +42,8 @@ void expand(Dt dt, const void* x /* [] */, void* y, int64_t n, cudaStream_t stre
 void broadcast_rows(Dt dt, const void* b, int64_t rows, int64_t n, void* y, cudaStream_t stream);
 void add(Dt dt, const void* a, const void* b, int64_t n, void* y, cudaStream_t stream);
 void mul(Dt dt, const void* a, const void* b, int64_t n, void* y, cudaStream_t stream);
-void scale(Dt dt, const void* x, int64_t n, float alpha, void* y, cudaStream_t stream);
+// y = alpha x + beta
+void scale(Dt dt, const void* x, int64_t n, float alpha, void* y, cudaStream_t stream, float beta = 0.0f);
 void div_scalar(Dt dt, const void* x, int64_t n, const void* s /* [] */, void* y, cudaStream_t stream);
 // y[] = sum of x, accumulated in double by one block in a fixed order (deterministic).
 void sum(Dt dt, const void* x, int64_t n, void* y, cudaStream_t stream);
