@@ -44,6 +44,7 @@ TEST(OpGrad, ScaleSumExpand) {
   Tensor a = t.parameter("a", {3, 4});
   t.output("y0", t.scale(a, -2.5));
   t.output("y1", t.sum(a));
+  t.output("y2", t.scale(a, 0.5, 0.25));  // alpha x + beta
   check_gradients(t.finish(), {});
 }
 

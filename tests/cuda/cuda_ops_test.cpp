@@ -191,6 +191,7 @@ std::vector<OpCase> op_cases() {
   cases.push_back({"add", {{"a", DType::f32, {4, 33}}, {"b", DType::f32, {4, 33}}}, one(OpKind::add)});
   cases.push_back({"mul", {{"a", DType::f32, {4, 33}}, {"b", DType::f32, {4, 33}}}, one(OpKind::mul)});
   cases.push_back({"scale", {{"x", DType::f32, {4, 33}}}, one(OpKind::scale, {{"alpha", 0.7}})});
+  cases.push_back({"scale_beta", {{"x", DType::f32, {4, 33}}}, one(OpKind::scale, {{"alpha", 0.5}, {"beta", 0.5}})});
   cases.push_back({"sum", {{"x", DType::f32, {3000}}}, one(OpKind::sum)});
   cases.push_back({"div_scalar", {{"x", DType::f32, {4, 5}}, {"s", DType::f32, {}}}, one(OpKind::div_scalar), {},
                    {{"s", {2.5f}}}});

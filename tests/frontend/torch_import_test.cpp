@@ -580,6 +580,44 @@ TEST(TorchImport, LongropeTakesItsLongFactorsAboveTheOriginalLength) {
   }
 }
 
+// transformers' sparse mixture-of-experts blocks, as export.py writes them (one autosp::moe node
+// each) and as their own forward computes them: one moe op per block of each of its experts'
+// gate, up and down weights, on the sequence's rows ([B, S, H], shardable), with the block's
+// top_k and whether it normalises the chosen weights (Mixtral does; Qwen3-MoE's, OLMoE's and
+// Qwen2-MoE's norm_topk_prob false does not), never a loop over experts; Qwen3-MoE's dense layer
+// (mlp_only_layers) a swiglu; Qwen2-MoE's shared expert a swiglu times its sigmoid gate
+// ((1 + tanh(x / 2)) / 2: tanh between two scales, the second adding 1/2), broadcast along the
+// row by a linear of ones.
+TEST(TorchImport, SparseMoeBlocksAreOneMoeOpEach) {
+  struct Want {
+    const char* name;
+    size_t moes;
+    const char* attrs;
+    size_t weights;  // operands after x and the logits: 3 per expert
+  };
+  for (const Want& w : {Want{"mixtral", 2, "{normalize=1, top_k=2}", 12}, Want{"qwen3_moe", 1, "{normalize=0, top_k=2}", 12},
+                        Want{"olmoe", 2, "{normalize=0, top_k=3}", 24},
+                        Want{"qwen2_moe", 2, "{normalize=0, top_k=2}", 12}}) {
+    SCOPED_TRACE(w.name);
+    const TorchProgram p =
+        TorchProgram::load(testing::source_path(str("tests/fixtures/torch_export/", w.name, "/model.pt2")));
+    const std::string text = print_graph(p.forward({.batch = 2, .seq_len = 8}));
+    const std::vector<std::string> moes = op_lines(text, "moe");
+    ASSERT_EQ(moes.size(), w.moes) << text;
+    for (const std::string& line : moes) {
+      EXPECT_NE(line.find(w.attrs), std::string::npos) << line;
+      EXPECT_NE(line.find(": f32[2, 8, 32]"), std::string::npos) << line;
+      EXPECT_EQ(size_t(std::count(line.begin(), line.end(), '%')), 2 + w.weights) << line;
+    }
+    const std::string name = w.name;
+    EXPECT_EQ(op_lines(text, "swiglu").size(), name == "qwen3_moe" ? 1u : name == "qwen2_moe" ? 2u : 0u) << text;
+    EXPECT_EQ(op_lines(text, "tanh").size(), name == "qwen2_moe" ? 2u : 0u) << text;
+    size_t halves = 0;  // the sigmoid's (1 + tanh) / 2
+    for (const std::string& line : op_lines(text, "scale")) halves += line.find("{alpha=0.5, beta=0.5}") != std::string::npos;
+    EXPECT_EQ(halves, name == "qwen2_moe" ? 2u : 0u) << text;
+  }
+}
+
 // torchtitan's Llama (Meta's reference code): the rotary embedding as a complex product with rows
 // of a stored complex64 table polar(1, p f), which is autosp's interleaved rope (pairs 2i,
 // 2i + 1) with the frequencies read back from the table (theta 10000, solved); K/V repeated
