@@ -81,6 +81,9 @@ def _moe_reference(x, router_logits, gate, up, down, top_k: int, normalize: bool
     # top_k experts by softmax probability, weighted by it (normalize: over the chosen ones' sum),
     # summed in ascending expert order. Written densely (every expert on every row, weight 0 where
     # not chosen: exactly the sparse sum) so that it traces without data-dependent shapes.
+    if not len(gate) == len(up) == len(down):
+        raise ValueError(f"autosp::moe: {len(gate)} gate, {len(up)} up and {len(down)} down weights: one of each "
+                         f"per expert")
     p = torch.softmax(router_logits, dim=-1, dtype=torch.float)
     w, chosen = torch.topk(p, top_k, dim=-1)
     if normalize:

@@ -713,6 +713,15 @@ TEST(TorchImportErrors, ALabelShiftOtherThanTheNextTokensOrATokenIgnoredIsRefuse
   EXPECT_NE(ignore.find("a cross entropy with ignore_index 0, a token id"), std::string::npos) << ignore;
 }
 
+// autosp::moe called with router logits of 3 experts and the weights of 2: the moe op's rule
+// refuses it, saying what it needs.
+TEST(TorchImportErrors, AMoeOfOtherExpertsThanItsRouterIsRefused) {
+  const std::string e = import_error(testing::source_path("tests/fixtures/torch_export_errors/moe_experts/model.pt2"));
+  EXPECT_NE(e.find("router logits of 3 experts need 9 expert weights (gate, up and down of each), got 6"),
+            std::string::npos)
+      << e;
+}
+
 // nanoGPT reads its position table at arange(T), [T, C], and adds it to [B, T, C]: in the IR a
 // [B, T, C] embedding of the positions, which at batch 1 has as many elements as [T, C] and
 // was taken for rows merged by a reshape (an import error). Both batches import alike.
