@@ -18,32 +18,31 @@ sides (autosp with "data": {"shuffle": false}). Micro batch 1, AdamW (lr 1e-4, b
 eps 1e-8, weight decay 0.1), gradient clipping 1.0: bench_train.py's ds_config, read by both.
 
 autosp: `autosp train --model model.pt2 ... --metrics M.jsonl`, compile.checkpoint from
---checkpoint (default none; "default" leaves the key out). torch: this script again with
---torch-child: MixtralForCausalLM.from_pretrained(dir, attn_implementation="sdpa"), train mode,
-torch.set_num_threads(threads), torch.optim.AdamW (default implementation) and
-clip_grad_norm_; the loss is F.cross_entropy of the S logits against the S next tokens,
-computed here rather than by transformers' labels= (which shifts inside and so scores S - 1
-positions): both sides then score the same S positions. The torch side materialises the
-[S, V] logits (what transformers does); autosp's fused head does not.
+--checkpoint (default none; "default" leaves the key out). torch: this script with --torch-child:
+MixtralForCausalLM.from_pretrained(dir, attn_implementation="sdpa"), train mode, its own
+torch.optim.AdamW and clip_grad_norm_. Its loss is F.cross_entropy of all S logits against the
+S next tokens, not transformers' labels= (which shifts inside, scoring S - 1 positions), so
+both sides score the same S positions; torch makes the [S, V] logits, autosp's fused head not.
 
-Step time: the median of the steps after the first (the first pays one-time costs), per side.
-Peak RSS: ru_maxrss (os.wait4) of each side's process; it includes each side's fixed costs
-(torch's imports, transformers; autosp's compile), no idle baseline is subtracted. Both
-processes get OMP_NUM_THREADS = OPENBLAS_NUM_THREADS = --threads; OPENBLAS_CORETYPE and the
-rest of the environment pass through untouched. Step-1 losses are printed with their
-difference (same weights and data: they should agree to ~1e-3, near ln V = 8.32); a
-difference, a non-finite loss or a failed run is noted, never raised. Times are not asserted:
-the ratios are the result.
+Step time: per side, the median of the steps after the first (which pays one-time costs).
+Peak RSS: ru_maxrss (os.wait4) of each side's process, fixed costs included (torch's imports;
+autosp's import and compile); the model is built in a child too, so this process stays small
+(a child's ru_maxrss starts from the RSS of the process it was forked from). Both sides get
+OMP_NUM_THREADS = OPENBLAS_NUM_THREADS = --threads; OPENBLAS_CORETYPE and the rest of the
+environment pass through. Step-1 losses (same weights and data) should be near ln V = 8.32 and
+agree to ~1e-3; a difference, a bad loss, a failed run, or other processes' CPU use during a
+run ("others_cores") is noted, never raised. Times are not asserted: the ratios are the result.
 """
 import argparse
 import copy
 import json
 import math
 import os
+import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
-import shutil
 
 import numpy as np
 
@@ -74,8 +73,11 @@ def prepare(work, n_tokens):
     model.save_pretrained(model_dir)
     export(copy.deepcopy(model), pt2)  # export switches the attention and the MoE forward
     tokens = os.path.join(work, "tokens.bin")
-    np.random.RandomState(0).randint(0, MODEL["vocab_size"], size=n_tokens).astype("<u4").tofile(tokens)
-    return model_dir, pt2, tokens, sum(p.numel() for p in model.parameters())
+    ids = np.random.RandomState(0).randint(0, MODEL["vocab_size"], size=n_tokens)
+    ids.astype("<u4").tofile(tokens)
+    print(json.dumps({"model_dir": model_dir, "pt2": pt2, "tokens": tokens,
+                      "parameters": sum(p.numel() for p in model.parameters()),
+                      "torch": torch.__version__, "transformers": transformers.__version__}))
 
 
 def torch_child(a):
@@ -86,7 +88,8 @@ def torch_child(a):
     import transformers
     torch.set_num_threads(a.threads)
     with open(a.config) as f:
-        op = json.load(f)["optimizer"]["params"]
+        ds = json.load(f)
+    op = ds["optimizer"]["params"]
     model = transformers.MixtralForCausalLM.from_pretrained(
         a.model_dir, attn_implementation="sdpa", dtype=torch.float32)
     model.config.use_cache = False
@@ -102,7 +105,7 @@ def torch_child(a):
         logits = model(input_ids=ids, use_cache=False).logits
         loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), labels)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), ds["gradient_clipping"])
         opt.step()
         value = loss.item()
         del logits, loss
@@ -123,20 +126,17 @@ def summarize(r, rows, steps):
     return r
 
 
-def busy_cpu_s():
-    """CPU seconds all processes have used since boot (/proc/stat: all but idle and iowait)."""
-    with open("/proc/stat") as f:
-        v = [int(x) for x in f.readline().split()[1:9]]
-    return (sum(v) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")
-
-
 def measured(cmd, a, base):
     """run_measured, plus "others_cores": the CPU other processes used meanwhile, in cores
-    (this machine's CPU time over the run minus the child's, over the wall time): above ~0.2
-    another program took cores from the run and its times are not clean."""
-    before = busy_cpu_s()
+    (the machine's busy CPU time from /proc/stat minus the child's, over the wall time): above
+    ~0.2 another program took cores from the run and its times are not clean."""
+    def busy_s():
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:9]]
+        return (sum(v) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")  # all but idle and iowait
+    before = busy_s()
     r, text = run_measured(cmd, thread_env(a.threads), base + ".log", a.timeout_s)
-    r["others_cores"] = round((busy_cpu_s() - before - r["cpu_s"]) / r["wall_s"], 2)
+    r["others_cores"] = round((busy_s() - before - r["cpu_s"]) / r["wall_s"], 2)
     return r, text
 
 
@@ -145,10 +145,8 @@ def run_autosp(a, work, cfg, pt2, tokens, S):
     cmd = [a.autosp, "train", "--config", cfg, "--model", pt2, "--data", tokens,
            "--seq-len", str(S), "--steps", str(a.steps), "--metrics", base + ".jsonl"]
     r, text = measured(cmd, a, base)
-    rows = []
-    if os.path.exists(base + ".jsonl"):
-        with open(base + ".jsonl") as f:
-            rows = [json.loads(line) for line in f if line.strip()]
+    m = base + ".jsonl"
+    rows = [json.loads(ln) for ln in open(m) if ln.strip()] if os.path.exists(m) else []
     r["warnings"] = sorted({ln.strip().replace(work + "/", "") for ln in text.splitlines()
                            if ln.startswith("autosp: warning:")})
     return summarize(dict(r, side="autosp", S=S), rows, a.steps)
@@ -164,14 +162,6 @@ def run_torch(a, work, cfg, model_dir, tokens, S):
     return summarize(dict(r, side="torch2", S=S), rows, a.steps)
 
 
-def fmt(x, spec=".3f"):
-    return "—" if x is None else format(x, spec)
-
-
-def ratio(num, den):
-    return num / den if num and den else None
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--autosp", default=os.path.join(ROOT, "build", "autosp"))
@@ -184,6 +174,7 @@ def main():
     ap.add_argument("--timeout-s", type=float, default=1200, help="per run")
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
     ap.add_argument("--torch-child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--prepare-child", type=int, help=argparse.SUPPRESS)  # its token count
     for k in ("--model-dir", "--config", "--data"):
         ap.add_argument(k, help=argparse.SUPPRESS)
     ap.add_argument("--seq-len", type=int, help=argparse.SUPPRESS)
@@ -191,18 +182,23 @@ def main():
     a.steps = a.steps or (3 if a.quick else 4)
     if a.torch_child:
         return torch_child(a)
-    try:
-        import torch  # noqa: F401
-        import transformers  # noqa: F401
-    except ImportError as e:
-        sys.exit(f"bench_moe.py: needs torch 2.x and transformers ({e}); run it under "
-                 f"{VENV_PYTHON} (scripts/install_bench_venv.sh)")
+    if a.prepare_child:
+        return prepare(a.data, a.prepare_child)
     a.python = sys.executable
     sizes = [int(x) for x in (a.sizes or ("512,1024" if a.quick else "512,1024,2048")).split(",")]
 
     work = tempfile.mkdtemp(prefix="bench_moe_")
     try:
-        model_dir, pt2, tokens, n_params = prepare(work, a.steps * max(sizes) + 1)
+        # In a child, so that this process stays small: Linux keeps the high-water RSS of
+        # the process a child was forked from in the child's ru_maxrss across exec.
+        p = subprocess.run([a.python, os.path.abspath(__file__), "--data", work,
+                            "--prepare-child", str(a.steps * max(sizes) + 1)],
+                           env=thread_env(a.threads), capture_output=True, text=True)
+        if p.returncode != 0:
+            sys.exit(f"bench_moe.py: building and exporting the model failed (needs torch 2.x and "
+                     f"transformers: run under {VENV_PYTHON}):\n{p.stderr[-3000:]}")
+        prep = json.loads(p.stdout.strip().splitlines()[-1])
+        model_dir, pt2, tokens = prep["model_dir"], prep["pt2"], prep["tokens"]
         cfg = os.path.join(work, "ds_config.json")
         ds = ds_config(1, None if a.checkpoint == "default" else a.checkpoint)
         ds["data"] = {"shuffle": False}
@@ -217,20 +213,20 @@ def main():
                     notes.append(f"S={S} {side['side']}: {side['status']} (rc {side['rc']}):\n"
                                  f"{side.get('log_tail', '').rstrip()}")
                 l1 = side.get("loss_step1")
-                if l1 is not None and not (math.isfinite(l1) and abs(l1 - math.log(MODEL["vocab_size"])) < 0.5):
+                if l1 is not None and not abs(l1 - math.log(MODEL["vocab_size"])) < 0.5:
                     notes.append(f"S={S} {side['side']}: step-1 loss {l1} not near ln V")
                 if side["others_cores"] > 0.2:
                     notes.append(f"S={S} {side['side']}: other processes used "
                                  f"{side['others_cores']} cores during the run (times noisy)")
                 for w in side.get("warnings", []):
                     notes.append(f"S={S} {side['side']}: {w}")
-        print_table(a, sizes, results, n_params, notes)
+        print_table(a, sizes, results, prep, notes)
         if a.out:
             with open(a.out, "w") as f:
-                json.dump({"model": MODEL, "parameters": n_params, "threads": a.threads,
-                           "steps": a.steps, "checkpoint": a.checkpoint,
-                           "torch": torch.__version__, "transformers": transformers.__version__,
-                           "results": results, "notes": notes}, f, indent=1)
+                json.dump({"model": MODEL, "parameters": prep["parameters"], "threads": a.threads,
+                           "steps": a.steps, "checkpoint": a.checkpoint, "torch": prep["torch"],
+                           "transformers": prep["transformers"], "results": results,
+                           "notes": notes}, f, indent=1)
             print(f"wrote {a.out}")
     finally:
         if a.keep:
@@ -239,11 +235,15 @@ def main():
             shutil.rmtree(work, ignore_errors=True)
 
 
-def print_table(a, sizes, results, n_params, notes):
-    import torch
-    print(f"\n### Mixtral MoE training step, {n_params / 1e6:.1f} M parameters, {a.threads} "
-          f"threads, {a.steps} steps (median of steps 2..), checkpoint {a.checkpoint}, "
-          f"torch {torch.__version__} (sdpa)\n")
+def print_table(a, sizes, results, prep, notes):
+    def fmt(x, spec=".3f"):
+        return "—" if x is None else format(x, spec)
+
+    def ratio(num, den):
+        return num / den if num and den else None
+    print(f"\n### Mixtral MoE training step, {prep['parameters'] / 1e6:.1f} M parameters, "
+          f"{a.threads} threads, {a.steps} steps (median of steps 2..), checkpoint "
+          f"{a.checkpoint}, torch {prep['torch']} (sdpa)\n")
     print("| S | autosp step s | torch step s | torch/autosp | autosp RSS GiB | torch RSS GiB "
           "| torch/autosp RSS | autosp loss1 | torch loss1 | loss1 diff |")
     print("|---|---|---|---|---|---|---|---|---|---|")
