@@ -17,11 +17,11 @@ namespace autosp {
 
 namespace {
 
-// moe's operands from `first` on: x [..., H], router logits [..., E] (x's leading dims), then
-// expert e's gate [I, H], up [I, H] and down [H, I] for e = 0 .. E - 1, every floating operand
-// of x's dtype. {top_k: 1..E, normalize: 0 or 1}.
-cpu::MoeDims moe_dims(const Types& in, const Attrs& attrs, size_t first) {
-  require(in.size() >= first + 2, "expected x, the router logits and 3 weights per expert");
+// moe's operands: x [..., H] and router logits [..., E] (x's leading dims) from `first` on,
+// and from `weights` on expert e's gate [I, H], up [I, H] and down [H, I] for e = 0 .. E - 1,
+// every floating operand of x's dtype. {top_k: 1..E, normalize: 0 or 1}.
+cpu::MoeDims moe_dims(const Types& in, const Attrs& attrs, size_t first, size_t weights) {
+  require(in.size() >= weights + 1, "expected x, the router logits and 3 weights per expert");
   const TensorType &x = in[first], &logits = in[first + 1];
   require_floating(x, "x");
   require_same_dtype(x, "x", logits, "router logits");
@@ -35,19 +35,19 @@ cpu::MoeDims moe_dims(const Types& in, const Attrs& attrs, size_t first) {
   d.H = x.shape.back();
   d.E = logits.shape.back();
   require(d.E >= 1, "at least one expert");
-  require(int64_t(in.size()) == int64_t(first) + 2 + 3 * d.E, "router logits of ", d.E, " experts need ", 3 * d.E,
-          " expert weights (gate, up and down of each), got ", int64_t(in.size()) - int64_t(first) - 2);
+  require(int64_t(in.size()) == int64_t(weights) + 3 * d.E, "router logits of ", d.E, " experts need ", 3 * d.E,
+          " expert weights (gate, up and down of each), got ", int64_t(in.size()) - int64_t(weights));
   require(attrs.has("top_k"), "needs a 'top_k' attribute");
   d.k = attrs.get_int("top_k");
   require(d.k >= 1 && d.k <= d.E, "top_k=", d.k, " must be in [1, ", d.E, "] (the experts)");
   const int64_t normalize = attrs.get_int("normalize", 0);
   require(normalize == 0 || normalize == 1, "normalize must be 0 or 1, got ", normalize);
   d.normalize = normalize == 1;
-  d.I = in[first + 2].shape.size() == 2 ? in[first + 2].shape[0] : -1;
+  d.I = in[weights].shape.size() == 2 ? in[weights].shape[0] : -1;
   for (int64_t e = 0; e < d.E; ++e) {
     const char* names[] = {"gate", "up", "down"};
     for (int64_t m = 0; m < 3; ++m) {
-      const TensorType& w = in[first + 2 + 3 * e + m];
+      const TensorType& w = in[weights + 3 * e + m];
       const Shape want = m < 2 ? Shape{d.I, d.H} : Shape{d.H, d.I};
       require_same_dtype(x, "x", w, names[m]);
       require(w.shape == want, "expert ", e, "'s ", names[m], " must be ", shape_str(want), ", got ", type_str(w),
@@ -58,9 +58,23 @@ cpu::MoeDims moe_dims(const Types& in, const Attrs& attrs, size_t first) {
 }
 
 // The cuda routing kernels keep a token's probabilities in per-thread arrays.
-void check_device_experts(const Types& in, size_t first) {
-  const int64_t E = in[first + 1].shape.back();
+void check_device_experts(const Types& in, size_t logits) {
+  const int64_t E = in[logits].shape.back();
   require(E <= cuda::kMoeMaxExperts, E, " experts: the cuda moe kernels take at most ", cuda::kMoeMaxExperts);
+}
+
+// The forward's operands: x, logits, then the weights. Its results: y and the saved products.
+cpu::MoeDims forward_dims(const Types& in, const Attrs& attrs) { return moe_dims(in, attrs, 0, 2); }
+// The backward's: dy, x, logits, the forward's saved products, then the weights.
+constexpr size_t kBackwardWeights = 4;
+cpu::MoeDims backward_dims(const Types& in, const Attrs& attrs) {
+  const cpu::MoeDims d = moe_dims(in, attrs, 1, kBackwardWeights);
+  require(in[0].dtype == in[1].dtype && in[0].shape == in[1].shape, "dy must be x's type, got dy ", type_str(in[0]),
+          " and x ", type_str(in[1]));
+  require(in[3].dtype == in[1].dtype && in[3].shape == Shape{cpu::moe_saved_floats(d)},
+          "saved must be the forward's saved products, [T k (2 I + H)] = [", cpu::moe_saved_floats(d), "] of x's dtype, got ",
+          type_str(in[3]));
+  return d;
 }
 
 Types types_of(const KernelArgs& a) {
@@ -99,13 +113,14 @@ MoeDeviceLayout moe_device_layout(const cpu::MoeDims& d, DType dtype, bool backw
   l.weights = piece(4 * slots);
   l.slots = piece(4 * slots);
   l.dws = backward ? piece(4 * slots) : 0;
-  l.rows = piece(esize * l.R * (backward ? 3 * d.H + 4 * d.I : 2 * d.H + 2 * d.I));
+  l.rows = piece(esize * l.R * (backward ? 3 * d.H + 4 * d.I : d.H + d.I));
   l.total = at;
   return l;
 }
 int64_t moe_device_workspace_bytes(const Types& in, const Attrs& attrs, bool backward) {
-  const size_t first = backward ? 1 : 0;
-  return moe_device_layout(moe_dims(in, attrs, first), in[first].dtype, backward).total;
+  return moe_device_layout(backward ? backward_dims(in, attrs) : forward_dims(in, attrs), in[backward ? 1 : 0].dtype,
+                           backward)
+      .total;
 }
 
 }  // namespace
@@ -143,46 +158,50 @@ DeviceRouting route_on_device(const cpu::MoeDims& d, const MoeDeviceLayout& l, c
   return r;
 }
 
-// As cpu::moe_forward, chunk by chunk of each expert's rows: gather, gate and up products, the
-// fused swiglu, the down product, the weighted scatter-add.
+// As cpu::moe_forward, chunk by chunk of each expert's rows: gather, gate and up products (into
+// the saved planes), the fused swiglu, the down product (saved), the weighted scatter-add.
 void cuda_moe(const KernelArgs& a, const CudaContext& c) {
-  const cpu::MoeDims d = moe_dims(types_of(a), *a.attrs, 0);
+  const cpu::MoeDims d = forward_dims(types_of(a), *a.attrs);
   const cuda::Dt dt = cuda_in_dt(a, 0);
   const MoeDeviceLayout l = moe_device_layout(d, a.in_types[0]->dtype, false);
   const DeviceRouting r = route_on_device(d, l, dt, a.inputs[1], a.workspace, c, "moe");
-  const int64_t H = d.H, I = d.I, es = cuda::dt_size(dt), R = l.R;
+  const int64_t H = d.H, I = d.I, es = cuda::dt_size(dt), R = l.R, n_slots = d.T * d.k;
   char* rows = static_cast<char*>(a.workspace) + l.rows;
-  char *xs = rows, *g = xs + es * R * H, *u = g + es * R * I, *o = u + es * R * I;
+  char *xs = rows, *hh = xs + es * R * H;
+  char* saved = static_cast<char*>(a.outputs[1]);
   cuda::fill(dt, a.outputs[0], d.T * H, 0.0f, c.stream);
   for (int64_t e = 0; e < d.E; ++e) {
     const void *wg = a.inputs[2 + 3 * e], *wu = a.inputs[3 + 3 * e], *wd = a.inputs[4 + 3 * e];
     for (int64_t at = r.start[e]; at < r.start[e + 1]; at += R) {
       const int64_t n = std::min<int64_t>(R, r.start[e + 1] - at);
       const int32_t* slots = r.slots + at;
+      char *g = saved + es * at * I, *u = saved + es * (n_slots + at) * I, *o = saved + es * (2 * n_slots * I + at * H);
       cuda::moe_gather_rows(dt, a.inputs[0], slots, n, d.k, H, xs, c.stream);
       cuda_gemm(c, dt, dt, false, true, n, I, H, xs, wg, g, false, "moe");
       cuda_gemm(c, dt, dt, false, true, n, I, H, xs, wu, u, false, "moe");
-      cuda::swiglu_forward_fused(dt, g, u, n * I, g, c.stream);
-      cuda_gemm(c, dt, dt, false, true, n, H, I, g, wd, o, false, "moe");
+      cuda::swiglu_forward_fused(dt, g, u, n * I, hh, c.stream);
+      cuda_gemm(c, dt, dt, false, true, n, H, I, hh, wd, o, false, "moe");
       cuda::moe_scatter_add(dt, o, slots, r.weights, n, d.k, H, a.outputs[0], c.stream);
     }
   }
 }
 
-// As cpu::moe_backward.
+// As cpu::moe_backward, from the saved products.
 void cuda_moe_backward(const KernelArgs& a, const CudaContext& c) {
-  const cpu::MoeDims d = moe_dims(types_of(a), *a.attrs, 1);
+  const cpu::MoeDims d = backward_dims(types_of(a), *a.attrs);
   const cuda::Dt dt = cuda_in_dt(a, 1);
   const MoeDeviceLayout l = moe_device_layout(d, a.in_types[1]->dtype, true);
   const DeviceRouting r = route_on_device(d, l, dt, a.inputs[2], a.workspace, c, "moe_backward");
-  const int64_t H = d.H, I = d.I, es = cuda::dt_size(dt), R = l.R;
+  const int64_t H = d.H, I = d.I, es = cuda::dt_size(dt), R = l.R, n_slots = d.T * d.k;
   float* dws = reinterpret_cast<float*>(static_cast<char*>(a.workspace) + l.dws);
   char* rows = static_cast<char*>(a.workspace) + l.rows;
-  char *xs = rows, *dys = xs + es * R * H, *o = dys + es * R * H, *g = o + es * R * H, *u = g + es * R * I;
-  char *hh = u + es * R * I, *dh = hh + es * R * I;
+  char *xs = rows, *dys = xs + es * R * H, *dout = dys + es * R * H, *hh = dout + es * R * H, *dh = hh + es * R * I;
+  char *dg = dh + es * R * I, *du = dg + es * R * I;
+  const char* saved = static_cast<const char*>(a.inputs[3]);
   cuda::fill(dt, a.outputs[0], d.T * H, 0.0f, c.stream);
   for (int64_t e = 0; e < d.E; ++e) {
-    const void *wg = a.inputs[3 + 3 * e], *wu = a.inputs[4 + 3 * e], *wd = a.inputs[5 + 3 * e];
+    const size_t w = kBackwardWeights + 3 * e;
+    const void *wg = a.inputs[w], *wu = a.inputs[w + 1], *wd = a.inputs[w + 2];
     void *dwg = a.outputs[2 + 3 * e], *dwu = a.outputs[3 + 3 * e], *dwd = a.outputs[4 + 3 * e];
     cuda::fill(dt, dwg, I * H, 0.0f, c.stream);
     cuda::fill(dt, dwu, I * H, 0.0f, c.stream);
@@ -190,20 +209,19 @@ void cuda_moe_backward(const KernelArgs& a, const CudaContext& c) {
     for (int64_t at = r.start[e]; at < r.start[e + 1]; at += R) {
       const int64_t n = std::min<int64_t>(R, r.start[e + 1] - at);
       const int32_t* slots = r.slots + at;
+      const char *g = saved + es * at * I, *u = saved + es * (n_slots + at) * I;
+      const char* o = saved + es * (2 * n_slots * I + at * H);
       cuda::moe_gather_rows(dt, a.inputs[1], slots, n, d.k, H, xs, c.stream);
       cuda::moe_gather_rows(dt, a.inputs[0], slots, n, d.k, H, dys, c.stream);
-      cuda_gemm(c, dt, dt, false, true, n, I, H, xs, wg, g, false, "moe_backward");
-      cuda_gemm(c, dt, dt, false, true, n, I, H, xs, wu, u, false, "moe_backward");
       cuda::swiglu_forward_fused(dt, g, u, n * I, hh, c.stream);
-      cuda_gemm(c, dt, dt, false, true, n, H, I, hh, wd, o, false, "moe_backward");
-      cuda::moe_output_grad(dt, dys, o, slots, r.weights, n, H, dws, c.stream);  // o becomes do
-      cuda_gemm(c, dt, dt, true, false, H, I, n, o, hh, dwd, true, "moe_backward");
-      cuda_gemm(c, dt, dt, false, false, n, I, H, o, wd, dh, false, "moe_backward");
-      cuda::swiglu_backward_fused(dt, dh, g, u, n * I, g, u, c.stream);
-      cuda_gemm(c, dt, dt, true, false, I, H, n, g, xs, dwg, true, "moe_backward");
-      cuda_gemm(c, dt, dt, true, false, I, H, n, u, xs, dwu, true, "moe_backward");
-      cuda_gemm(c, dt, dt, false, false, n, H, I, g, wg, dys, false, "moe_backward");
-      cuda_gemm(c, dt, dt, false, false, n, H, I, u, wu, dys, true, "moe_backward");
+      cuda::moe_output_grad(dt, dys, o, dout, slots, r.weights, n, H, dws, c.stream);
+      cuda_gemm(c, dt, dt, true, false, H, I, n, dout, hh, dwd, true, "moe_backward");
+      cuda_gemm(c, dt, dt, false, false, n, I, H, dout, wd, dh, false, "moe_backward");
+      cuda::swiglu_backward_fused(dt, dh, g, u, n * I, dg, du, c.stream);
+      cuda_gemm(c, dt, dt, true, false, I, H, n, dg, xs, dwg, true, "moe_backward");
+      cuda_gemm(c, dt, dt, true, false, I, H, n, du, xs, dwu, true, "moe_backward");
+      cuda_gemm(c, dt, dt, false, false, n, H, I, dg, wg, dys, false, "moe_backward");
+      cuda_gemm(c, dt, dt, false, false, n, H, I, du, wu, dys, true, "moe_backward");
       cuda::moe_scatter_add(dt, dys, slots, nullptr, n, d.k, H, a.outputs[0], c.stream);
     }
   }
@@ -214,43 +232,46 @@ void cuda_moe_backward(const KernelArgs& a, const CudaContext& c) {
 #endif
 
 // moe(x, router_logits, gate_0, up_0, down_0, ..., gate_{E-1}, up_{E-1}, down_{E-1})
-//     {top_k, normalize} = y [..., H]: each row of x through its top_k experts, weighted by
-// their softmax probabilities (kernels/cpu/moe.h). The importer's form of transformers' sparse
+//     {top_k, normalize} = (y [..., H], saved [T k (2 I + H)]): each row of x through its top_k
+// experts, weighted by their softmax probabilities (kernels/cpu/moe.h), and the experts' gate
+// and up products and outputs its backward reads. The importer's form of transformers' sparse
 // MoE blocks, whose router linear stays a linear before it.
 extern const OpDef moe_op = {
     .num_inputs = -1,
-    .num_outputs = 1,
+    .num_outputs = 2,
     .infer = [](const Types& in, const Attrs& attrs) -> Types {
-      moe_dims(in, attrs, 0);
-      return {in[0]};
+      const cpu::MoeDims d = forward_dims(in, attrs);
+      return {in[0], {in[0].dtype, {cpu::moe_saved_floats(d)}}};
     },
     // Each row: k experts of three [I, H] products, and the routing over E.
     .cost = [](const Types& in, const Types&, const Attrs& attrs) {
-      const cpu::MoeDims d = moe_dims(in, attrs, 0);
+      const cpu::MoeDims d = forward_dims(in, attrs);
       return Cost{double(d.T) * (6.0 * double(d.k) * double(d.H) * double(d.I) + 4.0 * double(d.E)), 0};
     },
-    // One backward op for every operand (it recomputes the routing and the experts' forward).
+    // One backward op for every operand (it recomputes the routing, and reads the products).
     .grad = [](GradContext& c) {
-      std::vector<ValueId> ins{c.dout[0]};
-      ins.insert(ins.end(), c.node.inputs.begin(), c.node.inputs.end());
+      std::vector<ValueId> ins{c.dout[0], c.in(0), c.in(1), c.out(1)};
+      ins.insert(ins.end(), c.node.inputs.begin() + 2, c.node.inputs.end());
       const std::vector<ValueId> d = c.b.emit(OpKind::moe_backward, ins, c.attrs());
       for (size_t i = 0; i < c.node.inputs.size(); ++i)
         if (c.needs[i]) c.din[i] = d[i];
     },
     .cpu = [](const KernelArgs& a) {
-      const cpu::MoeDims d = moe_dims(types_of(a), *a.attrs, 0);
+      const cpu::MoeDims d = forward_dims(types_of(a), *a.attrs);
       const std::vector<const float*> w = floats_from(a, 2);
-      cpu::moe_forward(d, a.in(0), a.in(1), w.data(), a.out(0), static_cast<float*>(a.workspace));
+      cpu::moe_forward(d, a.in(0), a.in(1), w.data(), a.out(0), a.out(1), static_cast<float*>(a.workspace));
     },
     .cpu_workspace_bytes = [](const Types& in, const Attrs& attrs, int) -> int64_t {
-      return 4 * cpu::moe_workspace_floats(moe_dims(in, attrs, 0), false);
+      return 4 * cpu::moe_workspace_floats(forward_dims(in, attrs), false);
     },
-    // Row-wise: every token's rows are its own; the experts' weights are replicated.
+    // Row-wise: every token's rows are its own; the experts' weights are replicated. The saved
+    // products are this rank's tokens' (local, as any activation of a sharded row).
     .shard = [](const Shardings& in, const Types& t, const Attrs& a) -> Shardings {
       require(in[0] == in[1] && !is_partial(in[0]), "x and the router logits must be sharded alike (not partial), got ",
               sharding_str(in[0]), " and ", sharding_str(in[1]));
       for (size_t i = 2; i < in.size(); ++i) require(is_replicated(in[i]), "the experts' weights must be replicated");
-      return shard_rowwise({in[0], in[1]}, {t[0], t[1]}, a);
+      const Sharding y = shard_rowwise({in[0], in[1]}, {t[0], t[1]}, a)[0];
+      return {y, is_shard(y) ? shard(0) : replicated()};
     },
     .recompute = Recompute::matmul,
     .cuda = {.name = "moe_forward",
@@ -258,42 +279,43 @@ extern const OpDef moe_op = {
              .workspace_bytes = [](const Types& in, const Types&, const Attrs& attrs) -> int64_t {
                return moe_device_workspace_bytes(in, attrs, false);
              },
-             .check = [](const Types& in, const Attrs&) { check_device_experts(in, 0); }},
+             .check = [](const Types& in, const Attrs&) { check_device_experts(in, 1); }},
 };
 
-// moe_backward(dy, x, router_logits, gate_0, up_0, down_0, ...) {top_k, normalize} = (dx,
-// dlogits, dgate_0, dup_0, ddown_0, ...): every operand's gradient, each of its operand's type.
+// moe_backward(dy, x, router_logits, saved, gate_0, up_0, down_0, ...) {top_k, normalize} =
+// (dx, dlogits, dgate_0, dup_0, ddown_0, ...): the gradient of x, the logits and every expert's
+// weights, each of its operand's type.
 extern const OpDef moe_backward_op = {
     .num_inputs = -1,
     .num_outputs = -1,
     .infer = [](const Types& in, const Attrs& attrs) -> Types {
-      moe_dims(in, attrs, 1);
-      require(in[0].dtype == in[1].dtype && in[0].shape == in[1].shape, "dy must be x's type, got dy ",
-              type_str(in[0]), " and x ", type_str(in[1]));
-      return Types(in.begin() + 1, in.end());
+      backward_dims(in, attrs);
+      Types out{in[1], in[2]};
+      out.insert(out.end(), in.begin() + kBackwardWeights, in.end());
+      return out;
     },
-    // The forward again, then per expert five products: ddown, dh, dgate, dup, dx.
+    // Per expert six products: ddown, dh, dgate, dup, and dx's two.
     .cost = [](const Types& in, const Types&, const Attrs& attrs) {
-      const cpu::MoeDims d = moe_dims(in, attrs, 1);
-      return Cost{double(d.T) * (16.0 * double(d.k) * double(d.H) * double(d.I) + 10.0 * double(d.E)), 0};
+      const cpu::MoeDims d = backward_dims(in, attrs);
+      return Cost{double(d.T) * (12.0 * double(d.k) * double(d.H) * double(d.I) + 10.0 * double(d.E)), 0};
     },
     .cpu = [](const KernelArgs& a) {
-      const cpu::MoeDims d = moe_dims(types_of(a), *a.attrs, 1);
-      const std::vector<const float*> w = floats_from(a, 3);
+      const cpu::MoeDims d = backward_dims(types_of(a), *a.attrs);
+      const std::vector<const float*> w = floats_from(a, kBackwardWeights);
       std::vector<float*> dw;
       for (size_t i = 2; i < a.outputs.size(); ++i) dw.push_back(a.out(int(i)));
-      cpu::moe_backward(d, a.in(0), a.in(1), a.in(2), w.data(), a.out(0), a.out(1), dw.data(),
+      cpu::moe_backward(d, a.in(0), a.in(1), a.in(2), a.in(3), w.data(), a.out(0), a.out(1), dw.data(),
                         static_cast<float*>(a.workspace));
     },
     .cpu_workspace_bytes = [](const Types& in, const Attrs& attrs, int) -> int64_t {
-      return 4 * cpu::moe_workspace_floats(moe_dims(in, attrs, 1), true);
+      return 4 * cpu::moe_workspace_floats(backward_dims(in, attrs), true);
     },
     .cuda = {.name = "moe_backward",
              .run = AUTOSP_CUDA_RUN(cuda_moe_backward),
              .workspace_bytes = [](const Types& in, const Types&, const Attrs& attrs) -> int64_t {
                return moe_device_workspace_bytes(in, attrs, true);
              },
-             .check = [](const Types& in, const Attrs&) { check_device_experts(in, 1); }},
+             .check = [](const Types& in, const Attrs&) { check_device_experts(in, 2); }},
 };
 
 }  // namespace autosp

@@ -130,19 +130,24 @@ void matmuls_norms_rope_and_embedding_follow_the_operand_dtype() {
   }
 }
 
-// moe: y of x's type; its backward one gradient per operand, each of the operand's type. The
-// rule names what is wrong: the count of expert weights, top_k, an expert's shape, a dtype.
+// moe: y of x's type and the saved products [T k (2 I + H)]; its backward one gradient per
+// operand but the saved products, each of the operand's type. The rule names what is wrong: the
+// count of expert weights, top_k, an expert's shape, a dtype, the saved products.
 void moe_follows_the_operand_dtype() {
   const Attrs attrs{{"top_k", int64_t{2}}, {"normalize", int64_t{1}}};
   for (DType d : {f32, bf16}) {
     SCOPED_TRACE(dtype_name(d));
     const TensorType x = T(d, {2, 5, 8}), logits = T(d, {2, 5, 3}), gu = T(d, {6, 8}), down = T(d, {8, 6});
+    const TensorType saved = T(d, {2 * 5 * 2 * (2 * 6 + 8)});
     Types in{x, logits};
     for (int e = 0; e < 3; ++e) in.insert(in.end(), {gu, gu, down});
-    EXPECT_EQ(infer(OpKind::moe, in, attrs), Types{x});
-    Types back{x};
-    back.insert(back.end(), in.begin(), in.end());
+    EXPECT_EQ(infer(OpKind::moe, in, attrs), (Types{x, saved}));
+    Types back{x, x, logits, saved};
+    back.insert(back.end(), in.begin() + 2, in.end());
     EXPECT_EQ(infer(OpKind::moe_backward, back, attrs), in);
+    back[3] = T(d, {7});
+    EXPECT_NE(infer_error(OpKind::moe_backward, back, attrs).find("saved must be the forward's saved products"),
+              std::string::npos);
   }
   const TensorType x = T(f32, {2, 5, 8}), logits = T(f32, {2, 5, 3}), gu = T(f32, {6, 8}), down = T(f32, {8, 6});
   Types in{x, logits};
@@ -159,8 +164,9 @@ void moe_follows_the_operand_dtype() {
   wrong = in;
   wrong[2] = T(bf16, {6, 8});
   EXPECT_NE(infer_error(OpKind::moe, wrong, attrs).find("x and gate must have the same dtype"), std::string::npos);
-  EXPECT_NE(infer_error(OpKind::moe, {x, T(f32, {2, 4, 3})}, attrs).find("router logits must be x's leading dims"),
-            std::string::npos);
+  wrong = in;
+  wrong[1] = T(f32, {2, 4, 3});
+  EXPECT_NE(infer_error(OpKind::moe, wrong, attrs).find("router logits must be x's leading dims"), std::string::npos);
 }
 
 void attention_keeps_an_f32_log_sum_exp() {

@@ -416,10 +416,21 @@ std::vector<OpCase> op_cases() {
       in.push_back({str("down", e), DType::f32, {H, I}});
     }
     const Attrs a{{"top_k", int64_t{2}}, {"normalize", int64_t{1}}};
-    cases.push_back({"moe", in, one(OpKind::moe, a), {}, {{"logits", logits}}});
+    // (the saved products are compared too; the gradient probe differentiates y alone)
+    cases.push_back({"moe", in, one(OpKind::moe, a), {}, {{"logits", logits}}, true, 1});
     std::vector<InputSpec> back = in;
     back.insert(back.begin(), InputSpec{"dy", DType::f32, {2, 5, H}});
-    cases.push_back({"moe_backward", back, one(OpKind::moe_backward, a), {}, {{"logits", logits}}, false});
+    cases.push_back({"moe_backward", back,
+                     [a](B& b, const Ins& x) {
+                       const Ins w(x.begin() + 3, x.end());
+                       Ins fwd{x[1], x[2]};
+                       fwd.insert(fwd.end(), w.begin(), w.end());
+                       const auto f = b.emit(OpKind::moe, fwd, a);
+                       Ins ins{x[0], x[1], x[2], f[1]};
+                       ins.insert(ins.end(), w.begin(), w.end());
+                       return b.emit(OpKind::moe_backward, ins, a);
+                     },
+                     {}, {{"logits", logits}}, false});
   }
   cases.push_back({"count_valid", {{"l", DType::i32, {2, 5}}},
                    one(OpKind::count_valid), {{"l", labels_with_ignored(10, V, 7)}}, {}, false});

@@ -75,29 +75,32 @@ void moe_route(const MoeDims& d, const float* logits, int32_t* experts, float* w
   }
 }
 
+int64_t moe_saved_floats(const MoeDims& d) { return d.T * d.k * (2 * d.I + d.H); }
+
 int64_t moe_workspace_floats(const MoeDims& d, bool backward) {
   const int64_t R = std::min(d.T * d.k, kMoeChunkRows);
-  // forward: x rows, gate, up (then the swiglu), out; backward adds dy rows, the swiglu kept,
-  // its gradient, and each slot's dw.
-  return routing_floats(d) + (backward ? d.T * d.k + R * (3 * d.H + 4 * d.I) : R * (2 * d.H + 2 * d.I));
+  // forward: x rows, the swiglu; backward: each slot's dw, and x, dy and dout rows, the
+  // swiglu, its gradient and the gate's and up's.
+  return routing_floats(d) + (backward ? d.T * d.k + R * (3 * d.H + 4 * d.I) : R * (d.H + d.I));
 }
 
-void moe_forward(const MoeDims& d, const float* x, const float* logits, const float* const* w, float* y,
+void moe_forward(const MoeDims& d, const float* x, const float* logits, const float* const* w, float* y, float* saved,
                  float* workspace) {
   const Routing r = route(d, logits, workspace);
-  const int64_t R = std::min(d.T * d.k, kMoeChunkRows), H = d.H, I = d.I;
+  const int64_t R = std::min(d.T * d.k, kMoeChunkRows), H = d.H, I = d.I, n_slots = d.T * d.k;
   float* xs = workspace + routing_floats(d);
-  float *g = xs + R * H, *u = g + R * I, *o = u + R * I;
+  float* hh = xs + R * H;
   std::fill_n(y, d.T * H, 0.0f);
   for (int64_t e = 0; e < d.E; ++e) {
     for (int64_t c = r.start[e]; c < r.start[e + 1]; c += R) {
       const int32_t* slots = r.slots + c;
       const int64_t n = std::min<int64_t>(R, r.start[e + 1] - c);
+      float *g = saved + c * I, *u = saved + n_slots * I + c * I, *o = saved + 2 * n_slots * I + c * H;
       gather_rows(x, slots, n, d.k, H, xs);
       gemm(false, true, n, I, H, xs, w[3 * e], g);
       gemm(false, true, n, I, H, xs, w[3 * e + 1], u);
-      swiglu_forward(g, u, n * I, g);
-      gemm(false, true, n, H, I, g, w[3 * e + 2], o);
+      swiglu_forward(g, u, n * I, hh);
+      gemm(false, true, n, H, I, hh, w[3 * e + 2], o);
       // y[t] += w_j o: the expert's output weighted, then added (transformers' order).
 #pragma omp parallel for schedule(static)
       for (int64_t i = 0; i < n; ++i) {
@@ -110,13 +113,14 @@ void moe_forward(const MoeDims& d, const float* x, const float* logits, const fl
   }
 }
 
-void moe_backward(const MoeDims& d, const float* dy, const float* x, const float* logits, const float* const* w,
-                  float* dx, float* dlogits, float* const* dw, float* workspace) {
+void moe_backward(const MoeDims& d, const float* dy, const float* x, const float* logits, const float* saved,
+                  const float* const* w, float* dx, float* dlogits, float* const* dw, float* workspace) {
   const Routing r = route(d, logits, workspace);
-  const int64_t R = std::min(d.T * d.k, kMoeChunkRows), H = d.H, I = d.I;
+  const int64_t R = std::min(d.T * d.k, kMoeChunkRows), H = d.H, I = d.I, n_slots = d.T * d.k;
   float* dws = workspace + routing_floats(d);  // [T k]: dw of each slot
   float* xs = dws + d.T * d.k;
-  float *dys = xs + R * H, *o = dys + R * H, *g = o + R * H, *u = g + R * I, *hh = u + R * I, *dh = hh + R * I;
+  float *dys = xs + R * H, *dout = dys + R * H, *hh = dout + R * H, *dh = hh + R * I, *dg = dh + R * I;
+  float* du = dg + R * I;
   std::fill_n(dx, d.T * H, 0.0f);
   for (int64_t e = 0; e < d.E; ++e) {
     std::fill_n(dw[3 * e], I * H, 0.0f);
@@ -125,30 +129,28 @@ void moe_backward(const MoeDims& d, const float* dy, const float* x, const float
     for (int64_t c = r.start[e]; c < r.start[e + 1]; c += R) {
       const int32_t* slots = r.slots + c;
       const int64_t n = std::min<int64_t>(R, r.start[e + 1] - c);
+      const float *g = saved + c * I, *u = saved + n_slots * I + c * I, *o = saved + 2 * n_slots * I + c * H;
       gather_rows(x, slots, n, d.k, H, xs);
       gather_rows(dy, slots, n, d.k, H, dys);
-      gemm(false, true, n, I, H, xs, w[3 * e], g);
-      gemm(false, true, n, I, H, xs, w[3 * e + 1], u);
       swiglu_forward(g, u, n * I, hh);
-      gemm(false, true, n, H, I, hh, w[3 * e + 2], o);
-      // dw_j = <dy[t], o>, then o becomes do = w_j dy[t].
+      // dw_j = <dy[t], o>, and dout = w_j dy[t].
 #pragma omp parallel for schedule(static)
       for (int64_t i = 0; i < n; ++i) {
-        const float* dyi = dys + i * H;
-        float* oi = o + i * H;
+        const float *dyi = dys + i * H, *oi = o + i * H;
+        float* di = dout + i * H;
         double s = 0;
         for (int64_t h = 0; h < H; ++h) s += double(dyi[h]) * double(oi[h]);
         dws[slots[i]] = float(s);
         const float wj = r.weights[slots[i]];
-        for (int64_t h = 0; h < H; ++h) oi[h] = wj * dyi[h];
+        for (int64_t h = 0; h < H; ++h) di[h] = wj * dyi[h];
       }
-      gemm(true, false, H, I, n, o, hh, dw[3 * e + 2], true);  // ddown += do^T h
-      gemm(false, false, n, I, H, o, w[3 * e + 2], dh);        // dh = do down
-      swiglu_backward(dh, g, u, n * I, g, u);                  // g, u become dgate, dup
-      gemm(true, false, I, H, n, g, xs, dw[3 * e], true);      // dgate_e += dg^T x
-      gemm(true, false, I, H, n, u, xs, dw[3 * e + 1], true);  // dup_e += du^T x
-      gemm(false, false, n, H, I, g, w[3 * e], dys);           // dx rows = dg gate + du up
-      gemm(false, false, n, H, I, u, w[3 * e + 1], dys, true);
+      gemm(true, false, H, I, n, dout, hh, dw[3 * e + 2], true);  // ddown += dout^T h
+      gemm(false, false, n, I, H, dout, w[3 * e + 2], dh);        // dh = dout down
+      swiglu_backward(dh, g, u, n * I, dg, du);
+      gemm(true, false, I, H, n, dg, xs, dw[3 * e], true);      // dgate_e += dg^T x
+      gemm(true, false, I, H, n, du, xs, dw[3 * e + 1], true);  // dup_e += du^T x
+      gemm(false, false, n, H, I, dg, w[3 * e], dys);           // dx rows = dg gate + du up
+      gemm(false, false, n, H, I, du, w[3 * e + 1], dys, true);
 #pragma omp parallel for schedule(static)
       for (int64_t i = 0; i < n; ++i) {
         float* dxt = dx + int64_t(slots[i] / d.k) * H;

@@ -9,10 +9,13 @@
 //
 // which is transformers' loop (index_add_ per expert, ascending) with no token dropped. Each
 // expert runs on its own tokens only, gathered in ascending order, in chunks of at most
-// kMoeChunkRows rows: two gemms, the fused swiglu, one gemm, a scatter-add. The routing is
-// computed in double and rounded once; the backward recomputes it and each expert's forward
-// (nothing is kept between the two). Sums over tokens (the weights' gradients) follow the
-// chunks' fixed order, so the results are the same on any thread count.
+// kMoeChunkRows rows: two gemms, the fused swiglu, one gemm, a scatter-add. The forward keeps,
+// per slot (a token's j-th choice) in the experts' order, the expert's gate and up products and
+// its output (`saved`, what a dense MLP's backward keeps: the backward runs no gemm of the
+// forward again; under checkpointing the op is recomputed whole, like any other); the routing
+// is computed in double and rounded once, and recomputed by the backward. Sums over tokens (the
+// weights' gradients) follow the chunks' fixed order, so the results are the same on any thread
+// count.
 #pragma once
 #include <cstdint>
 
@@ -29,16 +32,19 @@ constexpr int64_t kMoeChunkRows = 512;
 void moe_route(const MoeDims& d, const float* logits, int32_t* experts, float* weights);
 
 // The experts' weights as the op takes them: w[3e], w[3e + 1], w[3e + 2] are expert e's gate,
-// up and down (dw likewise). Workspace: moe_workspace_floats(d, backward) floats.
+// up and down (dw likewise). saved: moe_saved_floats(d), three planes over the T k slots in the
+// experts' order, gate products [T k, I], up products [T k, I], outputs [T k, H]. Workspace:
+// moe_workspace_floats(d, backward) floats.
+int64_t moe_saved_floats(const MoeDims& d);
 int64_t moe_workspace_floats(const MoeDims& d, bool backward);
-void moe_forward(const MoeDims& d, const float* x, const float* logits, const float* const* w, float* y,
+void moe_forward(const MoeDims& d, const float* x, const float* logits, const float* const* w, float* y, float* saved,
                  float* workspace);
 // dx (the experts' part; the router's reaches x through dlogits), dlogits, and every expert's
-// dgate, dup, ddown (zero for an expert no token chose).
+// dgate, dup, ddown (zero for an expert no token chose), from the forward's saved products.
 //   dw_j = <dy[t], expert_{e_j}(x[t])>;  normalize (w the softmax of the chosen logits alone):
 //   dlogits[t, e_j] = w_j (dw_j - sum_i dw_i w_i) and 0 for the others (exactly); else
 //   dlogits[t, e] = p_e (dw_e - sum_j dw_j p_{e_j})  (dw_e = 0 unchosen).
-void moe_backward(const MoeDims& d, const float* dy, const float* x, const float* logits, const float* const* w,
-                  float* dx, float* dlogits, float* const* dw, float* workspace);
+void moe_backward(const MoeDims& d, const float* dy, const float* x, const float* logits, const float* saved,
+                  const float* const* w, float* dx, float* dlogits, float* const* dw, float* workspace);
 
 }  // namespace autosp::cpu

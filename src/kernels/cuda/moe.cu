@@ -65,18 +65,17 @@ __global__ void scatter_add_kernel(const T* rows, const int32_t* slots, const fl
 
 // One block per row.
 template <typename T>
-__global__ void output_grad_kernel(const T* dy_rows, T* out, const int32_t* slots, const float* weights, int64_t H,
-                                   float* dws) {
+__global__ void output_grad_kernel(const T* dy_rows, const T* out, T* dout, const int32_t* slots, const float* weights,
+                                   int64_t H, float* dws) {
   __shared__ double shared[32];
   const int64_t r = blockIdx.x;
-  const T* dy = dy_rows + r * H;
-  T* o = out + r * H;
+  const T *dy = dy_rows + r * H, *o = out + r * H;
   double acc = 0;
   for (int64_t h = threadIdx.x; h < H; h += blockDim.x) acc += double(to_f(dy[h])) * double(to_f(o[h]));
   acc = block_sum(acc, shared);
   if (threadIdx.x == 0) dws[slots[r]] = float(acc);
   const float w = weights[slots[r]];
-  for (int64_t h = threadIdx.x; h < H; h += blockDim.x) o[h] = from_f<T>(w * to_f(dy[h]));
+  for (int64_t h = threadIdx.x; h < H; h += blockDim.x) dout[r * H + h] = from_f<T>(w * to_f(dy[h]));
 }
 
 template <typename T>
@@ -139,12 +138,12 @@ void moe_scatter_add(Dt dt, const void* rows, const int32_t* slots, const float*
   });
 }
 
-void moe_output_grad(Dt dt, const void* dy_rows, void* out, const int32_t* slots, const float* weights, int64_t n,
-                     int64_t H, float* dws, cudaStream_t stream) {
+void moe_output_grad(Dt dt, const void* dy_rows, const void* out, void* dout, const int32_t* slots,
+                     const float* weights, int64_t n, int64_t H, float* dws, cudaStream_t stream) {
   if (n == 0) return;
   dispatch(dt, [&]<typename X>() {
-    output_grad_kernel<X><<<unsigned(n), kThreads, 0, stream>>>(static_cast<const X*>(dy_rows), static_cast<X*>(out),
-                                                                 slots, weights, H, dws);
+    output_grad_kernel<X><<<unsigned(n), kThreads, 0, stream>>>(
+        static_cast<const X*>(dy_rows), static_cast<const X*>(out), static_cast<X*>(dout), slots, weights, H, dws);
   });
 }
 

@@ -23,10 +23,10 @@ void moe_gather_rows(Dt dt, const void* src, const int32_t* slots, int64_t n, in
 // run in stream order, so each element's sum has one order.
 void moe_scatter_add(Dt dt, const void* rows, const int32_t* slots, const float* weights, int64_t n, int64_t k,
                      int64_t H, void* y, cudaStream_t stream);
-// For each gathered row i: dws[slots[i]] = <dy_rows[i], out[i]> (summed in double), then
-// out[i] = weights[slots[i]] dy_rows[i] (the expert's output gradient, in place).
-void moe_output_grad(Dt dt, const void* dy_rows, void* out, const int32_t* slots, const float* weights, int64_t n,
-                     int64_t H, float* dws, cudaStream_t stream);
+// For each gathered row i: dws[slots[i]] = <dy_rows[i], out[i]> (summed in double), and
+// dout[i] = weights[slots[i]] dy_rows[i] (the expert's output gradient).
+void moe_output_grad(Dt dt, const void* dy_rows, const void* out, void* dout, const int32_t* slots,
+                     const float* weights, int64_t n, int64_t H, float* dws, cudaStream_t stream);
 // dlogits (of dt) from each slot's dw, as cpu::moe_backward's router part.
 void moe_router_backward(Dt dt, const void* logits, const int32_t* experts, const float* dws, int64_t T, int64_t E,
                          int64_t k, bool normalize, void* dlogits, cudaStream_t stream);
