@@ -357,9 +357,12 @@ class _SparseMoeBlocks:
         return self
 
     def _patch(self):
+        self.unmatched = []  # modules with experts this does not rewrite (named if the export fails)
         for name, module in self.model.named_modules():
             names = self._layer_names(module)
             if names is None:
+                if isinstance(getattr(module, "experts", None), torch.nn.Module):
+                    self.unmatched.append(f"{name} ({type(module).__name__})")
                 continue
             if getattr(module, "jitter_noise", 0) and module.training:
                 raise ValueError(f"autosp export: {name} ({type(module).__name__}) multiplies its input by random "
@@ -435,9 +438,17 @@ def export(model, path, batch: int = 2, seq_len: int = 16, max_seq_len: int = 1 
         b = torch.export.Dim("batch", min=1, max=1 << 16)
         s = torch.export.Dim("seq_len", min=shortest, max=longest)
         with _ConcreteIsCausal(), _NoLayerDrop(model), _LongRopeByLength(model), _BatchFirstSelfAttention(), \
-                _SparseMoeBlocks(model):
-            return torch.export.export(_LossOf(model), (ids, ids.clone()),
-                                       dynamic_shapes=({0: b, 1: s}, {0: b, 1: s}))
+                _SparseMoeBlocks(model) as moe:
+            try:
+                return torch.export.export(_LossOf(model), (ids, ids.clone()),
+                                           dynamic_shapes=({0: b, 1: s}, {0: b, 1: s}))
+            except Exception as e:
+                if moe.unmatched and "data-dependent" in str(e):
+                    raise ValueError(f"autosp export: {moe.unmatched[0]} has experts but is not a block autosp "
+                                     f"rewrites (a router `gate` linear without bias, `experts` of gate/up/down or "
+                                     f"w1/w3/w2 linears without bias, `top_k`), and torch.export cannot trace its "
+                                     f"data-dependent routing: not supported yet") from e
+                raise
 
     # torch.export refuses a range of lengths the model's code guards; two such guards are
     # taken, each once, with a warning; any other is raised.
