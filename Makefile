@@ -64,7 +64,8 @@ fuzz: deps-fuzz
 	FUZZ_SECONDS=$(FUZZ_SECONDS) ./scripts/fuzz.sh build-fuzz $(FUZZ_TARGETS)
 
 # Benchmarks: ratios against baselines measured in the same run: sgemm, memcpy and each
-# instruction set's FMA peak for the kernels; PyTorch for the training step; sgemm for the
+# instruction set's FMA peak for the kernels; PyTorch for the training step (and for a
+# mixture-of-experts model's, bench/bench_moe.py: Mixtral's layout); sgemm for the
 # step's achieved FLOP/s; checkpoint policy none for sac and full. The kernel table and the
 # training section `isa` run once per kernel set this CPU supports (avx2, and avx512 where
 # present). Tables on stdout, JSON in $(BUILD)/bench/.
@@ -84,7 +85,8 @@ bench: deps build
 	torch2=$$(./scripts/install_bench_venv.sh) && \
 	/usr/bin/python3 bench/bench_train.py --autosp $(BUILD)/autosp \
 	  --bench-kernels $(BUILD)/bench_kernels --out $(BUILD)/bench/bench_train.json \
-	  --torch2-python "$$torch2" $(BENCH_ARGS)
+	  --torch2-python "$$torch2" $(BENCH_ARGS) && \
+	"$$torch2" bench/bench_moe.py --autosp $(BUILD)/autosp --out $(BUILD)/bench/bench_moe.json
 
 clean:
 	rm -rf $(BUILD) build-asan build-fuzz

@@ -338,7 +338,8 @@ class _SparseMoeBlocks:
     @staticmethod
     def _layer_names(module):
         """The experts' gate, up and down layers' names (all experts alike), or None: not such a block."""
-        gate, experts, k = getattr(module, "gate", None), getattr(module, "experts", None), getattr(module, "top_k", None)
+        gate, experts = getattr(module, "gate", None), getattr(module, "experts", None)
+        k = getattr(module, "top_k", None)
         if not (isinstance(gate, torch.nn.Linear) and gate.bias is None and isinstance(experts, torch.nn.ModuleList)
                 and isinstance(k, int) and len(experts) == gate.out_features and 1 <= k <= len(experts)):
             return None

@@ -34,7 +34,8 @@ Tensor Tracer::linear(Tensor x, Tensor w, Tensor bias) { return op(OpKind::linea
 Tensor Tracer::add(Tensor a, Tensor b) { return op(OpKind::add, {a, b}); }
 Tensor Tracer::mul(Tensor a, Tensor b) { return op(OpKind::mul, {a, b}); }
 Tensor Tracer::scale(Tensor x, double alpha, double beta) {
-  return beta == 0.0 ? op(OpKind::scale, {x}, {{"alpha", alpha}}) : op(OpKind::scale, {x}, {{"alpha", alpha}, {"beta", beta}});
+  if (beta == 0.0) return op(OpKind::scale, {x}, {{"alpha", alpha}});
+  return op(OpKind::scale, {x}, {{"alpha", alpha}, {"beta", beta}});
 }
 Tensor Tracer::silu(Tensor x) { return op(OpKind::silu, {x}); }
 Tensor Tracer::relu(Tensor x) { return op(OpKind::relu, {x}); }

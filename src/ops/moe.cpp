@@ -72,8 +72,8 @@ cpu::MoeDims backward_dims(const Types& in, const Attrs& attrs) {
   require(in[0].dtype == in[1].dtype && in[0].shape == in[1].shape, "dy must be x's type, got dy ", type_str(in[0]),
           " and x ", type_str(in[1]));
   require(in[3].dtype == in[1].dtype && in[3].shape == Shape{cpu::moe_saved_floats(d)},
-          "saved must be the forward's saved products, [T k (2 I + H)] = [", cpu::moe_saved_floats(d), "] of x's dtype, got ",
-          type_str(in[3]));
+          "saved must be the forward's saved products, [T k (2 I + H)] = [", cpu::moe_saved_floats(d),
+          "] of x's dtype, got ", type_str(in[3]));
   return d;
 }
 

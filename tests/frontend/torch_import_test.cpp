@@ -595,7 +595,8 @@ TEST(TorchImport, SparseMoeBlocksAreOneMoeOpEach) {
     const char* attrs;
     size_t weights;  // operands after x and the logits: 3 per expert
   };
-  for (const Want& w : {Want{"mixtral", 2, "{normalize=1, top_k=2}", 12}, Want{"qwen3_moe", 1, "{normalize=0, top_k=2}", 12},
+  for (const Want& w : {Want{"mixtral", 2, "{normalize=1, top_k=2}", 12},
+                        Want{"qwen3_moe", 1, "{normalize=0, top_k=2}", 12},
                         Want{"olmoe", 2, "{normalize=0, top_k=3}", 24},
                         Want{"qwen2_moe", 2, "{normalize=0, top_k=2}", 12}}) {
     SCOPED_TRACE(w.name);
@@ -613,7 +614,8 @@ TEST(TorchImport, SparseMoeBlocksAreOneMoeOpEach) {
     EXPECT_EQ(op_lines(text, "swiglu").size(), name == "qwen3_moe" ? 1u : name == "qwen2_moe" ? 2u : 0u) << text;
     EXPECT_EQ(op_lines(text, "tanh").size(), name == "qwen2_moe" ? 2u : 0u) << text;
     size_t halves = 0;  // the sigmoid's (1 + tanh) / 2
-    for (const std::string& line : op_lines(text, "scale")) halves += line.find("{alpha=0.5, beta=0.5}") != std::string::npos;
+    for (const std::string& line : op_lines(text, "scale"))
+      halves += line.find("{alpha=0.5, beta=0.5}") != std::string::npos;
     EXPECT_EQ(halves, name == "qwen2_moe" ? 2u : 0u) << text;
   }
 }
