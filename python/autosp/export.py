@@ -12,7 +12,10 @@ The model code is not changed. What this does, and nothing else:
     attention function "autosp" (transformers' AttentionInterface) that calls it and a mask
     function "autosp" (AttentionMaskInterface) that builds no mask: attention is then one
     node in the exported graph instead of a B x 1 x S x S mask subgraph, and autosp's
-    compiler shards it (causal, sliding window, softcap);
+    compiler shards it (causal, sliding window, softcap); and `autosp::moe(x, router_logits,
+    gate[], up[], down[], top_k, normalize)`, the mixture-of-experts layer autosp's moe op runs
+    (its eager implementation computes every expert densely, weighted 0 where not chosen: the
+    same sum, traceable);
   - exports `forward(input_ids, labels) -> loss` with torch.export.export, the batch and the
     sequence length dynamic (a module with LayerDrop 0, OPT's decoder, in eval mode alone while
     it does: its train-mode draw of torch.rand cannot be traced; LayerDrop above 0 is refused),
@@ -24,14 +27,18 @@ The model code is not changed. What this does, and nothing else:
     another view than a cut of part of it); export() then exports lengths up to L - 1 and
     says so. A guard that the sequence is at least N long (N <= 16: a model's own label shift)
     is taken likewise;
-  - while exporting, computes three things in a form torch.export traces or autosp reads, the
+  - while exporting, computes four things in a form torch.export traces or autosp reads, the
     same numbers: longrope (Phi-3's rotary), which transformers switches to its long factors by
     a Python `if` on the positions, chooses them by the sequence length in the program
     (_LongRopeByLength), so that autosp takes the factors of the length it trains;
     nn.MultiheadAttention used as batch-first self-attention runs in the [B, H, S, D] layout
-    (_BatchFirstSelfAttention: its own merges the heads into the batch); and
+    (_BatchFirstSelfAttention: its own merges the heads into the batch);
     nn.TransformerEncoder's guess whether its mask is causal (a data-dependent torch.equal)
-    answers only what it was told.
+    answers only what it was told; and transformers' sparse mixture-of-experts blocks (Mixtral's,
+    Qwen2/3-MoE's, OLMoE's), whose loop over the experts hit torch.export cannot trace, are their
+    router linear and one `autosp::moe` node of the experts' weights (_SparseMoeBlocks, checked
+    against the block's own forward first). A config with output_router_logits (the
+    load-balancing loss) is refused.
 Models that call torch.nn.functional.scaled_dot_product_attention(is_causal=True) themselves
 need none of the registration; autosp reads that node as it is, and attention written out
 (softmax(q @ k^T * scale + mask) @ v, GPT-J's) or SDPA given a mask tensor, where the mask it
