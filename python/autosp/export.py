@@ -37,8 +37,8 @@ The model code is not changed. What this does, and nothing else:
     answers only what it was told; and transformers' sparse mixture-of-experts blocks (Mixtral's,
     Qwen2/3-MoE's, OLMoE's), whose loop over the experts hit torch.export cannot trace, are their
     router linear and one `autosp::moe` node of the experts' weights (_SparseMoeBlocks, checked
-    against the block's own forward first). A config with output_router_logits (the
-    load-balancing loss) is refused.
+    against the block's own forward first), and their load-balancing loss, where the config
+    asks for it (output_router_logits), one `autosp::moe_balance` node (_LoadBalancingLoss).
 Models that call torch.nn.functional.scaled_dot_product_attention(is_causal=True) themselves
 need none of the registration; autosp reads that node as it is, and attention written out
 (softmax(q @ k^T * scale + mask) @ v, GPT-J's) or SDPA given a mask tensor, where the mask it
@@ -103,6 +103,15 @@ def _moe_reference(x, router_logits, gate, up, down, top_k: int, normalize: bool
     return out
 
 
+def _moe_balance_reference(router_logits, num_experts: int, top_k: int):
+    # transformers' load_balancing_loss_func without an attention mask: over the rows of every
+    # layer, E sum_e (the fraction of rows whose top k include e) (their mean probability of e).
+    p = torch.softmax(torch.cat(list(router_logits), dim=0), dim=-1)
+    _, chosen = torch.topk(p, top_k, dim=-1)
+    hits = torch.nn.functional.one_hot(chosen, num_experts).float().mean(dim=0)
+    return torch.sum(hits * p.mean(dim=0).unsqueeze(0)) * num_experts
+
+
 def register():
     """Registers the custom op and, when transformers is importable, its "autosp" attention."""
     global _registered
@@ -114,6 +123,8 @@ def register():
     torch.library.define("autosp::moe", "(Tensor x, Tensor router_logits, Tensor[] gate, Tensor[] up, Tensor[] down, "
                                         "int top_k, bool normalize) -> Tensor")
     torch.library.impl("autosp::moe", "CompositeImplicitAutograd")(_moe_reference)
+    torch.library.define("autosp::moe_balance", "(Tensor[] router_logits, int num_experts, int top_k) -> Tensor")
+    torch.library.impl("autosp::moe_balance", "CompositeImplicitAutograd")(_moe_balance_reference)
     try:
         from transformers import AttentionInterface
         from transformers.masking_utils import AttentionMaskInterface
@@ -418,6 +429,47 @@ class _SparseMoeBlocks:
         return False
 
 
+class _LoadBalancingLoss:
+    """While exporting a model whose config has output_router_logits: transformers adds
+    router_aux_loss_coef times load_balancing_loss_func of every layer's router logits to the loss
+    (Switch Transformer's load-balancing loss). The function, called from the model's own module,
+    computes it as one `autosp::moe_balance` node (the same numbers; autosp's moe_balance op, whose
+    sums the autosp pass makes whole over a sequence-parallel group). With an attention mask it
+    is refused (autosp's samples have none)."""
+
+    def __init__(self, model):
+        self.model = model
+        self.patched = None
+
+    def __enter__(self):
+        if not getattr(getattr(self.model, "config", None), "output_router_logits", False):
+            return self
+        import sys
+        module = sys.modules.get(type(self.model).__module__)
+        original = getattr(module, "load_balancing_loss_func", None)
+        if original is None:
+            raise ValueError(f"autosp export: {type(self.model).__name__} has output_router_logits but its module has "
+                             f"no load_balancing_loss_func, the load-balancing loss autosp reads; set it to False")
+
+        def balance(gate_logits, num_experts=None, top_k=2, attention_mask=None):
+            if attention_mask is not None:
+                raise ValueError("autosp export: a load-balancing loss over an attention mask (autosp's samples "
+                                 "have none)")
+            if not isinstance(gate_logits, tuple):
+                return 0
+            return torch.ops.autosp.moe_balance(list(gate_logits), int(num_experts), int(top_k))
+
+        module.load_balancing_loss_func = balance
+        self.patched = (module, original)
+        return self
+
+    def __exit__(self, *exc):
+        if self.patched:
+            module, original = self.patched
+            module.load_balancing_loss_func = original
+        return False
+
+
 def _position_table_length(model):
     """The length of the model's position tables from its config (None: it names none)."""
     config = getattr(model, "config", None)
@@ -432,9 +484,6 @@ def export(model, path, batch: int = 2, seq_len: int = 16, max_seq_len: int = 1 
     """Exports `model`'s training loss, forward(input_ids, labels) -> loss, to `path` (.pt2)."""
     use_autosp_attention(model)
     model.train()
-    if getattr(getattr(model, "config", None), "output_router_logits", False):
-        raise ValueError("autosp export: the config's output_router_logits is true, which adds the mixture-of-experts "
-                         "load-balancing loss to the loss; autosp does not compute it yet (set it to False)")
     vocab = vocab_size or getattr(getattr(model, "config", None), "vocab_size", None)
     if not vocab:
         raise ValueError(f"autosp export: {type(model).__name__} has no config.vocab_size; pass vocab_size= (the "
@@ -446,7 +495,7 @@ def export(model, path, batch: int = 2, seq_len: int = 16, max_seq_len: int = 1 
         b = torch.export.Dim("batch", min=1, max=1 << 16)
         s = torch.export.Dim("seq_len", min=shortest, max=longest)
         with _ConcreteIsCausal(), _NoLayerDrop(model), _LongRopeByLength(model), _BatchFirstSelfAttention(), \
-                _SparseMoeBlocks(model) as moe:
+                _SparseMoeBlocks(model) as moe, _LoadBalancingLoss(model):
             try:
                 return torch.export.export(_LossOf(model), (ids, ids.clone()),
                                            dynamic_shapes=({0: b, 1: s}, {0: b, 1: s}))

@@ -1758,6 +1758,7 @@ class TorchImporter {
     }
     if (op == "torch.ops.aten.cat.default") return cat(n);
     if (op == "torch.ops.autosp.moe.default") return moe(n);
+    if (op == "torch.ops.autosp.moe_balance.default") return moe_balance(n);
     if (op == "torch.ops.autosp.attention.default") {
       // softcap: Gemma 2's attn_logit_softcapping (archives written before it have no such argument)
       return attention(n, A("q", 0), A("k", 1), A("v", 2), bool_arg(n, "causal", 3, true), float_arg(n, "scale", 4),
@@ -2902,6 +2903,29 @@ class TorchImporter {
       m_.fail_at(n, "x and the router logits are not rows alike");
     const int64_t top_k = int_arg(n, "top_k", 5);
     return rowwise(t_.moe(rowwise_of(x), rowwise_of(logits), experts, top_k, bool_arg(n, "normalize", 6, false)), x);
+  }
+
+  // autosp::moe_balance, export.py's form of transformers' load_balancing_loss_func (Switch
+  // Transformer's): over the N rows of all L layers' router logits, E sum_e (c_e / N) (P_e / N),
+  // c_e the rows whose top k include e and P_e the sum of the rows' probabilities of e: the
+  // moe_balance op's two sums, then their product summed and scaled by E / N^2.
+  Imported moe_balance(const FxNode& n) {
+    const json* a = arg(n, "router_logits", 0);
+    if (!a || !a->contains("as_tensors") || (*a)["as_tensors"].empty())
+      m_.fail_at(n, "the router logits are not a list of tensors");
+    std::vector<Tensor> logits;
+    int64_t rows = 0;
+    for (const json& t : (*a)["as_tensors"]) {
+      logits.push_back(rowwise_of(t.value("name", "")));
+      rows += rows_of(t_.shape(logits.back()));
+    }
+    const int64_t E = int_arg(n, "num_experts", 1), k = int_arg(n, "top_k", 2);
+    if (t_.shape(logits[0]).back() != E)
+      m_.fail_at(n, str("num_experts ", E, " for router logits of ", t_.shape(logits[0]).back(), " experts"));
+    const Tensor stats = t_.moe_balance(logits, k);
+    const Tensor counts = t_.slice(stats, 0, 0, 1), psum = t_.slice(stats, 0, 1, 2);
+    const double N = double(rows);
+    return ir(t_.scale(t_.sum(t_.mul(counts, psum)), double(E) / (N * N)));
   }
 
   Imported cat(const FxNode& n) {

@@ -140,6 +140,10 @@ Tensor Tracer::moe(Tensor x, Tensor router_logits, const std::vector<Tensor>& ex
   return op(OpKind::moe, in, {{"top_k", top_k}, {"normalize", int64_t{normalize}}});
 }
 
+Tensor Tracer::moe_balance(const std::vector<Tensor>& router_logits, int64_t top_k) {
+  return op(OpKind::moe_balance, router_logits, {{"top_k", top_k}});
+}
+
 Tensor Tracer::reshape(Tensor x, const Shape& shape) {
   return op(OpKind::reshape, {x}, {{"shape", shape}});
 }

@@ -96,6 +96,9 @@ class Tracer {
   // probabilities (normalize: divided by their sum). experts: gate, up [I, H] and down [H, I] of
   // each expert in turn (3 E tensors).
   Tensor moe(Tensor x, Tensor router_logits, const std::vector<Tensor>& experts, int64_t top_k, bool normalize);
+  // The load-balancing statistics of L layers' router logits [..., E] (each row's top_k): f32
+  // [2, E], the count of rows choosing each expert and the sum of its probabilities.
+  Tensor moe_balance(const std::vector<Tensor>& router_logits, int64_t top_k);
   Tensor reshape(Tensor x, const Shape& shape);
   Tensor transpose(Tensor x, const std::vector<int64_t>& perm);
   Tensor slice(Tensor x, int64_t dim, int64_t start, int64_t end);

@@ -14,8 +14,8 @@ namespace autosp {
   X(layer_norm_backward) X(rope) X(attention)                                                \
   X(attention_backward) X(cross_entropy) X(cross_entropy_backward) X(linear_cross_entropy)  \
   X(linear_cross_entropy_backward) X(linear_cross_entropy_with_grad) X(count_valid) X(moe)   \
-  X(moe_backward) X(reshape) X(transpose) X(slice) X(slice_backward) X(concat) X(all_to_all)  \
-  X(all_reduce) X(all_gather) X(reduce_scatter)
+  X(moe_backward) X(moe_balance) X(moe_balance_backward) X(reshape) X(transpose) X(slice)       \
+  X(slice_backward) X(concat) X(all_to_all) X(all_reduce) X(all_gather) X(reduce_scatter)
 
 enum class OpKind : uint8_t {
 #define AUTOSP_OP_ENUM(name) name,

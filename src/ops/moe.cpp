@@ -228,6 +228,25 @@ void cuda_moe_backward(const KernelArgs& a, const CudaContext& c) {
   cuda::moe_router_backward(dt, a.inputs[2], r.experts, dws, d.T, d.E, d.k, d.normalize, a.outputs[1], c.stream);
 }
 
+// As the CPU's: each input's rows through two kernels, the sums kept in double.
+void cuda_moe_balance(const KernelArgs& a, const CudaContext& c) {
+  const int64_t E = a.in_shape(0).back(), k = a.attrs->get_int("top_k");
+  int64_t T = 0;
+  for (size_t i = 0; i < a.inputs.size(); ++i) T = std::max(T, rows_of(a.in_shape(int(i))));
+  double* acc = static_cast<double*>(a.workspace);
+  float* rows = reinterpret_cast<float*>(static_cast<char*>(a.workspace) + cuda_aligned(16 * E));
+  check_cuda(cudaMemsetAsync(acc, 0, size_t(16 * E), c.stream), "cudaMemsetAsync", "moe_balance");
+  for (size_t i = 0; i < a.inputs.size(); ++i)
+    cuda::moe_balance_stats(cuda_in_dt(a, int(i)), a.inputs[i], rows_of(a.in_shape(int(i))), E, k, rows, acc, c.stream);
+  cuda::moe_balance_finish(acc, E, a.out(0), c.stream);
+}
+void cuda_moe_balance_backward(const KernelArgs& a, const CudaContext& c) {
+  const int64_t E = a.in_shape(1).back();
+  for (size_t i = 1; i < a.inputs.size(); ++i)
+    cuda::moe_balance_backward(cuda_in_dt(a, int(i)), a.in(0), a.inputs[i], rows_of(a.in_shape(int(i))), E,
+                               a.outputs[i - 1], c.stream);
+}
+
 }  // namespace
 #endif
 
@@ -316,6 +335,93 @@ extern const OpDef moe_backward_op = {
                return moe_device_workspace_bytes(in, attrs, true);
              },
              .check = [](const Types& in, const Attrs&) { check_device_experts(in, 2); }},
+};
+
+namespace {
+// The load-balancing loss's statistics, for moe_balance's operands: L layers' router logits,
+// each [..., E] of one type. {top_k}
+int64_t balance_experts(const Types& in, const Attrs& attrs, size_t first) {
+  require(in.size() > first, "expected the router logits of at least one layer");
+  const TensorType& l = in[first];
+  require_floating(l, "router logits");
+  require(!l.shape.empty() && l.shape.back() >= 1, "router logits must be [..., E], got ", type_str(l));
+  for (size_t i = first; i < in.size(); ++i)
+    require(in[i] == l, "every layer's router logits must be ", type_str(l), ", got ", type_str(in[i]));
+  require(attrs.has("top_k"), "needs a 'top_k' attribute");
+  const int64_t k = attrs.get_int("top_k");
+  require(k >= 1 && k <= l.shape.back(), "top_k=", k, " must be in [1, ", l.shape.back(), "] (the experts)");
+  return l.shape.back();
+}
+}  // namespace
+
+// moe_balance(logits_0, ..., logits_{L-1}) {top_k} = f32 [2, E]: over every layer's rows, the
+// count of rows whose top_k experts include e (row 0) and the sum of the rows' softmax
+// probabilities of e (row 1) (kernels/cpu/moe.h). Transformers' load-balancing loss is E
+// sum_e counts_e psum_e / N^2 of them, N the rows of all layers (torch_import builds it of
+// slices, a product, a sum and a scale). Sharded rows give this rank's part of the sums (partial:
+// the autosp pass all-reduces it over the group).
+extern const OpDef moe_balance_op = {
+    .num_inputs = -1,
+    .num_outputs = 1,
+    .infer = [](const Types& in, const Attrs& attrs) -> Types {
+      return {{DType::f32, {2, balance_experts(in, attrs, 0)}}};
+    },
+    .cost = [](const Types& in, const Types&, const Attrs&) {
+      return Cost{10.0 * double(in.size()) * double(numel(in[0].shape)), 0};
+    },
+    // Only the probability sums have a gradient (the counts change by steps).
+    .grad = [](GradContext& c) {
+      std::vector<ValueId> ins{c.dout[0]};
+      ins.insert(ins.end(), c.node.inputs.begin(), c.node.inputs.end());
+      const std::vector<ValueId> d = c.b.emit(OpKind::moe_balance_backward, ins, c.attrs());
+      for (size_t i = 0; i < c.node.inputs.size(); ++i)
+        if (c.needs[i]) c.din[i] = d[i];
+    },
+    .cpu = [](const KernelArgs& a) {
+      const int64_t E = a.in_shape(0).back(), k = a.attrs->get_int("top_k");
+      std::vector<double> counts(E, 0.0), psum(E, 0.0);
+      for (size_t i = 0; i < a.inputs.size(); ++i)
+        cpu::moe_balance_stats(a.in(int(i)), rows_of(a.in_shape(int(i))), E, k, counts.data(), psum.data());
+      for (int64_t e = 0; e < E; ++e) {
+        a.out(0)[e] = float(counts[e]);
+        a.out(0)[E + e] = float(psum[e]);
+      }
+    },
+    .shard = [](const Shardings& in, const Types&, const Attrs&) -> Shardings {
+      for (const Sharding& s : in)
+        require(s == in[0] && !is_partial(s), "every layer's router logits must be sharded alike (not partial)");
+      return {is_shard(in[0]) ? partial() : replicated()};
+    },
+    .cuda = {.name = "moe_balance",
+             .run = AUTOSP_CUDA_RUN(cuda_moe_balance),
+             .workspace_bytes = [](const Types& in, const Types&, const Attrs&) -> int64_t {
+               const int64_t E = in[0].shape.back();
+               return cuda_aligned(16 * E) + cuda_aligned(8 * rows_of(in[0].shape) * E);
+             },
+             .check = [](const Types& in, const Attrs&) { check_device_experts(in, 0); }},
+};
+
+// moe_balance_backward(dstats [2, E], logits_0, ..., logits_{L-1}) {top_k} = (dlogits_0, ...):
+// each row's p (g - <g, p>), g = dstats[1] (kernels/cpu/moe.h).
+extern const OpDef moe_balance_backward_op = {
+    .num_inputs = -1,
+    .num_outputs = -1,
+    .infer = [](const Types& in, const Attrs& attrs) -> Types {
+      const int64_t E = balance_experts(in, attrs, 1);
+      require(in[0] == TensorType{DType::f32, {2, E}}, "dstats must be f32[2, ", E, "], got ", type_str(in[0]));
+      return Types(in.begin() + 1, in.end());
+    },
+    .cost = [](const Types& in, const Types&, const Attrs&) {
+      return Cost{10.0 * double(in.size() - 1) * double(numel(in[1].shape)), 0};
+    },
+    .cpu = [](const KernelArgs& a) {
+      const int64_t E = a.in_shape(1).back();
+      for (size_t i = 1; i < a.inputs.size(); ++i)
+        cpu::moe_balance_backward(a.in(0) + E, a.in(int(i)), rows_of(a.in_shape(int(i))), E, a.out(int(i) - 1));
+    },
+    .cuda = {.name = "moe_balance_backward",
+             .run = AUTOSP_CUDA_RUN(cuda_moe_balance_backward),
+             .check = [](const Types& in, const Attrs&) { check_device_experts(in, 1); }},
 };
 
 }  // namespace autosp

@@ -1,5 +1,6 @@
 #include "passes/autosp.h"
 
+#include <algorithm>
 #include <map>
 
 #include "ops/op.h"
@@ -141,11 +142,19 @@ class AutospPass {
     std::vector<ValueId> ins;
     Shardings in_shardings;
     Types global_types;
+    const bool adds_to_partial =
+        node.op == OpKind::add && std::any_of(node.inputs.begin(), node.inputs.end(), [&](ValueId v) {
+          return is_partial(g_.value(map_[v]).sharding);
+        });
     for (size_t i = 0; i < node.inputs.size(); ++i) {
       ValueId x = map_[node.inputs[i]];
       // A loss divisor is needed whole: sum this rank's count with the group's.
       if (node.op == OpKind::div_scalar && i == 1 && is_partial(g_.value(x).sharding))
         x = emit1(OpKind::all_reduce, {x}, {{"group", std::string("sp")}, {"size", P_}}, replicated());
+      // A whole value added to this rank's part of a sum (the load-balancing loss to the
+      // cross-entropy's share): each rank adds 1/P of it, so that the parts sum to it once.
+      if (adds_to_partial && is_replicated(g_.value(x).sharding))
+        x = emit1(OpKind::scale, {x}, {{"alpha", 1.0 / double(P_)}}, partial());
       ins.push_back(x);
       in_shardings.push_back(g_.value(x).sharding);
       global_types.push_back(fwd_.type(node.inputs[i]));
@@ -165,11 +174,19 @@ class AutospPass {
       shape[out[0].dim] = g_.shape(ins[0])[in_shardings[0].dim];  // the local length
       attrs.set("shape", shape);
     }
+    if (node.op == OpKind::moe_balance && split_.padded != split_.global)
+      user_error("autosp: the load-balancing loss (moe_balance, node ", n, ") needs the sequence length (",
+                 split_.global, ") to be a multiple of sequence_parallel_size (", P_,
+                 "): padded positions would count as tokens");
     auto results = b_.emit(node.op, ins, attrs);
     for (size_t i = 0; i < results.size(); ++i) {
       g_.mutable_value(results[i]).sharding = out.size() == 1 ? out[0] : out.at(i);
       map_[node.outputs[i]] = results[i];
     }
+    // The load-balancing statistics are needed whole: this rank's rows' sums with the group's.
+    if (node.op == OpKind::moe_balance && is_partial(out[0]))
+      map_[node.outputs[0]] =
+          emit1(OpKind::all_reduce, {results[0]}, {{"group", std::string("sp")}, {"size", P_}}, replicated());
   }
 
   static std::string shardings_str(const Shardings& s) {

@@ -20,7 +20,11 @@
 //     the group's losses sum to the single-device loss. Padding (label -100, at the end of
 //     the sequence, after every real token, so causal attention never sees it from a real
 //     query) therefore changes nothing.
-//  5. No other collective is inserted in the forward graph; autodiff turns each collective
+//  5. The load-balancing statistics of a mixture-of-experts model (moe_balance: expert counts
+//     and probability sums over the rows, @partial) are all-reduced over the group, so the
+//     load-balancing loss is the single-device one, @replicated; added to the @partial loss,
+//     each rank adds 1/P of it. It needs S to be a multiple of P (padding would count).
+//  6. No other collective is inserted in the forward graph; autodiff turns each collective
 //     into its inverse, and parameter gradients come out @partial, to be summed by grad_sync.
 // P = 1 returns the graph unchanged.
 #pragma once

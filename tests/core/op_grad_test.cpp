@@ -188,6 +188,26 @@ TEST(OpGrad, MixtureOfExperts) {
   }
 }
 
+// The load-balancing statistics of two layers' router logits: the counts (row 0) have no
+// gradient (nor do their finite differences: the logits are spaced so no step changes a row's top
+// 2), the probability sums (row 1) the softmax's.
+TEST(OpGrad, MoeBalanceStatistics) {
+  Tracer t;
+  Tensor a = t.parameter("a", {2, 3, 4}), b = t.parameter("b", {2, 3, 4});
+  t.output("y0", t.moe_balance({a, b}, 2));
+  Feed feed;
+  std::vector<int> order = {0, 1, 2, 3};
+  for (const char* name : {"a", "b"}) {
+    std::vector<float> l;
+    for (int r = 0; r < 6; ++r) {
+      std::next_permutation(order.begin(), order.end());
+      for (int e = 0; e < 4; ++e) l.push_back(0.6f * float(order[e]));
+    }
+    feed.f[name] = l;
+  }
+  check_gradients(t.finish(), feed);
+}
+
 TEST(OpGrad, Swiglu) {
   Tracer t;
   Tensor g = t.parameter("gate", {2, 11}), u = t.parameter("up", {2, 11});

@@ -167,6 +167,17 @@ void moe_follows_the_operand_dtype() {
   wrong = in;
   wrong[1] = T(f32, {2, 4, 3});
   EXPECT_NE(infer_error(OpKind::moe, wrong, attrs).find("router logits must be x's leading dims"), std::string::npos);
+  // The load-balancing statistics are f32 whatever the logits; their backward gives each layer's.
+  for (DType d : {f32, bf16}) {
+    const TensorType l = T(d, {2, 5, 3});
+    EXPECT_EQ(infer(OpKind::moe_balance, {l, l}, {{"top_k", int64_t{2}}}), Types{T(f32, {2, 3})});
+    EXPECT_EQ(infer(OpKind::moe_balance_backward, {T(f32, {2, 3}), l, l}, {{"top_k", int64_t{2}}}), (Types{l, l}));
+  }
+  EXPECT_NE(infer_error(OpKind::moe_balance, {T(f32, {2, 5, 3}), T(f32, {2, 4, 3})}, {{"top_k", int64_t{2}}})
+                .find("every layer's router logits must be f32[2, 5, 3], got f32[2, 4, 3]"),
+            std::string::npos);
+  EXPECT_NE(infer_error(OpKind::moe_balance, {T(f32, {2, 5, 3})}, {{"top_k", int64_t{4}}}).find("top_k=4"),
+            std::string::npos);
 }
 
 void attention_keeps_an_f32_log_sum_exp() {

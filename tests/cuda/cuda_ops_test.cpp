@@ -431,6 +431,14 @@ std::vector<OpCase> op_cases() {
                        return b.emit(OpKind::moe_backward, ins, a);
                      },
                      {}, {{"logits", logits}}, false});
+    // The load-balancing statistics of two layers' logits (the same spaced values), and their
+    // backward.
+    cases.push_back({"moe_balance", {{"a", DType::f32, {2, 5, E}}, {"b", DType::f32, {2, 5, E}}},
+                     one(OpKind::moe_balance, {{"top_k", int64_t{2}}}), {}, {{"a", logits}, {"b", logits}}});
+    cases.push_back({"moe_balance_backward",
+                     {{"d", DType::f32, {2, E}, true}, {"a", DType::f32, {2, 5, E}}, {"b", DType::f32, {2, 5, E}}},
+                     one(OpKind::moe_balance_backward, {{"top_k", int64_t{2}}}), {}, {{"a", logits}, {"b", logits}},
+                     false});
   }
   cases.push_back({"count_valid", {{"l", DType::i32, {2, 5}}},
                    one(OpKind::count_valid), {{"l", labels_with_ignored(10, V, 7)}}, {}, false});

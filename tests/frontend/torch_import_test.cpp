@@ -140,7 +140,7 @@ INSTANTIATE_TEST_SUITE_P(Models, TorchImportReference,
                                            "gpt_neox", "olmo2", "gpt_bigcode", "starcoder2", "smollm3", "phi", "glm4",
                                            "biogpt", "exaone4", "phi3_longrope", "nanogpt", "nanogpt_shift",
                                            "titan_llama", "torch_encoder", "torch_encoder_prenorm", "cached_llama",
-                                           "mixtral", "qwen3_moe", "olmoe", "qwen2_moe"),
+                                           "mixtral", "qwen3_moe", "olmoe", "qwen2_moe", "mixtral_aux"),
                          [](const auto& info) { return info.param; });
 
 // Llama through PyTorch and through autosp's own builder (models/llama.h): the same model,

@@ -8,6 +8,7 @@
 #include "ops/op.h"
 #include "passes/autodiff.h"
 #include "passes/autosp.h"
+#include "testing/errors.h"
 #include "testing/golden.h"
 #include "testing/tiny_block.h"
 
@@ -265,6 +266,38 @@ TEST(AutospPass, AlibiOnHeadsSplitWithoutTheExchangeIsRefused) {
   }
   alibi.set("alibi_split", int64_t{2});
   EXPECT_EQ(def.shard(heads, qkv, alibi), (Shardings{shard(2), shard(1)}));
+}
+
+// A mixture-of-experts layer with its load-balancing loss, as torch_import builds it: the moe op
+// keeps its rows' sharding with no collective; the balance statistics (@partial) are all-reduced
+// over the group once, the loss built of them is whole, and added to the cross-entropy's share
+// (@partial) as 1/P of it on each rank. A length P does not divide is refused (padded positions
+// would count as tokens).
+Graph moe_with_balance_loss(int64_t S) {
+  Tracer t;
+  Tensor tok = t.input(Role::tokens, "tokens", DType::i32, {1, S});
+  Tensor lab = t.input(Role::labels, "labels", DType::i32, {1, S});
+  Tensor x = t.embedding(t.parameter("wte", {11, 8}), tok);
+  Tensor logits = t.linear(x, t.parameter("router", {3, 8}));
+  std::vector<Tensor> experts;
+  for (int e = 0; e < 3; ++e)
+    for (const char* m : {"gate", "up", "down"})
+      experts.push_back(t.parameter(str(m, e), std::string(m) == "down" ? Shape{8, 4} : Shape{4, 8}));
+  Tensor y = t.moe(x, logits, experts, 2, true);
+  Tensor ce = t.linear_cross_entropy(y, t.parameter("head", {11, 8}), lab);
+  Tensor stats = t.moe_balance({logits}, 2);
+  Tensor aux = t.scale(t.sum(t.mul(t.slice(stats, 0, 0, 1), t.slice(stats, 0, 1, 2))), 3.0 / double(S * S));
+  t.output("loss", t.add(ce, t.scale(aux, 0.1)));
+  return t.finish();
+}
+
+TEST(AutospPass, GoldenMoeLoadBalancingLossP2) {
+  const Graph g = autosp(moe_with_balance_loss(6), {.sp_size = 2});
+  testing::expect_golden(print_graph(g), "autosp_moe_balance_p2.ir");
+  const std::string e = testing::user_error_of([] { autosp(moe_with_balance_loss(5), {.sp_size = 2}); });
+  EXPECT_NE(e.find("the load-balancing loss (moe_balance, node"), std::string::npos) << e;
+  EXPECT_NE(e.find("needs the sequence length (5) to be a multiple of sequence_parallel_size (2)"), std::string::npos)
+      << e;
 }
 
 TEST(AutospPass, OneRankIsTheIdentity) {

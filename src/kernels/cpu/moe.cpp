@@ -188,4 +188,29 @@ void moe_backward(const MoeDims& d, const float* dy, const float* x, const float
   }
 }
 
+void moe_balance_stats(const float* logits, int64_t T, int64_t E, int64_t k, double* counts, double* psum) {
+  std::vector<double> p(E);
+  std::vector<int32_t> chosen(k);
+  for (int64_t t = 0; t < T; ++t) {
+    softmax_row(logits + t * E, E, p.data());
+    top_k(p.data(), E, k, chosen.data());
+    for (int64_t j = 0; j < k; ++j) counts[chosen[j]] += 1.0;
+    for (int64_t e = 0; e < E; ++e) psum[e] += p[e];
+  }
+}
+
+void moe_balance_backward(const float* g, const float* logits, int64_t T, int64_t E, float* dlogits) {
+#pragma omp parallel
+  {
+    std::vector<double> p(E);
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < T; ++t) {
+      softmax_row(logits + t * E, E, p.data());
+      double dot = 0;
+      for (int64_t e = 0; e < E; ++e) dot += double(g[e]) * p[e];
+      for (int64_t e = 0; e < E; ++e) dlogits[t * E + e] = float(p[e] * (double(g[e]) - dot));
+    }
+  }
+}
+
 }  // namespace autosp::cpu

@@ -47,4 +47,13 @@ void moe_forward(const MoeDims& d, const float* x, const float* logits, const fl
 void moe_backward(const MoeDims& d, const float* dy, const float* x, const float* logits, const float* saved,
                   const float* const* w, float* dx, float* dlogits, float* const* dw, float* workspace);
 
+// The load-balancing loss's statistics (Switch Transformer's; transformers'
+// load_balancing_loss_func) over one layer's router logits [T, E]: counts[e] gains the rows
+// whose top k (as moe_route chooses) include e, psum[e] the sum over rows of softmax(row)_e,
+// both in double, the rows in order.
+void moe_balance_stats(const float* logits, int64_t T, int64_t E, int64_t k, double* counts, double* psum);
+// The gradient of sum_e g_e psum_e (the counts have none: they change only by steps):
+// dlogits[t] = p (g - <g, p>), p = softmax(logits[t]).
+void moe_balance_backward(const float* g, const float* logits, int64_t T, int64_t E, float* dlogits);
+
 }  // namespace autosp::cpu

@@ -105,6 +105,51 @@ __global__ void router_backward_kernel(const T* logits, const int32_t* experts, 
   }
 }
 
+template <typename T>
+__global__ void balance_rows_kernel(const T* logits, int64_t T_, int64_t E, int64_t k, float* rows) {
+  double p[kMaxExperts];
+  int32_t chosen[kMaxExperts];
+  AUTOSP_GRID_STRIDE(t, T_) {
+    route_token(logits + t * E, E, k, p, chosen);
+    for (int64_t e = 0; e < E; ++e) {
+      rows[t * E + e] = 0.0f;
+      rows[(T_ + t) * E + e] = float(p[e]);
+    }
+    for (int64_t j = 0; j < k; ++j) rows[t * E + chosen[j]] = 1.0f;
+  }
+}
+
+// One thread per (statistic, expert): its column summed over the rows in order. (The
+// probabilities are summed as rounded to f32 here, in double on the CPU: within fp32 rounding.)
+__global__ void balance_columns_kernel(const float* rows, int64_t T_, int64_t E, double* acc) {
+  AUTOSP_GRID_STRIDE(i, 2 * E) {
+    const int64_t which = i / E, e = i % E;
+    double s = 0;
+    for (int64_t t = 0; t < T_; ++t) s += double(rows[(which * T_ + t) * E + e]);
+    acc[i] += s;
+  }
+}
+
+__global__ void balance_finish_kernel(const double* acc, int64_t n, float* out) {
+  AUTOSP_GRID_STRIDE(i, n) out[i] = float(acc[i]);
+}
+
+template <typename T>
+__global__ void balance_backward_kernel(const float* g, const T* logits, int64_t T_, int64_t E, T* dlogits) {
+  AUTOSP_GRID_STRIDE(t, T_) {
+    const T* l = logits + t * E;
+    double m = -INFINITY;
+    for (int64_t e = 0; e < E; ++e) m = fmax(m, double(to_f(l[e])));
+    double s = 0, dot = 0;
+    for (int64_t e = 0; e < E; ++e) s += exp(double(to_f(l[e])) - m);
+    for (int64_t e = 0; e < E; ++e) dot += double(g[e]) * exp(double(to_f(l[e])) - m) / s;
+    for (int64_t e = 0; e < E; ++e) {
+      const double p = exp(double(to_f(l[e])) - m) / s;
+      dlogits[t * E + e] = from_f<T>(float(p * (double(g[e]) - dot)));
+    }
+  }
+}
+
 void check_experts(int64_t E) {
   if (E > kMaxExperts)
     throw std::invalid_argument("moe: " + std::to_string(E) + " experts, above the cuda routing kernel's " +
@@ -153,6 +198,29 @@ void moe_router_backward(Dt dt, const void* logits, const int32_t* experts, cons
   dispatch(dt, [&]<typename X>() {
     router_backward_kernel<X><<<blocks_for(T), kThreads, 0, stream>>>(static_cast<const X*>(logits), experts, dws, T,
                                                                        E, k, normalize, static_cast<X*>(dlogits));
+  });
+}
+
+void moe_balance_stats(Dt dt, const void* logits, int64_t T, int64_t E, int64_t k, float* rows, double* acc,
+                       cudaStream_t stream) {
+  check_experts(E);
+  if (T == 0) return;
+  dispatch(dt, [&]<typename X>() {
+    balance_rows_kernel<X><<<blocks_for(T), kThreads, 0, stream>>>(static_cast<const X*>(logits), T, E, k, rows);
+  });
+  balance_columns_kernel<<<blocks_for(2 * E), kThreads, 0, stream>>>(rows, T, E, acc);
+}
+
+void moe_balance_finish(const double* acc, int64_t E, float* out, cudaStream_t stream) {
+  balance_finish_kernel<<<blocks_for(2 * E), kThreads, 0, stream>>>(acc, 2 * E, out);
+}
+
+void moe_balance_backward(Dt dt, const float* dstats, const void* logits, int64_t T, int64_t E, void* dlogits,
+                          cudaStream_t stream) {
+  if (T == 0) return;
+  dispatch(dt, [&]<typename X>() {
+    balance_backward_kernel<X><<<blocks_for(T), kThreads, 0, stream>>>(dstats + E, static_cast<const X*>(logits), T,
+                                                                        E, static_cast<X*>(dlogits));
   });
 }
 

@@ -31,4 +31,15 @@ void moe_output_grad(Dt dt, const void* dy_rows, const void* out, void* dout, co
 void moe_router_backward(Dt dt, const void* logits, const int32_t* experts, const float* dws, int64_t T, int64_t E,
                          int64_t k, bool normalize, void* dlogits, cudaStream_t stream);
 
+// The load-balancing statistics of T rows of router logits (of dt), as cpu::moe_balance_stats:
+// each row's probabilities and top-k hits into rows [2, T, E] (f32 workspace), then counts and
+// probability sums added, per expert in row order in double, into acc [2, E] (double).
+void moe_balance_stats(Dt dt, const void* logits, int64_t T, int64_t E, int64_t k, float* rows, double* acc,
+                       cudaStream_t stream);
+// out[2, E] (f32) = acc rounded.
+void moe_balance_finish(const double* acc, int64_t E, float* out, cudaStream_t stream);
+// dlogits (of dt) = p (g - <g, p>) per row, g = dstats[1, :] (f32).
+void moe_balance_backward(Dt dt, const float* dstats, const void* logits, int64_t T, int64_t E, void* dlogits,
+                          cudaStream_t stream);
+
 }  // namespace autosp::cuda
