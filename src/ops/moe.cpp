@@ -1,5 +1,6 @@
 // moe (the sparse mixture-of-experts block: routing and SwiGLU experts in one op) and
-// moe_backward. The maths is kernels/cpu/moe.h's.
+// moe_backward; moe_balance (the load-balancing loss's statistics) and moe_balance_backward.
+// The maths is kernels/cpu/moe.h's.
 #include <algorithm>
 #include <string>
 #include <vector>
