@@ -180,6 +180,10 @@ int run_plan(const PlanArgs& args) {
   namespace fs = std::filesystem;
   const auto start = std::chrono::steady_clock::now();
   const std::string config = fs::is_directory(args.model) ? args.model + "/config.json" : args.model;
+  if (fs::path(args.model).extension() == ".pt2")
+    user_error("--model ", args.model, ": autosp plan plans the Llama family from its config.json; a torch.export "
+               "program is not planned yet (autosp train prints one length's plan before its first step: "
+               "\"memory plan per rank\")");
   train::PlanSetup setup;
   std::vector<std::string> warnings;  // config.json's keys autosp does not read, said once
   setup.model = models::load_llama_config(config, &warnings);

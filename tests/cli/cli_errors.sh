@@ -880,6 +880,8 @@ expect_error plan_size_out_of_range "--device-memory 1e30GiB: out of range" -- \
   "$AUTOSP" plan --model "$VALID" --device-memory 1e30GiB
 expect_error plan_world_out_of_range "--world" "9223372036854775807" "not in range 1 to 1048576" -- \
   "$AUTOSP" plan --model "$VALID" --device-memory 80GiB --world 9223372036854775807
+expect_error plan_torch_program "--model" "a torch.export program is not planned yet" "memory plan per rank" -- \
+  "$AUTOSP" plan --model "$ROOT/tests/fixtures/torch_export/mixtral/model.pt2" --device-memory 80GiB
 expect_error plan_heads_not_divisible "num_attention_heads 4 is not divisible by --sp 3" \
   "sizes this model can use: 1, 2, 4" -- "$AUTOSP" plan --model "$VALID" --device-memory 80GiB --world 3 --sp 3
 
