@@ -149,10 +149,7 @@ DeviceRouting route_on_device(const cpu::MoeDims& d, const MoeDeviceLayout& l, c
   check_cuda(cudaMemcpyAsync(experts.data(), r.experts, size_t(4 * n), cudaMemcpyDeviceToHost, c.stream),
              "cudaMemcpyAsync", op);
   check_cuda(cudaStreamSynchronize(c.stream), "cudaStreamSynchronize", op);
-  for (int64_t s = 0; s < n; ++s) ++r.start[experts[s] + 1];
-  for (int64_t e = 0; e < d.E; ++e) r.start[e + 1] += r.start[e];
-  std::vector<int32_t> next(r.start.begin(), r.start.end() - 1);
-  for (int64_t s = 0; s < n; ++s) slots[next[experts[s]]++] = int32_t(s);
+  cpu::moe_slots(d, experts.data(), slots.data(), r.start.data());
   // (from pageable memory: the call returns once the source is read)
   check_cuda(cudaMemcpyAsync(r.slots, slots.data(), size_t(4 * n), cudaMemcpyHostToDevice, c.stream),
              "cudaMemcpyAsync", op);
@@ -232,8 +229,6 @@ void cuda_moe_backward(const KernelArgs& a, const CudaContext& c) {
 // As the CPU's: each input's rows through two kernels, the sums kept in double.
 void cuda_moe_balance(const KernelArgs& a, const CudaContext& c) {
   const int64_t E = a.in_shape(0).back(), k = a.attrs->get_int("top_k");
-  int64_t T = 0;
-  for (size_t i = 0; i < a.inputs.size(); ++i) T = std::max(T, rows_of(a.in_shape(int(i))));
   double* acc = static_cast<double*>(a.workspace);
   float* rows = reinterpret_cast<float*>(static_cast<char*>(a.workspace) + cuda_aligned(16 * E));
   check_cuda(cudaMemsetAsync(acc, 0, size_t(16 * E), c.stream), "cudaMemsetAsync", "moe_balance");

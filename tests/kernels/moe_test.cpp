@@ -101,4 +101,32 @@ TEST(MoeKernel, ChunksGiveEachTokenWhatItGetsAlone) {
   omp_set_num_threads(2);
 }
 
+// A token whose router logits are NaN (a diverged run) still chooses k distinct experts in
+// range (no read or write outside the weights); its output is NaN, which the loss carries to the
+// trainer's non-finite check, and the other tokens are unaffected.
+TEST(MoeKernel, NanLogitsChooseExpertsInRangeAndGiveNan) {
+  const MoeDims d{.T = 3, .H = 4, .I = 5, .E = 3, .k = 2, .normalize = true};
+  std::vector<float> logits = normal(d.T * d.E, 4);
+  for (int64_t e = 0; e < d.E; ++e) logits[1 * d.E + e] = std::nanf("");
+  std::vector<int32_t> experts(d.T * d.k);
+  std::vector<float> weights(d.T * d.k);
+  autosp::cpu::moe_route(d, logits.data(), experts.data(), weights.data());
+  for (int64_t t = 0; t < d.T; ++t) {
+    EXPECT_NE(experts[t * 2], experts[t * 2 + 1]) << "token " << t;
+    for (int64_t j = 0; j < d.k; ++j) EXPECT_TRUE(experts[t * 2 + j] >= 0 && experts[t * 2 + j] < d.E);
+  }
+  std::vector<std::vector<float>> w;
+  for (int64_t e = 0; e < d.E; ++e) {
+    w.push_back(normal(d.I * d.H, 40 + uint32_t(e)));
+    w.push_back(normal(d.I * d.H, 50 + uint32_t(e)));
+    w.push_back(normal(d.H * d.I, 60 + uint32_t(e)));
+  }
+  const std::vector<float> x = normal(d.T * d.H, 5), dy = normal(d.T * d.H, 6);
+  const Results r = run(d, x.data(), logits.data(), dy.data(), w);
+  for (int64_t h = 0; h < d.H; ++h) {
+    EXPECT_TRUE(std::isnan(r.y[1 * d.H + h]));
+    EXPECT_TRUE(std::isfinite(r.y[0 * d.H + h]) && std::isfinite(r.y[2 * d.H + h]));
+  }
+}
+
 }  // namespace

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <numeric>
 #include <vector>
 
 #include "kernels/cpu/basic.h"
@@ -20,13 +19,19 @@ void softmax_row(const float* l, int64_t E, double* p) {
   for (int64_t e = 0; e < E; ++e) p[e] /= s;
 }
 
-// The k largest of p, in descending order, ties to the lower expert.
+// The k largest of p, in descending order, ties to the lower expert: k passes, each taking the
+// first expert not yet chosen that no later one exceeds (the cuda kernels' selection, the same
+// choice). A NaN is never greater, so NaN logits choose some k experts, never an index out of
+// range (the loss is then NaN, which the trainer reports).
 void top_k(const double* p, int64_t E, int64_t k, int32_t* chosen) {
-  std::vector<int32_t> order(E);
-  std::iota(order.begin(), order.end(), 0);
-  std::partial_sort(order.begin(), order.begin() + k, order.end(),
-                    [p](int32_t a, int32_t b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
-  std::copy_n(order.begin(), k, chosen);
+  for (int64_t j = 0; j < k; ++j) {
+    int32_t best = -1;
+    for (int64_t e = 0; e < E; ++e) {
+      if (std::find(chosen, chosen + j, int32_t(e)) != chosen + j) continue;
+      if (best < 0 || p[e] > p[best]) best = int32_t(e);
+    }
+    chosen[j] = best;
+  }
 }
 
 // The routing's integer arrays, laid out at the start of the workspace.
@@ -43,11 +48,7 @@ Routing route(const MoeDims& d, const float* logits, float* ws) {
   Routing r{reinterpret_cast<int32_t*>(ws), ws + d.T * d.k, reinterpret_cast<int32_t*>(ws + 2 * d.T * d.k),
             reinterpret_cast<int32_t*>(ws + 3 * d.T * d.k)};
   moe_route(d, logits, r.experts, r.weights);
-  std::fill_n(r.start, d.E + 1, 0);
-  for (int64_t s = 0; s < d.T * d.k; ++s) ++r.start[r.experts[s] + 1];
-  for (int64_t e = 0; e < d.E; ++e) r.start[e + 1] += r.start[e];
-  std::vector<int32_t> next(r.start, r.start + d.E);
-  for (int64_t s = 0; s < d.T * d.k; ++s) r.slots[next[r.experts[s]]++] = int32_t(s);
+  moe_slots(d, r.experts, r.slots, r.start);
   return r;
 }
 
@@ -73,6 +74,14 @@ void moe_route(const MoeDims& d, const float* logits, int32_t* experts, float* w
       for (int64_t j = 0; j < d.k; ++j) weights[t * d.k + j] = float(d.normalize ? p[chosen[j]] / s : p[chosen[j]]);
     }
   }
+}
+
+void moe_slots(const MoeDims& d, const int32_t* experts, int32_t* slots, int32_t* start) {
+  std::fill_n(start, d.E + 1, 0);
+  for (int64_t s = 0; s < d.T * d.k; ++s) ++start[experts[s] + 1];
+  for (int64_t e = 0; e < d.E; ++e) start[e + 1] += start[e];
+  std::vector<int32_t> next(start, start + d.E);
+  for (int64_t s = 0; s < d.T * d.k; ++s) slots[next[experts[s]]++] = int32_t(s);
 }
 
 int64_t moe_saved_floats(const MoeDims& d) { return d.T * d.k * (2 * d.I + d.H); }

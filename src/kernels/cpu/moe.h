@@ -31,6 +31,10 @@ constexpr int64_t kMoeChunkRows = 512;
 // Token t's experts[t, j] and weights[t, j], j < k, in descending order of p.
 void moe_route(const MoeDims& d, const float* logits, int32_t* experts, float* weights);
 
+// The slots t k + j by expert, ascending t within each (a counting sort of experts [T, k]):
+// expert e's are slots[start[e] .. start[e + 1]). Host code, the cuda op's too.
+void moe_slots(const MoeDims& d, const int32_t* experts, int32_t* slots, int32_t* start);
+
 // The experts' weights as the op takes them: w[3e], w[3e + 1], w[3e + 2] are expert e's gate,
 // up and down (dw likewise). saved: moe_saved_floats(d), three planes over the T k slots in the
 // experts' order, gate products [T k, I], up products [T k, I], outputs [T k, H]. Workspace:

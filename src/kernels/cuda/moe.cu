@@ -12,14 +12,20 @@ namespace {
 
 constexpr int kMaxExperts = int(kMoeMaxExperts);  // the routing kernels' per-thread arrays
 
-// softmax of one token's logits into p (double), and its k largest (ties to the lower expert).
+// softmax of one token's logits into p, in double (cpu/moe.cpp's softmax_row).
 template <typename T>
-__device__ void route_token(const T* l, int64_t E, int64_t k, double* p, int32_t* chosen) {
+__device__ void softmax_token(const T* l, int64_t E, double* p) {
   double m = -INFINITY;
   for (int64_t e = 0; e < E; ++e) m = fmax(m, double(to_f(l[e])));
   double s = 0;
   for (int64_t e = 0; e < E; ++e) s += p[e] = exp(double(to_f(l[e])) - m);
   for (int64_t e = 0; e < E; ++e) p[e] /= s;
+}
+
+// softmax of one token's logits into p, and its k largest (ties to the lower expert).
+template <typename T>
+__device__ void route_token(const T* l, int64_t E, int64_t k, double* p, int32_t* chosen) {
+  softmax_token(l, E, p);
   for (int64_t j = 0; j < k; ++j) {
     int32_t best = -1;
     for (int64_t e = 0; e < E; ++e) {
@@ -83,12 +89,7 @@ __global__ void router_backward_kernel(const T* logits, const int32_t* experts, 
                                        int64_t E, int64_t k, bool normalize, T* dlogits) {
   double p[kMaxExperts];
   AUTOSP_GRID_STRIDE(t, T_) {
-    const T* l = logits + t * E;
-    double m = -INFINITY;
-    for (int64_t e = 0; e < E; ++e) m = fmax(m, double(to_f(l[e])));
-    double s = 0;
-    for (int64_t e = 0; e < E; ++e) s += p[e] = exp(double(to_f(l[e])) - m);
-    for (int64_t e = 0; e < E; ++e) p[e] /= s;
+    softmax_token(logits + t * E, E, p);
     const int32_t* chosen = experts + t * k;
     const float* dw = dws + t * k;
     double sel = 0, dot = 0;
@@ -136,17 +137,12 @@ __global__ void balance_finish_kernel(const double* acc, int64_t n, float* out) 
 
 template <typename T>
 __global__ void balance_backward_kernel(const float* g, const T* logits, int64_t T_, int64_t E, T* dlogits) {
+  double p[kMaxExperts];
   AUTOSP_GRID_STRIDE(t, T_) {
-    const T* l = logits + t * E;
-    double m = -INFINITY;
-    for (int64_t e = 0; e < E; ++e) m = fmax(m, double(to_f(l[e])));
-    double s = 0, dot = 0;
-    for (int64_t e = 0; e < E; ++e) s += exp(double(to_f(l[e])) - m);
-    for (int64_t e = 0; e < E; ++e) dot += double(g[e]) * exp(double(to_f(l[e])) - m) / s;
-    for (int64_t e = 0; e < E; ++e) {
-      const double p = exp(double(to_f(l[e])) - m) / s;
-      dlogits[t * E + e] = from_f<T>(float(p * (double(g[e]) - dot)));
-    }
+    softmax_token(logits + t * E, E, p);
+    double dot = 0;
+    for (int64_t e = 0; e < E; ++e) dot += double(g[e]) * p[e];
+    for (int64_t e = 0; e < E; ++e) dlogits[t * E + e] = from_f<T>(float(p[e] * (double(g[e]) - dot)));
   }
 }
 
@@ -217,6 +213,7 @@ void moe_balance_finish(const double* acc, int64_t E, float* out, cudaStream_t s
 
 void moe_balance_backward(Dt dt, const float* dstats, const void* logits, int64_t T, int64_t E, void* dlogits,
                           cudaStream_t stream) {
+  check_experts(E);
   if (T == 0) return;
   dispatch(dt, [&]<typename X>() {
     balance_backward_kernel<X><<<blocks_for(T), kThreads, 0, stream>>>(dstats + E, static_cast<const X*>(logits), T,
