@@ -13,21 +13,15 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <random>
 #include <vector>
+
+#include "testing/gradcheck.h"
 
 namespace {
 
 using autosp::cpu::kMoeChunkRows;
 using autosp::cpu::MoeDims;
-
-std::vector<float> normal(int64_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, scale);
-  std::vector<float> v(static_cast<size_t>(n));
-  for (float& x : v) x = dist(rng);
-  return v;
-}
+using autosp::testing::random_normal;
 
 struct Results {
   std::vector<float> y, dx, dlogits;
@@ -58,7 +52,7 @@ Results run(const MoeDims& d, const float* x, const float* logits, const float* 
 
 TEST(MoeKernel, ChunksGiveEachTokenWhatItGetsAlone) {
   const MoeDims d{.T = 1600, .H = 16, .I = 12, .E = 3, .k = 2, .normalize = true};
-  const std::vector<float> x = normal(d.T * d.H, 1), logits = normal(d.T * d.E, 2), dy = normal(d.T * d.H, 3);
+  const std::vector<float> x = random_normal(d.T * d.H, 1), logits = random_normal(d.T * d.E, 2), dy = random_normal(d.T * d.H, 3);
   std::vector<int32_t> experts(d.T * d.k);
   std::vector<float> weights(d.T * d.k);
   autosp::cpu::moe_route(d, logits.data(), experts.data(), weights.data());
@@ -66,9 +60,9 @@ TEST(MoeKernel, ChunksGiveEachTokenWhatItGetsAlone) {
     ASSERT_GT(std::count(experts.begin(), experts.end(), e), kMoeChunkRows) << "expert " << e << " fits one chunk";
   std::vector<std::vector<float>> w;
   for (int64_t e = 0; e < d.E; ++e) {
-    w.push_back(normal(d.I * d.H, 10 + uint32_t(e), 0.3f));
-    w.push_back(normal(d.I * d.H, 20 + uint32_t(e), 0.3f));
-    w.push_back(normal(d.H * d.I, 30 + uint32_t(e), 0.3f));
+    w.push_back(random_normal(d.I * d.H, 10 + uint32_t(e), 0.3f));
+    w.push_back(random_normal(d.I * d.H, 20 + uint32_t(e), 0.3f));
+    w.push_back(random_normal(d.H * d.I, 30 + uint32_t(e), 0.3f));
   }
   for (int threads : {1, 2}) {
     SCOPED_TRACE(testing::Message() << threads << " threads");
@@ -106,7 +100,7 @@ TEST(MoeKernel, ChunksGiveEachTokenWhatItGetsAlone) {
 // trainer's non-finite check, and the other tokens are unaffected.
 TEST(MoeKernel, NanLogitsChooseExpertsInRangeAndGiveNan) {
   const MoeDims d{.T = 3, .H = 4, .I = 5, .E = 3, .k = 2, .normalize = true};
-  std::vector<float> logits = normal(d.T * d.E, 4);
+  std::vector<float> logits = random_normal(d.T * d.E, 4);
   for (int64_t e = 0; e < d.E; ++e) logits[1 * d.E + e] = std::nanf("");
   std::vector<int32_t> experts(d.T * d.k);
   std::vector<float> weights(d.T * d.k);
@@ -117,11 +111,11 @@ TEST(MoeKernel, NanLogitsChooseExpertsInRangeAndGiveNan) {
   }
   std::vector<std::vector<float>> w;
   for (int64_t e = 0; e < d.E; ++e) {
-    w.push_back(normal(d.I * d.H, 40 + uint32_t(e)));
-    w.push_back(normal(d.I * d.H, 50 + uint32_t(e)));
-    w.push_back(normal(d.H * d.I, 60 + uint32_t(e)));
+    w.push_back(random_normal(d.I * d.H, 40 + uint32_t(e)));
+    w.push_back(random_normal(d.I * d.H, 50 + uint32_t(e)));
+    w.push_back(random_normal(d.H * d.I, 60 + uint32_t(e)));
   }
-  const std::vector<float> x = normal(d.T * d.H, 5), dy = normal(d.T * d.H, 6);
+  const std::vector<float> x = random_normal(d.T * d.H, 5), dy = random_normal(d.T * d.H, 6);
   const Results r = run(d, x.data(), logits.data(), dy.data(), w);
   for (int64_t h = 0; h < d.H; ++h) {
     EXPECT_TRUE(std::isnan(r.y[1 * d.H + h]));
