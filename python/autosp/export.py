@@ -103,6 +103,14 @@ def _moe_reference(x, router_logits, gate, up, down, top_k: int, normalize: bool
     return out
 
 
+def _moe_stacked_reference(x, router_logits, gate_up, down, top_k: int, normalize: bool):
+    # transformers 5's experts: gate_up [E, 2 I, H] (expert e's gate rows, then its up rows) and
+    # down [E, H, I]; the same layer as _moe_reference.
+    inter = down.shape[-1]
+    return _moe_reference(x, router_logits, list(gate_up[:, :inter]), list(gate_up[:, inter:]), list(down), top_k,
+                          normalize)
+
+
 def _moe_balance_reference(router_logits, num_experts: int, top_k: int):
     # transformers' load_balancing_loss_func without an attention mask: over the rows of every
     # layer, E sum_e (the fraction of rows whose top k include e) (their mean probability of e).
@@ -123,6 +131,9 @@ def register():
     torch.library.define("autosp::moe", "(Tensor x, Tensor router_logits, Tensor[] gate, Tensor[] up, Tensor[] down, "
                                         "int top_k, bool normalize) -> Tensor")
     torch.library.impl("autosp::moe", "CompositeImplicitAutograd")(_moe_reference)
+    torch.library.define("autosp::moe_stacked", "(Tensor x, Tensor router_logits, Tensor gate_up, Tensor down, "
+                                                "int top_k, bool normalize) -> Tensor")
+    torch.library.impl("autosp::moe_stacked", "CompositeImplicitAutograd")(_moe_stacked_reference)
     torch.library.define("autosp::moe_balance", "(Tensor[] router_logits, int num_experts, int top_k) -> Tensor")
     torch.library.impl("autosp::moe_balance", "CompositeImplicitAutograd")(_moe_balance_reference)
     try:
@@ -375,9 +386,99 @@ class _SparseMoeBlocks:
             raise
         return self
 
+    # transformers 5's experts module (use_experts_implementation) keeps its layout in these; the
+    # values autosp's moe op reads.
+    _STACKED_LAYOUT = {"is_transposed": False, "is_concatenated": True, "has_bias": False, "has_gate": True,
+                       "has_post_expert_norm": False}
+
+    @staticmethod
+    def _stacked_parts(module):
+        """transformers 5's block: its router (`gate` or `router`, a module with a weight [E, H]
+        whose first output is the router logits) and its experts (one module with the stacked
+        gate_up_proj [E, 2 I, H] and down_proj [E, H, I]), and top_k; or None."""
+        experts = getattr(module, "experts", None)
+        router = getattr(module, "gate", None)
+        if not isinstance(router, torch.nn.Module):
+            router = getattr(module, "router", None)
+        if not isinstance(experts, torch.nn.Module) or not isinstance(router, torch.nn.Module):
+            return None
+        gate_up, down = getattr(experts, "gate_up_proj", None), getattr(experts, "down_proj", None)
+        weight = getattr(router, "weight", None)
+        if not all(isinstance(p, torch.nn.Parameter) for p in (gate_up, down, weight)):
+            return None
+        if gate_up.dim() != 3 or down.dim() != 3 or weight.dim() != 2:
+            return None
+        E, I2, H = gate_up.shape
+        k = getattr(router, "top_k", None) or getattr(module, "top_k", None)
+        if tuple(weight.shape) != (E, H) or not isinstance(k, int) or not 1 <= k <= E:
+            return None
+        return router, experts, k
+
+    def _patch_stacked(self, name, module, router, experts, k):
+        where = f"{name} ({type(module).__name__})"
+        layout = {key: getattr(experts, key, want) for key, want in self._STACKED_LAYOUT.items()}
+        if layout != self._STACKED_LAYOUT or experts.gate_up_proj.shape[1] != 2 * experts.down_proj.shape[2] or \
+                experts.down_proj.shape[1] != experts.gate_up_proj.shape[2]:
+            raise ValueError(f"autosp export: {where} keeps its experts otherwise than autosp's moe op takes them "
+                             f"(gate_up_proj [E, 2 I, H], each expert's gate rows then its up rows, down_proj [E, H, I], "
+                             f"no biases, no norm after the experts): {layout}, gate_up_proj "
+                             f"{list(experts.gate_up_proj.shape)}, down_proj {list(experts.down_proj.shape)}; not "
+                             f"supported yet")
+        if getattr(module, "jitter_noise", 0) and module.training:
+            raise ValueError(f"autosp export: {where} multiplies its input by random noise (router_jitter_noise="
+                             f"{module.jitter_noise}); set it to 0 to train with autosp")
+        # A router with more state than its weight chooses by more than its logits (Ernie 4.5's and
+        # DeepSeek's score correction bias): a sample would not show it while that state is 0.
+        extra = [n for n, _ in list(router.named_parameters()) + list(router.named_buffers()) if n != "weight"]
+        if extra:
+            raise ValueError(f"autosp export: {where}'s router ({type(router).__name__}) holds {', '.join(extra)} "
+                             f"beside its weight: it chooses experts by more than its logits' softmax top k (autosp's "
+                             f"moe op); not supported yet")
+        # The block's own forward runs as written (a shared expert included); its router's logits
+        # are kept as it returns them, and its experts are one autosp::moe_stacked of them.
+        routed, state = {}, {"normalize": True}
+        router_forward = router.forward
+
+        def router_kept(*args, **kwargs):
+            out = router_forward(*args, **kwargs)
+            routed["logits"] = out[0] if isinstance(out, tuple) else out
+            return out
+
+        def experts_forward(hidden_states, *args, **kwargs):
+            logits = routed.pop("logits", None)
+            if logits is None:
+                raise ValueError(f"autosp export: {where}'s experts ran before its router")
+            return torch.ops.autosp.moe_stacked(hidden_states, logits.reshape(-1, logits.shape[-1]),
+                                                experts.gate_up_proj, experts.down_proj, k, state["normalize"])
+
+        H = router.weight.shape[1]
+        sample = torch.randn(1, 8, H, generator=torch.Generator().manual_seed(0), dtype=router.weight.dtype,
+                             device=router.weight.device)
+        with torch.no_grad():
+            want = module(sample)
+            want = want[0] if isinstance(want, tuple) else want
+            router.forward, experts.forward = router_kept, experts_forward
+            self.patched += [router, experts]
+            fits = []
+            for normalize in (True, False):
+                state["normalize"] = normalize
+                got = module(sample)
+                got = got[0] if isinstance(got, tuple) else got
+                if torch.allclose(got, want, rtol=1e-4, atol=1e-5 * float(want.abs().max())):
+                    fits.append(normalize)
+        if not fits:
+            raise ValueError(f"autosp export: {where} has a router and experts, but computes something else than "
+                             f"softmax top-k routing over SwiGLU experts (autosp's moe op), e.g. another routing or "
+                             f"activation; not supported yet")
+        state["normalize"] = fits[0]
+
     def _patch(self):
         self.unmatched = []  # modules with experts this does not rewrite (named if the export fails)
         for name, module in self.model.named_modules():
+            parts = self._stacked_parts(module)
+            if parts is not None:
+                self._patch_stacked(name, module, *parts)
+                continue
             names = self._layer_names(module)
             if names is None:
                 if isinstance(getattr(module, "experts", None), torch.nn.Module):

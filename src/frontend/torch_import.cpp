@@ -828,11 +828,11 @@ class HostEvaluator {
       const HostArray* x = in("self", 0);
       return x ? std::optional<HostArray>(*x) : std::nullopt;
     }
-    if (op == "to.dtype" || op == "_to_copy.default" || op == "to.dtype_layout") {
+    if (op == "to.dtype" || op == "_to_copy.default" || op == "to.dtype_layout" || op == "to.device") {
       const HostArray* x = in("self", 0);
       if (!x) return std::nullopt;
       HostArray out = *x;
-      const json* d = arg(n, "dtype", 1);
+      const json* d = arg(n, "dtype", op == "to.device" ? 2 : 1);
       const int dt = d && d->contains("as_scalar_type") ? (*d)["as_scalar_type"].get<int>() : kFloat32;
       for (float& f : out.v)
         f = dt == kBool ? float(f != 0) : (dt == kFloat32 || dt == kFloat64 || dt == kBFloat16 || dt == kFloat16) ? f : std::trunc(f);
@@ -1116,7 +1116,17 @@ class TorchImporter {
     if (o_.documents) documents_ = t_.input(Role::documents, "document_ids", DType::i32, {o_.batch, o_.seq_len});
     Tensor loss = tensor_of(m_.loss);
     t_.output("loss", loss);
-    return without_dead_nodes(t_.finish());
+    Graph g = without_dead_nodes(t_.finish());
+    // Every parameter must reach the loss: the optimizer steps the gradients the graph gives, and
+    // one the program never reads would have none.
+    std::vector<char> read(g.values().size(), 0);
+    for (const Node& node : g.nodes())
+      for (ValueId v : node.inputs) read[v] = 1;
+    for (const models::ParameterSpec& spec : m_.specs)
+      if (const ValueId v = g.find_input(spec.name); v < 0 || !read[v])
+        user_error(m_.path, ": parameter ", spec.name, " does not reach the loss (the program never reads it); autosp "
+                   "trains every parameter of a program, so a model with an unused parameter is not supported yet");
+    return g;
   }
 
   // The graph without the nodes none of whose results anything reads, transitively. A matcher
@@ -1376,8 +1386,9 @@ class TorchImporter {
         t == "torch.ops.aten.detach_.default" || t == "torch.ops.aten.lift_fresh_copy.default" ||
         t == "torch.ops.aten.type_as.default")
       return true;
-    if (t == "torch.ops.aten.to.dtype" || t == "torch.ops.aten.to.dtype_layout" || t == "torch.ops.aten._to_copy.default") {
-      const json* d = arg(n, "dtype", 1);
+    if (t == "torch.ops.aten.to.dtype" || t == "torch.ops.aten.to.dtype_layout" || t == "torch.ops.aten._to_copy.default" ||
+        t == "torch.ops.aten.to.device") {
+      const json* d = arg(n, "dtype", t == "torch.ops.aten.to.device" ? 2 : 1);
       if (!d || !d->contains("as_scalar_type")) return true;
       const int dt = (*d)["as_scalar_type"].get<int>();
       return dt == kFloat32 || dt == kBFloat16 || dt == kInt64 || dt == kInt32;
@@ -1431,6 +1442,7 @@ class TorchImporter {
       if (tuple.kind != Imported::tuple || i < 0 || size_t(i) >= tuple.items.size()) m_.fail_at(n, "not an item of a tuple");
       return value(tuple.items[i]);
     }
+    if (op == "torch.ops.aten.cos.default" || op == "torch.ops.aten.sin.default") return angle_table(n);
     if (op == "torch.ops.higher_order.wrap_with_set_grad_enabled") {
       // Its outputs are the tables themselves (or a tuple that getitem takes apart).
       Imported tuple = rope_tables(n);
@@ -1757,7 +1769,7 @@ class TorchImporter {
                      A("input", 0));
     }
     if (op == "torch.ops.aten.cat.default") return cat(n);
-    if (op == "torch.ops.autosp.moe.default") return moe(n);
+    if (op == "torch.ops.autosp.moe.default" || op == "torch.ops.autosp.moe_stacked.default") return moe(n);
     if (op == "torch.ops.autosp.moe_balance.default") return moe_balance(n);
     if (op == "torch.ops.autosp.attention.default") {
       // softcap: Gemma 2's attn_logit_softcapping (archives written before it have no such argument)
@@ -2286,6 +2298,14 @@ class TorchImporter {
     if (auto norm = match_rms_norm(n)) return *norm;
     if (auto sw = match_swiglu(a, b)) return *sw;
     if (auto g = match_gelu_tanh(n)) return *g;
+    // A rotary table times the attention scaling (a scalar)
+    if (!a.empty() && b.empty() && value(a).kind == Imported::rope_table && !value(a).cached.size()) {
+      std::optional<double> c = scalar(n, "other", 1);
+      if (!c) m_.fail_at(n, "a rotary table times something other than a scalar");
+      Imported table = value(a);
+      table.number *= *c;
+      return table;
+    }
     // tensor * scalar
     if (b.empty() || a.empty() || value(b).kind == Imported::host || value(a).kind == Imported::host) {
       const std::string x = a.empty() || value(a).kind == Imported::host ? b : a;
@@ -2568,6 +2588,52 @@ class TorchImporter {
       tuple.items.push_back(item);
     }
     return tuple;
+  }
+  // cos or sin of the rotary angles computed in the graph itself (transformers 5's rotary
+  // embeddings, no no-grad block around them): cat(freqs, freqs) or each frequency twice in a
+  // row (repeat_interleave), of freqs = positions[..., None] * inv_freq, the positions 0..S-1 and
+  // inv_freq a stored table or one the program computes from stored ones and the sizes. The
+  // attention scaling that may follow is a product with a scalar (mul).
+  Imported angle_table(const FxNode& n) {
+    const bool cos = n.target == "torch.ops.aten.cos.default";
+    const FxNode* emb = node_of(through(arg_tensor(n, "self", 0)));
+    const bool interleaved = is(emb, "repeat_interleave.self_int");
+    std::string f;
+    if (interleaved && int_arg(*emb, "repeats", 1) == 2 && int_arg(*emb, "dim", 2, INT64_MIN) == -1) {
+      f = through(arg_tensor(*emb, "self", 0));
+    } else if (is(emb, "cat.default")) {
+      const json& parts = emb->args.at(0).second;
+      const int64_t dim = int_arg(*emb, "dim", 1, 0);
+      if (parts.contains("as_tensors") && parts["as_tensors"].size() == 2 && dim == -1 &&
+          parts["as_tensors"][0].value("name", "") == parts["as_tensors"][1].value("name", ""))
+        f = through(parts["as_tensors"][0].value("name", ""));
+    }
+    const FxNode* freqs = node_of(f);
+    if (!is(freqs, "mul.Tensor"))
+      m_.fail_at(n, str(cos ? "cos" : "sin", " of something other than rotary angles (cat(freqs, freqs) or each "
+                        "frequency twice in a row, of freqs = positions[..., None] * inv_freq)"));
+    // One factor the positions with a trailing dim of 1, the other the frequencies.
+    for (int k = 0; k < 2; ++k) {
+      const std::string p = through(arg_tensor(*freqs, k ? "other" : "self", k)),
+                        inv = through(arg_tensor(*freqs, k ? "self" : "other", 1 - k));
+      const FxNode* u = node_of(p);
+      if (!is(u, "unsqueeze.default") || (int_arg(*u, "dim", 1) != 2 && int_arg(*u, "dim", 1) != -1)) continue;
+      const Imported& pos = value(through(arg_tensor(*u, "self", 0)));
+      if (pos.kind != Imported::positions || pos.shape.size() != 2) continue;
+      if (pos.offset != 0) m_.fail_at(n, str("rotary angles of the positions plus ", pos.offset));
+      const Imported freq = frequencies(n, inv);
+      if (freq.kind != Imported::host || freq.data.empty() || numel(freq.shape) != int64_t(freq.data.size()))
+        m_.fail_at(n, "rotary angles whose inv_freq is not a table autosp can evaluate");
+      Imported table;
+      table.kind = Imported::rope_table;
+      table.is_cos = cos;
+      table.interleaved = interleaved;
+      table.number = 1.0;
+      table.data = freq.data;
+      return table;
+    }
+    m_.fail_at(n, str(cos ? "cos" : "sin", " of angles that are not positions[..., None] * inv_freq (the positions "
+                      "0..S-1 of shape [B, S] or [1, S])"));
   }
   // unsqueeze(table, 1) or the table itself
   const Imported* table_of(const std::string& name) {
@@ -2883,8 +2949,18 @@ class TorchImporter {
   // autosp::moe, export.py's form of a sparse mixture-of-experts block (Mixtral's, Qwen3-MoE's,
   // OLMoE's): x's rows, its router logits (the block's gate, a linear of the same rows), and each
   // expert's gate, up and down weights, as the moe op takes them.
+  // autosp::moe_stacked: the experts stacked as transformers 5 keeps them, gate_up [E, 2 I, H]
+  // and down [E, H, I], two operands of the same op.
   Imported moe(const FxNode& n) {
     const std::string x = arg_tensor(n, "x", 0), logits = arg_tensor(n, "router_logits", 1);
+    if (rows_merged(value(x)) != rows_merged(value(logits)) || value(x).shape.size() != value(logits).shape.size())
+      m_.fail_at(n, "x and the router logits are not rows alike");
+    if (n.target == "torch.ops.autosp.moe_stacked.default") {
+      const std::vector<Tensor> experts{tensor_of(arg_tensor(n, "gate_up", 2)), tensor_of(arg_tensor(n, "down", 3))};
+      return rowwise(t_.moe(rowwise_of(x), rowwise_of(logits), experts, int_arg(n, "top_k", 4),
+                            bool_arg(n, "normalize", 5, false)),
+                     x);
+    }
     std::vector<std::vector<std::string>> lists;
     const char* names[] = {"gate", "up", "down"};
     for (size_t i = 0; i < 3; ++i) {
@@ -2899,8 +2975,6 @@ class TorchImporter {
     std::vector<Tensor> experts;
     for (size_t e = 0; e < lists[0].size(); ++e)
       for (size_t i = 0; i < 3; ++i) experts.push_back(tensor_of(lists[i][e]));
-    if (rows_merged(value(x)) != rows_merged(value(logits)) || value(x).shape.size() != value(logits).shape.size())
-      m_.fail_at(n, "x and the router logits are not rows alike");
     const int64_t top_k = int_arg(n, "top_k", 5);
     return rowwise(t_.moe(rowwise_of(x), rowwise_of(logits), experts, top_k, bool_arg(n, "normalize", 6, false)), x);
   }

@@ -94,7 +94,8 @@ class Tracer {
   // The sparse mixture-of-experts block (Mixtral's, Qwen-MoE's): each row of x through the top_k
   // of E SwiGLU experts its router logits [..., E] rank highest, weighted by their softmax
   // probabilities (normalize: divided by their sum). experts: gate, up [I, H] and down [H, I] of
-  // each expert in turn (3 E tensors).
+  // each expert in turn (3 E tensors), or stacked as transformers 5 keeps them: gate_up
+  // [E, 2 I, H] (each expert's gate rows, then its up rows) and down [E, H, I] (2 tensors).
   Tensor moe(Tensor x, Tensor router_logits, const std::vector<Tensor>& experts, int64_t top_k, bool normalize);
   // The load-balancing statistics of L layers' router logits [..., E] (each row's top_k): f32
   // [2, E], the count of rows choosing each expert and the sum of its probabilities.

@@ -3,6 +3,7 @@
 // The maths is kernels/cpu/moe.h's.
 #include <algorithm>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/cpu/moe.h"
@@ -18,9 +19,16 @@ namespace autosp {
 
 namespace {
 
+// Whether the experts' weights from `weights` on are stacked, transformers 5's layout: gate_up
+// [E, 2 I, H] (each expert's gate rows, then its up rows) and down [E, H, I], two operands.
+bool stacked_weights(const Types& in, size_t weights) {
+  return in.size() == weights + 2 && in[weights].shape.size() == 3;
+}
+
 // moe's operands: x [..., H] and router logits [..., E] (x's leading dims) from `first` on,
 // and from `weights` on expert e's gate [I, H], up [I, H] and down [H, I] for e = 0 .. E - 1,
-// every floating operand of x's dtype. {top_k: 1..E, normalize: 0 or 1}.
+// or the stacked gate_up [E, 2 I, H] and down [E, H, I] (stacked_weights); every floating
+// operand of x's dtype. {top_k: 1..E, normalize: 0 or 1}.
 cpu::MoeDims moe_dims(const Types& in, const Attrs& attrs, size_t first, size_t weights) {
   require(in.size() >= weights + 1, "expected x, the router logits and 3 weights per expert");
   const TensorType &x = in[first], &logits = in[first + 1];
@@ -36,14 +44,27 @@ cpu::MoeDims moe_dims(const Types& in, const Attrs& attrs, size_t first, size_t 
   d.H = x.shape.back();
   d.E = logits.shape.back();
   require(d.E >= 1, "at least one expert");
-  require(int64_t(in.size()) == int64_t(weights) + 3 * d.E, "router logits of ", d.E, " experts need ", 3 * d.E,
-          " expert weights (gate, up and down of each), got ", int64_t(in.size()) - int64_t(weights));
+  const bool stacked = stacked_weights(in, weights);
+  require(stacked || int64_t(in.size()) == int64_t(weights) + 3 * d.E, "router logits of ", d.E, " experts need ",
+          3 * d.E, " expert weights (gate, up and down of each) or 2 stacked ones (gate_up [E, 2 I, H] and down [E, "
+          "H, I]), got ", int64_t(in.size()) - int64_t(weights));
   require(attrs.has("top_k"), "needs a 'top_k' attribute");
   d.k = attrs.get_int("top_k");
   require(d.k >= 1 && d.k <= d.E, "top_k=", d.k, " must be in [1, ", d.E, "] (the experts)");
   const int64_t normalize = attrs.get_int("normalize", 0);
   require(normalize == 0 || normalize == 1, "normalize must be 0 or 1, got ", normalize);
   d.normalize = normalize == 1;
+  if (stacked) {
+    const TensorType &gate_up = in[weights], &down = in[weights + 1];
+    require_same_dtype(x, "x", gate_up, "gate_up");
+    require_same_dtype(x, "x", down, "down");
+    d.I = gate_up.shape[1] / 2;
+    require(gate_up.shape == Shape{d.E, 2 * d.I, d.H} && d.I >= 1, "the stacked gate_up must be [E, 2 I, H] = [", d.E,
+            ", 2 I, ", d.H, "], got ", type_str(gate_up));
+    require(down.shape == Shape{d.E, d.H, d.I}, "the stacked down must be [E, H, I] = ",
+            shape_str(Shape{d.E, d.H, d.I}), ", got ", type_str(down));
+    return d;
+  }
   d.I = in[weights].shape.size() == 2 ? in[weights].shape[0] : -1;
   for (int64_t e = 0; e < d.E; ++e) {
     const char* names[] = {"gate", "up", "down"};
@@ -84,11 +105,28 @@ Types types_of(const KernelArgs& a) {
   return t;
 }
 
-// The operands' buffers from `first` on (the experts' weights).
-std::vector<const float*> floats_from(const KernelArgs& a, size_t first) {
+// The experts' weights as the kernels take them, w[3 e], w[3 e + 1], w[3 e + 2] expert e's gate,
+// up and down: the buffers `bufs` themselves, or pointers into the stacked gate_up and down
+// (stacked_weights) of elements of `esize` bytes.
+template <class P>
+std::vector<P> expert_weights(const std::vector<P>& bufs, const cpu::MoeDims& d, bool stacked, int64_t esize) {
+  if (!stacked) return bufs;
+  using Byte = std::conditional_t<std::is_const_v<std::remove_pointer_t<P>>, const char, char>;
+  std::vector<P> w;
+  const int64_t expert = esize * d.I * d.H;  // bytes of one [I, H] or [H, I] matrix
+  for (int64_t e = 0; e < d.E; ++e) {
+    Byte* gate = reinterpret_cast<Byte*>(bufs[0]) + 2 * expert * e;
+    w.push_back(reinterpret_cast<P>(gate));
+    w.push_back(reinterpret_cast<P>(gate + expert));
+    w.push_back(reinterpret_cast<P>(reinterpret_cast<Byte*>(bufs[1]) + expert * e));
+  }
+  return w;
+}
+// The operands' buffers from `first` on (the experts' weights), as the kernels take them.
+std::vector<const float*> floats_from(const KernelArgs& a, size_t first, const cpu::MoeDims& d) {
   std::vector<const float*> w;
   for (size_t i = first; i < a.inputs.size(); ++i) w.push_back(static_cast<const float*>(a.inputs[i]));
-  return w;
+  return expert_weights(w, d, stacked_weights(types_of(a), first), 4);
 }
 
 // The cuda kernels' scratch (ops/moe.cpp's cuda_moe): the routing (each slot's expert, weight
@@ -167,9 +205,12 @@ void cuda_moe(const KernelArgs& a, const CudaContext& c) {
   char* rows = static_cast<char*>(a.workspace) + l.rows;
   char *xs = rows, *hh = xs + es * R * H;
   char* saved = static_cast<char*>(a.outputs[1]);
+  const std::vector<const void*> w =
+      expert_weights(std::vector<const void*>(a.inputs.begin() + 2, a.inputs.end()), d, stacked_weights(types_of(a), 2),
+                     es);
   cuda::fill(dt, a.outputs[0], d.T * H, 0.0f, c.stream);
   for (int64_t e = 0; e < d.E; ++e) {
-    const void *wg = a.inputs[2 + 3 * e], *wu = a.inputs[3 + 3 * e], *wd = a.inputs[4 + 3 * e];
+    const void *wg = w[3 * e], *wu = w[3 * e + 1], *wd = w[3 * e + 2];
     for (int64_t at = r.start[e]; at < r.start[e + 1]; at += R) {
       const int64_t n = std::min<int64_t>(R, r.start[e + 1] - at);
       const int32_t* slots = r.slots + at;
@@ -196,11 +237,14 @@ void cuda_moe_backward(const KernelArgs& a, const CudaContext& c) {
   char *xs = rows, *dys = xs + es * R * H, *dout = dys + es * R * H, *hh = dout + es * R * H, *dh = hh + es * R * I;
   char *dg = dh + es * R * I, *du = dg + es * R * I;
   const char* saved = static_cast<const char*>(a.inputs[3]);
+  const bool stacked = stacked_weights(types_of(a), kBackwardWeights);
+  const std::vector<const void*> w = expert_weights(
+      std::vector<const void*>(a.inputs.begin() + kBackwardWeights, a.inputs.end()), d, stacked, es);
+  const std::vector<void*> dw = expert_weights(std::vector<void*>(a.outputs.begin() + 2, a.outputs.end()), d, stacked, es);
   cuda::fill(dt, a.outputs[0], d.T * H, 0.0f, c.stream);
   for (int64_t e = 0; e < d.E; ++e) {
-    const size_t w = kBackwardWeights + 3 * e;
-    const void *wg = a.inputs[w], *wu = a.inputs[w + 1], *wd = a.inputs[w + 2];
-    void *dwg = a.outputs[2 + 3 * e], *dwu = a.outputs[3 + 3 * e], *dwd = a.outputs[4 + 3 * e];
+    const void *wg = w[3 * e], *wu = w[3 * e + 1], *wd = w[3 * e + 2];
+    void *dwg = dw[3 * e], *dwu = dw[3 * e + 1], *dwd = dw[3 * e + 2];
     cuda::fill(dt, dwg, I * H, 0.0f, c.stream);
     cuda::fill(dt, dwu, I * H, 0.0f, c.stream);
     cuda::fill(dt, dwd, H * I, 0.0f, c.stream);
@@ -249,8 +293,10 @@ void cuda_moe_balance_backward(const KernelArgs& a, const CudaContext& c) {
 // moe(x, router_logits, gate_0, up_0, down_0, ..., gate_{E-1}, up_{E-1}, down_{E-1})
 //     {top_k, normalize} = (y [..., H], saved [T k (2 I + H)]): each row of x through its top_k
 // experts, weighted by their softmax probabilities (kernels/cpu/moe.h), and the experts' gate
-// and up products and outputs its backward reads. The importer's form of transformers' sparse
-// MoE blocks, whose router linear stays a linear before it.
+// and up products and outputs its backward reads. Or moe(x, router_logits, gate_up, down), the
+// experts stacked as transformers 5 keeps them (gate_up [E, 2 I, H], down [E, H, I]): the same
+// maths, each expert's matrices read in place. The importer's form of transformers' sparse MoE
+// blocks, whose router linear stays a linear before it.
 extern const OpDef moe_op = {
     .num_inputs = -1,
     .num_outputs = 2,
@@ -273,7 +319,7 @@ extern const OpDef moe_op = {
     },
     .cpu = [](const KernelArgs& a) {
       const cpu::MoeDims d = forward_dims(types_of(a), *a.attrs);
-      const std::vector<const float*> w = floats_from(a, 2);
+      const std::vector<const float*> w = floats_from(a, 2, d);
       cpu::moe_forward(d, a.in(0), a.in(1), w.data(), a.out(0), a.out(1), static_cast<float*>(a.workspace));
     },
     .cpu_workspace_bytes = [](const Types& in, const Attrs& attrs, int) -> int64_t {
@@ -298,8 +344,9 @@ extern const OpDef moe_op = {
 };
 
 // moe_backward(dy, x, router_logits, saved, gate_0, up_0, down_0, ...) {top_k, normalize} =
-// (dx, dlogits, dgate_0, dup_0, ddown_0, ...): the gradient of x, the logits and every expert's
-// weights, each of its operand's type.
+// (dx, dlogits, dgate_0, dup_0, ddown_0, ...), or with the stacked weights (dx, dlogits,
+// dgate_up, ddown): the gradient of x, the logits and every expert's weights, each of its
+// operand's type.
 extern const OpDef moe_backward_op = {
     .num_inputs = -1,
     .num_outputs = -1,
@@ -316,9 +363,10 @@ extern const OpDef moe_backward_op = {
     },
     .cpu = [](const KernelArgs& a) {
       const cpu::MoeDims d = backward_dims(types_of(a), *a.attrs);
-      const std::vector<const float*> w = floats_from(a, kBackwardWeights);
+      const std::vector<const float*> w = floats_from(a, kBackwardWeights, d);
       std::vector<float*> dw;
       for (size_t i = 2; i < a.outputs.size(); ++i) dw.push_back(a.out(int(i)));
+      dw = expert_weights(dw, d, stacked_weights(types_of(a), kBackwardWeights), 4);
       cpu::moe_backward(d, a.in(0), a.in(1), a.in(2), a.in(3), w.data(), a.out(0), a.out(1), dw.data(),
                         static_cast<float*>(a.workspace));
     },

@@ -153,7 +153,24 @@ void moe_follows_the_operand_dtype() {
   Types in{x, logits};
   for (int e = 0; e < 3; ++e) in.insert(in.end(), {gu, gu, down});
   EXPECT_NE(infer_error(OpKind::moe, Types(in.begin(), in.end() - 1), attrs)
-                .find("router logits of 3 experts need 9 expert weights (gate, up and down of each), got 8"),
+                .find("router logits of 3 experts need 9 expert weights (gate, up and down of each) or 2 stacked ones "
+                      "(gate_up [E, 2 I, H] and down [E, H, I]), got 8"),
+            std::string::npos);
+  // transformers 5's stacked experts: gate_up [E, 2 I, H] and down [E, H, I], the same results.
+  for (DType d : {f32, bf16}) {
+    const TensorType xd = T(d, {2, 5, 8}), ld = T(d, {2, 5, 3}), gate_up = T(d, {3, 12, 8}), dn = T(d, {3, 8, 6});
+    const TensorType saved = T(d, {2 * 5 * 2 * (2 * 6 + 8)});
+    EXPECT_EQ(infer(OpKind::moe, {xd, ld, gate_up, dn}, attrs), (Types{xd, saved}));
+    EXPECT_EQ(infer(OpKind::moe_backward, {xd, xd, ld, saved, gate_up, dn}, attrs), (Types{xd, ld, gate_up, dn}));
+  }
+  EXPECT_NE(infer_error(OpKind::moe, {x, logits, T(f32, {3, 11, 8}), T(f32, {3, 8, 6})}, attrs)
+                .find("the stacked gate_up must be [E, 2 I, H] = [3, 2 I, 8], got f32[3, 11, 8]"),
+            std::string::npos);
+  EXPECT_NE(infer_error(OpKind::moe, {x, logits, T(f32, {3, 12, 8}), T(f32, {3, 6, 8})}, attrs)
+                .find("the stacked down must be [E, H, I] = [3, 8, 6], got f32[3, 6, 8]"),
+            std::string::npos);
+  EXPECT_NE(infer_error(OpKind::moe, {x, logits, T(f32, {4, 12, 8}), T(f32, {4, 8, 6})}, attrs)
+                .find("the stacked gate_up must be [E, 2 I, H] = [3, 2 I, 8], got f32[4, 12, 8]"),
             std::string::npos);
   EXPECT_NE(infer_error(OpKind::moe, in, {{"top_k", int64_t{4}}}).find("top_k=4 must be in [1, 3]"),
             std::string::npos);

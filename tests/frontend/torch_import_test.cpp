@@ -140,7 +140,10 @@ INSTANTIATE_TEST_SUITE_P(Models, TorchImportReference,
                                            "gpt_neox", "olmo2", "gpt_bigcode", "starcoder2", "smollm3", "phi", "glm4",
                                            "biogpt", "exaone4", "phi3_longrope", "nanogpt", "nanogpt_shift",
                                            "titan_llama", "torch_encoder", "torch_encoder_prenorm", "cached_llama",
-                                           "mixtral", "qwen3_moe", "olmoe", "qwen2_moe", "mixtral_aux"),
+                                           "mixtral", "qwen3_moe", "olmoe", "qwen2_moe", "mixtral_aux",
+                                           // written with transformers 5 (make_torch_export_fixtures.py)
+                                           "llama_tf5", "qwen2_tf5", "glm_tf5", "mixtral_tf5", "mixtral_aux_tf5",
+                                           "qwen2_moe_tf5", "granitemoe_tf5"),
                          [](const auto& info) { return info.param; });
 
 // Llama through PyTorch and through autosp's own builder (models/llama.h): the same model,
@@ -763,7 +766,17 @@ TEST(TorchImportErrors, ALabelShiftOtherThanTheNextTokensOrATokenIgnoredIsRefuse
 // refuses it, saying what it needs.
 TEST(TorchImportErrors, AMoeOfOtherExpertsThanItsRouterIsRefused) {
   const std::string e = import_error(testing::source_path("tests/fixtures/torch_export_errors/moe_experts/model.pt2"));
-  EXPECT_NE(e.find("router logits of 3 experts need 9 expert weights (gate, up and down of each), got 6"),
+  EXPECT_NE(e.find("router logits of 3 experts need 9 expert weights (gate, up and down of each) or 2 stacked ones "
+                   "(gate_up [E, 2 I, H] and down [E, H, I]), got 6"),
+            std::string::npos)
+      << e;
+}
+
+// A parameter the loss never reads would get no gradient, and the optimizer steps every
+// parameter of a program: refused, named (it was an internal error of the optimizer's buckets).
+TEST(TorchImportErrors, AParameterTheLossNeverReadsIsRefusedNamed) {
+  const std::string e = import_error(testing::source_path("tests/fixtures/torch_export_errors/unused/model.pt2"));
+  EXPECT_NE(e.find("unused/model.pt2: parameter spare does not reach the loss (the program never reads it)"),
             std::string::npos)
       << e;
 }

@@ -80,7 +80,9 @@ INSTANTIATE_TEST_SUITE_P(Models, TorchImportSequenceParallel,
                                                               "glm4", "biogpt", "exaone4", "phi3_longrope", "nanogpt",
                                                               "nanogpt_shift", "titan_llama", "torch_encoder",
                                                               "torch_encoder_prenorm", "cached_llama", "mixtral",
-                                                              "qwen3_moe", "olmoe", "qwen2_moe", "mixtral_aux"),
+                                                              "qwen3_moe", "olmoe", "qwen2_moe", "mixtral_aux",
+                                                              "llama_tf5", "qwen2_tf5", "glm_tf5", "mixtral_tf5",
+                                                              "mixtral_aux_tf5", "qwen2_moe_tf5", "granitemoe_tf5"),
                                             ::testing::Values(2, 4)),
                          [](const auto& info) { return str(std::get<0>(info.param), "_sp", std::get<1>(info.param)); });
 
