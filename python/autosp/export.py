@@ -420,8 +420,8 @@ class _SparseMoeBlocks:
         if layout != self._STACKED_LAYOUT or experts.gate_up_proj.shape[1] != 2 * experts.down_proj.shape[2] or \
                 experts.down_proj.shape[1] != experts.gate_up_proj.shape[2]:
             raise ValueError(f"autosp export: {where} keeps its experts otherwise than autosp's moe op takes them "
-                             f"(gate_up_proj [E, 2 I, H], each expert's gate rows then its up rows, down_proj [E, H, I], "
-                             f"no biases, no norm after the experts): {layout}, gate_up_proj "
+                             f"(gate_up_proj [E, 2 I, H], each expert's gate rows then its up rows, down_proj "
+                             f"[E, H, I], no biases, no norm after the experts): {layout}, gate_up_proj "
                              f"{list(experts.gate_up_proj.shape)}, down_proj {list(experts.down_proj.shape)}; not "
                              f"supported yet")
         if getattr(module, "jitter_noise", 0) and module.training:

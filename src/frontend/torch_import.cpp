@@ -927,6 +927,99 @@ class HostEvaluator {
       return elementwise({*a, *b},
                          [](const std::vector<HostArray>& x, size_t k) { return std::pow(x[0].v[k], x[1].v[k]); });
     }
+    // x[i_0, ..., i_{k-1}] of k index tensors broadcast together, over x's first k dims (transformers
+    // 5's masks: the positions and document ids read at [batch, query] and [batch, key]).
+    if (op == "index.Tensor") {
+      const HostArray* x = in("self", 0);
+      const json* list = arg(n, "indices", 1);
+      // (torch writes a list with no None as_tensors of names, else as_optional_tensors)
+      const char* key = list && list->contains("as_tensors") ? "as_tensors" : "as_optional_tensors";
+      if (!x || !list || !list->contains(key)) return std::nullopt;
+      std::vector<HostArray> idx;
+      Shape shape;
+      for (const json& t : (*list)[key]) {
+        const std::string name = t.contains("as_tensor") ? t["as_tensor"].value("name", "") : t.value("name", "");
+        const HostArray* i = name.empty() ? nullptr : eval(name);
+        if (!i) return std::nullopt;  // (a None: a slice kept whole, not evaluated here)
+        std::optional<Shape> b = broadcast_shape(shape, i->shape);
+        if (!b) return std::nullopt;
+        shape = *b;
+        idx.push_back(*i);
+      }
+      const size_t k = idx.size();
+      if (k == 0 || k > x->shape.size()) return std::nullopt;
+      for (HostArray& i : idx)
+        if (i.shape != shape) {
+          std::optional<HostArray> e = expand(i, shape);
+          if (!e) return std::nullopt;
+          i = std::move(*e);
+        }
+      int64_t inner = 1;
+      for (size_t d = k; d < x->shape.size(); ++d) inner *= x->shape[d];
+      Shape to = shape;
+      to.insert(to.end(), x->shape.begin() + int64_t(k), x->shape.end());
+      if (numel(to) > max_elements_) return std::nullopt;
+      HostArray out{to, {}};
+      out.v.reserve(numel(to));
+      for (int64_t b = 0; b < numel(shape); ++b) {
+        int64_t at = 0;
+        for (size_t d = 0; d < k; ++d) {
+          const int64_t size = x->shape[d];
+          int64_t i = int64_t(idx[d].v[b]);
+          if (i < 0) i += size;
+          if (i < 0 || i >= size) return std::nullopt;
+          at = at * size + i;
+        }
+        out.v.insert(out.v.end(), x->v.begin() + at * inner, x->v.begin() + (at + 1) * inner);
+      }
+      return out;
+    }
+    // x[..., j + 1] - x[..., j] along a dim, after prepend and before append (n = 1): transformers
+    // 5's test of the positions for packed documents.
+    if (op == "diff.default") {
+      const HostArray* x = in("self", 0);
+      if (!x || x->shape.empty()) return std::nullopt;
+      if (arg(n, "n", 1) && integer(arg(n, "n", 1)) != 1) return std::nullopt;
+      const int64_t r = int64_t(x->shape.size());
+      std::optional<int64_t> d0 = arg(n, "dim", 2) ? integer(arg(n, "dim", 2)) : std::optional<int64_t>(-1);
+      if (!d0 || *d0 < -r || *d0 >= r) return std::nullopt;
+      const int64_t d = *d0 < 0 ? *d0 + r : *d0;
+      std::vector<const HostArray*> parts;
+      for (const auto& [name, pos] : {std::pair<const char*, size_t>{"prepend", 3}, {"", 0}, {"append", 4}}) {
+        if (!*name) {
+          parts.push_back(x);
+          continue;
+        }
+        const json* a = arg(n, name, pos);
+        if (!a || a->contains("as_none")) continue;
+        const HostArray* p = a->contains("as_tensor") ? eval((*a)["as_tensor"].value("name", "")) : nullptr;
+        if (!p || p->shape.size() != x->shape.size()) return std::nullopt;
+        for (int64_t i = 0; i < r; ++i)
+          if (i != d && p->shape[i] != x->shape[i]) return std::nullopt;
+        parts.push_back(p);
+      }
+      int64_t outer = 1, inner = 1, len = 0;
+      for (int64_t i = 0; i < d; ++i) outer *= x->shape[i];
+      for (int64_t i = d + 1; i < r; ++i) inner *= x->shape[i];
+      for (const HostArray* p : parts) len += p->shape[d];
+      if (len < 1) return std::nullopt;
+      std::vector<float> joined;  // [outer, len, inner]
+      joined.reserve(size_t(outer * len * inner));
+      for (int64_t o = 0; o < outer; ++o)
+        for (const HostArray* p : parts) {
+          const int64_t block = p->shape[d] * inner;
+          joined.insert(joined.end(), p->v.begin() + o * block, p->v.begin() + (o + 1) * block);
+        }
+      Shape to = x->shape;
+      to[d] = len - 1;
+      HostArray out{to, std::vector<float>(size_t(numel(to)))};
+      for (int64_t o = 0; o < outer; ++o)
+        for (int64_t j = 0; j + 1 < len; ++j)
+          for (int64_t i = 0; i < inner; ++i)
+            out.v[(o * (len - 1) + j) * inner + i] =
+                joined[(o * len + j + 1) * inner + i] - joined[(o * len + j) * inner + i];
+      return out;
+    }
     if (op == "copy_.default") {  // all of self overwritten by src (BLOOM's causal mask): src as self's shape
       const HostArray* self = in("self", 0);
       const HostArray* src = in("src", 1);
@@ -1001,7 +1094,8 @@ class HostEvaluator {
     // And cumsum along a dim (OPT's positions: the cumsum of a mask of ones).
     static const std::set<std::string> shapes = {"unsqueeze.default", "squeeze.dim", "expand.default", "view.default",
                                                  "reshape.default", "_unsafe_view.default", "permute.default",
-                                                 "transpose.int", "slice.Tensor", "select.int", "cumsum.default"};
+                                                 "transpose.int", "slice.Tensor", "select.int", "cumsum.default",
+                                                 "repeat.default"};
     if (!shapes.count(op)) return std::nullopt;
     const HostArray* x = in("self", 0);
     if (!x) return std::nullopt;
@@ -1044,6 +1138,30 @@ class HostEvaluator {
         if ((*size)[i] == -1 && i >= pad) (*size)[i] = x->shape[i - pad];
       }
       return expand(*x, *size);
+    }
+    // x.repeat(repeats): x (its shape padded with leading 1s) tiled repeats[i] times along dim i
+    // (transformers 5's BLOOM: its ALiBi bias [H, 1, S] repeated over the batch).
+    if (op == "repeat.default") {
+      std::optional<std::vector<int64_t>> repeats = integers(arg(n, "repeats", 1));
+      if (!repeats || repeats->size() < x->shape.size()) return std::nullopt;
+      Shape from(repeats->size() - x->shape.size(), 1), to(repeats->size());
+      from.insert(from.end(), x->shape.begin(), x->shape.end());
+      for (size_t i = 0; i < to.size(); ++i) {
+        if ((*repeats)[i] < 0) return std::nullopt;
+        to[i] = from[i] * (*repeats)[i];
+      }
+      if (numel(to) > max_elements_) return std::nullopt;
+      HostArray out{to, std::vector<float>(size_t(numel(to)))};
+      for (int64_t k = 0; k < numel(to); ++k) {
+        int64_t rest = k, at = 0, stride = 1;
+        for (int64_t i = int64_t(to.size()) - 1; i >= 0; --i) {
+          at += (rest % to[i]) % from[i] * stride;
+          rest /= to[i];
+          stride *= from[i];
+        }
+        out.v[k] = x->v[at];
+      }
+      return out;
     }
     if (op == "view.default" || op == "reshape.default" || op == "_unsafe_view.default") {
       std::optional<std::vector<int64_t>> size = integers(arg(n, arg(n, "size", 1) ? "size" : "shape", 1));
@@ -1386,8 +1504,8 @@ class TorchImporter {
         t == "torch.ops.aten.detach_.default" || t == "torch.ops.aten.lift_fresh_copy.default" ||
         t == "torch.ops.aten.type_as.default")
       return true;
-    if (t == "torch.ops.aten.to.dtype" || t == "torch.ops.aten.to.dtype_layout" || t == "torch.ops.aten._to_copy.default" ||
-        t == "torch.ops.aten.to.device") {
+    if (t == "torch.ops.aten.to.dtype" || t == "torch.ops.aten.to.dtype_layout" ||
+        t == "torch.ops.aten._to_copy.default" || t == "torch.ops.aten.to.device") {
       const json* d = arg(n, "dtype", t == "torch.ops.aten.to.device" ? 2 : 1);
       if (!d || !d->contains("as_scalar_type")) return true;
       const int dt = (*d)["as_scalar_type"].get<int>();

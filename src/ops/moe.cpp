@@ -240,7 +240,8 @@ void cuda_moe_backward(const KernelArgs& a, const CudaContext& c) {
   const bool stacked = stacked_weights(types_of(a), kBackwardWeights);
   const std::vector<const void*> w = expert_weights(
       std::vector<const void*>(a.inputs.begin() + kBackwardWeights, a.inputs.end()), d, stacked, es);
-  const std::vector<void*> dw = expert_weights(std::vector<void*>(a.outputs.begin() + 2, a.outputs.end()), d, stacked, es);
+  const std::vector<void*> dw =
+      expert_weights(std::vector<void*>(a.outputs.begin() + 2, a.outputs.end()), d, stacked, es);
   cuda::fill(dt, a.outputs[0], d.T * H, 0.0f, c.stream);
   for (int64_t e = 0; e < d.E; ++e) {
     const void *wg = w[3 * e], *wu = w[3 * e + 1], *wd = w[3 * e + 2];
