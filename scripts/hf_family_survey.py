@@ -10,7 +10,8 @@ a PyTorch model") has the last survey's table.
   ~/.cache/autosp/bench-venv/bin/python scripts/hf_family_survey.py [--autosp build/autosp]
       [--out DIR] [--only NAME ...] [--probes]
 
-With the bench venv (scripts/install_bench_venv.sh: torch 2.x and transformers); about 30 s.
+With the bench venv (scripts/install_bench_venv.sh: torch 2.x and transformers 4), or under
+transformers 5 with the python of scripts/install_transformers5_venv.sh; about a minute.
 Writes DIR/<name>.pt2, <name>.{export,dump,train}.log, results.json and results.md (DIR defaults
 to a fresh temporary directory, printed).
 """
@@ -122,7 +123,9 @@ def families():
         ("dbrx", "DbrxForCausalLM", "DbrxConfig",
          dict(vocab_size=V, d_model=32, n_heads=4, n_layers=2, max_seq_len=64,
               ffn_config={"ffn_hidden_size": 48, "moe_num_experts": 4, "moe_top_k": 2},
-              attn_config={"kv_n_heads": 2})),
+              attn_config={"kv_n_heads": 2} if T.__version__ < "5" else
+              # (transformers 5's DBRX reads rope_theta there and clamps q/k/v by clip_qkv, which must be set)
+              {"kv_n_heads": 2, "rope_theta": 10000.0, "clip_qkv": 8.0})),
     ]
 
 

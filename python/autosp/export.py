@@ -403,7 +403,11 @@ class _SparseMoeBlocks:
         if not isinstance(experts, torch.nn.Module) or not isinstance(router, torch.nn.Module):
             return None
         gate_up, down = getattr(experts, "gate_up_proj", None), getattr(experts, "down_proj", None)
+        # the router's weight: its own, or its one linear's (HunYuan-MoE's wg)
         weight = getattr(router, "weight", None)
+        if not isinstance(weight, torch.nn.Parameter):
+            linears = [m for m in router.children() if isinstance(m, torch.nn.Linear) and m.bias is None]
+            weight = linears[0].weight if len(linears) == 1 else None
         if not all(isinstance(p, torch.nn.Parameter) for p in (gate_up, down, weight)):
             return None
         if gate_up.dim() != 3 or down.dim() != 3 or weight.dim() != 2:
@@ -412,9 +416,9 @@ class _SparseMoeBlocks:
         k = getattr(router, "top_k", None) or getattr(module, "top_k", None)
         if tuple(weight.shape) != (E, H) or not isinstance(k, int) or not 1 <= k <= E:
             return None
-        return router, experts, k
+        return router, experts, k, weight
 
-    def _patch_stacked(self, name, module, router, experts, k):
+    def _patch_stacked(self, name, module, router, experts, k, weight):
         where = f"{name} ({type(module).__name__})"
         layout = {key: getattr(experts, key, want) for key, want in self._STACKED_LAYOUT.items()}
         if layout != self._STACKED_LAYOUT or experts.gate_up_proj.shape[1] != 2 * experts.down_proj.shape[2] or \
@@ -429,7 +433,7 @@ class _SparseMoeBlocks:
                              f"{module.jitter_noise}); set it to 0 to train with autosp")
         # A router with more state than its weight chooses by more than its logits (Ernie 4.5's and
         # DeepSeek's score correction bias): a sample would not show it while that state is 0.
-        extra = [n for n, _ in list(router.named_parameters()) + list(router.named_buffers()) if n != "weight"]
+        extra = [n for n, t in list(router.named_parameters()) + list(router.named_buffers()) if t is not weight]
         if extra:
             raise ValueError(f"autosp export: {where}'s router ({type(router).__name__}) holds {', '.join(extra)} "
                              f"beside its weight: it chooses experts by more than its logits' softmax top k (autosp's "
@@ -451,9 +455,9 @@ class _SparseMoeBlocks:
             return torch.ops.autosp.moe_stacked(hidden_states, logits.reshape(-1, logits.shape[-1]),
                                                 experts.gate_up_proj, experts.down_proj, k, state["normalize"])
 
-        H = router.weight.shape[1]
-        sample = torch.randn(1, 8, H, generator=torch.Generator().manual_seed(0), dtype=router.weight.dtype,
-                             device=router.weight.device)
+        H = weight.shape[1]
+        sample = torch.randn(1, 8, H, generator=torch.Generator().manual_seed(0), dtype=experts.gate_up_proj.dtype,
+                             device=weight.device)
         with torch.no_grad():
             want = module(sample)
             want = want[0] if isinstance(want, tuple) else want
@@ -481,7 +485,15 @@ class _SparseMoeBlocks:
                 continue
             names = self._layer_names(module)
             if names is None:
-                if isinstance(getattr(module, "experts", None), torch.nn.Module):
+                experts = getattr(module, "experts", None)
+                if isinstance(experts, torch.nn.Module):
+                    if any(isinstance(getattr(experts, p, None), torch.nn.Parameter) and getattr(experts, p).dim() == 3
+                           for p in ("gate_up_proj", "up_proj", "down_proj")):
+                        # transformers 5's experts traced by their batched path: a program autosp cannot read
+                        raise ValueError(f"autosp export: {name} ({type(module).__name__}) has stacked experts but "
+                                         f"not a router autosp reads (a `gate` or `router` module whose one weight "
+                                         f"[E, H] gives the logits) or not SwiGLU experts of gate_up_proj and "
+                                         f"down_proj; not supported yet")
                     self.unmatched.append(f"{name} ({type(module).__name__})")
                 continue
             if getattr(module, "jitter_noise", 0) and module.training:
