@@ -347,6 +347,15 @@ class _BatchFirstSelfAttention:
         return False
 
 
+def _in_float32(module):
+    """The module itself where all its floating tensors are fp32, else an fp32 copy of it."""
+    tensors = list(module.parameters()) + list(module.buffers())
+    if all(t.dtype == torch.float32 for t in tensors if t.is_floating_point()):
+        return module
+    import copy
+    return copy.deepcopy(module).float()
+
+
 class _SparseMoeBlocks:
     """While exporting: transformers' sparse mixture-of-experts blocks (Mixtral's, Qwen3-MoE's,
     OLMoE's) send each token to its top-k experts through a loop over the experts hit (nonzero,
@@ -440,36 +449,47 @@ class _SparseMoeBlocks:
                              f"moe op); not supported yet")
         # The block's own forward runs as written (a shared expert included); its router's logits
         # are kept as it returns them, and its experts are one autosp::moe_stacked of them.
-        routed, state = {}, {"normalize": True}
-        router_forward = router.forward
+        state = {"normalize": True}
 
-        def router_kept(*args, **kwargs):
-            out = router_forward(*args, **kwargs)
-            routed["logits"] = out[0] if isinstance(out, tuple) else out
-            return out
+        def rewrite(router, experts):
+            routed, router_forward = {}, router.forward
 
-        def experts_forward(hidden_states, *args, **kwargs):
-            logits = routed.pop("logits", None)
-            if logits is None:
-                raise ValueError(f"autosp export: {where}'s experts ran before its router")
-            return torch.ops.autosp.moe_stacked(hidden_states, logits.reshape(-1, logits.shape[-1]),
-                                                experts.gate_up_proj, experts.down_proj, k, state["normalize"])
+            def router_kept(*args, **kwargs):
+                out = router_forward(*args, **kwargs)
+                routed["logits"] = out[0] if isinstance(out, tuple) else out
+                return out
 
-        H = weight.shape[1]
-        sample = torch.randn(1, 8, H, generator=torch.Generator().manual_seed(0), dtype=experts.gate_up_proj.dtype,
-                             device=weight.device)
-        with torch.no_grad():
-            want = module(sample)
-            want = want[0] if isinstance(want, tuple) else want
+            def experts_forward(hidden_states, *args, **kwargs):
+                logits = routed.pop("logits", None)
+                if logits is None:
+                    raise ValueError(f"autosp export: {where}'s experts ran before its router")
+                return torch.ops.autosp.moe_stacked(hidden_states, logits.reshape(-1, logits.shape[-1]),
+                                                    experts.gate_up_proj, experts.down_proj, k, state["normalize"])
+
             router.forward, experts.forward = router_kept, experts_forward
-            self.patched += [router, experts]
-            fits = []
-            for normalize in (True, False):
-                state["normalize"] = normalize
-                got = module(sample)
-                got = got[0] if isinstance(got, tuple) else got
-                if torch.allclose(got, want, rtol=1e-4, atol=1e-5 * float(want.abs().max())):
-                    fits.append(normalize)
+
+        # The check, in fp32 (a bf16 block's own roundings are not the routing's).
+        probe = _in_float32(module)
+        probe_router, probe_experts = self._stacked_parts(probe)[:2]
+        sample = torch.randn(1, 8, weight.shape[1], generator=torch.Generator().manual_seed(0), dtype=torch.float32,
+                             device=weight.device)
+        fits = []
+        try:
+            with torch.no_grad():
+                want = probe(sample)
+                want = want[0] if isinstance(want, tuple) else want
+                rewrite(probe_router, probe_experts)
+                for normalize in (True, False):
+                    state["normalize"] = normalize
+                    got = probe(sample)
+                    got = got[0] if isinstance(got, tuple) else got
+                    if torch.allclose(got, want, rtol=1e-4, atol=1e-5 * float(want.abs().max())):
+                        fits.append(normalize)
+        finally:
+            if probe is module:
+                del router.forward, experts.forward
+        rewrite(router, experts)
+        self.patched += [router, experts]
         if not fits:
             raise ValueError(f"autosp export: {where} has a router and experts, but computes something else than "
                              f"softmax top-k routing over SwiGLU experts (autosp's moe op), e.g. another routing or "
@@ -515,14 +535,17 @@ class _SparseMoeBlocks:
                     out = out + torch.sigmoid(module.shared_expert_gate(x)) * module.shared_expert(x)
                 return out.view(hidden_states.shape), logits
 
+            # (the check in fp32: a bf16 block's own roundings are not the routing's)
+            probe = _in_float32(module)
             sample = torch.randn(1, 8, gate.in_features, generator=torch.Generator().manual_seed(0),
-                                 dtype=gate.weight.dtype, device=gate.weight.device)
+                                 dtype=torch.float32, device=gate.weight.device)
             with torch.no_grad():
-                want = original(sample)
+                want = probe(sample)
                 tuple_out = isinstance(want, tuple)
                 want = want[0] if tuple_out else want
                 fits = [n for n in (True, False)
-                        if torch.allclose(moe(sample, n)[0], want, rtol=1e-4, atol=1e-5 * float(want.abs().max()))]
+                        if torch.allclose(moe(sample, n, module=probe)[0], want, rtol=1e-4,
+                                          atol=1e-5 * float(want.abs().max()))]
             if not fits:
                 raise ValueError(f"autosp export: {name} ({type(module).__name__}) has a router gate, experts and "
                                  f"top_k, but computes something else than softmax top-k routing over SwiGLU experts "
