@@ -8,10 +8,15 @@
 #include <filesystem>
 #include <future>
 #include <iostream>
+#include <memory>
+#include <mutex>
+#include <optional>
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "frontend/torch_import.h"
 #include "models/llama.h"
+#include "models/model.h"
 #include "train/config.h"
 #include "train/planner.h"
 #include "util/atomic_file.h"
@@ -179,15 +184,24 @@ std::string svg_plot(const std::vector<train::StrategyResult>& results, int64_t 
 int run_plan(const PlanArgs& args) {
   namespace fs = std::filesystem;
   const auto start = std::chrono::steady_clock::now();
+  const bool pt2 = fs::path(args.model).extension() == ".pt2";
   const std::string config = fs::is_directory(args.model) ? args.model + "/config.json" : args.model;
-  if (fs::path(args.model).extension() == ".pt2")
-    user_error("--model ", args.model, ": autosp plan plans the Llama family from its config.json; a torch.export "
-               "program is not planned yet (autosp train prints one length's plan before its first step: "
-               "\"memory plan per rank\")");
   train::PlanSetup setup;
-  std::vector<std::string> warnings;  // config.json's keys autosp does not read, said once
-  setup.model = models::load_llama_config(config, &warnings);
-  for (const std::string& w : warnings) std::fprintf(stderr, "autosp: warning: %s\n", w.c_str());
+  std::optional<TorchProgram> imported;  // --model FILE.pt2: a PyTorch program (frontend/torch_import.h)
+  if (pt2) {
+    imported.emplace(TorchProgram::load(args.model));
+    // (the searches run on threads of their own; the program is imported by one at a time)
+    auto lock = std::make_shared<std::mutex>();
+    setup.program = std::make_shared<const models::Model>(models::Model{
+        args.model, imported->parameters(), imported->vocab_size(), [&imported, lock](const models::LlamaTraceOptions& o) {
+          std::lock_guard<std::mutex> hold(*lock);
+          return imported->forward(o);
+        }});
+  } else {
+    std::vector<std::string> warnings;  // config.json's keys autosp does not read, said once
+    setup.model = models::load_llama_config(config, &warnings);
+    for (const std::string& w : warnings) std::fprintf(stderr, "autosp: warning: %s\n", w.c_str());
+  }
   setup.world = static_cast<int>(args.world);
   setup.sp = static_cast<int>(args.sp);
   setup.zero = static_cast<int>(args.zero);
@@ -202,9 +216,22 @@ int run_plan(const PlanArgs& args) {
                "runtime with --dtype f32");
   if (args.world % args.sp != 0)
     user_error("--world ", args.world, " is not divisible by --sp ", args.sp, " (world = data parallel x sequence parallel)");
-  train::check_heads_layout(setup.model, args.sp, str("--sp ", args.sp), config);
   const int64_t device = parse_bytes(args.device_memory, "--device-memory");
-  const int64_t N = models::llama_num_parameters(setup.model);
+  int64_t N = 0;
+  if (pt2) {
+    // A program is checked by planning it once at the shortest length the searches try: an SP
+    // size its heads cannot take, or any other refusal, is the error it gives there.
+    for (const models::ParameterSpec& p : setup.program->parameters) N += numel(p.shape);
+    try {
+      train::plan_step(setup, {}, 1024 * setup.sp);
+    } catch (const UserError& e) {
+      user_error("--model ", args.model, " at --sp ", args.sp, ", S = ", 1024 * setup.sp, " (the shortest length "
+                 "planned): ", e.what());
+    }
+  } else {
+    train::check_heads_layout(setup.model, args.sp, str("--sp ", args.sp), config);
+    N = models::llama_num_parameters(setup.model);
+  }
 
   // Strategies: no SP (pure data parallelism over the same ranks, ZeRO as given) and SP;
   // each checkpoint policy, without and with MLP tiles sized from the device memory.
@@ -274,7 +301,8 @@ int run_plan(const PlanArgs& args) {
     json strategies = json::array();
     for (const auto& r : results)
       strategies.push_back({{"name", r.name}, {"sp", r.sp}, {"zero", r.zero}, {"checkpoint", r.checkpoint},
-                            {"tiled", r.tiled}, {"max_seq_len", r.max_seq_len}, {"peak_bytes", r.peak_bytes}});
+                            {"tiled", r.tiled}, {"max_seq_len", r.max_seq_len}, {"peak_bytes", r.peak_bytes},
+                            {"refused", r.refused}});
     std::cout << json{{"model", config},
                       {"parameters", N},
                       {"world", setup.world},
@@ -305,6 +333,12 @@ int run_plan(const PlanArgs& args) {
       std::printf("| %s | %d | %d | %s | %s | %s | %s |\n", r.sp > 1 ? "SP" : "no SP", r.sp, r.zero,
                   r.checkpoint.c_str(), r.tiled ? "yes" : "no", r.max_seq_len ? tokens(r.max_seq_len).c_str() : "none fits",
                   r.max_seq_len ? gib(r.peak_bytes).c_str() : "—");
+    // A program's refusals of longer sequences, each said once.
+    std::vector<std::string> refusals;
+    for (const auto& r : results)
+      if (!r.refused.empty() && std::find(refusals.begin(), refusals.end(), r.refused) == refusals.end())
+        refusals.push_back(r.refused);
+    for (const std::string& why : refusals) std::printf("\nthe program refuses a longer sequence: %s\n", why.c_str());
     std::printf("\nper rank at S = %s with %s%s:\n", tokens(breakdown["seq_len"]).c_str(), best->name.c_str(),
                 best->sp > 1 ? str(", SP ", best->sp).c_str() : "");
     auto line = [](const char* what, int64_t bytes) { std::printf("  %-40s %12s\n", what, gib(bytes).c_str()); };

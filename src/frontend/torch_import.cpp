@@ -1683,6 +1683,10 @@ class TorchImporter {
       Tensor weight = tensor_of(w);
       Tensor index = ids.kind == Imported::positions ? positions() : tensor_of(idx);
       if (padding_idx >= t_.shape(weight)[0]) m_.fail_at(n, str("padding_idx ", padding_idx, " is not a row of the table"));
+      if (ids.kind == Imported::positions && ids.offset == 0 && o_.seq_len > t_.shape(weight)[0])
+        m_.fail_at(n, str("a learned position table of ", t_.shape(weight)[0], " rows read at the positions of S = ",
+                          o_.seq_len, ": the model has positions for ", t_.shape(weight)[0],
+                          " tokens (train at most that long)"));
       if (ids.kind == Imported::positions && ids.offset != 0) {
         // Rows offset + p of the table (OPT's learned positions start at row 2): the positions
         // read the table from its row `offset`. Position p < S, so the rows must reach offset + S.

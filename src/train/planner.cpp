@@ -1,6 +1,7 @@
 #include "train/planner.h"
 
 #include <algorithm>
+#include <limits>
 
 #include "passes/autodiff.h"
 #include "passes/autosp.h"
@@ -18,6 +19,19 @@ namespace {
 
 // A CUDA context with cuBLAS/cuDNN workspaces and NCCL's buffers: 0.5-1 GiB on a recent GPU.
 constexpr int64_t kGpuRuntimeReserveBytes = int64_t{1} << 30;
+
+// The forward graph a plan compiles: the program's, or the Llama family's of `model`.
+Graph forward_graph(const PlanSetup& s, int64_t S) {
+  const models::LlamaTraceOptions o{.batch = s.micro_batch, .seq_len = S, .dtype = s.dtype};
+  return s.program ? s.program->forward(o) : models::llama_forward(s.model, o);
+}
+
+int64_t num_parameters(const PlanSetup& s) {
+  if (!s.program) return models::llama_num_parameters(s.model);
+  int64_t n = 0;
+  for (const models::ParameterSpec& p : s.program->parameters) n += numel(p.shape);
+  return n;
+}
 
 bool starts_with_any(const std::string& name, std::initializer_list<const std::string*> prefixes) {
   for (const std::string* p : prefixes)
@@ -123,9 +137,9 @@ TrainConfig plan_config(const PlanSetup& setup) {
 
 MemoryBreakdown plan_step(const PlanSetup& setup, const MemoryStrategy& strategy, int64_t S) {
   AUTOSP_CHECK(S > 0 && setup.world % setup.sp == 0, "S=", S, " world=", setup.world, " sp=", setup.sp);
-  Graph forward = models::llama_forward(setup.model, {.batch = setup.micro_batch, .seq_len = S, .dtype = setup.dtype});
+  Graph forward = forward_graph(setup, S);
   const TrainConfig config = plan_config(setup);
-  const int64_t N = models::llama_num_parameters(setup.model), W = setup.world;
+  const int64_t N = num_parameters(setup), W = setup.world;
   const CompiledStep step =
       compile_step(forward, step_compile_options(config, W, setup.threads, strategy), setup.accumulation_steps);
 
@@ -154,9 +168,7 @@ MemoryBreakdown plan_step(const PlanSetup& setup, const MemoryStrategy& strategy
 MemoryBreakdown PlanCache::plan(const PlanSetup& setup, const MemoryStrategy& strategy, int64_t S) {
   MemoryStrategy effective = strategy;
   if (strategy.tile.tile_rows > 0 || strategy.tile.budget_bytes > 0) {
-    const Graph sharded = autosp(
-        models::llama_forward(setup.model, {.batch = setup.micro_batch, .seq_len = S, .dtype = setup.dtype}),
-        {setup.sp});
+    const Graph sharded = autosp(forward_graph(setup, S), {setup.sp});
     if (tile(sharded, strategy.tile) == sharded) effective.tile = {};
   }
   const TileOptions& t = effective.tile;
@@ -171,7 +183,8 @@ MemoryBreakdown PlanCache::plan(const PlanSetup& setup, const MemoryStrategy& st
     AUTOSP_CHECK(first.world == setup.world && first.zero == setup.zero && first.dtype == setup.dtype &&
                      first.micro_batch == setup.micro_batch && first.accumulation_steps == setup.accumulation_steps &&
                      first.threads == setup.threads && plan_backend(first) == plan_backend(setup) &&
-                     models::llama_config_json(first.model) == models::llama_config_json(setup.model),
+                     first.program == setup.program &&
+                     (setup.program || models::llama_config_json(first.model) == models::llama_config_json(setup.model)),
                  "PlanCache: a setup other than the one it holds plans of (only sp may differ)");
     if (auto it = plans_.find(key); it != plans_.end()) made_before = it->second;
     else plans_.emplace(key, made.get_future().share());
@@ -197,7 +210,15 @@ StrategyResult longest_sequence(const PlanSetup& setup, const MemoryStrategy& st
   r.checkpoint = strategy_name({strategy.checkpoint, {}});
   r.tiled = strategy.tile.tile_rows > 0 || strategy.tile.budget_bytes > 0;
   auto peak = [&](int64_t S) {
-    const int64_t p = (cache ? cache->plan(setup, strategy, S) : plan_step(setup, strategy, S)).total();
+    int64_t p = 0;
+    try {
+      p = (cache ? cache->plan(setup, strategy, S) : plan_step(setup, strategy, S)).total();
+    } catch (const UserError& e) {
+      if (!setup.program) throw;
+      // A length the program refuses (its position table is shorter) does not fit.
+      if (r.refused.empty()) r.refused = e.what();
+      return std::numeric_limits<int64_t>::max();
+    }
     r.samples.emplace_back(S, p);
     return p;
   };

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <future>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "models/llama.h"
+#include "models/model.h"
 #include "passes/plan_memory.h"
 #include "train/trainer.h"
 
@@ -21,6 +23,10 @@ namespace autosp::train {
 
 struct PlanSetup {
   models::LlamaConfig model;
+  // An imported PyTorch program (frontend/torch_import.h) planned in place of `model`, which is
+  // then unused. Its forward at a length it refuses (a position table shorter than S) is a
+  // plan that does not fit (longest_sequence).
+  std::shared_ptr<const models::Model> program;
   int world = 1, sp = 1, zero = 0;
   DType dtype = DType::f32;  // f32: the CPU runtime; bf16: a bf16 GPU run (see model_state)
   int64_t micro_batch = 1;
@@ -106,6 +112,7 @@ struct StrategyResult {
   bool tiled = false;
   int64_t max_seq_len = 0;  // longest S whose plan fits; 0 if none does
   int64_t peak_bytes = 0;   // the plan at max_seq_len
+  std::string refused;      // an imported program's refusal of a length the search tried (the first)
   std::vector<std::pair<int64_t, int64_t>> samples;  // (S, planned peak) evaluated on the way
 };
 

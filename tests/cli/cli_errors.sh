@@ -880,8 +880,14 @@ expect_error plan_size_out_of_range "--device-memory 1e30GiB: out of range" -- \
   "$AUTOSP" plan --model "$VALID" --device-memory 1e30GiB
 expect_error plan_world_out_of_range "--world" "9223372036854775807" "not in range 1 to 1048576" -- \
   "$AUTOSP" plan --model "$VALID" --device-memory 80GiB --world 9223372036854775807
-expect_error plan_torch_program "--model" "a torch.export program is not planned yet" "memory plan per rank" -- \
-  "$AUTOSP" plan --model "$ROOT/tests/fixtures/torch_export/mixtral/model.pt2" --device-memory 80GiB
+# A program is planned too: one its heads cannot shard, or whose position table is shorter than
+# the shortest length planned, is refused at that length, naming the program.
+expect_error plan_torch_program_heads "--model" "mixtral/model.pt2 at --sp 3, S = 3072" \
+  "not divisible by sequence_parallel_size P=3" -- \
+  "$AUTOSP" plan --model "$ROOT/tests/fixtures/torch_export/mixtral/model.pt2" --device-memory 80GiB --world 3 --sp 3
+expect_error plan_torch_program_positions "gpt2/model.pt2 at --sp 1, S = 1024" \
+  "a learned position table of 64 rows read at the positions of S = 1024" -- \
+  "$AUTOSP" plan --model "$ROOT/tests/fixtures/torch_export/gpt2/model.pt2" --device-memory 80GiB
 expect_error plan_heads_not_divisible "num_attention_heads 4 is not divisible by --sp 3" \
   "sizes this model can use: 1, 2, 4" -- "$AUTOSP" plan --model "$VALID" --device-memory 80GiB --world 3 --sp 3
 

@@ -9,7 +9,9 @@
 #include <nlohmann/json.hpp>
 #include <omp.h>
 
+#include "frontend/torch_import.h"
 #include "models/llama.h"
+#include "models/model.h"
 #include "passes/pipeline.h"
 #include "runtime/executor.h"
 #include "testing/process.h"
@@ -103,6 +105,57 @@ void check_plot(const std::string& svg, size_t series) {
   EXPECT_EQ(lines, series);
   EXPECT_EQ(labels, series);
   EXPECT_NE(svg.find("device memory"), std::string::npos);
+}
+
+// An imported PyTorch program is planned from its own graph: transformers' Llama exported
+// (tests/fixtures/torch_export/llama) plans as autosp's Llama of its config does, under each
+// policy, ZeRO stage and dtype, at SP 1 and 2: the same model state and the same bytes live at
+// the arena's peak, by what they hold; only the gaps the packing leaves may differ (within 1%).
+TEST(Plan, AnImportedLlamaPlansAsItsConfig) {
+  const TorchProgram program = TorchProgram::load(testing::source_path("tests/fixtures/torch_export/llama/model.pt2"));
+  models::LlamaConfig c;  // make_torch_export_fixtures.py's llama
+  c.vocab_size = 64, c.hidden_size = 32, c.intermediate_size = 48, c.num_hidden_layers = 2;
+  c.num_attention_heads = 4, c.num_key_value_heads = 2, c.head_dim = 8, c.rms_norm_eps = 1e-6;
+  const auto imported = std::make_shared<const models::Model>(
+      models::Model{"llama.pt2", program.parameters(), program.vocab_size(),
+                    [&program](const models::LlamaTraceOptions& o) { return program.forward(o); }});
+  for (DType dtype : {DType::f32, DType::bf16})
+    for (int zero : {0, 3})
+      for (int sp : {1, 2})
+        for (CheckpointPolicy policy : {CheckpointPolicy::none, CheckpointPolicy::sac, CheckpointPolicy::full}) {
+          const train::MemoryStrategy strategy{{policy}, {}};
+          SCOPED_TRACE(str(dtype_name(dtype), " ZeRO-", zero, " SP ", sp, " ", train::strategy_name(strategy)));
+          const train::PlanSetup built{.model = c, .world = 2, .sp = sp, .zero = zero, .dtype = dtype};
+          train::PlanSetup setup = built;
+          setup.program = imported;
+          const train::MemoryBreakdown a = train::plan_step(setup, strategy, 4096);
+          const train::MemoryBreakdown b = train::plan_step(built, strategy, 4096);
+          EXPECT_EQ(a.parameters, b.parameters);
+          EXPECT_EQ(a.optimizer_state, b.optimizer_state);
+          EXPECT_EQ(a.runtime_reserve, b.runtime_reserve);
+          const train::ArenaParts &x = a.arena_parts, &y = b.arena_parts;
+          EXPECT_EQ(x.total() - x.fragmentation, y.total() - y.fragmentation);
+          EXPECT_EQ(x.activations, y.activations);
+          EXPECT_EQ(x.activation_gradients, y.activation_gradients);
+          EXPECT_EQ(x.workspaces, y.workspaces);
+          EXPECT_EQ(x.gradient_buckets, y.gradient_buckets);
+          EXPECT_EQ(x.gathered_parameters, y.gathered_parameters);
+          // (the graphs list some nodes in another order, which packs the arena's gaps otherwise)
+          EXPECT_NEAR(double(a.arena), double(b.arena), 0.01 * double(b.arena));
+        }
+}
+
+// A length the program refuses (its position table is shorter) does not fit: the search stops
+// below it and says why.
+TEST(Plan, AProgramsLongestSequenceStopsAtItsPositionTable) {
+  const TorchProgram program = TorchProgram::load(testing::source_path("tests/fixtures/torch_export/gpt2/model.pt2"));
+  train::PlanSetup setup;
+  setup.program = std::make_shared<const models::Model>(
+      models::Model{"gpt2.pt2", program.parameters(), program.vocab_size(),
+                    [&program](const models::LlamaTraceOptions& o) { return program.forward(o); }});
+  const train::StrategyResult r = train::longest_sequence(setup, {}, int64_t(1) << 30, 16);
+  EXPECT_EQ(r.max_seq_len, 64);  // its 64 positions; 1 GiB would hold far more
+  EXPECT_NE(r.refused.find("a learned position table of 64 rows"), std::string::npos) << r.refused;
 }
 
 TEST(Plan, TheLongestSequenceFitsAndTheNextDoesNot) {

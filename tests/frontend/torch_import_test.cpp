@@ -772,6 +772,24 @@ TEST(TorchImportErrors, AMoeOfOtherExpertsThanItsRouterIsRefused) {
       << e;
 }
 
+// A learned position table read at the positions 0..S-1 must have S rows: GPT-2's 64 at S 128
+// is refused when the program is imported (it was an embedding error at the first step, which
+// called the positions token ids), and at S 64 it imports.
+TEST(TorchImportErrors, APositionTableShorterThanTheSequenceIsRefused) {
+  const TorchProgram p = TorchProgram::load(testing::source_path("tests/fixtures/torch_export/gpt2/model.pt2"));
+  std::string e;
+  try {
+    p.forward({.batch = 1, .seq_len = 128});
+  } catch (const UserError& error) {
+    e = error.what();
+  }
+  EXPECT_NE(e.find("a learned position table of 64 rows read at the positions of S = 128: the model has positions "
+                   "for 64 tokens"),
+            std::string::npos)
+      << e;
+  EXPECT_NO_THROW(p.forward({.batch = 1, .seq_len = 64}));
+}
+
 // A parameter the loss never reads would get no gradient, and the optimizer steps every
 // parameter of a program: refused, named (it was an internal error of the optimizer's buckets).
 TEST(TorchImportErrors, AParameterTheLossNeverReadsIsRefusedNamed) {
