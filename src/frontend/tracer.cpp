@@ -134,10 +134,12 @@ Tensor Tracer::linear_cross_entropy(Tensor x, Tensor weight, Tensor labels, int6
 }
 
 Tensor Tracer::moe(Tensor x, Tensor router_logits, const std::vector<Tensor>& experts, int64_t top_k,
-                   bool normalize) {
+                   bool normalize, Attrs routing) {
   std::vector<Tensor> in{x, router_logits};
   in.insert(in.end(), experts.begin(), experts.end());
-  return op(OpKind::moe, in, {{"top_k", top_k}, {"normalize", int64_t{normalize}}});
+  routing.set("top_k", top_k);
+  routing.set("normalize", int64_t{normalize});
+  return op(OpKind::moe, in, routing);
 }
 
 Tensor Tracer::moe_balance(const std::vector<Tensor>& router_logits, int64_t top_k) {

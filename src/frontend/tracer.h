@@ -96,7 +96,10 @@ class Tracer {
   // probabilities (normalize: divided by their sum). experts: gate, up [I, H] and down [H, I] of
   // each expert in turn (3 E tensors), or stacked as transformers 5 keeps them: gate_up
   // [E, 2 I, H] (each expert's gate rows, then its up rows) and down [E, H, I] (2 tensors).
-  Tensor moe(Tensor x, Tensor router_logits, const std::vector<Tensor>& experts, int64_t top_k, bool normalize);
+  // `routing`: the routing beyond softmax top-k (ops/moe.cpp's attributes: score, groups,
+  // topk_group, group_score, dropped, scale, norm_eps, bias; kernels/cpu/moe.h's MoeRouting).
+  Tensor moe(Tensor x, Tensor router_logits, const std::vector<Tensor>& experts, int64_t top_k, bool normalize,
+             Attrs routing = {});
   // The load-balancing statistics of L layers' router logits [..., E] (each row's top_k): f32
   // [2, E], the count of rows choosing each expert and the sum of its probabilities.
   Tensor moe_balance(const std::vector<Tensor>& router_logits, int64_t top_k);

@@ -2,6 +2,7 @@
 // moe_backward; moe_balance (the load-balancing loss's statistics) and moe_balance_backward.
 // The maths is kernels/cpu/moe.h's.
 #include <algorithm>
+#include <cmath>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -23,6 +24,40 @@ namespace {
 // [E, 2 I, H] (each expert's gate rows, then its up rows) and down [E, H, I], two operands.
 bool stacked_weights(const Types& in, size_t weights) {
   return in.size() == weights + 2 && in[weights].shape.size() == 3;
+}
+
+// The routing beyond softmax top-k (kernels/cpu/moe.h's MoeRouting), from the attributes
+// {score: "softmax" | "sigmoid", groups, topk_group, group_score: "max" | "top2", dropped:
+// "-inf" | "zero", scale, norm_eps, bias: [E]}, each optional.
+cpu::MoeRouting moe_routing(const Attrs& attrs, const cpu::MoeDims& d) {
+  cpu::MoeRouting r;
+  auto text = [&](const char* key, const char* fallback) {
+    return attrs.has(key) ? attrs.get_str(key) : std::string(fallback);
+  };
+  const std::string score = text("score", "softmax"), group = text("group_score", "max"), dropped = text("dropped", "-inf");
+  require(score == "softmax" || score == "sigmoid", "score must be \"softmax\" or \"sigmoid\", got \"", score, "\"");
+  require(group == "max" || group == "top2", "group_score must be \"max\" or \"top2\", got \"", group, "\"");
+  require(dropped == "-inf" || dropped == "zero", "dropped must be \"-inf\" or \"zero\", got \"", dropped, "\"");
+  r.sigmoid = score == "sigmoid";
+  r.group_top2 = group == "top2";
+  r.dropped_zero = dropped == "zero";
+  r.groups = attrs.get_int("groups", 1);
+  r.topk_group = attrs.get_int("topk_group", r.groups);
+  require(r.groups >= 1 && d.E % r.groups == 0, "groups=", r.groups, " must divide the ", d.E, " experts");
+  require(r.topk_group >= 1 && r.topk_group <= r.groups, "topk_group=", r.topk_group, " must be in [1, ", r.groups,
+          "] (the groups)");
+  require(!r.group_top2 || r.groups == 1 || d.E / r.groups >= 2, "group_score \"top2\" needs groups of 2 experts or "
+          "more, got ", d.E / r.groups);
+  r.scale = attrs.get_float("scale", 1.0);
+  r.norm_eps = attrs.get_float("norm_eps", 0.0);
+  require(std::isfinite(r.scale) && r.scale > 0, "scale must be a positive number, got ", r.scale);
+  require(std::isfinite(r.norm_eps) && r.norm_eps >= 0, "norm_eps must be a number >= 0, got ", r.norm_eps);
+  if (attrs.has("bias")) {
+    r.bias = attrs.get_floats("bias");
+    require(int64_t(r.bias.size()) == d.E, "bias must hold one number per expert (", d.E, "), got ", r.bias.size());
+    for (double b : r.bias) require(std::isfinite(b), "bias must be finite, got ", b);
+  }
+  return r;
 }
 
 // moe's operands: x [..., H] and router logits [..., E] (x's leading dims) from `first` on,
@@ -54,6 +89,7 @@ cpu::MoeDims moe_dims(const Types& in, const Attrs& attrs, size_t first, size_t 
   const int64_t normalize = attrs.get_int("normalize", 0);
   require(normalize == 0 || normalize == 1, "normalize must be 0 or 1, got ", normalize);
   d.normalize = normalize == 1;
+  d.routing = moe_routing(attrs, d);
   if (stacked) {
     const TensorType &gate_up = in[weights], &down = in[weights + 1];
     require_same_dtype(x, "x", gate_up, "gate_up");
@@ -83,6 +119,11 @@ cpu::MoeDims moe_dims(const Types& in, const Attrs& attrs, size_t first, size_t 
 void check_device_experts(const Types& in, size_t logits) {
   const int64_t E = in[logits].shape.back();
   require(E <= cuda::kMoeMaxExperts, E, " experts: the cuda moe kernels take at most ", cuda::kMoeMaxExperts);
+}
+// ... and route by softmax top-k alone (MoeRouting's defaults).
+void check_device_routing(const Types& in, const Attrs& attrs, size_t first, size_t weights) {
+  require(moe_dims(in, attrs, first, weights).routing.plain(), "the cuda moe kernels route by softmax top-k alone; "
+          "a sigmoid score, groups, a scale, norm_eps or a correction bias runs on the CPU only yet");
 }
 
 // The forward's operands: x, logits, then the weights. Its results: y and the saved products.
@@ -341,7 +382,10 @@ extern const OpDef moe_op = {
              .workspace_bytes = [](const Types& in, const Types&, const Attrs& attrs) -> int64_t {
                return moe_device_workspace_bytes(in, attrs, false);
              },
-             .check = [](const Types& in, const Attrs&) { check_device_experts(in, 1); }},
+             .check = [](const Types& in, const Attrs& attrs) {
+               check_device_experts(in, 1);
+               check_device_routing(in, attrs, 0, 2);
+             }},
 };
 
 // moe_backward(dy, x, router_logits, saved, gate_0, up_0, down_0, ...) {top_k, normalize} =
@@ -379,7 +423,10 @@ extern const OpDef moe_backward_op = {
              .workspace_bytes = [](const Types& in, const Types&, const Attrs& attrs) -> int64_t {
                return moe_device_workspace_bytes(in, attrs, true);
              },
-             .check = [](const Types& in, const Attrs&) { check_device_experts(in, 2); }},
+             .check = [](const Types& in, const Attrs& attrs) {
+               check_device_experts(in, 2);
+               check_device_routing(in, attrs, 1, kBackwardWeights);
+             }},
 };
 
 namespace {

@@ -197,6 +197,44 @@ TEST(OpGrad, MixtureOfExperts) {
 // The load-balancing statistics of two layers' router logits: the counts (row 0) have no
 // gradient (nor do their finite differences: the logits are spaced so no step changes a row's top
 // 2), the probability sums (row 1) the softmax's.
+// The routers beyond softmax top-k (kernels/cpu/moe.h's MoeRouting), 6 experts, top 2: DeepSeek-V2's
+// (softmax, groups of 3 scored by their best, one kept, weights times 2.5) and V3's and GLM-4.5's
+// (sigmoid, a correction bias for the choice, groups of 2 scored by their two best, 2 of 3 kept,
+// weights normalised with norm_eps and times 2.5), a plain sigmoid one, and softmax normalised
+// times 2.5. Each row's logits are a permutation of the logits of sigmoid scores 0.03 x 2^i, whose
+// pair sums differ by 0.03 or more, so no step of the differences (and no bias, at most 0.004)
+// changes a choice of groups or experts; the weights and gradients are the uncorrected scores'.
+TEST(OpGrad, MixtureOfExpertsRouters) {
+  const std::vector<std::pair<const char*, Attrs>> routers = {
+      {"deepseek-v2", {{"groups", int64_t{2}}, {"topk_group", int64_t{1}}, {"scale", 2.5}}},
+      {"deepseek-v3", {{"score", std::string("sigmoid")}, {"groups", int64_t{3}}, {"topk_group", int64_t{2}},
+                       {"group_score", std::string("top2")}, {"scale", 2.5}, {"norm_eps", 1e-20},
+                       {"bias", std::vector<double>{0.004, -0.003, 0.002, 0.0, -0.004, 0.001}}}},
+      {"sigmoid", {{"score", std::string("sigmoid")}}},
+      {"softmax scaled", {{"scale", 2.5}}}};
+  for (const auto& [name, routing] : routers)
+    for (const bool normalize : {false, true}) {
+      SCOPED_TRACE(str(name, normalize ? ", normalized" : ""));
+      const int64_t T = 6, H = 5, I = 4, E = 6;
+      Tracer t;
+      Tensor x = t.parameter("x", {2, T / 2, H}), logits = t.parameter("logits", {2, T / 2, E});
+      std::vector<Tensor> experts = {t.parameter("gate_up", {E, 2 * I, H}), t.parameter("down", {E, H, I})};
+      t.output("y0", t.moe(x, logits, experts, 2, normalize, routing));
+      Feed feed;
+      std::vector<float> l;
+      std::vector<int> order = {0, 1, 2, 3, 4, 5};
+      for (int64_t r = 0; r < T; ++r) {
+        for (int shuffle = 0; shuffle <= r * 7; ++shuffle) std::next_permutation(order.begin(), order.end());
+        for (int e = 0; e < 6; ++e) {
+          const double score = 0.03 * double(1 << order[e]);
+          l.push_back(float(std::log(score / (1 - score))));
+        }
+      }
+      feed.f["logits"] = l;
+      check_gradients(t.finish(), feed);
+    }
+}
+
 TEST(OpGrad, MoeBalanceStatistics) {
   Tracer t;
   Tensor a = t.parameter("a", {2, 3, 4}), b = t.parameter("b", {2, 3, 4});

@@ -169,6 +169,30 @@ void moe_follows_the_operand_dtype() {
   EXPECT_NE(infer_error(OpKind::moe, {x, logits, T(f32, {3, 12, 8}), T(f32, {3, 6, 8})}, attrs)
                 .find("the stacked down must be [E, H, I] = [3, 8, 6], got f32[3, 6, 8]"),
             std::string::npos);
+  // The routers beyond softmax top-k: their attributes checked, named.
+  const Types stacked{x, logits, T(f32, {3, 12, 8}), T(f32, {3, 8, 6})};
+  auto routing_error = [&](Attrs extra) {
+    for (const auto& [k, v] : attrs.all()) extra.set(k, v);
+    return infer_error(OpKind::moe, stacked, extra);
+  };
+  EXPECT_EQ(infer(OpKind::moe, stacked, [&] {
+              Attrs a = attrs;
+              a.set("score", std::string("sigmoid"));
+              a.set("groups", int64_t{3});
+              a.set("topk_group", int64_t{2});
+              a.set("scale", 2.5);
+              a.set("bias", std::vector<double>{0.1, 0.0, -0.1});
+              return a;
+            }())[0],
+            x);
+  EXPECT_NE(routing_error({{"score", std::string("relu")}}).find("score must be \"softmax\" or \"sigmoid\""),
+            std::string::npos);
+  EXPECT_NE(routing_error({{"groups", int64_t{2}}}).find("groups=2 must divide the 3 experts"), std::string::npos);
+  EXPECT_NE(routing_error({{"groups", int64_t{3}}, {"topk_group", int64_t{4}}}).find("topk_group=4 must be in [1, 3]"),
+            std::string::npos);
+  EXPECT_NE(routing_error({{"bias", std::vector<double>{0.1}}}).find("bias must hold one number per expert (3), got 1"),
+            std::string::npos);
+  EXPECT_NE(routing_error({{"scale", -1.0}}).find("scale must be a positive number"), std::string::npos);
   EXPECT_NE(infer_error(OpKind::moe, {x, logits, T(f32, {4, 12, 8}), T(f32, {4, 8, 6})}, attrs)
                 .find("the stacked gate_up must be [E, 2 I, H] = [3, 2 I, 8], got f32[4, 12, 8]"),
             std::string::npos);

@@ -34,6 +34,44 @@ void top_k(const double* p, int64_t E, int64_t k, int32_t* chosen) {
   }
 }
 
+// One token's routing (MoeRouting): its scores s [E] (double), its k experts in descending
+// order of the choice's scores, and their weights w [k]. c [E] is scratch.
+void route_token(const MoeDims& d, const float* l, double* s, double* c, int32_t* chosen, double* w) {
+  const MoeRouting& r = d.routing;
+  if (r.sigmoid) {
+    for (int64_t e = 0; e < d.E; ++e) s[e] = 1.0 / (1.0 + std::exp(-double(l[e])));
+  } else {
+    softmax_row(l, d.E, s);
+  }
+  const double* choice = s;
+  if (!r.bias.empty() || r.groups > 1) {
+    for (int64_t e = 0; e < d.E; ++e) c[e] = s[e] + (r.bias.empty() ? 0.0 : r.bias[e]);
+    if (r.groups > 1) {
+      // Each group's score; the topk_group best groups stay (ties to the lower group).
+      const int64_t G = r.groups, n = d.E / G;
+      std::vector<double> score(G);
+      for (int64_t g = 0; g < G; ++g) {
+        double a = -INFINITY, b = -INFINITY;  // the best two
+        for (int64_t e = g * n; e < (g + 1) * n; ++e) {
+          if (c[e] > a) b = a, a = c[e];
+          else if (c[e] > b) b = c[e];
+        }
+        score[g] = r.group_top2 ? a + b : a;
+      }
+      std::vector<int32_t> kept(r.topk_group);
+      top_k(score.data(), G, r.topk_group, kept.data());
+      for (int64_t g = 0; g < G; ++g)
+        if (std::find(kept.begin(), kept.end(), int32_t(g)) == kept.end())
+          for (int64_t e = g * n; e < (g + 1) * n; ++e) c[e] = r.dropped_zero ? 0.0 : -INFINITY;
+    }
+    choice = c;
+  }
+  top_k(choice, d.E, d.k, chosen);
+  double sum = r.norm_eps;
+  for (int64_t j = 0; j < d.k; ++j) sum += s[chosen[j]];
+  for (int64_t j = 0; j < d.k; ++j) w[j] = (d.normalize ? s[chosen[j]] / sum : s[chosen[j]]) * r.scale;
+}
+
 // The routing's integer arrays, laid out at the start of the workspace.
 struct Routing {
   int32_t* experts;  // [T, k]
@@ -63,15 +101,11 @@ void gather_rows(const float* src, const int32_t* slots, int64_t n, int64_t k, i
 void moe_route(const MoeDims& d, const float* logits, int32_t* experts, float* weights) {
 #pragma omp parallel
   {
-    std::vector<double> p(d.E);
+    std::vector<double> s(d.E), c(d.E), w(d.k);
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < d.T; ++t) {
-      softmax_row(logits + t * d.E, d.E, p.data());
-      int32_t* chosen = experts + t * d.k;
-      top_k(p.data(), d.E, d.k, chosen);
-      double s = 0;
-      for (int64_t j = 0; j < d.k; ++j) s += p[chosen[j]];
-      for (int64_t j = 0; j < d.k; ++j) weights[t * d.k + j] = float(d.normalize ? p[chosen[j]] / s : p[chosen[j]]);
+      route_token(d, logits + t * d.E, s.data(), c.data(), experts + t * d.k, w.data());
+      for (int64_t j = 0; j < d.k; ++j) weights[t * d.k + j] = float(w[j]);
     }
   }
 }
@@ -168,31 +202,45 @@ void moe_backward(const MoeDims& d, const float* dy, const float* x, const float
       }
     }
   }
-  // The router, in double. Normalised, the weights are the softmax of the chosen logits alone
-  // (p_j / sum_i p_i = e^{l_j} / sum_i e^{l_i}), so dl_j = w_j (dw_j - sum_i dw_i w_i) and an
-  // unchosen logit's gradient is exactly 0 (as it is in the maths: computed through the full
-  // softmax it would be rounding noise, which AdamW's first steps turn into +-lr updates).
-  // Otherwise dl_e = p_e (dw_e - sum_j dw_j p_{e_j}), dw_e = 0 unchosen.
+  // The router, in double (moe.h). Softmax normalised, the weights are the softmax of the chosen
+  // logits alone (p_j / sum_i p_i = e^{l_j} / sum_i e^{l_i}, times the scale), so an unchosen
+  // logit's gradient is exactly 0 (as it is in the maths: computed through the full softmax it
+  // would be rounding noise, which AdamW's first steps turn into +-lr updates).
+  const MoeRouting& rt = d.routing;
 #pragma omp parallel
   {
-    std::vector<double> p(d.E);
+    std::vector<double> p(d.E), c(d.E), w(d.k), du(d.k);
+    std::vector<int32_t> chosen(d.k);
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < d.T; ++t) {
-      softmax_row(logits + t * d.E, d.E, p.data());
-      const int32_t* chosen = r.experts + t * d.k;
+      route_token(d, logits + t * d.E, p.data(), c.data(), chosen.data(), w.data());
       const float* dwt = dws + t * d.k;
       float* dl = dlogits + t * d.E;
-      double s = 0, dot = 0;
-      for (int64_t j = 0; j < d.k; ++j) s += p[chosen[j]];
-      if (d.normalize) {
-        for (int64_t j = 0; j < d.k; ++j) dot += double(dwt[j]) * (p[chosen[j]] / s);
+      if (!rt.sigmoid && d.normalize && rt.norm_eps == 0.0) {
+        double dot = 0;
+        for (int64_t j = 0; j < d.k; ++j) dot += double(dwt[j]) * w[j] / rt.scale;
         std::fill_n(dl, d.E, 0.0f);
-        for (int64_t j = 0; j < d.k; ++j) dl[chosen[j]] = float(p[chosen[j]] / s * (double(dwt[j]) - dot));
-      } else {
-        for (int64_t j = 0; j < d.k; ++j) dot += double(dwt[j]) * p[chosen[j]];
-        for (int64_t e = 0; e < d.E; ++e) dl[e] = float(-p[e] * dot);
-        for (int64_t j = 0; j < d.k; ++j) dl[chosen[j]] = float(p[chosen[j]] * (double(dwt[j]) - dot));
+        for (int64_t j = 0; j < d.k; ++j) dl[chosen[j]] = float(w[j] * (double(dwt[j]) - dot));
+        continue;
       }
+      // du_j: the gradient of u_j = p[chosen[j]]
+      double sum = rt.norm_eps, dot = 0;
+      for (int64_t j = 0; j < d.k; ++j) sum += p[chosen[j]];
+      for (int64_t j = 0; j < d.k; ++j) dot += double(dwt[j]) * p[chosen[j]];
+      for (int64_t j = 0; j < d.k; ++j)
+        du[j] = rt.scale * (d.normalize ? double(dwt[j]) / sum - dot / (sum * sum) : double(dwt[j]));
+      if (rt.sigmoid) {
+        std::fill_n(dl, d.E, 0.0f);
+        for (int64_t j = 0; j < d.k; ++j) {
+          const double s = p[chosen[j]];
+          dl[chosen[j]] = float(du[j] * s * (1.0 - s));
+        }
+        continue;
+      }
+      double pd = 0;
+      for (int64_t j = 0; j < d.k; ++j) pd += du[j] * p[chosen[j]];
+      for (int64_t e = 0; e < d.E; ++e) dl[e] = float(-p[e] * pd);
+      for (int64_t j = 0; j < d.k; ++j) dl[chosen[j]] = float(p[chosen[j]] * (du[j] - pd));
     }
   }
 }

@@ -18,12 +18,31 @@
 // count.
 #pragma once
 #include <cstdint>
+#include <vector>
 
 namespace autosp::cpu {
+
+// How a token's experts are chosen and weighted beyond softmax top-k (DeepSeek-V3's and GLM-4.5's
+// routers; the defaults are Mixtral's):
+//   s = softmax(logits) or, `sigmoid`, sigmoid of each logit;  c = s + bias (the choice's scores);
+//   `groups` > 1: the E experts in `groups` equal groups, each scored by its best c (`group_top2`:
+//   the sum of its two best), and only the `topk_group` best groups' experts stay choosable (the
+//   others' c is -inf, or 0 with `dropped_zero`); the k largest c chosen (ties to the lower
+//   expert), weighted by their s (never c): u_j = s_{e_j}, normalize: u_j / (sum_i u_i + norm_eps),
+//   then times `scale`.
+struct MoeRouting {
+  bool sigmoid = false;
+  int64_t groups = 1, topk_group = 1;
+  bool group_top2 = false, dropped_zero = false;
+  double scale = 1.0, norm_eps = 0.0;
+  std::vector<double> bias;  // [E], or empty: none
+  bool plain() const { return !sigmoid && groups == 1 && scale == 1.0 && norm_eps == 0.0 && bias.empty(); }
+};
 
 struct MoeDims {
   int64_t T = 0, H = 0, I = 0, E = 0, k = 0;
   bool normalize = false;
+  MoeRouting routing;
 };
 
 constexpr int64_t kMoeChunkRows = 512;
@@ -45,9 +64,12 @@ void moe_forward(const MoeDims& d, const float* x, const float* logits, const fl
                  float* workspace);
 // dx (the experts' part; the router's reaches x through dlogits), dlogits, and every expert's
 // dgate, dup, ddown (zero for an expert no token chose), from the forward's saved products.
-//   dw_j = <dy[t], expert_{e_j}(x[t])>;  normalize (w the softmax of the chosen logits alone):
-//   dlogits[t, e_j] = w_j (dw_j - sum_i dw_i w_i) and 0 for the others (exactly); else
-//   dlogits[t, e] = p_e (dw_e - sum_j dw_j p_{e_j})  (dw_e = 0 unchosen).
+//   dw_j = <dy[t], expert_{e_j}(x[t])>;  softmax, normalize (w the softmax of the chosen logits
+//   alone, times the scale c): dlogits[t, e_j] = w_j (dw_j - sum_i dw_i w_i / c) and 0 for the
+//   others (exactly); otherwise through du_j, the gradient of u_j = s_{e_j} (c dw_j, or
+//   normalized c (dw_j / D - sum_i dw_i u_i / D^2), D = sum_i u_i + norm_eps): softmax
+//   dlogits[t, e] = p_e (du_e - sum_j du_j p_{e_j}) (du_e = 0 unchosen), sigmoid
+//   dlogits[t, e] = du_e s_e (1 - s_e). The choice (top k, groups, the bias) has no gradient.
 void moe_backward(const MoeDims& d, const float* dy, const float* x, const float* logits, const float* saved,
                   const float* const* w, float* dx, float* dlogits, float* const* dw, float* workspace);
 
