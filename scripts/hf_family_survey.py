@@ -116,6 +116,10 @@ def families():
         ("phimoe", "PhimoeForCausalLM", "PhimoeConfig", dict(C, num_local_experts=4, num_experts_per_tok=2)),
         ("granitemoe", "GraniteMoeForCausalLM", "GraniteMoeConfig",
          dict(C, num_local_experts=4, num_experts_per_tok=2)),
+        ("glm4_moe", "Glm4MoeForCausalLM", "Glm4MoeConfig",  # sigmoid router, correction bias, groups
+         dict(C, head_dim=8, n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=24,
+              n_shared_experts=1, first_k_dense_replace=1, n_group=2, topk_group=1, routed_scaling_factor=2.5,
+              partial_rotary_factor=0.5)),
         ("deepseek_v3", "DeepseekV3ForCausalLM", "DeepseekV3Config",
          dict(C, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=24, first_k_dense_replace=0,
               n_group=1, topk_group=1, kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=4, qk_nope_head_dim=4,

@@ -83,18 +83,33 @@ def _attention_reference(q, k, v, causal: bool, scale: float, window: int, softc
     return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
 
 
-def _moe_reference(x, router_logits, gate, up, down, top_k: int, normalize: bool):
+def _moe_reference(x, router_logits, gate, up, down, top_k: int, normalize: bool, score="softmax", groups=1,
+                   topk_group=1, group_score="max", dropped="-inf", scale=1.0, norm_eps=0.0, bias=()):
     # x [T, H], router_logits [T, E]; expert e is down[e](silu(gate[e] x) * up[e] x). Each token's
-    # top_k experts by softmax probability, weighted by it (normalize: over the chosen ones' sum),
-    # summed in ascending expert order. Written densely (every expert on every row, weight 0 where
-    # not chosen: exactly the sparse sum) so that it traces without data-dependent shapes.
+    # top_k experts by their scores s (softmax probabilities, or each logit's sigmoid) plus `bias`,
+    # among the experts of its `topk_group` best `groups` (each scored by its best or, "top2", its
+    # two best; the others' "-inf" or "zero"), weighted by s (normalize: over the chosen ones' sum
+    # plus norm_eps), times scale, summed in ascending expert order (autosp's moe op). Written
+    # densely (every expert on every row, weight 0 where not chosen: exactly the sparse sum) so
+    # that it traces without data-dependent shapes.
     if not len(gate) == len(up) == len(down):
         raise ValueError(f"autosp::moe: {len(gate)} gate, {len(up)} up and {len(down)} down weights: one of each "
                          f"per expert")
-    p = torch.softmax(router_logits, dim=-1, dtype=torch.float)
-    w, chosen = torch.topk(p, top_k, dim=-1)
+    logits = router_logits.float()
+    p = torch.softmax(logits, dim=-1) if score == "softmax" else torch.sigmoid(logits)
+    c = p + torch.tensor(list(bias), dtype=p.dtype, device=p.device) if len(bias) else p
+    if groups > 1:
+        E = p.shape[-1]
+        by_group = c.view(-1, groups, E // groups)
+        g = by_group.topk(2, dim=-1)[0].sum(dim=-1) if group_score == "top2" else by_group.max(dim=-1).values
+        kept = torch.zeros_like(g).scatter(1, torch.topk(g, topk_group, dim=-1)[1], 1.0).bool()
+        kept = kept.unsqueeze(-1).expand(-1, groups, E // groups).reshape(-1, E)
+        c = c.masked_fill(~kept, 0.0 if dropped == "zero" else float("-inf"))
+    chosen = torch.topk(c, top_k, dim=-1)[1]
+    w = p.gather(-1, chosen)
     if normalize:
-        w = w / w.sum(dim=-1, keepdim=True)
+        w = w / (w.sum(dim=-1, keepdim=True) + norm_eps)
+    w = w * scale
     dense = torch.zeros_like(p).scatter(-1, chosen, w).to(x.dtype)
     out = torch.zeros_like(x)
     for e in range(len(gate)):
@@ -103,12 +118,14 @@ def _moe_reference(x, router_logits, gate, up, down, top_k: int, normalize: bool
     return out
 
 
-def _moe_stacked_reference(x, router_logits, gate_up, down, top_k: int, normalize: bool):
+def _moe_stacked_reference(x, router_logits, gate_up, down, top_k: int, normalize: bool, score: str = "softmax",
+                           groups: int = 1, topk_group: int = 1, group_score: str = "max", dropped: str = "-inf",
+                           scale: float = 1.0, norm_eps: float = 0.0, bias: list[float] = ()):
     # transformers 5's experts: gate_up [E, 2 I, H] (expert e's gate rows, then its up rows) and
-    # down [E, H, I]; the same layer as _moe_reference.
+    # down [E, H, I]; the same layer as _moe_reference, with its routers.
     inter = down.shape[-1]
     return _moe_reference(x, router_logits, list(gate_up[:, :inter]), list(gate_up[:, inter:]), list(down), top_k,
-                          normalize)
+                          normalize, score, groups, topk_group, group_score, dropped, scale, norm_eps, bias)
 
 
 def _moe_balance_reference(router_logits, num_experts: int, top_k: int):
@@ -132,7 +149,9 @@ def register():
                                         "int top_k, bool normalize) -> Tensor")
     torch.library.impl("autosp::moe", "CompositeImplicitAutograd")(_moe_reference)
     torch.library.define("autosp::moe_stacked", "(Tensor x, Tensor router_logits, Tensor gate_up, Tensor down, "
-                                                "int top_k, bool normalize) -> Tensor")
+                                                "int top_k, bool normalize, str score=\"softmax\", int groups=1, "
+                                                "int topk_group=1, str group_score=\"max\", str dropped=\"-inf\", "
+                                                "float scale=1.0, float norm_eps=0.0, float[] bias=[]) -> Tensor")
     torch.library.impl("autosp::moe_stacked", "CompositeImplicitAutograd")(_moe_stacked_reference)
     torch.library.define("autosp::moe_balance", "(Tensor[] router_logits, int num_experts, int top_k) -> Tensor")
     torch.library.impl("autosp::moe_balance", "CompositeImplicitAutograd")(_moe_balance_reference)
@@ -347,10 +366,11 @@ class _BatchFirstSelfAttention:
         return False
 
 
-def _in_float32(module):
-    """The module itself where all its floating tensors are fp32, else an fp32 copy of it."""
+def _in_float32(module, always_copy=False):
+    """The module itself where all its floating tensors are fp32 (and no copy is asked for), else
+    an fp32 copy of it."""
     tensors = list(module.parameters()) + list(module.buffers())
-    if all(t.dtype == torch.float32 for t in tensors if t.is_floating_point()):
+    if not always_copy and all(t.dtype == torch.float32 for t in tensors if t.is_floating_point()):
         return module
     import copy
     return copy.deepcopy(module).float()
@@ -440,19 +460,39 @@ class _SparseMoeBlocks:
         if getattr(module, "jitter_noise", 0) and module.training:
             raise ValueError(f"autosp export: {where} multiplies its input by random noise (router_jitter_noise="
                              f"{module.jitter_noise}); set it to 0 to train with autosp")
-        # A router with more state than its weight chooses by more than its logits (Ernie 4.5's and
-        # DeepSeek's score correction bias): a sample would not show it while that state is 0.
-        extra = [n for n, t in list(router.named_parameters()) + list(router.named_buffers()) if t is not weight]
-        if extra:
-            raise ValueError(f"autosp export: {where}'s router ({type(router).__name__}) holds {', '.join(extra)} "
-                             f"beside its weight: it chooses experts by more than its logits' softmax top k (autosp's "
-                             f"moe op); not supported yet")
+        # Beside its weight a router may hold a score correction bias [E] (DeepSeek-V3's, GLM-4.5's,
+        # Ernie 4.5's [1, E]) that its choice adds to the scores; any other state is another router.
+        extra = [(n, t) for n, t in list(router.named_parameters()) + list(router.named_buffers()) if t is not weight]
+        E = experts.gate_up_proj.shape[0]
+        bias = extra[0][1] if len(extra) == 1 and extra[0][0].endswith("bias") and extra[0][1].numel() == E else None
+        if extra and bias is None:
+            raise ValueError(f"autosp export: {where}'s router ({type(router).__name__}) holds "
+                             f"{', '.join(n for n, _ in extra)} beside its weight, not one correction bias of its "
+                             f"{E} experts: another routing than autosp's moe op's; not supported yet")
+        # The routings the router may compute (the check below keeps the first that gives the
+        # block's output): its scores softmax or sigmoid, normalised or not, and where it has
+        # groups (n_group, topk_group), each group scored by its best or its two best, the other
+        # groups' experts -inf or 0 for the choice; its routed_scaling_factor.
+        groups = int(getattr(router, "n_group", None) or getattr(router, "num_group", None) or 1)
+        topk_group = int(getattr(router, "topk_group", None) or groups)
+        scale = float(getattr(router, "routed_scaling_factor", None) or 1.0)
+        candidates = []
+        for score in ("softmax", "sigmoid"):
+            for normalize in (True, False):
+                for group_score in (("top2", "max") if groups > 1 else ("max",)):
+                    for dropped in (("-inf", "zero") if groups > 1 else ("-inf",)):
+                        candidates.append(dict(normalize=normalize, score=score, groups=groups, topk_group=topk_group,
+                                               group_score=group_score, dropped=dropped, scale=scale,
+                                               norm_eps=1e-20 if score == "sigmoid" and normalize else 0.0))
+
         # The block's own forward runs as written (a shared expert included); its router's logits
         # are kept as it returns them, and its experts are one autosp::moe_stacked of them.
-        state = {"normalize": True}
+        state = {"routing": candidates[0]}
 
-        def rewrite(router, experts):
+        def rewrite(router, experts, bias):
             routed, router_forward = {}, router.forward
+            # (its values read now, as the program's constants: under the export they are symbolic)
+            values = None if bias is None else [float(b) for b in bias.detach().reshape(-1).double()]
 
             def router_kept(*args, **kwargs):
                 out = router_forward(*args, **kwargs)
@@ -463,38 +503,53 @@ class _SparseMoeBlocks:
                 logits = routed.pop("logits", None)
                 if logits is None:
                     raise ValueError(f"autosp export: {where}'s experts ran before its router")
+                r = dict(state["routing"])
+                normalize = r.pop("normalize")
+                if values is not None:
+                    r["bias"] = values
+                elif r["score"] == "softmax" and r["groups"] == 1 and r["scale"] == 1.0:
+                    r = {}  # (the archives of plain routers stay as they were)
                 return torch.ops.autosp.moe_stacked(hidden_states, logits.reshape(-1, logits.shape[-1]),
-                                                    experts.gate_up_proj, experts.down_proj, k, state["normalize"])
+                                                    experts.gate_up_proj, experts.down_proj, k, normalize, **r)
 
             router.forward, experts.forward = router_kept, experts_forward
 
-        # The check, in fp32 (a bf16 block's own roundings are not the routing's).
-        probe = _in_float32(module)
+        # The check, in fp32 (a bf16 block's own roundings are not the routing's), on 64 tokens,
+        # with the correction bias, if any, drawn at random in the copy checked (at 0 it would not
+        # show the choice's use of it).
+        probe = _in_float32(module, always_copy=bias is not None)
         probe_router, probe_experts = self._stacked_parts(probe)[:2]
-        sample = torch.randn(1, 8, weight.shape[1], generator=torch.Generator().manual_seed(0), dtype=torch.float32,
+        probe_bias = None
+        if bias is not None:
+            probe_bias = dict(list(probe_router.named_parameters()) + list(probe_router.named_buffers()))[extra[0][0]]
+            with torch.no_grad():
+                probe_bias.copy_(0.1 * torch.randn(probe_bias.shape, generator=torch.Generator().manual_seed(1)))
+        sample = torch.randn(1, 64, weight.shape[1], generator=torch.Generator().manual_seed(0), dtype=torch.float32,
                              device=weight.device)
         fits = []
         try:
             with torch.no_grad():
                 want = probe(sample)
                 want = want[0] if isinstance(want, tuple) else want
-                rewrite(probe_router, probe_experts)
-                for normalize in (True, False):
-                    state["normalize"] = normalize
+                rewrite(probe_router, probe_experts, probe_bias)
+                for routing in candidates:
+                    state["routing"] = routing
                     got = probe(sample)
                     got = got[0] if isinstance(got, tuple) else got
                     if torch.allclose(got, want, rtol=1e-4, atol=1e-5 * float(want.abs().max())):
-                        fits.append(normalize)
+                        fits.append(routing)
+                        break
         finally:
             if probe is module:
                 del router.forward, experts.forward
-        rewrite(router, experts)
-        self.patched += [router, experts]
         if not fits:
             raise ValueError(f"autosp export: {where} has a router and experts, but computes something else than "
-                             f"softmax top-k routing over SwiGLU experts (autosp's moe op), e.g. another routing or "
-                             f"activation; not supported yet")
-        state["normalize"] = fits[0]
+                             f"top-k routing over SwiGLU experts that autosp's moe op computes (softmax or sigmoid "
+                             f"scores, groups, a correction bias), e.g. another routing or activation; not "
+                             f"supported yet")
+        state["routing"] = fits[0]
+        rewrite(router, experts, bias)
+        self.patched += [router, experts]
 
     def _patch(self):
         self.unmatched = []  # modules with experts this does not rewrite (named if the export fails)

@@ -595,7 +595,8 @@ int run_train(const TrainArgs& args, MpiRuntime* mpi) {
       if (p.shape.size() == 2 && p.shape[0] == model.vocab_size && model.hidden_size == 0) model.hidden_size = p.shape[1];
     model.max_position_embeddings = INT64_MAX;
     program_id = train::ImportedProgramId{args.model, imported->graph_hash(), imported->parameters(),
-                                          imported->hf_config()};
+                                          imported->hf_config(), imported->frozen(), {}};
+    for (size_t i = 0; i < imported->frozen().size(); ++i) program_id->frozen_values.push_back(imported->read_frozen(i));
     if (!args.resume.empty()) {
       load_resume();
       if (!ckpt->info.program)

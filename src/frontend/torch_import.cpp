@@ -98,6 +98,8 @@ struct TorchProgram::Impl {
   std::map<std::string, StoredTensor> stored;       // placeholder -> its bytes (params, buffers, constants)
   std::vector<models::ParameterSpec> specs;
   std::vector<std::string> spec_placeholders;
+  std::vector<models::ParameterSpec> frozen;  // TorchProgram::frozen
+  std::vector<std::string> frozen_placeholders;
   uint64_t graph_hash = 0;
   std::string hf_config;  // extra/config.json, or empty
   mutable int64_t vocab = 0;
@@ -327,6 +329,13 @@ std::vector<float> TorchProgram::read_parameter(size_t i) const {
   return impl_->read_floats(impl_->stored.at(impl_->spec_placeholders[i]), impl_->specs[i].name);
 }
 
+const std::vector<models::ParameterSpec>& TorchProgram::frozen() const { return impl_->frozen; }
+
+std::vector<float> TorchProgram::read_frozen(size_t i) const {
+  AUTOSP_CHECK(i < impl_->frozen.size(), "frozen tensor ", i, " of ", impl_->frozen.size());
+  return impl_->read_floats(impl_->stored.at(impl_->frozen_placeholders[i]), impl_->frozen[i].name);
+}
+
 TorchProgram TorchProgram::load(const std::string& path) {
   auto impl = std::make_unique<Impl>(path);
   Impl& m = *impl;
@@ -401,8 +410,19 @@ TorchProgram TorchProgram::load(const std::string& path) {
     const json& wconfig = field(weights, "config", where + " weights");
     const json& cconfig = constants.value("config", json::object());
 
+    // The values the loss reads, back from it through every node's operands.
+    std::set<std::string> reached;
+    for (std::vector<std::string> todo{m.loss}; !todo.empty();) {
+      const std::string v = todo.back();
+      todo.pop_back();
+      if (!reached.insert(v).second) continue;
+      if (auto it = m.producer.find(v); it != m.producer.end())
+        for (const auto& [k, a] : m.nodes[it->second].args)
+          each_value(a, [&](const json& u) { todo.push_back(u.get<std::string>()); });
+    }
     const json& sig = field(gm, "signature", where);
     std::vector<std::pair<std::string, std::string>> params;  // placeholder, state-dict name
+    std::vector<std::pair<std::string, std::string>> kept;     // persistent buffers: placeholder, name
     for (const json& spec : field(sig, "input_specs", where)) {
       if (spec.contains("parameter")) {
         const std::string ph = spec["parameter"]["arg"].value("name", ""), key = spec["parameter"].value("parameter_name", "");
@@ -412,6 +432,7 @@ TorchProgram TorchProgram::load(const std::string& path) {
         const std::string ph = spec["buffer"]["arg"].value("name", ""), key = spec["buffer"].value("buffer_name", "");
         const json& cfg = wconfig.contains(key) ? wconfig : cconfig;
         m.stored[ph] = stored_tensor(cfg, key, m.prefix + (&cfg == &wconfig ? "data/weights/" : "data/constants/"), where);
+        if (spec["buffer"].value("persistent", false)) kept.emplace_back(ph, key);
       } else if (spec.contains("tensor_constant")) {
         const std::string ph = spec["tensor_constant"]["arg"].value("name", ""), key = spec["tensor_constant"].value("tensor_constant_name", "");
         m.stored[ph] = stored_tensor(cconfig, key, m.prefix + "data/constants/", where);
@@ -431,17 +452,39 @@ TorchProgram TorchProgram::load(const std::string& path) {
     // The export wrapper's attribute ("model." of python/autosp/export.py) is not part of the model's names.
     bool wrapped = !params.empty();
     for (const auto& [ph, key] : params) wrapped = wrapped && key.rfind("model.", 0) == 0;
+    auto unwrapped = [&](const std::string& key) {
+      return wrapped && key.rfind("model.", 0) == 0 ? key.substr(6) : key;
+    };
+    // A parameter the loss never reads (a frozen one, or the correction bias of a router export.py
+    // made a moe op of) is not trained: it is kept as the program has it, as PyTorch keeps a
+    // parameter without a gradient.
     std::map<std::string, std::string> name_of_entry;  // a tied weight: one entry, two names
+    std::set<std::string> trained_entries;
+    for (const auto& [ph, key] : params)
+      if (reached.count(ph)) trained_entries.insert(m.stored[ph].entry);
     for (const auto& [ph, key] : params) {
       const StoredTensor& t = m.stored[ph];
-      auto [it, first] = name_of_entry.emplace(t.entry, wrapped ? key.substr(6) : key);
+      auto [it, first] = name_of_entry.emplace(t.entry, unwrapped(key));
       const std::string& name = it->second;  // the first name of a tied weight (the embedding's)
       m.parameter_of[ph] = name;
       if (!first) continue;
       if (t.dtype != kFloat32 && t.dtype != kBFloat16 && t.dtype != kFloat16)
         user_error(where, ": parameter ", name, " has dtype code ", t.dtype, "; autosp trains f32, bf16 or f16 weights");
+      if (!trained_entries.count(t.entry)) {
+        m.frozen.push_back({name, t.shape});
+        m.frozen_placeholders.push_back(ph);
+        continue;
+      }
       m.specs.push_back({name, t.shape});
       m.spec_placeholders.push_back(ph);
+    }
+    // Persistent floating buffers belong to the model's state dict too (DeepSeek-V3's and
+    // GLM-4.5's router correction bias).
+    for (const auto& [ph, key] : kept) {
+      const StoredTensor& t = m.stored[ph];
+      if (t.dtype != kFloat32 && t.dtype != kBFloat16 && t.dtype != kFloat16) continue;
+      m.frozen.push_back({unwrapped(key), t.shape});
+      m.frozen_placeholders.push_back(ph);
     }
   } catch (const json::exception& e) {
     user_error(where, ": malformed exported program: ", e.what());
@@ -3079,8 +3122,21 @@ class TorchImporter {
       m_.fail_at(n, "x and the router logits are not rows alike");
     if (n.target == "torch.ops.autosp.moe_stacked.default") {
       const std::vector<Tensor> experts{tensor_of(arg_tensor(n, "gate_up", 2)), tensor_of(arg_tensor(n, "down", 3))};
+      // The router's attributes beyond softmax top-k (ops/moe.cpp), where the program gives them.
+      Attrs routing;
+      for (const auto& [key, at] : {std::pair<const char*, size_t>{"score", 6}, {"group_score", 9}, {"dropped", 10}})
+        if (const json* a = arg(n, key, at); a && a->contains("as_string")) routing.set(key, (*a)["as_string"].get<std::string>());
+      for (const auto& [key, at] : {std::pair<const char*, size_t>{"groups", 7}, {"topk_group", 8}})
+        if (const json* a = arg(n, key, at); a && a->contains("as_int")) routing.set(key, (*a)["as_int"].get<int64_t>());
+      for (const auto& [key, at] : {std::pair<const char*, size_t>{"scale", 11}, {"norm_eps", 12}})
+        if (const json* a = arg(n, key, at); a && !a->contains("as_none")) routing.set(key, float_arg(n, key, at, 0.0));
+      if (const json* a = arg(n, "bias", 13); a && a->contains("as_floats") && !(*a)["as_floats"].empty()) {
+        std::vector<double> bias;
+        for (const json& b : (*a)["as_floats"]) bias.push_back(float_of(b));
+        routing.set("bias", bias);
+      }
       return rowwise(t_.moe(rowwise_of(x), rowwise_of(logits), experts, int_arg(n, "top_k", 4),
-                            bool_arg(n, "normalize", 5, false)),
+                            bool_arg(n, "normalize", 5, false), routing),
                      x);
     }
     std::vector<std::vector<std::string>> lists;

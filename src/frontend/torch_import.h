@@ -70,6 +70,12 @@ class TorchProgram {
   const std::vector<models::ParameterSpec>& parameters() const;
   // Parameter i's values as fp32 (stored f32, bf16 or f16).
   std::vector<float> read_parameter(size_t i) const;
+  // The rest of the model's state dict, which autosp does not train and carries into its
+  // checkpoints unchanged: the parameters the loss never reads (a frozen one; a router's
+  // correction bias export.py gave the moe op as constants), which PyTorch would leave alone
+  // too, and the persistent floating buffers (a router's correction bias), by state-dict names.
+  const std::vector<models::ParameterSpec>& frozen() const;
+  std::vector<float> read_frozen(size_t i) const;
   // The logits' last dim (the vocabulary), found while importing the loss.
   int64_t vocab_size() const;
   // FNV-1a 64 of the program's graph and signature without the nodes' metadata (stack

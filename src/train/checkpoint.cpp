@@ -18,6 +18,7 @@
 #include <random>
 #include <regex>
 #include <set>
+#include <tuple>
 #include <system_error>
 
 #include "io/model_weights.h"
@@ -288,6 +289,11 @@ json imported_config_json(const ImportedProgramId& p) {
   if (j.contains("dtype")) j["dtype"] = "float32";  // transformers 5's key; 4 reads torch_dtype
   j["torch_dtype"] = "float32";
   j["autosp_imported_program"] = {{"file", p.file}, {"graph_hash", hex64(p.graph_hash)}, {"parameters", params}};
+  if (!p.frozen.empty()) {
+    json frozen = json::array();
+    for (const models::ParameterSpec& spec : p.frozen) frozen.push_back({spec.name, spec.shape});
+    j["autosp_imported_program"]["frozen"] = frozen;
+  }
   return j;
 }
 
@@ -300,11 +306,15 @@ ImportedProgramId parse_imported_config(const json& j, const std::string& path) 
   id.graph_hash = parse_hex64(p.value("graph_hash", json()), "autosp_imported_program.graph_hash", path);
   if (!p.contains("parameters") || !p["parameters"].is_array() || p["parameters"].empty())
     user_error(path, ": autosp_imported_program.parameters: expected [name, shape] pairs");
-  for (const json& e : p["parameters"]) {
-    const bool ok = e.is_array() && e.size() == 2 && e[0].is_string() && e[1].is_array() &&
-                    std::all_of(e[1].begin(), e[1].end(), [](const json& d) { return d.is_number_integer() && d > 0; });
-    if (!ok) user_error(path, ": autosp_imported_program.parameters: expected [name, shape] pairs, got ", e.dump());
-    id.parameters.push_back({e[0].get<std::string>(), e[1].get<Shape>()});
+  for (const char* key : {"parameters", "frozen"}) {
+    if (!p.contains(key)) continue;  // (frozen: absent without any)
+    if (!p[key].is_array()) user_error(path, ": autosp_imported_program.", key, ": expected [name, shape] pairs");
+    for (const json& e : p[key]) {
+      const bool ok = e.is_array() && e.size() == 2 && e[0].is_string() && e[1].is_array() &&
+                      std::all_of(e[1].begin(), e[1].end(), [](const json& d) { return d.is_number_integer() && d > 0; });
+      if (!ok) user_error(path, ": autosp_imported_program.", key, ": expected [name, shape] pairs, got ", e.dump());
+      (key == std::string("frozen") ? id.frozen : id.parameters).push_back({e[0].get<std::string>(), e[1].get<Shape>()});
+    }
   }
   return id;
 }
@@ -518,6 +528,8 @@ struct StateFiles {
   };
   std::vector<File> files;
   std::vector<std::vector<std::vector<std::pair<size_t, size_t>>>> dests;  // [kind][tensor]
+  // An imported program's frozen tensors: (file, tensor in it, values), written by rank 0 as they are.
+  std::vector<std::tuple<size_t, size_t, const std::vector<float>*>> frozen;
 
   explicit StateFiles(size_t tensors) : dests(kStateKinds.size(), std::vector<std::vector<std::pair<size_t, size_t>>>(tensors)) {}
   void add(size_t file, StateKind kind, size_t i, std::string name, const std::vector<int64_t>& shape, io::FileDType dtype) {
@@ -541,6 +553,8 @@ void write_state_files(Communicator& world, const ModelState& state, const State
     for (const StateFiles::File& f : out.files)
       writers.push_back(std::make_unique<io::SafetensorsWriter>(
           f.path, f.tensors, std::map<std::string, std::string>{{"format", "pt"}, {"step", std::to_string(state.step)}}));
+    for (const auto& [file, index, values] : out.frozen)
+      writers[file]->write(index, 0, values->data(), int64_t(values->size()));
   });
   const auto put = [&](size_t kind, size_t i, int64_t e, const float* data, int64_t n) {
     for (const auto& [file, tensor] : out.dests[kind][i]) writers[file]->write(tensor, e, data, n);
@@ -589,7 +603,8 @@ void write_state_files(Communicator& world, const ModelState& state, const State
 // file, written here), and optimizer.safetensors with the moments and, beside 16-bit
 // weights, the fp32 masters ("master.NAME") that resuming reads instead.
 StateFiles checkpoint_files(const fs::path& dir, const models::LlamaConfig& model, const ModelState& state,
-                            int64_t max_shard_bytes, bool imported) {
+                            int64_t max_shard_bytes, const ImportedProgramId* program) {
+  const bool imported = program != nullptr;
   const io::FileDType dtype = imported ? io::FileDType::F32 : weights_dtype(model);
   // save_pretrained's order; an imported program's own
   std::vector<size_t> order(state.specs.size());
@@ -599,6 +614,12 @@ StateFiles checkpoint_files(const fs::path& dir, const models::LlamaConfig& mode
                " in the state");
   std::vector<int64_t> sizes;
   for (size_t i : order) sizes.push_back(numel(state.specs[i].shape) * int64_t(io::item_size(dtype)));
+  // an imported program's frozen tensors after its parameters, in the same shards
+  const std::vector<models::ParameterSpec> no_frozen;
+  const std::vector<models::ParameterSpec>& frozen = imported ? program->frozen : no_frozen;
+  AUTOSP_CHECK(!imported || program->frozen_values.size() == frozen.size(), frozen.size(), " frozen tensors, ",
+               program ? program->frozen_values.size() : 0, " with values");
+  for (const models::ParameterSpec& f : frozen) sizes.push_back(numel(f.shape) * int64_t(io::item_size(dtype)));
   const io::WeightShards plan = io::plan_weight_shards(sizes, max_shard_bytes);
   StateFiles out(state.specs.size());
   for (const std::string& name : plan.files) out.files.push_back({(dir / name).string(), {}});
@@ -612,6 +633,15 @@ StateFiles checkpoint_files(const fs::path& dir, const models::LlamaConfig& mode
     weight_map[spec.name] = plan.files[plan.file_of[k]];
     total_bytes += sizes[k];
     total_parameters += numel(spec.shape);
+  }
+  for (size_t f = 0; f < frozen.size(); ++f) {
+    const size_t k = order.size() + f, file = plan.file_of[k];
+    AUTOSP_CHECK(int64_t(program->frozen_values[f].size()) == numel(frozen[f].shape), "frozen tensor ", frozen[f].name);
+    out.frozen.emplace_back(file, out.files[file].tensors.size(), &program->frozen_values[f]);
+    out.files[file].tensors.push_back({frozen[f].name, frozen[f].shape, dtype});
+    weight_map[frozen[f].name] = plan.files[file];
+    total_bytes += sizes[k];
+    total_parameters += numel(frozen[f].shape);
   }
   for (size_t i = 0; i < state.specs.size(); ++i)
     out.add(optimizer, StateKind::exp_avg, i, "exp_avg." + state.specs[i].name, state.specs[i].shape, io::FileDType::F32);
@@ -641,7 +671,7 @@ SaveStats save_checkpoint(const SaveTarget* target, Communicator& world, const m
   StateFiles files(state.specs.size());
   on_lead_until_failed(lead, error, [&] {
     tmp = target->begin_save();
-    files = checkpoint_files(tmp, model, state, target->max_shard_bytes(), info.program.has_value());
+    files = checkpoint_files(tmp, model, state, target->max_shard_bytes(), info.program ? &*info.program : nullptr);
   });
   write_state_files(world, state, shards, files, error, &stats.bytes);
   if (lead && !error.empty() && !tmp.empty()) {
@@ -767,7 +797,10 @@ namespace {
 // (F32: every checkpoint of a float32 model, and those of autosp before masters).
 class StoredCheckpoint final : public StoredState {
  public:
-  StoredCheckpoint(const fs::path& dir, const models::LlamaConfig& model, const std::vector<models::ParameterSpec>& specs)
+  // frozen: an imported program's tensors beside its parameters (ImportedProgramId::frozen),
+  // expected in the weights and not read (a resume takes them from the program).
+  StoredCheckpoint(const fs::path& dir, const models::LlamaConfig& model, const std::vector<models::ParameterSpec>& specs,
+                   const std::vector<models::ParameterSpec>& frozen)
       : specs_(specs), weights_(weights_path(dir)), moments_((dir / "optimizer.safetensors").string()) {
     size_t masters = 0;
     for (const auto& spec : specs) {
@@ -779,7 +812,12 @@ class StoredCheckpoint final : public StoredState {
         ++masters;
       }
     }
-    refuse_unexpected_tensors(weights_, model, specs, nullptr);
+    std::vector<models::ParameterSpec> all = specs;
+    for (const auto& f : frozen) {
+      weights_.expect(f.name, f.shape);
+      all.push_back(f);
+    }
+    refuse_unexpected_tensors(weights_, model, all, nullptr);
     masters_ = masters > 0;
     for (const auto& spec : specs) {
       const std::string master = kMasterPrefix + spec.name;
@@ -1046,7 +1084,9 @@ LoadedCheckpoint load_checkpoint(const std::string& dir, Communicator& world) {
   }
 
   c.state.specs = c.info.program ? c.info.program->parameters : models::llama_parameters(c.model);
-  c.state.stored = std::make_shared<StoredCheckpoint>(d, c.model, c.state.specs);
+  c.state.stored = std::make_shared<StoredCheckpoint>(d, c.model, c.state.specs,
+                                                      c.info.program ? c.info.program->frozen
+                                                                     : std::vector<models::ParameterSpec>{});
   return c;
 }
 

@@ -71,6 +71,11 @@ struct ImportedProgramId {
   // checkpoint's config.json is it (dtype float32) plus "autosp_imported_program": the
   // checkpoint is a model directory transformers loads, the weights under its own names.
   std::string hf_config;
+  // The rest of the model's state dict (TorchProgram::frozen): written beside the parameters,
+  // unchanged, so that the checkpoint is the model transformers loads; a resume takes them from
+  // the program again. frozen_values: the saving run's (empty when read back from a checkpoint).
+  std::vector<models::ParameterSpec> frozen;
+  std::vector<std::vector<float>> frozen_values;
   // The same program: its graph and parameters (wherever its file is, whatever its config).
   bool same_program(const ImportedProgramId& o) const {
     return graph_hash == o.graph_hash && parameters == o.parameters;

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "frontend/torch_import.h"
+#include "io/model_weights.h"
 #include "frontend/tracer.h"
 #include "kernels/cpu/fused.h"
 #include "ops/rope.h"
@@ -143,7 +144,8 @@ INSTANTIATE_TEST_SUITE_P(Models, TorchImportReference,
                                            "mixtral", "qwen3_moe", "olmoe", "qwen2_moe", "mixtral_aux",
                                            // written with transformers 5 (make_torch_export_fixtures.py)
                                            "llama_tf5", "qwen2_tf5", "glm_tf5", "mixtral_tf5", "mixtral_aux_tf5",
-                                           "qwen2_moe_tf5", "granitemoe_tf5", "bloom_tf5", "gpt_neo_tf5"),
+                                           "qwen2_moe_tf5", "granitemoe_tf5", "bloom_tf5", "gpt_neo_tf5",
+                                           "glm4_moe_tf5", "ernie4_5_moe_tf5"),
                          [](const auto& info) { return info.param; });
 
 // Llama through PyTorch and through autosp's own builder (models/llama.h): the same model,
@@ -430,6 +432,48 @@ TEST(TorchImport, AProgramsCheckpointIsAModelTransformersLoads) {
   const nlohmann::json config = nlohmann::json::parse(file_bytes(dir / "ck/config.json"));
   EXPECT_EQ(config["architectures"], nlohmann::json::array({"LlamaForCausalLM"}));
   EXPECT_TRUE(config.contains("autosp_imported_program"));
+}
+
+// The model's state beside the trained parameters (TorchProgram::frozen): GLM-4.5's router
+// correction bias (a persistent buffer) and Ernie 4.5's (a frozen parameter the loss never reads:
+// export.py gives the moe op its values) are written into the checkpoint's weights as the program
+// has them, after training steps too, and listed in its config; a resume takes them from the
+// program and continues bitwise.
+TEST(TorchImport, AProgramsCheckpointHoldsItsFrozenStateUnchanged) {
+  const testing::TempDir dir("torch_frozen");
+  write_cli_inputs(dir, 1);
+  for (const char* fixture : {"glm4_moe_tf5", "ernie4_5_moe_tf5"}) {
+    SCOPED_TRACE(fixture);
+    const std::string pt2 = testing::source_path(str("tests/fixtures/torch_export/", fixture, "/model.pt2"));
+    const TorchProgram program = TorchProgram::load(pt2);
+    ASSERT_FALSE(program.frozen().empty());
+    for (const models::ParameterSpec& f : program.frozen())
+      EXPECT_NE(f.name.find("e_score_correction_bias"), std::string::npos) << f.name;
+    auto train = [&](const std::string& args) {
+      return testing::run_command(str("OMP_NUM_THREADS=1 ", AUTOSP_BINARY, " train --config ", dir / "ds.json",
+                                      " --data ", dir / "tokens.bin", " --model ", pt2, " --seq-len 16 ", args, " 2>&1"));
+    };
+    const std::string full = dir / str(fixture, "_full"), part = dir / str(fixture, "_part");
+    auto r = train(str("--steps 3 --save ", full));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    r = train(str("--steps 1 --save ", part));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    r = train(str("--resume ", part, " --steps 3 --save ", part));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_EQ(file_bytes(full + "/model.safetensors"), file_bytes(part + "/model.safetensors"));
+    const io::ModelWeights saved(full + "/model.safetensors");
+    const nlohmann::json listed = nlohmann::json::parse(file_bytes(full + "/config.json"))["autosp_imported_program"];
+    ASSERT_EQ(listed["frozen"].size(), program.frozen().size());
+    for (size_t i = 0; i < program.frozen().size(); ++i) {
+      const models::ParameterSpec& f = program.frozen()[i];
+      EXPECT_EQ(listed["frozen"][i][0], f.name);
+      saved.expect(f.name, f.shape);
+      std::vector<float> values(numel(f.shape));
+      saved.read(f.name, 0, numel(f.shape), values.data());
+      EXPECT_EQ(values, program.read_frozen(i)) << f.name;
+      EXPECT_NE(values, std::vector<float>(values.size(), 0.0f)) << f.name << ": the fixture draws it at random";
+    }
+  }
 }
 
 // The program's graph hash (what a checkpoint records, ImportedProgramId) is the graph's and
@@ -790,13 +834,19 @@ TEST(TorchImportErrors, APositionTableShorterThanTheSequenceIsRefused) {
   EXPECT_NO_THROW(p.forward({.batch = 1, .seq_len = 64}));
 }
 
-// A parameter the loss never reads would get no gradient, and the optimizer steps every
-// parameter of a program: refused, named (it was an internal error of the optimizer's buckets).
-TEST(TorchImportErrors, AParameterTheLossNeverReadsIsRefusedNamed) {
-  const std::string e = import_error(testing::source_path("tests/fixtures/torch_export_errors/unused/model.pt2"));
-  EXPECT_NE(e.find("unused/model.pt2: parameter spare does not reach the loss (the program never reads it)"),
-            std::string::npos)
-      << e;
+// A parameter the loss never reads gets no gradient: it is not trained (as PyTorch's AdamW skips
+// it) but kept as the program has it, with the model's other state (it was an internal error of
+// the optimizer's buckets).
+TEST(TorchImport, AParameterTheLossNeverReadsIsKeptNotTrained) {
+  const TorchProgram p = TorchProgram::load(testing::source_path("tests/fixtures/torch_export_errors/unused/model.pt2"));
+  std::vector<std::string> trained;
+  for (const models::ParameterSpec& s : p.parameters()) trained.push_back(s.name);
+  EXPECT_EQ(trained, (std::vector<std::string>{"embed.weight", "head.weight"}));
+  ASSERT_EQ(p.frozen().size(), 1u);
+  EXPECT_EQ(p.frozen()[0].name, "spare");
+  EXPECT_EQ(p.frozen()[0].shape, (Shape{4}));
+  EXPECT_EQ(p.read_frozen(0), std::vector<float>(4, 0.0f));
+  EXPECT_NO_THROW(p.forward({.batch = 2, .seq_len = 8}));
 }
 
 // nanoGPT reads its position table at arange(T), [T, C], and adds it to [B, T, C]: in the IR a
