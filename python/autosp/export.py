@@ -15,7 +15,9 @@ The model code is not changed. What this does, and nothing else:
     compiler shards it (causal, sliding window, softcap); and `autosp::moe(x, router_logits,
     gate[], up[], down[], top_k, normalize)`, the mixture-of-experts layer autosp's moe op runs
     (its eager implementation computes every expert densely, weighted 0 where not chosen: the
-    same sum, traceable);
+    same sum, traceable), and `autosp::moe_stacked(x, router_logits, gate_up, down, top_k,
+    normalize, ...)`, the same of transformers 5's stacked experts with its routers (sigmoid
+    scores, groups, a scale, a correction bias);
   - exports `forward(input_ids, labels) -> loss` with torch.export.export, the batch and the
     sequence length dynamic (a module with LayerDrop 0, OPT's decoder, in eval mode alone while
     it does: its train-mode draw of torch.rand cannot be traced; LayerDrop above 0 is refused),
@@ -387,7 +389,11 @@ class _SparseMoeBlocks:
     the sigmoid of its shared_expert_gate. Before that, the rewrite is run against the block's own
     forward on a sample, with the chosen weights normalised to sum 1 and without: the form that gives the
     block's output is kept, and a block that neither gives (another routing or activation) is
-    refused, named. Mixtral's router jitter (random) is refused above 0."""
+    refused, named. Mixtral's router jitter (random) is refused above 0.
+    transformers 5's blocks keep their experts stacked (gate_up_proj [E, 2 I, H], down_proj
+    [E, H, I]) behind a router module: the block's forward is kept as written, its router's
+    logits taken as it returns them, and its experts are one `autosp::moe_stacked` node, with the
+    routing the check finds among the moe op's (_patch_stacked)."""
 
     def __init__(self, model):
         self.model = model
