@@ -431,6 +431,19 @@ std::vector<OpCase> op_cases() {
                        return b.emit(OpKind::moe_backward, ins, a);
                      },
                      {}, {{"logits", logits}}, false});
+    // The same experts stacked as transformers 5 keeps them (gate_up [E, 2 I, H], down [E, H, I]):
+    // the kernels read each expert's matrices in place, and write its gradients there.
+    const std::vector<InputSpec> stacked = {{"x", DType::f32, {2, 5, H}}, {"logits", DType::f32, {2, 5, E}},
+                                            {"gate_up", DType::f32, {E, 2 * I, H}}, {"down", DType::f32, {E, H, I}}};
+    cases.push_back({"moe_stacked", stacked, one(OpKind::moe, a), {}, {{"logits", logits}}, true, 1});
+    std::vector<InputSpec> stacked_back = stacked;
+    stacked_back.insert(stacked_back.begin(), InputSpec{"dy", DType::f32, {2, 5, H}});
+    cases.push_back({"moe_stacked_backward", stacked_back,
+                     [a](B& b, const Ins& x) {
+                       const auto f = b.emit(OpKind::moe, {x[1], x[2], x[3], x[4]}, a);
+                       return b.emit(OpKind::moe_backward, {x[0], x[1], x[2], f[1], x[3], x[4]}, a);
+                     },
+                     {}, {{"logits", logits}}, false});
     // The load-balancing statistics of two layers' logits (the same spaced values), and their
     // backward.
     cases.push_back({"moe_balance", {{"a", DType::f32, {2, 5, E}}, {"b", DType::f32, {2, 5, E}}},
