@@ -148,7 +148,9 @@ def register():
                                               "float softcap=0.0) -> Tensor")
     torch.library.impl("autosp::attention", "CompositeImplicitAutograd")(_attention_reference)
     torch.library.define("autosp::moe", "(Tensor x, Tensor router_logits, Tensor[] gate, Tensor[] up, Tensor[] down, "
-                                        "int top_k, bool normalize) -> Tensor")
+                                        "int top_k, bool normalize, str score=\"softmax\", int groups=1, "
+                                        "int topk_group=1, str group_score=\"max\", str dropped=\"-inf\", "
+                                        "float scale=1.0, float norm_eps=0.0, float[] bias=[]) -> Tensor")
     torch.library.impl("autosp::moe", "CompositeImplicitAutograd")(_moe_reference)
     torch.library.define("autosp::moe_stacked", "(Tensor x, Tensor router_logits, Tensor gate_up, Tensor down, "
                                                 "int top_k, bool normalize, str score=\"softmax\", int groups=1, "
@@ -397,7 +399,8 @@ class _SparseMoeBlocks:
 
     def __init__(self, model):
         self.model = model
-        self.patched = []
+        self.patched = []      # modules whose forward is patched
+        self.patched_moe = []  # blocks whose moe method is
 
     @staticmethod
     def _layer_names(module):
@@ -453,6 +456,128 @@ class _SparseMoeBlocks:
             return None
         return router, experts, k, weight
 
+    @classmethod
+    def _listed_router_parts(cls, module):
+        """transformers 4's block of a router module (not a linear: GLM-4.5's, DeepSeek-V3's) with a
+        weight [E, H], a list of E SwiGLU experts and a `moe` method: (router, the experts' layer
+        names, top_k, the weight), or None."""
+        router, experts = getattr(module, "gate", None), getattr(module, "experts", None)
+        weight = getattr(router, "weight", None)
+        if isinstance(router, torch.nn.Linear) or not isinstance(router, torch.nn.Module) or \
+                not isinstance(experts, torch.nn.ModuleList) or not callable(getattr(module, "moe", None)) or \
+                not isinstance(weight, torch.nn.Parameter) or weight.dim() != 2 or weight.shape[0] != len(experts):
+            return None
+        k = getattr(router, "top_k", None) or getattr(module, "top_k", None)
+        if not isinstance(k, int) or not 1 <= k <= len(experts):
+            return None
+        for names in (("gate_proj", "up_proj", "down_proj"), ("w1", "w3", "w2")):
+            if all(isinstance(getattr(e, n, None), torch.nn.Linear) and getattr(e, n).bias is None
+                   for e in experts for n in names):
+                return router, names, k, weight
+        return None
+
+    @staticmethod
+    def _router_bias(where, router, weight, E):
+        """A router's score correction bias [E] (DeepSeek-V3's, GLM-4.5's, Ernie 4.5's [1, E]), which
+        its choice adds to the scores: (its name in the router, the tensor), or None; any other
+        state beside its weight is another router, refused."""
+        extra = [(n, t) for n, t in list(router.named_parameters()) + list(router.named_buffers()) if t is not weight]
+        if not extra:
+            return None
+        if len(extra) == 1 and extra[0][0].endswith("bias") and extra[0][1].numel() == E:
+            return extra[0]
+        raise ValueError(f"autosp export: {where}'s router ({type(router).__name__}) holds "
+                         f"{', '.join(n for n, _ in extra)} beside its weight, not one correction bias of its "
+                         f"{E} experts: another routing than autosp's moe op's; not supported yet")
+
+    @staticmethod
+    def _routing_candidates(router):
+        """The routings a router may compute (a check keeps the first that gives the block's
+        output): its scores softmax or sigmoid, normalised or not, and where it has groups
+        (n_group, topk_group), each group scored by its best or its two best, the other groups'
+        experts -inf or 0 for the choice; its routed_scaling_factor."""
+        groups = int(getattr(router, "n_group", None) or getattr(router, "num_group", None) or 1)
+        topk_group = int(getattr(router, "topk_group", None) or groups)
+        scale = float(getattr(router, "routed_scaling_factor", None) or 1.0)
+        candidates = []
+        for score in ("softmax", "sigmoid"):
+            for normalize in (True, False):
+                for group_score in (("top2", "max") if groups > 1 else ("max",)):
+                    for dropped in (("-inf", "zero") if groups > 1 else ("-inf",)):
+                        candidates.append(dict(normalize=normalize, score=score, groups=groups, topk_group=topk_group,
+                                               group_score=group_score, dropped=dropped, scale=scale,
+                                               norm_eps=1e-20 if score == "sigmoid" and normalize else 0.0))
+        return candidates
+
+    @staticmethod
+    def _routing_kwargs(routing, bias_values):
+        """The moe op's routing arguments of a candidate (none for a plain router: the archives of
+        plain routers stay as they were) and the bias values."""
+        r = dict(routing)
+        r.pop("normalize")
+        if bias_values is not None:
+            r["bias"] = bias_values
+        elif r["score"] == "softmax" and r["groups"] == 1 and r["scale"] == 1.0:
+            r = {}
+        return r
+
+    def _patch_listed_router(self, name, module, router, names, k, weight):
+        """transformers 4's blocks of a router module (GLM-4.5's, DeepSeek-V3's: its weight [E, H],
+        maybe a correction bias) and a list of experts, whose `moe(hidden_states, topk_indices,
+        topk_weights)` loops over the experts hit: that method is one autosp::moe of the router's
+        logits (its weight's product with the rows) and the experts' weights, with the routing the
+        check finds; the block's forward (its shared experts) runs as written."""
+        where = f"{name} ({type(module).__name__})"
+        E = len(module.experts)
+        found = self._router_bias(where, router, weight, E)
+        candidates = self._routing_candidates(router)
+        state = {"routing": candidates[0]}
+
+        def rewrite(block, router, bias):
+            values = None if bias is None else [float(b) for b in bias.detach().reshape(-1).double()]
+
+            def moe(hidden_states, topk_indices=None, topk_weights=None):
+                r = state["routing"]
+                logits = torch.nn.functional.linear(hidden_states, router.weight)
+                gate, up, down = ([getattr(e, n).weight for e in block.experts] for n in names)
+                return torch.ops.autosp.moe(hidden_states, logits, gate, up, down, k, r["normalize"],
+                                            **self._routing_kwargs(r, values))
+
+            block.moe = moe
+
+        probe = _in_float32(module, always_copy=found is not None)
+        probe_bias = None
+        if found is not None:
+            probe_bias = dict(list(probe.gate.named_parameters()) + list(probe.gate.named_buffers()))[found[0]]
+            with torch.no_grad():
+                probe_bias.copy_(0.1 * torch.randn(probe_bias.shape, generator=torch.Generator().manual_seed(1)))
+        sample = torch.randn(1, 64, weight.shape[1], generator=torch.Generator().manual_seed(0), dtype=torch.float32,
+                             device=weight.device)
+        fits = []
+        try:
+            with torch.no_grad():
+                want = probe(sample)
+                want = want[0] if isinstance(want, tuple) else want
+                rewrite(probe, probe.gate, probe_bias)
+                for routing in candidates:
+                    state["routing"] = routing
+                    got = probe(sample)
+                    got = got[0] if isinstance(got, tuple) else got
+                    if torch.allclose(got, want, rtol=1e-4, atol=1e-5 * float(want.abs().max())):
+                        fits.append(routing)
+                        break
+        finally:
+            if probe is module:
+                del module.moe
+        if not fits:
+            raise ValueError(f"autosp export: {where} has a router and experts, but computes something else than "
+                             f"top-k routing over SwiGLU experts that autosp's moe op computes (softmax or sigmoid "
+                             f"scores, groups, a correction bias), e.g. another routing or activation; not "
+                             f"supported yet")
+        state["routing"] = fits[0]
+        rewrite(module, router, None if found is None else found[1])
+        self.patched_moe.append(module)
+
     def _patch_stacked(self, name, module, router, experts, k, weight):
         where = f"{name} ({type(module).__name__})"
         layout = {key: getattr(experts, key, want) for key, want in self._STACKED_LAYOUT.items()}
@@ -466,30 +591,9 @@ class _SparseMoeBlocks:
         if getattr(module, "jitter_noise", 0) and module.training:
             raise ValueError(f"autosp export: {where} multiplies its input by random noise (router_jitter_noise="
                              f"{module.jitter_noise}); set it to 0 to train with autosp")
-        # Beside its weight a router may hold a score correction bias [E] (DeepSeek-V3's, GLM-4.5's,
-        # Ernie 4.5's [1, E]) that its choice adds to the scores; any other state is another router.
-        extra = [(n, t) for n, t in list(router.named_parameters()) + list(router.named_buffers()) if t is not weight]
-        E = experts.gate_up_proj.shape[0]
-        bias = extra[0][1] if len(extra) == 1 and extra[0][0].endswith("bias") and extra[0][1].numel() == E else None
-        if extra and bias is None:
-            raise ValueError(f"autosp export: {where}'s router ({type(router).__name__}) holds "
-                             f"{', '.join(n for n, _ in extra)} beside its weight, not one correction bias of its "
-                             f"{E} experts: another routing than autosp's moe op's; not supported yet")
-        # The routings the router may compute (the check below keeps the first that gives the
-        # block's output): its scores softmax or sigmoid, normalised or not, and where it has
-        # groups (n_group, topk_group), each group scored by its best or its two best, the other
-        # groups' experts -inf or 0 for the choice; its routed_scaling_factor.
-        groups = int(getattr(router, "n_group", None) or getattr(router, "num_group", None) or 1)
-        topk_group = int(getattr(router, "topk_group", None) or groups)
-        scale = float(getattr(router, "routed_scaling_factor", None) or 1.0)
-        candidates = []
-        for score in ("softmax", "sigmoid"):
-            for normalize in (True, False):
-                for group_score in (("top2", "max") if groups > 1 else ("max",)):
-                    for dropped in (("-inf", "zero") if groups > 1 else ("-inf",)):
-                        candidates.append(dict(normalize=normalize, score=score, groups=groups, topk_group=topk_group,
-                                               group_score=group_score, dropped=dropped, scale=scale,
-                                               norm_eps=1e-20 if score == "sigmoid" and normalize else 0.0))
+        found = self._router_bias(where, router, weight, experts.gate_up_proj.shape[0])
+        bias = None if found is None else found[1]
+        candidates = self._routing_candidates(router)
 
         # The block's own forward runs as written (a shared expert included); its router's logits
         # are kept as it returns them, and its experts are one autosp::moe_stacked of them.
@@ -509,14 +613,10 @@ class _SparseMoeBlocks:
                 logits = routed.pop("logits", None)
                 if logits is None:
                     raise ValueError(f"autosp export: {where}'s experts ran before its router")
-                r = dict(state["routing"])
-                normalize = r.pop("normalize")
-                if values is not None:
-                    r["bias"] = values
-                elif r["score"] == "softmax" and r["groups"] == 1 and r["scale"] == 1.0:
-                    r = {}  # (the archives of plain routers stay as they were)
+                r = state["routing"]
                 return torch.ops.autosp.moe_stacked(hidden_states, logits.reshape(-1, logits.shape[-1]),
-                                                    experts.gate_up_proj, experts.down_proj, k, normalize, **r)
+                                                    experts.gate_up_proj, experts.down_proj, k, r["normalize"],
+                                                    **self._routing_kwargs(r, values))
 
             router.forward, experts.forward = router_kept, experts_forward
 
@@ -527,7 +627,7 @@ class _SparseMoeBlocks:
         probe_router, probe_experts = self._stacked_parts(probe)[:2]
         probe_bias = None
         if bias is not None:
-            probe_bias = dict(list(probe_router.named_parameters()) + list(probe_router.named_buffers()))[extra[0][0]]
+            probe_bias = dict(list(probe_router.named_parameters()) + list(probe_router.named_buffers()))[found[0]]
             with torch.no_grad():
                 probe_bias.copy_(0.1 * torch.randn(probe_bias.shape, generator=torch.Generator().manual_seed(1)))
         sample = torch.randn(1, 64, weight.shape[1], generator=torch.Generator().manual_seed(0), dtype=torch.float32,
@@ -563,6 +663,10 @@ class _SparseMoeBlocks:
             parts = self._stacked_parts(module)
             if parts is not None:
                 self._patch_stacked(name, module, *parts)
+                continue
+            listed = self._listed_router_parts(module)
+            if listed is not None:
+                self._patch_listed_router(name, module, *listed)
                 continue
             names = self._layer_names(module)
             if names is None:
@@ -623,6 +727,8 @@ class _SparseMoeBlocks:
     def __exit__(self, *exc):
         for module in self.patched:
             del module.forward
+        for module in self.patched_moe:
+            del module.moe
         return False
 
 

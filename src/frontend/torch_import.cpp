@@ -3122,21 +3122,8 @@ class TorchImporter {
       m_.fail_at(n, "x and the router logits are not rows alike");
     if (n.target == "torch.ops.autosp.moe_stacked.default") {
       const std::vector<Tensor> experts{tensor_of(arg_tensor(n, "gate_up", 2)), tensor_of(arg_tensor(n, "down", 3))};
-      // The router's attributes beyond softmax top-k (ops/moe.cpp), where the program gives them.
-      Attrs routing;
-      for (const auto& [key, at] : {std::pair<const char*, size_t>{"score", 6}, {"group_score", 9}, {"dropped", 10}})
-        if (const json* a = arg(n, key, at); a && a->contains("as_string")) routing.set(key, (*a)["as_string"].get<std::string>());
-      for (const auto& [key, at] : {std::pair<const char*, size_t>{"groups", 7}, {"topk_group", 8}})
-        if (const json* a = arg(n, key, at); a && a->contains("as_int")) routing.set(key, (*a)["as_int"].get<int64_t>());
-      for (const auto& [key, at] : {std::pair<const char*, size_t>{"scale", 11}, {"norm_eps", 12}})
-        if (const json* a = arg(n, key, at); a && !a->contains("as_none")) routing.set(key, float_arg(n, key, at, 0.0));
-      if (const json* a = arg(n, "bias", 13); a && a->contains("as_floats") && !(*a)["as_floats"].empty()) {
-        std::vector<double> bias;
-        for (const json& b : (*a)["as_floats"]) bias.push_back(float_of(b));
-        routing.set("bias", bias);
-      }
       return rowwise(t_.moe(rowwise_of(x), rowwise_of(logits), experts, int_arg(n, "top_k", 4),
-                            bool_arg(n, "normalize", 5, false), routing),
+                            bool_arg(n, "normalize", 5, false), moe_routing(n, 6)),
                      x);
     }
     std::vector<std::vector<std::string>> lists;
@@ -3154,7 +3141,30 @@ class TorchImporter {
     for (size_t e = 0; e < lists[0].size(); ++e)
       for (size_t i = 0; i < 3; ++i) experts.push_back(tensor_of(lists[i][e]));
     const int64_t top_k = int_arg(n, "top_k", 5);
-    return rowwise(t_.moe(rowwise_of(x), rowwise_of(logits), experts, top_k, bool_arg(n, "normalize", 6, false)), x);
+    return rowwise(t_.moe(rowwise_of(x), rowwise_of(logits), experts, top_k, bool_arg(n, "normalize", 6, false),
+                          moe_routing(n, 7)),
+                   x);
+  }
+  // The router's attributes beyond softmax top-k (ops/moe.cpp), where the program gives them: the
+  // arguments score, groups, topk_group, group_score, dropped, scale, norm_eps and bias, from
+  // position `at` on.
+  Attrs moe_routing(const FxNode& n, size_t at) {
+    Attrs routing;
+    for (const auto& [key, k] : {std::pair<const char*, size_t>{"score", 0}, {"group_score", 3}, {"dropped", 4}})
+      if (const json* a = arg(n, key, at + k); a && a->contains("as_string"))
+        routing.set(key, (*a)["as_string"].get<std::string>());
+    for (const auto& [key, k] : {std::pair<const char*, size_t>{"groups", 1}, {"topk_group", 2}})
+      if (const json* a = arg(n, key, at + k); a && a->contains("as_int"))
+        routing.set(key, (*a)["as_int"].get<int64_t>());
+    for (const auto& [key, k] : {std::pair<const char*, size_t>{"scale", 5}, {"norm_eps", 6}})
+      if (const json* a = arg(n, key, at + k); a && !a->contains("as_none"))
+        routing.set(key, float_arg(n, key, at + k, 0.0));
+    if (const json* a = arg(n, "bias", at + 7); a && a->contains("as_floats") && !(*a)["as_floats"].empty()) {
+      std::vector<double> bias;
+      for (const json& b : (*a)["as_floats"]) bias.push_back(float_of(b));
+      routing.set("bias", bias);
+    }
+    return routing;
   }
 
   // autosp::moe_balance, export.py's form of transformers' load_balancing_loss_func (Switch
