@@ -684,41 +684,62 @@ class _SparseMoeBlocks:
             if getattr(module, "jitter_noise", 0) and module.training:
                 raise ValueError(f"autosp export: {name} ({type(module).__name__}) multiplies its input by random "
                                  f"noise (router_jitter_noise={module.jitter_noise}); set it to 0 to train with autosp")
-            original = module.forward
             gate = module.gate
-
-            shared = isinstance(getattr(module, "shared_expert", None), torch.nn.Module) and \
+            where = f"{name} ({type(module).__name__})"
+            # Ernie 4.5-MoE's correction bias, which its choice adds to the probabilities, beside the block
+            statics = getattr(module, "moe_statics", None)
+            found = self._router_bias(where, statics, None, len(module.experts)) \
+                if isinstance(statics, torch.nn.Module) else None
+            candidates = self._routing_candidates(module)
+            # a shared expert: Qwen2-MoE's behind its sigmoid gate, Ernie 4.5-MoE's added as it is
+            gated = isinstance(getattr(module, "shared_expert", None), torch.nn.Module) and \
                 isinstance(getattr(module, "shared_expert_gate", None), torch.nn.Linear)
+            plain_shared = isinstance(getattr(module, "shared_experts", None), torch.nn.Module)
 
-            def moe(hidden_states, normalize, module=module, names=names, shared=shared):
+            def values_of(bias):  # (read before the trace: the op's attribute)
+                return None if bias is None else [float(b) for b in bias.detach().reshape(-1).double()]
+
+            def moe(hidden_states, routing, values, module=module, names=names, gated=gated, plain_shared=plain_shared):
                 # (the weights read through the modules while tracing: torch.export then sees parameters)
                 x = hidden_states.reshape(-1, hidden_states.shape[-1])
-                logits = module.gate(x)
+                w = module.gate.weight  # (Ernie 4.5-MoE's router is fp32 in a bf16 model)
+                logits = module.gate(x) if w.dtype == x.dtype else module.gate(x.to(w.dtype)).to(x.dtype)
                 gate, up, down = ([getattr(e, n).weight for e in module.experts] for n in names)
-                out = torch.ops.autosp.moe(x, logits, gate, up, down, module.top_k, normalize)
-                if shared:  # Qwen2-MoE's shared expert, behind its sigmoid gate
+                out = torch.ops.autosp.moe(x, logits, gate, up, down, module.top_k, routing["normalize"],
+                                           **self._routing_kwargs(routing, values))
+                if gated:
                     out = out + torch.sigmoid(module.shared_expert_gate(x)) * module.shared_expert(x)
+                if plain_shared:
+                    out = out + module.shared_experts(x)
                 return out.view(hidden_states.shape), logits
 
-            # (the check in fp32: a bf16 block's own roundings are not the routing's)
-            probe = _in_float32(module)
+            # (the check in fp32: a bf16 block's own roundings are not the routing's; with a
+            # correction bias, in a copy whose bias is drawn at random, so that it shows)
+            probe = _in_float32(module, always_copy=found is not None)
+            probe_bias = None
+            if found is not None:
+                probe_bias = dict(list(probe.moe_statics.named_parameters()) +
+                                  list(probe.moe_statics.named_buffers()))[found[0]]
+                with torch.no_grad():
+                    probe_bias.copy_(0.1 * torch.randn(probe_bias.shape, generator=torch.Generator().manual_seed(1)))
             sample = torch.randn(1, 8, gate.in_features, generator=torch.Generator().manual_seed(0),
                                  dtype=torch.float32, device=gate.weight.device)
             with torch.no_grad():
                 want = probe(sample)
                 tuple_out = isinstance(want, tuple)
                 want = want[0] if tuple_out else want
-                fits = [n for n in (True, False)
-                        if torch.allclose(moe(sample, n, module=probe)[0], want, rtol=1e-4,
-                                          atol=1e-5 * float(want.abs().max()))]
+                fits = [r for r in candidates
+                        if torch.allclose(moe(sample, r, values_of(probe_bias), module=probe)[0], want, rtol=1e-4,
+                                          atol=1e-5 * float(want.abs().max()))][:1]
             if not fits:
-                raise ValueError(f"autosp export: {name} ({type(module).__name__}) has a router gate, experts and "
-                                 f"top_k, but computes something else than softmax top-k routing over SwiGLU experts "
-                                 f"(autosp's moe op), e.g. another routing or activation; not supported yet")
-            normalize = fits[0]
+                raise ValueError(f"autosp export: {where} has a router gate, experts and top_k, but computes "
+                                 f"something else than top-k routing over SwiGLU experts that autosp's moe op "
+                                 f"computes (softmax or sigmoid scores, a correction bias), e.g. another routing "
+                                 f"or activation; not supported yet")
+            routing, values = fits[0], values_of(None if found is None else found[1])
 
-            def forward(hidden_states, moe=moe, normalize=normalize, tuple_out=tuple_out):
-                out, logits = moe(hidden_states, normalize)
+            def forward(hidden_states, moe=moe, routing=routing, values=values, tuple_out=tuple_out):
+                out, logits = moe(hidden_states, routing, values)
                 return (out, logits) if tuple_out else out
 
             module.forward = forward
