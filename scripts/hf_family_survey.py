@@ -122,7 +122,7 @@ def families():
               partial_rotary_factor=0.5)),
         ("deepseek_v3", "DeepseekV3ForCausalLM", "DeepseekV3Config",
          dict(C, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=24, first_k_dense_replace=0,
-              n_group=1, topk_group=1, kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=4, qk_nope_head_dim=4,
+              n_group=1, topk_group=1, kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=4, qk_nope_head_dim=8,
               v_head_dim=8)),
         ("dbrx", "DbrxForCausalLM", "DbrxConfig",
          dict(vocab_size=V, d_model=32, n_heads=4, n_layers=2, max_seq_len=64,

@@ -174,15 +174,32 @@ def register():
         softcap = float(kwargs.get("softcap") or 0.0)
         if softcap < 0:
             raise ValueError(f"autosp attention: attention logit softcap {softcap} must be positive (or None)")
+        # Values of another head size than the queries' and keys' (DeepSeek-V3's multi-head latent
+        # attention: 128 against 192): the narrower side padded with zeros (which add 0 to each
+        # score, or give columns of 0 that are sliced off), autosp's attention taking one size.
+        dv = value.shape[-1]
+        query, key, value = (_zero_padded(t, max(query.shape[-1], dv)) for t in (query, key, value))
         if softcap > 0:
             out = torch.ops.autosp.attention(query, key, value, True, float(scale), int(sliding_window or 0), softcap)
         else:  # the archives of models without a cap stay as they were
             out = torch.ops.autosp.attention(query, key, value, True, float(scale), int(sliding_window or 0))
+        if out.shape[-1] != dv:
+            out = out[..., :dv]
         return out.transpose(1, 2).contiguous(), None
 
     AttentionInterface.register("autosp", autosp_attention)
     AttentionMaskInterface.register("autosp", lambda *args, **kwargs: None)
     _registered = True
+
+
+def _zero_padded(t, d):
+    """t [..., D] with zeros after its last dim to d (itself where D is d): written as t's own
+    columns times 0, so that the zeros are rows of t's, as the sequence is split."""
+    pad = d - t.shape[-1]
+    if pad <= 0:
+        return t
+    zeros = torch.cat([t * 0] * -(-pad // t.shape[-1]), dim=-1)[..., :pad]
+    return torch.cat([t, zeros], dim=-1)
 
 
 class _LossOf(torch.nn.Module):
@@ -262,6 +279,60 @@ class _ConcreteIsCausal:
 
     def __exit__(self, *exc):
         torch.nn.functional.scaled_dot_product_attention = self.sdpa
+        return False
+
+
+class _InterleavedRopeOfLatentAttention:
+    """While exporting: DeepSeek-V3's rotary with rope_interleave (its multi-head latent
+    attention; LongCat-Flash's likewise), apply_rotary_pos_emb_interleave, gathers each head's
+    rotary part into its even then its odd elements (a view, transpose and reshape of five dims)
+    and rotates halves; which is GLM's interleaved rotary (pairs 2i, 2i + 1 rotated by frequency
+    i, in place) followed by that gathering P. Its only readers are the attention's scores, where
+    q and k, both gathered by P, give the dot products P leaves alone: so it is exported as GLM's
+    form, which autosp reads as the rope op's interleaved layout. The module's function is first
+    checked to be P of that on a sample, and left as it is otherwise."""
+
+    # the modules whose attention reads the function's results only through its scores
+    READ_BY_SCORES = ("transformers.models.deepseek_v3.modeling_deepseek_v3",
+                      "transformers.models.longcat_flash.modeling_longcat_flash")
+
+    def __init__(self):
+        self.patched = []
+
+    @staticmethod
+    def _interleaved(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
+        cos = cos.unsqueeze(unsqueeze_dim)
+        sin = sin.unsqueeze(unsqueeze_dim)
+        cos = cos[..., : cos.shape[-1] // 2].repeat_interleave(2, dim=-1)
+        sin = sin[..., : sin.shape[-1] // 2].repeat_interleave(2, dim=-1)
+
+        def rotate(x):
+            return torch.stack((-x[..., 1::2], x[..., 0::2]), dim=-1).flatten(-2)
+
+        return (q * cos) + (rotate(q) * sin), (k * cos) + (rotate(k) * sin)
+
+    def __enter__(self):
+        import sys
+        for name, module in list(sys.modules.items()):
+            original = getattr(module, "apply_rotary_pos_emb_interleave", None) if name in self.READ_BY_SCORES else None
+            if not callable(original):
+                continue
+            g = torch.Generator().manual_seed(0)
+            q, k = torch.randn(2, 3, 5, 8, generator=g, dtype=torch.float64), torch.randn(2, 1, 5, 8, generator=g,
+                                                                                           dtype=torch.float64)
+            angles = torch.randn(2, 5, 4, generator=g, dtype=torch.float64)
+            angles = torch.cat([angles, angles], dim=-1)
+            want = original(q, k, angles.cos(), angles.sin())
+            got = self._interleaved(q, k, angles.cos(), angles.sin())
+            gather = torch.cat([torch.arange(0, 8, 2), torch.arange(1, 8, 2)])
+            if all(torch.allclose(w, g_[..., gather], rtol=0, atol=1e-12) for w, g_ in zip(want, got)):
+                module.apply_rotary_pos_emb_interleave = self._interleaved
+                self.patched.append((module, original))
+        return self
+
+    def __exit__(self, *exc):
+        for module, original in self.patched:
+            module.apply_rotary_pos_emb_interleave = original
         return False
 
 
@@ -819,7 +890,7 @@ def export(model, path, batch: int = 2, seq_len: int = 16, max_seq_len: int = 1 
         b = torch.export.Dim("batch", min=1, max=1 << 16)
         s = torch.export.Dim("seq_len", min=shortest, max=longest)
         with _ConcreteIsCausal(), _NoLayerDrop(model), _LongRopeByLength(model), _BatchFirstSelfAttention(), \
-                _SparseMoeBlocks(model) as moe, _LoadBalancingLoss(model):
+                _InterleavedRopeOfLatentAttention(), _SparseMoeBlocks(model) as moe, _LoadBalancingLoss(model):
             try:
                 return torch.export.export(_LossOf(model), (ids, ids.clone()),
                                            dynamic_shapes=({0: b, 1: s}, {0: b, 1: s}))

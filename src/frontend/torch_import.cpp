@@ -7,6 +7,7 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <numeric>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
@@ -1652,6 +1653,7 @@ class TorchImporter {
         s.insert(s.begin() + d, 1);
         return tensor_value(t_.reshape(materialize(x, A("self", 0)), s), s);
       }
+      if (x.kind == Imported::tensor) return expand(n, x);
       return unsupported();
     }
     if (op == "torch.ops.aten.squeeze.dim") {  // a dim of size 1 dropped (any other size: no change)
@@ -2483,6 +2485,31 @@ class TorchImporter {
     }
     if (auto y = mul_by_column(a, b)) return *y;
     return same_shape(n, a, b, [&](Tensor x, Tensor y) { return t_.mul(x, y); });
+  }
+  // expand(x, size) of a tensor, dims of 1 made n (DeepSeek-V3's rotary key, one for all heads,
+  // [B, 1, S, r] to [B, H, S, r]): each such dim moved last, a linear of it with an [n, 1]
+  // weight of ones (exact: each element x 1) and moved back; the gradient sums the n copies.
+  Imported expand(const FxNode& n, const Imported& x) {
+    const std::vector<int64_t> size = ints_arg(n, "size", 1);
+    Shape s = x.shape;
+    const int64_t rank = int64_t(s.size());
+    if (int64_t(size.size()) != rank)
+      m_.fail_at(n, str("expand of a rank-", rank, " tensor to ", size.size(), " dims; autosp expands dims of "
+                        "size 1 in place, adding none"));
+    Tensor t = materialize(x, arg_tensor(n, "self", 0));
+    for (int64_t d = 0; d < rank; ++d) {
+      if (size[d] == -1 || size[d] == s[d]) continue;
+      if (s[d] != 1 || size[d] < 1)
+        m_.fail_at(n, str("expand of dim ", d, " of size ", s[d], " to ", size[d], ": only a dim of size 1 expands"));
+      std::vector<int64_t> last(rank);
+      std::iota(last.begin(), last.end(), int64_t{0});
+      std::swap(last[d], last[rank - 1]);
+      Tensor u = d == rank - 1 ? t : t_.transpose(t, last);
+      u = t_.linear(u, t_.fill({size[d], 1}, 1.0, o_.dtype));
+      t = d == rank - 1 ? u : t_.transpose(u, last);
+      s[d] = size[d];
+    }
+    return tensor_value(t, s);
   }
   // x [..., H] times a column c [..., 1] of the same rows, either order (Qwen2-MoE's shared
   // expert times its sigmoid gate): c broadcast along the row as c 1^T, a linear of c with a
