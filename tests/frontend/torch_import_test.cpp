@@ -820,6 +820,16 @@ TEST(TorchImportErrors, AMoeOfOtherExpertsThanItsRouterIsRefused) {
 // A learned position table read at the positions 0..S-1 must have S rows: GPT-2's 64 at S 128
 // is refused when the program is imported (it was an embedding error at the first step, which
 // called the positions token ids), and at S 64 it imports.
+// An expand autosp reads makes dims of 1 wider (DeepSeek-V3's key rotary part to every head,
+// deepseek_v3's fixture); one that adds a dim is refused, naming the node and the ranks.
+TEST(TorchImportErrors, AnExpandThatAddsADimIsRefused) {
+  const std::string e = import_error(testing::source_path("tests/fixtures/torch_export_errors/expand_rank/model.pt2"));
+  EXPECT_NE(e.find("node 'expand' (torch.ops.aten.expand.default): expand of a rank-3 tensor to 4 dims"),
+            std::string::npos)
+      << e;
+  EXPECT_NE(e.find(".expand(2, -1, -1, -1)[1]"), std::string::npos) << e;  // the model's line
+}
+
 TEST(TorchImportErrors, APositionTableShorterThanTheSequenceIsRefused) {
   const TorchProgram p = TorchProgram::load(testing::source_path("tests/fixtures/torch_export/gpt2/model.pt2"));
   std::string e;
