@@ -290,14 +290,44 @@ class _InterleavedRopeOfLatentAttention:
     i, in place) followed by that gathering P. Its only readers are the attention's scores, where
     q and k, both gathered by P, give the dot products P leaves alone: so it is exported as GLM's
     form, which autosp reads as the rope op's interleaved layout. The module's function is first
-    checked to be P of that on a sample, and left as it is otherwise."""
+    checked to be P of that on a sample, and left as it is otherwise.
+    transformers 5's attention there assembles its keys in a new_empty tensor, its two parts
+    copied into slices (expand_kv): exported as the torch.cat of the parts, which it equals
+    (checked on a sample, bitwise)."""
 
     # the modules whose attention reads the function's results only through its scores
     READ_BY_SCORES = ("transformers.models.deepseek_v3.modeling_deepseek_v3",
                       "transformers.models.longcat_flash.modeling_longcat_flash")
 
-    def __init__(self):
+    def __init__(self, model):
+        self.model = model
         self.patched = []
+        self.patched_kv = []
+
+    @staticmethod
+    def _expand_kv(attn):
+        def expand_kv(kv_nope, k_rot):
+            batch_size, _, seq_length, _ = kv_nope.shape
+            kv = attn.kv_b_proj(kv_nope).view(batch_size, seq_length, -1, attn.qk_nope_head_dim + attn.v_head_dim)
+            k_nope, value_states = torch.split(kv.transpose(1, 2), [attn.qk_nope_head_dim, attn.v_head_dim], dim=-1)
+            return torch.cat((k_nope, k_rot.expand(-1, k_nope.shape[1], -1, -1)), dim=-1), value_states
+
+        return expand_kv
+
+    def _patch_expand_kv(self):
+        for module in self.model.modules():
+            if type(module).__module__ not in self.READ_BY_SCORES or not callable(getattr(module, "expand_kv", None)):
+                continue
+            expand_kv = self._expand_kv(module)
+            w = module.kv_b_proj.weight
+            g = torch.Generator().manual_seed(0)
+            kv_nope = torch.randn(2, 1, 5, w.shape[1], generator=g).to(w)
+            k_rot = torch.randn(2, 1, 5, module.qk_rope_head_dim, generator=g).to(w)
+            with torch.no_grad():
+                want, got = module.expand_kv(kv_nope, k_rot), expand_kv(kv_nope, k_rot)
+            if all(torch.equal(a, b) for a, b in zip(want, got)):
+                module.expand_kv = expand_kv
+                self.patched_kv.append(module)
 
     @staticmethod
     def _interleaved(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
@@ -312,6 +342,14 @@ class _InterleavedRopeOfLatentAttention:
         return (q * cos) + (rotate(q) * sin), (k * cos) + (rotate(k) * sin)
 
     def __enter__(self):
+        try:
+            self._patch()
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def _patch(self):
         import sys
         for name, module in list(sys.modules.items()):
             original = getattr(module, "apply_rotary_pos_emb_interleave", None) if name in self.READ_BY_SCORES else None
@@ -328,11 +366,13 @@ class _InterleavedRopeOfLatentAttention:
             if all(torch.allclose(w, g_[..., gather], rtol=0, atol=1e-12) for w, g_ in zip(want, got)):
                 module.apply_rotary_pos_emb_interleave = self._interleaved
                 self.patched.append((module, original))
-        return self
+        self._patch_expand_kv()
 
     def __exit__(self, *exc):
         for module, original in self.patched:
             module.apply_rotary_pos_emb_interleave = original
+        for module in self.patched_kv:
+            del module.expand_kv
         return False
 
 
@@ -890,7 +930,7 @@ def export(model, path, batch: int = 2, seq_len: int = 16, max_seq_len: int = 1 
         b = torch.export.Dim("batch", min=1, max=1 << 16)
         s = torch.export.Dim("seq_len", min=shortest, max=longest)
         with _ConcreteIsCausal(), _NoLayerDrop(model), _LongRopeByLength(model), _BatchFirstSelfAttention(), \
-                _InterleavedRopeOfLatentAttention(), _SparseMoeBlocks(model) as moe, _LoadBalancingLoss(model):
+                _InterleavedRopeOfLatentAttention(model), _SparseMoeBlocks(model) as moe, _LoadBalancingLoss(model):
             try:
                 return torch.export.export(_LossOf(model), (ids, ids.clone()),
                                            dynamic_shapes=({0: b, 1: s}, {0: b, 1: s}))

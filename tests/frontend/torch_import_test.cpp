@@ -105,8 +105,11 @@ TEST_P(TorchImportReference, LossGradientsAndFiveStepsEqualPyTorch) {
     // of O(1) terms, and key-bias gradients that are zero in exact arithmetic. OPT's steps after
     // the first are held to 1e-4 as GPT-2's; step 0 of every model stays at 1e-5. Apertus too:
     // PyTorch's own fp32 eager run leaves float64 by 3.3e-5 in the gradient norm at step 3 and
-    // 1.2e-5 in the loss at step 4 (autosp: 2.0e-5 and 7.3e-6).
-    const bool drifts = GetParam() == "gpt2" || GetParam() == "opt" || GetParam() == "apertus";
+    // 1.2e-5 in the loss at step 4 (autosp: 2.0e-5 and 7.3e-6). And deepseek_v3_tf5: PyTorch's
+    // own fp32 run leaves float64 by 1.55e-5 in the gradient norm at step 3 (autosp: 1.06e-5;
+    // losses within 7.6e-7 both).
+    const bool drifts = GetParam() == "gpt2" || GetParam() == "opt" || GetParam() == "apertus" ||
+                        GetParam() == "deepseek_v3_tf5";
     const double tolerance = drifts && k > 0 ? 1e-4 : 1e-5;
     EXPECT_NEAR(st.loss, loss, tolerance * std::abs(loss)) << "step " << k;
     EXPECT_NEAR(st.grad_norm, norm, tolerance * std::abs(norm)) << "step " << k;
@@ -146,7 +149,7 @@ INSTANTIATE_TEST_SUITE_P(Models, TorchImportReference,
                                            // written with transformers 5 (make_torch_export_fixtures.py)
                                            "llama_tf5", "qwen2_tf5", "glm_tf5", "mixtral_tf5", "mixtral_aux_tf5",
                                            "qwen2_moe_tf5", "granitemoe_tf5", "bloom_tf5", "gpt_neo_tf5",
-                                           "glm4_moe_tf5", "ernie4_5_moe_tf5"),
+                                           "glm4_moe_tf5", "ernie4_5_moe_tf5", "deepseek_v3_tf5"),
                          [](const auto& info) { return info.param; });
 
 // Llama through PyTorch and through autosp's own builder (models/llama.h): the same model,
