@@ -632,6 +632,27 @@ class _SparseMoeBlocks:
             r = {}
         return r
 
+    @staticmethod
+    def _random_bias(holder, name):
+        """The checked copy's correction bias `name` in `holder`, drawn at random: at 0 a sample
+        would not show the choice's use of it."""
+        bias = dict(list(holder.named_parameters()) + list(holder.named_buffers()))[name]
+        with torch.no_grad():
+            bias.copy_(0.1 * torch.randn(bias.shape, generator=torch.Generator().manual_seed(1)))
+        return bias
+
+    @staticmethod
+    def _first_fit(want, candidates, run):
+        """The first routing r of the candidates whose run(r) gives the block's own output `want`
+        (either may be a tuple whose first item is the output), or None."""
+        want = want[0] if isinstance(want, tuple) else want
+        for routing in candidates:
+            got = run(routing)
+            got = got[0] if isinstance(got, tuple) else got
+            if torch.allclose(got, want, rtol=1e-4, atol=1e-5 * float(want.abs().max())):
+                return routing
+        return None
+
     def _patch_listed_router(self, name, module, router, names, k, weight):
         """transformers 4's blocks of a router module (GLM-4.5's, DeepSeek-V3's: its weight [E, H],
         maybe a correction bias) and a list of experts, whose `moe(hidden_states, topk_indices,
@@ -657,35 +678,29 @@ class _SparseMoeBlocks:
             block.moe = moe
 
         probe = _in_float32(module, always_copy=found is not None)
-        probe_bias = None
-        if found is not None:
-            probe_bias = dict(list(probe.gate.named_parameters()) + list(probe.gate.named_buffers()))[found[0]]
-            with torch.no_grad():
-                probe_bias.copy_(0.1 * torch.randn(probe_bias.shape, generator=torch.Generator().manual_seed(1)))
+        probe_bias = None if found is None else self._random_bias(probe.gate, found[0])
         sample = torch.randn(1, 64, weight.shape[1], generator=torch.Generator().manual_seed(0), dtype=torch.float32,
                              device=weight.device)
-        fits = []
+
+        def run(routing):
+            state["routing"] = routing
+            return probe(sample)
+
+        fit = None
         try:
             with torch.no_grad():
                 want = probe(sample)
-                want = want[0] if isinstance(want, tuple) else want
                 rewrite(probe, probe.gate, probe_bias)
-                for routing in candidates:
-                    state["routing"] = routing
-                    got = probe(sample)
-                    got = got[0] if isinstance(got, tuple) else got
-                    if torch.allclose(got, want, rtol=1e-4, atol=1e-5 * float(want.abs().max())):
-                        fits.append(routing)
-                        break
+                fit = self._first_fit(want, candidates, run)
         finally:
             if probe is module:
                 del module.moe
-        if not fits:
+        if fit is None:
             raise ValueError(f"autosp export: {where} has a router and experts, but computes something else than "
                              f"top-k routing over SwiGLU experts that autosp's moe op computes (softmax or sigmoid "
                              f"scores, groups, a correction bias), e.g. another routing or activation; not "
                              f"supported yet")
-        state["routing"] = fits[0]
+        state["routing"] = fit
         rewrite(module, router, None if found is None else found[1])
         self.patched_moe.append(module)
 
@@ -736,35 +751,29 @@ class _SparseMoeBlocks:
         # show the choice's use of it).
         probe = _in_float32(module, always_copy=bias is not None)
         probe_router, probe_experts = self._stacked_parts(probe)[:2]
-        probe_bias = None
-        if bias is not None:
-            probe_bias = dict(list(probe_router.named_parameters()) + list(probe_router.named_buffers()))[found[0]]
-            with torch.no_grad():
-                probe_bias.copy_(0.1 * torch.randn(probe_bias.shape, generator=torch.Generator().manual_seed(1)))
+        probe_bias = None if bias is None else self._random_bias(probe_router, found[0])
         sample = torch.randn(1, 64, weight.shape[1], generator=torch.Generator().manual_seed(0), dtype=torch.float32,
                              device=weight.device)
-        fits = []
+
+        def run(routing):
+            state["routing"] = routing
+            return probe(sample)
+
+        fit = None
         try:
             with torch.no_grad():
                 want = probe(sample)
-                want = want[0] if isinstance(want, tuple) else want
                 rewrite(probe_router, probe_experts, probe_bias)
-                for routing in candidates:
-                    state["routing"] = routing
-                    got = probe(sample)
-                    got = got[0] if isinstance(got, tuple) else got
-                    if torch.allclose(got, want, rtol=1e-4, atol=1e-5 * float(want.abs().max())):
-                        fits.append(routing)
-                        break
+                fit = self._first_fit(want, candidates, run)
         finally:
             if probe is module:
                 del router.forward, experts.forward
-        if not fits:
+        if fit is None:
             raise ValueError(f"autosp export: {where} has a router and experts, but computes something else than "
                              f"top-k routing over SwiGLU experts that autosp's moe op computes (softmax or sigmoid "
                              f"scores, groups, a correction bias), e.g. another routing or activation; not "
                              f"supported yet")
-        state["routing"] = fits[0]
+        state["routing"] = fit
         rewrite(router, experts, bias)
         self.patched += [router, experts]
 
@@ -827,27 +836,19 @@ class _SparseMoeBlocks:
             # (the check in fp32: a bf16 block's own roundings are not the routing's; with a
             # correction bias, in a copy whose bias is drawn at random, so that it shows)
             probe = _in_float32(module, always_copy=found is not None)
-            probe_bias = None
-            if found is not None:
-                probe_bias = dict(list(probe.moe_statics.named_parameters()) +
-                                  list(probe.moe_statics.named_buffers()))[found[0]]
-                with torch.no_grad():
-                    probe_bias.copy_(0.1 * torch.randn(probe_bias.shape, generator=torch.Generator().manual_seed(1)))
+            probe_values = None if found is None else values_of(self._random_bias(probe.moe_statics, found[0]))
             sample = torch.randn(1, 8, gate.in_features, generator=torch.Generator().manual_seed(0),
                                  dtype=torch.float32, device=gate.weight.device)
             with torch.no_grad():
                 want = probe(sample)
                 tuple_out = isinstance(want, tuple)
-                want = want[0] if tuple_out else want
-                fits = [r for r in candidates
-                        if torch.allclose(moe(sample, r, values_of(probe_bias), module=probe)[0], want, rtol=1e-4,
-                                          atol=1e-5 * float(want.abs().max()))][:1]
-            if not fits:
+                fit = self._first_fit(want, candidates, lambda r: moe(sample, r, probe_values, module=probe))
+            if fit is None:
                 raise ValueError(f"autosp export: {where} has a router gate, experts and top_k, but computes "
                                  f"something else than top-k routing over SwiGLU experts that autosp's moe op "
                                  f"computes (softmax or sigmoid scores, a correction bias), e.g. another routing "
                                  f"or activation; not supported yet")
-            routing, values = fits[0], values_of(None if found is None else found[1])
+            routing, values = fit, values_of(None if found is None else found[1])
 
             def forward(hidden_states, moe=moe, routing=routing, values=values, tuple_out=tuple_out):
                 out, logits = moe(hidden_states, routing, values)
