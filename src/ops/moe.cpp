@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kernels/cpu/moe.h"
+#include "kernels/cpu/moe_routing.h"
 #include "kernels/cuda/limits.h"
 #include "ops/op.h"
 #ifdef AUTOSP_HAVE_CUDA
@@ -44,6 +45,8 @@ cpu::MoeRouting moe_routing(const Attrs& attrs, const cpu::MoeDims& d) {
   r.groups = attrs.get_int("groups", 1);
   r.topk_group = attrs.get_int("topk_group", r.groups);
   require(r.groups >= 1 && d.E % r.groups == 0, "groups=", r.groups, " must divide the ", d.E, " experts");
+  require(r.groups <= moe_routing::kMaxGroups, "groups=", r.groups, " above the ", moe_routing::kMaxGroups,
+          " the routing takes");
   require(r.topk_group >= 1 && r.topk_group <= r.groups, "topk_group=", r.topk_group, " must be in [1, ", r.groups,
           "] (the groups)");
   require(!r.group_top2 || r.groups == 1 || d.E / r.groups >= 2, "group_score \"top2\" needs groups of 2 experts or "
@@ -120,10 +123,10 @@ void check_device_experts(const Types& in, size_t logits) {
   const int64_t E = in[logits].shape.back();
   require(E <= cuda::kMoeMaxExperts, E, " experts: the cuda moe kernels take at most ", cuda::kMoeMaxExperts);
 }
-// ... and route by softmax top-k alone (MoeRouting's defaults).
+// ... and its chosen weights (top_k of them).
 void check_device_routing(const Types& in, const Attrs& attrs, size_t first, size_t weights) {
-  require(moe_dims(in, attrs, first, weights).routing.plain(), "the cuda moe kernels route by softmax top-k alone; "
-          "a sigmoid score, groups, a scale, norm_eps or a correction bias runs on the CPU only yet");
+  const int64_t k = moe_dims(in, attrs, first, weights).k;
+  require(k <= moe_routing::kMaxTopK, "top_k=", k, ": the cuda moe kernels take at most ", moe_routing::kMaxTopK);
 }
 
 // The forward's operands: x, logits, then the weights. Its results: y and the saved products.
@@ -176,7 +179,7 @@ std::vector<const float*> floats_from(const KernelArgs& a, size_t first, const c
 // an H200 busy.
 constexpr int64_t kMoeDeviceChunkRows = 4096;
 struct MoeDeviceLayout {
-  int64_t experts = 0, weights = 0, slots = 0, dws = 0, rows = 0, total = 0;
+  int64_t experts = 0, weights = 0, slots = 0, dws = 0, bias = -1, rows = 0, total = 0;  // bias: -1 none
   int64_t R = 0;  // rows per chunk
 };
 MoeDeviceLayout moe_device_layout(const cpu::MoeDims& d, DType dtype, bool backward) {
@@ -193,6 +196,7 @@ MoeDeviceLayout moe_device_layout(const cpu::MoeDims& d, DType dtype, bool backw
   l.weights = piece(4 * slots);
   l.slots = piece(4 * slots);
   l.dws = backward ? piece(4 * slots) : 0;
+  if (!d.routing.bias.empty()) l.bias = piece(8 * d.E);  // the router's correction bias, in double
   l.rows = piece(esize * l.R * (backward ? 3 * d.H + 4 * d.I : d.H + d.I));
   l.total = at;
   return l;
@@ -216,14 +220,20 @@ struct DeviceRouting {
   float* weights;
   int32_t* slots;
   std::vector<int32_t> start;
+  moe_routing::Route route;  // its bias in the workspace
 };
 DeviceRouting route_on_device(const cpu::MoeDims& d, const MoeDeviceLayout& l, cuda::Dt dt, const void* logits,
                               void* workspace, const CudaContext& c, const char* op) {
   char* ws = static_cast<char*>(workspace);
   DeviceRouting r{reinterpret_cast<int32_t*>(ws + l.experts), reinterpret_cast<float*>(ws + l.weights),
-                  reinterpret_cast<int32_t*>(ws + l.slots), std::vector<int32_t>(d.E + 1, 0)};
+                  reinterpret_cast<int32_t*>(ws + l.slots), std::vector<int32_t>(d.E + 1, 0), cpu::moe_route_of(d)};
+  if (l.bias >= 0) {  // (from pageable memory: the call returns once the source is read)
+    r.route.bias = reinterpret_cast<const double*>(ws + l.bias);
+    check_cuda(cudaMemcpyAsync(ws + l.bias, d.routing.bias.data(), size_t(8 * d.E), cudaMemcpyHostToDevice, c.stream),
+               "cudaMemcpyAsync", op);
+  }
   const int64_t n = d.T * d.k;
-  cuda::moe_route(dt, logits, d.T, d.E, d.k, d.normalize, r.experts, r.weights, c.stream);
+  cuda::moe_route(dt, logits, d.T, d.E, d.k, r.route, r.experts, r.weights, c.stream);
   std::vector<int32_t> experts(n), slots(n);
   check_cuda(cudaMemcpyAsync(experts.data(), r.experts, size_t(4 * n), cudaMemcpyDeviceToHost, c.stream),
              "cudaMemcpyAsync", op);
@@ -309,7 +319,7 @@ void cuda_moe_backward(const KernelArgs& a, const CudaContext& c) {
       cuda::moe_scatter_add(dt, dys, slots, nullptr, n, d.k, H, a.outputs[0], c.stream);
     }
   }
-  cuda::moe_router_backward(dt, a.inputs[2], r.experts, dws, d.T, d.E, d.k, d.normalize, a.outputs[1], c.stream);
+  cuda::moe_router_backward(dt, a.inputs[2], dws, d.T, d.E, d.k, r.route, a.outputs[1], c.stream);
 }
 
 // As the CPU's: each input's rows through two kernels, the sums kept in double.

@@ -193,6 +193,11 @@ void moe_follows_the_operand_dtype() {
   EXPECT_NE(routing_error({{"bias", std::vector<double>{0.1}}}).find("bias must hold one number per expert (3), got 1"),
             std::string::npos);
   EXPECT_NE(routing_error({{"scale", -1.0}}).find("scale must be a positive number"), std::string::npos);
+  // (the routing keeps the groups' choice as the bits of one word)
+  EXPECT_NE(infer_error(OpKind::moe, {x, T(f32, {2, 5, 130}), T(f32, {130, 12, 8}), T(f32, {130, 8, 6})},
+                        {{"top_k", int64_t{2}}, {"groups", int64_t{65}}})
+                .find("groups=65 above the 64 the routing takes"),
+            std::string::npos);
   EXPECT_NE(infer_error(OpKind::moe, {x, logits, T(f32, {4, 12, 8}), T(f32, {4, 8, 6})}, attrs)
                 .find("the stacked gate_up must be [E, 2 I, H] = [3, 2 I, 8], got f32[4, 12, 8]"),
             std::string::npos);

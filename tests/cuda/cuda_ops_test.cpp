@@ -444,6 +444,26 @@ std::vector<OpCase> op_cases() {
                        return b.emit(OpKind::moe_backward, {x[0], x[1], x[2], f[1], x[3], x[4]}, a);
                      },
                      {}, {{"logits", logits}}, false});
+    // Routers beyond softmax top-k (moe_routing.h, the CPU's functions compiled for the device),
+    // forward and backward: GLM-4.5's and DeepSeek-V3's (sigmoid scores plus a correction bias, 2
+    // groups of 2 scored by their two best, 1 kept, normalised over the chosen plus 1e-20, times
+    // 2.5) and Ernie 4.5's kind with the weights unnormalised (softmax plus a bias, times 2: the
+    // backward through the full softmax). The biases keep every choice 0.05 or more from a tie.
+    const std::vector<double> bias = {0.1, -0.2, 0.05, 0.3};
+    const Attrs grouped{{"top_k", int64_t{2}},    {"normalize", int64_t{1}},  {"score", std::string("sigmoid")},
+                        {"groups", int64_t{2}},   {"topk_group", int64_t{1}}, {"group_score", std::string("top2")},
+                        {"scale", 2.5},           {"norm_eps", 1e-20},        {"bias", bias}};
+    const Attrs biased{{"top_k", int64_t{2}}, {"normalize", int64_t{0}}, {"scale", 2.0}, {"bias", bias}};
+    for (const auto& [name, attrs] : {std::pair<const char*, Attrs>{"moe_grouped_sigmoid", grouped},
+                                      {"moe_biased_softmax", biased}}) {
+      cases.push_back({name, stacked, one(OpKind::moe, attrs), {}, {{"logits", logits}}, true, 1});
+      cases.push_back({str(name, "_backward"), stacked_back,
+                       [attrs](B& b, const Ins& x) {
+                         const auto f = b.emit(OpKind::moe, {x[1], x[2], x[3], x[4]}, attrs);
+                         return b.emit(OpKind::moe_backward, {x[0], x[1], x[2], f[1], x[3], x[4]}, attrs);
+                       },
+                       {}, {{"logits", logits}}, false});
+    }
     // The load-balancing statistics of two layers' logits (the same spaced values), and their
     // backward.
     cases.push_back({"moe_balance", {{"a", DType::f32, {2, 5, E}}, {"b", DType::f32, {2, 5, E}}},

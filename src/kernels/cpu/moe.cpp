@@ -6,70 +6,18 @@
 
 #include "kernels/cpu/basic.h"
 #include "kernels/cpu/fused.h"
+#include "kernels/cpu/moe_routing.h"
 
 namespace autosp::cpu {
 
 namespace {
 
-// softmax(l) of one token's E logits in double: max subtracted, exp, divided by the sum.
-void softmax_row(const float* l, int64_t E, double* p) {
-  const double m = *std::max_element(l, l + E);
-  double s = 0;
-  for (int64_t e = 0; e < E; ++e) s += p[e] = std::exp(double(l[e]) - m);
-  for (int64_t e = 0; e < E; ++e) p[e] /= s;
-}
-
-// The k largest of p, in descending order, ties to the lower expert: k passes, each taking the
-// first expert not yet chosen that no later one exceeds (the cuda kernels' selection, the same
-// choice). A NaN is never greater, so NaN logits choose some k experts, never an index out of
-// range (the loss is then NaN, which the trainer reports).
-void top_k(const double* p, int64_t E, int64_t k, int32_t* chosen) {
-  for (int64_t j = 0; j < k; ++j) {
-    int32_t best = -1;
-    for (int64_t e = 0; e < E; ++e) {
-      if (std::find(chosen, chosen + j, int32_t(e)) != chosen + j) continue;
-      if (best < 0 || p[e] > p[best]) best = int32_t(e);
-    }
-    chosen[j] = best;
-  }
-}
-
-// One token's routing (MoeRouting): its scores s [E] (double), its k experts in descending
-// order of the choice's scores, and their weights w [k]. c [E] is scratch.
-void route_token(const MoeDims& d, const float* l, double* s, double* c, int32_t* chosen, double* w) {
-  const MoeRouting& r = d.routing;
-  if (r.sigmoid) {
-    for (int64_t e = 0; e < d.E; ++e) s[e] = 1.0 / (1.0 + std::exp(-double(l[e])));
-  } else {
-    softmax_row(l, d.E, s);
-  }
-  const double* choice = s;
-  if (!r.bias.empty() || r.groups > 1) {
-    for (int64_t e = 0; e < d.E; ++e) c[e] = s[e] + (r.bias.empty() ? 0.0 : r.bias[e]);
-    if (r.groups > 1) {
-      // Each group's score; the topk_group best groups stay (ties to the lower group).
-      const int64_t G = r.groups, n = d.E / G;
-      std::vector<double> score(G);
-      for (int64_t g = 0; g < G; ++g) {
-        double a = -INFINITY, b = -INFINITY;  // the best two
-        for (int64_t e = g * n; e < (g + 1) * n; ++e) {
-          if (c[e] > a) b = a, a = c[e];
-          else if (c[e] > b) b = c[e];
-        }
-        score[g] = r.group_top2 ? a + b : a;
-      }
-      std::vector<int32_t> kept(r.topk_group);
-      top_k(score.data(), G, r.topk_group, kept.data());
-      for (int64_t g = 0; g < G; ++g)
-        if (std::find(kept.begin(), kept.end(), int32_t(g)) == kept.end())
-          for (int64_t e = g * n; e < (g + 1) * n; ++e) c[e] = r.dropped_zero ? 0.0 : -INFINITY;
-    }
-    choice = c;
-  }
-  top_k(choice, d.E, d.k, chosen);
-  double sum = r.norm_eps;
-  for (int64_t j = 0; j < d.k; ++j) sum += s[chosen[j]];
-  for (int64_t j = 0; j < d.k; ++j) w[j] = (d.normalize ? s[chosen[j]] / sum : s[chosen[j]]) * r.scale;
+// One token's scores s [E] (double), its k experts in descending order of the choice, and
+// their weights w [k] (moe_routing.h).
+void route_token(const MoeDims& d, const moe_routing::Route& route, const float* l, double* s, int32_t* chosen,
+                 double* w) {
+  moe_routing::scores(route.sigmoid, [l](int64_t e) { return double(l[e]); }, d.E, s);
+  moe_routing::choose(route, s, d.E, d.k, chosen, w);
 }
 
 // The routing's integer arrays, laid out at the start of the workspace.
@@ -98,13 +46,21 @@ void gather_rows(const float* src, const int32_t* slots, int64_t n, int64_t k, i
 
 }  // namespace
 
+moe_routing::Route moe_route_of(const MoeDims& d) {
+  const MoeRouting& r = d.routing;
+  return {.normalize = d.normalize, .sigmoid = r.sigmoid, .group_top2 = r.group_top2, .dropped_zero = r.dropped_zero,
+          .groups = int32_t(r.groups), .topk_group = int32_t(r.topk_group), .scale = r.scale, .norm_eps = r.norm_eps,
+          .bias = r.bias.empty() ? nullptr : r.bias.data()};
+}
+
 void moe_route(const MoeDims& d, const float* logits, int32_t* experts, float* weights) {
+  const moe_routing::Route router = moe_route_of(d);
 #pragma omp parallel
   {
-    std::vector<double> s(d.E), c(d.E), w(d.k);
+    std::vector<double> s(d.E), w(d.k);
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < d.T; ++t) {
-      route_token(d, logits + t * d.E, s.data(), c.data(), experts + t * d.k, w.data());
+      route_token(d, router, logits + t * d.E, s.data(), experts + t * d.k, w.data());
       for (int64_t j = 0; j < d.k; ++j) weights[t * d.k + j] = float(w[j]);
     }
   }
@@ -202,45 +158,18 @@ void moe_backward(const MoeDims& d, const float* dy, const float* x, const float
       }
     }
   }
-  // The router, in double (moe.h). Softmax normalised, the weights are the softmax of the chosen
-  // logits alone (p_j / sum_i p_i = e^{l_j} / sum_i e^{l_i}, times the scale), so an unchosen
-  // logit's gradient is exactly 0 (as it is in the maths: computed through the full softmax it
-  // would be rounding noise, which AdamW's first steps turn into +-lr updates).
-  const MoeRouting& rt = d.routing;
+  // The router, in double (moe_routing.h).
+  const moe_routing::Route router = moe_route_of(d);
 #pragma omp parallel
   {
-    std::vector<double> p(d.E), c(d.E), w(d.k), du(d.k);
+    std::vector<double> s(d.E), w(d.k);
     std::vector<int32_t> chosen(d.k);
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < d.T; ++t) {
-      route_token(d, logits + t * d.E, p.data(), c.data(), chosen.data(), w.data());
-      const float* dwt = dws + t * d.k;
+      route_token(d, router, logits + t * d.E, s.data(), chosen.data(), w.data());
       float* dl = dlogits + t * d.E;
-      if (!rt.sigmoid && d.normalize && rt.norm_eps == 0.0) {
-        double dot = 0;
-        for (int64_t j = 0; j < d.k; ++j) dot += double(dwt[j]) * w[j] / rt.scale;
-        std::fill_n(dl, d.E, 0.0f);
-        for (int64_t j = 0; j < d.k; ++j) dl[chosen[j]] = float(w[j] * (double(dwt[j]) - dot));
-        continue;
-      }
-      // du_j: the gradient of u_j = p[chosen[j]]
-      double sum = rt.norm_eps, dot = 0;
-      for (int64_t j = 0; j < d.k; ++j) sum += p[chosen[j]];
-      for (int64_t j = 0; j < d.k; ++j) dot += double(dwt[j]) * p[chosen[j]];
-      for (int64_t j = 0; j < d.k; ++j)
-        du[j] = rt.scale * (d.normalize ? double(dwt[j]) / sum - dot / (sum * sum) : double(dwt[j]));
-      if (rt.sigmoid) {
-        std::fill_n(dl, d.E, 0.0f);
-        for (int64_t j = 0; j < d.k; ++j) {
-          const double s = p[chosen[j]];
-          dl[chosen[j]] = float(du[j] * s * (1.0 - s));
-        }
-        continue;
-      }
-      double pd = 0;
-      for (int64_t j = 0; j < d.k; ++j) pd += du[j] * p[chosen[j]];
-      for (int64_t e = 0; e < d.E; ++e) dl[e] = float(-p[e] * pd);
-      for (int64_t j = 0; j < d.k; ++j) dl[chosen[j]] = float(p[chosen[j]] * (du[j] - pd));
+      moe_routing::backward(router, s.data(), d.E, d.k, chosen.data(), w.data(), dws + t * d.k,
+                            [dl](int64_t e, float v) { dl[e] = v; });
     }
   }
 }
@@ -249,8 +178,9 @@ void moe_balance_stats(const float* logits, int64_t T, int64_t E, int64_t k, dou
   std::vector<double> p(E);
   std::vector<int32_t> chosen(k);
   for (int64_t t = 0; t < T; ++t) {
-    softmax_row(logits + t * E, E, p.data());
-    top_k(p.data(), E, k, chosen.data());
+    const float* l = logits + t * E;
+    moe_routing::scores(false, [l](int64_t e) { return double(l[e]); }, E, p.data());
+    moe_routing::top_k([&p](int64_t e) { return p[e]; }, E, k, chosen.data());
     for (int64_t j = 0; j < k; ++j) counts[chosen[j]] += 1.0;
     for (int64_t e = 0; e < E; ++e) psum[e] += p[e];
   }
@@ -262,7 +192,8 @@ void moe_balance_backward(const float* g, const float* logits, int64_t T, int64_
     std::vector<double> p(E);
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < T; ++t) {
-      softmax_row(logits + t * E, E, p.data());
+      const float* l = logits + t * E;
+      moe_routing::scores(false, [l](int64_t e) { return double(l[e]); }, E, p.data());
       double dot = 0;
       for (int64_t e = 0; e < E; ++e) dot += double(g[e]) * p[e];
       for (int64_t e = 0; e < E; ++e) dlogits[t * E + e] = float(p[e] * (double(g[e]) - dot));

@@ -20,6 +20,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/cpu/moe_routing.h"
+
 namespace autosp::cpu {
 
 // How a token's experts are chosen and weighted beyond softmax top-k (DeepSeek-V3's and GLM-4.5's
@@ -36,7 +38,6 @@ struct MoeRouting {
   bool group_top2 = false, dropped_zero = false;
   double scale = 1.0, norm_eps = 0.0;
   std::vector<double> bias;  // [E], or empty: none
-  bool plain() const { return !sigmoid && groups == 1 && scale == 1.0 && norm_eps == 0.0 && bias.empty(); }
 };
 
 struct MoeDims {
@@ -46,6 +47,9 @@ struct MoeDims {
 };
 
 constexpr int64_t kMoeChunkRows = 512;
+
+// The router as moe_routing.h's functions take it (its bias pointing into d's).
+moe_routing::Route moe_route_of(const MoeDims& d);
 
 // Token t's experts[t, j] and weights[t, j], j < k, in descending order of p.
 void moe_route(const MoeDims& d, const float* logits, int32_t* experts, float* weights);

@@ -1,5 +1,6 @@
 // The mixture-of-experts layer's kernels (moe.h): one thread per token for the routing (E and
-// k are small: at most a few hundred experts), one block per row for the row copies.
+// k are small: at most a few hundred experts; the routing is cpu/moe_routing.h's functions,
+// the CPU kernels' own), one block per row for the row copies.
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/moe.h"
 
@@ -12,41 +13,21 @@ namespace {
 
 constexpr int kMaxExperts = int(kMoeMaxExperts);  // the routing kernels' per-thread arrays
 
-// softmax of one token's logits into p, in double (cpu/moe.cpp's softmax_row).
+// One token's logits as doubles, for moe_routing's functions.
 template <typename T>
-__device__ void softmax_token(const T* l, int64_t E, double* p) {
-  double m = -INFINITY;
-  for (int64_t e = 0; e < E; ++e) m = fmax(m, double(to_f(l[e])));
-  double s = 0;
-  for (int64_t e = 0; e < E; ++e) s += p[e] = exp(double(to_f(l[e])) - m);
-  for (int64_t e = 0; e < E; ++e) p[e] /= s;
-}
-
-// softmax of one token's logits into p, and its k largest (ties to the lower expert).
-template <typename T>
-__device__ void route_token(const T* l, int64_t E, int64_t k, double* p, int32_t* chosen) {
-  softmax_token(l, E, p);
-  for (int64_t j = 0; j < k; ++j) {
-    int32_t best = -1;
-    for (int64_t e = 0; e < E; ++e) {
-      bool taken = false;
-      for (int64_t i = 0; i < j; ++i) taken = taken || chosen[i] == e;
-      if (!taken && (best < 0 || p[e] > p[best])) best = int32_t(e);
-    }
-    chosen[j] = best;
-  }
-}
+struct Logits {
+  const T* l;
+  __device__ double operator()(int64_t e) const { return double(to_f(l[e])); }
+};
 
 template <typename T>
-__global__ void route_kernel(const T* logits, int64_t T_, int64_t E, int64_t k, bool normalize, int32_t* experts,
-                             float* weights) {
-  double p[kMaxExperts];
+__global__ void route_kernel(const T* logits, int64_t T_, int64_t E, int64_t k, moe_routing::Route route,
+                             int32_t* experts, float* weights) {
+  double s[kMaxExperts], w[moe_routing::kMaxTopK];
   AUTOSP_GRID_STRIDE(t, T_) {
-    int32_t* chosen = experts + t * k;
-    route_token(logits + t * E, E, k, p, chosen);
-    double s = 0;
-    for (int64_t j = 0; j < k; ++j) s += p[chosen[j]];
-    for (int64_t j = 0; j < k; ++j) weights[t * k + j] = float(normalize ? p[chosen[j]] / s : p[chosen[j]]);
+    moe_routing::scores(route.sigmoid, Logits<T>{logits + t * E}, E, s);
+    moe_routing::choose(route, s, E, k, experts + t * k, w);
+    for (int64_t j = 0; j < k; ++j) weights[t * k + j] = float(w[j]);
   }
 }
 
@@ -85,24 +66,15 @@ __global__ void output_grad_kernel(const T* dy_rows, const T* out, T* dout, cons
 }
 
 template <typename T>
-__global__ void router_backward_kernel(const T* logits, const int32_t* experts, const float* dws, int64_t T_,
-                                       int64_t E, int64_t k, bool normalize, T* dlogits) {
-  double p[kMaxExperts];
+__global__ void router_backward_kernel(const T* logits, const float* dws, int64_t T_, int64_t E, int64_t k,
+                                       moe_routing::Route route, T* dlogits) {
+  double s[kMaxExperts], w[moe_routing::kMaxTopK];
+  int32_t chosen[moe_routing::kMaxTopK];
   AUTOSP_GRID_STRIDE(t, T_) {
-    softmax_token(logits + t * E, E, p);
-    const int32_t* chosen = experts + t * k;
-    const float* dw = dws + t * k;
-    double sel = 0, dot = 0;
-    for (int64_t j = 0; j < k; ++j) sel += p[chosen[j]];
-    for (int64_t j = 0; j < k; ++j) dot += double(dw[j]) * p[chosen[j]] / sel;
-    double pdp = 0;
-    for (int64_t j = 0; j < k; ++j) pdp += (normalize ? (double(dw[j]) - dot) / sel : double(dw[j])) * p[chosen[j]];
+    moe_routing::scores(route.sigmoid, Logits<T>{logits + t * E}, E, s);
+    moe_routing::choose(route, s, E, k, chosen, w);
     T* dl = dlogits + t * E;
-    for (int64_t e = 0; e < E; ++e) dl[e] = from_f<T>(float(-p[e] * pdp));
-    for (int64_t j = 0; j < k; ++j) {
-      const double dp = normalize ? (double(dw[j]) - dot) / sel : double(dw[j]);
-      dl[chosen[j]] = from_f<T>(float(p[chosen[j]] * (dp - pdp)));
-    }
+    moe_routing::backward(route, s, E, k, chosen, w, dws + t * k, [dl](int64_t e, float v) { dl[e] = from_f<T>(v); });
   }
 }
 
@@ -111,7 +83,8 @@ __global__ void balance_rows_kernel(const T* logits, int64_t T_, int64_t E, int6
   double p[kMaxExperts];
   int32_t chosen[kMaxExperts];
   AUTOSP_GRID_STRIDE(t, T_) {
-    route_token(logits + t * E, E, k, p, chosen);
+    moe_routing::scores(false, Logits<T>{logits + t * E}, E, p);
+    moe_routing::top_k([&p](int64_t e) { return p[e]; }, E, k, chosen);
     for (int64_t e = 0; e < E; ++e) {
       rows[t * E + e] = 0.0f;
       rows[(T_ + t) * E + e] = float(p[e]);
@@ -139,27 +112,30 @@ template <typename T>
 __global__ void balance_backward_kernel(const float* g, const T* logits, int64_t T_, int64_t E, T* dlogits) {
   double p[kMaxExperts];
   AUTOSP_GRID_STRIDE(t, T_) {
-    softmax_token(logits + t * E, E, p);
+    moe_routing::scores(false, Logits<T>{logits + t * E}, E, p);
     double dot = 0;
     for (int64_t e = 0; e < E; ++e) dot += double(g[e]) * p[e];
     for (int64_t e = 0; e < E; ++e) dlogits[t * E + e] = from_f<T>(float(p[e] * (double(g[e]) - dot)));
   }
 }
 
-void check_experts(int64_t E) {
+void check_experts(int64_t E, int64_t k = 0) {
   if (E > kMaxExperts)
     throw std::invalid_argument("moe: " + std::to_string(E) + " experts, above the cuda routing kernel's " +
                                 std::to_string(kMaxExperts));
+  if (k > moe_routing::kMaxTopK)
+    throw std::invalid_argument("moe: top_k " + std::to_string(k) + ", above the cuda routing kernel's " +
+                                std::to_string(moe_routing::kMaxTopK));
 }
 
 }  // namespace
 
-void moe_route(Dt dt, const void* logits, int64_t T, int64_t E, int64_t k, bool normalize, int32_t* experts,
-               float* weights, cudaStream_t stream) {
-  check_experts(E);
+void moe_route(Dt dt, const void* logits, int64_t T, int64_t E, int64_t k, const moe_routing::Route& route,
+               int32_t* experts, float* weights, cudaStream_t stream) {
+  check_experts(E, k);
   dispatch(dt, [&]<typename X>() {
-    route_kernel<X><<<blocks_for(T), kThreads, 0, stream>>>(static_cast<const X*>(logits), T, E, k, normalize,
-                                                             experts, weights);
+    route_kernel<X><<<blocks_for(T), kThreads, 0, stream>>>(static_cast<const X*>(logits), T, E, k, route, experts,
+                                                             weights);
   });
 }
 
@@ -188,12 +164,12 @@ void moe_output_grad(Dt dt, const void* dy_rows, const void* out, void* dout, co
   });
 }
 
-void moe_router_backward(Dt dt, const void* logits, const int32_t* experts, const float* dws, int64_t T, int64_t E,
-                         int64_t k, bool normalize, void* dlogits, cudaStream_t stream) {
-  check_experts(E);
+void moe_router_backward(Dt dt, const void* logits, const float* dws, int64_t T, int64_t E, int64_t k,
+                         const moe_routing::Route& route, void* dlogits, cudaStream_t stream) {
+  check_experts(E, k);
   dispatch(dt, [&]<typename X>() {
-    router_backward_kernel<X><<<blocks_for(T), kThreads, 0, stream>>>(static_cast<const X*>(logits), experts, dws, T,
-                                                                       E, k, normalize, static_cast<X*>(dlogits));
+    router_backward_kernel<X><<<blocks_for(T), kThreads, 0, stream>>>(static_cast<const X*>(logits), dws, T, E, k,
+                                                                       route, static_cast<X*>(dlogits));
   });
 }
 

@@ -7,14 +7,15 @@
 
 #include <cstdint>
 
+#include "kernels/cpu/moe_routing.h"
 #include "kernels/cuda/dtype.h"
 
 namespace autosp::cuda {
 
 // Token t's experts[t, j] and weights[t, j] (f32) from its E router logits (of dt), as
-// cpu::moe_route: softmax and normalisation in double, the k largest, ties to the lower expert.
-void moe_route(Dt dt, const void* logits, int64_t T, int64_t E, int64_t k, bool normalize, int32_t* experts,
-               float* weights, cudaStream_t stream);
+// cpu::moe_route: moe_routing.h's functions, in double (route.bias in device memory).
+void moe_route(Dt dt, const void* logits, int64_t T, int64_t E, int64_t k, const moe_routing::Route& route,
+               int32_t* experts, float* weights, cudaStream_t stream);
 // rows[i, :] = src[slots[i] / k, :] for i < n (H elements of dt each).
 void moe_gather_rows(Dt dt, const void* src, const int32_t* slots, int64_t n, int64_t k, int64_t H, void* rows,
                      cudaStream_t stream);
@@ -27,9 +28,10 @@ void moe_scatter_add(Dt dt, const void* rows, const int32_t* slots, const float*
 // dout[i] = weights[slots[i]] dy_rows[i] (the expert's output gradient).
 void moe_output_grad(Dt dt, const void* dy_rows, const void* out, void* dout, const int32_t* slots,
                      const float* weights, int64_t n, int64_t H, float* dws, cudaStream_t stream);
-// dlogits (of dt) from each slot's dw, as cpu::moe_backward's router part.
-void moe_router_backward(Dt dt, const void* logits, const int32_t* experts, const float* dws, int64_t T, int64_t E,
-                         int64_t k, bool normalize, void* dlogits, cudaStream_t stream);
+// dlogits (of dt) from each slot's dw, as cpu::moe_backward's router part (the routing
+// recomputed from the logits, as there).
+void moe_router_backward(Dt dt, const void* logits, const float* dws, int64_t T, int64_t E, int64_t k,
+                         const moe_routing::Route& route, void* dlogits, cudaStream_t stream);
 
 // The load-balancing statistics of T rows of router logits (of dt), as cpu::moe_balance_stats:
 // each row's probabilities and top-k hits into rows [2, T, E] (f32 workspace), then counts and
