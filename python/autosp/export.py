@@ -515,16 +515,25 @@ class _SparseMoeBlocks:
 
     @staticmethod
     def _layer_names(module):
-        """The experts' gate, up and down layers' names (all experts alike), or None: not such a block."""
+        """The name of the block's router linear (its `gate`, or the one linear a `gate` module
+        holds and nothing else: HunYuan-MoE's `gate.wg`) and the experts' gate, up and down
+        layers' names (all experts alike), or None: not such a block."""
         gate, experts = getattr(module, "gate", None), getattr(module, "experts", None)
         k = getattr(module, "top_k", None)
+        router = "gate"
+        if isinstance(gate, torch.nn.Module) and not isinstance(gate, torch.nn.Linear):
+            children = list(gate.named_children())
+            if len(children) != 1 or not isinstance(children[0][1], torch.nn.Linear) or len(list(gate.buffers())) or \
+                    len(list(gate.parameters())) != len(list(children[0][1].parameters())):
+                return None
+            router, gate = f"gate.{children[0][0]}", children[0][1]
         if not (isinstance(gate, torch.nn.Linear) and gate.bias is None and isinstance(experts, torch.nn.ModuleList)
                 and isinstance(k, int) and len(experts) == gate.out_features and 1 <= k <= len(experts)):
             return None
         for names in (("gate_proj", "up_proj", "down_proj"), ("w1", "w3", "w2")):
             if all(isinstance(getattr(e, n, None), torch.nn.Linear) and getattr(e, n).bias is None
                    for e in experts for n in names):
-                return names
+                return router, names
         return None
 
     def __enter__(self):
@@ -652,6 +661,60 @@ class _SparseMoeBlocks:
             if torch.allclose(got, want, rtol=1e-4, atol=1e-5 * float(want.abs().max())):
                 return routing
         return None
+
+    @staticmethod
+    def _parallel_experts_parts(module):
+        """transformers 4's GraniteMoE block: a `router` module of one linear `layer` [E, H]
+        without bias and a `top_k`, and the experts stacked as two parallel layers, `input_linear`
+        [E, 2 I, H] (each expert's gate rows, then its up rows) and `output_linear` [E, H, I]:
+        (the router's linear, top_k), or None."""
+        router = getattr(module, "router", None)
+        linear, k = getattr(router, "layer", None), getattr(router, "top_k", None)
+        w_in = getattr(getattr(module, "input_linear", None), "weight", None)
+        w_out = getattr(getattr(module, "output_linear", None), "weight", None)
+        if not (isinstance(linear, torch.nn.Linear) and linear.bias is None and isinstance(k, int) and
+                isinstance(w_in, torch.nn.Parameter) and isinstance(w_out, torch.nn.Parameter) and
+                w_in.dim() == 3 and w_out.dim() == 3):
+            return None
+        E, H = linear.out_features, linear.in_features
+        I = w_out.shape[2]
+        if w_in.shape != (E, 2 * I, H) or w_out.shape != (E, H, I) or not 1 <= k <= E or \
+                len(list(module.parameters())) != 3 or len(list(module.buffers())):
+            return None
+        return linear, k
+
+    def _patch_parallel_experts(self, name, module, linear, k):
+        """A GraniteMoE block (transformers 4; _parallel_experts_parts): its forward is its router's
+        logits and one autosp::moe_stacked of its two parallel layers, with the routing the check
+        finds (its softmax of the top k logits: the normalised softmax top k)."""
+        where = f"{name} ({type(module).__name__})"
+        candidates = self._routing_candidates(module.router)
+
+        def moe(layer_input, routing, module=module):
+            x = layer_input.reshape(-1, layer_input.shape[-1])
+            logits = module.router.layer(x)
+            out = torch.ops.autosp.moe_stacked(x, logits, module.input_linear.weight, module.output_linear.weight, k,
+                                               routing["normalize"], **self._routing_kwargs(routing, None))
+            return out.view(layer_input.shape), logits
+
+        probe = _in_float32(module)
+        sample = torch.randn(1, 8, linear.in_features, generator=torch.Generator().manual_seed(0),
+                             dtype=torch.float32, device=linear.weight.device)
+        with torch.no_grad():
+            want = probe(sample)
+            tuple_out = isinstance(want, tuple)
+            fit = self._first_fit(want, candidates, lambda r: moe(sample, r, module=probe))
+        if fit is None:
+            raise ValueError(f"autosp export: {where} has a router and parallel experts, but computes something "
+                             f"else than top-k routing over SwiGLU experts that autosp's moe op computes, e.g. "
+                             f"another routing or activation; not supported yet")
+
+        def forward(layer_input, moe=moe, routing=fit, tuple_out=tuple_out):
+            out, logits = moe(layer_input, routing)
+            return (out, logits) if tuple_out else out
+
+        module.forward = forward
+        self.patched.append(module)
 
     def _patch_listed_router(self, name, module, router, names, k, weight):
         """transformers 4's blocks of a router module (GLM-4.5's, DeepSeek-V3's: its weight [E, H],
@@ -788,8 +851,12 @@ class _SparseMoeBlocks:
             if listed is not None:
                 self._patch_listed_router(name, module, *listed)
                 continue
-            names = self._layer_names(module)
-            if names is None:
+            parallel = self._parallel_experts_parts(module)
+            if parallel is not None:
+                self._patch_parallel_experts(name, module, *parallel)
+                continue
+            parts = self._layer_names(module)
+            if parts is None:
                 experts = getattr(module, "experts", None)
                 if isinstance(experts, torch.nn.Module):
                     if any(isinstance(getattr(experts, p, None), torch.nn.Parameter) and getattr(experts, p).dim() == 3
@@ -804,33 +871,38 @@ class _SparseMoeBlocks:
             if getattr(module, "jitter_noise", 0) and module.training:
                 raise ValueError(f"autosp export: {name} ({type(module).__name__}) multiplies its input by random "
                                  f"noise (router_jitter_noise={module.jitter_noise}); set it to 0 to train with autosp")
-            gate = module.gate
+            router, names = parts
+            gate = module.get_submodule(router)
             where = f"{name} ({type(module).__name__})"
             # Ernie 4.5-MoE's correction bias, which its choice adds to the probabilities, beside the block
             statics = getattr(module, "moe_statics", None)
             found = self._router_bias(where, statics, None, len(module.experts)) \
                 if isinstance(statics, torch.nn.Module) else None
             candidates = self._routing_candidates(module)
-            # a shared expert: Qwen2-MoE's behind its sigmoid gate, Ernie 4.5-MoE's added as it is
+            # a shared expert: Qwen2-MoE's behind its sigmoid gate, Ernie 4.5-MoE's and HunYuan-MoE's
+            # added as it is
             gated = isinstance(getattr(module, "shared_expert", None), torch.nn.Module) and \
                 isinstance(getattr(module, "shared_expert_gate", None), torch.nn.Linear)
-            plain_shared = isinstance(getattr(module, "shared_experts", None), torch.nn.Module)
+            plain_shared = next((n for n in ("shared_experts", "shared_mlp")
+                                 if isinstance(getattr(module, n, None), torch.nn.Module)), None)
 
             def values_of(bias):  # (read before the trace: the op's attribute)
                 return None if bias is None else [float(b) for b in bias.detach().reshape(-1).double()]
 
-            def moe(hidden_states, routing, values, module=module, names=names, gated=gated, plain_shared=plain_shared):
+            def moe(hidden_states, routing, values, module=module, router=router, names=names, gated=gated,
+                    plain_shared=plain_shared):
                 # (the weights read through the modules while tracing: torch.export then sees parameters)
                 x = hidden_states.reshape(-1, hidden_states.shape[-1])
-                w = module.gate.weight  # (Ernie 4.5-MoE's router is fp32 in a bf16 model)
-                logits = module.gate(x) if w.dtype == x.dtype else module.gate(x.to(w.dtype)).to(x.dtype)
+                linear = module.get_submodule(router)
+                w = linear.weight  # (Ernie 4.5-MoE's and HunYuan-MoE's routers are fp32 in a bf16 model)
+                logits = linear(x) if w.dtype == x.dtype else linear(x.to(w.dtype)).to(x.dtype)
                 gate, up, down = ([getattr(e, n).weight for e in module.experts] for n in names)
                 out = torch.ops.autosp.moe(x, logits, gate, up, down, module.top_k, routing["normalize"],
                                            **self._routing_kwargs(routing, values))
                 if gated:
                     out = out + torch.sigmoid(module.shared_expert_gate(x)) * module.shared_expert(x)
                 if plain_shared:
-                    out = out + module.shared_experts(x)
+                    out = out + getattr(module, plain_shared)(x)
                 return out.view(hidden_states.shape), logits
 
             # (the check in fp32: a bf16 block's own roundings are not the routing's; with a
