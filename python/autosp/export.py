@@ -29,18 +29,25 @@ The model code is not changed. What this does, and nothing else:
     another view than a cut of part of it); export() then exports lengths up to L - 1 and
     says so. A guard that the sequence is at least N long (N <= 16: a model's own label shift)
     is taken likewise;
-  - while exporting, computes four things in a form torch.export traces or autosp reads, the
+  - calls autosp::attention with values narrower than the keys (DeepSeek-V3's latent
+    attention) on the values padded with zeros, and slices the padded columns off;
+  - while exporting, computes these in a form torch.export traces or autosp reads, the
     same numbers: longrope (Phi-3's rotary), which transformers switches to its long factors by
     a Python `if` on the positions, chooses them by the sequence length in the program
     (_LongRopeByLength), so that autosp takes the factors of the length it trains;
     nn.MultiheadAttention used as batch-first self-attention runs in the [B, H, S, D] layout
     (_BatchFirstSelfAttention: its own merges the heads into the batch);
     nn.TransformerEncoder's guess whether its mask is causal (a data-dependent torch.equal)
-    answers only what it was told; and transformers' sparse mixture-of-experts blocks (Mixtral's,
-    Qwen2/3-MoE's, OLMoE's), whose loop over the experts hit torch.export cannot trace, are their
-    router linear and one `autosp::moe` node of the experts' weights (_SparseMoeBlocks, checked
-    against the block's own forward first), and their load-balancing loss, where the config
-    asks for it (output_router_logits), one `autosp::moe_balance` node (_LoadBalancingLoss).
+    answers only what it was told; DeepSeek-V3's interleaved rotary is GLM's, its permutation of
+    q's and k's rotary parts dropped (the scores do not see it), and its keys assembled in an
+    empty tensor their cat (_InterleavedRopeOfLatentAttention, each checked on a sample); and
+    transformers' sparse mixture-of-experts blocks (Mixtral's, Qwen2/3-MoE's, OLMoE's,
+    Qwen2-MoE's, Ernie 4.5-MoE's, HunYuan-MoE's, GraniteMoE's, GLM-4.5-MoE's, DeepSeek-V3's,
+    in transformers 4's and 5's forms), whose loop over the experts hit torch.export cannot
+    trace, are their router's logits and one `autosp::moe` or `autosp::moe_stacked` node of the
+    experts' weights, with the routing the check against the block's own forward finds
+    (_SparseMoeBlocks), and their load-balancing loss, where the config asks for it
+    (output_router_logits), one `autosp::moe_balance` node (_LoadBalancingLoss).
 Models that call torch.nn.functional.scaled_dot_product_attention(is_causal=True) themselves
 need none of the registration; autosp reads that node as it is, and attention written out
 (softmax(q @ k^T * scale + mask) @ v, GPT-J's) or SDPA given a mask tensor, where the mask it
