@@ -3,12 +3,16 @@
 
 Usage (from the repository root, under the venv of scripts/install_bench_venv.sh):
   ~/.cache/autosp/bench-venv/bin/python bench/bench_moe.py [--autosp build/autosp]
-      [--threads 2] [--sizes 512,1024,2048] [--steps 4] [--checkpoint none] [--out FILE.json]
-      [--quick] [--keep]
+      [--family mixtral|deepseek_v3] [--threads 2] [--sizes 512,1024,2048] [--steps 4]
+      [--checkpoint none] [--out FILE.json] [--quick] [--keep]
 
-The model: transformers' MixtralForCausalLM (vocab 4096, hidden 512, 4 layers, 8 heads, 2 kv
-heads, 8 SwiGLU experts of 1024, top-2; router jitter and attention dropout 0, no router aux
-loss), built with torch.manual_seed(0), float32, saved with save_pretrained and exported with
+The model (--family, FAMILIES): transformers' MixtralForCausalLM (vocab 4096, hidden 512, 4
+layers, 8 heads, 2 kv heads, 8 SwiGLU experts of 1024, top-2; router jitter and attention
+dropout 0, no router aux loss), or DeepseekV3ForCausalLM of the same vocabulary, hidden size,
+layers and heads (multi-head latent attention: q and kv ranks 256 and 128, keys of 64 + a
+rotary 32, values 64; 16 routed experts of 256 in 4 groups, 2 kept, top 4, the sigmoid router
+with its correction bias, a shared expert, a dense first layer of 1024), built with
+torch.manual_seed(0), float32, saved with save_pretrained and exported with
 python/autosp/export.py (each sparse MoE block becomes one `autosp::moe` node, which autosp
 runs sparsely: each expert on its own tokens). Both sides start from these weights.
 
@@ -19,7 +23,7 @@ eps 1e-8, weight decay 0.1), gradient clipping 1.0: bench_train.py's ds_config, 
 
 autosp: `autosp train --model model.pt2 ... --metrics M.jsonl`, compile.checkpoint from
 --checkpoint (default none; "default" leaves the key out). torch: this script with --torch-child:
-MixtralForCausalLM.from_pretrained(dir, attn_implementation="sdpa"), train mode, its own
+AutoModelForCausalLM.from_pretrained(dir, attn_implementation="sdpa"), train mode, its own
 torch.optim.AdamW and clip_grad_norm_. Its loss is F.cross_entropy of all S logits against the
 S next tokens, not transformers' labels= (which shifts inside, scoring S - 1 positions), so
 both sides score the same S positions; torch makes the [S, V] logits, autosp's fused head not.
@@ -53,23 +57,34 @@ from bench_train import ds_config, run_measured, thread_env  # noqa: E402
 
 GIB = 1024 ** 3
 VENV_PYTHON = os.path.expanduser("~/.cache/autosp/bench-venv/bin/python")
-MODEL = dict(vocab_size=4096, hidden_size=512, intermediate_size=1024, num_hidden_layers=4,
-             num_attention_heads=8, num_key_value_heads=2, num_local_experts=8,
-             num_experts_per_tok=2, max_position_embeddings=65536, router_jitter_noise=0.0,
-             attention_dropout=0.0, output_router_logits=False, tie_word_embeddings=False,
-             torch_dtype="float32")
+COMMON = dict(vocab_size=4096, hidden_size=512, intermediate_size=1024, num_hidden_layers=4,
+              num_attention_heads=8, max_position_embeddings=65536, attention_dropout=0.0,
+              tie_word_embeddings=False, torch_dtype="float32")
+# --family: (the model class and its config class in transformers, the config)
+FAMILIES = {
+    "mixtral": ("MixtralForCausalLM", "MixtralConfig", dict(
+        COMMON, num_key_value_heads=2, num_local_experts=8, num_experts_per_tok=2, router_jitter_noise=0.0,
+        output_router_logits=False)),
+    "deepseek_v3": ("DeepseekV3ForCausalLM", "DeepseekV3Config", dict(
+        COMMON, num_key_value_heads=8, q_lora_rank=256, kv_lora_rank=128, qk_nope_head_dim=64,
+        qk_rope_head_dim=32, v_head_dim=64, n_routed_experts=16, num_experts_per_tok=4, n_group=4, topk_group=2,
+        moe_intermediate_size=256, n_shared_experts=1, first_k_dense_replace=1, routed_scaling_factor=2.5,
+        rope_interleave=True)),
+}
+MODEL = FAMILIES["mixtral"][2]  # (the vocabulary and the defaults the checks read are alike in all)
 LOSS_TOL = 1e-3  # step-1 losses, same weights and data: fp32 summation order and MoE routing
 
 
-def prepare(work, n_tokens):
+def prepare(work, n_tokens, family):
     """The model directory (save_pretrained), its .pt2 and the token file, in work."""
     sys.path.insert(0, os.path.join(ROOT, "python"))
     import torch
     import transformers
     from autosp.export import export
     torch.manual_seed(0)
-    model = transformers.MixtralForCausalLM(transformers.MixtralConfig(**MODEL)).float()
-    model_dir, pt2 = os.path.join(work, "mixtral"), os.path.join(work, "mixtral.pt2")
+    model_class, config_class, config = FAMILIES[family]
+    model = getattr(transformers, model_class)(getattr(transformers, config_class)(**config)).float()
+    model_dir, pt2 = os.path.join(work, family), os.path.join(work, family + ".pt2")
     model.save_pretrained(model_dir)
     export(copy.deepcopy(model), pt2)  # export switches the attention and the MoE forward
     tokens = os.path.join(work, "tokens.bin")
@@ -90,7 +105,7 @@ def torch_child(a):
     with open(a.config) as f:
         ds = json.load(f)
     op = ds["optimizer"]["params"]
-    model = transformers.MixtralForCausalLM.from_pretrained(
+    model = transformers.AutoModelForCausalLM.from_pretrained(
         a.model_dir, attn_implementation="sdpa", dtype=torch.float32)
     model.config.use_cache = False
     model.train()
@@ -165,6 +180,7 @@ def run_torch(a, work, cfg, model_dir, tokens, S):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--autosp", default=os.path.join(ROOT, "build", "autosp"))
+    ap.add_argument("--family", default="mixtral", choices=sorted(FAMILIES))
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--sizes", default=None, help="comma list (default 512,1024,2048)")
     ap.add_argument("--steps", type=int, default=None, help="default 4 (quick 3)")
@@ -183,7 +199,7 @@ def main():
     if a.torch_child:
         return torch_child(a)
     if a.prepare_child:
-        return prepare(a.data, a.prepare_child)
+        return prepare(a.data, a.prepare_child, a.family)
     a.python = sys.executable
     sizes = [int(x) for x in (a.sizes or ("512,1024" if a.quick else "512,1024,2048")).split(",")]
 
@@ -192,7 +208,7 @@ def main():
         # In a child, so that this process stays small: Linux keeps the high-water RSS of
         # the process a child was forked from in the child's ru_maxrss across exec.
         p = subprocess.run([a.python, os.path.abspath(__file__), "--data", work,
-                            "--prepare-child", str(a.steps * max(sizes) + 1)],
+                            "--prepare-child", str(a.steps * max(sizes) + 1), "--family", a.family],
                            env=thread_env(a.threads), capture_output=True, text=True)
         if p.returncode != 0:
             sys.exit(f"bench_moe.py: building and exporting the model failed (needs torch 2.x and "
@@ -223,7 +239,7 @@ def main():
         print_table(a, sizes, results, prep, notes)
         if a.out:
             with open(a.out, "w") as f:
-                json.dump({"model": MODEL, "parameters": prep["parameters"], "threads": a.threads,
+                json.dump({"family": a.family, "model": FAMILIES[a.family][2], "parameters": prep["parameters"], "threads": a.threads,
                            "steps": a.steps, "checkpoint": a.checkpoint, "torch": prep["torch"],
                            "transformers": prep["transformers"], "results": results,
                            "notes": notes}, f, indent=1)
@@ -241,7 +257,7 @@ def print_table(a, sizes, results, prep, notes):
 
     def ratio(num, den):
         return num / den if num and den else None
-    print(f"\n### Mixtral MoE training step, {prep['parameters'] / 1e6:.1f} M parameters, "
+    print(f"\n### {FAMILIES[a.family][0]} training step, {prep['parameters'] / 1e6:.1f} M parameters, "
           f"{a.threads} threads, {a.steps} steps (median of steps 2..), checkpoint "
           f"{a.checkpoint}, torch {prep['torch']} (sdpa)\n")
     print("| S | autosp step s | torch step s | torch/autosp | autosp RSS GiB | torch RSS GiB "
