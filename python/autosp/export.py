@@ -29,8 +29,6 @@ The model code is not changed. What this does, and nothing else:
     another view than a cut of part of it); export() then exports lengths up to L - 1 and
     says so. A guard that the sequence is at least N long (N <= 16: a model's own label shift)
     is taken likewise;
-  - calls autosp::attention with values narrower than the keys (DeepSeek-V3's latent
-    attention) on the values padded with zeros, and slices the padded columns off;
   - while exporting, computes these in a form torch.export traces or autosp reads, the
     same numbers: longrope (Phi-3's rotary), which transformers switches to its long factors by
     a Python `if` on the positions, chooses them by the sequence length in the program
@@ -70,7 +68,8 @@ _registered = False
 
 
 def _attention_reference(q, k, v, causal: bool, scale: float, window: int, softcap: float = 0.0):
-    # q [B, H, S, D], k and v [B, KV, S, D] (grouped-query attention: H a multiple of KV).
+    # q [B, H, S, D], k [B, KV, S, D] and v [B, KV, S, Dv] (grouped-query attention: H a multiple
+    # of KV; Dv the values' head dim, D or another, DeepSeek-V3's).
     rep = q.shape[1] // k.shape[1]
     if rep > 1:
         k = k.repeat_interleave(rep, dim=1)
@@ -181,32 +180,17 @@ def register():
         softcap = float(kwargs.get("softcap") or 0.0)
         if softcap < 0:
             raise ValueError(f"autosp attention: attention logit softcap {softcap} must be positive (or None)")
-        # Values of another head size than the queries' and keys' (DeepSeek-V3's multi-head latent
-        # attention: 128 against 192): the narrower side padded with zeros (which add 0 to each
-        # score, or give columns of 0 that are sliced off), autosp's attention taking one size.
-        dv = value.shape[-1]
-        query, key, value = (_zero_padded(t, max(query.shape[-1], dv)) for t in (query, key, value))
+        # (values may have their own head size, DeepSeek-V3's latent attention's: autosp's
+        # attention takes it, out [..., Dv])
         if softcap > 0:
             out = torch.ops.autosp.attention(query, key, value, True, float(scale), int(sliding_window or 0), softcap)
         else:  # the archives of models without a cap stay as they were
             out = torch.ops.autosp.attention(query, key, value, True, float(scale), int(sliding_window or 0))
-        if out.shape[-1] != dv:
-            out = out[..., :dv]
         return out.transpose(1, 2).contiguous(), None
 
     AttentionInterface.register("autosp", autosp_attention)
     AttentionMaskInterface.register("autosp", lambda *args, **kwargs: None)
     _registered = True
-
-
-def _zero_padded(t, d):
-    """t [..., D] with zeros after its last dim to d (itself where D is d): written as t's own
-    columns times 0, so that the zeros are rows of t's, as the sequence is split."""
-    pad = d - t.shape[-1]
-    if pad <= 0:
-        return t
-    zeros = torch.cat([t * 0] * -(-pad // t.shape[-1]), dim=-1)[..., :pad]
-    return torch.cat([t, zeros], dim=-1)
 
 
 class _LossOf(torch.nn.Module):

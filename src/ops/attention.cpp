@@ -30,20 +30,26 @@ namespace autosp {
 
 namespace {
 
-// q [B, S, NH, D], k and v [B, S, NKV, D], of one floating dtype
+// q [B, S, NH, D], k [B, S, NKV, D] and v [B, S, NKV, Dv] (Dv: D, or the values' own head
+// dim, DeepSeek-V3's latent attention's), of one floating dtype
 cpu::AttentionDims attention_dims(const Types& in) {
   for (int i = 0; i < 3; ++i) {
     const char* name = i == 0 ? "q" : i == 1 ? "k" : "v";
     require_floating(in[i], name);
     require_same_dtype(in[0], "q", in[i], name);
-    require_rank(in[i], 4, i == 0 ? "q [B, S, NH, D]" : i == 1 ? "k [B, S, NKV, D]" : "v [B, S, NKV, D]");
+    require_rank(in[i], 4, i == 0 ? "q [B, S, NH, D]" : i == 1 ? "k [B, S, NKV, D]" : "v [B, S, NKV, Dv]");
   }
-  const Shape &q = in[0].shape, &k = in[1].shape;
-  require(k == in[2].shape, "k and v must have the same shape");
+  const Shape &q = in[0].shape, &k = in[1].shape, &v = in[2].shape;
+  require(k[0] == v[0] && k[1] == v[1] && k[2] == v[2] && v[3] > 0, "k and v must agree on B, S and NKV, got k ",
+          shape_str(k), " and v ", shape_str(v));
   require(q[0] == k[0] && q[1] == k[1] && q[3] == k[3], "q and k must agree on B, S and D");
   require(k[2] > 0 && q[2] % k[2] == 0, "query heads NH=", q[2],
           " must be a multiple of kv heads NKV=", k[2]);
-  return {q[0], q[1], q[2], k[2], q[3]};
+  return {q[0], q[1], q[2], k[2], q[3], v[3] == q[3] ? 0 : v[3]};
+}
+// out [B, S, NH, Dv] of q's dtype
+TensorType attention_out(const Types& in, const cpu::AttentionDims& d) {
+  return {in[0].dtype, {d.B, d.S, d.NH, d.dv()}};
 }
 
 // The optional document ids (operand `at` when present): i32 [B, S] of q's B and S.
@@ -116,13 +122,15 @@ void check_attrs(const Attrs& attrs) {
   require(std::isfinite(cap) && cap >= 0, "'softcap' must be positive (or 0: none), got ", cap);
 }
 
-double attention_flops(const cpu::AttentionDims& d, const Attrs& attrs, double matmuls) {
+double attention_flops(const cpu::AttentionDims& d, const Attrs& attrs, bool backward) {
   // Each S x S x D matmul is 2 S^2 D FLOPs per head over the (query, key) pairs: S^2, causal
   // about half; a window W < S leaves W (W + 1) / 2 + (S - W) W of the causal S (S + 1) / 2.
+  // The forward's two are q.k (D) and P v (Dv); the backward's five q.k, dO v (Dv), dV, dK and dQ.
   const double S = double(d.S), W = double(window_of(attrs));
   double pairs = attrs.get_int("causal") != 0 ? 0.5 * S * S : S * S;
   if (W > 0 && W < S) pairs *= (W * (W + 1) / 2 + (S - W) * W) / (S * (S + 1) / 2);
-  return matmuls * 2.0 * d.B * d.NH * pairs * d.D;
+  const double dims = backward ? 3.0 * double(d.D) + 2.0 * double(d.dv()) : double(d.D) + double(d.dv());
+  return 2.0 * d.B * d.NH * pairs * dims;
 }
 
 }  // namespace
@@ -150,17 +158,58 @@ cuda::AttentionChoice cuda_attention_choice(const cuda::CudnnSdpaKey& key, bool 
                choice.why);
   return choice;
 }
-// Scratch of the cuda kernels: one block of queries' scores (kernels/cuda/attention_blocks.h),
-// for the block size the kernels take themselves (cuda_attention.h, rows 0); where cuDNN runs,
-// the larger of that and cuDNN's (a run may fall back to the blocks). Planned as if this build
-// had cuDNN, so that `autosp plan` plans on any machine what a GPU build runs.
+// The cuda kernels take one head dim. Where v's (Dv) is not q's and k's (D), they run on
+// copies of the operands of the smaller one zero-padded to the larger, P: a zero column adds 0
+// to every score, and gives output (and gradient) columns that are sliced off when copied back.
+// The copies come first in the op's workspace, each [rows, P] at a 256-byte boundary, in the
+// order of CudaPadding's fields; the kernels' own scratch follows.
+struct CudaPadding {
+  int64_t P = 0;                          // 0: none (Dv == D)
+  bool qk = false, values = false;        // which side is padded: q, k (D < P) or v, out (Dv < P)
+  int64_t q = -1, k = -1, v = -1, out = -1, dout = -1, dq = -1, dk = -1, dv = -1, bytes = 0;  // offsets
+};
+CudaPadding cuda_padding(const cpu::AttentionDims& d, int64_t esize, bool backward) {
+  CudaPadding p;
+  if (d.dv() == d.D) return p;
+  p.P = std::max(d.D, d.dv());
+  p.qk = d.D < p.P;
+  p.values = d.dv() < p.P;
+  const int64_t rows_q = d.B * d.S * d.NH, rows_kv = d.B * d.S * d.NKV;
+  auto piece = [&](int64_t rows) {
+    const int64_t at = p.bytes;
+    p.bytes += cuda_aligned(rows * p.P * esize);
+    return at;
+  };
+  if (p.qk) {
+    p.q = piece(rows_q), p.k = piece(rows_kv);
+    if (backward) p.dq = piece(rows_q), p.dk = piece(rows_kv);
+  } else {
+    p.v = piece(rows_kv), p.out = piece(rows_q);
+    if (backward) p.dout = piece(rows_q), p.dv = piece(rows_kv);
+  }
+  return p;
+}
+// q, k, v as the kernels see them: each head dim P where padded.
+Types cuda_padded_types(const Types& qkv, const CudaPadding& p) {
+  Types t(qkv.begin(), qkv.begin() + 3);
+  if (p.P > 0)
+    for (TensorType& x : t) x.shape[3] = p.P;
+  return t;
+}
+// Scratch of the cuda kernels: the padded copies (CudaPadding), then one block of queries'
+// scores (kernels/cuda/attention_blocks.h), for the block size the kernels take themselves
+// (cuda_attention.h, rows 0); where cuDNN runs, the larger of that and cuDNN's (a run may fall
+// back to the blocks). Planned as if this build had cuDNN, so that `autosp plan` plans on any
+// machine what a GPU build runs.
 int64_t cuda_attention_workspace(const Types& qkv, const Attrs& attrs, bool documents, bool backward) {
-  const cpu::AttentionDims d = attention_dims(qkv);
-  const int64_t blocks =
-      cuda::attention_block_layout(backward, d.B, d.S, d.NH, d.NKV, d.D, qkv[0].dtype == DType::bf16 ? 2 : 4).bytes;
-  const cuda::CudnnSdpaKey key = cuda_attention_key(qkv, attrs, documents, backward);
-  if (cuda_attention_choice(key, true).impl != cuda::AttentionImplementation::cudnn) return blocks;
-  return std::max(blocks, cuda::cudnn_sdpa_layout(key).bytes);
+  const int64_t esize = qkv[0].dtype == DType::bf16 ? 2 : 4;
+  const CudaPadding pad = cuda_padding(attention_dims(qkv), esize, backward);
+  const Types kernels = cuda_padded_types(qkv, pad);
+  const cpu::AttentionDims d = attention_dims(kernels);
+  const int64_t blocks = cuda::attention_block_layout(backward, d.B, d.S, d.NH, d.NKV, d.D, esize).bytes;
+  const cuda::CudnnSdpaKey key = cuda_attention_key(kernels, attrs, documents, backward);
+  if (cuda_attention_choice(key, true).impl != cuda::AttentionImplementation::cudnn) return pad.bytes + blocks;
+  return pad.bytes + std::max(blocks, cuda::cudnn_sdpa_layout(key).bytes);
 }
 // The cuda kernels take the slopes by value: at most kAttentionMaxAlibiHeads query heads (a rank's).
 void cuda_check_alibi(const Types& qkv, const Attrs& attrs) {
@@ -185,38 +234,86 @@ int cuda_current_device() {
   check_cuda(cudaGetDevice(&device), "cudaGetDevice", "attention");
   return device;
 }
+// dst [rows, P] = src [rows, w] and zeros after (the padded copy); back: src [rows, P]'s first
+// w columns into dst [rows, w].
+void cuda_pad_rows(void* dst, const void* src, int64_t rows, int64_t w, int64_t P, int64_t esize,
+                   const CudaContext& c) {
+  check_cuda(cudaMemsetAsync(dst, 0, size_t(rows * P * esize), c.stream), "cudaMemsetAsync", "attention");
+  check_cuda(cudaMemcpy2DAsync(dst, size_t(P * esize), src, size_t(w * esize), size_t(w * esize), size_t(rows),
+                               cudaMemcpyDeviceToDevice, c.stream),
+             "cudaMemcpy2DAsync", "attention");
+}
+void cuda_unpad_rows(void* dst, const void* src, int64_t rows, int64_t w, int64_t P, int64_t esize,
+                     const CudaContext& c) {
+  check_cuda(cudaMemcpy2DAsync(dst, size_t(w * esize), src, size_t(P * esize), size_t(w * esize), size_t(rows),
+                               cudaMemcpyDeviceToDevice, c.stream),
+             "cudaMemcpy2DAsync", "attention");
+}
 void cuda_attention(const KernelArgs& a, const CudaContext& c) {
-  const Types qkv = {*a.in_types[0], *a.in_types[1], *a.in_types[2]};
+  const Types given = {*a.in_types[0], *a.in_types[1], *a.in_types[2]};
+  const cpu::AttentionDims g = attention_dims(given);
+  const int64_t es = cuda::dt_size(cuda_in_dt(a, 0)), rows_q = g.B * g.S * g.NH, rows_kv = g.B * g.S * g.NKV;
+  const CudaPadding pad = cuda_padding(g, es, false);
+  const Types qkv = cuda_padded_types(given, pad);
   const cpu::AttentionDims d = attention_dims(qkv);
+  char* ws = static_cast<char*>(a.workspace);
+  const void *q = a.in<void>(0), *k = a.in<void>(1), *v = a.in<void>(2);
+  void* out = a.out<void>(0);
+  if (pad.qk) {
+    cuda_pad_rows(ws + pad.q, q, rows_q, g.D, pad.P, es, c), q = ws + pad.q;
+    cuda_pad_rows(ws + pad.k, k, rows_kv, g.D, pad.P, es, c), k = ws + pad.k;
+  } else if (pad.values) {
+    cuda_pad_rows(ws + pad.v, v, rows_kv, g.dv(), pad.P, es, c), v = ws + pad.v;
+    out = ws + pad.out;
+  }
+  void* scratch = ws + pad.bytes;
   const int32_t* doc = a.inputs.size() == 4 ? a.in<int32_t>(3) : nullptr;
   const cuda::CudnnSdpaKey key = cuda_attention_key(qkv, *a.attrs, doc != nullptr, false, cuda_current_device());
   const cuda::AttentionChoice choice = cuda_attention_choice(key, cuda_cudnn_attention_built());
-  if (choice.impl == cuda::AttentionImplementation::cudnn &&
-      cuda_attention_forward_cudnn(c, key, choice.forced, a.in<void>(0), a.in<void>(1), a.in<void>(2), doc,
-                                   a.out<void>(0), a.out<float>(1), a.workspace))
-    return;
-  cuda_attention_forward_blocks(c, cuda_in_dt(a, 0), cuda_dims(d), a.attrs->get_int("causal") != 0, window_of(*a.attrs),
-                                float(a.attrs->get_float("scale")), softcap_of(*a.attrs), a.in<void>(0), a.in<void>(1),
-                                a.in<void>(2), doc, a.out<void>(0), a.out<float>(1), a.workspace, 0,
-                                cuda_alibi(a, d.NH));
+  if (!(choice.impl == cuda::AttentionImplementation::cudnn &&
+        cuda_attention_forward_cudnn(c, key, choice.forced, q, k, v, doc, out, a.out<float>(1), scratch)))
+    cuda_attention_forward_blocks(c, cuda_in_dt(a, 0), cuda_dims(d), a.attrs->get_int("causal") != 0,
+                                  window_of(*a.attrs), float(a.attrs->get_float("scale")), softcap_of(*a.attrs), q, k,
+                                  v, doc, out, a.out<float>(1), scratch, 0, cuda_alibi(a, d.NH));
+  if (pad.values) cuda_unpad_rows(a.out<void>(0), out, rows_q, g.dv(), pad.P, es, c);
 }
 // attention_backward(dout, q, k, v, out, lse[, doc]) -> (dq, dk, dv)
 void cuda_attention_backward(const KernelArgs& a, const CudaContext& c) {
-  const Types qkv = {*a.in_types[1], *a.in_types[2], *a.in_types[3]};
+  const Types given = {*a.in_types[1], *a.in_types[2], *a.in_types[3]};
+  const cpu::AttentionDims g = attention_dims(given);
+  const int64_t es = cuda::dt_size(cuda_in_dt(a, 1)), rows_q = g.B * g.S * g.NH, rows_kv = g.B * g.S * g.NKV;
+  const CudaPadding pad = cuda_padding(g, es, true);
+  const Types qkv = cuda_padded_types(given, pad);
   const cpu::AttentionDims d = attention_dims(qkv);
+  char* ws = static_cast<char*>(a.workspace);
+  const void *q = a.in<void>(1), *k = a.in<void>(2), *v = a.in<void>(3), *out = a.in<void>(4), *dout = a.in<void>(0);
+  void *dq = a.out<void>(0), *dk = a.out<void>(1), *dv = a.out<void>(2);
+  if (pad.qk) {
+    cuda_pad_rows(ws + pad.q, q, rows_q, g.D, pad.P, es, c), q = ws + pad.q;
+    cuda_pad_rows(ws + pad.k, k, rows_kv, g.D, pad.P, es, c), k = ws + pad.k;
+    dq = ws + pad.dq, dk = ws + pad.dk;
+  } else if (pad.values) {
+    cuda_pad_rows(ws + pad.v, v, rows_kv, g.dv(), pad.P, es, c), v = ws + pad.v;
+    cuda_pad_rows(ws + pad.out, out, rows_q, g.dv(), pad.P, es, c), out = ws + pad.out;
+    cuda_pad_rows(ws + pad.dout, dout, rows_q, g.dv(), pad.P, es, c), dout = ws + pad.dout;
+    dv = ws + pad.dv;
+  }
+  void* scratch = ws + pad.bytes;
   const int32_t* doc = a.inputs.size() == 7 ? a.in<int32_t>(6) : nullptr;
   const cuda::CudnnSdpaKey key = cuda_attention_key(qkv, *a.attrs, doc != nullptr, true, cuda_current_device());
   const cuda::AttentionChoice choice = cuda_attention_choice(key, cuda_cudnn_attention_built());
-  if (choice.impl == cuda::AttentionImplementation::cudnn &&
-      cuda_attention_backward_cudnn(c, key, choice.forced, a.in<void>(1), a.in<void>(2), a.in<void>(3), a.in<void>(4),
-                                    a.in<float>(5), a.in<void>(0), doc, a.out<void>(0), a.out<void>(1),
-                                    a.out<void>(2), a.workspace))
-    return;
-  cuda_attention_backward_blocks(c, cuda_in_dt(a, 1), cuda_dims(d), a.attrs->get_int("causal") != 0,
-                                 window_of(*a.attrs), float(a.attrs->get_float("scale")), softcap_of(*a.attrs),
-                                 a.in<void>(1), a.in<void>(2), a.in<void>(3), a.in<void>(4), a.in<float>(5),
-                                 a.in<void>(0), doc, a.out<void>(0), a.out<void>(1), a.out<void>(2), a.workspace, 0,
-                                 cuda_alibi(a, d.NH));
+  if (!(choice.impl == cuda::AttentionImplementation::cudnn &&
+        cuda_attention_backward_cudnn(c, key, choice.forced, q, k, v, out, a.in<float>(5), dout, doc, dq, dk, dv,
+                                      scratch)))
+    cuda_attention_backward_blocks(c, cuda_in_dt(a, 1), cuda_dims(d), a.attrs->get_int("causal") != 0,
+                                   window_of(*a.attrs), float(a.attrs->get_float("scale")), softcap_of(*a.attrs), q, k,
+                                   v, out, a.in<float>(5), dout, doc, dq, dk, dv, scratch, 0, cuda_alibi(a, d.NH));
+  if (pad.qk) {
+    cuda_unpad_rows(a.out<void>(0), dq, rows_q, g.D, pad.P, es, c);
+    cuda_unpad_rows(a.out<void>(1), dk, rows_kv, g.D, pad.P, es, c);
+  } else if (pad.values) {
+    cuda_unpad_rows(a.out<void>(2), dv, rows_kv, g.dv(), pad.P, es, c);
+  }
 }
 #endif
 }  // namespace
@@ -239,10 +336,10 @@ extern const OpDef attention_op = {
       check_documents(in, 3, d);
       check_attrs(attrs);
       check_alibi(attrs, d.NH);
-      return {in[0], {DType::f32, {d.B, d.NH, d.S}}};
+      return {attention_out(in, d), {DType::f32, {d.B, d.NH, d.S}}};
     },
     .cost = [](const Types& in, const Types&, const Attrs& attrs) {
-      return Cost{attention_flops(attention_dims(in), attrs, 2), 0};
+      return Cost{attention_flops(attention_dims(in), attrs, false), 0};
     },
     // FlashAttention backward: recomputes the probabilities from q, k and lse.
     .grad = [](GradContext& c) {
@@ -304,12 +401,14 @@ extern const OpDef attention_backward_op = {
       check_documents(in, 6, d);
       check_attrs(attrs);
       check_alibi(attrs, d.NH);
-      require(in[0] == in[1] && in[4] == in[1], "dout and out must have q's type");
+      const TensorType out = attention_out({in[1], in[2], in[3]}, d);
+      require(in[0] == out && in[4] == out, "dout and out must be ", type_str(out), " (q's B, S, NH and dtype, v's "
+              "head dim), got ", type_str(in[0]), " and ", type_str(in[4]));
       require(in[5] == TensorType{DType::f32, {d.B, d.NH, d.S}}, "lse must be f32[B, NH, S]");
       return {in[1], in[2], in[3]};
     },
     .cost = [](const Types& in, const Types&, const Attrs& attrs) {
-      return Cost{attention_flops(attention_dims({in[1], in[2], in[3]}), attrs, 5), 0};
+      return Cost{attention_flops(attention_dims({in[1], in[2], in[3]}), attrs, true), 0};
     },
     .grad = nullptr,
     .cpu = [](const KernelArgs& a) {

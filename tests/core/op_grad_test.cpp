@@ -402,6 +402,22 @@ TEST(OpGrad, AttentionCausalGqa) {
     }
 }
 
+// Values of their own head dim Dv (DeepSeek-V3's latent attention), narrower and wider than
+// q's and k's D: out and dv are [.., Dv].
+TEST(OpGrad, AttentionWithValuesOfTheirOwnHeadDim) {
+  for (int64_t dv : {2, 6})
+    for (int64_t nkv : {1, 4}) {
+      SCOPED_TRACE(str("Dv=", dv, " NKV=", nkv));
+      const int64_t B = 2, S = 5, NH = 4, D = 4;
+      Tracer t;
+      Tensor q = t.parameter("q", {B, S, NH, D});
+      Tensor k = t.parameter("k", {B, S, nkv, D});
+      Tensor v = t.parameter("v", {B, S, nkv, dv});
+      t.output("y0", t.attention(q, k, v, true, 1.0 / std::sqrt(double(D))));
+      check_gradients(t.finish(), {});
+    }
+}
+
 // Packed samples: document ids keep each query within its document. S = 70 puts a boundary
 // on the 64-row tile edge and others inside tiles, and has one-token documents.
 TEST(OpGrad, AttentionWithDocuments) {

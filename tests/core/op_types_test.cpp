@@ -241,6 +241,19 @@ void attention_keeps_an_f32_log_sum_exp() {
   EXPECT_NE(infer_error(OpKind::attention, {q, T(f32, {1, 6, 2, 8}), kv}, attrs)
                 .find("q and k must have the same dtype, got q bf16[1, 6, 4, 8] and k f32[1, 6, 2, 8]"),
             std::string::npos);
+  // Values of their own head dim (DeepSeek-V3's): out, dout and dv are v's.
+  {
+    const TensorType v = T(bf16, {1, 6, 2, 5}), out = T(bf16, {1, 6, 4, 5}), lse = T(f32, {1, 4, 6});
+    EXPECT_EQ(infer(OpKind::attention, {q, kv, v}, attrs), (Types{out, lse}));
+    EXPECT_EQ(infer(OpKind::attention_backward, {out, q, kv, v, out, lse}, attrs), (Types{q, kv, v}));
+    EXPECT_NE(infer_error(OpKind::attention_backward, {q, q, kv, v, out, lse}, attrs)
+                  .find("dout and out must be bf16[1, 6, 4, 5] (q's B, S, NH and dtype, v's head dim), got "
+                        "bf16[1, 6, 4, 8] and bf16[1, 6, 4, 5]"),
+              std::string::npos);
+    EXPECT_NE(infer_error(OpKind::attention, {q, kv, T(bf16, {1, 6, 1, 8})}, attrs)
+                  .find("k and v must agree on B, S and NKV, got k [1, 6, 2, 8] and v [1, 6, 1, 8]"),
+              std::string::npos);
+  }
   // A sliding window is causal only, and positive.
   EXPECT_EQ(infer(OpKind::attention, {q, kv, kv}, {{"causal", int64_t{1}}, {"scale", 0.5}, {"window", int64_t{4}}}),
             (Types{q, T(f32, {1, 4, 6})}));

@@ -295,9 +295,11 @@ std::vector<OpCase> op_cases() {
                    one(OpKind::rope, {{"theta", 500000.0}}), {{"p", positions(1, 3, 4000)}}, {}, false});
   // attention(q, k, v[, doc]) alone (finite differences through out, not lse), and its
   // backward fed by it; doc empty: no document ids.
-  auto attention_case = [&](const std::string& name, const Attrs& a, const std::vector<int32_t>& doc = {}) {
+  // Dv: v's head dim (0: D).
+  auto attention_case = [&](const std::string& name, const Attrs& a, const std::vector<int32_t>& doc = {},
+                            int64_t Dv = 0) {
     std::vector<InputSpec> in = {{"q", DType::f32, {Bt, S, NH, D}}, {"k", DType::f32, {Bt, S, NKV, D}},
-                                 {"v", DType::f32, {Bt, S, NKV, D}}};
+                                 {"v", DType::f32, {Bt, S, NKV, Dv ? Dv : D}}};
     if (!doc.empty()) in.push_back({"doc", DType::i32, {Bt, S}});
     cases.push_back({name, in, [a](B& b, const Ins& x) { return b.emit(OpKind::attention, x, a); },
                      doc.empty() ? std::map<std::string, std::vector<int32_t>>{}
@@ -305,9 +307,10 @@ std::vector<OpCase> op_cases() {
                      {}, true, 1});
   };
   auto attention_and_backward_case = [&](const std::string& name, const Attrs& a,
-                                         const std::vector<int32_t>& doc = {}) {
+                                         const std::vector<int32_t>& doc = {}, int64_t Dv = 0) {
     std::vector<InputSpec> in = {{"q", DType::f32, {Bt, S, NH, D}}, {"k", DType::f32, {Bt, S, NKV, D}},
-                                 {"v", DType::f32, {Bt, S, NKV, D}}, {"dout", DType::f32, {Bt, S, NH, D}}};
+                                 {"v", DType::f32, {Bt, S, NKV, Dv ? Dv : D}},
+                                 {"dout", DType::f32, {Bt, S, NH, Dv ? Dv : D}}};
     const bool docs = !doc.empty();
     if (docs) in.push_back({"doc", DType::i32, {Bt, S}});
     cases.push_back({name, in,
@@ -351,6 +354,13 @@ std::vector<OpCase> op_cases() {
     const Attrs a{{"causal", int64_t{1}}, {"scale", scale}, {"window", int64_t{3}}, {"softcap", 0.5}};
     attention_case("attention_softcap", a);
     attention_and_backward_case("attention_and_backward_softcap", a);
+  }
+  // Values of their own head dim, narrower (DeepSeek-V3's) and wider: the cuda kernels run on
+  // zero-padded copies of the narrower side (ops/attention.cpp's CudaPadding).
+  for (int64_t Dv : {D / 2, D + 4}) {
+    const Attrs a{{"causal", int64_t{1}}, {"scale", scale}};
+    attention_case(str("attention_values_", Dv), a, {}, Dv);
+    attention_and_backward_case(str("attention_and_backward_values_", Dv), a, {}, Dv);
   }
   // ALiBi (BLOOM, MPT) with documents: the cuda blocks, slopes by value, against the CPU kernels.
   {

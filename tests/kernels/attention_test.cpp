@@ -57,8 +57,8 @@ Tensors make_inputs(const AttentionDims& d, uint32_t seed) {
   // Inputs of magnitude ~2 make the softmax peaked enough to exercise the running max.
   t.q = random_floats(d.B * d.S * d.NH * d.D, gen, -2.0f, 2.0f);
   t.k = random_floats(d.B * d.S * d.NKV * d.D, gen, -2.0f, 2.0f);
-  t.v = random_floats(d.B * d.S * d.NKV * d.D, gen, -1.0f, 1.0f);
-  t.dout = random_floats(d.B * d.S * d.NH * d.D, gen, -1.0f, 1.0f);
+  t.v = random_floats(d.B * d.S * d.NKV * d.dv(), gen, -1.0f, 1.0f);
+  t.dout = random_floats(d.B * d.S * d.NH * d.dv(), gen, -1.0f, 1.0f);
   return t;
 }
 
@@ -67,7 +67,7 @@ void run_kernels(const AttentionDims& d, bool causal, float scale, Tensors& t,
                  const int32_t* documents = nullptr, int64_t window = 0, float softcap = 0.0f,
                  const float* alibi = nullptr) {
   const int threads = omp_get_max_threads();
-  t.out.assign(d.B * d.S * d.NH * d.D, 0.0f);
+  t.out.assign(d.B * d.S * d.NH * d.dv(), 0.0f);
   t.lse.assign(d.B * d.NH * d.S, 0.0f);
   t.dq.assign(t.q.size(), 0.0f);
   t.dk.assign(t.k.size(), 0.0f);
@@ -269,6 +269,60 @@ TEST(AttentionKernelDocuments, BitwiseEqualAcrossThreadCountsAndSchedules) {
   }
   omp_set_num_threads(saved);
   EXPECT_TRUE(saw_split && saw_fused) << "both backward schedules must be compared";
+}
+
+// ---- values of their own head dim (DeepSeek-V3's latent attention) ----------------------
+// v, out, dout and dv of Dv columns against q's and k's D, narrower and wider: against the
+// double reference with and without documents, causal and not, on both GQA layouts and on 1,
+// 3 and 16 threads (the fused schedule, its GQA slots and the split one); and bitwise the same
+// on every thread count.
+TEST(AttentionKernelValueDim, ForwardAndBackwardMatchDoubleOnEverySchedule) {
+  const int saved = omp_get_max_threads();
+  bool saw_split = false, saw_fused = false;
+  for (auto [D, Dv] : {std::pair<int64_t, int64_t>{12, 8}, {8, 12}, {40, 24}})
+    for (int64_t S : {100, 257})
+      for (auto [NH, NKV] : {std::pair<int64_t, int64_t>{4, 2}, {4, 4}})
+        for (bool causal : {true, false})
+          for (bool packed : {false, true}) {
+            const AttentionDims d{2, S, NH, NKV, D, Dv};
+            const std::vector<int32_t> docs = documents_of(d, {{37, 27, 100}, {64, 1, 70}});
+            const int32_t* ids = packed ? docs.data() : nullptr;
+            const std::string at = "D=" + std::to_string(D) + " Dv=" + std::to_string(Dv) + " S=" +
+                                   std::to_string(S) + " NKV=" + std::to_string(NKV) + (causal ? " causal" : " full") +
+                                   (packed ? " packed" : "");
+            const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+            const auto seed = static_cast<uint32_t>(S + NKV + D + 7 * Dv);
+            Tensors t = make_inputs(d, seed);
+            std::vector<double> out(d.B * S * NH * Dv), lse(d.B * NH * S);
+            std::vector<double> dq(t.q.size()), dk(t.k.size()), dv(t.v.size());
+            const auto q = to_double(t.q), k = to_double(t.k), v = to_double(t.v), dout = to_double(t.dout);
+            autosp::cpu::attention_forward_reference(d, causal, scale, q.data(), k.data(), v.data(), out.data(),
+                                                     lse.data(), ids);
+            autosp::cpu::attention_backward_reference(d, causal, scale, q.data(), k.data(), v.data(), dout.data(),
+                                                      dq.data(), dk.data(), dv.data(), ids);
+            Tensors first;
+            for (int threads : {1, 3, 16}) {
+              omp_set_num_threads(threads);
+              (autosp::cpu::attention_backward_is_split(d, threads) ? saw_split : saw_fused) = true;
+              Tensors t2 = make_inputs(d, seed);
+              run_kernels(d, causal, scale, t2, ids);
+              const std::string where = at + ", " + std::to_string(threads) + " threads";
+              EXPECT_LE(normalised_max_error(t2.out, out), kTolerance) << "out, " << where;
+              EXPECT_LE(normalised_max_error(t2.lse, lse), kTolerance) << "lse, " << where;
+              EXPECT_LE(normalised_max_error(t2.dq, dq), kTolerance) << "dq, " << where;
+              EXPECT_LE(normalised_max_error(t2.dk, dk), kTolerance) << "dk, " << where;
+              EXPECT_LE(normalised_max_error(t2.dv, dv), kTolerance) << "dv, " << where;
+              if (threads == 1) {
+                first = t2;
+                continue;
+              }
+              for (auto [a, b, name] : {std::tuple{&first.out, &t2.out, "out"}, {&first.dq, &t2.dq, "dq"},
+                                        {&first.dk, &t2.dk, "dk"}, {&first.dv, &t2.dv, "dv"}})
+                EXPECT_EQ(0, std::memcmp(a->data(), b->data(), a->size() * sizeof(float))) << name << ", " << where;
+            }
+          }
+  omp_set_num_threads(saved);
+  EXPECT_TRUE(saw_split && saw_fused) << "both backward schedules must be run";
 }
 
 // ---- sliding window (Mistral) ----------------------------------------------------------

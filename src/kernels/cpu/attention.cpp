@@ -208,7 +208,7 @@ ForwardPlan plan_forward(const AttentionDims& d) {
   int64_t off = 0;
   p.qT = off, off += region(d.D * kBq);   // scale * Q_i^T, D x Bq (zero-padded columns)
   p.st = off, off += region(kBk * kBq);   // S^T then P^T, Bk x Bq
-  p.o = off, off += region(kBq * d.D);    // unnormalised output rows
+  p.o = off, off += region(kBq * d.dv());  // unnormalised output rows
   p.m = off, off += region(kBq);
   p.l = off, off += region(kBq);
   p.corr = off, off += region(kBq);
@@ -232,12 +232,13 @@ ForwardPlan plan_forward(const AttentionDims& d) {
 //          the second phase: 7 tile products per (i, j) instead of 5.
 struct BackwardPlan {
   int64_t kT, vT, p, ds, dk, dv, dq, delta, per_thread;
-  int64_t q, dout;   // fused only: the head's q and dout rows, packed (S x D each)
+  int64_t q, dout;   // fused only: the head's q and dout rows, packed (S x D, S x Dv)
   int64_t G;         // query heads per kv head
   bool split;        // the split schedule (else fused)
   // fused only:
   int64_t wave;      // kv groups processed at once when G > 1
-  int64_t slot;      // floats of one query head's dk+dv partial (S x D each)
+  int64_t slot;      // floats of one query head's dk+dv partial (S x D, then S x Dv from slot_dv)
+  int64_t slot_dv;
   int64_t slots;     // number of partial slots (0 when G == 1)
   // split only:
   int64_t dk_sum, dv_sum;  // per thread: a kv group's dK_j, dV_j summed over its heads
@@ -257,25 +258,27 @@ BackwardPlan plan_backward(const AttentionDims& d, int threads) {
   p.G = d.NH / d.NKV;
   p.split = use_split(d, threads);
   int64_t off = 0;
+  const int64_t Dv = d.dv();
   p.kT = off, off += region(d.D * kBk);  // K_j^T, D x Bk (zero-padded columns)
-  p.vT = off, off += region(d.D * kBk);  // V_j^T
+  p.vT = off, off += region(Dv * kBk);   // V_j^T, Dv x Bk
   p.p = off, off += region(kBq * kBk);   // P tile
   p.ds = off, off += region(kBq * kBk);  // dP then dS tile
   p.dk = off, off += region(kBk * d.D);  // dK_j accumulator
-  p.dv = off, off += region(kBk * d.D);  // dV_j accumulator
+  p.dv = off, off += region(kBk * Dv);   // dV_j accumulator
   if (!p.split) {
     p.dq = off, off += region(d.S * d.D);  // dq accumulator of the whole head
     p.delta = off, off += region(d.S);     // delta_i = dout_i . out_i
     p.q = off, off += region(d.S * d.D);
-    p.dout = off, off += region(d.S * d.D);
+    p.dout = off, off += region(d.S * Dv);
     p.per_thread = off;
     p.wave = std::max<int64_t>(1, ceil_div(std::max(threads, 1), p.G));
-    p.slot = 2 * region(d.S * d.D);
+    p.slot_dv = region(d.S * d.D);
+    p.slot = p.slot_dv + region(d.S * Dv);
     p.slots = p.G > 1 ? p.wave * p.G : 0;
   } else {
     p.dq = off, off += region(kBq * d.D);  // dq accumulator of one query block
     p.dk_sum = off, off += region(kBk * d.D);
-    p.dv_sum = off, off += region(kBk * d.D);
+    p.dv_sum = off, off += region(kBk * Dv);
     p.per_thread = off;
     p.deltas = region(d.B * d.NH * d.S);
   }
@@ -287,7 +290,7 @@ BackwardPlan plan_backward(const AttentionDims& d, int threads) {
 void forward_block(const AttentionDims& d, bool causal, float scale, float softcap, const float* alibi,
                    const float* q, const float* k, const float* v, float* out, float* lse, int64_t b,
                    int64_t h, int64_t i0, const Mask& mask, float* ws, const ForwardPlan& plan) {
-  const int64_t S = d.S, D = d.D, NH = d.NH, NKV = d.NKV;
+  const int64_t S = d.S, D = d.D, Dv = d.dv(), NH = d.NH, NKV = d.NKV;
   const int64_t kvh = h / (NH / NKV);
   const int64_t qb = std::min(kBq, S - i0);
   float* __restrict qT = ws + plan.qT;
@@ -317,7 +320,7 @@ void forward_block(const AttentionDims& d, bool causal, float scale, float softc
     const Mask::Tile tile = mask.tile(i0, qb, j0, kb);
     if (tile == Mask::skip) continue;
     const float* krow = k + ((b * S + j0) * NKV + kvh) * D;
-    const float* vrow = v + ((b * S + j0) * NKV + kvh) * D;
+    const float* vrow = v + ((b * S + j0) * NKV + kvh) * Dv;
     // S^T = K_j (scale log2(e) Q_i)^T: rows are keys, the vector dimension is queries, so the
     // softmax statistics of all Bq queries update with whole-vector operations.
     gemm(kb, kBq, D, krow, NKV * D, 1, qT, kBq, st, kBq, false);
@@ -372,14 +375,14 @@ void forward_block(const AttentionDims& d, bool causal, float scale, float softc
       }
     }
     // o = P V on the first tile, else o = corr o + P V (each row rescaled as it is loaded).
-    gemm(qb, D, kb, st, 1, kBq, vrow, NKV * D, o, D, !first, corr);
+    gemm(qb, Dv, kb, st, 1, kBq, vrow, NKV * Dv, o, Dv, !first, corr);
     first = false;
   }
 
   for (int64_t r = 0; r < qb; ++r) {
     const float inv = 1.0f / l[r];
-    float* orow = out + ((b * S + i0 + r) * NH + h) * D;
-    for (int64_t dd = 0; dd < D; ++dd) orow[dd] = o[r * D + dd] * inv;
+    float* orow = out + ((b * S + i0 + r) * NH + h) * Dv;
+    for (int64_t dd = 0; dd < Dv; ++dd) orow[dd] = o[r * Dv + dd] * inv;
     lse[(b * NH + h) * S + i0 + r] = m[r] * kLn2 + std::log(l[r]);
   }
 }
@@ -389,37 +392,48 @@ void forward_block(const AttentionDims& d, bool causal, float scale, float softc
 
 // Row strides and head bases of one (batch, query head) pair.
 struct HeadView {
-  const float *q, *dout, *lse, *delta;  // rows of q / dout (stride qs), lse / delta (stride 1)
-  int64_t qs;
+  const float *q, *dout, *lse, *delta;  // rows of q (stride qs), dout (stride ds), lse / delta (stride 1)
+  int64_t qs, ds;
   float slope2 = 0.0f;  // ALiBi's slope in base 2 (0: none)
 };
 
 // delta_i = dout_i . out_i for every row of head h in batch b.
 void head_deltas(const AttentionDims& d, const float* out, const float* dout, int64_t b,
                  int64_t h, float* delta) {
-  const int64_t S = d.S, D = d.D, NH = d.NH;
+  const int64_t S = d.S, Dv = d.dv(), NH = d.NH;
   for (int64_t i = 0; i < S; ++i) {
-    const float* o_i = out + ((b * S + i) * NH + h) * D;
-    const float* do_i = dout + ((b * S + i) * NH + h) * D;
+    const float* o_i = out + ((b * S + i) * NH + h) * Dv;
+    const float* do_i = dout + ((b * S + i) * NH + h) * Dv;
     float s = 0.0f;
-    for (int64_t dd = 0; dd < D; ++dd) s += o_i[dd] * do_i[dd];
+    for (int64_t dd = 0; dd < Dv; ++dd) s += o_i[dd] * do_i[dd];
     delta[i] = s;
   }
 }
 
-// K_j^T and V_j^T (D x kBk, columns past kb zero) of key block [j0, j0 + kb).
+// K_j^T (D x kBk) and V_j^T (Dv x kBk), columns past kb zero, of key block [j0, j0 + kb).
 void load_kv_transposed(const AttentionDims& d, const float* k, const float* v, int64_t b,
                         int64_t kvh, int64_t j0, int64_t kb, float* __restrict kT,
                         float* __restrict vT) {
-  const int64_t ks = d.NKV * d.D;
+  const int64_t Dv = d.dv(), ks = d.NKV * d.D, vs = d.NKV * Dv;
   const float* kj = k + ((b * d.S + j0) * d.NKV + kvh) * d.D;
-  const float* vj = v + ((b * d.S + j0) * d.NKV + kvh) * d.D;
-  for (int64_t dd = 0; dd < d.D; ++dd) {
-    for (int64_t c = 0; c < kb; ++c) {
-      kT[dd * kBk + c] = kj[c * ks + dd];
-      vT[dd * kBk + c] = vj[c * ks + dd];
+  const float* vj = v + ((b * d.S + j0) * d.NKV + kvh) * Dv;
+  if (Dv == d.D) {
+    for (int64_t dd = 0; dd < d.D; ++dd) {
+      for (int64_t c = 0; c < kb; ++c) {
+        kT[dd * kBk + c] = kj[c * ks + dd];
+        vT[dd * kBk + c] = vj[c * ks + dd];
+      }
+      for (int64_t c = kb; c < kBk; ++c) kT[dd * kBk + c] = vT[dd * kBk + c] = 0.0f;
     }
-    for (int64_t c = kb; c < kBk; ++c) kT[dd * kBk + c] = vT[dd * kBk + c] = 0.0f;
+    return;
+  }
+  for (int64_t dd = 0; dd < d.D; ++dd) {
+    for (int64_t c = 0; c < kb; ++c) kT[dd * kBk + c] = kj[c * ks + dd];
+    for (int64_t c = kb; c < kBk; ++c) kT[dd * kBk + c] = 0.0f;
+  }
+  for (int64_t dd = 0; dd < Dv; ++dd) {
+    for (int64_t c = 0; c < kb; ++c) vT[dd * kBk + c] = vj[c * vs + dd];
+    for (int64_t c = kb; c < kBk; ++c) vT[dd * kBk + c] = 0.0f;
   }
 }
 
@@ -436,7 +450,7 @@ inline vf probability(vf x) { return x < splat(-100.0f) ? vf{} : vexp2(x); }
 void tile_p_ds_capped(const AttentionDims& d, bool diag, float scale, float softcap, const HeadView& hv,
                       int64_t i0, int64_t qb, int64_t j0, int64_t kb, const Mask* mixed, const float* kT,
                       const float* vT, float* p, float* ds) {
-  gemm(qb, kBk, d.D, hv.dout + i0 * hv.qs, hv.qs, 1, vT, kBk, ds, kBk, false);
+  gemm(qb, kBk, d.dv(), hv.dout + i0 * hv.ds, hv.ds, 1, vT, kBk, ds, kBk, false);
   gemm(qb, kBk, d.D, hv.q + i0 * hv.qs, hv.qs, 1, kT, kBk, p, kBk, false);
   const vf arg = splat(scale / softcap), cap2 = splat(softcap * kLog2e), one = splat(1.0f);
   for (int64_t r = 0; r < qb; ++r) {
@@ -465,7 +479,7 @@ void tile_p_ds(const AttentionDims& d, bool causal, float scale, float softcap, 
                int64_t qb, int64_t j0, int64_t kb, const Mask* mixed, const float* kT,
                const float* vT, float* p, float* ds) {
   const float* qi = hv.q + i0 * hv.qs;
-  const float* doi = hv.dout + i0 * hv.qs;
+  const float* doi = hv.dout + i0 * hv.ds;
   const bool diag = causal && j0 + kb - 1 > i0;
   if (softcap > 0) return tile_p_ds_capped(d, diag, scale, softcap, hv, i0, qb, j0, kb, mixed, kT, vT, p, ds);
   gemm(qb, kBk, d.D, qi, hv.qs, 1, kT, kBk, p, kBk, false);
@@ -490,7 +504,7 @@ void tile_p_ds(const AttentionDims& d, bool causal, float scale, float softcap, 
     }
   }
   // dP = dO_i V_j^T, then dS = P (dP - delta_i) in place
-  gemm(qb, kBk, d.D, doi, hv.qs, 1, vT, kBk, ds, kBk, false);
+  gemm(qb, kBk, d.dv(), doi, hv.ds, 1, vT, kBk, ds, kBk, false);
   for (int64_t r = 0; r < qb; ++r) {
     const vf dl = splat(hv.delta[i0 + r]);
     float* dsr = ds + r * kBk;
@@ -502,7 +516,7 @@ void tile_p_ds(const AttentionDims& d, bool causal, float scale, float softcap, 
 // dV_j (+)= P^T dO_i and dK_j (+)= dS^T Q_i (unscaled) for one tile.
 void tile_dk_dv(const AttentionDims& d, const HeadView& hv, int64_t i0, int64_t qb, int64_t kb,
                 const float* p, const float* ds, float* dka, float* dva, bool accumulate) {
-  gemm(kb, d.D, qb, p, 1, kBk, hv.dout + i0 * hv.qs, hv.qs, dva, d.D, accumulate);
+  gemm(kb, d.dv(), qb, p, 1, kBk, hv.dout + i0 * hv.ds, hv.ds, dva, d.dv(), accumulate);
   gemm(kb, d.D, qb, ds, 1, kBk, hv.q + i0 * hv.qs, hv.qs, dka, d.D, accumulate);
 }
 
@@ -519,29 +533,30 @@ int64_t first_query_block(bool causal, int64_t j0) { return causal ? j0 / kBq * 
 
 HeadView head_view(const AttentionDims& d, const float* q, const float* dout, const float* lse,
                    const float* delta, int64_t b, int64_t h, const float* alibi) {
-  return {q + (b * d.S * d.NH + h) * d.D, dout + (b * d.S * d.NH + h) * d.D,
-          lse + (b * d.NH + h) * d.S, delta, d.NH * d.D, alibi ? alibi[h] * kLog2e : 0.0f};
+  return {q + (b * d.S * d.NH + h) * d.D, dout + (b * d.S * d.NH + h) * d.dv(),
+          lse + (b * d.NH + h) * d.S, delta, d.NH * d.D, d.NH * d.dv(), alibi ? alibi[h] * kLog2e : 0.0f};
 }
 
 // Fused schedule, one work item: every key block of query head h in batch b. Writes dq for
-// (b, h) and the head's dk, dv contribution (scaled) to dk_dst, dv_dst (rows of stride ld).
+// (b, h) and the head's dk, dv contribution (scaled) to dk_dst, dv_dst (rows of strides ld,
+// ld_v).
 void backward_head(const AttentionDims& d, bool causal, float scale, float softcap, const float* alibi, const float* q,
                    const float* k, const float* v, const float* out, const float* lse,
-                   const float* dout, float* dq, float* dk_dst, float* dv_dst, int64_t ld,
+                   const float* dout, float* dq, float* dk_dst, float* dv_dst, int64_t ld, int64_t ld_v,
                    int64_t b, int64_t h, const Mask& mask, float* ws, const BackwardPlan& plan) {
-  const int64_t S = d.S, D = d.D;
+  const int64_t S = d.S, D = d.D, Dv = d.dv();
   const int64_t kvh = h / plan.G;
   float* __restrict dqa = ws + plan.dq;
   float* __restrict delta = ws + plan.delta;
   head_deltas(d, out, dout, b, h, delta);
   // The head's q and dout rows copied adjacent (BackwardPlan, fused), and read from there.
   const HeadView strided = head_view(d, q, dout, lse, delta, b, h, alibi);
-  const int64_t qs = strided.qs;  // the row stride of q, dout and dq
+  const int64_t qs = strided.qs;  // the row stride of q and dq
   for (int64_t i = 0; i < S; ++i) {
     std::memcpy(ws + plan.q + i * D, strided.q + i * qs, sizeof(float) * D);
-    std::memcpy(ws + plan.dout + i * D, strided.dout + i * qs, sizeof(float) * D);
+    std::memcpy(ws + plan.dout + i * Dv, strided.dout + i * strided.ds, sizeof(float) * Dv);
   }
-  const HeadView hv{ws + plan.q, ws + plan.dout, strided.lse, strided.delta, D, strided.slope2};
+  const HeadView hv{ws + plan.q, ws + plan.dout, strided.lse, strided.delta, D, Dv, strided.slope2};
   std::memset(dqa, 0, sizeof(float) * S * D);
 
   for (int64_t j0 = 0; j0 < S; j0 += kBk) {
@@ -563,11 +578,9 @@ void backward_head(const AttentionDims& d, bool causal, float scale, float softc
     const float* dva = ws + plan.dv;
     for (int64_t c = 0; c < kb; ++c) {
       float* dkr = dk_dst + (j0 + c) * ld;
-      float* dvr = dv_dst + (j0 + c) * ld;
-      for (int64_t dd = 0; dd < D; ++dd) {
-        dkr[dd] = scale * dka[c * D + dd];
-        dvr[dd] = dva[c * D + dd];
-      }
+      float* dvr = dv_dst + (j0 + c) * ld_v;
+      for (int64_t dd = 0; dd < D; ++dd) dkr[dd] = scale * dka[c * D + dd];
+      for (int64_t dd = 0; dd < Dv; ++dd) dvr[dd] = dva[c * Dv + dd];
     }
   }
 
@@ -583,7 +596,7 @@ void backward_key_block(const AttentionDims& d, bool causal, float scale, float 
                         const float* k, const float* v, const float* lse, const float* dout,
                         const float* deltas, float* dk, float* dv, int64_t b, int64_t kvh,
                         int64_t j0, const Mask& mask, float* ws, const BackwardPlan& plan) {
-  const int64_t S = d.S, D = d.D, G = plan.G;
+  const int64_t S = d.S, D = d.D, Dv = d.dv(), G = plan.G;
   const int64_t kb = std::min(kBk, S - j0);
   load_kv_transposed(d, k, v, b, kvh, j0, kb, ws + plan.kT, ws + plan.vT);
   float* dka = ws + plan.dk;
@@ -611,19 +624,21 @@ void backward_key_block(const AttentionDims& d, bool causal, float scale, float 
     for (int64_t e = 0; e < kb * D; ++e) dka[e] *= scale;
     if (G == 1) {
       std::memcpy(dks, dka, sizeof(float) * kb * D);
-      std::memcpy(dvs, dva, sizeof(float) * kb * D);
+      std::memcpy(dvs, dva, sizeof(float) * kb * Dv);
     } else {
       if (g == 0) {
-        for (int64_t e = 0; e < kb * D; ++e) dks[e] = dvs[e] = 0.0f;
+        for (int64_t e = 0; e < kb * D; ++e) dks[e] = 0.0f;
+        for (int64_t e = 0; e < kb * Dv; ++e) dvs[e] = 0.0f;
       }
-      for (int64_t e = 0; e < kb * D; ++e) dks[e] += dka[e], dvs[e] += dva[e];
+      for (int64_t e = 0; e < kb * D; ++e) dks[e] += dka[e];
+      for (int64_t e = 0; e < kb * Dv; ++e) dvs[e] += dva[e];
     }
   }
   for (int64_t c = 0; c < kb; ++c) {
     float* dkr = dk + ((b * S + j0 + c) * d.NKV + kvh) * D;
-    float* dvr = dv + ((b * S + j0 + c) * d.NKV + kvh) * D;
+    float* dvr = dv + ((b * S + j0 + c) * d.NKV + kvh) * Dv;
     std::memcpy(dkr, dks + c * D, sizeof(float) * D);
-    std::memcpy(dvr, dvs + c * D, sizeof(float) * D);
+    std::memcpy(dvr, dvs + c * Dv, sizeof(float) * Dv);
   }
 }
 
@@ -702,7 +717,7 @@ void attention_backward(const AttentionDims& dims, bool causal, float scale, con
                         const float* alibi) {
   threads = std::max(threads, 1);
   const BackwardPlan plan = plan_backward(dims, threads);
-  const int64_t S = dims.S, D = dims.D, NKV = dims.NKV, G = plan.G;
+  const int64_t S = dims.S, D = dims.D, Dv = dims.dv(), NKV = dims.NKV, G = plan.G;
   float* slots = workspace + threads * plan.per_thread;
   if (plan.split) {
     float* deltas = slots;
@@ -744,9 +759,9 @@ void attention_backward(const AttentionDims& dims, bool causal, float scale, con
       for (int64_t bh = 0; bh < dims.B * dims.NH; ++bh) {
         const int64_t b = bh / dims.NH, h = bh % dims.NH;
         float* dk_bh = dk + (b * S * NKV + h) * D;
-        float* dv_bh = dv + (b * S * NKV + h) * D;
-        backward_head(dims, causal, scale, softcap, alibi, q, k, v, out, lse, dout, dq, dk_bh, dv_bh, NKV * D, b,
-                      h, mask_of(documents, window, S, b), ws, plan);
+        float* dv_bh = dv + (b * S * NKV + h) * Dv;
+        backward_head(dims, causal, scale, softcap, alibi, q, k, v, out, lse, dout, dq, dk_bh, dv_bh, NKV * D,
+                      NKV * Dv, b, h, mask_of(documents, window, S, b), ws, plan);
       }
     }
     return;
@@ -764,9 +779,9 @@ void attention_backward(const AttentionDims& dims, bool causal, float scale, con
         const int64_t grp = g0 + it / G;
         const int64_t b = grp / NKV, h = grp % NKV * G + it % G;
         float* dk_part = slots + it * plan.slot;
-        float* dv_part = dk_part + plan.slot / 2;
-        backward_head(dims, causal, scale, softcap, alibi, q, k, v, out, lse, dout, dq, dk_part, dv_part, D, b, h,
-                      mask_of(documents, window, S, b), ws, plan);
+        float* dv_part = dk_part + plan.slot_dv;
+        backward_head(dims, causal, scale, softcap, alibi, q, k, v, out, lse, dout, dq, dk_part, dv_part, D, Dv, b,
+                      h, mask_of(documents, window, S, b), ws, plan);
       }
       // (implicit barrier) reduce rows of the wave's groups
 #pragma omp for schedule(static)
@@ -775,12 +790,14 @@ void attention_backward(const AttentionDims& dims, bool causal, float scale, con
         const int64_t grp = g0 + gi;
         const int64_t b = grp / NKV, kvh = grp % NKV;
         float* dkr = dk + ((b * S + j) * NKV + kvh) * D;
-        float* dvr = dv + ((b * S + j) * NKV + kvh) * D;
-        for (int64_t dd = 0; dd < D; ++dd) dkr[dd] = dvr[dd] = 0.0f;
+        float* dvr = dv + ((b * S + j) * NKV + kvh) * Dv;
+        for (int64_t dd = 0; dd < D; ++dd) dkr[dd] = 0.0f;
+        for (int64_t dd = 0; dd < Dv; ++dd) dvr[dd] = 0.0f;
         for (int64_t g = 0; g < G; ++g) {
           const float* dk_part = slots + (gi * G + g) * plan.slot + j * D;
-          const float* dv_part = dk_part + plan.slot / 2;
-          for (int64_t dd = 0; dd < D; ++dd) dkr[dd] += dk_part[dd], dvr[dd] += dv_part[dd];
+          const float* dv_part = slots + (gi * G + g) * plan.slot + plan.slot_dv + j * Dv;
+          for (int64_t dd = 0; dd < D; ++dd) dkr[dd] += dk_part[dd];
+          for (int64_t dd = 0; dd < Dv; ++dd) dvr[dd] += dv_part[dd];
         }
       }
     }

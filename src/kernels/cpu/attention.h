@@ -3,8 +3,10 @@
 // log-sum-exp of each query row, and the extra memory is O(S) (see *_workspace_floats).
 //
 // Layouts (row-major, contiguous):
-//   q, out, dq, dout : [B, S, NH, D]
-//   k, v, dk, dv     : [B, S, NKV, D]      NH % NKV == 0; query head h reads kv head h / (NH / NKV)
+//   q, dq            : [B, S, NH, D]
+//   k, dk            : [B, S, NKV, D]      NH % NKV == 0; query head h reads kv head h / (NH / NKV)
+//   out, dout        : [B, S, NH, Dv]      (Dv = dims.dv(): D unless the values' differs)
+//   v, dv            : [B, S, NKV, Dv]
 //   lse              : [B, NH, S]          lse[b,h,i] = log sum_j exp(scale * q_i . k_j) over allowed j
 //   documents        : [B, S] int32, optional (null: one document), non-decreasing along S
 // causal: query i attends to keys j <= i. With documents, query i attends only to keys of
@@ -27,8 +29,12 @@
 
 namespace autosp::cpu {
 
+// Dv: the values' head dim (and so out's and dout's, dv's), where it is not the queries' and
+// keys' D (DeepSeek-V3's latent attention: 128 against 192); 0: D.
 struct AttentionDims {
   int64_t B, S, NH, NKV, D;
+  int64_t Dv = 0;
+  int64_t dv() const { return Dv > 0 ? Dv : D; }
 };
 
 // Workspace sizes in floats for a run on `threads` threads; the caller allocates them

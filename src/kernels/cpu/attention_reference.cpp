@@ -32,7 +32,7 @@ void attention_forward_reference(const AttentionDims& d, bool causal, double sca
                                  const double* q, const double* k, const double* v, double* out,
                                  double* lse, const int32_t* documents, int64_t window, double softcap,
                                  const double* alibi) {
-  const int64_t S = d.S, D = d.D, NH = d.NH, NKV = d.NKV, G = NH / NKV;
+  const int64_t S = d.S, D = d.D, Dv = d.dv(), NH = d.NH, NKV = d.NKV, G = NH / NKV;
   std::vector<double> s(S);
   for (int64_t b = 0; b < d.B; ++b)
     for (int64_t h = 0; h < NH; ++h)
@@ -50,11 +50,11 @@ void attention_forward_reference(const AttentionDims& d, bool causal, double sca
         }
         double sum = 0.0;
         for (int64_t j = 0; j < n; ++j) sum += (s[j] = std::exp(s[j] - mx));
-        double* oi = out + ((b * S + i) * NH + h) * D;
-        for (int64_t dd = 0; dd < D; ++dd) oi[dd] = 0.0;
+        double* oi = out + ((b * S + i) * NH + h) * Dv;
+        for (int64_t dd = 0; dd < Dv; ++dd) oi[dd] = 0.0;
         for (int64_t j = 0; j < n; ++j) {
-          const double* vj = v + ((b * S + j) * NKV + h / G) * D;
-          for (int64_t dd = 0; dd < D; ++dd) oi[dd] += s[j] / sum * vj[dd];
+          const double* vj = v + ((b * S + j) * NKV + h / G) * Dv;
+          for (int64_t dd = 0; dd < Dv; ++dd) oi[dd] += s[j] / sum * vj[dd];
         }
         lse[(b * NH + h) * S + i] = mx + std::log(sum);
       }
@@ -65,13 +65,16 @@ void attention_backward_reference(const AttentionDims& d, bool causal, double sc
                                   const double* dout, double* dq, double* dk, double* dv,
                                   const int32_t* documents, int64_t window, double softcap,
                                   const double* alibi) {
-  const int64_t S = d.S, D = d.D, NH = d.NH, NKV = d.NKV, G = NH / NKV;
+  const int64_t S = d.S, D = d.D, Dv = d.dv(), NH = d.NH, NKV = d.NKV, G = NH / NKV;
   std::fill(dq, dq + d.B * S * NH * D, 0.0);
   std::fill(dk, dk + d.B * S * NKV * D, 0.0);
-  std::fill(dv, dv + d.B * S * NKV * D, 0.0);
+  std::fill(dv, dv + d.B * S * NKV * Dv, 0.0);
   std::vector<double> P(S * S), dP(S * S), dcap(S * S);
   auto row = [&](auto* x, int64_t b, int64_t t, int64_t heads, int64_t hh) {
     return x + ((b * S + t) * heads + hh) * D;
+  };
+  auto vrow = [&](auto* x, int64_t b, int64_t t, int64_t heads, int64_t hh) {  // v, dv, dout: Dv
+    return x + ((b * S + t) * heads + hh) * Dv;
   };
   for (int64_t b = 0; b < d.B; ++b)
     for (int64_t h = 0; h < NH; ++h) {
@@ -98,9 +101,9 @@ void attention_backward_reference(const AttentionDims& d, bool causal, double sc
       for (int64_t i = 0; i < S; ++i)
         for (int64_t j = 0; j < S; ++j) {
           double t = 0.0;
-          for (int64_t dd = 0; dd < D; ++dd) {
-            row(dv, b, j, NKV, kvh)[dd] += P[i * S + j] * row(dout, b, i, NH, h)[dd];
-            t += row(dout, b, i, NH, h)[dd] * row(v, b, j, NKV, kvh)[dd];
+          for (int64_t dd = 0; dd < Dv; ++dd) {
+            vrow(dv, b, j, NKV, kvh)[dd] += P[i * S + j] * vrow(dout, b, i, NH, h)[dd];
+            t += vrow(dout, b, i, NH, h)[dd] * vrow(v, b, j, NKV, kvh)[dd];
           }
           dP[i * S + j] = t;
         }
