@@ -653,6 +653,23 @@ class _SparseMoeBlocks:
                 return routing
         return None
 
+    @classmethod
+    def _routing_of(cls, probe, width, device, candidates, state, rewrite):
+        """The check of a block whose router or experts are rewritten in place: the block's own
+        output on 64 fp32 sample tokens, then the first candidate routing (state["routing"])
+        whose rewrite, installed on the probe by rewrite(), gives it; or None."""
+        sample = torch.randn(1, 64, width, generator=torch.Generator().manual_seed(0), dtype=torch.float32,
+                             device=device)
+
+        def run(routing):
+            state["routing"] = routing
+            return probe(sample)
+
+        with torch.no_grad():
+            want = probe(sample)
+            rewrite()
+            return cls._first_fit(want, candidates, run)
+
     @staticmethod
     def _parallel_experts_parts(module):
         """transformers 4's GraniteMoE block: a `router` module of one linear `layer` [E, H]
@@ -733,19 +750,10 @@ class _SparseMoeBlocks:
 
         probe = _in_float32(module, always_copy=found is not None)
         probe_bias = None if found is None else self._random_bias(probe.gate, found[0])
-        sample = torch.randn(1, 64, weight.shape[1], generator=torch.Generator().manual_seed(0), dtype=torch.float32,
-                             device=weight.device)
-
-        def run(routing):
-            state["routing"] = routing
-            return probe(sample)
-
         fit = None
         try:
-            with torch.no_grad():
-                want = probe(sample)
-                rewrite(probe, probe.gate, probe_bias)
-                fit = self._first_fit(want, candidates, run)
+            fit = self._routing_of(probe, weight.shape[1], weight.device, candidates, state,
+                                   lambda: rewrite(probe, probe.gate, probe_bias))
         finally:
             if probe is module:
                 del module.moe
@@ -806,19 +814,10 @@ class _SparseMoeBlocks:
         probe = _in_float32(module, always_copy=bias is not None)
         probe_router, probe_experts = self._stacked_parts(probe)[:2]
         probe_bias = None if bias is None else self._random_bias(probe_router, found[0])
-        sample = torch.randn(1, 64, weight.shape[1], generator=torch.Generator().manual_seed(0), dtype=torch.float32,
-                             device=weight.device)
-
-        def run(routing):
-            state["routing"] = routing
-            return probe(sample)
-
         fit = None
         try:
-            with torch.no_grad():
-                want = probe(sample)
-                rewrite(probe_router, probe_experts, probe_bias)
-                fit = self._first_fit(want, candidates, run)
+            fit = self._routing_of(probe, weight.shape[1], weight.device, candidates, state,
+                                   lambda: rewrite(probe_router, probe_experts, probe_bias))
         finally:
             if probe is module:
                 del router.forward, experts.forward
