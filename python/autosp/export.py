@@ -67,9 +67,10 @@ import torch
 _registered = False
 
 
-def _attention_reference(q, k, v, causal: bool, scale: float, window: int, softcap: float = 0.0):
+def _attention_reference(q, k, v, causal: bool, scale: float, window: int, softcap: float = 0.0, sinks=None):
     # q [B, H, S, D], k [B, KV, S, D] and v [B, KV, S, Dv] (grouped-query attention: H a multiple
-    # of KV; Dv the values' head dim, D or another, DeepSeek-V3's).
+    # of KV; Dv the values' head dim, D or another, DeepSeek-V3's). sinks [H] (gpt-oss's): one
+    # more score per row, of a key whose value is zero.
     rep = q.shape[1] // k.shape[1]
     if rep > 1:
         k = k.repeat_interleave(rep, dim=1)
@@ -81,11 +82,20 @@ def _attention_reference(q, k, v, causal: bool, scale: float, window: int, softc
         keep = i[None, :] <= i[:, None]
         if window > 0:
             keep = keep & (i[:, None] - i[None, :] < window)
-    if softcap > 0:  # SDPA has no cap: the scores written out
-        scores = softcap * torch.tanh(torch.matmul(q, k.transpose(-1, -2)) * (scale / softcap))
+    if softcap > 0 or sinks is not None:  # SDPA has neither: the scores written out
+        scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+        if softcap > 0:
+            scores = softcap * torch.tanh(scores / softcap)
+        if keep is None and causal:
+            i = torch.arange(s, device=q.device)
+            keep = i[None, :] <= i[:, None]
         if keep is not None:
             scores = scores.masked_fill(~keep, float("-inf"))
-        return torch.matmul(torch.softmax(scores, dim=-1), v)
+        if sinks is None:
+            return torch.matmul(torch.softmax(scores, dim=-1), v)
+        sink = sinks.reshape(1, -1, 1, 1).expand(q.shape[0], -1, s, 1).to(scores.dtype)
+        p = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
+        return torch.matmul(p, v)
     if keep is not None:
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=keep, scale=scale)
     return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
@@ -151,7 +161,7 @@ def register():
     if _registered:
         return
     torch.library.define("autosp::attention", "(Tensor q, Tensor k, Tensor v, bool causal, float scale, int window, "
-                                              "float softcap=0.0) -> Tensor")
+                                              "float softcap=0.0, Tensor? sinks=None) -> Tensor")
     torch.library.impl("autosp::attention", "CompositeImplicitAutograd")(_attention_reference)
     torch.library.define("autosp::moe", "(Tensor x, Tensor router_logits, Tensor[] gate, Tensor[] up, Tensor[] down, "
                                         "int top_k, bool normalize, str score=\"softmax\", int groups=1, "
@@ -182,7 +192,11 @@ def register():
             raise ValueError(f"autosp attention: attention logit softcap {softcap} must be positive (or None)")
         # (values may have their own head size, DeepSeek-V3's latent attention's: autosp's
         # attention takes it, out [..., Dv])
-        if softcap > 0:
+        sinks = kwargs.get("s_aux")  # gpt-oss's attention sinks, [H]
+        if sinks is not None:
+            out = torch.ops.autosp.attention(query, key, value, True, float(scale), int(sliding_window or 0), softcap,
+                                             sinks)
+        elif softcap > 0:
             out = torch.ops.autosp.attention(query, key, value, True, float(scale), int(sliding_window or 0), softcap)
         else:  # the archives of models without a cap stay as they were
             out = torch.ops.autosp.attention(query, key, value, True, float(scale), int(sliding_window or 0))

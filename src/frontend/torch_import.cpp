@@ -1939,9 +1939,10 @@ class TorchImporter {
     if (op == "torch.ops.autosp.moe.default" || op == "torch.ops.autosp.moe_stacked.default") return moe(n);
     if (op == "torch.ops.autosp.moe_balance.default") return moe_balance(n);
     if (op == "torch.ops.autosp.attention.default") {
-      // softcap: Gemma 2's attn_logit_softcapping (archives written before it have no such argument)
+      // softcap: Gemma 2's attn_logit_softcapping; sinks: gpt-oss's (archives written before
+      // either have no such argument)
       return attention(n, A("q", 0), A("k", 1), A("v", 2), bool_arg(n, "causal", 3, true), float_arg(n, "scale", 4),
-                       int_arg(n, "window", 5, 0), float_arg(n, "softcap", 6, 0.0));
+                       int_arg(n, "window", 5, 0), float_arg(n, "softcap", 6, 0.0), {}, A("sinks", 7));
     }
     if (op == "torch.ops.aten.scaled_dot_product_attention.default") {
       // A mask tensor is imported where it is the causal mask (a bool keeps where true, a float adds).
@@ -3278,7 +3279,7 @@ class TorchImporter {
 
   Imported attention(const FxNode& n, const std::string& q, const std::string& k_in, const std::string& v_in,
                      bool causal, double scale, int64_t window, double softcap = 0,
-                     const std::vector<double>& alibi = {}) {
+                     const std::vector<double>& alibi = {}, const std::string& sinks = "") {
     const KvHeads k = unrepeated_kv(k_in), v = unrepeated_kv(v_in);
     const Imported &qv = value(q), &kv = value(k.name), &vv = value(v.name);
     if (qv.shape.size() != 4 || kv.shape.size() != 4 || vv.shape.size() != 4) m_.fail_at(n, "attention on values not [B, H, S, D]");
@@ -3286,8 +3287,14 @@ class TorchImporter {
     if (!(softcap >= 0) || !std::isfinite(softcap)) m_.fail_at(n, str("attention softcap ", softcap));
     const Tensor qt = as_bshd(qv, q), kt = k.bshd ? tensor_of(k.name) : as_bshd(kv, k.name),
                  vt = v.bshd ? tensor_of(v.name) : as_bshd(vv, v.name);
-    Tensor out = documents_ ? t_.attention(qt, kt, vt, *documents_, causal, scale, window, softcap, alibi)
-                            : t_.attention(qt, kt, vt, causal, scale, window, softcap, alibi);
+    std::optional<Tensor> sink_logits;
+    if (!sinks.empty()) {
+      const Imported& z = value(sinks);
+      if (z.shape != std::vector<int64_t>{qv.shape[1]})
+        m_.fail_at(n, str("attention sinks of shape ", shape_str(z.shape), " for ", qv.shape[1], " query heads"));
+      sink_logits = tensor_of(sinks);
+    }
+    Tensor out = t_.attention(qt, kt, vt, documents_, sink_logits, causal, scale, window, softcap, alibi);
     Imported r = ir(out);
     r.perm = {0, 2, 1, 3};
     r.shape = qv.shape;

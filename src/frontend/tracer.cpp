@@ -117,6 +117,19 @@ Tensor Tracer::attention(Tensor q, Tensor k, Tensor v, Tensor documents, bool ca
   return op(OpKind::attention, {q, k, v, documents}, attention_attrs(causal, scale, window, softcap, alibi));
 }
 
+Tensor Tracer::attention(Tensor q, Tensor k, Tensor v, const std::optional<Tensor>& documents,
+                         const std::optional<Tensor>& sinks, bool causal, double scale, int64_t window, double softcap,
+                         const std::vector<double>& alibi) {
+  std::vector<Tensor> ins = {q, k, v};
+  Attrs attrs = attention_attrs(causal, scale, window, softcap, alibi);
+  if (sinks) {
+    ins.push_back(*sinks);
+    attrs.set("sinks", int64_t{1});
+  }
+  if (documents) ins.push_back(*documents);
+  return op(OpKind::attention, ins, attrs);
+}
+
 Tensor Tracer::cross_entropy(Tensor logits, Tensor labels, int64_t ignore_index) {
   Attrs attrs{{"ignore_index", ignore_index}};
   Tensor loss_sum = op(OpKind::cross_entropy, {logits, labels}, attrs);

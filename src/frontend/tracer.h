@@ -10,6 +10,7 @@
 //   t.output("loss", t.cross_entropy(logits, labels));
 //   Graph forward = t.finish();
 #pragma once
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -84,6 +85,11 @@ class Tracer {
   // the keys of its own document (packed samples).
   Tensor attention(Tensor q, Tensor k, Tensor v, Tensor documents, bool causal, double scale, int64_t window = 0,
                    double softcap = 0, const std::vector<double>& alibi = {});
+  // Either, with sinks (gpt-oss; [NH] of q's dtype: a learned logit per query head that joins
+  // each row's softmax as a key of zero value) where given, and documents where given.
+  Tensor attention(Tensor q, Tensor k, Tensor v, const std::optional<Tensor>& documents,
+                   const std::optional<Tensor>& sinks, bool causal, double scale, int64_t window, double softcap,
+                   const std::vector<double>& alibi);
   // Mean over labelled tokens (label != ignore_index) of -log softmax(logits)[label].
   Tensor cross_entropy(Tensor logits, Tensor labels, int64_t ignore_index = -100);
   // cross_entropy(linear(x, weight), labels) as one fused op that never holds the

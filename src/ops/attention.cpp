@@ -10,7 +10,12 @@
 // model's query heads: each score gains a_h (j - i) (kernels/cpu/attention.h). Under sequence
 // parallelism a rank attends over 1/P of the heads, the rank's part of the list in the sp
 // group: the autosp pass sets `alibi_split` P, and the kernels read the slopes from the rank's
-// offset (so the graph stays the same on every rank).
+// offset (so the graph stays the same on every rank). An optional attribute `sinks` 1 (gpt-oss's
+// attention sinks) says operand 3 is a learned logit per query head, [NH] of q's dtype, that
+// joins each row's softmax as a key of zero value (kernels/cpu/attention.h); under sequence
+// parallelism `sinks_split` P, as alibi_split, and the backward's dsinks holds the rank's heads'
+// part (zeros elsewhere: the sum over the sp group, which every parameter's gradient gets, is
+// the whole).
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -73,6 +78,34 @@ const int32_t* documents_operand(const KernelArgs& a, size_t at, const cpu::Atte
   return docs;
 }
 
+// Whether operand 3 is the sinks (attribute "sinks" 1); the document ids then come after it.
+bool has_sinks(const Attrs& attrs) { return attrs.get_int("sinks", 0) != 0; }
+int64_t sinks_split_of(const Attrs& attrs) { return attrs.get_int("sinks_split", 1); }
+// Where the optional document ids are: after q, k, v (or the backward's six) and the sinks.
+size_t documents_at(const Attrs& attrs, size_t first) { return first + (has_sinks(attrs) ? 1 : 0); }
+
+// The sinks operand (at `at`, where has_sinks): [NH] of q's dtype, NH all of the model's query
+// heads (sinks_split P of this op's).
+void check_sinks(const Types& in, size_t at, const Attrs& attrs, const cpu::AttentionDims& d) {
+  require(!attrs.has("sinks_split") || has_sinks(attrs), "'sinks_split' without 'sinks'");
+  if (!has_sinks(attrs)) return;
+  const int64_t split = sinks_split_of(attrs);
+  require(split >= 1, "'sinks_split' must be >= 1, got ", split);
+  require(in.size() > at, "'sinks' 1 needs the sinks operand after q, k and v");
+  require_same_dtype(in[0], "q", in[at], "sinks");
+  require(in[at].shape == Shape{d.NH * split}, "sinks must be [", d.NH * split, "] (one logit per query head",
+          split > 1 ? str(" of the ", split, " ranks'") : std::string(), "), got ", shape_str(in[at].shape));
+}
+
+// The first of this rank's NH query heads in the model's: 0, or with a split P (the autosp
+// pass's exchange: the sp group of P ranks attends over P parts of the heads) the rank's part's.
+int64_t first_local_head(const KernelArgs& a, int64_t NH, int64_t split, const char* what) {
+  if (split == 1) return 0;
+  AUTOSP_CHECK(a.comm && a.comm->size() == split, "attention: ", what, " ", split, " needs the sp group of ", split,
+               " ranks");
+  return a.comm->rank() * NH;
+}
+
 // The sliding window W (attribute "window", absent: 0 = none).
 int64_t window_of(const Attrs& attrs) { return attrs.get_int("window", 0); }
 // The logit softcap c (attribute "softcap", absent: 0 = none).
@@ -103,13 +136,7 @@ void check_alibi(const Attrs& attrs, int64_t NH) {
 std::vector<float> local_alibi(const KernelArgs& a, int64_t NH) {
   const std::vector<double>* alibi = alibi_of(*a.attrs);
   if (!alibi) return {};
-  const int64_t split = alibi_split_of(*a.attrs);
-  int64_t first = 0;
-  if (split > 1) {
-    AUTOSP_CHECK(a.comm && a.comm->size() == split, "attention: alibi_split ", split, " needs the sp group of ", split,
-                 " ranks");
-    first = a.comm->rank() * NH;
-  }
+  const int64_t first = first_local_head(a, NH, alibi_split_of(*a.attrs), "alibi_split");
   return std::vector<float>(alibi->begin() + first, alibi->begin() + first + NH);
 }
 
@@ -211,8 +238,11 @@ int64_t cuda_attention_workspace(const Types& qkv, const Attrs& attrs, bool docu
   if (cuda_attention_choice(key, true).impl != cuda::AttentionImplementation::cudnn) return pad.bytes + blocks;
   return pad.bytes + std::max(blocks, cuda::cudnn_sdpa_layout(key).bytes);
 }
-// The cuda kernels take the slopes by value: at most kAttentionMaxAlibiHeads query heads (a rank's).
-void cuda_check_alibi(const Types& qkv, const Attrs& attrs) {
+// The cuda kernels take the slopes by value: at most kAttentionMaxAlibiHeads query heads (a
+// rank's). They have no sinks yet.
+void cuda_check_attention(const Types& qkv, const Attrs& attrs) {
+  require(!has_sinks(attrs), "the cuda backend has no attention sinks (gpt-oss's) yet: train this model with "
+          "--backend cpu");
   if (attrs.has("alibi"))
     require(qkv[0].shape.size() == 4 && qkv[0].shape[2] <= cuda::kAttentionMaxAlibiHeads,
             "the cuda kernels take ALiBi slopes for at most ", cuda::kAttentionMaxAlibiHeads, " query heads, got ",
@@ -318,8 +348,8 @@ void cuda_attention_backward(const KernelArgs& a, const CudaContext& c) {
 #endif
 }  // namespace
 
-// attention(q, k, v[, documents]) {causal, scale[, window, softcap, alibi, alibi_split]}
-//   -> (out [B, S, NH, D], lse [B, NH, S])
+// attention(q, k, v[, sinks][, documents]) {causal, scale[, window, softcap, alibi, alibi_split, sinks,
+//   sinks_split]} -> (out [B, S, NH, Dv], lse [B, NH, S])
 // documents (i32 [B, S], non-decreasing along S): query i sees key j only when both are in
 // one document. window W > 0 (causal only): query i sees keys i - W < j <= i. The cost rule
 // counts the work of one document (an upper bound: it does not see the ids), within the
@@ -331,9 +361,10 @@ extern const OpDef attention_op = {
     .num_inputs = -1,
     .num_outputs = 2,
     .infer = [](const Types& in, const Attrs& attrs) -> Types {
-      require(in.size() >= 3, "expected q, k, v and optional document ids, got ", in.size(), " operands");
+      require(in.size() >= 3, "expected q, k, v, optional sinks and document ids, got ", in.size(), " operands");
       cpu::AttentionDims d = attention_dims(in);
-      check_documents(in, 3, d);
+      check_sinks(in, 3, attrs, d);
+      check_documents(in, documents_at(attrs, 3), d);
       check_attrs(attrs);
       check_alibi(attrs, d.NH);
       return {attention_out(in, d), {DType::f32, {d.B, d.NH, d.S}}};
@@ -344,19 +375,24 @@ extern const OpDef attention_op = {
     // FlashAttention backward: recomputes the probabilities from q, k and lse.
     .grad = [](GradContext& c) {
       AUTOSP_CHECK(c.dout[1] < 0, "nothing differentiates through the log-sum-exp");
+      // the sinks and the document ids, where given, follow as they do the forward's q, k, v
       std::vector<ValueId> ins = {c.dout[0], c.in(0), c.in(1), c.in(2), c.out(0), c.out(1)};
-      if (c.node.inputs.size() == 4) ins.push_back(c.in(3));  // document ids
+      for (size_t i = 3; i < c.node.inputs.size(); ++i) ins.push_back(c.in(int(i)));
       auto d = c.b.emit(OpKind::attention_backward, ins, c.attrs());
       for (int i = 0; i < 3; ++i)
         if (c.needs[i]) c.din[i] = d[i];
+      if (has_sinks(c.attrs()) && c.needs[3]) c.din[3] = d[3];
     },
     .cpu = [](const KernelArgs& a) {
       cpu::AttentionDims d = attention_dims({*a.in_types[0], *a.in_types[1], *a.in_types[2]});
       const std::vector<float> alibi = local_alibi(a, d.NH);
       cpu::attention_forward(d, a.attrs->get_int("causal") != 0, float(a.attrs->get_float("scale")),
                              a.in(0), a.in(1), a.in(2), a.out(0), a.out(1),
-                             static_cast<float*>(a.workspace), a.threads, documents_operand(a, 3, d),
+                             static_cast<float*>(a.workspace), a.threads, documents_operand(a, documents_at(*a.attrs, 3), d),
                              window_of(*a.attrs), softcap_of(*a.attrs), alibi.empty() ? nullptr : alibi.data());
+      if (has_sinks(*a.attrs))
+        cpu::attention_sinks_forward(d, a.in(3) + first_local_head(a, d.NH, sinks_split_of(*a.attrs), "sinks_split"),
+                                     a.out(0), a.out(1), a.threads);
     },
     .cpu_workspace_bytes = [](const Types& in, const Attrs&, int threads) -> int64_t {
       return cpu::attention_forward_workspace_floats(attention_dims(in), threads) * 4;
@@ -373,10 +409,15 @@ extern const OpDef attention_op = {
         require(in[i] == in[0] && !is_partial(in[i]) && (!is_shard(in[i]) || in[i].dim == 0 || in[i].dim == 2),
                 "attention needs the whole sequence: q, k, v must be split alike on B or heads, got ",
                 sharding_str(in[i]));
-      if (in.size() == 4)
-        require(is_replicated(in[3]) || (in[3] == in[0] && in[0].dim == 0),
+      // sinks on split heads: likewise, each rank's part, which only the exchange's sinks_split reads
+      if (has_sinks(attrs))
+        require(is_replicated(in[3]) && !(is_shard(in[0]) && in[0].dim == 2 && !attrs.has("sinks_split")),
+                "attention's sinks must be replicated, and on heads split by the autosp pass's exchange, got ",
+                sharding_str(in[3]), " with q ", sharding_str(in[0]));
+      if (const size_t at = documents_at(attrs, 3); in.size() == at + 1)
+        require(is_replicated(in[at]) || (in[at] == in[0] && in[0].dim == 0),
                 "attention needs the whole sequence's document ids: replicated, or split on B as q is, got ",
-                sharding_str(in[3]));
+                sharding_str(in[at]));
       if (is_shard(in[0])) return {in[0], shard(in[0].dim == 2 ? 1 : 0)};  // lse is [B, NH, S]
       return {in[0], in[0]};
     },
@@ -386,25 +427,28 @@ extern const OpDef attention_op = {
              .workspace_bytes = [](const Types& in, const Types&, const Attrs& attrs) -> int64_t {
                return cuda_attention_workspace({in[0], in[1], in[2]}, attrs, in.size() == 4, false);
              },
-             .check = [](const Types& in, const Attrs& attrs) { cuda_check_alibi(in, attrs); }},
+             .check = [](const Types& in, const Attrs& attrs) { cuda_check_attention(in, attrs); }},
 };
 
-// attention_backward(dout, q, k, v, out, lse[, documents]) {as the forward's} -> (dq, dk, dv),
-// each of its operand's type (so of q's dtype); lse is f32; documents as the forward's.
+// attention_backward(dout, q, k, v, out, lse[, sinks][, documents]) {as the forward's}
+//   -> (dq, dk, dv[, dsinks]), each of its operand's type (so of q's dtype); lse is f32; sinks and
+// documents as the forward's; out and lse the forward's (with the sinks folded in).
 extern const OpDef attention_backward_op = {
     .num_inputs = -1,
-    .num_outputs = 3,
+    .num_outputs = -1,
     .infer = [](const Types& in, const Attrs& attrs) -> Types {
-      require(in.size() >= 6, "expected dout, q, k, v, out, lse and optional document ids, got ", in.size(),
+      require(in.size() >= 6, "expected dout, q, k, v, out, lse, optional sinks and document ids, got ", in.size(),
               " operands");
       cpu::AttentionDims d = attention_dims({in[1], in[2], in[3]});
-      check_documents(in, 6, d);
+      check_sinks({in[1], in[2], in[3], in.size() > 6 ? in[6] : in[1]}, 3, attrs, d);
+      check_documents(in, documents_at(attrs, 6), d);
       check_attrs(attrs);
       check_alibi(attrs, d.NH);
       const TensorType out = attention_out({in[1], in[2], in[3]}, d);
       require(in[0] == out && in[4] == out, "dout and out must be ", type_str(out), " (q's B, S, NH and dtype, v's "
               "head dim), got ", type_str(in[0]), " and ", type_str(in[4]));
       require(in[5] == TensorType{DType::f32, {d.B, d.NH, d.S}}, "lse must be f32[B, NH, S]");
+      if (has_sinks(attrs)) return {in[1], in[2], in[3], in[6]};
       return {in[1], in[2], in[3]};
     },
     .cost = [](const Types& in, const Types&, const Attrs& attrs) {
@@ -417,8 +461,15 @@ extern const OpDef attention_backward_op = {
       cpu::attention_backward(d, a.attrs->get_int("causal") != 0, float(a.attrs->get_float("scale")),
                               a.in(1), a.in(2), a.in(3), a.in(4), a.in(5), a.in(0), a.out(0),
                               a.out(1), a.out(2), static_cast<float*>(a.workspace), a.threads,
-                              documents_operand(a, 6, d), window_of(*a.attrs), softcap_of(*a.attrs),
-                              alibi.empty() ? nullptr : alibi.data());
+                              documents_operand(a, documents_at(*a.attrs, 6), d), window_of(*a.attrs),
+                              softcap_of(*a.attrs), alibi.empty() ? nullptr : alibi.data());
+      if (has_sinks(*a.attrs)) {
+        // the rank's heads' part of dsinks; the other heads' are other ranks' (zeros here)
+        const int64_t first = first_local_head(a, d.NH, sinks_split_of(*a.attrs), "sinks_split");
+        float* dsinks = a.out(3);
+        std::fill_n(dsinks, a.out_types[3]->shape[0], 0.0f);
+        cpu::attention_sinks_backward(d, a.in(6) + first, a.in(4), a.in(5), a.in(0), dsinks + first, a.threads);
+      }
     },
     .cpu_workspace_bytes = [](const Types& in, const Attrs&, int threads) -> int64_t {
       return cpu::attention_backward_workspace_floats(attention_dims({in[1], in[2], in[3]}), threads) * 4;
@@ -430,7 +481,7 @@ extern const OpDef attention_backward_op = {
              .workspace_bytes = [](const Types& in, const Types&, const Attrs& attrs) -> int64_t {
                return cuda_attention_workspace({in[1], in[2], in[3]}, attrs, in.size() == 7, true);
              },
-             .check = [](const Types& in, const Attrs& attrs) { cuda_check_alibi({in[1], in[2], in[3]}, attrs); }},
+             .check = [](const Types& in, const Attrs& attrs) { cuda_check_attention({in[1], in[2], in[3]}, attrs); }},
 };
 
 }  // namespace autosp

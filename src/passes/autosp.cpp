@@ -81,10 +81,12 @@ class AutospPass {
       add_op(n, node);  // not sequence-sharded: the op's own rule decides
       return;
     }
+    // operands after q, k, v: the sinks (attribute "sinks"), then the document ids
+    const bool sinks = node.attrs.get_int("sinks", 0) != 0;
+    const bool documents = node.inputs.size() == (sinks ? 5u : 4u);
     // Padding sits after every real token; only causal attention, or document ids that put
     // it in a document of its own, keep real queries from seeing it, so padded full
     // attention without them would silently change the result.
-    const bool documents = node.inputs.size() == 4;
     if (node.attrs.get_int("causal") == 0 && split_.padded != split_.global && !documents)
       user_error("autosp: attention (node ", n, ") is not causal and S=", split_.global,
                  " is not divisible by sequence_parallel_size P=", P_,
@@ -104,10 +106,12 @@ class AutospPass {
     k = all_to_all(k, 2, 1);
     v = all_to_all(v, 2, 1);
     std::vector<ValueId> ins = {q, k, v};
-    if (documents) ins.push_back(whole_documents(node.inputs[3]));
-    // ALiBi: each rank's heads are its part of the model's, so its slopes are too.
+    if (sinks) ins.push_back(map_[node.inputs[3]]);
+    if (documents) ins.push_back(whole_documents(node.inputs.back()));
+    // ALiBi and sinks: each rank's heads are its part of the model's, so its slopes and sinks are too.
     Attrs attrs = node.attrs;
     if (attrs.has("alibi")) attrs.set("alibi_split", P_);
+    if (sinks) attrs.set("sinks_split", P_);
     auto outs = b_.emit(OpKind::attention, ins, attrs);
     g_.mutable_value(outs[0]).sharding = shard(2);
     g_.mutable_value(outs[1]).sharding = shard(1);  // lse [B, NH, S]: its head dim

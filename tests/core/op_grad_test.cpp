@@ -418,6 +418,27 @@ TEST(OpGrad, AttentionWithValuesOfTheirOwnHeadDim) {
     }
 }
 
+// gpt-oss's attention sinks: a learned logit per query head in each row's softmax; the
+// gradient reaches q, k, v and the sinks, with documents and a window too.
+TEST(OpGrad, AttentionWithSinks) {
+  for (bool causal : {true, false})
+    for (bool packed : {false, true}) {
+      SCOPED_TRACE(str("causal=", causal, " packed=", packed));
+      const int64_t B = 2, S = 6, NH = 4, NKV = 2, D = 4;
+      Tracer t;
+      Tensor q = t.parameter("q", {B, S, NH, D});
+      Tensor k = t.parameter("k", {B, S, NKV, D});
+      Tensor v = t.parameter("v", {B, S, NKV, D});
+      Tensor sinks = t.parameter("sinks", {NH});
+      std::optional<Tensor> docs;
+      if (packed) docs = t.input(Role::documents, "documents", DType::i32, {B, S});
+      t.output("y0", t.attention(q, k, v, docs, sinks, causal, 1.0 / std::sqrt(double(D)), causal ? 3 : 0, 0, {}));
+      Feed feed;
+      if (packed) feed.i["documents"] = {0, 0, 0, 1, 1, 2, 0, 1, 1, 1, 1, 1};
+      check_gradients(t.finish(), feed);
+    }
+}
+
 // Packed samples: document ids keep each query within its document. S = 70 puts a boundary
 // on the 64-row tile edge and others inside tiles, and has one-token documents.
 TEST(OpGrad, AttentionWithDocuments) {

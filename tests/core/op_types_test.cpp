@@ -294,6 +294,25 @@ void attention_keeps_an_f32_log_sum_exp() {
   EXPECT_NE(infer_error(OpKind::attention, {q, kv, kv}, with({{"alibi_split", int64_t{2}}}))
                 .find("'alibi_split' without 'alibi'"),
             std::string::npos);
+  // Sinks (gpt-oss's): operand 3, one logit per query head of the model's (sinks_split parts),
+  // of q's dtype, before the document ids; the backward gives dsinks of the sinks' type.
+  const TensorType sinks = T(bf16, {4}), lse = T(f32, {1, 4, 6}), docs = T(i32, {1, 6});
+  const Attrs sunk = with({{"sinks", int64_t{1}}});
+  EXPECT_EQ(infer(OpKind::attention, {q, kv, kv, sinks, docs}, sunk), (Types{q, lse}));
+  EXPECT_EQ(infer(OpKind::attention_backward, {q, q, kv, kv, q, lse, sinks, docs}, sunk), (Types{q, kv, kv, sinks}));
+  EXPECT_EQ(infer(OpKind::attention, {q2, kv, kv, sinks}, with({{"sinks", int64_t{1}}, {"sinks_split", int64_t{2}}})),
+            (Types{q2, T(f32, {1, 2, 6})}));
+  EXPECT_NE(infer_error(OpKind::attention, {q2, kv, kv, sinks}, sunk).find("sinks must be [2] (one logit per query "
+                                                                          "head), got [4]"),
+            std::string::npos);
+  EXPECT_NE(infer_error(OpKind::attention, {q, kv, kv, T(f32, {4})}, sunk)
+                .find("q and sinks must have the same dtype"),
+            std::string::npos);
+  EXPECT_NE(infer_error(OpKind::attention, {q, kv, kv}, sunk).find("'sinks' 1 needs the sinks operand"),
+            std::string::npos);
+  EXPECT_NE(infer_error(OpKind::attention, {q, kv, kv, sinks}, with({{"sinks_split", int64_t{2}}}))
+                .find("'sinks_split' without 'sinks'"),
+            std::string::npos);
 }
 
 void cross_entropy_keeps_an_f32_loss_and_log_sum_exp() {

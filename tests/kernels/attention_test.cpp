@@ -3,7 +3,7 @@
 // multiples of the tile, GQA ratios, head dims, causal and not, with and without document
 // ids (packed samples), with a sliding window (alone and with documents), with Gemma 2's
 // logit softcap (alone, with the window and with documents), with ALiBi (alone, with the
-// window and with documents); bitwise
+// window and with documents), with gpt-oss's sinks; bitwise
 // determinism across thread counts; and the O(S) workspace, including one long run at
 // S = 16384.
 #include "kernels/cpu/attention.h"
@@ -323,6 +323,79 @@ TEST(AttentionKernelValueDim, ForwardAndBackwardMatchDoubleOnEverySchedule) {
           }
   omp_set_num_threads(saved);
   EXPECT_TRUE(saw_split && saw_fused) << "both backward schedules must be run";
+}
+
+// ---- attention sinks (gpt-oss) ----------------------------------------------------------
+// A learned logit per query head in every row's softmax, as a key of zero value: the flash
+// kernels' results with attention_sinks_forward folded in, the backward run on them and
+// attention_sinks_backward's dsinks, against the double reference that takes the sink as one
+// more score. Sinks below, near and above the rows' log-sum-exp (a sink of 8 takes most of each
+// row), causal with a window and documents, and not; on 1 and 3 threads, bitwise alike.
+TEST(AttentionKernelSinks, ForwardAndBackwardMatchDouble) {
+  const int saved = omp_get_max_threads();
+  for (auto [S, window] : {std::pair<int64_t, int64_t>{100, 0}, {257, 20}})
+    for (auto [NH, NKV] : {std::pair<int64_t, int64_t>{4, 2}, {4, 1}})
+      for (bool causal : {true, false})
+        for (bool packed : {false, true}) {
+          if (window > 0 && !causal) continue;  // a window needs causal attention
+          const AttentionDims d{2, S, NH, NKV, 16};
+          const std::vector<int32_t> docs = documents_of(d, {{37, 27, 100}, {64, 1, 70}});
+          const int32_t* ids = packed ? docs.data() : nullptr;
+          const std::string at = "S=" + std::to_string(S) + " W=" + std::to_string(window) + " NKV=" +
+                                 std::to_string(NKV) + (causal ? " causal" : " full") + (packed ? " packed" : "");
+          const float scale = 0.25f;
+          const std::vector<float> sinks = {-3.0f, 0.5f, 2.0f, 8.0f};
+          const auto seed = static_cast<uint32_t>(S + NKV + 11 * window);
+          Tensors t = make_inputs(d, seed);
+          std::vector<double> out(d.B * S * NH * d.D), lse(d.B * NH * S), dsinks(NH);
+          std::vector<double> dq(t.q.size()), dk(t.k.size()), dv(t.v.size());
+          const auto q = to_double(t.q), k = to_double(t.k), v = to_double(t.v), dout = to_double(t.dout);
+          const auto z = to_double(sinks);
+          autosp::cpu::attention_forward_reference(d, causal, scale, q.data(), k.data(), v.data(), out.data(),
+                                                   lse.data(), ids, window, 0.0, nullptr, z.data());
+          autosp::cpu::attention_backward_reference(d, causal, scale, q.data(), k.data(), v.data(), dout.data(),
+                                                    dq.data(), dk.data(), dv.data(), ids, window, 0.0, nullptr,
+                                                    z.data(), dsinks.data());
+          Tensors first;
+          std::vector<float> first_dsinks;
+          for (int threads : {1, 3}) {
+            omp_set_num_threads(threads);
+            Tensors t2 = make_inputs(d, seed);
+            std::vector<float> ws(std::max(autosp::cpu::attention_forward_workspace_floats(d, threads),
+                                           autosp::cpu::attention_backward_workspace_floats(d, threads)),
+                                  std::numeric_limits<float>::quiet_NaN());
+            t2.out.assign(out.size(), 0.0f);
+            t2.lse.assign(lse.size(), 0.0f);
+            t2.dq.assign(t2.q.size(), 0.0f);
+            t2.dk.assign(t2.k.size(), 0.0f);
+            t2.dv.assign(t2.v.size(), 0.0f);
+            std::vector<float> ds(NH, std::numeric_limits<float>::quiet_NaN());
+            autosp::cpu::attention_forward(d, causal, scale, t2.q.data(), t2.k.data(), t2.v.data(), t2.out.data(),
+                                           t2.lse.data(), ws.data(), threads, ids, window);
+            autosp::cpu::attention_sinks_forward(d, sinks.data(), t2.out.data(), t2.lse.data(), threads);
+            autosp::cpu::attention_backward(d, causal, scale, t2.q.data(), t2.k.data(), t2.v.data(), t2.out.data(),
+                                            t2.lse.data(), t2.dout.data(), t2.dq.data(), t2.dk.data(), t2.dv.data(),
+                                            ws.data(), threads, ids, window);
+            autosp::cpu::attention_sinks_backward(d, sinks.data(), t2.out.data(), t2.lse.data(), t2.dout.data(),
+                                                  ds.data(), threads);
+            const std::string where = at + ", " + std::to_string(threads) + " threads";
+            EXPECT_LE(normalised_max_error(t2.out, out), kTolerance) << "out, " << where;
+            EXPECT_LE(normalised_max_error(t2.lse, lse), kTolerance) << "lse, " << where;
+            EXPECT_LE(normalised_max_error(t2.dq, dq), kTolerance) << "dq, " << where;
+            EXPECT_LE(normalised_max_error(t2.dk, dk), kTolerance) << "dk, " << where;
+            EXPECT_LE(normalised_max_error(t2.dv, dv), kTolerance) << "dv, " << where;
+            EXPECT_LE(normalised_max_error(ds, dsinks), kTolerance) << "dsinks, " << where;
+            if (threads == 1) {
+              first = t2, first_dsinks = ds;
+              continue;
+            }
+            for (auto [a, b, name] : {std::tuple{&first.out, &t2.out, "out"}, {&first.dq, &t2.dq, "dq"},
+                                      {&first.dk, &t2.dk, "dk"}, {&first.dv, &t2.dv, "dv"},
+                                      {&first_dsinks, &ds, "dsinks"}})
+              EXPECT_EQ(0, std::memcmp(a->data(), b->data(), a->size() * sizeof(float))) << name << ", " << where;
+          }
+        }
+  omp_set_num_threads(saved);
 }
 
 // ---- sliding window (Mistral) ----------------------------------------------------------

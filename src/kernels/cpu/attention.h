@@ -24,6 +24,14 @@
 // key (Press et al.'s relative form: the softmax is that of BLOOM's a_h j and MPT's
 // a_h (j - S_max + 1), which differ from it by a constant per row, and the scores stay small
 // at any length). A constant bias: the backward's dS is unchanged. Not with a softcap.
+// sinks (gpt-oss's; null: none): a learned logit z_h per query head that joins every row's
+// softmax as one more key whose value is zero, so a row may give its keys less than all of
+// its weight. The flash kernels run without it, and attention_sinks_* fold it in after:
+//   lse' = log(exp(lse) + exp(z_h)),  out' = out exp(lse - lse')
+// The backward then runs on out' and lse' as they are: exp(s - lse') are the true
+// probabilities, and the sink, with no value, adds nothing to dP = dO . V nor to the rows'
+// D_i = dO'_i . O'_i = sum_j P_ij dP_ij. Its own gradient is the softmax's:
+//   dz_h = sum_{b,i} P_sink (0 - D_i) = -sum_{b,i} exp(z_h - lse'_bhi) dO'_bhi . O'_bhi.
 #pragma once
 #include <cstdint>
 
@@ -57,6 +65,13 @@ void attention_backward(const AttentionDims& dims, bool causal, float scale, con
                         int threads, const int32_t* documents = nullptr, int64_t window = 0,
                         float softcap = 0.0f, const float* alibi = nullptr);
 
+// The sinks' fold (above) of attention_forward's out and lse, in place; sinks [NH] are this
+// call's query heads'.
+void attention_sinks_forward(const AttentionDims& dims, const float* sinks, float* out, float* lse, int threads);
+// dsinks [NH] (written) from the folded out and lse; bitwise the same on any thread count.
+void attention_sinks_backward(const AttentionDims& dims, const float* sinks, const float* out, const float* lse,
+                              const float* dout, float* dsinks, int threads);
+
 // Which schedule attention_backward uses on `threads` threads (attention.cpp): the split
 // one (over key blocks, then query blocks) when B x NH heads are too few to keep every
 // thread busy, else the fused one (over heads). Both give bitwise the same results.
@@ -70,11 +85,13 @@ int64_t first_unsorted_document(const AttentionDims& dims, const int32_t* docume
 void attention_forward_reference(const AttentionDims& dims, bool causal, double scale,
                                  const double* q, const double* k, const double* v, double* out,
                                  double* lse, const int32_t* documents = nullptr, int64_t window = 0,
-                                 double softcap = 0.0, const double* alibi = nullptr);
+                                 double softcap = 0.0, const double* alibi = nullptr,
+                                 const double* sinks = nullptr);
 void attention_backward_reference(const AttentionDims& dims, bool causal, double scale,
                                   const double* q, const double* k, const double* v,
                                   const double* dout, double* dq, double* dk, double* dv,
                                   const int32_t* documents = nullptr, int64_t window = 0,
-                                  double softcap = 0.0, const double* alibi = nullptr);
+                                  double softcap = 0.0, const double* alibi = nullptr,
+                                  const double* sinks = nullptr, double* dsinks = nullptr);
 
 }  // namespace autosp::cpu

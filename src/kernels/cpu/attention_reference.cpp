@@ -31,7 +31,7 @@ int64_t first_unsorted_document(const AttentionDims& d, const int32_t* documents
 void attention_forward_reference(const AttentionDims& d, bool causal, double scale,
                                  const double* q, const double* k, const double* v, double* out,
                                  double* lse, const int32_t* documents, int64_t window, double softcap,
-                                 const double* alibi) {
+                                 const double* alibi, const double* sinks) {
   const int64_t S = d.S, D = d.D, Dv = d.dv(), NH = d.NH, NKV = d.NKV, G = NH / NKV;
   std::vector<double> s(S);
   for (int64_t b = 0; b < d.B; ++b)
@@ -48,7 +48,9 @@ void attention_forward_reference(const AttentionDims& d, bool causal, double sca
                                                         : -std::numeric_limits<double>::infinity();
           mx = std::max(mx, s[j]);
         }
-        double sum = 0.0;
+        // a sink: one more score, of a key whose value is zero
+        if (sinks) mx = std::max(mx, sinks[h]);
+        double sum = sinks ? std::exp(sinks[h] - mx) : 0.0;
         for (int64_t j = 0; j < n; ++j) sum += (s[j] = std::exp(s[j] - mx));
         double* oi = out + ((b * S + i) * NH + h) * Dv;
         for (int64_t dd = 0; dd < Dv; ++dd) oi[dd] = 0.0;
@@ -64,12 +66,13 @@ void attention_backward_reference(const AttentionDims& d, bool causal, double sc
                                   const double* q, const double* k, const double* v,
                                   const double* dout, double* dq, double* dk, double* dv,
                                   const int32_t* documents, int64_t window, double softcap,
-                                  const double* alibi) {
+                                  const double* alibi, const double* sinks, double* dsinks) {
   const int64_t S = d.S, D = d.D, Dv = d.dv(), NH = d.NH, NKV = d.NKV, G = NH / NKV;
   std::fill(dq, dq + d.B * S * NH * D, 0.0);
   std::fill(dk, dk + d.B * S * NKV * D, 0.0);
   std::fill(dv, dv + d.B * S * NKV * Dv, 0.0);
-  std::vector<double> P(S * S), dP(S * S), dcap(S * S);
+  std::vector<double> P(S * S), dP(S * S), dcap(S * S), Psink(S);
+  if (dsinks) std::fill(dsinks, dsinks + NH, 0.0);
   auto row = [&](auto* x, int64_t b, int64_t t, int64_t heads, int64_t hh) {
     return x + ((b * S + t) * heads + hh) * D;
   };
@@ -93,9 +96,11 @@ void attention_backward_reference(const AttentionDims& d, bool causal, double sc
           dcap[i * S + j] = 1.0 - th * th;
           mx = std::max(mx, P[i * S + j]);
         }
-        double sum = 0.0;
+        if (sinks) mx = std::max(mx, sinks[h]);
+        double sum = sinks ? std::exp(sinks[h] - mx) : 0.0;
         for (int64_t j = 0; j < S; ++j) sum += (P[i * S + j] = std::exp(P[i * S + j] - mx));
         for (int64_t j = 0; j < S; ++j) P[i * S + j] /= sum;
+        Psink[i] = sinks ? std::exp(sinks[h] - mx) / sum : 0.0;
       }
       // dv_j = sum_i P_ij dout_i;  dP_ij = dout_i . v_j
       for (int64_t i = 0; i < S; ++i)
@@ -111,6 +116,8 @@ void attention_backward_reference(const AttentionDims& d, bool causal, double sc
       for (int64_t i = 0; i < S; ++i) {
         double dot = 0.0;
         for (int64_t j = 0; j < S; ++j) dot += P[i * S + j] * dP[i * S + j];
+        // the sink's score: its dP is 0 (no value), so dz = P_sink (0 - dot)
+        if (dsinks) dsinks[h] -= Psink[i] * dot;
         for (int64_t j = 0; j < S; ++j) {
           const double dS = P[i * S + j] * (dP[i * S + j] - dot) * dcap[i * S + j];
           for (int64_t dd = 0; dd < D; ++dd) {
