@@ -27,6 +27,21 @@ bool stacked_weights(const Types& in, size_t weights) {
   return in.size() == weights + 2 && in[weights].shape.size() == 3;
 }
 
+// The experts' form (attribute "experts": "swiglu", the default, or "gpt_oss" {alpha, limit}:
+// kernels/cpu/moe.h's MoeExperts).
+cpu::MoeExperts moe_experts(const Attrs& attrs) {
+  cpu::MoeExperts x;
+  const std::string form = attrs.has("experts") ? attrs.get_str("experts") : std::string("swiglu");
+  require(form == "swiglu" || form == "gpt_oss", "experts must be \"swiglu\" or \"gpt_oss\", got \"", form, "\"");
+  x.gpt_oss = form == "gpt_oss";
+  require(x.gpt_oss || (!attrs.has("alpha") && !attrs.has("limit")), "'alpha' and 'limit' are gpt_oss experts' only");
+  x.alpha = attrs.get_float("alpha", x.alpha);
+  x.limit = attrs.get_float("limit", x.limit);
+  require(std::isfinite(x.alpha) && std::isfinite(x.limit) && x.limit > 0, "alpha must be finite and limit a positive "
+          "number, got alpha ", x.alpha, " and limit ", x.limit);
+  return x;
+}
+
 // The routing beyond softmax top-k (kernels/cpu/moe.h's MoeRouting), from the attributes
 // {score: "softmax" | "sigmoid", groups, topk_group, group_score: "max" | "top2", dropped:
 // "-inf" | "zero", scale, norm_eps, bias: [E]}, each optional.
@@ -83,7 +98,7 @@ cpu::MoeDims moe_dims(const Types& in, const Attrs& attrs, size_t first, size_t 
   d.E = logits.shape.back();
   require(d.E >= 1, "at least one expert");
   const bool stacked = stacked_weights(in, weights);
-  require(stacked || int64_t(in.size()) == int64_t(weights) + 3 * d.E, "router logits of ", d.E, " experts need ",
+  require(stacked || moe_experts(attrs).gpt_oss || int64_t(in.size()) == int64_t(weights) + 3 * d.E, "router logits of ", d.E, " experts need ",
           3 * d.E, " expert weights (gate, up and down of each) or 2 stacked ones (gate_up [E, 2 I, H] and down [E, "
           "H, I]), got ", int64_t(in.size()) - int64_t(weights));
   require(attrs.has("top_k"), "needs a 'top_k' attribute");
@@ -93,6 +108,25 @@ cpu::MoeDims moe_dims(const Types& in, const Attrs& attrs, size_t first, size_t 
   require(normalize == 0 || normalize == 1, "normalize must be 0 or 1, got ", normalize);
   d.normalize = normalize == 1;
   d.routing = moe_routing(attrs, d);
+  d.experts = moe_experts(attrs);
+  if (d.experts.gpt_oss) {
+    // gate_up [E, H, 2 I] (gate and up columns interleaved), its bias [E, 2 I], down [E, I, H], its bias [E, H]
+    require(in.size() == weights + 4, "gpt_oss experts are 4 operands (gate_up, gate_up_bias, down, down_bias), got ",
+            in.size() - weights);
+    const char* names[] = {"gate_up", "gate_up_bias", "down", "down_bias"};
+    for (size_t i = 0; i < 4; ++i) require_same_dtype(x, "x", in[weights + i], names[i]);
+    const TensorType &gate_up = in[weights], &down = in[weights + 2];
+    d.I = gate_up.shape.size() == 3 ? gate_up.shape[2] / 2 : 0;
+    require(gate_up.shape == Shape{d.E, d.H, 2 * d.I} && d.I >= 1, "gpt_oss experts' gate_up must be [E, H, 2 I] = [",
+            d.E, ", ", d.H, ", 2 I], got ", type_str(gate_up));
+    require(in[weights + 1].shape == Shape{d.E, 2 * d.I}, "gate_up_bias must be [E, 2 I] = ",
+            shape_str(Shape{d.E, 2 * d.I}), ", got ", type_str(in[weights + 1]));
+    require(down.shape == Shape{d.E, d.I, d.H}, "gpt_oss experts' down must be [E, I, H] = ",
+            shape_str(Shape{d.E, d.I, d.H}), ", got ", type_str(down));
+    require(in[weights + 3].shape == Shape{d.E, d.H}, "down_bias must be [E, H] = ", shape_str(Shape{d.E, d.H}),
+            ", got ", type_str(in[weights + 3]));
+    return d;
+  }
   if (stacked) {
     const TensorType &gate_up = in[weights], &down = in[weights + 1];
     require_same_dtype(x, "x", gate_up, "gate_up");
@@ -118,8 +152,11 @@ cpu::MoeDims moe_dims(const Types& in, const Attrs& attrs, size_t first, size_t 
   return d;
 }
 
-// The cuda routing kernels keep a token's probabilities in per-thread arrays.
-void check_device_experts(const Types& in, size_t logits) {
+// The cuda routing kernels keep a token's probabilities in per-thread arrays. They have no
+// gpt_oss experts yet.
+void check_device_experts(const Types& in, const Attrs& attrs, size_t logits) {
+  require(!moe_experts(attrs).gpt_oss, "the cuda backend has no gpt-oss experts (moe experts \"gpt_oss\") yet: train "
+          "this model with --backend cpu");
   const int64_t E = in[logits].shape.back();
   require(E <= cuda::kMoeMaxExperts, E, " experts: the cuda moe kernels take at most ", cuda::kMoeMaxExperts);
 }
@@ -347,8 +384,10 @@ void cuda_moe_balance_backward(const KernelArgs& a, const CudaContext& c) {
 // experts, weighted by their softmax probabilities (kernels/cpu/moe.h), and the experts' gate
 // and up products and outputs its backward reads. Or moe(x, router_logits, gate_up, down), the
 // experts stacked as transformers 5 keeps them (gate_up [E, 2 I, H], down [E, H, I]): the same
-// maths, each expert's matrices read in place. The importer's form of transformers' sparse MoE
-// blocks, whose router linear stays a linear before it.
+// maths, each expert's matrices read in place. Or moe(x, router_logits, gate_up, gate_up_bias, down,
+// down_bias) {experts: "gpt_oss", alpha, limit}, gpt-oss's experts (kernels/cpu/moe.h's
+// MoeExperts), as it keeps them (gate_up [E, H, 2 I] interleaved, down [E, I, H]). The importer's
+// form of transformers' sparse MoE blocks, whose router linear stays a linear before it.
 extern const OpDef moe_op = {
     .num_inputs = -1,
     .num_outputs = 2,
@@ -371,6 +410,11 @@ extern const OpDef moe_op = {
     },
     .cpu = [](const KernelArgs& a) {
       const cpu::MoeDims d = forward_dims(types_of(a), *a.attrs);
+      if (d.experts.gpt_oss) {
+        cpu::moe_gpt_oss_forward(d, a.in(0), a.in(1), {a.in(2), a.in(3), a.in(4), a.in(5)}, a.out(0), a.out(1),
+                                 static_cast<float*>(a.workspace));
+        return;
+      }
       const std::vector<const float*> w = floats_from(a, 2, d);
       cpu::moe_forward(d, a.in(0), a.in(1), w.data(), a.out(0), a.out(1), static_cast<float*>(a.workspace));
     },
@@ -393,7 +437,7 @@ extern const OpDef moe_op = {
                return moe_device_workspace_bytes(in, attrs, false);
              },
              .check = [](const Types& in, const Attrs& attrs) {
-               check_device_experts(in, 1);
+               check_device_experts(in, attrs, 1);
                check_device_routing(in, attrs, 0, 2);
              }},
 };
@@ -418,6 +462,11 @@ extern const OpDef moe_backward_op = {
     },
     .cpu = [](const KernelArgs& a) {
       const cpu::MoeDims d = backward_dims(types_of(a), *a.attrs);
+      if (d.experts.gpt_oss) {
+        cpu::moe_gpt_oss_backward(d, a.in(0), a.in(1), a.in(2), a.in(3), {a.in(4), a.in(5), a.in(6), a.in(7)}, a.out(0),
+                                  a.out(1), {a.out(2), a.out(3), a.out(4), a.out(5)}, static_cast<float*>(a.workspace));
+        return;
+      }
       const std::vector<const float*> w = floats_from(a, kBackwardWeights, d);
       std::vector<float*> dw;
       for (size_t i = 2; i < a.outputs.size(); ++i) dw.push_back(a.out(int(i)));
@@ -434,7 +483,7 @@ extern const OpDef moe_backward_op = {
                return moe_device_workspace_bytes(in, attrs, true);
              },
              .check = [](const Types& in, const Attrs& attrs) {
-               check_device_experts(in, 2);
+               check_device_experts(in, attrs, 2);
                check_device_routing(in, attrs, 1, kBackwardWeights);
              }},
 };
@@ -500,7 +549,7 @@ extern const OpDef moe_balance_op = {
                const int64_t E = in[0].shape.back();
                return cuda_aligned(16 * E) + cuda_aligned(8 * rows_of(in[0].shape) * E);
              },
-             .check = [](const Types& in, const Attrs&) { check_device_experts(in, 0); }},
+             .check = [](const Types& in, const Attrs& attrs) { check_device_experts(in, attrs, 0); }},
 };
 
 // moe_balance_backward(dstats [2, E], logits_0, ..., logits_{L-1}) {top_k} = (dlogits_0, ...):
@@ -523,7 +572,7 @@ extern const OpDef moe_balance_backward_op = {
     },
     .cuda = {.name = "moe_balance_backward",
              .run = AUTOSP_CUDA_RUN(cuda_moe_balance_backward),
-             .check = [](const Types& in, const Attrs&) { check_device_experts(in, 1); }},
+             .check = [](const Types& in, const Attrs& attrs) { check_device_experts(in, attrs, 1); }},
 };
 
 }  // namespace autosp

@@ -194,6 +194,56 @@ TEST(OpGrad, MixtureOfExperts) {
   }
 }
 
+// gpt-oss's experts (kernels/cpu/moe.h's MoeExperts): biases, gate and up interleaved, the
+// clamped GLU. The clamps' kinks are where no difference crosses them: the limit is put in the
+// middle of the widest gap between the data's gate products and |up products| (of each token's
+// two experts) in their middle half, so that some of each lie on either side and none within a
+// step's reach: half the gap, asserted above 0.04, where a step of 1e-2 in x, a weight or a
+// bias moves a product by at most 0.03 (|x| < 3, |w| < 2).
+TEST(OpGrad, MixtureOfGptOssExperts) {
+  const int64_t T = 6, H = 5, I = 3, E = 5;
+  Feed feed;
+  feed.f["x"] = autosp::testing::random_normal(T * H, 11);
+  feed.f["gate_up"] = autosp::testing::random_normal(E * H * 2 * I, 12, 0.5f);
+  feed.f["gate_up_bias"] = autosp::testing::random_normal(E * 2 * I, 13, 0.5f);
+  feed.f["down"] = autosp::testing::random_normal(E * I * H, 14);
+  feed.f["down_bias"] = autosp::testing::random_normal(E * H, 15);
+  std::vector<float> l;  // as MixtureOfExperts': expert 4 never chosen, no step changes a choice
+  std::vector<int> order = {0, 1, 2, 3};
+  for (int64_t r = 0; r < T; ++r) {
+    std::next_permutation(order.begin(), order.end());
+    for (int e = 0; e < 4; ++e) l.push_back(0.6f * float(order[e]));
+    l.push_back(-3.0f);
+  }
+  feed.f["logits"] = l;
+  std::vector<double> kinks;  // g and |u| of every token and expert
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t e = 0; e < E; ++e) {
+      if (l[t * E + e] < 0.6f * 2) continue;  // not one of the token's two
+      for (int64_t c = 0; c < 2 * I; ++c) {
+        double v = feed.f["gate_up_bias"][e * 2 * I + c];
+        for (int64_t h = 0; h < H; ++h) v += double(feed.f["x"][t * H + h]) * feed.f["gate_up"][(e * H + h) * 2 * I + c];
+        kinks.push_back(c % 2 == 0 ? v : std::abs(v));
+      }
+    }
+  std::sort(kinks.begin(), kinks.end());
+  double limit = 0, gap = 0;
+  for (size_t i = kinks.size() / 4; i < 3 * kinks.size() / 4; ++i)
+    if (kinks[i + 1] - kinks[i] > gap) gap = kinks[i + 1] - kinks[i], limit = 0.5 * (kinks[i] + kinks[i + 1]);
+  ASSERT_EQ(kinks.size(), size_t(T * 2 * 2 * I));
+  ASSERT_GT(gap / 2, 0.04) << "the data leave no room for the limit away from the kinks";
+  for (double alpha : {1.702, 0.5}) {
+    SCOPED_TRACE(str("alpha ", alpha, ", limit ", limit));
+    Tracer t;
+    Tensor x = t.parameter("x", {2, T / 2, H}), logits = t.parameter("logits", {2, T / 2, E});
+    std::vector<Tensor> experts = {t.parameter("gate_up", {E, H, 2 * I}), t.parameter("gate_up_bias", {E, 2 * I}),
+                                   t.parameter("down", {E, I, H}), t.parameter("down_bias", {E, H})};
+    t.output("y0", t.moe(x, logits, experts, 2, true,
+                         {{"experts", std::string("gpt_oss")}, {"alpha", alpha}, {"limit", limit}}));
+    check_gradients(t.finish(), feed);
+  }
+}
+
 // The load-balancing statistics of two layers' router logits: the counts (row 0) have no
 // gradient (nor do their finite differences: the logits are spaced so no step changes a row's top
 // 2), the probability sums (row 1) the softmax's.

@@ -133,6 +133,10 @@ void matmuls_norms_rope_and_embedding_follow_the_operand_dtype() {
 // moe: y of x's type and the saved products [T k (2 I + H)]; its backward one gradient per
 // operand but the saved products, each of the operand's type. The rule names what is wrong: the
 // count of expert weights, top_k, an expert's shape, a dtype, the saved products.
+Types stacked_of(const TensorType& x, const TensorType& logits) {
+  return {x, logits, T(DType::f32, {3, 12, 8}), T(DType::f32, {3, 8, 6})};
+}
+
 void moe_follows_the_operand_dtype() {
   const Attrs attrs{{"top_k", int64_t{2}}, {"normalize", int64_t{1}}};
   for (DType d : {f32, bf16}) {
@@ -169,6 +173,34 @@ void moe_follows_the_operand_dtype() {
   EXPECT_NE(infer_error(OpKind::moe, {x, logits, T(f32, {3, 12, 8}), T(f32, {3, 6, 8})}, attrs)
                 .find("the stacked down must be [E, H, I] = [3, 8, 6], got f32[3, 6, 8]"),
             std::string::npos);
+  // gpt-oss's experts: gate_up [E, H, 2 I], its bias [E, 2 I], down [E, I, H], its bias [E, H].
+  {
+    Attrs g = attrs;
+    g.set("experts", std::string("gpt_oss"));
+    const Types oss{x, logits, T(f32, {3, 8, 12}), T(f32, {3, 12}), T(f32, {3, 6, 8}), T(f32, {3, 8})};
+    const TensorType saved = T(f32, {2 * 5 * 2 * (2 * 6 + 8)});
+    EXPECT_EQ(infer(OpKind::moe, oss, g), (Types{x, saved}));
+    Types back{x, x, logits, saved};
+    back.insert(back.end(), oss.begin() + 2, oss.end());
+    Types grads{x, logits};
+    grads.insert(grads.end(), oss.begin() + 2, oss.end());
+    EXPECT_EQ(infer(OpKind::moe_backward, back, g), grads);
+    Types wrong_bias = oss;
+    wrong_bias[3] = T(f32, {3, 6});
+    EXPECT_NE(infer_error(OpKind::moe, wrong_bias, g).find("gate_up_bias must be [E, 2 I] = [3, 12], got f32[3, 6]"),
+              std::string::npos);
+    EXPECT_NE(infer_error(OpKind::moe, Types(oss.begin(), oss.end() - 1), g)
+                  .find("gpt_oss experts are 4 operands (gate_up, gate_up_bias, down, down_bias), got 3"),
+              std::string::npos);
+    Attrs bad = g;
+    bad.set("limit", -1.0);
+    EXPECT_NE(infer_error(OpKind::moe, oss, bad).find("limit a positive number"), std::string::npos);
+    Attrs plain = attrs;
+    plain.set("alpha", 1.0);
+    EXPECT_NE(infer_error(OpKind::moe, stacked_of(x, logits), plain).find("'alpha' and 'limit' are gpt_oss experts' "
+                                                                          "only"),
+              std::string::npos);
+  }
   // The routers beyond softmax top-k: their attributes checked, named.
   const Types stacked{x, logits, T(f32, {3, 12, 8}), T(f32, {3, 8, 6})};
   auto routing_error = [&](Attrs extra) {

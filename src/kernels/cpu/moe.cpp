@@ -38,6 +38,36 @@ Routing route(const MoeDims& d, const float* logits, float* ws) {
   return r;
 }
 
+// The router's gradient dlogits [T, E] from each slot's dw [T k], in double (moe_routing.h).
+void router_backward(const MoeDims& d, const float* logits, const float* dws, float* dlogits) {
+  const moe_routing::Route router = moe_route_of(d);
+#pragma omp parallel
+  {
+    std::vector<double> s(d.E), w(d.k);
+    std::vector<int32_t> chosen(d.k);
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < d.T; ++t) {
+      route_token(d, router, logits + t * d.E, s.data(), chosen.data(), w.data());
+      float* dl = dlogits + t * d.E;
+      moe_routing::backward(router, s.data(), d.E, d.k, chosen.data(), w.data(), dws + t * d.k,
+                            [dl](int64_t e, float v) { dl[e] = v; });
+    }
+  }
+}
+
+// y[t] += w_j o_i for each of n rows o [n, H] of the slots (transformers' order: the expert's
+// output weighted, then added).
+void scatter_weighted(const MoeDims& d, const float* o, const int32_t* slots, const float* weights, int64_t n,
+                      float* y) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    const float wj = weights[slots[i]];
+    float* yt = y + int64_t(slots[i] / d.k) * d.H;
+    const float* oi = o + i * d.H;
+    for (int64_t h = 0; h < d.H; ++h) yt[h] += wj * oi[h];
+  }
+}
+
 // rows[i, :] = src[slots[i] / k, :] for i < n (a token's row, gathered).
 void gather_rows(const float* src, const int32_t* slots, int64_t n, int64_t k, int64_t H, float* rows) {
 #pragma omp parallel for schedule(static)
@@ -78,9 +108,11 @@ int64_t moe_saved_floats(const MoeDims& d) { return d.T * d.k * (2 * d.I + d.H);
 
 int64_t moe_workspace_floats(const MoeDims& d, bool backward) {
   const int64_t R = std::min(d.T * d.k, kMoeChunkRows);
-  // forward: x rows, the swiglu; backward: each slot's dw, and x, dy and dout rows, the
-  // swiglu, its gradient and the gate's and up's.
-  return routing_floats(d) + (backward ? d.T * d.k + R * (3 * d.H + 4 * d.I) : R * (d.H + d.I));
+  // forward: x rows, the swiglu (gpt_oss: and the interleaved gate and up products); backward:
+  // each slot's dw, and x, dy and dout rows, the swiglu, its gradient and the gate's and up's
+  // (gpt_oss: the two interleaved, in the same room).
+  const int64_t forward = R * (d.H + d.I + (d.experts.gpt_oss ? 2 * d.I : 0));
+  return routing_floats(d) + (backward ? d.T * d.k + R * (3 * d.H + 4 * d.I) : forward);
 }
 
 void moe_forward(const MoeDims& d, const float* x, const float* logits, const float* const* w, float* y, float* saved,
@@ -100,14 +132,7 @@ void moe_forward(const MoeDims& d, const float* x, const float* logits, const fl
       gemm(false, true, n, I, H, xs, w[3 * e + 1], u);
       swiglu_forward(g, u, n * I, hh);
       gemm(false, true, n, H, I, hh, w[3 * e + 2], o);
-      // y[t] += w_j o: the expert's output weighted, then added (transformers' order).
-#pragma omp parallel for schedule(static)
-      for (int64_t i = 0; i < n; ++i) {
-        const float wj = r.weights[slots[i]];
-        float* yt = y + int64_t(slots[i] / d.k) * H;
-        const float* oi = o + i * H;
-        for (int64_t h = 0; h < H; ++h) yt[h] += wj * oi[h];
-      }
+      scatter_weighted(d, o, slots, r.weights, n, y);
     }
   }
 }
@@ -158,20 +183,122 @@ void moe_backward(const MoeDims& d, const float* dy, const float* x, const float
       }
     }
   }
-  // The router, in double (moe_routing.h).
-  const moe_routing::Route router = moe_route_of(d);
-#pragma omp parallel
-  {
-    std::vector<double> s(d.E), w(d.k);
-    std::vector<int32_t> chosen(d.k);
-#pragma omp for schedule(static)
-    for (int64_t t = 0; t < d.T; ++t) {
-      route_token(d, router, logits + t * d.E, s.data(), chosen.data(), w.data());
-      float* dl = dlogits + t * d.E;
-      moe_routing::backward(router, s.data(), d.E, d.k, chosen.data(), w.data(), dws + t * d.k,
-                            [dl](int64_t e, float v) { dl[e] = v; });
+  router_backward(d, logits, dws, dlogits);
+}
+
+namespace {
+// gpt-oss's GLU of one gate and up product (MoeExperts): h, and its gradient's two parts, dh/dg
+// and dh/du.
+struct ClampedGlu {
+  float h, dg, du;
+};
+ClampedGlu clamped_glu(float g, float u, float alpha, float limit) {
+  const float c = std::min(g, limit), uc = std::min(std::max(u, -limit), limit);
+  const float s = 1.0f / (1.0f + std::exp(-alpha * c)), glu = c * s;
+  // d/dc (c s(alpha c)) = s + alpha c s (1 - s)
+  const float dc = g <= limit ? s + alpha * c * s * (1.0f - s) : 0.0f;
+  return {(uc + 1.0f) * glu, (uc + 1.0f) * dc, u >= -limit && u <= limit ? glu : 0.0f};
+}
+}  // namespace
+
+void moe_gpt_oss_forward(const MoeDims& d, const float* x, const float* logits, const GptOssExperts& w, float* y,
+                         float* saved, float* workspace) {
+  const Routing r = route(d, logits, workspace);
+  const int64_t R = std::min(d.T * d.k, kMoeChunkRows), H = d.H, I = d.I, n_slots = d.T * d.k;
+  const float alpha = float(d.experts.alpha), limit = float(d.experts.limit);
+  float* xs = workspace + routing_floats(d);
+  float *hh = xs + R * H, *gu = hh + R * I;
+  std::fill_n(y, d.T * H, 0.0f);
+  for (int64_t e = 0; e < d.E; ++e) {
+    const float *w_gu = w.gate_up + e * H * 2 * I, *b_gu = w.gate_up_bias + e * 2 * I;
+    const float *w_d = w.down + e * I * H, *b_d = w.down_bias + e * H;
+    for (int64_t c = r.start[e]; c < r.start[e + 1]; c += R) {
+      const int32_t* slots = r.slots + c;
+      const int64_t n = std::min<int64_t>(R, r.start[e + 1] - c);
+      float *g = saved + c * I, *u = saved + n_slots * I + c * I, *o = saved + 2 * n_slots * I + c * H;
+      gather_rows(x, slots, n, d.k, H, xs);
+      gemm(false, false, n, 2 * I, H, xs, w_gu, gu);
+#pragma omp parallel for schedule(static)
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t j = 0; j < I; ++j) {
+          g[i * I + j] = gu[i * 2 * I + 2 * j] + b_gu[2 * j];
+          u[i * I + j] = gu[i * 2 * I + 2 * j + 1] + b_gu[2 * j + 1];
+          hh[i * I + j] = clamped_glu(g[i * I + j], u[i * I + j], alpha, limit).h;
+        }
+      gemm(false, false, n, H, I, hh, w_d, o);
+#pragma omp parallel for schedule(static)
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t h = 0; h < H; ++h) o[i * H + h] += b_d[h];
+      scatter_weighted(d, o, slots, r.weights, n, y);
     }
   }
+}
+
+void moe_gpt_oss_backward(const MoeDims& d, const float* dy, const float* x, const float* logits, const float* saved,
+                          const GptOssExperts& w, float* dx, float* dlogits, const GptOssExpertGrads& dw,
+                          float* workspace) {
+  const Routing r = route(d, logits, workspace);
+  const int64_t R = std::min(d.T * d.k, kMoeChunkRows), H = d.H, I = d.I, n_slots = d.T * d.k;
+  const float alpha = float(d.experts.alpha), limit = float(d.experts.limit);
+  float* dws = workspace + routing_floats(d);  // [T k]: dw of each slot
+  float* xs = dws + d.T * d.k;
+  float *dys = xs + R * H, *dout = dys + R * H, *hh = dout + R * H, *dh = hh + R * I, *dgu = dh + R * I;
+  std::fill_n(dx, d.T * H, 0.0f);
+  std::fill_n(dw.gate_up, d.E * H * 2 * I, 0.0f);
+  std::fill_n(dw.gate_up_bias, d.E * 2 * I, 0.0f);
+  std::fill_n(dw.down, d.E * I * H, 0.0f);
+  std::fill_n(dw.down_bias, d.E * H, 0.0f);
+  for (int64_t e = 0; e < d.E; ++e) {
+    const float *w_gu = w.gate_up + e * H * 2 * I, *w_d = w.down + e * I * H;
+    float *dw_gu = dw.gate_up + e * H * 2 * I, *db_gu = dw.gate_up_bias + e * 2 * I;
+    float *dw_d = dw.down + e * I * H, *db_d = dw.down_bias + e * H;
+    for (int64_t c = r.start[e]; c < r.start[e + 1]; c += R) {
+      const int32_t* slots = r.slots + c;
+      const int64_t n = std::min<int64_t>(R, r.start[e + 1] - c);
+      const float *g = saved + c * I, *u = saved + n_slots * I + c * I, *o = saved + 2 * n_slots * I + c * H;
+      gather_rows(x, slots, n, d.k, H, xs);
+      gather_rows(dy, slots, n, d.k, H, dys);
+      // dw_j = <dy[t], o> (o with its bias: the expert's output), and dout = w_j dy[t].
+#pragma omp parallel for schedule(static)
+      for (int64_t i = 0; i < n; ++i) {
+        const float *dyi = dys + i * H, *oi = o + i * H;
+        float* di = dout + i * H;
+        double s = 0;
+        for (int64_t h = 0; h < H; ++h) s += double(dyi[h]) * double(oi[h]);
+        dws[slots[i]] = float(s);
+        const float wj = r.weights[slots[i]];
+        for (int64_t h = 0; h < H; ++h) di[h] = wj * dyi[h];
+      }
+#pragma omp parallel for schedule(static)
+      for (int64_t i = 0; i < n * I; ++i) hh[i] = clamped_glu(g[i], u[i], alpha, limit).h;
+      gemm(true, false, I, H, n, hh, dout, dw_d, true);  // ddown += h^T dout
+      gemm(false, true, n, I, H, dout, w_d, dh);         // dh = dout down^T
+      // d[g | u], interleaved as gate_up's columns
+#pragma omp parallel for schedule(static)
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t j = 0; j < I; ++j) {
+          const ClampedGlu a = clamped_glu(g[i * I + j], u[i * I + j], alpha, limit);
+          dgu[i * 2 * I + 2 * j] = dh[i * I + j] * a.dg;
+          dgu[i * 2 * I + 2 * j + 1] = dh[i * I + j] * a.du;
+        }
+      gemm(true, false, H, 2 * I, n, xs, dgu, dw_gu, true);  // dgate_up += x^T d[g | u]
+      gemm(false, true, n, H, 2 * I, dgu, w_gu, dys);        // dx rows = d[g | u] gate_up^T
+      // the biases' sums over the rows, in the rows' order (the same on any thread count)
+#pragma omp parallel for schedule(static)
+      for (int64_t j = 0; j < 2 * I; ++j)
+        for (int64_t i = 0; i < n; ++i) db_gu[j] += dgu[i * 2 * I + j];
+#pragma omp parallel for schedule(static)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t i = 0; i < n; ++i) db_d[h] += dout[i * H + h];
+#pragma omp parallel for schedule(static)
+      for (int64_t i = 0; i < n; ++i) {
+        float* dxt = dx + int64_t(slots[i] / d.k) * H;
+        const float* src = dys + i * H;
+        for (int64_t h = 0; h < H; ++h) dxt[h] += src[h];
+      }
+    }
+  }
+  router_backward(d, logits, dws, dlogits);
 }
 
 void moe_balance_stats(const float* logits, int64_t T, int64_t E, int64_t k, double* counts, double* psum) {

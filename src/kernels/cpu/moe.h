@@ -40,10 +40,23 @@ struct MoeRouting {
   std::vector<double> bias;  // [E], or empty: none
 };
 
+// The experts beyond SwiGLU: gpt-oss's (`gpt_oss`), each expert with biases and a clamped GLU,
+//   [g | u] = x W_gu + b_gu   (W_gu [H, 2 I], b_gu [2 I]: gate and up columns interleaved, g_j
+//                              column 2 j and u_j column 2 j + 1, as gpt-oss keeps them)
+//   h = (clamp(u, -L, L) + 1) c sigmoid(alpha c),  c = min(g, L)
+//   expert(x) = h W_d + b_d   (W_d [I, H], b_d [H])
+// with alpha 1.702 and the limit L 7 in gpt-oss. The clamps' gradient is torch's: 1 where the
+// value is within its bounds (bounds included), else 0.
+struct MoeExperts {
+  bool gpt_oss = false;
+  double alpha = 1.702, limit = 7.0;
+};
+
 struct MoeDims {
   int64_t T = 0, H = 0, I = 0, E = 0, k = 0;
   bool normalize = false;
   MoeRouting routing;
+  MoeExperts experts;
 };
 
 constexpr int64_t kMoeChunkRows = 512;
@@ -76,6 +89,21 @@ void moe_forward(const MoeDims& d, const float* x, const float* logits, const fl
 //   dlogits[t, e] = du_e s_e (1 - s_e). The choice (top k, groups, the bias) has no gradient.
 void moe_backward(const MoeDims& d, const float* dy, const float* x, const float* logits, const float* saved,
                   const float* const* w, float* dx, float* dlogits, float* const* dw, float* workspace);
+
+// The same of gpt-oss's experts (MoeExperts): gate_up [E, H, 2 I], gate_up_bias [E, 2 I], down
+// [E, I, H], down_bias [E, H]; saved and workspace as above (moe_*_floats of d). Each gradient of
+// the four is written for every expert (zero for one no token chose).
+struct GptOssExperts {
+  const float *gate_up, *gate_up_bias, *down, *down_bias;
+};
+struct GptOssExpertGrads {
+  float *gate_up, *gate_up_bias, *down, *down_bias;
+};
+void moe_gpt_oss_forward(const MoeDims& d, const float* x, const float* logits, const GptOssExperts& w, float* y,
+                         float* saved, float* workspace);
+void moe_gpt_oss_backward(const MoeDims& d, const float* dy, const float* x, const float* logits, const float* saved,
+                          const GptOssExperts& w, float* dx, float* dlogits, const GptOssExpertGrads& dw,
+                          float* workspace);
 
 // The load-balancing loss's statistics (Switch Transformer's; transformers'
 // load_balancing_loss_func) over one layer's router logits [T, E]: counts[e] gains the rows
