@@ -146,6 +146,25 @@ def _moe_stacked_reference(x, router_logits, gate_up, down, top_k: int, normaliz
                           normalize, score, groups, topk_group, group_score, dropped, scale, norm_eps, bias)
 
 
+def _moe_gpt_oss_reference(x, router_logits, gate_up, gate_up_bias, down, down_bias, top_k: int, alpha: float,
+                           limit: float):
+    # gpt-oss's experts: gate_up [E, H, 2 I] (gate and up columns interleaved), down [E, I, H], with
+    # biases, the clamped GLU (uc + 1) c sigmoid(alpha c), c = min(g, limit), uc = clamp(u, +-limit);
+    # each token's top_k experts by its logits, weighted by the softmax of those (autosp's moe op,
+    # experts "gpt_oss", normalize). Dense, as _moe_reference.
+    p = torch.softmax(router_logits.float(), dim=-1)
+    chosen = torch.topk(p, top_k, dim=-1)[1]
+    w = p.gather(-1, chosen)
+    dense = torch.zeros_like(p).scatter(-1, chosen, w / w.sum(dim=-1, keepdim=True)).to(x.dtype)
+    out = torch.zeros_like(x)
+    for e in range(gate_up.shape[0]):
+        gu = x @ gate_up[e] + gate_up_bias[e]
+        c, u = gu[..., ::2].clamp(max=limit), gu[..., 1::2].clamp(min=-limit, max=limit)
+        h = (u + 1) * (c * torch.sigmoid(c * alpha))
+        out = out + (h @ down[e] + down_bias[e]) * dense[..., e:e + 1]
+    return out
+
+
 def _moe_balance_reference(router_logits, num_experts: int, top_k: int):
     # transformers' load_balancing_loss_func without an attention mask: over the rows of every
     # layer, E sum_e (the fraction of rows whose top k include e) (their mean probability of e).
@@ -173,6 +192,10 @@ def register():
                                                 "int topk_group=1, str group_score=\"max\", str dropped=\"-inf\", "
                                                 "float scale=1.0, float norm_eps=0.0, float[] bias=[]) -> Tensor")
     torch.library.impl("autosp::moe_stacked", "CompositeImplicitAutograd")(_moe_stacked_reference)
+    torch.library.define("autosp::moe_gpt_oss", "(Tensor x, Tensor router_logits, Tensor gate_up, Tensor gate_up_bias, "
+                                                "Tensor down, Tensor down_bias, int top_k, float alpha, float limit) "
+                                                "-> Tensor")
+    torch.library.impl("autosp::moe_gpt_oss", "CompositeImplicitAutograd")(_moe_gpt_oss_reference)
     torch.library.define("autosp::moe_balance", "(Tensor[] router_logits, int num_experts, int top_k) -> Tensor")
     torch.library.impl("autosp::moe_balance", "CompositeImplicitAutograd")(_moe_balance_reference)
     try:
@@ -261,6 +284,59 @@ class _NoLayerDrop:
     def __exit__(self, *exc):
         for module in self.switched:
             module.training = True
+        return False
+
+
+class _HalfTablesRope:
+    """While exporting: gpt-oss's rotary embedding keeps each frequency once (cos and sin [..., D/2])
+    and rotates the halves itself (_apply_rotary_emb: first cos - second sin, second cos + first
+    sin). That is Llama's x cos + rotate_half(x) sin with the tables cat(t, t), bit for bit (a - b c
+    and a + (-b) c round alike), which the importer reads as the rope op: the model's rotary
+    embedding computes Llama's tables and its module's _apply_rotary_emb is Llama's form, each
+    checked on a float64 sample against the original first."""
+
+    MODULES = ("transformers.models.gpt_oss.modeling_gpt_oss",)
+
+    def __init__(self, model):
+        self.model = model
+        self.saved = []
+
+    def __enter__(self):
+        import sys
+        module = sys.modules.get(type(self.model).__module__)
+        if module is None or module.__name__ not in self.MODULES:
+            return self
+        from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, rotate_half
+        original = module._apply_rotary_emb
+
+        def llamas(x, cos, sin):
+            return x * torch.cat((cos, cos), dim=-1) + rotate_half(x) * torch.cat((sin, sin), dim=-1)
+
+        g = torch.Generator().manual_seed(0)
+        x, cos, sin = (torch.randn(2, 3, 5, n, generator=g, dtype=torch.float64) for n in (8, 4, 4))
+        if not torch.equal(original(x, cos, sin), llamas(x, cos, sin)):
+            raise ValueError(f"autosp export: {module.__name__}._apply_rotary_emb is not the rotation of halves "
+                             f"autosp reads as its rope")
+        # the tables of cat(freqs, freqs): Llama's rotary forward, checked against the model's own halves
+        for rotary in [m for m in self.model.modules() if type(m).__name__.endswith("RotaryEmbedding")]:
+            positions = torch.arange(6)[None]
+            probe = torch.zeros(1, dtype=torch.float32, device=rotary.inv_freq.device)
+            half = rotary(probe, positions)
+            full = LlamaRotaryEmbedding.forward(rotary, probe, positions)
+            if half[0].shape[-1] * 2 != full[0].shape[-1] or \
+                    not all(torch.equal(torch.cat((h, h), dim=-1), f) for h, f in zip(half, full)):
+                raise ValueError(f"autosp export: {type(rotary).__name__}'s tables are not Llama's halves")
+            rotary.forward = LlamaRotaryEmbedding.forward.__get__(rotary)
+            self.saved.append(rotary)
+        module._apply_rotary_emb = lambda x, cos, sin: x * cos + rotate_half(x) * sin
+        self.module, self.original = module, original
+        return self
+
+    def __exit__(self, *exc):
+        for rotary in self.saved:
+            del rotary.forward
+        if self.saved or hasattr(self, "module"):
+            self.module._apply_rotary_emb = self.original
         return False
 
 
@@ -844,9 +920,63 @@ class _SparseMoeBlocks:
         rewrite(router, experts, bias)
         self.patched += [router, experts]
 
+    @staticmethod
+    def _gpt_oss_parts(module):
+        """gpt-oss's block (transformers' GptOssMLP): a `router` of weight [E, H], bias [E] and top_k,
+        and `experts` of gate_up_proj [E, H, 2 I] (gate and up columns interleaved), down_proj
+        [E, I, H], their biases and the GLU's alpha and limit: (router, experts), or None."""
+        router, experts = getattr(module, "router", None), getattr(module, "experts", None)
+        if not isinstance(router, torch.nn.Module) or not isinstance(experts, torch.nn.Module):
+            return None
+        names = ("gate_up_proj", "gate_up_proj_bias", "down_proj", "down_proj_bias")
+        w = [getattr(experts, n, None) for n in names]
+        weight, bias, k = getattr(router, "weight", None), getattr(router, "bias", None), getattr(router, "top_k", None)
+        if not all(isinstance(p, torch.nn.Parameter) for p in w + [weight, bias]) or not isinstance(k, int) or \
+                not isinstance(getattr(experts, "alpha", None), float) or \
+                not isinstance(getattr(experts, "limit", None), float):
+            return None
+        E, H = weight.shape if weight.dim() == 2 else (0, 0)
+        I = w[2].shape[1] if w[2].dim() == 3 else 0
+        if I < 1 or tuple(w[0].shape) != (E, H, 2 * I) or tuple(w[1].shape) != (E, 2 * I) or \
+                tuple(w[2].shape) != (E, I, H) or tuple(w[3].shape) != (E, H) or tuple(bias.shape) != (E,) or \
+                not 1 <= k <= E:
+            return None
+        return router, experts
+
+    def _patch_gpt_oss(self, name, module, router, experts):
+        """A gpt-oss block (_gpt_oss_parts): its router's logits (a linear with bias) and one
+        autosp::moe_gpt_oss of its experts, checked against the block's own forward on a sample
+        (its softmax of the top k logits is the normalised softmax top k)."""
+        where = f"{name} ({type(module).__name__})"
+
+        def forward(hidden_states, module=module):
+            r, x_ = module.router, module.experts
+            x = hidden_states.reshape(-1, hidden_states.shape[-1])
+            logits = torch.nn.functional.linear(x, r.weight, r.bias)
+            out = torch.ops.autosp.moe_gpt_oss(x, logits, x_.gate_up_proj, x_.gate_up_proj_bias, x_.down_proj,
+                                               x_.down_proj_bias, r.top_k, float(x_.alpha), float(x_.limit))
+            return out.view(hidden_states.shape), logits
+
+        probe = _in_float32(module)
+        sample = torch.randn(1, 64, router.weight.shape[1], generator=torch.Generator().manual_seed(0),
+                             dtype=torch.float32, device=router.weight.device)
+        with torch.no_grad():
+            want, got = probe(sample), forward(sample, module=probe)
+            want = want[0] if isinstance(want, tuple) else want
+            if not torch.allclose(got[0], want, rtol=1e-4, atol=1e-5 * float(want.abs().max())):
+                raise ValueError(f"autosp export: {where} has gpt-oss's router and experts, but computes something "
+                                 f"else than autosp's moe op of gpt-oss's experts (softmax of the top-k logits, the "
+                                 f"clamped GLU); not supported yet")
+        module.forward = forward
+        self.patched.append(module)
+
     def _patch(self):
         self.unmatched = []  # modules with experts this does not rewrite (named if the export fails)
         for name, module in self.model.named_modules():
+            gpt_oss = self._gpt_oss_parts(module)
+            if gpt_oss is not None:
+                self._patch_gpt_oss(name, module, *gpt_oss)
+                continue
             parts = self._stacked_parts(module)
             if parts is not None:
                 self._patch_stacked(name, module, *parts)
@@ -1007,7 +1137,8 @@ def export(model, path, batch: int = 2, seq_len: int = 16, max_seq_len: int = 1 
         b = torch.export.Dim("batch", min=1, max=1 << 16)
         s = torch.export.Dim("seq_len", min=shortest, max=longest)
         with _ConcreteIsCausal(), _NoLayerDrop(model), _LongRopeByLength(model), _BatchFirstSelfAttention(), \
-                _InterleavedRopeOfLatentAttention(model), _SparseMoeBlocks(model) as moe, _LoadBalancingLoss(model):
+                _InterleavedRopeOfLatentAttention(model), _HalfTablesRope(model), _SparseMoeBlocks(model) as moe, \
+                _LoadBalancingLoss(model):
             try:
                 return torch.export.export(_LossOf(model), (ids, ids.clone()),
                                            dynamic_shapes=({0: b, 1: s}, {0: b, 1: s}))

@@ -1936,7 +1936,9 @@ class TorchImporter {
                      A("input", 0));
     }
     if (op == "torch.ops.aten.cat.default") return cat(n);
-    if (op == "torch.ops.autosp.moe.default" || op == "torch.ops.autosp.moe_stacked.default") return moe(n);
+    if (op == "torch.ops.autosp.moe.default" || op == "torch.ops.autosp.moe_stacked.default" ||
+        op == "torch.ops.autosp.moe_gpt_oss.default")
+      return moe(n);
     if (op == "torch.ops.autosp.moe_balance.default") return moe_balance(n);
     if (op == "torch.ops.autosp.attention.default") {
       // softcap: Gemma 2's attn_logit_softcapping; sinks: gpt-oss's (archives written before
@@ -3148,6 +3150,14 @@ class TorchImporter {
     const std::string x = arg_tensor(n, "x", 0), logits = arg_tensor(n, "router_logits", 1);
     if (rows_merged(value(x)) != rows_merged(value(logits)) || value(x).shape.size() != value(logits).shape.size())
       m_.fail_at(n, "x and the router logits are not rows alike");
+    if (n.target == "torch.ops.autosp.moe_gpt_oss.default") {  // gpt-oss's experts, as gpt-oss keeps them
+      std::vector<Tensor> experts;
+      const char* names[] = {"gate_up", "gate_up_bias", "down", "down_bias"};
+      for (size_t i = 0; i < 4; ++i) experts.push_back(tensor_of(arg_tensor(n, names[i], 2 + i)));
+      const Attrs form{{"experts", std::string("gpt_oss")}, {"alpha", float_arg(n, "alpha", 7)},
+                       {"limit", float_arg(n, "limit", 8)}};
+      return rowwise(t_.moe(rowwise_of(x), rowwise_of(logits), experts, int_arg(n, "top_k", 6), true, form), x);
+    }
     if (n.target == "torch.ops.autosp.moe_stacked.default") {
       const std::vector<Tensor> experts{tensor_of(arg_tensor(n, "gate_up", 2)), tensor_of(arg_tensor(n, "down", 3))};
       return rowwise(t_.moe(rowwise_of(x), rowwise_of(logits), experts, int_arg(n, "top_k", 4),

@@ -70,8 +70,9 @@ KernelArgs node_kernel_args(const Graph& graph, const Node& node, const ProcessG
   KernelArgs args;
   args.attrs = &node.attrs;
   if (node.attrs.has("group")) args.comm = group_communicator(groups, node.attrs.get_str("group"));
-  // Attention over the rank's part of the heads reads the rank's ALiBi slopes (ops/attention.cpp).
-  if (node.attrs.has("alibi_split")) args.comm = group_communicator(groups, "sp");
+  // Attention over the rank's part of the heads reads the rank's ALiBi slopes and sinks
+  // (ops/attention.cpp).
+  if (node.attrs.has("alibi_split") || node.attrs.has("sinks_split")) args.comm = group_communicator(groups, "sp");
   for (ValueId v : node.inputs) {
     args.inputs.push_back(data[v]);
     args.in_types.push_back(&graph.type(v));
