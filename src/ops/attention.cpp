@@ -239,10 +239,8 @@ int64_t cuda_attention_workspace(const Types& qkv, const Attrs& attrs, bool docu
   return pad.bytes + std::max(blocks, cuda::cudnn_sdpa_layout(key).bytes);
 }
 // The cuda kernels take the slopes by value: at most kAttentionMaxAlibiHeads query heads (a
-// rank's). They have no sinks yet.
+// rank's).
 void cuda_check_attention(const Types& qkv, const Attrs& attrs) {
-  require(!has_sinks(attrs), "the cuda backend has no attention sinks (gpt-oss's) yet: train this model with "
-          "--backend cpu");
   if (attrs.has("alibi"))
     require(qkv[0].shape.size() == 4 && qkv[0].shape[2] <= cuda::kAttentionMaxAlibiHeads,
             "the cuda kernels take ALiBi slopes for at most ", cuda::kAttentionMaxAlibiHeads, " query heads, got ",
@@ -297,7 +295,8 @@ void cuda_attention(const KernelArgs& a, const CudaContext& c) {
     out = ws + pad.out;
   }
   void* scratch = ws + pad.bytes;
-  const int32_t* doc = a.inputs.size() == 4 ? a.in<int32_t>(3) : nullptr;
+  const size_t doc_at = documents_at(*a.attrs, 3);
+  const int32_t* doc = a.inputs.size() > doc_at ? a.in<int32_t>(static_cast<int>(doc_at)) : nullptr;
   const cuda::CudnnSdpaKey key = cuda_attention_key(qkv, *a.attrs, doc != nullptr, false, cuda_current_device());
   const cuda::AttentionChoice choice = cuda_attention_choice(key, cuda_cudnn_attention_built());
   if (!(choice.impl == cuda::AttentionImplementation::cudnn &&
@@ -306,6 +305,12 @@ void cuda_attention(const KernelArgs& a, const CudaContext& c) {
                                   window_of(*a.attrs), float(a.attrs->get_float("scale")), softcap_of(*a.attrs), q, k,
                                   v, doc, out, a.out<float>(1), scratch, 0, cuda_alibi(a, d.NH));
   if (pad.values) cuda_unpad_rows(a.out<void>(0), out, rows_q, g.dv(), pad.P, es, c);
+  // the sinks, folded into the result whichever kernels made it (the backward then runs on it as it is)
+  if (has_sinks(*a.attrs)) {
+    const int64_t first = first_local_head(a, g.NH, sinks_split_of(*a.attrs), "sinks_split");
+    cuda::attention_sinks_forward(cuda_in_dt(a, 0), g.B, g.S, g.NH, g.dv(), a.in<char>(3) + first * es,
+                                  a.out<void>(0), a.out<float>(1), c.stream);
+  }
 }
 // attention_backward(dout, q, k, v, out, lse[, doc]) -> (dq, dk, dv)
 void cuda_attention_backward(const KernelArgs& a, const CudaContext& c) {
@@ -329,7 +334,8 @@ void cuda_attention_backward(const KernelArgs& a, const CudaContext& c) {
     dv = ws + pad.dv;
   }
   void* scratch = ws + pad.bytes;
-  const int32_t* doc = a.inputs.size() == 7 ? a.in<int32_t>(6) : nullptr;
+  const size_t doc_at = documents_at(*a.attrs, 6);
+  const int32_t* doc = a.inputs.size() > doc_at ? a.in<int32_t>(static_cast<int>(doc_at)) : nullptr;
   const cuda::CudnnSdpaKey key = cuda_attention_key(qkv, *a.attrs, doc != nullptr, true, cuda_current_device());
   const cuda::AttentionChoice choice = cuda_attention_choice(key, cuda_cudnn_attention_built());
   if (!(choice.impl == cuda::AttentionImplementation::cudnn &&
@@ -343,6 +349,14 @@ void cuda_attention_backward(const KernelArgs& a, const CudaContext& c) {
     cuda_unpad_rows(a.out<void>(1), dk, rows_kv, g.D, pad.P, es, c);
   } else if (pad.values) {
     cuda_unpad_rows(a.out<void>(2), dv, rows_kv, g.dv(), pad.P, es, c);
+  }
+  if (has_sinks(*a.attrs)) {  // the rank's heads' part of dsinks, zeros elsewhere (as the CPU's)
+    const int64_t first = first_local_head(a, g.NH, sinks_split_of(*a.attrs), "sinks_split");
+    check_cuda(cudaMemsetAsync(a.outputs[3], 0, size_t(a.out_types[3]->shape[0] * es), c.stream), "cudaMemsetAsync",
+               "attention_backward");
+    cuda::attention_sinks_backward(cuda_in_dt(a, 1), g.B, g.S, g.NH, g.dv(), a.in<char>(6) + first * es,
+                                   a.in<void>(4), a.in<float>(5), a.in<void>(0),
+                                   static_cast<char*>(a.outputs[3]) + first * es, c.stream);
   }
 }
 #endif
@@ -425,7 +439,7 @@ extern const OpDef attention_op = {
     .cuda = {.name = "attention_blocks_forward",
              .run = AUTOSP_CUDA_RUN(cuda_attention),
              .workspace_bytes = [](const Types& in, const Types&, const Attrs& attrs) -> int64_t {
-               return cuda_attention_workspace({in[0], in[1], in[2]}, attrs, in.size() == 4, false);
+               return cuda_attention_workspace({in[0], in[1], in[2]}, attrs, in.size() > documents_at(attrs, 3), false);
              },
              .check = [](const Types& in, const Attrs& attrs) { cuda_check_attention(in, attrs); }},
 };
@@ -479,7 +493,7 @@ extern const OpDef attention_backward_op = {
              .run = AUTOSP_CUDA_RUN(cuda_attention_backward),
              // blocks: delta [B, NH, S], then one block's scores and the f32 sums of dk and dv
              .workspace_bytes = [](const Types& in, const Types&, const Attrs& attrs) -> int64_t {
-               return cuda_attention_workspace({in[1], in[2], in[3]}, attrs, in.size() == 7, true);
+               return cuda_attention_workspace({in[1], in[2], in[3]}, attrs, in.size() > documents_at(attrs, 6), true);
              },
              .check = [](const Types& in, const Attrs& attrs) { cuda_check_attention({in[1], in[2], in[3]}, attrs); }},
 };

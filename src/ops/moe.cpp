@@ -152,11 +152,8 @@ cpu::MoeDims moe_dims(const Types& in, const Attrs& attrs, size_t first, size_t 
   return d;
 }
 
-// The cuda routing kernels keep a token's probabilities in per-thread arrays. They have no
-// gpt_oss experts yet.
-void check_device_experts(const Types& in, const Attrs& attrs, size_t logits) {
-  require(!moe_experts(attrs).gpt_oss, "the cuda backend has no gpt-oss experts (moe experts \"gpt_oss\") yet: train "
-          "this model with --backend cpu");
+// The cuda routing kernels keep a token's probabilities in per-thread arrays.
+void check_device_experts(const Types& in, size_t logits) {
   const int64_t E = in[logits].shape.back();
   require(E <= cuda::kMoeMaxExperts, E, " experts: the cuda moe kernels take at most ", cuda::kMoeMaxExperts);
 }
@@ -234,7 +231,8 @@ MoeDeviceLayout moe_device_layout(const cpu::MoeDims& d, DType dtype, bool backw
   l.slots = piece(4 * slots);
   l.dws = backward ? piece(4 * slots) : 0;
   if (!d.routing.bias.empty()) l.bias = piece(8 * d.E);  // the router's correction bias, in double
-  l.rows = piece(esize * l.R * (backward ? 3 * d.H + 4 * d.I : d.H + d.I));
+  // (gpt_oss: the forward's interleaved gate and up products too; the backward's in dg's and du's room)
+  l.rows = piece(esize * l.R * (backward ? 3 * d.H + 4 * d.I : d.H + d.I + (d.experts.gpt_oss ? 2 * d.I : 0)));
   l.total = at;
   return l;
 }
@@ -282,6 +280,74 @@ DeviceRouting route_on_device(const cpu::MoeDims& d, const MoeDeviceLayout& l, c
   return r;
 }
 
+// As cpu::moe_gpt_oss_forward: gather, the interleaved gate and up product, its bias and the
+// GLU (g and u into the saved planes), the down product and its bias (saved), the weighted
+// scatter-add.
+void cuda_moe_gpt_oss(const KernelArgs& a, const CudaContext& c, const cpu::MoeDims& d, const DeviceRouting& r,
+                      const MoeDeviceLayout& l) {
+  const cuda::Dt dt = cuda_in_dt(a, 0);
+  const int64_t H = d.H, I = d.I, es = cuda::dt_size(dt), R = l.R, n_slots = d.T * d.k;
+  const float alpha = float(d.experts.alpha), limit = float(d.experts.limit);
+  char *xs = static_cast<char*>(a.workspace) + l.rows, *hh = xs + es * R * H, *gu = hh + es * R * I;
+  char* saved = static_cast<char*>(a.outputs[1]);
+  const char *w_gu = a.in<char>(2), *b_gu = a.in<char>(3), *w_d = a.in<char>(4), *b_d = a.in<char>(5);
+  cuda::fill(dt, a.outputs[0], d.T * H, 0.0f, c.stream);
+  for (int64_t e = 0; e < d.E; ++e) {
+    for (int64_t at = r.start[e]; at < r.start[e + 1]; at += R) {
+      const int64_t n = std::min<int64_t>(R, r.start[e + 1] - at);
+      const int32_t* slots = r.slots + at;
+      char *g = saved + es * at * I, *u = saved + es * (n_slots + at) * I, *o = saved + es * (2 * n_slots * I + at * H);
+      cuda::moe_gather_rows(dt, a.inputs[0], slots, n, d.k, H, xs, c.stream);
+      cuda_gemm(c, dt, dt, false, false, n, 2 * I, H, xs, w_gu + es * e * H * 2 * I, gu, false, "moe");
+      cuda::moe_gpt_oss_glu(dt, gu, b_gu + es * e * 2 * I, n, I, alpha, limit, g, u, hh, c.stream);
+      cuda_gemm(c, dt, dt, false, false, n, H, I, hh, w_d + es * e * I * H, o, false, "moe");
+      cuda::moe_add_row_bias(dt, o, b_d + es * e * H, n, H, c.stream);
+      cuda::moe_scatter_add(dt, o, slots, r.weights, n, d.k, H, a.outputs[0], c.stream);
+    }
+  }
+}
+
+// As cpu::moe_gpt_oss_backward, from the saved products.
+void cuda_moe_gpt_oss_backward(const KernelArgs& a, const CudaContext& c, const cpu::MoeDims& d,
+                               const DeviceRouting& r, const MoeDeviceLayout& l) {
+  const cuda::Dt dt = cuda_in_dt(a, 1);
+  const int64_t H = d.H, I = d.I, es = cuda::dt_size(dt), R = l.R, n_slots = d.T * d.k;
+  const float alpha = float(d.experts.alpha), limit = float(d.experts.limit);
+  float* dws = reinterpret_cast<float*>(static_cast<char*>(a.workspace) + l.dws);
+  char *xs = static_cast<char*>(a.workspace) + l.rows, *dys = xs + es * R * H, *dout = dys + es * R * H;
+  char *hh = dout + es * R * H, *dh = hh + es * R * I, *dgu = dh + es * R * I;
+  const char* saved = a.in<char>(3);
+  const char *w_gu = a.in<char>(4), *w_d = a.in<char>(6);
+  char *dw_gu = static_cast<char*>(a.outputs[2]), *db_gu = static_cast<char*>(a.outputs[3]);
+  char *dw_d = static_cast<char*>(a.outputs[4]), *db_d = static_cast<char*>(a.outputs[5]);
+  cuda::fill(dt, a.outputs[0], d.T * H, 0.0f, c.stream);
+  cuda::fill(dt, dw_gu, d.E * H * 2 * I, 0.0f, c.stream);
+  cuda::fill(dt, db_gu, d.E * 2 * I, 0.0f, c.stream);
+  cuda::fill(dt, dw_d, d.E * I * H, 0.0f, c.stream);
+  cuda::fill(dt, db_d, d.E * H, 0.0f, c.stream);
+  for (int64_t e = 0; e < d.E; ++e) {
+    for (int64_t at = r.start[e]; at < r.start[e + 1]; at += R) {
+      const int64_t n = std::min<int64_t>(R, r.start[e + 1] - at);
+      const int32_t* slots = r.slots + at;
+      const char *g = saved + es * at * I, *u = saved + es * (n_slots + at) * I;
+      const char* o = saved + es * (2 * n_slots * I + at * H);
+      cuda::moe_gather_rows(dt, a.inputs[1], slots, n, d.k, H, xs, c.stream);
+      cuda::moe_gather_rows(dt, a.inputs[0], slots, n, d.k, H, dys, c.stream);
+      cuda::moe_gpt_oss_glu_of_saved(dt, g, u, n * I, alpha, limit, hh, c.stream);
+      cuda::moe_output_grad(dt, dys, o, dout, slots, r.weights, n, H, dws, c.stream);
+      cuda_gemm(c, dt, dt, true, false, I, H, n, hh, dout, dw_d + es * e * I * H, true, "moe_backward");
+      cuda_gemm(c, dt, dt, false, true, n, I, H, dout, w_d + es * e * I * H, dh, false, "moe_backward");
+      cuda::moe_gpt_oss_glu_backward(dt, dh, g, u, n, I, alpha, limit, dgu, c.stream);
+      cuda_gemm(c, dt, dt, true, false, H, 2 * I, n, xs, dgu, dw_gu + es * e * H * 2 * I, true, "moe_backward");
+      cuda_gemm(c, dt, dt, false, true, n, H, 2 * I, dgu, w_gu + es * e * H * 2 * I, dys, false, "moe_backward");
+      cuda::moe_add_column_sums(dt, dgu, n, 2 * I, db_gu + es * e * 2 * I, c.stream);
+      cuda::moe_add_column_sums(dt, dout, n, H, db_d + es * e * H, c.stream);
+      cuda::moe_scatter_add(dt, dys, slots, nullptr, n, d.k, H, a.outputs[0], c.stream);
+    }
+  }
+  cuda::moe_router_backward(dt, a.inputs[2], dws, d.T, d.E, d.k, r.route, a.outputs[1], c.stream);
+}
+
 // As cpu::moe_forward, chunk by chunk of each expert's rows: gather, gate and up products (into
 // the saved planes), the fused swiglu, the down product (saved), the weighted scatter-add.
 void cuda_moe(const KernelArgs& a, const CudaContext& c) {
@@ -289,6 +355,7 @@ void cuda_moe(const KernelArgs& a, const CudaContext& c) {
   const cuda::Dt dt = cuda_in_dt(a, 0);
   const MoeDeviceLayout l = moe_device_layout(d, a.in_types[0]->dtype, false);
   const DeviceRouting r = route_on_device(d, l, dt, a.inputs[1], a.workspace, c, "moe");
+  if (d.experts.gpt_oss) return cuda_moe_gpt_oss(a, c, d, r, l);
   const int64_t H = d.H, I = d.I, es = cuda::dt_size(dt), R = l.R, n_slots = d.T * d.k;
   char* rows = static_cast<char*>(a.workspace) + l.rows;
   char *xs = rows, *hh = xs + es * R * H;
@@ -319,6 +386,7 @@ void cuda_moe_backward(const KernelArgs& a, const CudaContext& c) {
   const cuda::Dt dt = cuda_in_dt(a, 1);
   const MoeDeviceLayout l = moe_device_layout(d, a.in_types[1]->dtype, true);
   const DeviceRouting r = route_on_device(d, l, dt, a.inputs[2], a.workspace, c, "moe_backward");
+  if (d.experts.gpt_oss) return cuda_moe_gpt_oss_backward(a, c, d, r, l);
   const int64_t H = d.H, I = d.I, es = cuda::dt_size(dt), R = l.R, n_slots = d.T * d.k;
   float* dws = reinterpret_cast<float*>(static_cast<char*>(a.workspace) + l.dws);
   char* rows = static_cast<char*>(a.workspace) + l.rows;
@@ -437,7 +505,7 @@ extern const OpDef moe_op = {
                return moe_device_workspace_bytes(in, attrs, false);
              },
              .check = [](const Types& in, const Attrs& attrs) {
-               check_device_experts(in, attrs, 1);
+               check_device_experts(in, 1);
                check_device_routing(in, attrs, 0, 2);
              }},
 };
@@ -483,7 +551,7 @@ extern const OpDef moe_backward_op = {
                return moe_device_workspace_bytes(in, attrs, true);
              },
              .check = [](const Types& in, const Attrs& attrs) {
-               check_device_experts(in, attrs, 2);
+               check_device_experts(in, 2);
                check_device_routing(in, attrs, 1, kBackwardWeights);
              }},
 };
@@ -549,7 +617,7 @@ extern const OpDef moe_balance_op = {
                const int64_t E = in[0].shape.back();
                return cuda_aligned(16 * E) + cuda_aligned(8 * rows_of(in[0].shape) * E);
              },
-             .check = [](const Types& in, const Attrs& attrs) { check_device_experts(in, attrs, 0); }},
+             .check = [](const Types& in, const Attrs&) { check_device_experts(in, 0); }},
 };
 
 // moe_balance_backward(dstats [2, E], logits_0, ..., logits_{L-1}) {top_k} = (dlogits_0, ...):
@@ -572,7 +640,7 @@ extern const OpDef moe_balance_backward_op = {
     },
     .cuda = {.name = "moe_balance_backward",
              .run = AUTOSP_CUDA_RUN(cuda_moe_balance_backward),
-             .check = [](const Types& in, const Attrs& attrs) { check_device_experts(in, attrs, 1); }},
+             .check = [](const Types& in, const Attrs&) { check_device_experts(in, 1); }},
 };
 
 }  // namespace autosp

@@ -355,6 +355,24 @@ std::vector<OpCase> op_cases() {
     attention_case("attention_softcap", a);
     attention_and_backward_case("attention_and_backward_softcap", a);
   }
+  // gpt-oss's sinks, with documents, GQA and a window: the fold after the kernels and dsinks.
+  {
+    const Attrs a{{"causal", int64_t{1}}, {"scale", scale}, {"window", int64_t{3}}, {"sinks", int64_t{1}}};
+    std::vector<int32_t> doc;
+    for (int64_t b = 0; b < Bt; ++b)
+      for (int64_t i = 0; i < S; ++i) doc.push_back(static_cast<int32_t>(b == 1 && i >= 4));
+    const std::vector<InputSpec> in = {{"q", DType::f32, {Bt, S, NH, D}},   {"k", DType::f32, {Bt, S, NKV, D}},
+                                       {"v", DType::f32, {Bt, S, NKV, D}},  {"sinks", DType::f32, {NH}},
+                                       {"dout", DType::f32, {Bt, S, NH, D}}, {"doc", DType::i32, {Bt, S}}};
+    cases.push_back({"attention_sinks", {in[0], in[1], in[2], in[3], in[5]}, one(OpKind::attention, a),
+                     {{"doc", doc}}, {}, true, 1});
+    cases.push_back({"attention_and_backward_sinks", in,
+                     [a](B& b, const Ins& x) {
+                       const auto f = b.emit(OpKind::attention, {x[0], x[1], x[2], x[3], x[5]}, a);
+                       return b.emit(OpKind::attention_backward, {x[4], x[0], x[1], x[2], f[0], f[1], x[3], x[5]}, a);
+                     },
+                     {{"doc", doc}}, {}, false});
+  }
   // Values of their own head dim, narrower (DeepSeek-V3's) and wider: the cuda kernels run on
   // zero-padded copies of the narrower side (ops/attention.cpp's CudaPadding).
   for (int64_t Dv : {D / 2, D + 4}) {
@@ -471,6 +489,24 @@ std::vector<OpCase> op_cases() {
                        [attrs](B& b, const Ins& x) {
                          const auto f = b.emit(OpKind::moe, {x[1], x[2], x[3], x[4]}, attrs);
                          return b.emit(OpKind::moe_backward, {x[0], x[1], x[2], f[1], x[3], x[4]}, attrs);
+                       },
+                       {}, {{"logits", logits}}, false});
+    }
+    // gpt-oss's experts (biases, gate and up interleaved, the clamped GLU; a limit of 1 that
+    // clamps some of these products), forward and backward.
+    {
+      const Attrs oss{{"top_k", int64_t{2}}, {"normalize", int64_t{1}}, {"experts", std::string("gpt_oss")},
+                      {"alpha", 1.702}, {"limit", 1.0}};
+      const std::vector<InputSpec> w = {{"x", DType::f32, {2, 5, H}},           {"logits", DType::f32, {2, 5, E}},
+                                        {"gate_up", DType::f32, {E, H, 2 * I}}, {"gate_up_bias", DType::f32, {E, 2 * I}},
+                                        {"down", DType::f32, {E, I, H}},        {"down_bias", DType::f32, {E, H}}};
+      cases.push_back({"moe_gpt_oss", w, one(OpKind::moe, oss), {}, {{"logits", logits}}, true, 1});
+      std::vector<InputSpec> back = w;
+      back.insert(back.begin(), InputSpec{"dy", DType::f32, {2, 5, H}});
+      cases.push_back({"moe_gpt_oss_backward", back,
+                       [oss](B& b, const Ins& x) {
+                         const auto f = b.emit(OpKind::moe, {x[1], x[2], x[3], x[4], x[5], x[6]}, oss);
+                         return b.emit(OpKind::moe_backward, {x[0], x[1], x[2], f[1], x[3], x[4], x[5], x[6]}, oss);
                        },
                        {}, {{"logits", logits}}, false});
     }

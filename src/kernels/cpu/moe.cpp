@@ -6,6 +6,7 @@
 
 #include "kernels/cpu/basic.h"
 #include "kernels/cpu/fused.h"
+#include "kernels/cpu/moe_experts.h"
 #include "kernels/cpu/moe_routing.h"
 
 namespace autosp::cpu {
@@ -186,20 +187,8 @@ void moe_backward(const MoeDims& d, const float* dy, const float* x, const float
   router_backward(d, logits, dws, dlogits);
 }
 
-namespace {
-// gpt-oss's GLU of one gate and up product (MoeExperts): h, and its gradient's two parts, dh/dg
-// and dh/du.
-struct ClampedGlu {
-  float h, dg, du;
-};
-ClampedGlu clamped_glu(float g, float u, float alpha, float limit) {
-  const float c = std::min(g, limit), uc = std::min(std::max(u, -limit), limit);
-  const float s = 1.0f / (1.0f + std::exp(-alpha * c)), glu = c * s;
-  // d/dc (c s(alpha c)) = s + alpha c s (1 - s)
-  const float dc = g <= limit ? s + alpha * c * s * (1.0f - s) : 0.0f;
-  return {(uc + 1.0f) * glu, (uc + 1.0f) * dc, u >= -limit && u <= limit ? glu : 0.0f};
-}
-}  // namespace
+using moe_experts::clamped_glu;
+using moe_experts::ClampedGlu;
 
 void moe_gpt_oss_forward(const MoeDims& d, const float* x, const float* logits, const GptOssExperts& w, float* y,
                          float* saved, float* workspace) {

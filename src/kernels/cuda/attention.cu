@@ -336,6 +336,67 @@ void attention_store_kv_grads(Dt dt, const AttentionDims& d, int64_t b, int64_t 
   });
 }
 
+namespace {
+// Sinks (kernels/cpu/attention.h): row r = (b S + i) NH + h of out [B, S, NH, Dv] and its lse
+// [B, NH, S] with the logit z_h folded in: lse' = log(exp(lse) + exp(z_h)), out' = out exp(lse - lse').
+template <typename T>
+__global__ void sinks_forward_kernel(int64_t B, int64_t S, int64_t NH, int64_t Dv, const T* sinks, T* out,
+                                     float* lse) {
+  AUTOSP_GRID_STRIDE(r, B * S * NH) {
+    const int64_t h = r % NH, bi = r / NH, b = bi / S, i = bi % S;
+    float& l = lse[(b * NH + h) * S + i];
+    const float z = to_f(sinks[h]), m = fmaxf(l, z);
+    const float folded = isinf(m) ? m : m + log1pf(expf(-fabsf(l - z)));
+    const float keep = expf(l - folded);
+    for (int64_t e = 0; e < Dv; ++e) out[r * Dv + e] = from_f<T>(to_f(out[r * Dv + e]) * keep);
+    l = folded;
+  }
+}
+// dsinks[h] = -sum_{b,i} exp(z_h - lse'_bhi) dout_bih . out_bih: one block per head, its rows in a
+// fixed order per thread and a fixed tree over the threads (the same sum every run).
+template <typename T>
+__global__ void sinks_backward_kernel(int64_t B, int64_t S, int64_t NH, int64_t Dv, const T* sinks, const T* out,
+                                      const float* lse, const T* dout, T* dsinks) {
+  __shared__ float part[kThreads];
+  const int64_t h = blockIdx.x;
+  const float z = to_f(sinks[h]);
+  float sum = 0.0f;
+  for (int64_t bi = threadIdx.x; bi < B * S; bi += blockDim.x) {
+    const int64_t r = bi * NH + h, b = bi / S, i = bi % S;
+    float dot = 0.0f;
+    for (int64_t e = 0; e < Dv; ++e) dot += to_f(out[r * Dv + e]) * to_f(dout[r * Dv + e]);
+    sum += expf(z - lse[(b * NH + h) * S + i]) * dot;
+  }
+  part[threadIdx.x] = sum;
+  __syncthreads();
+  for (int w = kThreads / 2; w > 0; w /= 2) {
+    if (threadIdx.x < w) part[threadIdx.x] += part[threadIdx.x + w];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) dsinks[h] = from_f<T>(-part[0]);
+}
+}  // namespace
+
+void attention_sinks_forward(Dt dt, int64_t B, int64_t S, int64_t NH, int64_t Dv, const void* sinks, void* out,
+                             float* lse, cudaStream_t stream) {
+  if (B * S * NH == 0) return;
+  dispatch(dt, [&]<typename T>() {
+    sinks_forward_kernel<T><<<blocks_for(B * S * NH), kThreads, 0, stream>>>(B, S, NH, Dv,
+                                                                              static_cast<const T*>(sinks),
+                                                                              static_cast<T*>(out), lse);
+  });
+}
+
+void attention_sinks_backward(Dt dt, int64_t B, int64_t S, int64_t NH, int64_t Dv, const void* sinks, const void* out,
+                              const float* lse, const void* dout, void* dsinks, cudaStream_t stream) {
+  if (NH == 0) return;
+  dispatch(dt, [&]<typename T>() {
+    sinks_backward_kernel<T><<<static_cast<unsigned>(NH), kThreads, 0, stream>>>(
+        B, S, NH, Dv, static_cast<const T*>(sinks), static_cast<const T*>(out), lse, static_cast<const T*>(dout),
+        static_cast<T*>(dsinks));
+  });
+}
+
 void attention_forward(Dt dt, const AttentionDims& d, bool causal, int64_t window, float scale, float softcap,
                        const void* q,
                        const void* k, const void* v, const int32_t* doc, void* out, float* lse, cudaStream_t stream,

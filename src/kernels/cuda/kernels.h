@@ -156,6 +156,13 @@ struct AttentionBlock {
 void attention_block_softmax(Dt dt, const AttentionDims& d, const AttentionBlock& blk, bool causal, int64_t window,
                              float softcap, const int32_t* doc, const float* scores, void* probs, float* lse,
                              cudaStream_t stream, const AlibiSlopes& alibi = {});
+// Attention sinks (gpt-oss's; kernels/cpu/attention.h): the logits sinks [NH] folded into out
+// [B, S, NH, Dv] and lse [B, NH, S] in place; and their gradient dsinks [NH] (written) from the
+// folded out and lse, of dtype dt as sinks, deterministic.
+void attention_sinks_forward(Dt dt, int64_t B, int64_t S, int64_t NH, int64_t Dv, const void* sinks, void* out,
+                             float* lse, cudaStream_t stream);
+void attention_sinks_backward(Dt dt, int64_t B, int64_t S, int64_t NH, int64_t Dv, const void* sinks, const void* out,
+                              const float* lse, const void* dout, void* dsinks, cudaStream_t stream);
 // delta [B, NH, S] = rowsum(dout * out).
 void attention_delta(Dt dt, const AttentionDims& d, const void* out, const void* dout, float* delta,
                      cudaStream_t stream);

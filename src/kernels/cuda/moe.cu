@@ -3,6 +3,7 @@
 // the CPU kernels' own), one block per row for the row copies.
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/moe.h"
+#include "kernels/cpu/moe_experts.h"
 
 #include <stdexcept>
 #include <string>
@@ -136,6 +137,96 @@ void moe_route(Dt dt, const void* logits, int64_t T, int64_t E, int64_t k, const
   dispatch(dt, [&]<typename X>() {
     route_kernel<X><<<blocks_for(T), kThreads, 0, stream>>>(static_cast<const X*>(logits), T, E, k, route, experts,
                                                              weights);
+  });
+}
+
+namespace {
+// gpt-oss's experts (cpu/moe_experts.h): gu [n, 2 I] (gate and up columns interleaved) plus the
+// bias [2 I] into the saved planes g, u [n, I] and the GLU h [n, I].
+template <typename T>
+__global__ void gpt_oss_glu_kernel(const T* gu, const T* bias, int64_t n, int64_t I, float alpha, float limit, T* g,
+                                   T* u, T* h) {
+  AUTOSP_GRID_STRIDE(i, n * I) {
+    const int64_t r = i / I, j = i % I;
+    const T gi = from_f<T>(to_f(gu[r * 2 * I + 2 * j]) + to_f(bias[2 * j]));
+    const T ui = from_f<T>(to_f(gu[r * 2 * I + 2 * j + 1]) + to_f(bias[2 * j + 1]));
+    g[i] = gi, u[i] = ui;
+    h[i] = from_f<T>(moe_experts::clamped_glu(to_f(gi), to_f(ui), alpha, limit).h);
+  }
+}
+template <typename T>
+__global__ void gpt_oss_glu_of_saved_kernel(const T* g, const T* u, int64_t n, float alpha, float limit, T* h) {
+  AUTOSP_GRID_STRIDE(i, n) h[i] = from_f<T>(moe_experts::clamped_glu(to_f(g[i]), to_f(u[i]), alpha, limit).h);
+}
+// dgu [n, 2 I], interleaved as gate_up's columns, from dh [n, I] and the saved g, u.
+template <typename T>
+__global__ void gpt_oss_glu_backward_kernel(const T* dh, const T* g, const T* u, int64_t n, int64_t I, float alpha,
+                                            float limit, T* dgu) {
+  AUTOSP_GRID_STRIDE(i, n * I) {
+    const int64_t r = i / I, j = i % I;
+    const moe_experts::ClampedGlu a = moe_experts::clamped_glu(to_f(g[i]), to_f(u[i]), alpha, limit);
+    dgu[r * 2 * I + 2 * j] = from_f<T>(to_f(dh[i]) * a.dg);
+    dgu[r * 2 * I + 2 * j + 1] = from_f<T>(to_f(dh[i]) * a.du);
+  }
+}
+// x [n, C] += bias [C] on each row.
+template <typename T>
+__global__ void add_row_bias_kernel(T* x, const T* bias, int64_t n, int64_t C) {
+  AUTOSP_GRID_STRIDE(i, n * C) x[i] = from_f<T>(to_f(x[i]) + to_f(bias[i % C]));
+}
+// sums [C] += the column sums of x [n, C], each column's rows in order (deterministic).
+template <typename T>
+__global__ void add_column_sums_kernel(const T* x, int64_t n, int64_t C, T* sums) {
+  AUTOSP_GRID_STRIDE(c, C) {
+    float s = 0.0f;
+    for (int64_t r = 0; r < n; ++r) s += to_f(x[r * C + c]);
+    sums[c] = from_f<T>(to_f(sums[c]) + s);
+  }
+}
+}  // namespace
+
+void moe_gpt_oss_glu(Dt dt, const void* gu, const void* bias, int64_t n, int64_t I, float alpha, float limit, void* g,
+                     void* u, void* h, cudaStream_t stream) {
+  if (n * I == 0) return;
+  dispatch(dt, [&]<typename X>() {
+    gpt_oss_glu_kernel<X><<<blocks_for(n * I), kThreads, 0, stream>>>(
+        static_cast<const X*>(gu), static_cast<const X*>(bias), n, I, alpha, limit, static_cast<X*>(g),
+        static_cast<X*>(u), static_cast<X*>(h));
+  });
+}
+
+void moe_gpt_oss_glu_of_saved(Dt dt, const void* g, const void* u, int64_t n, float alpha, float limit, void* h,
+                              cudaStream_t stream) {
+  if (n == 0) return;
+  dispatch(dt, [&]<typename X>() {
+    gpt_oss_glu_of_saved_kernel<X><<<blocks_for(n), kThreads, 0, stream>>>(
+        static_cast<const X*>(g), static_cast<const X*>(u), n, alpha, limit, static_cast<X*>(h));
+  });
+}
+
+void moe_gpt_oss_glu_backward(Dt dt, const void* dh, const void* g, const void* u, int64_t n, int64_t I, float alpha,
+                              float limit, void* dgu, cudaStream_t stream) {
+  if (n * I == 0) return;
+  dispatch(dt, [&]<typename X>() {
+    gpt_oss_glu_backward_kernel<X><<<blocks_for(n * I), kThreads, 0, stream>>>(
+        static_cast<const X*>(dh), static_cast<const X*>(g), static_cast<const X*>(u), n, I, alpha, limit,
+        static_cast<X*>(dgu));
+  });
+}
+
+void moe_add_row_bias(Dt dt, void* x, const void* bias, int64_t n, int64_t C, cudaStream_t stream) {
+  if (n * C == 0) return;
+  dispatch(dt, [&]<typename X>() {
+    add_row_bias_kernel<X><<<blocks_for(n * C), kThreads, 0, stream>>>(static_cast<X*>(x),
+                                                                        static_cast<const X*>(bias), n, C);
+  });
+}
+
+void moe_add_column_sums(Dt dt, const void* x, int64_t n, int64_t C, void* sums, cudaStream_t stream) {
+  if (n * C == 0) return;
+  dispatch(dt, [&]<typename X>() {
+    add_column_sums_kernel<X><<<blocks_for(C), kThreads, 0, stream>>>(static_cast<const X*>(x), n, C,
+                                                                       static_cast<X*>(sums));
   });
 }
 

@@ -33,6 +33,19 @@ void moe_output_grad(Dt dt, const void* dy_rows, const void* out, void* dout, co
 void moe_router_backward(Dt dt, const void* logits, const float* dws, int64_t T, int64_t E, int64_t k,
                          const moe_routing::Route& route, void* dlogits, cudaStream_t stream);
 
+// gpt-oss's experts (cpu/moe.h's MoeExperts; ops/moe.cpp runs them as cpu::moe_gpt_oss_*, with
+// cuBLAS for the products): gu [n, 2 I] (gate and up interleaved) plus bias [2 I] into g, u and
+// the GLU h [n, I]; h of the saved g, u [n elements]; dgu [n, 2 I] interleaved from dh [n, I]; a
+// bias [C] added to each row of x [n, C]; and sums [C] += the column sums of x [n, C].
+void moe_gpt_oss_glu(Dt dt, const void* gu, const void* bias, int64_t n, int64_t I, float alpha, float limit, void* g,
+                     void* u, void* h, cudaStream_t stream);
+void moe_gpt_oss_glu_of_saved(Dt dt, const void* g, const void* u, int64_t n, float alpha, float limit, void* h,
+                              cudaStream_t stream);
+void moe_gpt_oss_glu_backward(Dt dt, const void* dh, const void* g, const void* u, int64_t n, int64_t I, float alpha,
+                              float limit, void* dgu, cudaStream_t stream);
+void moe_add_row_bias(Dt dt, void* x, const void* bias, int64_t n, int64_t C, cudaStream_t stream);
+void moe_add_column_sums(Dt dt, const void* x, int64_t n, int64_t C, void* sums, cudaStream_t stream);
+
 // The load-balancing statistics of T rows of router logits (of dt), as cpu::moe_balance_stats:
 // each row's probabilities and top-k hits into rows [2, T, E] (f32 workspace), then counts and
 // probability sums added, per expert in row order in double, into acc [2, E] (double).
