@@ -3,7 +3,7 @@
 
 Usage (from the repository root, under the venv of scripts/install_bench_venv.sh):
   ~/.cache/autosp/bench-venv/bin/python bench/bench_moe.py [--autosp build/autosp]
-      [--family mixtral|deepseek_v3] [--threads 2] [--sizes 512,1024,2048] [--steps 4]
+      [--family mixtral|deepseek_v3|gpt_oss] [--threads 2] [--sizes 512,1024,2048] [--steps 4]
       [--checkpoint none] [--out FILE.json] [--quick] [--keep]
 
 The model (--family, FAMILIES): transformers' MixtralForCausalLM (vocab 4096, hidden 512, 4
@@ -11,7 +11,10 @@ layers, 8 heads, 2 kv heads, 8 SwiGLU experts of 1024, top-2; router jitter and 
 dropout 0, no router aux loss), or DeepseekV3ForCausalLM of the same vocabulary, hidden size,
 layers and heads (multi-head latent attention: q and kv ranks 256 and 128, keys of 64 + a
 rotary 32, values 64; 16 routed experts of 256 in 4 groups, 2 kept, top 4, the sigmoid router
-with its correction bias, a shared expert, a dense first layer of 1024), built with
+with its correction bias, a shared expert, a dense first layer of 1024), or GptOssForCausalLM
+of the same sizes (attention sinks, sliding layers of 128 between full ones, 2 kv heads of 64,
+YaRN; 8 clamped-GLU experts of 1024 with biases, top 2; torch runs its eager attention, since
+transformers gives gpt-oss no SDPA), built with
 torch.manual_seed(0), float32, saved with save_pretrained and exported with
 python/autosp/export.py (each sparse MoE block becomes one `autosp::moe` node, which autosp
 runs sparsely: each expert on its own tokens). Both sides start from these weights.
@@ -70,7 +73,14 @@ FAMILIES = {
         qk_rope_head_dim=32, v_head_dim=64, n_routed_experts=16, num_experts_per_tok=4, n_group=4, topk_group=2,
         moe_intermediate_size=256, n_shared_experts=1, first_k_dense_replace=1, routed_scaling_factor=2.5,
         rope_interleave=True)),
+    "gpt_oss": ("GptOssForCausalLM", "GptOssConfig", dict(
+        COMMON, num_key_value_heads=2, head_dim=64, num_local_experts=8, num_experts_per_tok=2, sliding_window=128,
+        layer_types=["sliding_attention", "full_attention"] * 2, router_aux_loss_coef=0.0,
+        output_router_logits=False)),
 }
+# transformers' attention for the torch side: SDPA, but gpt-oss's sinks have none in transformers
+# (GptOssForCausalLM._supports_sdpa is False): its eager attention, the one a CPU user runs.
+TORCH_ATTENTION = {"gpt_oss": "eager"}
 MODEL = FAMILIES["mixtral"][2]  # (the vocabulary and the defaults the checks read are alike in all)
 LOSS_TOL = 1e-3  # step-1 losses, same weights and data: fp32 summation order and MoE routing
 
@@ -106,7 +116,7 @@ def torch_child(a):
         ds = json.load(f)
     op = ds["optimizer"]["params"]
     model = transformers.AutoModelForCausalLM.from_pretrained(
-        a.model_dir, attn_implementation="sdpa", dtype=torch.float32)
+        a.model_dir, attn_implementation=TORCH_ATTENTION.get(a.family, "sdpa"), dtype=torch.float32)
     model.config.use_cache = False
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=op["lr"], betas=tuple(op["betas"]),
@@ -171,7 +181,7 @@ def run_torch(a, work, cfg, model_dir, tokens, S):
     base = os.path.join(work, f"torch_S{S}")
     cmd = [a.python, os.path.abspath(__file__), "--torch-child", "--model-dir", model_dir,
            "--config", cfg, "--data", tokens, "--seq-len", str(S), "--steps", str(a.steps),
-           "--threads", str(a.threads)]
+           "--threads", str(a.threads), "--family", a.family]
     r, text = measured(cmd, a, base)
     rows = [json.loads(ln) for ln in text.splitlines() if ln.startswith('{"step"')]
     return summarize(dict(r, side="torch2", S=S), rows, a.steps)
@@ -259,7 +269,7 @@ def print_table(a, sizes, results, prep, notes):
         return num / den if num and den else None
     print(f"\n### {FAMILIES[a.family][0]} training step, {prep['parameters'] / 1e6:.1f} M parameters, "
           f"{a.threads} threads, {a.steps} steps (median of steps 2..), checkpoint "
-          f"{a.checkpoint}, torch {prep['torch']} (sdpa)\n")
+          f"{a.checkpoint}, torch {prep['torch']} ({TORCH_ATTENTION.get(a.family, 'sdpa')})\n")
     print("| S | autosp step s | torch step s | torch/autosp | autosp RSS GiB | torch RSS GiB "
           "| torch/autosp RSS | autosp loss1 | torch loss1 | loss1 diff |")
     print("|---|---|---|---|---|---|---|---|---|---|")

@@ -5,19 +5,21 @@
     export(model, "model.pt2", vocab_size=V)  # a plain module: forward(input_ids, labels) -> loss
 
 The model code is not changed. What this does, and nothing else:
-  - registers `autosp::attention(q, k, v, causal, scale, window, softcap=0)`, a PyTorch custom
+  - registers `autosp::attention(q, k, v, causal, scale, window, softcap=0, sinks=None)`, a PyTorch custom
     op whose eager implementation is scaled_dot_product_attention (with a softcap c > 0, Gemma
     2's, the scores written out: c tanh(scale q.k / c) before the softmax), and, for
     transformers models, an
     attention function "autosp" (transformers' AttentionInterface) that calls it and a mask
     function "autosp" (AttentionMaskInterface) that builds no mask: attention is then one
     node in the exported graph instead of a B x 1 x S x S mask subgraph, and autosp's
-    compiler shards it (causal, sliding window, softcap); and `autosp::moe(x, router_logits,
+    compiler shards it (causal, sliding window, softcap, gpt-oss's sinks: a learned logit per head
+    in each row's softmax, the model's `s_aux`); and `autosp::moe(x, router_logits,
     gate[], up[], down[], top_k, normalize)`, the mixture-of-experts layer autosp's moe op runs
     (its eager implementation computes every expert densely, weighted 0 where not chosen: the
     same sum, traceable), and `autosp::moe_stacked(x, router_logits, gate_up, down, top_k,
     normalize, ...)`, the same of transformers 5's stacked experts with its routers (sigmoid
-    scores, groups, a scale, a correction bias);
+    scores, groups, a scale, a correction bias), and `autosp::moe_gpt_oss(x, router_logits, gate_up,
+    gate_up_bias, down, down_bias, top_k, alpha, limit)`, gpt-oss's experts as it keeps them;
   - exports `forward(input_ids, labels) -> loss` with torch.export.export, the batch and the
     sequence length dynamic (a module with LayerDrop 0, OPT's decoder, in eval mode alone while
     it does: its train-mode draw of torch.rand cannot be traced; LayerDrop above 0 is refused),
@@ -38,11 +40,14 @@ The model code is not changed. What this does, and nothing else:
     nn.TransformerEncoder's guess whether its mask is causal (a data-dependent torch.equal)
     answers only what it was told; DeepSeek-V3's interleaved rotary is GLM's, its permutation of
     q's and k's rotary parts dropped (the scores do not see it), and its keys assembled in an
-    empty tensor their cat (_InterleavedRopeOfLatentAttention, each checked on a sample); and
+    empty tensor their cat (_InterleavedRopeOfLatentAttention, each checked on a sample); gpt-oss's
+    rotary of each frequency once, rotating the halves itself, is Llama's form with tables
+    cat(t, t), the same bits (_HalfTablesRope, checked on a sample); and
     transformers' sparse mixture-of-experts blocks (Mixtral's, Qwen2/3-MoE's, OLMoE's,
     Qwen2-MoE's, Ernie 4.5-MoE's, HunYuan-MoE's, GraniteMoE's, GLM-4.5-MoE's, DeepSeek-V3's,
-    in transformers 4's and 5's forms), whose loop over the experts hit torch.export cannot
-    trace, are their router's logits and one `autosp::moe` or `autosp::moe_stacked` node of the
+    gpt-oss's, in transformers 4's and 5's forms), whose loop over the experts hit torch.export cannot
+    trace, are their router's logits and one `autosp::moe`, `autosp::moe_stacked` or
+    `autosp::moe_gpt_oss` node of the
     experts' weights, with the routing the check against the block's own forward finds
     (_SparseMoeBlocks), and their load-balancing loss, where the config asks for it
     (output_router_logits), one `autosp::moe_balance` node (_LoadBalancingLoss).
