@@ -99,6 +99,7 @@ def families():
               max_position_embeddings=64)),
         ("vaultgemma", "VaultGemmaForCausalLM", "VaultGemmaConfig",  # Gemma 2's layout, softcaps
          dict(C, head_dim=8, query_pre_attn_scalar=8)),
+        ("bitnet", "BitNetForCausalLM", "BitNetConfig", dict(C)),  # a norm inside the attention and the MLP, relu2
         # Mixture-of-experts (export.py's autosp::moe where the block is softmax top-k over SwiGLU experts)
         ("mixtral", "MixtralForCausalLM", "MixtralConfig", dict(C, num_local_experts=4, num_experts_per_tok=2)),
         ("qwen3_moe", "Qwen3MoeForCausalLM", "Qwen3MoeConfig",
@@ -116,6 +117,11 @@ def families():
         ("phimoe", "PhimoeForCausalLM", "PhimoeConfig", dict(C, num_local_experts=4, num_experts_per_tok=2)),
         ("granitemoe", "GraniteMoeForCausalLM", "GraniteMoeConfig",
          dict(C, num_local_experts=4, num_experts_per_tok=2)),
+        ("granitemoeshared", "GraniteMoeSharedForCausalLM", "GraniteMoeSharedConfig",  # and a shared MLP
+         dict(C, num_local_experts=4, num_experts_per_tok=2, shared_intermediate_size=48)),
+        ("dots1", "Dots1ForCausalLM", "Dots1Config",  # DeepSeek-V3's router on Qwen3's attention
+         dict(C, head_dim=8, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=24,
+              first_k_dense_replace=1, n_group=1, topk_group=1, n_shared_experts=1, routed_scaling_factor=1.0)),
         ("glm4_moe", "Glm4MoeForCausalLM", "Glm4MoeConfig",  # sigmoid router, correction bias, groups
          dict(C, head_dim=8, n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=24,
               n_shared_experts=1, first_k_dense_replace=1, n_group=2, topk_group=1, routed_scaling_factor=2.5,
