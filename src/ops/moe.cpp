@@ -26,6 +26,11 @@ namespace {
 bool stacked_weights(const Types& in, size_t weights) {
   return in.size() == weights + 2 && in[weights].shape.size() == 3;
 }
+// Or DBRX's, three operands: gate [E, I, H], up [E, I, H] and down [E, I, H] (each expert's down
+// transposed: its w2).
+bool stacked_apart(const Types& in, size_t weights) {
+  return in.size() == weights + 3 && in[weights].shape.size() == 3;
+}
 
 // The experts' form (attribute "experts": "swiglu", the default, or "gpt_oss" {alpha, limit}:
 // kernels/cpu/moe.h's MoeExperts).
@@ -98,9 +103,11 @@ cpu::MoeDims moe_dims(const Types& in, const Attrs& attrs, size_t first, size_t 
   d.E = logits.shape.back();
   require(d.E >= 1, "at least one expert");
   const bool stacked = stacked_weights(in, weights);
-  require(stacked || moe_experts(attrs).gpt_oss || int64_t(in.size()) == int64_t(weights) + 3 * d.E, "router logits of ", d.E, " experts need ",
-          3 * d.E, " expert weights (gate, up and down of each) or 2 stacked ones (gate_up [E, 2 I, H] and down [E, "
-          "H, I]), got ", int64_t(in.size()) - int64_t(weights));
+  const bool apart = stacked_apart(in, weights);
+  require(stacked || apart || moe_experts(attrs).gpt_oss || int64_t(in.size()) == int64_t(weights) + 3 * d.E,
+          "router logits of ", d.E, " experts need ", 3 * d.E, " expert weights (gate, up and down of each), 2 "
+          "stacked ones (gate_up [E, 2 I, H] and down [E, H, I]) or 3 (gate, up and down [E, I, H]), got ",
+          int64_t(in.size()) - int64_t(weights));
   require(attrs.has("top_k"), "needs a 'top_k' attribute");
   d.k = attrs.get_int("top_k");
   require(d.k >= 1 && d.k <= d.E, "top_k=", d.k, " must be in [1, ", d.E, "] (the experts)");
@@ -125,6 +132,18 @@ cpu::MoeDims moe_dims(const Types& in, const Attrs& attrs, size_t first, size_t 
             shape_str(Shape{d.E, d.I, d.H}), ", got ", type_str(down));
     require(in[weights + 3].shape == Shape{d.E, d.H}, "down_bias must be [E, H] = ", shape_str(Shape{d.E, d.H}),
             ", got ", type_str(in[weights + 3]));
+    return d;
+  }
+  if (apart) {
+    const char* names[] = {"gate", "up", "down"};
+    d.I = in[weights].shape[1];
+    d.down_transposed = true;
+    for (size_t i = 0; i < 3; ++i) {
+      require_same_dtype(x, "x", in[weights + i], names[i]);
+      require(in[weights + i].shape == Shape{d.E, d.I, d.H} && d.I >= 1, "the stacked ", names[i],
+              " must be [E, I, H] = [", d.E, ", I, ", d.H, "] as gate's (down: each expert's transposed), got ",
+              type_str(in[weights + i]));
+    }
     return d;
   }
   if (stacked) {
@@ -188,10 +207,15 @@ Types types_of(const KernelArgs& a) {
 // (stacked_weights) of elements of `esize` bytes.
 template <class P>
 std::vector<P> expert_weights(const std::vector<P>& bufs, const cpu::MoeDims& d, bool stacked, int64_t esize) {
-  if (!stacked) return bufs;
   using Byte = std::conditional_t<std::is_const_v<std::remove_pointer_t<P>>, const char, char>;
   std::vector<P> w;
   const int64_t expert = esize * d.I * d.H;  // bytes of one [I, H] or [H, I] matrix
+  if (!stacked && bufs.size() == 3 && d.down_transposed) {  // DBRX's, stacked apart
+    for (int64_t e = 0; e < d.E; ++e)
+      for (int m = 0; m < 3; ++m) w.push_back(reinterpret_cast<P>(reinterpret_cast<Byte*>(bufs[m]) + expert * e));
+    return w;
+  }
+  if (!stacked) return bufs;
   for (int64_t e = 0; e < d.E; ++e) {
     Byte* gate = reinterpret_cast<Byte*>(bufs[0]) + 2 * expert * e;
     w.push_back(reinterpret_cast<P>(gate));
@@ -374,7 +398,7 @@ void cuda_moe(const KernelArgs& a, const CudaContext& c) {
       cuda_gemm(c, dt, dt, false, true, n, I, H, xs, wg, g, false, "moe");
       cuda_gemm(c, dt, dt, false, true, n, I, H, xs, wu, u, false, "moe");
       cuda::swiglu_forward_fused(dt, g, u, n * I, hh, c.stream);
-      cuda_gemm(c, dt, dt, false, true, n, H, I, hh, wd, o, false, "moe");
+      cuda_gemm(c, dt, dt, false, !d.down_transposed, n, H, I, hh, wd, o, false, "moe");
       cuda::moe_scatter_add(dt, o, slots, r.weights, n, d.k, H, a.outputs[0], c.stream);
     }
   }
@@ -414,8 +438,11 @@ void cuda_moe_backward(const KernelArgs& a, const CudaContext& c) {
       cuda::moe_gather_rows(dt, a.inputs[0], slots, n, d.k, H, dys, c.stream);
       cuda::swiglu_forward_fused(dt, g, u, n * I, hh, c.stream);
       cuda::moe_output_grad(dt, dys, o, dout, slots, r.weights, n, H, dws, c.stream);
-      cuda_gemm(c, dt, dt, true, false, H, I, n, dout, hh, dwd, true, "moe_backward");
-      cuda_gemm(c, dt, dt, false, false, n, I, H, dout, wd, dh, false, "moe_backward");
+      if (d.down_transposed)
+        cuda_gemm(c, dt, dt, true, false, I, H, n, hh, dout, dwd, true, "moe_backward");
+      else
+        cuda_gemm(c, dt, dt, true, false, H, I, n, dout, hh, dwd, true, "moe_backward");
+      cuda_gemm(c, dt, dt, false, d.down_transposed, n, I, H, dout, wd, dh, false, "moe_backward");
       cuda::swiglu_backward_fused(dt, dh, g, u, n * I, dg, du, c.stream);
       cuda_gemm(c, dt, dt, true, false, I, H, n, dg, xs, dwg, true, "moe_backward");
       cuda_gemm(c, dt, dt, true, false, I, H, n, du, xs, dwu, true, "moe_backward");

@@ -162,16 +162,19 @@ TEST(OpGrad, XieluAndItsScalars) {
 // normalisation of their weights. Each row's logits are a permutation of 0, 0.6, 1.2, 1.8 and
 // -3 for expert 4, so no step of the differences (at most 1e-2 x 1.8) changes a token's
 // experts, and expert 4, which no token chooses, must get zero gradients.
-// And with the experts stacked as transformers 5 keeps them (gate_up [E, 2 I, H], down [E, H, I]).
+// And with the experts stacked as transformers 5 keeps them (gate_up [E, 2 I, H], down [E, H, I]),
+// and stacked apart as DBRX does (gate, up and down [E, I, H], each expert's down transposed).
 TEST(OpGrad, MixtureOfExperts) {
-  for (int variant = 0; variant < 4; ++variant) {
-    const bool stacked = variant >= 2, normalize = variant % 2 == 1;
-    SCOPED_TRACE(str(normalize ? "normalized" : "softmax weights", stacked ? ", stacked" : ""));
+  for (int variant = 0; variant < 6; ++variant) {
+    const bool stacked = variant >= 2 && variant < 4, apart = variant >= 4, normalize = variant % 2 == 1;
+    SCOPED_TRACE(str(normalize ? "normalized" : "softmax weights", stacked ? ", stacked" : "", apart ? ", apart" : ""));
     const int64_t T = 6, H = 6, I = 5, E = 5;
     Tracer t;
     Tensor x = t.parameter("x", {2, T / 2, H}), logits = t.parameter("logits", {2, T / 2, E});
     std::vector<Tensor> experts;
-    if (stacked) {
+    if (apart) {
+      experts = {t.parameter("gate", {E, I, H}), t.parameter("up", {E, I, H}), t.parameter("down", {E, I, H})};
+    } else if (stacked) {
       experts = {t.parameter("gate_up", {E, 2 * I, H}), t.parameter("down", {E, H, I})};
     } else {
       for (int64_t e = 0; e < E; ++e) {

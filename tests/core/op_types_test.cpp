@@ -157,8 +157,8 @@ void moe_follows_the_operand_dtype() {
   Types in{x, logits};
   for (int e = 0; e < 3; ++e) in.insert(in.end(), {gu, gu, down});
   EXPECT_NE(infer_error(OpKind::moe, Types(in.begin(), in.end() - 1), attrs)
-                .find("router logits of 3 experts need 9 expert weights (gate, up and down of each) or 2 stacked ones "
-                      "(gate_up [E, 2 I, H] and down [E, H, I]), got 8"),
+                .find("router logits of 3 experts need 9 expert weights (gate, up and down of each), 2 stacked ones "
+                      "(gate_up [E, 2 I, H] and down [E, H, I]) or 3 (gate, up and down [E, I, H]), got 8"),
             std::string::npos);
   // transformers 5's stacked experts: gate_up [E, 2 I, H] and down [E, H, I], the same results.
   for (DType d : {f32, bf16}) {
@@ -173,6 +173,16 @@ void moe_follows_the_operand_dtype() {
   EXPECT_NE(infer_error(OpKind::moe, {x, logits, T(f32, {3, 12, 8}), T(f32, {3, 6, 8})}, attrs)
                 .find("the stacked down must be [E, H, I] = [3, 8, 6], got f32[3, 6, 8]"),
             std::string::npos);
+  // DBRX's experts, stacked apart: gate, up and down [E, I, H] (each expert's down transposed).
+  {
+    const TensorType w = T(f32, {3, 6, 8}), saved = T(f32, {2 * 5 * 2 * (2 * 6 + 8)});
+    EXPECT_EQ(infer(OpKind::moe, {x, logits, w, w, w}, attrs), (Types{x, saved}));
+    EXPECT_EQ(infer(OpKind::moe_backward, {x, x, logits, saved, w, w, w}, attrs), (Types{x, logits, w, w, w}));
+    EXPECT_NE(infer_error(OpKind::moe, {x, logits, w, w, T(f32, {3, 8, 6})}, attrs)
+                  .find("the stacked down must be [E, I, H] = [3, I, 8] as gate's (down: each expert's transposed), "
+                        "got f32[3, 8, 6]"),
+              std::string::npos);
+  }
   // gpt-oss's experts: gate_up [E, H, 2 I], its bias [E, 2 I], down [E, I, H], its bias [E, H].
   {
     Attrs g = attrs;

@@ -132,7 +132,7 @@ void moe_forward(const MoeDims& d, const float* x, const float* logits, const fl
       gemm(false, true, n, I, H, xs, w[3 * e], g);
       gemm(false, true, n, I, H, xs, w[3 * e + 1], u);
       swiglu_forward(g, u, n * I, hh);
-      gemm(false, true, n, H, I, hh, w[3 * e + 2], o);
+      gemm(false, !d.down_transposed, n, H, I, hh, w[3 * e + 2], o);
       scatter_weighted(d, o, slots, r.weights, n, y);
     }
   }
@@ -169,8 +169,11 @@ void moe_backward(const MoeDims& d, const float* dy, const float* x, const float
         const float wj = r.weights[slots[i]];
         for (int64_t h = 0; h < H; ++h) di[h] = wj * dyi[h];
       }
-      gemm(true, false, H, I, n, dout, hh, dw[3 * e + 2], true);  // ddown += dout^T h
-      gemm(false, false, n, I, H, dout, w[3 * e + 2], dh);        // dh = dout down
+      if (d.down_transposed)
+        gemm(true, false, I, H, n, hh, dout, dw[3 * e + 2], true);  // ddown^T += h^T dout
+      else
+        gemm(true, false, H, I, n, dout, hh, dw[3 * e + 2], true);  // ddown += dout^T h
+      gemm(false, d.down_transposed, n, I, H, dout, w[3 * e + 2], dh);  // dh = dout down
       swiglu_backward(dh, g, u, n * I, dg, du);
       gemm(true, false, I, H, n, dg, xs, dw[3 * e], true);      // dgate_e += dg^T x
       gemm(true, false, I, H, n, du, xs, dw[3 * e + 1], true);  // dup_e += du^T x

@@ -55,6 +55,7 @@ struct MoeExperts {
 struct MoeDims {
   int64_t T = 0, H = 0, I = 0, E = 0, k = 0;
   bool normalize = false;
+  bool down_transposed = false;  // each expert's down given as [I, H] (DBRX's w2), not [H, I]
   MoeRouting routing;
   MoeExperts experts;
 };
@@ -72,7 +73,7 @@ void moe_route(const MoeDims& d, const float* logits, int32_t* experts, float* w
 void moe_slots(const MoeDims& d, const int32_t* experts, int32_t* slots, int32_t* start);
 
 // The experts' weights as the op takes them: w[3e], w[3e + 1], w[3e + 2] are expert e's gate,
-// up and down (dw likewise). saved: moe_saved_floats(d), three planes over the T k slots in the
+// up and down (dw likewise; down [I, H] where d.down_transposed). saved: moe_saved_floats(d), three planes over the T k slots in the
 // experts' order, gate products [T k, I], up products [T k, I], outputs [T k, H]. Workspace:
 // moe_workspace_floats(d, backward) floats.
 int64_t moe_saved_floats(const MoeDims& d);
