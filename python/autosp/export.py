@@ -151,6 +151,12 @@ def _moe_stacked_reference(x, router_logits, gate_up, down, top_k: int, normaliz
                           normalize, score, groups, topk_group, group_score, dropped, scale, norm_eps, bias)
 
 
+def _moe_apart_reference(x, router_logits, gate, up, down, top_k: int, normalize: bool):
+    # DBRX's experts: gate, up and down [E, I, H] (each expert's down transposed: its w2); the
+    # softmax top-k routing of _moe_reference.
+    return _moe_reference(x, router_logits, list(gate), list(up), [d.T for d in down], top_k, normalize)
+
+
 def _moe_gpt_oss_reference(x, router_logits, gate_up, gate_up_bias, down, down_bias, top_k: int, alpha: float,
                            limit: float):
     # gpt-oss's experts: gate_up [E, H, 2 I] (gate and up columns interleaved), down [E, I, H], with
@@ -197,6 +203,9 @@ def register():
                                                 "int topk_group=1, str group_score=\"max\", str dropped=\"-inf\", "
                                                 "float scale=1.0, float norm_eps=0.0, float[] bias=[]) -> Tensor")
     torch.library.impl("autosp::moe_stacked", "CompositeImplicitAutograd")(_moe_stacked_reference)
+    torch.library.define("autosp::moe_apart", "(Tensor x, Tensor router_logits, Tensor gate, Tensor up, Tensor down, "
+                                              "int top_k, bool normalize) -> Tensor")
+    torch.library.impl("autosp::moe_apart", "CompositeImplicitAutograd")(_moe_apart_reference)
     torch.library.define("autosp::moe_gpt_oss", "(Tensor x, Tensor router_logits, Tensor gate_up, Tensor gate_up_bias, "
                                                 "Tensor down, Tensor down_bias, int top_k, float alpha, float limit) "
                                                 "-> Tensor")
@@ -975,12 +984,81 @@ class _SparseMoeBlocks:
         module.forward = forward
         self.patched.append(module)
 
+    @staticmethod
+    def _dbrx_parts(module):
+        """DBRX's block (transformers' DbrxFFN): a `router` of one linear `layer` [E, H] without
+        bias and moe_jitter_eps, its top k and moe_normalize_expert_weights (the router's in
+        transformers 4, the block's in 5), and `experts.mlp` of w1, v1 and w2 [E I, H] (each
+        expert's gate, up and transposed down) with its activation: (router, mlp), or None."""
+        router, mlp = getattr(module, "router", None), getattr(getattr(module, "experts", None), "mlp", None)
+        layer = getattr(router, "layer", None)
+        if not isinstance(layer, torch.nn.Linear) or layer.bias is not None or not isinstance(mlp, torch.nn.Module):
+            return None
+        w = [getattr(mlp, n, None) for n in ("w1", "v1", "w2")]
+        E, H = layer.out_features, layer.in_features
+        I = getattr(mlp, "ffn_hidden_size", None)
+        k = getattr(router, "moe_top_k", None) or getattr(module, "top_k", None)
+        if not hasattr(router, "moe_normalize_expert_weights") and not hasattr(module, "moe_normalize_expert_weights"):
+            return None
+        if not all(isinstance(p, torch.nn.Parameter) and p.dim() == 2 for p in w) or not isinstance(I, int) or \
+                not isinstance(k, int) or not 1 <= k <= E or any(tuple(p.shape) != (E * I, H) for p in w):
+            return None
+        return router, mlp
+
+    def _patch_dbrx(self, name, module, router, mlp):
+        """A DBRX block (_dbrx_parts): its router's logits and one autosp::moe_apart of w1, v1 and
+        w2 viewed [E, I, H] (no copy), checked against the block's own forward on a sample. Its
+        top-k weights divided by their p-norm: p = 1 is the normalised softmax top k, None none."""
+        where = f"{name} ({type(module).__name__})"
+        holder = router if hasattr(router, "moe_normalize_expert_weights") else module
+        p, k = holder.moe_normalize_expert_weights, getattr(router, "moe_top_k", None) or module.top_k
+        if p is not None and float(p) != 1.0:
+            raise ValueError(f"autosp export: {where} divides its top-k weights by their {p}-norm; autosp's moe op "
+                             f"normalises by their sum (p = 1) or not at all (None); not supported yet")
+        if router.moe_jitter_eps and module.training:
+            raise ValueError(f"autosp export: {where} multiplies its input by random noise (moe_jitter_eps="
+                             f"{router.moe_jitter_eps}); set it to None to train with autosp")
+        if getattr(getattr(self.model, "config", None), "output_router_logits", False):
+            raise ValueError(f"autosp export: {where}: DBRX's load-balancing loss takes the softmax of its router's "
+                             f"probabilities (not of its logits), which autosp's moe_balance does not compute; set "
+                             f"output_router_logits=False")
+        normalize = p is not None
+
+        def forward(x, module=module, tuple_out=True):
+            r, m = module.router, module.experts.mlp
+            h = x.reshape(-1, x.shape[-1])
+            logits = r.layer(h)
+            E, I, H = r.layer.out_features, m.ffn_hidden_size, r.layer.in_features
+            out = torch.ops.autosp.moe_apart(h, logits, m.w1.view(E, I, H), m.v1.view(E, I, H), m.w2.view(E, I, H),
+                                             k, normalize).view(x.shape)
+            # (transformers 4's block returns its router's probabilities beside, which its model drops
+            # without output_router_logits, refused above)
+            return (out, logits) if tuple_out else out
+
+        probe = _in_float32(module)
+        sample = torch.randn(1, 64, router.layer.in_features, generator=torch.Generator().manual_seed(0),
+                             dtype=torch.float32, device=router.layer.weight.device)
+        with torch.no_grad():
+            want = probe(sample)
+            tuple_out = isinstance(want, tuple)
+            got, want = forward(sample, module=probe, tuple_out=False), want[0] if tuple_out else want
+            if not torch.allclose(got, want, rtol=1e-4, atol=1e-5 * float(want.abs().max())):
+                raise ValueError(f"autosp export: {where} has DBRX's router and experts, but computes something else "
+                                 f"than top-k routing over SwiGLU experts that autosp's moe op computes (another "
+                                 f"activation than silu?); not supported yet")
+        module.forward = lambda x, forward=forward, tuple_out=tuple_out: forward(x, tuple_out=tuple_out)
+        self.patched.append(module)
+
     def _patch(self):
         self.unmatched = []  # modules with experts this does not rewrite (named if the export fails)
         for name, module in self.model.named_modules():
             gpt_oss = self._gpt_oss_parts(module)
             if gpt_oss is not None:
                 self._patch_gpt_oss(name, module, *gpt_oss)
+                continue
+            dbrx = self._dbrx_parts(module)
+            if dbrx is not None:
+                self._patch_dbrx(name, module, *dbrx)
                 continue
             parts = self._stacked_parts(module)
             if parts is not None:

@@ -1937,7 +1937,7 @@ class TorchImporter {
     }
     if (op == "torch.ops.aten.cat.default") return cat(n);
     if (op == "torch.ops.autosp.moe.default" || op == "torch.ops.autosp.moe_stacked.default" ||
-        op == "torch.ops.autosp.moe_gpt_oss.default")
+        op == "torch.ops.autosp.moe_gpt_oss.default" || op == "torch.ops.autosp.moe_apart.default")
       return moe(n);
     if (op == "torch.ops.autosp.moe_balance.default") return moe_balance(n);
     if (op == "torch.ops.autosp.attention.default") {
@@ -3157,6 +3157,14 @@ class TorchImporter {
       const Attrs form{{"experts", std::string("gpt_oss")}, {"alpha", float_arg(n, "alpha", 7)},
                        {"limit", float_arg(n, "limit", 8)}};
       return rowwise(t_.moe(rowwise_of(x), rowwise_of(logits), experts, int_arg(n, "top_k", 6), true, form), x);
+    }
+    if (n.target == "torch.ops.autosp.moe_apart.default") {  // DBRX's: gate, up and down [E, I, H]
+      std::vector<Tensor> experts;
+      const char* names[] = {"gate", "up", "down"};
+      for (size_t i = 0; i < 3; ++i) experts.push_back(tensor_of(arg_tensor(n, names[i], 2 + i)));
+      return rowwise(t_.moe(rowwise_of(x), rowwise_of(logits), experts, int_arg(n, "top_k", 5),
+                            bool_arg(n, "normalize", 6, false)),
+                     x);
     }
     if (n.target == "torch.ops.autosp.moe_stacked.default") {
       const std::vector<Tensor> experts{tensor_of(arg_tensor(n, "gate_up", 2)), tensor_of(arg_tensor(n, "down", 3))};
