@@ -1889,6 +1889,17 @@ class TorchImporter {
     if (op == "torch.ops.aten.silu.default") return rowwise(t_.silu(rowwise_of(A("self", 0))), A("self", 0));
     if (op == "torch.ops.aten.relu.default") return rowwise(t_.relu(rowwise_of(A("self", 0))), A("self", 0));
     if (op == "torch.ops.aten.tanh.default") return ir(t_.tanh(tensor_of(A("self", 0))));
+    if (op == "torch.ops.aten.clamp.default") {  // numbers for bounds (DBRX's and OLMo's clip_qkv)
+      const std::optional<double> lo = scalar(n, "min", 1), hi = scalar(n, "max", 2);
+      auto given = [&](const char* name, size_t at) {
+        const json* b = arg(n, name, at);
+        return b && !b->contains("as_none");
+      };
+      if ((given("min", 1) && !lo) || (given("max", 2) && !hi))
+        m_.fail_at(n, "a clamp whose bounds are not numbers (autosp imports clamps to constants)");
+      if (!lo && !hi) return value(A("self", 0));  // neither bound: x itself
+      return rowwise(t_.clamp(rowwise_of(A("self", 0)), lo, hi), A("self", 0));
+    }
     if (op == "torch.ops.aten.sigmoid.default") {  // 1 / (1 + e^-x) = (1 + tanh(x / 2)) / 2
       const Tensor x = rowwise_of(A("self", 0));
       return rowwise(t_.scale(t_.tanh(t_.scale(x, 0.5)), 0.5, 0.5), A("self", 0));

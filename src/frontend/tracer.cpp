@@ -40,6 +40,12 @@ Tensor Tracer::scale(Tensor x, double alpha, double beta) {
 Tensor Tracer::silu(Tensor x) { return op(OpKind::silu, {x}); }
 Tensor Tracer::relu(Tensor x) { return op(OpKind::relu, {x}); }
 Tensor Tracer::tanh(Tensor x) { return op(OpKind::tanh, {x}); }
+Tensor Tracer::clamp(Tensor x, std::optional<double> min, std::optional<double> max) {
+  Attrs attrs;
+  if (min) attrs.set("min", *min);
+  if (max) attrs.set("max", *max);
+  return op(OpKind::clamp, {x}, attrs);
+}
 Tensor Tracer::xielu(Tensor x, Tensor alpha_p, Tensor alpha_n, double beta, double eps) {
   return op(OpKind::xielu, {x, alpha_p, alpha_n}, {{"beta", beta}, {"eps", eps}});
 }

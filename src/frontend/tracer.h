@@ -66,6 +66,8 @@ class Tracer {
   Tensor silu(Tensor x);
   Tensor relu(Tensor x);
   Tensor tanh(Tensor x);  // torch.tanh
+  // torch.clamp: min(max(x, min), max), either bound optional (not both)
+  Tensor clamp(Tensor x, std::optional<double> min, std::optional<double> max);
   // xIELU (Apertus) with its learned scalars alpha_p, alpha_n ([1]) and constants beta, eps
   Tensor xielu(Tensor x, Tensor alpha_p, Tensor alpha_n, double beta, double eps);
   Tensor swiglu(Tensor gate, Tensor up);  // silu(gate) * up

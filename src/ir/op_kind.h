@@ -11,7 +11,7 @@ namespace autosp {
   X(mul) X(scale) X(sum) X(div_scalar) X(convert) X(silu) X(silu_backward) X(swiglu)       \
   X(swiglu_backward) X(gelu) X(gelu_backward) X(relu) X(relu_backward) X(tanh)              \
   X(tanh_backward) X(xielu) X(xielu_backward) X(rms_norm) X(rms_norm_backward) X(layer_norm) \
-  X(layer_norm_backward) X(rope) X(attention)                                                \
+  X(layer_norm_backward) X(rope) X(attention) X(clamp) X(clamp_backward)                      \
   X(attention_backward) X(cross_entropy) X(cross_entropy_backward) X(linear_cross_entropy)  \
   X(linear_cross_entropy_backward) X(linear_cross_entropy_with_grad) X(count_valid) X(moe)   \
   X(moe_backward) X(moe_balance) X(moe_balance_backward) X(reshape) X(transpose) X(slice)       \

@@ -1,5 +1,6 @@
-// silu, swiglu, gelu, relu, tanh and xIELU, with their explicit backward ops.
+// silu, swiglu, gelu, relu, clamp, tanh and xIELU, with their explicit backward ops.
 #include <cmath>
+#include <limits>
 
 #include "kernels/cpu/basic.h"
 #include "kernels/cpu/fused.h"
@@ -40,6 +41,19 @@ bool gelu_tanh(const Attrs& attrs) {
   return *a == "tanh";
 }
 
+// clamp's bounds: "min" and "max", each optional (absent: -inf, +inf), not both absent.
+float clamp_low(const Attrs& attrs) {
+  return attrs.has("min") ? float(attrs.get_float("min")) : -std::numeric_limits<float>::infinity();
+}
+float clamp_high(const Attrs& attrs) {
+  return attrs.has("max") ? float(attrs.get_float("max")) : std::numeric_limits<float>::infinity();
+}
+void check_clamp(const Attrs& attrs) {
+  require(attrs.has("min") || attrs.has("max"), "needs a 'min' or a 'max' attribute (or both)");
+  require(!std::isnan(clamp_low(attrs)) && !std::isnan(clamp_high(attrs)) && clamp_low(attrs) <= clamp_high(attrs),
+          "'min' ", clamp_low(attrs), " must be at most 'max' ", clamp_high(attrs));
+}
+
 }  // namespace
 
 #ifdef AUTOSP_HAVE_CUDA
@@ -55,6 +69,14 @@ void cuda_relu(const KernelArgs& a, const CudaContext& c) {
 }
 void cuda_relu_backward(const KernelArgs& a, const CudaContext& c) {
   cuda::relu_backward(cuda_in_dt(a, 0), a.in<void>(0), a.in<void>(1), a.in_numel(0), a.out<void>(0), c.stream);
+}
+void cuda_clamp(const KernelArgs& a, const CudaContext& c) {
+  cuda::clamp_forward(cuda_in_dt(a, 0), a.in<void>(0), a.in_numel(0), clamp_low(*a.attrs), clamp_high(*a.attrs),
+                      a.out<void>(0), c.stream);
+}
+void cuda_clamp_backward(const KernelArgs& a, const CudaContext& c) {
+  cuda::clamp_backward(cuda_in_dt(a, 0), a.in<void>(0), a.in<void>(1), a.in_numel(0), clamp_low(*a.attrs),
+                       clamp_high(*a.attrs), a.out<void>(0), c.stream);
 }
 void cuda_tanh(const KernelArgs& a, const CudaContext& c) {
   cuda::tanh_forward(cuda_in_dt(a, 0), a.in<void>(0), a.in_numel(0), a.out<void>(0), c.stream);
@@ -148,6 +170,49 @@ extern const OpDef relu_backward_op = {
     .cpu = [](const KernelArgs& a) { cpu::relu_backward(a.in(0), a.in(1), a.in_numel(0), a.out(0)); },
     .cpu_inplace = true,
     .cuda = {.name = "relu_backward", .run = AUTOSP_CUDA_RUN(cuda_relu_backward), .inplace = true},
+};
+
+// clamp(x) {min, max}: min(max(x, min), max), either bound optional (not both absent), min <=
+// max (DBRX's and OLMo's clip_qkv: q, k and v kept within +-c)
+extern const OpDef clamp_op = {
+    .num_inputs = 1,
+    .num_outputs = 1,
+    .infer = [](const Types& in, const Attrs& attrs) {
+      check_clamp(attrs);
+      return elementwise_float(in, {"x"}, 1);
+    },
+    .cost = elementwise_cost<1>,
+    .grad = [](GradContext& c) {
+      c.din[0] = c.b.emit1(OpKind::clamp_backward, {c.dout[0], c.in(0)}, c.attrs());
+    },
+    .cpu = [](const KernelArgs& a) {
+      cpu::clamp_forward(a.in(0), a.in_numel(0), clamp_low(*a.attrs), clamp_high(*a.attrs), a.out(0));
+    },
+    .shard = [](const Shardings& in, const Types& t, const Attrs& a) -> Shardings {
+      require(!is_partial(in[0]), "clamp of a partial sum is not a partial sum");
+      return shard_elementwise(in, t, a);
+    },
+    .cpu_inplace = true,
+    .recompute = Recompute::cheap,
+    .cuda = {.name = "clamp_forward", .run = AUTOSP_CUDA_RUN(cuda_clamp), .inplace = true},
+};
+
+// clamp_backward(dy, x) {as the forward's} = dy where min <= x <= max (bounds included, as
+// torch's), else 0
+extern const OpDef clamp_backward_op = {
+    .num_inputs = 2,
+    .num_outputs = 1,
+    .infer = [](const Types& in, const Attrs& attrs) {
+      check_clamp(attrs);
+      return elementwise_float(in, {"dy", "x"}, 1);
+    },
+    .cost = elementwise_cost<1>,
+    .grad = nullptr,
+    .cpu = [](const KernelArgs& a) {
+      cpu::clamp_backward(a.in(0), a.in(1), a.in_numel(0), clamp_low(*a.attrs), clamp_high(*a.attrs), a.out(0));
+    },
+    .cpu_inplace = true,
+    .cuda = {.name = "clamp_backward", .run = AUTOSP_CUDA_RUN(cuda_clamp_backward), .inplace = true},
 };
 
 // tanh(x) (Gemma 2's final logit softcap: c tanh(logits / c))

@@ -127,6 +127,22 @@ TEST(OpGrad, ReluAndItsSquare) {
   check_gradients(t.finish(), feed);
 }
 
+// clamp to [-1, 1] (DBRX's and OLMo's clip_qkv), and to a max alone: x held at least 0.1 from
+// the bounds, as relu's from its kink; some of x on each side of each bound.
+TEST(OpGrad, Clamp) {
+  Tracer t;
+  Tensor x = t.parameter("x", {3, 9});
+  t.output("y0", t.clamp(x, -1.0, 1.0));
+  t.output("y1", t.clamp(x, std::nullopt, 0.5));
+  Feed feed;
+  std::vector<float> xs = testing::random_normal(27, 8, 2.0f);
+  for (float& v : xs)
+    for (float bound : {-1.0f, 0.5f, 1.0f})
+      if (std::abs(v - bound) < 0.1f) v = bound + (v >= bound ? 0.1f : -0.1f);
+  feed.f["x"] = xs;
+  check_gradients(t.finish(), feed);
+}
+
 // Gemma 2's final logit softcap as the importer builds it: c tanh(x / c), c = 2, over inputs
 // that reach the saturating part (|x| up to ~6).
 TEST(OpGrad, TanhAndTheLogitSoftcap) {

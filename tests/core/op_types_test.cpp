@@ -65,6 +65,13 @@ void elementwise_and_reduction_ops_follow_the_operand_dtype() {
     EXPECT_EQ(infer(OpKind::relu_backward, {x, x}), Types{x});
     EXPECT_EQ(infer(OpKind::tanh, {x}), Types{x});
     EXPECT_EQ(infer(OpKind::tanh_backward, {x, x}), Types{x});
+    const Attrs clip{{"min", -8.0}, {"max", 8.0}};
+    EXPECT_EQ(infer(OpKind::clamp, {x}, clip), Types{x});
+    EXPECT_EQ(infer(OpKind::clamp, {x}, {{"max", 7.0}}), Types{x});
+    EXPECT_EQ(infer(OpKind::clamp_backward, {x, x}, clip), Types{x});
+    EXPECT_NE(infer_error(OpKind::clamp, {x}).find("needs a 'min' or a 'max' attribute"), std::string::npos);
+    EXPECT_NE(infer_error(OpKind::clamp, {x}, {{"min", 2.0}, {"max", 1.0}}).find("'min' 2 must be at most 'max' 1"),
+              std::string::npos);
     const TensorType one{x.dtype, {1}};
     const Attrs xielu{{"beta", 0.5}, {"eps", -1e-6}};
     EXPECT_EQ(infer(OpKind::xielu, {x, one, one}, xielu), Types{x});

@@ -210,6 +210,13 @@ std::vector<OpCase> op_cases() {
   cases.push_back({"relu_backward", {{"dy", DType::f32, {4, 33}}, {"x", DType::f32, {4, 33}}}, one(OpKind::relu_backward),
                    {}, {}, false});
   cases.push_back({"tanh", {{"x", DType::f32, {4, 33}}}, one(OpKind::tanh)});
+  // clamp to [-1, 1] (x at odd tenths: 0.1 from the bounds), and to a max alone.
+  const Attrs clip{{"min", -1.0}, {"max", 1.0}};
+  cases.push_back({"clamp", {{"x", DType::f32, {4, 33}}}, one(OpKind::clamp, clip), {}, {{"x", away_from_zero}}});
+  cases.push_back({"clamp_max", {{"x", DType::f32, {4, 33}}}, one(OpKind::clamp, {{"max", 1.0}}), {},
+                   {{"x", away_from_zero}}});
+  cases.push_back({"clamp_backward", {{"dy", DType::f32, {4, 33}}, {"x", DType::f32, {4, 33}}},
+                   one(OpKind::clamp_backward, clip), {}, {{"x", away_from_zero}}, false});
   // xIELU's x held 0.1 from its kinks at 0 and eps, as relu's.
   cases.push_back({"xielu", {{"x", DType::f32, {4, 33}}, {"ap", DType::f32, {1}}, {"an", DType::f32, {1}}},
                    one(OpKind::xielu, {{"beta", 0.5}, {"eps", -1e-6}}), {}, {{"x", away_from_zero}}});

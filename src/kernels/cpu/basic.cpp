@@ -50,6 +50,16 @@ void relu_backward(const float* dy, const float* x, int64_t n, float* dx) {
   for (int64_t i = 0; i < n; ++i) dx[i] = x[i] > 0.0f ? dy[i] : 0.0f;
 }
 
+void clamp_forward(const float* x, int64_t n, float lo, float hi, float* y) {
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) y[i] = x[i] < lo ? lo : (x[i] > hi ? hi : x[i]);
+}
+
+void clamp_backward(const float* dy, const float* x, int64_t n, float lo, float hi, float* dx) {
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) dx[i] = x[i] >= lo && x[i] <= hi ? dy[i] : 0.0f;
+}
+
 void tanh_forward(const float* x, int64_t n, float* y) {
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) y[i] = std::tanh(x[i]);

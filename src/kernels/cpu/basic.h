@@ -15,6 +15,9 @@ void div_scalar(const float* x, int64_t n, float divisor, float* y);
 // relu(x) = max(x, 0); its backward dx = dy where x > 0, else 0 (torch's: 0 at x = 0)
 void relu_forward(const float* x, int64_t n, float* y);
 void relu_backward(const float* dy, const float* x, int64_t n, float* dx);
+// y = min(max(x, lo), hi); dx = dy where lo <= x <= hi (bounds included, as torch), else 0.
+void clamp_forward(const float* x, int64_t n, float lo, float hi, float* y);
+void clamp_backward(const float* dy, const float* x, int64_t n, float lo, float hi, float* dx);
 // tanh(x) (std::tanh); its backward from the output, dx = dy (1 - y^2)
 void tanh_forward(const float* x, int64_t n, float* y);
 void tanh_backward(const float* dy, const float* y, int64_t n, float* dx);

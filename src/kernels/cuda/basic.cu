@@ -46,6 +46,22 @@ __global__ void relu_kernel(const T* x, int64_t n, T* y) {
 }
 
 template <typename T>
+__global__ void clamp_kernel(const T* x, int64_t n, float lo, float hi, T* y) {
+  AUTOSP_GRID_STRIDE(i, n) {
+    const float v = to_f(x[i]);
+    y[i] = v < lo ? from_f<T>(lo) : (v > hi ? from_f<T>(hi) : x[i]);
+  }
+}
+
+template <typename T>
+__global__ void clamp_backward_kernel(const T* dy, const T* x, int64_t n, float lo, float hi, T* dx) {
+  AUTOSP_GRID_STRIDE(i, n) {
+    const float v = to_f(x[i]);
+    dx[i] = v >= lo && v <= hi ? dy[i] : from_f<T>(0.0f);
+  }
+}
+
+template <typename T>
 __global__ void tanh_kernel(const T* x, int64_t n, T* y) {
   AUTOSP_GRID_STRIDE(i, n) y[i] = from_f<T>(tanhf(to_f(x[i])));
 }
@@ -534,6 +550,21 @@ void relu_backward(Dt dt, const void* dy, const void* x, int64_t n, void* dx, cu
   dispatch(dt, [&]<typename T>() {
     binary_kernel<T><<<blocks_for(n), kThreads, 0, stream>>>(static_cast<const T*>(dy), static_cast<const T*>(x), n,
                                                               static_cast<T*>(dx), ReluBackwardOp{});
+  });
+}
+
+void clamp_forward(Dt dt, const void* x, int64_t n, float lo, float hi, void* y, cudaStream_t stream) {
+  dispatch(dt, [&]<typename T>() {
+    clamp_kernel<T><<<blocks_for(n), kThreads, 0, stream>>>(static_cast<const T*>(x), n, lo, hi, static_cast<T*>(y));
+  });
+}
+
+void clamp_backward(Dt dt, const void* dy, const void* x, int64_t n, float lo, float hi, void* dx,
+                    cudaStream_t stream) {
+  dispatch(dt, [&]<typename T>() {
+    clamp_backward_kernel<T><<<blocks_for(n), kThreads, 0, stream>>>(static_cast<const T*>(dy),
+                                                                       static_cast<const T*>(x), n, lo, hi,
+                                                                       static_cast<T*>(dx));
   });
 }
 

@@ -52,6 +52,10 @@ void silu_forward(Dt dt, const void* x, int64_t n, void* y, cudaStream_t stream)
 // relu(x) = max(x, 0); dx = dy where x > 0, else 0
 void relu_forward(Dt dt, const void* x, int64_t n, void* y, cudaStream_t stream);
 void relu_backward(Dt dt, const void* dy, const void* x, int64_t n, void* dx, cudaStream_t stream);
+// cpu::clamp_forward and clamp_backward.
+void clamp_forward(Dt dt, const void* x, int64_t n, float lo, float hi, void* y, cudaStream_t stream);
+void clamp_backward(Dt dt, const void* dy, const void* x, int64_t n, float lo, float hi, void* dx,
+                    cudaStream_t stream);
 // tanh(x); dx = dy (1 - y^2) from the output y
 void tanh_forward(Dt dt, const void* x, int64_t n, void* y, cudaStream_t stream);
 void tanh_backward(Dt dt, const void* dy, const void* y, int64_t n, void* dx, cudaStream_t stream);
