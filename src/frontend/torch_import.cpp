@@ -1889,7 +1889,7 @@ class TorchImporter {
     if (op == "torch.ops.aten.silu.default") return rowwise(t_.silu(rowwise_of(A("self", 0))), A("self", 0));
     if (op == "torch.ops.aten.relu.default") return rowwise(t_.relu(rowwise_of(A("self", 0))), A("self", 0));
     if (op == "torch.ops.aten.tanh.default") return ir(t_.tanh(tensor_of(A("self", 0))));
-    if (op == "torch.ops.aten.clamp.default") {  // numbers for bounds (DBRX's and OLMo's clip_qkv)
+    if (op == "torch.ops.aten.clamp.default") {  // numbers for bounds (DBRX's clip_qkv)
       const std::optional<double> lo = scalar(n, "min", 1), hi = scalar(n, "max", 2);
       auto given = [&](const char* name, size_t at) {
         const json* b = arg(n, name, at);

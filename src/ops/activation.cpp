@@ -173,7 +173,7 @@ extern const OpDef relu_backward_op = {
 };
 
 // clamp(x) {min, max}: min(max(x, min), max), either bound optional (not both absent), min <=
-// max (DBRX's and OLMo's clip_qkv: q, k and v kept within +-c)
+// max (DBRX's clip_qkv: q, k and v kept within +-c)
 extern const OpDef clamp_op = {
     .num_inputs = 1,
     .num_outputs = 1,

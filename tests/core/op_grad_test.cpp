@@ -127,7 +127,7 @@ TEST(OpGrad, ReluAndItsSquare) {
   check_gradients(t.finish(), feed);
 }
 
-// clamp to [-1, 1] (DBRX's and OLMo's clip_qkv), and to a max alone: x held at least 0.1 from
+// clamp to [-1, 1] (DBRX's clip_qkv), and to a max alone: x held at least 0.1 from
 // the bounds, as relu's from its kink; some of x on each side of each bound.
 TEST(OpGrad, Clamp) {
   Tracer t;
