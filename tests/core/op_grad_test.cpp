@@ -174,6 +174,20 @@ TEST(OpGrad, XieluAndItsScalars) {
   check_gradients(t.finish(), feed);
 }
 
+// Router logits of T tokens over 5 experts: each row a permutation of 0, 0.6, 1.2 and 1.8, and
+// -3 for expert 4, so that no step of the differences (at most 1e-2 x 1.8) changes a token's top 2
+// and expert 4 is never chosen.
+std::vector<float> spaced_logits(int64_t T) {
+  std::vector<float> l;
+  std::vector<int> order = {0, 1, 2, 3};
+  for (int64_t r = 0; r < T; ++r) {
+    std::next_permutation(order.begin(), order.end());
+    for (int e = 0; e < 4; ++e) l.push_back(0.6f * float(order[e]));
+    l.push_back(-3.0f);
+  }
+  return l;
+}
+
 // The sparse mixture-of-experts block: 5 experts, each token's top 2, with and without the
 // normalisation of their weights. Each row's logits are a permutation of 0, 0.6, 1.2, 1.8 and
 // -3 for expert 4, so no step of the differences (at most 1e-2 x 1.8) changes a token's
@@ -201,14 +215,7 @@ TEST(OpGrad, MixtureOfExperts) {
     }
     t.output("y0", t.moe(x, logits, experts, 2, normalize));
     Feed feed;
-    std::vector<float> l;
-    std::vector<int> order = {0, 1, 2, 3};
-    for (int64_t r = 0; r < T; ++r) {
-      std::next_permutation(order.begin(), order.end());
-      for (int e = 0; e < 4; ++e) l.push_back(0.6f * float(order[e]));
-      l.push_back(-3.0f);
-    }
-    feed.f["logits"] = l;
+    feed.f["logits"] = spaced_logits(T);
     check_gradients(t.finish(), feed);
   }
 }
@@ -227,13 +234,7 @@ TEST(OpGrad, MixtureOfGptOssExperts) {
   feed.f["gate_up_bias"] = autosp::testing::random_normal(E * 2 * I, 13, 0.5f);
   feed.f["down"] = autosp::testing::random_normal(E * I * H, 14);
   feed.f["down_bias"] = autosp::testing::random_normal(E * H, 15);
-  std::vector<float> l;  // as MixtureOfExperts': expert 4 never chosen, no step changes a choice
-  std::vector<int> order = {0, 1, 2, 3};
-  for (int64_t r = 0; r < T; ++r) {
-    std::next_permutation(order.begin(), order.end());
-    for (int e = 0; e < 4; ++e) l.push_back(0.6f * float(order[e]));
-    l.push_back(-3.0f);
-  }
+  const std::vector<float> l = spaced_logits(T);  // as MixtureOfExperts'
   feed.f["logits"] = l;
   std::vector<double> kinks;  // g and |u| of every token and expert
   for (int64_t t = 0; t < T; ++t)

@@ -57,15 +57,33 @@ void router_backward(const MoeDims& d, const float* logits, const float* dws, fl
 }
 
 // y[t] += w_j o_i for each of n rows o [n, H] of the slots (transformers' order: the expert's
-// output weighted, then added).
+// output weighted, then added); weights null: w_j = 1. A token is one expert's at most once, so
+// the rows' threads never share a y row.
 void scatter_weighted(const MoeDims& d, const float* o, const int32_t* slots, const float* weights, int64_t n,
                       float* y) {
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {
-    const float wj = weights[slots[i]];
+    const float wj = weights ? weights[slots[i]] : 1.0f;
     float* yt = y + int64_t(slots[i] / d.k) * d.H;
     const float* oi = o + i * d.H;
     for (int64_t h = 0; h < d.H; ++h) yt[h] += wj * oi[h];
+  }
+}
+
+// The gradient of each of n slots' weight, dws[slot] = <dy_i, o_i>, and the expert's output
+// gradient dout_i = w_j dy_i, from the gathered dy [n, H] and the expert's outputs o [n, H].
+void output_grad(const MoeDims& d, const float* dys, const float* o, const int32_t* slots, const float* weights,
+                 int64_t n, float* dout, float* dws) {
+  const int64_t H = d.H;
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    const float *dyi = dys + i * H, *oi = o + i * H;
+    float* di = dout + i * H;
+    double s = 0;
+    for (int64_t h = 0; h < H; ++h) s += double(dyi[h]) * double(oi[h]);
+    dws[slots[i]] = float(s);
+    const float wj = weights[slots[i]];
+    for (int64_t h = 0; h < H; ++h) di[h] = wj * dyi[h];
   }
 }
 
@@ -158,17 +176,7 @@ void moe_backward(const MoeDims& d, const float* dy, const float* x, const float
       gather_rows(x, slots, n, d.k, H, xs);
       gather_rows(dy, slots, n, d.k, H, dys);
       swiglu_forward(g, u, n * I, hh);
-      // dw_j = <dy[t], o>, and dout = w_j dy[t].
-#pragma omp parallel for schedule(static)
-      for (int64_t i = 0; i < n; ++i) {
-        const float *dyi = dys + i * H, *oi = o + i * H;
-        float* di = dout + i * H;
-        double s = 0;
-        for (int64_t h = 0; h < H; ++h) s += double(dyi[h]) * double(oi[h]);
-        dws[slots[i]] = float(s);
-        const float wj = r.weights[slots[i]];
-        for (int64_t h = 0; h < H; ++h) di[h] = wj * dyi[h];
-      }
+      output_grad(d, dys, o, slots, r.weights, n, dout, dws);
       if (d.down_transposed)
         gemm(true, false, I, H, n, hh, dout, dw[3 * e + 2], true);  // ddown^T += h^T dout
       else
@@ -179,12 +187,7 @@ void moe_backward(const MoeDims& d, const float* dy, const float* x, const float
       gemm(true, false, I, H, n, du, xs, dw[3 * e + 1], true);  // dup_e += du^T x
       gemm(false, false, n, H, I, dg, w[3 * e], dys);           // dx rows = dg gate + du up
       gemm(false, false, n, H, I, du, w[3 * e + 1], dys, true);
-#pragma omp parallel for schedule(static)
-      for (int64_t i = 0; i < n; ++i) {
-        float* dxt = dx + int64_t(slots[i] / d.k) * H;
-        const float* src = dys + i * H;
-        for (int64_t h = 0; h < H; ++h) dxt[h] += src[h];
-      }
+      scatter_weighted(d, dys, slots, nullptr, n, dx);
     }
   }
   router_backward(d, logits, dws, dlogits);
@@ -250,17 +253,7 @@ void moe_gpt_oss_backward(const MoeDims& d, const float* dy, const float* x, con
       const float *g = saved + c * I, *u = saved + n_slots * I + c * I, *o = saved + 2 * n_slots * I + c * H;
       gather_rows(x, slots, n, d.k, H, xs);
       gather_rows(dy, slots, n, d.k, H, dys);
-      // dw_j = <dy[t], o> (o with its bias: the expert's output), and dout = w_j dy[t].
-#pragma omp parallel for schedule(static)
-      for (int64_t i = 0; i < n; ++i) {
-        const float *dyi = dys + i * H, *oi = o + i * H;
-        float* di = dout + i * H;
-        double s = 0;
-        for (int64_t h = 0; h < H; ++h) s += double(dyi[h]) * double(oi[h]);
-        dws[slots[i]] = float(s);
-        const float wj = r.weights[slots[i]];
-        for (int64_t h = 0; h < H; ++h) di[h] = wj * dyi[h];
-      }
+      output_grad(d, dys, o, slots, r.weights, n, dout, dws);  // (o with its bias: the expert's output)
 #pragma omp parallel for schedule(static)
       for (int64_t i = 0; i < n * I; ++i) hh[i] = clamped_glu(g[i], u[i], alpha, limit).h;
       gemm(true, false, I, H, n, hh, dout, dw_d, true);  // ddown += h^T dout
@@ -282,12 +275,7 @@ void moe_gpt_oss_backward(const MoeDims& d, const float* dy, const float* x, con
 #pragma omp parallel for schedule(static)
       for (int64_t h = 0; h < H; ++h)
         for (int64_t i = 0; i < n; ++i) db_d[h] += dout[i * H + h];
-#pragma omp parallel for schedule(static)
-      for (int64_t i = 0; i < n; ++i) {
-        float* dxt = dx + int64_t(slots[i] / d.k) * H;
-        const float* src = dys + i * H;
-        for (int64_t h = 0; h < H; ++h) dxt[h] += src[h];
-      }
+      scatter_weighted(d, dys, slots, nullptr, n, dx);
     }
   }
   router_backward(d, logits, dws, dlogits);
