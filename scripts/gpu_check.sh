@@ -19,14 +19,15 @@
 #               the fp32 CPU run over 20 steps (within bf16 tolerance), and a save at step 10
 #               resumed to step 20 on the device: the same losses and checkpoint, bitwise (with
 #               the blocked attention: cuDNN 9.19's backward is not deterministic)
-#   imported    `autosp train --backend cuda` vs `--backend cpu` on six imported programs (f32, 4
+#   imported    `autosp train --backend cuda` vs `--backend cpu` on seven imported programs (f32, 4
 #               steps, 1e-4 relative): Gemma 2's fixture (both logit softcaps: the blocks' capped
 #               attention, the capped loss rows, no cuDNN), OPT's (offset positions, merged rows),
 #               BLOOM's (ALiBi: the blocks add the bias, slopes by value), DeepSeek-V3's (latent
 #               attention: values padded, the key's rotary expanded; the grouped sigmoid router
 #               with its bias, moe_routing.h on the device), GLM-4.5-MoE's of transformers 5
-#               (stacked experts read in place, the same router) and gpt-oss's (the sinks' fold
-#               and gradient, its experts' clamped GLU and biases)
+#               (stacked experts read in place, the same router), gpt-oss's (the sinks' fold
+#               and gradient, its experts' clamped GLU and biases) and DBRX's (experts stacked
+#               apart, down transposed; clamp)
 #   sp_one_gpu  SP 2 and 4 ranks sharing the GPU (collectives staged over MPI) give SP 1's losses
 #               over 5 steps: Mistral's fixture (1 KV head, a window), packed documents, f32 (1e-5)
 #               and bf16 (the device-resident step); SP 2 with compile.overlap (the all-to-alls
@@ -288,8 +289,8 @@ record train_bf16 "$STAGE_STATUS" "$STAGE_SECONDS" "$logs/train_bf16.json"
 
 # ---- imported programs on cuda: Gemma 2's softcaps (attention on the blocks, the capped loss
 # rows), OPT's offset positions and merged rows, BLOOM's ALiBi, DeepSeek-V3's latent attention
-# and grouped router, GLM-4.5-MoE's stacked experts, gpt-oss's sinks and experts, trained as on the
-# CPU --------------------------------------------------------------------------------------------
+# and grouped router, GLM-4.5-MoE's stacked experts, gpt-oss's sinks and experts, DBRX's experts and
+# clamp, trained as on the CPU ----------------------------------------------------------------
 imported() {
   set -euo pipefail  # exported functions run in a fresh bash: no inherited -e
   local dir="$logs/imported"
@@ -303,7 +304,7 @@ open(os.path.join(d, "tokens.bin"), "wb").write(struct.pack(f"<{len(tokens)}I", 
 json.dump({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
            "optimizer": {"type": "AdamW", "params": {"lr": 0.01}}}, open(os.path.join(d, "ds.json"), "w"))
 EOF
-  for model in gemma2 opt bloom deepseek_v3 glm4_moe_tf5 gpt_oss; do
+  for model in gemma2 opt bloom deepseek_v3 glm4_moe_tf5 gpt_oss dbrx; do
     for backend in cpu cuda; do
       "$bin/autosp" train --backend "$backend" --config "$dir/ds.json" \
         --model "tests/fixtures/torch_export/$model/model.pt2" --data "$dir/tokens.bin" --seq-len 32 --steps 4 \
@@ -314,7 +315,7 @@ EOF
 import json, os, sys
 d = sys.argv[1]
 out, ok = {}, True
-for model in ("gemma2", "opt", "bloom", "deepseek_v3", "glm4_moe_tf5", "gpt_oss"):
+for model in ("gemma2", "opt", "bloom", "deepseek_v3", "glm4_moe_tf5", "gpt_oss", "dbrx"):
     cpu, gpu = ([json.loads(l)["loss"] for l in open(os.path.join(d, f"{model}.{b}.jsonl")) if l.strip()]
                 for b in ("cpu", "cuda"))
     worst = max(abs(a - b) / max(abs(a), 1e-30) for a, b in zip(cpu, gpu))
