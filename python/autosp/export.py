@@ -962,6 +962,10 @@ class _SparseMoeBlocks:
         autosp::moe_gpt_oss of its experts, checked against the block's own forward on a sample
         (its softmax of the top k logits is the normalised softmax top k)."""
         where = f"{name} ({type(module).__name__})"
+        if getattr(getattr(self.model, "config", None), "output_router_logits", False):
+            raise ValueError(f"autosp export: {where}: gpt-oss's load-balancing loss takes the softmax of its router's "
+                             f"scattered top-k probabilities (not of its logits), which autosp's moe_balance does not "
+                             f"compute; set output_router_logits=False")
 
         def forward(hidden_states, module=module):
             r, x_ = module.router, module.experts
