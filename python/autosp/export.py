@@ -354,6 +354,73 @@ class _HalfTablesRope:
         return False
 
 
+class _ComplexRope:
+    """While exporting: DeepSeek-V2's rotary embedding gives its tables as complex numbers
+    (torch.polar, times the attention scaling) and rotates each pair (x[2i], x[2i+1]) by a complex
+    product (view_as_complex), which torch.export writes as view_as_real. That product is the
+    interleaved rotary x cos + rotate_half(x) sin with each frequency twice in a row (Cohere's form,
+    which the importer reads as the rope op's interleaved layout): the model's rotary embedding
+    computes Cohere's tables (passed on as one object, since the attention calls .to() on them)
+    and its module's apply_rotary_emb is Cohere's form, checked on a sample against the original
+    first (in fp32, as the original computes: to 1e-6, since the complex product may round
+    otherwise)."""
+
+    MODULES = ("transformers.models.deepseek_v2.modeling_deepseek_v2",)
+
+    class Tables:
+        def __init__(self, cos, sin):
+            self.cos, self.sin = cos, sin
+
+        def to(self, *args, **kwargs):
+            return self
+
+    def __init__(self, model):
+        self.model = model
+        self.saved = []
+        self.module = None
+
+    def __enter__(self):
+        import sys
+        module = sys.modules.get(type(self.model).__module__)
+        if module is None or module.__name__ not in self.MODULES:
+            return self
+        from transformers.models.cohere.modeling_cohere import CohereRotaryEmbedding, rotate_half
+        original = module.apply_rotary_emb
+
+        def coheres(xq, xk, tables):
+            cos, sin = tables.cos.unsqueeze(1), tables.sin.unsqueeze(1)
+            return xq * cos + rotate_half(xq) * sin, xk * cos + rotate_half(xk) * sin
+
+        rotaries = [m for m in self.model.modules() if type(m).__name__.endswith("RotaryEmbedding")]
+        g = torch.Generator().manual_seed(0)
+        positions = torch.arange(6)[None].expand(2, -1)
+        for rotary in rotaries:
+            probe = torch.zeros(1, dtype=torch.float32, device=rotary.inv_freq.device)
+            freqs_cis = rotary(probe, positions)
+            cos, sin = CohereRotaryEmbedding.forward(rotary, probe, positions)
+            if freqs_cis.shape[-1] * 2 != cos.shape[-1]:
+                raise ValueError(f"autosp export: {type(rotary).__name__}'s tables are not one complex number per pair")
+            xq, xk = (torch.randn(2, h, 6, cos.shape[-1], generator=g, device=probe.device) for h in (3, 1))
+            want, got = original(xq, xk, freqs_cis), coheres(xq, xk, self.Tables(cos, sin))
+            if not all(torch.allclose(a, b, rtol=1e-6, atol=1e-6) for a, b in zip(want, got)):
+                raise ValueError(f"autosp export: {module.__name__}.apply_rotary_emb is not the interleaved rotary "
+                                 f"autosp reads as its rope")
+        for rotary in rotaries:
+            rotary.forward = (lambda x, position_ids, rotary=rotary:
+                              self.Tables(*CohereRotaryEmbedding.forward(rotary, x, position_ids)))
+            self.saved.append(rotary)
+        module.apply_rotary_emb = coheres
+        self.module, self.original = module, original
+        return self
+
+    def __exit__(self, *exc):
+        for rotary in self.saved:
+            del rotary.forward
+        if self.module is not None:
+            self.module.apply_rotary_emb = self.original
+        return False
+
+
 class _ConcreteIsCausal:
     """While exporting: a model that calls scaled_dot_product_attention itself with
     is_causal = (mask is None and q_len > 1) (Falcon, Nemotron) passes a symbolic bool, which
@@ -386,13 +453,16 @@ class _InterleavedRopeOfLatentAttention:
     q and k, both gathered by P, give the dot products P leaves alone: so it is exported as GLM's
     form, which autosp reads as the rope op's interleaved layout. The module's function is first
     checked to be P of that on a sample, and left as it is otherwise.
-    transformers 5's attention there assembles its keys in a new_empty tensor, its two parts
-    copied into slices (expand_kv): exported as the torch.cat of the parts, which it equals
-    (checked on a sample, bitwise)."""
+    transformers 5's attention there (and DeepSeek-V2's) assembles its keys in a new_empty tensor,
+    its two parts copied into slices (expand_kv): exported as the torch.cat of the parts, which it
+    equals (checked on a sample, bitwise)."""
 
     # the modules whose attention reads the function's results only through its scores
     READ_BY_SCORES = ("transformers.models.deepseek_v3.modeling_deepseek_v3",
                       "transformers.models.longcat_flash.modeling_longcat_flash")
+    # the modules whose attention assembles its keys with expand_kv (DeepSeek-V2's too, whose rotary
+    # is _ComplexRope's)
+    EXPAND_KV = READ_BY_SCORES + ("transformers.models.deepseek_v2.modeling_deepseek_v2",)
 
     def __init__(self, model):
         self.model = model
@@ -411,7 +481,7 @@ class _InterleavedRopeOfLatentAttention:
 
     def _patch_expand_kv(self):
         for module in self.model.modules():
-            if type(module).__module__ not in self.READ_BY_SCORES or not callable(getattr(module, "expand_kv", None)):
+            if type(module).__module__ not in self.EXPAND_KV or not callable(getattr(module, "expand_kv", None)):
                 continue
             expand_kv = self._expand_kv(module)
             w = module.kv_b_proj.weight
@@ -710,8 +780,11 @@ class _SparseMoeBlocks:
         """The routings a router may compute (a check keeps the first that gives the block's
         output): its scores softmax or sigmoid, normalised or not, and where it has groups
         (n_group, topk_group), each group scored by its best or its two best, the other groups'
-        experts -inf or 0 for the choice; its routed_scaling_factor."""
+        experts -inf or 0 for the choice (DeepSeek-V2's only with its topk_method
+        "group_limited_greedy"); its routed_scaling_factor."""
         groups = int(getattr(router, "n_group", None) or getattr(router, "num_group", None) or 1)
+        if getattr(router, "topk_method", None) == "greedy":  # DeepSeek-V2-Lite's: its groups unused
+            groups = 1
         topk_group = int(getattr(router, "topk_group", None) or groups)
         scale = float(getattr(router, "routed_scaling_factor", None) or 1.0)
         candidates = []
@@ -1224,7 +1297,8 @@ def export(model, path, batch: int = 2, seq_len: int = 16, max_seq_len: int = 1 
         b = torch.export.Dim("batch", min=1, max=1 << 16)
         s = torch.export.Dim("seq_len", min=shortest, max=longest)
         with _ConcreteIsCausal(), _NoLayerDrop(model), _LongRopeByLength(model), _BatchFirstSelfAttention(), \
-                _InterleavedRopeOfLatentAttention(model), _HalfTablesRope(model), _SparseMoeBlocks(model) as moe, \
+                _InterleavedRopeOfLatentAttention(model), _HalfTablesRope(model), _ComplexRope(model), \
+                _SparseMoeBlocks(model) as moe, \
                 _LoadBalancingLoss(model):
             try:
                 return torch.export.export(_LossOf(model), (ids, ids.clone()),
