@@ -671,7 +671,9 @@ class _SparseMoeBlocks:
     transformers 5's blocks keep their experts stacked (gate_up_proj [E, 2 I, H], down_proj
     [E, H, I]) behind a router module: the block's forward is kept as written, its router's
     logits taken as it returns them, and its experts are one `autosp::moe_stacked` node, with the
-    routing the check finds among the moe op's (_patch_stacked)."""
+    routing the check finds among the moe op's (_patch_stacked). gpt-oss's block (_patch_gpt_oss)
+    and DBRX's (_patch_dbrx) keep their experts as those models do, read by `autosp::moe_gpt_oss`
+    and `autosp::moe_apart`."""
 
     def __init__(self, model):
         self.model = model

@@ -454,7 +454,9 @@ extern const OpDef attention_backward_op = {
       require(in.size() >= 6, "expected dout, q, k, v, out, lse, optional sinks and document ids, got ", in.size(),
               " operands");
       cpu::AttentionDims d = attention_dims({in[1], in[2], in[3]});
-      check_sinks({in[1], in[2], in[3], in.size() > 6 ? in[6] : in[1]}, 3, attrs, d);
+      Types qkv_sinks = {in[1], in[2], in[3]};  // (the sinks, where given, as the forward has them)
+      if (in.size() > 6) qkv_sinks.push_back(in[6]);
+      check_sinks(qkv_sinks, 3, attrs, d);
       check_documents(in, documents_at(attrs, 6), d);
       check_attrs(attrs);
       check_alibi(attrs, d.NH);

@@ -310,32 +310,30 @@ DeviceRouting route_on_device(const cpu::MoeDims& d, const MoeDeviceLayout& l, c
 void cuda_moe_gpt_oss(const KernelArgs& a, const CudaContext& c, const cpu::MoeDims& d, const DeviceRouting& r,
                       const MoeDeviceLayout& l) {
   const cuda::Dt dt = cuda_in_dt(a, 0);
-  const int64_t H = d.H, I = d.I, es = cuda::dt_size(dt), R = l.R, n_slots = d.T * d.k;
+  const int64_t H = d.H, I = d.I, es = cuda::dt_size(dt);
   const float alpha = float(d.experts.alpha), limit = float(d.experts.limit);
-  char *xs = static_cast<char*>(a.workspace) + l.rows, *hh = xs + es * R * H, *gu = hh + es * R * I;
+  char *xs = static_cast<char*>(a.workspace) + l.rows, *hh = xs + es * l.R * H, *gu = hh + es * l.R * I;
   char* saved = static_cast<char*>(a.outputs[1]);
   const char *w_gu = a.in<char>(2), *b_gu = a.in<char>(3), *w_d = a.in<char>(4), *b_d = a.in<char>(5);
   cuda::fill(dt, a.outputs[0], d.T * H, 0.0f, c.stream);
-  for (int64_t e = 0; e < d.E; ++e) {
-    for (int64_t at = r.start[e]; at < r.start[e + 1]; at += R) {
-      const int64_t n = std::min<int64_t>(R, r.start[e + 1] - at);
-      const int32_t* slots = r.slots + at;
-      char *g = saved + es * at * I, *u = saved + es * (n_slots + at) * I, *o = saved + es * (2 * n_slots * I + at * H);
-      cuda::moe_gather_rows(dt, a.inputs[0], slots, n, d.k, H, xs, c.stream);
-      cuda_gemm(c, dt, dt, false, false, n, 2 * I, H, xs, w_gu + es * e * H * 2 * I, gu, false, "moe");
-      cuda::moe_gpt_oss_glu(dt, gu, b_gu + es * e * 2 * I, n, I, alpha, limit, g, u, hh, c.stream);
-      cuda_gemm(c, dt, dt, false, false, n, H, I, hh, w_d + es * e * I * H, o, false, "moe");
-      cuda::moe_add_row_bias(dt, o, b_d + es * e * H, n, H, c.stream);
-      cuda::moe_scatter_add(dt, o, slots, r.weights, n, d.k, H, a.outputs[0], c.stream);
-    }
-  }
+  cpu::for_each_expert_chunk(d.E, r.start, l.R, [&](int64_t e, int64_t at, int64_t n) {
+    const int32_t* slots = r.slots + at;
+    const cpu::MoeSavedAt s = cpu::moe_saved_at(d, at);
+    char *g = saved + es * s.g, *u = saved + es * s.u, *o = saved + es * s.o;
+    cuda::moe_gather_rows(dt, a.inputs[0], slots, n, d.k, H, xs, c.stream);
+    cuda_gemm(c, dt, dt, false, false, n, 2 * I, H, xs, w_gu + es * e * H * 2 * I, gu, false, "moe");
+    cuda::moe_gpt_oss_glu(dt, gu, b_gu + es * e * 2 * I, n, I, alpha, limit, g, u, hh, c.stream);
+    cuda_gemm(c, dt, dt, false, false, n, H, I, hh, w_d + es * e * I * H, o, false, "moe");
+    cuda::moe_add_row_bias(dt, o, b_d + es * e * H, n, H, c.stream);
+    cuda::moe_scatter_add(dt, o, slots, r.weights, n, d.k, H, a.outputs[0], c.stream);
+  });
 }
 
 // As cpu::moe_gpt_oss_backward, from the saved products.
 void cuda_moe_gpt_oss_backward(const KernelArgs& a, const CudaContext& c, const cpu::MoeDims& d,
                                const DeviceRouting& r, const MoeDeviceLayout& l) {
   const cuda::Dt dt = cuda_in_dt(a, 1);
-  const int64_t H = d.H, I = d.I, es = cuda::dt_size(dt), R = l.R, n_slots = d.T * d.k;
+  const int64_t H = d.H, I = d.I, es = cuda::dt_size(dt), R = l.R;
   const float alpha = float(d.experts.alpha), limit = float(d.experts.limit);
   float* dws = reinterpret_cast<float*>(static_cast<char*>(a.workspace) + l.dws);
   char *xs = static_cast<char*>(a.workspace) + l.rows, *dys = xs + es * R * H, *dout = dys + es * R * H;
@@ -349,26 +347,23 @@ void cuda_moe_gpt_oss_backward(const KernelArgs& a, const CudaContext& c, const 
   cuda::fill(dt, db_gu, d.E * 2 * I, 0.0f, c.stream);
   cuda::fill(dt, dw_d, d.E * I * H, 0.0f, c.stream);
   cuda::fill(dt, db_d, d.E * H, 0.0f, c.stream);
-  for (int64_t e = 0; e < d.E; ++e) {
-    for (int64_t at = r.start[e]; at < r.start[e + 1]; at += R) {
-      const int64_t n = std::min<int64_t>(R, r.start[e + 1] - at);
-      const int32_t* slots = r.slots + at;
-      const char *g = saved + es * at * I, *u = saved + es * (n_slots + at) * I;
-      const char* o = saved + es * (2 * n_slots * I + at * H);
-      cuda::moe_gather_rows(dt, a.inputs[1], slots, n, d.k, H, xs, c.stream);
-      cuda::moe_gather_rows(dt, a.inputs[0], slots, n, d.k, H, dys, c.stream);
-      cuda::moe_gpt_oss_glu_of_saved(dt, g, u, n * I, alpha, limit, hh, c.stream);
-      cuda::moe_output_grad(dt, dys, o, dout, slots, r.weights, n, H, dws, c.stream);
-      cuda_gemm(c, dt, dt, true, false, I, H, n, hh, dout, dw_d + es * e * I * H, true, "moe_backward");
-      cuda_gemm(c, dt, dt, false, true, n, I, H, dout, w_d + es * e * I * H, dh, false, "moe_backward");
-      cuda::moe_gpt_oss_glu_backward(dt, dh, g, u, n, I, alpha, limit, dgu, c.stream);
-      cuda_gemm(c, dt, dt, true, false, H, 2 * I, n, xs, dgu, dw_gu + es * e * H * 2 * I, true, "moe_backward");
-      cuda_gemm(c, dt, dt, false, true, n, H, 2 * I, dgu, w_gu + es * e * H * 2 * I, dys, false, "moe_backward");
-      cuda::moe_add_column_sums(dt, dgu, n, 2 * I, db_gu + es * e * 2 * I, c.stream);
-      cuda::moe_add_column_sums(dt, dout, n, H, db_d + es * e * H, c.stream);
-      cuda::moe_scatter_add(dt, dys, slots, nullptr, n, d.k, H, a.outputs[0], c.stream);
-    }
-  }
+  cpu::for_each_expert_chunk(d.E, r.start, R, [&](int64_t e, int64_t at, int64_t n) {
+    const int32_t* slots = r.slots + at;
+    const cpu::MoeSavedAt s = cpu::moe_saved_at(d, at);
+    const char *g = saved + es * s.g, *u = saved + es * s.u, *o = saved + es * s.o;
+    cuda::moe_gather_rows(dt, a.inputs[1], slots, n, d.k, H, xs, c.stream);
+    cuda::moe_gather_rows(dt, a.inputs[0], slots, n, d.k, H, dys, c.stream);
+    cuda::moe_gpt_oss_glu_of_saved(dt, g, u, n * I, alpha, limit, hh, c.stream);
+    cuda::moe_output_grad(dt, dys, o, dout, slots, r.weights, n, H, dws, c.stream);
+    cuda_gemm(c, dt, dt, true, false, I, H, n, hh, dout, dw_d + es * e * I * H, true, "moe_backward");
+    cuda_gemm(c, dt, dt, false, true, n, I, H, dout, w_d + es * e * I * H, dh, false, "moe_backward");
+    cuda::moe_gpt_oss_glu_backward(dt, dh, g, u, n, I, alpha, limit, dgu, c.stream);
+    cuda_gemm(c, dt, dt, true, false, H, 2 * I, n, xs, dgu, dw_gu + es * e * H * 2 * I, true, "moe_backward");
+    cuda_gemm(c, dt, dt, false, true, n, H, 2 * I, dgu, w_gu + es * e * H * 2 * I, dys, false, "moe_backward");
+    cuda::moe_add_column_sums(dt, dgu, n, 2 * I, db_gu + es * e * 2 * I, c.stream);
+    cuda::moe_add_column_sums(dt, dout, n, H, db_d + es * e * H, c.stream);
+    cuda::moe_scatter_add(dt, dys, slots, nullptr, n, d.k, H, a.outputs[0], c.stream);
+  });
   cuda::moe_router_backward(dt, a.inputs[2], dws, d.T, d.E, d.k, r.route, a.outputs[1], c.stream);
 }
 
@@ -380,28 +375,25 @@ void cuda_moe(const KernelArgs& a, const CudaContext& c) {
   const MoeDeviceLayout l = moe_device_layout(d, a.in_types[0]->dtype, false);
   const DeviceRouting r = route_on_device(d, l, dt, a.inputs[1], a.workspace, c, "moe");
   if (d.experts.gpt_oss) return cuda_moe_gpt_oss(a, c, d, r, l);
-  const int64_t H = d.H, I = d.I, es = cuda::dt_size(dt), R = l.R, n_slots = d.T * d.k;
+  const int64_t H = d.H, I = d.I, es = cuda::dt_size(dt);
   char* rows = static_cast<char*>(a.workspace) + l.rows;
-  char *xs = rows, *hh = xs + es * R * H;
+  char *xs = rows, *hh = xs + es * l.R * H;
   char* saved = static_cast<char*>(a.outputs[1]);
   const std::vector<const void*> w =
       expert_weights(std::vector<const void*>(a.inputs.begin() + 2, a.inputs.end()), d, stacked_weights(types_of(a), 2),
                      es);
   cuda::fill(dt, a.outputs[0], d.T * H, 0.0f, c.stream);
-  for (int64_t e = 0; e < d.E; ++e) {
-    const void *wg = w[3 * e], *wu = w[3 * e + 1], *wd = w[3 * e + 2];
-    for (int64_t at = r.start[e]; at < r.start[e + 1]; at += R) {
-      const int64_t n = std::min<int64_t>(R, r.start[e + 1] - at);
-      const int32_t* slots = r.slots + at;
-      char *g = saved + es * at * I, *u = saved + es * (n_slots + at) * I, *o = saved + es * (2 * n_slots * I + at * H);
-      cuda::moe_gather_rows(dt, a.inputs[0], slots, n, d.k, H, xs, c.stream);
-      cuda_gemm(c, dt, dt, false, true, n, I, H, xs, wg, g, false, "moe");
-      cuda_gemm(c, dt, dt, false, true, n, I, H, xs, wu, u, false, "moe");
-      cuda::swiglu_forward_fused(dt, g, u, n * I, hh, c.stream);
-      cuda_gemm(c, dt, dt, false, !d.down_transposed, n, H, I, hh, wd, o, false, "moe");
-      cuda::moe_scatter_add(dt, o, slots, r.weights, n, d.k, H, a.outputs[0], c.stream);
-    }
-  }
+  cpu::for_each_expert_chunk(d.E, r.start, l.R, [&](int64_t e, int64_t at, int64_t n) {
+    const int32_t* slots = r.slots + at;
+    const cpu::MoeSavedAt s = cpu::moe_saved_at(d, at);
+    char *g = saved + es * s.g, *u = saved + es * s.u, *o = saved + es * s.o;
+    cuda::moe_gather_rows(dt, a.inputs[0], slots, n, d.k, H, xs, c.stream);
+    cuda_gemm(c, dt, dt, false, true, n, I, H, xs, w[3 * e], g, false, "moe");
+    cuda_gemm(c, dt, dt, false, true, n, I, H, xs, w[3 * e + 1], u, false, "moe");
+    cuda::swiglu_forward_fused(dt, g, u, n * I, hh, c.stream);
+    cuda_gemm(c, dt, dt, false, !d.down_transposed, n, H, I, hh, w[3 * e + 2], o, false, "moe");
+    cuda::moe_scatter_add(dt, o, slots, r.weights, n, d.k, H, a.outputs[0], c.stream);
+  });
 }
 
 // As cpu::moe_backward, from the saved products.
@@ -411,7 +403,7 @@ void cuda_moe_backward(const KernelArgs& a, const CudaContext& c) {
   const MoeDeviceLayout l = moe_device_layout(d, a.in_types[1]->dtype, true);
   const DeviceRouting r = route_on_device(d, l, dt, a.inputs[2], a.workspace, c, "moe_backward");
   if (d.experts.gpt_oss) return cuda_moe_gpt_oss_backward(a, c, d, r, l);
-  const int64_t H = d.H, I = d.I, es = cuda::dt_size(dt), R = l.R, n_slots = d.T * d.k;
+  const int64_t H = d.H, I = d.I, es = cuda::dt_size(dt), R = l.R;
   float* dws = reinterpret_cast<float*>(static_cast<char*>(a.workspace) + l.dws);
   char* rows = static_cast<char*>(a.workspace) + l.rows;
   char *xs = rows, *dys = xs + es * R * H, *dout = dys + es * R * H, *hh = dout + es * R * H, *dh = hh + es * R * I;
@@ -423,34 +415,29 @@ void cuda_moe_backward(const KernelArgs& a, const CudaContext& c) {
   const std::vector<void*> dw =
       expert_weights(std::vector<void*>(a.outputs.begin() + 2, a.outputs.end()), d, stacked, es);
   cuda::fill(dt, a.outputs[0], d.T * H, 0.0f, c.stream);
-  for (int64_t e = 0; e < d.E; ++e) {
+  for (int64_t m = 0; m < 3 * d.E; ++m) cuda::fill(dt, dw[m], I * H, 0.0f, c.stream);
+  cpu::for_each_expert_chunk(d.E, r.start, R, [&](int64_t e, int64_t at, int64_t n) {
     const void *wg = w[3 * e], *wu = w[3 * e + 1], *wd = w[3 * e + 2];
     void *dwg = dw[3 * e], *dwu = dw[3 * e + 1], *dwd = dw[3 * e + 2];
-    cuda::fill(dt, dwg, I * H, 0.0f, c.stream);
-    cuda::fill(dt, dwu, I * H, 0.0f, c.stream);
-    cuda::fill(dt, dwd, H * I, 0.0f, c.stream);
-    for (int64_t at = r.start[e]; at < r.start[e + 1]; at += R) {
-      const int64_t n = std::min<int64_t>(R, r.start[e + 1] - at);
-      const int32_t* slots = r.slots + at;
-      const char *g = saved + es * at * I, *u = saved + es * (n_slots + at) * I;
-      const char* o = saved + es * (2 * n_slots * I + at * H);
-      cuda::moe_gather_rows(dt, a.inputs[1], slots, n, d.k, H, xs, c.stream);
-      cuda::moe_gather_rows(dt, a.inputs[0], slots, n, d.k, H, dys, c.stream);
-      cuda::swiglu_forward_fused(dt, g, u, n * I, hh, c.stream);
-      cuda::moe_output_grad(dt, dys, o, dout, slots, r.weights, n, H, dws, c.stream);
-      if (d.down_transposed)
-        cuda_gemm(c, dt, dt, true, false, I, H, n, hh, dout, dwd, true, "moe_backward");
-      else
-        cuda_gemm(c, dt, dt, true, false, H, I, n, dout, hh, dwd, true, "moe_backward");
-      cuda_gemm(c, dt, dt, false, d.down_transposed, n, I, H, dout, wd, dh, false, "moe_backward");
-      cuda::swiglu_backward_fused(dt, dh, g, u, n * I, dg, du, c.stream);
-      cuda_gemm(c, dt, dt, true, false, I, H, n, dg, xs, dwg, true, "moe_backward");
-      cuda_gemm(c, dt, dt, true, false, I, H, n, du, xs, dwu, true, "moe_backward");
-      cuda_gemm(c, dt, dt, false, false, n, H, I, dg, wg, dys, false, "moe_backward");
-      cuda_gemm(c, dt, dt, false, false, n, H, I, du, wu, dys, true, "moe_backward");
-      cuda::moe_scatter_add(dt, dys, slots, nullptr, n, d.k, H, a.outputs[0], c.stream);
-    }
-  }
+    const int32_t* slots = r.slots + at;
+    const cpu::MoeSavedAt s = cpu::moe_saved_at(d, at);
+    const char *g = saved + es * s.g, *u = saved + es * s.u, *o = saved + es * s.o;
+    cuda::moe_gather_rows(dt, a.inputs[1], slots, n, d.k, H, xs, c.stream);
+    cuda::moe_gather_rows(dt, a.inputs[0], slots, n, d.k, H, dys, c.stream);
+    cuda::swiglu_forward_fused(dt, g, u, n * I, hh, c.stream);
+    cuda::moe_output_grad(dt, dys, o, dout, slots, r.weights, n, H, dws, c.stream);
+    if (d.down_transposed)
+      cuda_gemm(c, dt, dt, true, false, I, H, n, hh, dout, dwd, true, "moe_backward");
+    else
+      cuda_gemm(c, dt, dt, true, false, H, I, n, dout, hh, dwd, true, "moe_backward");
+    cuda_gemm(c, dt, dt, false, d.down_transposed, n, I, H, dout, wd, dh, false, "moe_backward");
+    cuda::swiglu_backward_fused(dt, dh, g, u, n * I, dg, du, c.stream);
+    cuda_gemm(c, dt, dt, true, false, I, H, n, dg, xs, dwg, true, "moe_backward");
+    cuda_gemm(c, dt, dt, true, false, I, H, n, du, xs, dwu, true, "moe_backward");
+    cuda_gemm(c, dt, dt, false, false, n, H, I, dg, wg, dys, false, "moe_backward");
+    cuda_gemm(c, dt, dt, false, false, n, H, I, du, wu, dys, true, "moe_backward");
+    cuda::moe_scatter_add(dt, dys, slots, nullptr, n, d.k, H, a.outputs[0], c.stream);
+  });
   cuda::moe_router_backward(dt, a.inputs[2], dws, d.T, d.E, d.k, r.route, a.outputs[1], c.stream);
 }
 

@@ -359,6 +359,9 @@ void attention_keeps_an_f32_log_sum_exp() {
             std::string::npos);
   EXPECT_NE(infer_error(OpKind::attention, {q, kv, kv}, sunk).find("'sinks' 1 needs the sinks operand"),
             std::string::npos);
+  EXPECT_NE(infer_error(OpKind::attention_backward, {q, q, kv, kv, q, lse}, sunk).find("'sinks' 1 needs the sinks "
+                                                                                      "operand"),
+            std::string::npos);
   EXPECT_NE(infer_error(OpKind::attention, {q, kv, kv, sinks}, with({{"sinks_split", int64_t{2}}}))
                 .find("'sinks_split' without 'sinks'"),
             std::string::npos);

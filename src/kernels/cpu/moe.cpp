@@ -137,59 +137,53 @@ int64_t moe_workspace_floats(const MoeDims& d, bool backward) {
 void moe_forward(const MoeDims& d, const float* x, const float* logits, const float* const* w, float* y, float* saved,
                  float* workspace) {
   const Routing r = route(d, logits, workspace);
-  const int64_t R = std::min(d.T * d.k, kMoeChunkRows), H = d.H, I = d.I, n_slots = d.T * d.k;
+  const int64_t R = std::min(d.T * d.k, kMoeChunkRows), H = d.H, I = d.I;
   float* xs = workspace + routing_floats(d);
   float* hh = xs + R * H;
   std::fill_n(y, d.T * H, 0.0f);
-  for (int64_t e = 0; e < d.E; ++e) {
-    for (int64_t c = r.start[e]; c < r.start[e + 1]; c += R) {
-      const int32_t* slots = r.slots + c;
-      const int64_t n = std::min<int64_t>(R, r.start[e + 1] - c);
-      float *g = saved + c * I, *u = saved + n_slots * I + c * I, *o = saved + 2 * n_slots * I + c * H;
-      gather_rows(x, slots, n, d.k, H, xs);
-      gemm(false, true, n, I, H, xs, w[3 * e], g);
-      gemm(false, true, n, I, H, xs, w[3 * e + 1], u);
-      swiglu_forward(g, u, n * I, hh);
-      gemm(false, !d.down_transposed, n, H, I, hh, w[3 * e + 2], o);
-      scatter_weighted(d, o, slots, r.weights, n, y);
-    }
-  }
+  for_each_expert_chunk(d.E, r.start, R, [&](int64_t e, int64_t at, int64_t n) {
+    const int32_t* slots = r.slots + at;
+    const MoeSavedAt s = moe_saved_at(d, at);
+    float *g = saved + s.g, *u = saved + s.u, *o = saved + s.o;
+    gather_rows(x, slots, n, d.k, H, xs);
+    gemm(false, true, n, I, H, xs, w[3 * e], g);
+    gemm(false, true, n, I, H, xs, w[3 * e + 1], u);
+    swiglu_forward(g, u, n * I, hh);
+    gemm(false, !d.down_transposed, n, H, I, hh, w[3 * e + 2], o);
+    scatter_weighted(d, o, slots, r.weights, n, y);
+  });
 }
 
 void moe_backward(const MoeDims& d, const float* dy, const float* x, const float* logits, const float* saved,
                   const float* const* w, float* dx, float* dlogits, float* const* dw, float* workspace) {
   const Routing r = route(d, logits, workspace);
-  const int64_t R = std::min(d.T * d.k, kMoeChunkRows), H = d.H, I = d.I, n_slots = d.T * d.k;
+  const int64_t R = std::min(d.T * d.k, kMoeChunkRows), H = d.H, I = d.I;
   float* dws = workspace + routing_floats(d);  // [T k]: dw of each slot
   float* xs = dws + d.T * d.k;
   float *dys = xs + R * H, *dout = dys + R * H, *hh = dout + R * H, *dh = hh + R * I, *dg = dh + R * I;
   float* du = dg + R * I;
   std::fill_n(dx, d.T * H, 0.0f);
-  for (int64_t e = 0; e < d.E; ++e) {
-    std::fill_n(dw[3 * e], I * H, 0.0f);
-    std::fill_n(dw[3 * e + 1], I * H, 0.0f);
-    std::fill_n(dw[3 * e + 2], H * I, 0.0f);
-    for (int64_t c = r.start[e]; c < r.start[e + 1]; c += R) {
-      const int32_t* slots = r.slots + c;
-      const int64_t n = std::min<int64_t>(R, r.start[e + 1] - c);
-      const float *g = saved + c * I, *u = saved + n_slots * I + c * I, *o = saved + 2 * n_slots * I + c * H;
-      gather_rows(x, slots, n, d.k, H, xs);
-      gather_rows(dy, slots, n, d.k, H, dys);
-      swiglu_forward(g, u, n * I, hh);
-      output_grad(d, dys, o, slots, r.weights, n, dout, dws);
-      if (d.down_transposed)
-        gemm(true, false, I, H, n, hh, dout, dw[3 * e + 2], true);  // ddown^T += h^T dout
-      else
-        gemm(true, false, H, I, n, dout, hh, dw[3 * e + 2], true);  // ddown += dout^T h
-      gemm(false, d.down_transposed, n, I, H, dout, w[3 * e + 2], dh);  // dh = dout down
-      swiglu_backward(dh, g, u, n * I, dg, du);
-      gemm(true, false, I, H, n, dg, xs, dw[3 * e], true);      // dgate_e += dg^T x
-      gemm(true, false, I, H, n, du, xs, dw[3 * e + 1], true);  // dup_e += du^T x
-      gemm(false, false, n, H, I, dg, w[3 * e], dys);           // dx rows = dg gate + du up
-      gemm(false, false, n, H, I, du, w[3 * e + 1], dys, true);
-      scatter_weighted(d, dys, slots, nullptr, n, dx);
-    }
-  }
+  for (int64_t m = 0; m < 3 * d.E; ++m) std::fill_n(dw[m], I * H, 0.0f);
+  for_each_expert_chunk(d.E, r.start, R, [&](int64_t e, int64_t at, int64_t n) {
+    const int32_t* slots = r.slots + at;
+    const MoeSavedAt s = moe_saved_at(d, at);
+    const float *g = saved + s.g, *u = saved + s.u, *o = saved + s.o;
+    gather_rows(x, slots, n, d.k, H, xs);
+    gather_rows(dy, slots, n, d.k, H, dys);
+    swiglu_forward(g, u, n * I, hh);
+    output_grad(d, dys, o, slots, r.weights, n, dout, dws);
+    if (d.down_transposed)
+      gemm(true, false, I, H, n, hh, dout, dw[3 * e + 2], true);  // ddown^T += h^T dout
+    else
+      gemm(true, false, H, I, n, dout, hh, dw[3 * e + 2], true);  // ddown += dout^T h
+    gemm(false, d.down_transposed, n, I, H, dout, w[3 * e + 2], dh);  // dh = dout down
+    swiglu_backward(dh, g, u, n * I, dg, du);
+    gemm(true, false, I, H, n, dg, xs, dw[3 * e], true);      // dgate_e += dg^T x
+    gemm(true, false, I, H, n, du, xs, dw[3 * e + 1], true);  // dup_e += du^T x
+    gemm(false, false, n, H, I, dg, w[3 * e], dys);           // dx rows = dg gate + du up
+    gemm(false, false, n, H, I, du, w[3 * e + 1], dys, true);
+    scatter_weighted(d, dys, slots, nullptr, n, dx);
+  });
   router_backward(d, logits, dws, dlogits);
 }
 
@@ -199,41 +193,38 @@ using moe_experts::ClampedGlu;
 void moe_gpt_oss_forward(const MoeDims& d, const float* x, const float* logits, const GptOssExperts& w, float* y,
                          float* saved, float* workspace) {
   const Routing r = route(d, logits, workspace);
-  const int64_t R = std::min(d.T * d.k, kMoeChunkRows), H = d.H, I = d.I, n_slots = d.T * d.k;
+  const int64_t R = std::min(d.T * d.k, kMoeChunkRows), H = d.H, I = d.I;
   const float alpha = float(d.experts.alpha), limit = float(d.experts.limit);
   float* xs = workspace + routing_floats(d);
   float *hh = xs + R * H, *gu = hh + R * I;
   std::fill_n(y, d.T * H, 0.0f);
-  for (int64_t e = 0; e < d.E; ++e) {
-    const float *w_gu = w.gate_up + e * H * 2 * I, *b_gu = w.gate_up_bias + e * 2 * I;
-    const float *w_d = w.down + e * I * H, *b_d = w.down_bias + e * H;
-    for (int64_t c = r.start[e]; c < r.start[e + 1]; c += R) {
-      const int32_t* slots = r.slots + c;
-      const int64_t n = std::min<int64_t>(R, r.start[e + 1] - c);
-      float *g = saved + c * I, *u = saved + n_slots * I + c * I, *o = saved + 2 * n_slots * I + c * H;
-      gather_rows(x, slots, n, d.k, H, xs);
-      gemm(false, false, n, 2 * I, H, xs, w_gu, gu);
+  for_each_expert_chunk(d.E, r.start, R, [&](int64_t e, int64_t at, int64_t n) {
+    const float *b_gu = w.gate_up_bias + e * 2 * I, *b_d = w.down_bias + e * H;
+    const int32_t* slots = r.slots + at;
+    const MoeSavedAt s = moe_saved_at(d, at);
+    float *g = saved + s.g, *u = saved + s.u, *o = saved + s.o;
+    gather_rows(x, slots, n, d.k, H, xs);
+    gemm(false, false, n, 2 * I, H, xs, w.gate_up + e * H * 2 * I, gu);
 #pragma omp parallel for schedule(static)
-      for (int64_t i = 0; i < n; ++i)
-        for (int64_t j = 0; j < I; ++j) {
-          g[i * I + j] = gu[i * 2 * I + 2 * j] + b_gu[2 * j];
-          u[i * I + j] = gu[i * 2 * I + 2 * j + 1] + b_gu[2 * j + 1];
-          hh[i * I + j] = clamped_glu(g[i * I + j], u[i * I + j], alpha, limit).h;
-        }
-      gemm(false, false, n, H, I, hh, w_d, o);
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j < I; ++j) {
+        g[i * I + j] = gu[i * 2 * I + 2 * j] + b_gu[2 * j];
+        u[i * I + j] = gu[i * 2 * I + 2 * j + 1] + b_gu[2 * j + 1];
+        hh[i * I + j] = clamped_glu(g[i * I + j], u[i * I + j], alpha, limit).h;
+      }
+    gemm(false, false, n, H, I, hh, w.down + e * I * H, o);
 #pragma omp parallel for schedule(static)
-      for (int64_t i = 0; i < n; ++i)
-        for (int64_t h = 0; h < H; ++h) o[i * H + h] += b_d[h];
-      scatter_weighted(d, o, slots, r.weights, n, y);
-    }
-  }
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t h = 0; h < H; ++h) o[i * H + h] += b_d[h];
+    scatter_weighted(d, o, slots, r.weights, n, y);
+  });
 }
 
 void moe_gpt_oss_backward(const MoeDims& d, const float* dy, const float* x, const float* logits, const float* saved,
                           const GptOssExperts& w, float* dx, float* dlogits, const GptOssExpertGrads& dw,
                           float* workspace) {
   const Routing r = route(d, logits, workspace);
-  const int64_t R = std::min(d.T * d.k, kMoeChunkRows), H = d.H, I = d.I, n_slots = d.T * d.k;
+  const int64_t R = std::min(d.T * d.k, kMoeChunkRows), H = d.H, I = d.I;
   const float alpha = float(d.experts.alpha), limit = float(d.experts.limit);
   float* dws = workspace + routing_floats(d);  // [T k]: dw of each slot
   float* xs = dws + d.T * d.k;
@@ -243,41 +234,37 @@ void moe_gpt_oss_backward(const MoeDims& d, const float* dy, const float* x, con
   std::fill_n(dw.gate_up_bias, d.E * 2 * I, 0.0f);
   std::fill_n(dw.down, d.E * I * H, 0.0f);
   std::fill_n(dw.down_bias, d.E * H, 0.0f);
-  for (int64_t e = 0; e < d.E; ++e) {
-    const float *w_gu = w.gate_up + e * H * 2 * I, *w_d = w.down + e * I * H;
-    float *dw_gu = dw.gate_up + e * H * 2 * I, *db_gu = dw.gate_up_bias + e * 2 * I;
-    float *dw_d = dw.down + e * I * H, *db_d = dw.down_bias + e * H;
-    for (int64_t c = r.start[e]; c < r.start[e + 1]; c += R) {
-      const int32_t* slots = r.slots + c;
-      const int64_t n = std::min<int64_t>(R, r.start[e + 1] - c);
-      const float *g = saved + c * I, *u = saved + n_slots * I + c * I, *o = saved + 2 * n_slots * I + c * H;
-      gather_rows(x, slots, n, d.k, H, xs);
-      gather_rows(dy, slots, n, d.k, H, dys);
-      output_grad(d, dys, o, slots, r.weights, n, dout, dws);  // (o with its bias: the expert's output)
+  for_each_expert_chunk(d.E, r.start, R, [&](int64_t e, int64_t at, int64_t n) {
+    float *db_gu = dw.gate_up_bias + e * 2 * I, *db_d = dw.down_bias + e * H;
+    const int32_t* slots = r.slots + at;
+    const MoeSavedAt s = moe_saved_at(d, at);
+    const float *g = saved + s.g, *u = saved + s.u, *o = saved + s.o;
+    gather_rows(x, slots, n, d.k, H, xs);
+    gather_rows(dy, slots, n, d.k, H, dys);
+    output_grad(d, dys, o, slots, r.weights, n, dout, dws);  // (o with its bias: the expert's output)
 #pragma omp parallel for schedule(static)
-      for (int64_t i = 0; i < n * I; ++i) hh[i] = clamped_glu(g[i], u[i], alpha, limit).h;
-      gemm(true, false, I, H, n, hh, dout, dw_d, true);  // ddown += h^T dout
-      gemm(false, true, n, I, H, dout, w_d, dh);         // dh = dout down^T
-      // d[g | u], interleaved as gate_up's columns
+    for (int64_t i = 0; i < n * I; ++i) hh[i] = clamped_glu(g[i], u[i], alpha, limit).h;
+    gemm(true, false, I, H, n, hh, dout, dw.down + e * I * H, true);  // ddown += h^T dout
+    gemm(false, true, n, I, H, dout, w.down + e * I * H, dh);         // dh = dout down^T
+    // d[g | u], interleaved as gate_up's columns
 #pragma omp parallel for schedule(static)
-      for (int64_t i = 0; i < n; ++i)
-        for (int64_t j = 0; j < I; ++j) {
-          const ClampedGlu a = clamped_glu(g[i * I + j], u[i * I + j], alpha, limit);
-          dgu[i * 2 * I + 2 * j] = dh[i * I + j] * a.dg;
-          dgu[i * 2 * I + 2 * j + 1] = dh[i * I + j] * a.du;
-        }
-      gemm(true, false, H, 2 * I, n, xs, dgu, dw_gu, true);  // dgate_up += x^T d[g | u]
-      gemm(false, true, n, H, 2 * I, dgu, w_gu, dys);        // dx rows = d[g | u] gate_up^T
-      // the biases' sums over the rows, in the rows' order (the same on any thread count)
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j < I; ++j) {
+        const ClampedGlu a = clamped_glu(g[i * I + j], u[i * I + j], alpha, limit);
+        dgu[i * 2 * I + 2 * j] = dh[i * I + j] * a.dg;
+        dgu[i * 2 * I + 2 * j + 1] = dh[i * I + j] * a.du;
+      }
+    gemm(true, false, H, 2 * I, n, xs, dgu, dw.gate_up + e * H * 2 * I, true);  // dgate_up += x^T d[g | u]
+    gemm(false, true, n, H, 2 * I, dgu, w.gate_up + e * H * 2 * I, dys);        // dx rows = d[g | u] gate_up^T
+    // the biases' sums over the rows, in the rows' order (the same on any thread count)
 #pragma omp parallel for schedule(static)
-      for (int64_t j = 0; j < 2 * I; ++j)
-        for (int64_t i = 0; i < n; ++i) db_gu[j] += dgu[i * 2 * I + j];
+    for (int64_t j = 0; j < 2 * I; ++j)
+      for (int64_t i = 0; i < n; ++i) db_gu[j] += dgu[i * 2 * I + j];
 #pragma omp parallel for schedule(static)
-      for (int64_t h = 0; h < H; ++h)
-        for (int64_t i = 0; i < n; ++i) db_d[h] += dout[i * H + h];
-      scatter_weighted(d, dys, slots, nullptr, n, dx);
-    }
-  }
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t i = 0; i < n; ++i) db_d[h] += dout[i * H + h];
+    scatter_weighted(d, dys, slots, nullptr, n, dx);
+  });
   router_backward(d, logits, dws, dlogits);
 }
 

@@ -17,6 +17,7 @@
 // weights' gradients) follow the chunks' fixed order, so the results are the same on any thread
 // count.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -77,6 +78,24 @@ void moe_slots(const MoeDims& d, const int32_t* experts, int32_t* slots, int32_t
 // experts' order, gate products [T k, I], up products [T k, I], outputs [T k, H]. Workspace:
 // moe_workspace_floats(d, backward) floats.
 int64_t moe_saved_floats(const MoeDims& d);
+
+// The saved planes at slot `at` (in the experts' order): the element offsets of its gate and up
+// products [., I] and its output [., H]. Host code, the cuda op's layout too (ops/moe.cpp).
+struct MoeSavedAt {
+  int64_t g, u, o;
+};
+inline MoeSavedAt moe_saved_at(const MoeDims& d, int64_t at) {
+  const int64_t slots = d.T * d.k;
+  return {at * d.I, (slots + at) * d.I, 2 * slots * d.I + at * d.H};
+}
+// Every expert's slots in chunks of at most R rows, experts and chunks in order: chunk(e, at, n)
+// for the n slots slots[at .. at + n) of expert e (start as moe_slots gives it). Host code: the
+// CPU kernels' loop and the cuda op's.
+template <class Start, class Chunk>
+void for_each_expert_chunk(int64_t E, const Start& start, int64_t R, Chunk&& chunk) {
+  for (int64_t e = 0; e < E; ++e)
+    for (int64_t at = start[e]; at < start[e + 1]; at += R) chunk(e, at, std::min<int64_t>(R, start[e + 1] - at));
+}
 int64_t moe_workspace_floats(const MoeDims& d, bool backward);
 void moe_forward(const MoeDims& d, const float* x, const float* logits, const float* const* w, float* y, float* saved,
                  float* workspace);
