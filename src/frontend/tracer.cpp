@@ -125,9 +125,11 @@ Tensor Tracer::attention(Tensor q, Tensor k, Tensor v, Tensor documents, bool ca
 
 Tensor Tracer::attention(Tensor q, Tensor k, Tensor v, const std::optional<Tensor>& documents,
                          const std::optional<Tensor>& sinks, bool causal, double scale, int64_t window, double softcap,
-                         const std::vector<double>& alibi) {
+                         const std::vector<double>& alibi, int64_t chunk, const std::vector<double>& temperature) {
   std::vector<Tensor> ins = {q, k, v};
   Attrs attrs = attention_attrs(causal, scale, window, softcap, alibi);
+  if (chunk != 0) attrs.set("chunk", chunk);
+  if (!temperature.empty()) attrs.set("temperature", temperature);
   if (sinks) {
     ins.push_back(*sinks);
     attrs.set("sinks", int64_t{1});

@@ -88,10 +88,12 @@ class Tracer {
   Tensor attention(Tensor q, Tensor k, Tensor v, Tensor documents, bool causal, double scale, int64_t window = 0,
                    double softcap = 0, const std::vector<double>& alibi = {});
   // Either, with sinks (gpt-oss; [NH] of q's dtype: a learned logit per query head that joins
-  // each row's softmax as a key of zero value) where given, and documents where given.
+  // each row's softmax as a key of zero value) where given, and documents where given. Llama 4's
+  // chunk C > 0 (causal): each query sees only the keys of its own chunk of C positions; its
+  // temperature [F, A] (non-empty): query row i scaled by log1p(floor((i + 1) / F)) A + 1.
   Tensor attention(Tensor q, Tensor k, Tensor v, const std::optional<Tensor>& documents,
                    const std::optional<Tensor>& sinks, bool causal, double scale, int64_t window, double softcap,
-                   const std::vector<double>& alibi);
+                   const std::vector<double>& alibi, int64_t chunk = 0, const std::vector<double>& temperature = {});
   // Mean over labelled tokens (label != ignore_index) of -log softmax(logits)[label].
   Tensor cross_entropy(Tensor logits, Tensor labels, int64_t ignore_index = -100);
   // cross_entropy(linear(x, weight), labels) as one fused op that never holds the

@@ -15,7 +15,11 @@
 // joins each row's softmax as a key of zero value (kernels/cpu/attention.h); under sequence
 // parallelism `sinks_split` P, as alibi_split, and the backward's dsinks holds the rank's heads'
 // part (zeros elsewhere: the sum over the sp group, which every parameter's gradient gets, is
-// the whole).
+// the whole). Llama 4's: an optional attribute `chunk` C > 0 (causal only) keeps each query to the
+// keys of its own chunk of C positions, and `temperature` [F, A] scales query row i by
+// log1p(floor((i + 1) / F)) A + 1 before the scores (kernels/cpu/attention_llama4.h: the kernels
+// take the chunks as document ids and the scaled queries as queries). Both count positions of the
+// whole sequence, as the window does.
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -23,6 +27,7 @@
 
 #include "comm/communicator.h"
 #include "kernels/cpu/attention.h"
+#include "kernels/cpu/attention_llama4.h"
 #include "ops/op.h"
 #include "kernels/cuda/attention_blocks.h"
 #include "kernels/cuda/cudnn_attention.h"
@@ -108,6 +113,16 @@ int64_t first_local_head(const KernelArgs& a, int64_t NH, int64_t split, const c
 
 // The sliding window W (attribute "window", absent: 0 = none).
 int64_t window_of(const Attrs& attrs) { return attrs.get_int("window", 0); }
+// Llama 4's chunk C (attribute "chunk", absent: 0 = none).
+int64_t chunk_of(const Attrs& attrs) { return attrs.get_int("chunk", 0); }
+// Llama 4's temperature tuning [F, A] (attribute "temperature"), or none.
+const std::vector<double>* temperature_of(const Attrs& attrs) {
+  return attrs.has("temperature") ? &attrs.get_floats("temperature") : nullptr;
+}
+// Whether the kernels take document ids: the op's, or the chunks' (attention_llama4.h).
+bool kernels_take_documents(const Types& in, const Attrs& attrs, size_t at) {
+  return in.size() > at || chunk_of(attrs) > 0;
+}
 // The logit softcap c (attribute "softcap", absent: 0 = none).
 float softcap_of(const Attrs& attrs) { return float(attrs.get_float("softcap", 0.0)); }
 
@@ -147,6 +162,44 @@ void check_attrs(const Attrs& attrs) {
   require(window_of(attrs) == 0 || attrs.get_int("causal") != 0, "a 'window' needs causal attention");
   const double cap = attrs.get_float("softcap", 0.0);
   require(std::isfinite(cap) && cap >= 0, "'softcap' must be positive (or 0: none), got ", cap);
+  require(chunk_of(attrs) >= 0, "'chunk' must be positive (or 0: none), got ", chunk_of(attrs));
+  require(chunk_of(attrs) == 0 || attrs.get_int("causal") != 0, "a 'chunk' needs causal attention");
+  if (const std::vector<double>* t = temperature_of(attrs))
+    require(t->size() == 2 && std::isfinite((*t)[0]) && (*t)[0] > 0 && std::isfinite((*t)[1]),
+            "'temperature' must be [floor_scale, attn_scale], floor_scale > 0, both finite, got ", t->size(),
+            " numbers");
+}
+
+// The op's own CPU scratch after the kernels' (float offsets; -1: none): the chunks' document ids
+// [B, S] (i32) and the tempered queries [B, S, NH, D].
+struct CpuScratch {
+  int64_t ids = -1, q = -1, floats = 0;
+};
+CpuScratch cpu_scratch(const cpu::AttentionDims& d, const Attrs& attrs, int threads, bool backward) {
+  CpuScratch s;
+  s.floats = backward ? cpu::attention_backward_workspace_floats(d, threads)
+                      : cpu::attention_forward_workspace_floats(d, threads);
+  if (chunk_of(attrs) > 0) s.ids = s.floats, s.floats += d.B * d.S;
+  if (temperature_of(attrs)) s.q = s.floats, s.floats += d.B * d.S * d.NH * d.D;
+  return s;
+}
+// The document ids the kernels take: the op's (null: none), or with a chunk the runs' ids
+// (attention_llama4.h), written to `ids` [B, S].
+const int32_t* kernel_documents(const int32_t* documents, const cpu::AttentionDims& d, int64_t chunk, int32_t* ids) {
+  if (chunk == 0) return documents;
+  for (int64_t b = 0; b < d.B; ++b)
+    for (int64_t i = 0; i < d.S; ++i)
+      ids[b * d.S + i] = attention_llama4::chunk_document_id(documents ? documents + b * d.S : nullptr, i, chunk);
+  return ids;
+}
+// out [B, S, W] = x with position i's W numbers scaled by the temperature f_i (out may be x).
+void temper_rows(const float* x, int64_t B, int64_t S, int64_t W, const std::vector<double>& t, float* out) {
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i < S; ++i) {
+      const float f = attention_llama4::temperature(i, float(t[0]), float(t[1]));
+      const int64_t at = (b * S + i) * W;
+      for (int64_t e = 0; e < W; ++e) out[at + e] = x[at + e] * f;
+    }
 }
 
 double attention_flops(const cpu::AttentionDims& d, const Attrs& attrs, bool backward) {
@@ -156,6 +209,7 @@ double attention_flops(const cpu::AttentionDims& d, const Attrs& attrs, bool bac
   const double S = double(d.S), W = double(window_of(attrs));
   double pairs = attrs.get_int("causal") != 0 ? 0.5 * S * S : S * S;
   if (W > 0 && W < S) pairs *= (W * (W + 1) / 2 + (S - W) * W) / (S * (S + 1) / 2);
+  if (const double C = double(chunk_of(attrs)); C > 0 && C < S) pairs *= (C + 1) / (S + 1);  // S / C chunks
   const double dims = backward ? 3.0 * double(d.D) + 2.0 * double(d.dv()) : double(d.D) + double(d.dv());
   return 2.0 * d.B * d.NH * pairs * dims;
 }
@@ -223,20 +277,33 @@ Types cuda_padded_types(const Types& qkv, const CudaPadding& p) {
     for (TensorType& x : t) x.shape[3] = p.P;
   return t;
 }
-// Scratch of the cuda kernels: the padded copies (CudaPadding), then one block of queries'
-// scores (kernels/cuda/attention_blocks.h), for the block size the kernels take themselves
+// The op's own pieces after the padded copies (byte offsets from their end; -1: none): the chunks'
+// document ids [B, S] (i32) and the tempered queries [B, S, NH, D] (D: the padded one, where q is).
+struct CudaExtras {
+  int64_t ids = -1, q = -1, bytes = 0;
+};
+CudaExtras cuda_extras(const cpu::AttentionDims& given, const CudaPadding& pad, int64_t esize, const Attrs& attrs) {
+  CudaExtras x;
+  if (chunk_of(attrs) > 0) x.ids = x.bytes, x.bytes += cuda_aligned(given.B * given.S * 4);
+  if (temperature_of(attrs))
+    x.q = x.bytes, x.bytes += cuda_aligned(given.B * given.S * given.NH * (pad.qk ? pad.P : given.D) * esize);
+  return x;
+}
+// Scratch of the cuda kernels: the padded copies (CudaPadding), the op's extras (CudaExtras), then
+// one block of queries' scores (kernels/cuda/attention_blocks.h), for the block size the kernels take themselves
 // (cuda_attention.h, rows 0); where cuDNN runs, the larger of that and cuDNN's (a run may fall
 // back to the blocks). Planned as if this build had cuDNN, so that `autosp plan` plans on any
 // machine what a GPU build runs.
 int64_t cuda_attention_workspace(const Types& qkv, const Attrs& attrs, bool documents, bool backward) {
   const int64_t esize = qkv[0].dtype == DType::bf16 ? 2 : 4;
   const CudaPadding pad = cuda_padding(attention_dims(qkv), esize, backward);
+  const int64_t own = pad.bytes + cuda_extras(attention_dims(qkv), pad, esize, attrs).bytes;
   const Types kernels = cuda_padded_types(qkv, pad);
   const cpu::AttentionDims d = attention_dims(kernels);
   const int64_t blocks = cuda::attention_block_layout(backward, d.B, d.S, d.NH, d.NKV, d.D, esize).bytes;
   const cuda::CudnnSdpaKey key = cuda_attention_key(kernels, attrs, documents, backward);
-  if (cuda_attention_choice(key, true).impl != cuda::AttentionImplementation::cudnn) return pad.bytes + blocks;
-  return pad.bytes + std::max(blocks, cuda::cudnn_sdpa_layout(key).bytes);
+  if (cuda_attention_choice(key, true).impl != cuda::AttentionImplementation::cudnn) return own + blocks;
+  return own + std::max(blocks, cuda::cudnn_sdpa_layout(key).bytes);
 }
 // The cuda kernels take the slopes by value: at most kAttentionMaxAlibiHeads query heads (a
 // rank's).
@@ -277,6 +344,21 @@ void cuda_unpad_rows(void* dst, const void* src, int64_t rows, int64_t w, int64_
                                cudaMemcpyDeviceToDevice, c.stream),
              "cudaMemcpy2DAsync", "attention");
 }
+// Llama 4's options as the kernels take them (attention_llama4.h): with a chunk, the runs' document
+// ids in the extras (for *doc); with a temperature, the tempered queries (*q, as the kernels see it:
+// padded where it is).
+void cuda_llama4_operands(const KernelArgs& a, const CudaContext& c, cuda::Dt dt, const cpu::AttentionDims& d,
+                          const CudaExtras& ex, char* extra, const void** q, const int32_t** doc) {
+  if (const int64_t chunk = chunk_of(*a.attrs); chunk > 0) {
+    int32_t* ids = reinterpret_cast<int32_t*>(extra + ex.ids);
+    cuda::attention_chunk_documents(*doc, d.B, d.S, chunk, ids, c.stream);
+    *doc = ids;
+  }
+  if (const std::vector<double>* t = temperature_of(*a.attrs)) {
+    cuda::attention_temperature(dt, *q, d.B, d.S, d.NH * d.D, float((*t)[0]), float((*t)[1]), extra + ex.q, c.stream);
+    *q = extra + ex.q;
+  }
+}
 void cuda_attention(const KernelArgs& a, const CudaContext& c) {
   const Types given = {*a.in_types[0], *a.in_types[1], *a.in_types[2]};
   const cpu::AttentionDims g = attention_dims(given);
@@ -294,9 +376,12 @@ void cuda_attention(const KernelArgs& a, const CudaContext& c) {
     cuda_pad_rows(ws + pad.v, v, rows_kv, g.dv(), pad.P, es, c), v = ws + pad.v;
     out = ws + pad.out;
   }
-  void* scratch = ws + pad.bytes;
+  const CudaExtras ex = cuda_extras(g, pad, es, *a.attrs);
+  char* extra = ws + pad.bytes;
+  void* scratch = extra + ex.bytes;
   const size_t doc_at = documents_at(*a.attrs, 3);
   const int32_t* doc = a.inputs.size() > doc_at ? a.in<int32_t>(static_cast<int>(doc_at)) : nullptr;
+  cuda_llama4_operands(a, c, cuda_in_dt(a, 0), d, ex, extra, &q, &doc);
   const cuda::CudnnSdpaKey key = cuda_attention_key(qkv, *a.attrs, doc != nullptr, false, cuda_current_device());
   const cuda::AttentionChoice choice = cuda_attention_choice(key, cuda_cudnn_attention_built());
   if (!(choice.impl == cuda::AttentionImplementation::cudnn &&
@@ -333,9 +418,12 @@ void cuda_attention_backward(const KernelArgs& a, const CudaContext& c) {
     cuda_pad_rows(ws + pad.dout, dout, rows_q, g.dv(), pad.P, es, c), dout = ws + pad.dout;
     dv = ws + pad.dv;
   }
-  void* scratch = ws + pad.bytes;
+  const CudaExtras ex = cuda_extras(g, pad, es, *a.attrs);
+  char* extra = ws + pad.bytes;
+  void* scratch = extra + ex.bytes;
   const size_t doc_at = documents_at(*a.attrs, 6);
   const int32_t* doc = a.inputs.size() > doc_at ? a.in<int32_t>(static_cast<int>(doc_at)) : nullptr;
+  cuda_llama4_operands(a, c, cuda_in_dt(a, 1), d, ex, extra, &q, &doc);
   const cuda::CudnnSdpaKey key = cuda_attention_key(qkv, *a.attrs, doc != nullptr, true, cuda_current_device());
   const cuda::AttentionChoice choice = cuda_attention_choice(key, cuda_cudnn_attention_built());
   if (!(choice.impl == cuda::AttentionImplementation::cudnn &&
@@ -350,6 +438,9 @@ void cuda_attention_backward(const KernelArgs& a, const CudaContext& c) {
   } else if (pad.values) {
     cuda_unpad_rows(a.out<void>(2), dv, rows_kv, g.dv(), pad.P, es, c);
   }
+  if (const std::vector<double>* t = temperature_of(*a.attrs))  // dq = f_i times the kernels' gradient
+    cuda::attention_temperature(cuda_in_dt(a, 1), a.out<void>(0), g.B, g.S, g.NH * g.D, float((*t)[0]), float((*t)[1]),
+                                a.out<void>(0), c.stream);
   if (has_sinks(*a.attrs)) {  // the rank's heads' part of dsinks, zeros elsewhere (as the CPU's)
     const int64_t first = first_local_head(a, g.NH, sinks_split_of(*a.attrs), "sinks_split");
     check_cuda(cudaMemsetAsync(a.outputs[3], 0, size_t(a.out_types[3]->shape[0] * es), c.stream), "cudaMemsetAsync",
@@ -363,7 +454,7 @@ void cuda_attention_backward(const KernelArgs& a, const CudaContext& c) {
 }  // namespace
 
 // attention(q, k, v[, sinks][, documents]) {causal, scale[, window, softcap, alibi, alibi_split, sinks,
-//   sinks_split]} -> (out [B, S, NH, Dv], lse [B, NH, S])
+//   sinks_split, chunk, temperature]} -> (out [B, S, NH, Dv], lse [B, NH, S])
 // documents (i32 [B, S], non-decreasing along S): query i sees key j only when both are in
 // one document. window W > 0 (causal only): query i sees keys i - W < j <= i. The cost rule
 // counts the work of one document (an upper bound: it does not see the ids), within the
@@ -400,16 +491,22 @@ extern const OpDef attention_op = {
     .cpu = [](const KernelArgs& a) {
       cpu::AttentionDims d = attention_dims({*a.in_types[0], *a.in_types[1], *a.in_types[2]});
       const std::vector<float> alibi = local_alibi(a, d.NH);
-      cpu::attention_forward(d, a.attrs->get_int("causal") != 0, float(a.attrs->get_float("scale")),
-                             a.in(0), a.in(1), a.in(2), a.out(0), a.out(1),
-                             static_cast<float*>(a.workspace), a.threads, documents_operand(a, documents_at(*a.attrs, 3), d),
-                             window_of(*a.attrs), softcap_of(*a.attrs), alibi.empty() ? nullptr : alibi.data());
+      float* ws = static_cast<float*>(a.workspace);
+      const CpuScratch scratch = cpu_scratch(d, *a.attrs, a.threads, false);
+      const int32_t* docs = kernel_documents(documents_operand(a, documents_at(*a.attrs, 3), d), d, chunk_of(*a.attrs),
+                                             reinterpret_cast<int32_t*>(ws + scratch.ids));
+      const float* q = a.in(0);
+      if (const std::vector<double>* t = temperature_of(*a.attrs))
+        temper_rows(q, d.B, d.S, d.NH * d.D, *t, ws + scratch.q), q = ws + scratch.q;
+      cpu::attention_forward(d, a.attrs->get_int("causal") != 0, float(a.attrs->get_float("scale")), q, a.in(1),
+                             a.in(2), a.out(0), a.out(1), ws, a.threads, docs, window_of(*a.attrs),
+                             softcap_of(*a.attrs), alibi.empty() ? nullptr : alibi.data());
       if (has_sinks(*a.attrs))
         cpu::attention_sinks_forward(d, a.in(3) + first_local_head(a, d.NH, sinks_split_of(*a.attrs), "sinks_split"),
                                      a.out(0), a.out(1), a.threads);
     },
-    .cpu_workspace_bytes = [](const Types& in, const Attrs&, int threads) -> int64_t {
-      return cpu::attention_forward_workspace_floats(attention_dims(in), threads) * 4;
+    .cpu_workspace_bytes = [](const Types& in, const Attrs& attrs, int threads) -> int64_t {
+      return cpu_scratch(attention_dims(in), attrs, threads, false).floats * 4;
     },
     // Every query needs every key: the sequence must be whole, so heads are split instead
     // (the autosp pass exchanges q, k, v to shard(2) before and the output back after, and
@@ -439,7 +536,8 @@ extern const OpDef attention_op = {
     .cuda = {.name = "attention_blocks_forward",
              .run = AUTOSP_CUDA_RUN(cuda_attention),
              .workspace_bytes = [](const Types& in, const Types&, const Attrs& attrs) -> int64_t {
-               return cuda_attention_workspace({in[0], in[1], in[2]}, attrs, in.size() > documents_at(attrs, 3), false);
+               return cuda_attention_workspace({in[0], in[1], in[2]}, attrs, kernels_take_documents(in, attrs, documents_at(attrs, 3)),
+                                               false);
              },
              .check = [](const Types& in, const Attrs& attrs) { cuda_check_attention(in, attrs); }},
 };
@@ -474,11 +572,18 @@ extern const OpDef attention_backward_op = {
     .cpu = [](const KernelArgs& a) {
       cpu::AttentionDims d = attention_dims({*a.in_types[1], *a.in_types[2], *a.in_types[3]});
       const std::vector<float> alibi = local_alibi(a, d.NH);
-      cpu::attention_backward(d, a.attrs->get_int("causal") != 0, float(a.attrs->get_float("scale")),
-                              a.in(1), a.in(2), a.in(3), a.in(4), a.in(5), a.in(0), a.out(0),
-                              a.out(1), a.out(2), static_cast<float*>(a.workspace), a.threads,
-                              documents_operand(a, documents_at(*a.attrs, 6), d), window_of(*a.attrs),
-                              softcap_of(*a.attrs), alibi.empty() ? nullptr : alibi.data());
+      float* ws = static_cast<float*>(a.workspace);
+      const CpuScratch scratch = cpu_scratch(d, *a.attrs, a.threads, true);
+      const int32_t* docs = kernel_documents(documents_operand(a, documents_at(*a.attrs, 6), d), d, chunk_of(*a.attrs),
+                                             reinterpret_cast<int32_t*>(ws + scratch.ids));
+      // tempered: the kernels' queries were q f_i, so dq = f_i times their gradient
+      const std::vector<double>* temperature = temperature_of(*a.attrs);
+      const float* q = a.in(1);
+      if (temperature) temper_rows(q, d.B, d.S, d.NH * d.D, *temperature, ws + scratch.q), q = ws + scratch.q;
+      cpu::attention_backward(d, a.attrs->get_int("causal") != 0, float(a.attrs->get_float("scale")), q, a.in(2),
+                              a.in(3), a.in(4), a.in(5), a.in(0), a.out(0), a.out(1), a.out(2), ws, a.threads, docs,
+                              window_of(*a.attrs), softcap_of(*a.attrs), alibi.empty() ? nullptr : alibi.data());
+      if (temperature) temper_rows(a.out(0), d.B, d.S, d.NH * d.D, *temperature, a.out(0));
       if (has_sinks(*a.attrs)) {
         // the rank's heads' part of dsinks; the other heads' are other ranks' (zeros here)
         const int64_t first = first_local_head(a, d.NH, sinks_split_of(*a.attrs), "sinks_split");
@@ -487,15 +592,16 @@ extern const OpDef attention_backward_op = {
         cpu::attention_sinks_backward(d, a.in(6) + first, a.in(4), a.in(5), a.in(0), dsinks + first, a.threads);
       }
     },
-    .cpu_workspace_bytes = [](const Types& in, const Attrs&, int threads) -> int64_t {
-      return cpu::attention_backward_workspace_floats(attention_dims({in[1], in[2], in[3]}), threads) * 4;
+    .cpu_workspace_bytes = [](const Types& in, const Attrs& attrs, int threads) -> int64_t {
+      return cpu_scratch(attention_dims({in[1], in[2], in[3]}), attrs, threads, true).floats * 4;
     },
     .cpu_per_isa = true,
     .cuda = {.name = "attention_blocks_backward",
              .run = AUTOSP_CUDA_RUN(cuda_attention_backward),
              // blocks: delta [B, NH, S], then one block's scores and the f32 sums of dk and dv
              .workspace_bytes = [](const Types& in, const Types&, const Attrs& attrs) -> int64_t {
-               return cuda_attention_workspace({in[1], in[2], in[3]}, attrs, in.size() > documents_at(attrs, 6), true);
+               return cuda_attention_workspace({in[1], in[2], in[3]}, attrs, kernels_take_documents(in, attrs, documents_at(attrs, 6)),
+                                               true);
              },
              .check = [](const Types& in, const Attrs& attrs) { cuda_check_attention({in[1], in[2], in[3]}, attrs); }},
 };

@@ -312,6 +312,20 @@ void attention_keeps_an_f32_log_sum_exp() {
   EXPECT_NE(infer_error(OpKind::attention, {q, kv, kv}, {{"causal", int64_t{1}}, {"scale", 0.5}, {"window", int64_t{-1}}})
                 .find("'window' must be positive"),
             std::string::npos);
+  // Llama 4's chunk (causal, positive) and temperature ([floor_scale > 0, attn_scale]).
+  EXPECT_EQ(infer(OpKind::attention, {q, kv, kv}, {{"causal", int64_t{1}}, {"scale", 0.5}, {"chunk", int64_t{4}},
+                                                   {"temperature", std::vector<double>{8192.0, 0.1}}}),
+            (Types{q, T(f32, {1, 4, 6})}));
+  EXPECT_NE(infer_error(OpKind::attention, {q, kv, kv}, {{"causal", int64_t{0}}, {"scale", 0.5}, {"chunk", int64_t{4}}})
+                .find("a 'chunk' needs causal attention"),
+            std::string::npos);
+  EXPECT_NE(infer_error(OpKind::attention, {q, kv, kv}, {{"causal", int64_t{1}}, {"scale", 0.5}, {"chunk", int64_t{-2}}})
+                .find("'chunk' must be positive (or 0: none), got -2"),
+            std::string::npos);
+  for (const std::vector<double>& bad : {std::vector<double>{0.0, 0.1}, std::vector<double>{8192.0}})
+    EXPECT_NE(infer_error(OpKind::attention, {q, kv, kv}, {{"causal", int64_t{1}}, {"scale", 0.5}, {"temperature", bad}})
+                  .find("'temperature' must be [floor_scale, attn_scale], floor_scale > 0"),
+              std::string::npos);
   // ALiBi: one slope per query head (per head of every rank's part with alibi_split), finite,
   // and not with a softcap.
   const Attrs causal{{"causal", int64_t{1}}, {"scale", 0.5}};

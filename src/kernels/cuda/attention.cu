@@ -19,6 +19,7 @@
 #include <string>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cpu/attention_llama4.h"
 
 namespace autosp::cuda {
 
@@ -376,6 +377,38 @@ __global__ void sinks_backward_kernel(int64_t B, int64_t S, int64_t NH, int64_t 
   if (threadIdx.x == 0) dsinks[h] = from_f<T>(-part[0]);
 }
 }  // namespace
+
+namespace {
+template <typename T>
+__global__ void temperature_kernel(const T* x, int64_t B, int64_t S, int64_t W, float floor_scale, float attn_scale,
+                                   T* out) {
+  AUTOSP_GRID_STRIDE(e, B * S * W) {
+    const int64_t i = e / W % S;
+    out[e] = from_f<T>(to_f(x[e]) * attention_llama4::temperature(i, floor_scale, attn_scale));
+  }
+}
+__global__ void chunk_documents_kernel(const int32_t* documents, int64_t B, int64_t S, int64_t chunk, int32_t* ids) {
+  AUTOSP_GRID_STRIDE(t, B * S) {
+    const int64_t b = t / S;
+    ids[t] = attention_llama4::chunk_document_id(documents ? documents + b * S : nullptr, t % S, chunk);
+  }
+}
+}  // namespace
+
+void attention_chunk_documents(const int32_t* documents, int64_t B, int64_t S, int64_t chunk, int32_t* ids,
+                               cudaStream_t stream) {
+  if (B * S == 0) return;
+  chunk_documents_kernel<<<blocks_for(B * S), kThreads, 0, stream>>>(documents, B, S, chunk, ids);
+}
+
+void attention_temperature(Dt dt, const void* x, int64_t B, int64_t S, int64_t W, float floor_scale, float attn_scale,
+                           void* out, cudaStream_t stream) {
+  if (B * S * W == 0) return;
+  dispatch(dt, [&]<typename T>() {
+    temperature_kernel<T><<<blocks_for(B * S * W), kThreads, 0, stream>>>(static_cast<const T*>(x), B, S, W,
+                                                                           floor_scale, attn_scale, static_cast<T*>(out));
+  });
+}
 
 void attention_sinks_forward(Dt dt, int64_t B, int64_t S, int64_t NH, int64_t Dv, const void* sinks, void* out,
                              float* lse, cudaStream_t stream) {

@@ -167,6 +167,13 @@ void attention_sinks_forward(Dt dt, int64_t B, int64_t S, int64_t NH, int64_t Dv
                              float* lse, cudaStream_t stream);
 void attention_sinks_backward(Dt dt, int64_t B, int64_t S, int64_t NH, int64_t Dv, const void* sinks, const void* out,
                               const float* lse, const void* dout, void* dsinks, cudaStream_t stream);
+// Llama 4's chunks and temperature (kernels/cpu/attention_llama4.h): ids [B, S], the chunks' runs
+// as document ids, from the op's document ids (null: one document per row); and out [B, S, W] = x
+// with position i's W numbers scaled by f_i (out may be x).
+void attention_chunk_documents(const int32_t* documents, int64_t B, int64_t S, int64_t chunk, int32_t* ids,
+                               cudaStream_t stream);
+void attention_temperature(Dt dt, const void* x, int64_t B, int64_t S, int64_t W, float floor_scale, float attn_scale,
+                           void* out, cudaStream_t stream);
 // delta [B, NH, S] = rowsum(dout * out).
 void attention_delta(Dt dt, const AttentionDims& d, const void* out, const void* dout, float* delta,
                      cudaStream_t stream);
