@@ -32,18 +32,25 @@ bool stacked_apart(const Types& in, size_t weights) {
   return in.size() == weights + 3 && in[weights].shape.size() == 3;
 }
 
-// The experts' form (attribute "experts": "swiglu", the default, or "gpt_oss" {alpha, limit}:
-// kernels/cpu/moe.h's MoeExperts).
+// The experts' form (attribute "experts": "swiglu", the default, "gpt_oss" {alpha, limit} or
+// "llama4") and where the routing weight applies (attribute "weight_input" 0 or 1): kernels/cpu/
+// moe.h's MoeExperts.
 cpu::MoeExperts moe_experts(const Attrs& attrs) {
   cpu::MoeExperts x;
   const std::string form = attrs.has("experts") ? attrs.get_str("experts") : std::string("swiglu");
-  require(form == "swiglu" || form == "gpt_oss", "experts must be \"swiglu\" or \"gpt_oss\", got \"", form, "\"");
-  x.gpt_oss = form == "gpt_oss";
-  require(x.gpt_oss || (!attrs.has("alpha") && !attrs.has("limit")), "'alpha' and 'limit' are gpt_oss experts' only");
+  require(form == "swiglu" || form == "gpt_oss" || form == "llama4",
+          "experts must be \"swiglu\", \"gpt_oss\" or \"llama4\", got \"", form, "\"");
+  x.form = form == "gpt_oss" ? cpu::MoeExperts::gpt_oss : form == "llama4" ? cpu::MoeExperts::llama4
+                                                                            : cpu::MoeExperts::swiglu;
+  require(x.form == cpu::MoeExperts::gpt_oss || (!attrs.has("alpha") && !attrs.has("limit")),
+          "'alpha' and 'limit' are gpt_oss experts' only");
   x.alpha = attrs.get_float("alpha", x.alpha);
   x.limit = attrs.get_float("limit", x.limit);
   require(std::isfinite(x.alpha) && std::isfinite(x.limit) && x.limit > 0, "alpha must be finite and limit a positive "
           "number, got alpha ", x.alpha, " and limit ", x.limit);
+  const int64_t weight_input = attrs.get_int("weight_input", 0);
+  require(weight_input == 0 || weight_input == 1, "weight_input must be 0 or 1, got ", weight_input);
+  x.weight_input = weight_input == 1;
   return x;
 }
 
@@ -104,7 +111,7 @@ cpu::MoeDims moe_dims(const Types& in, const Attrs& attrs, size_t first, size_t 
   require(d.E >= 1, "at least one expert");
   const bool stacked = stacked_weights(in, weights);
   const bool apart = stacked_apart(in, weights);
-  require(stacked || apart || moe_experts(attrs).gpt_oss || int64_t(in.size()) == int64_t(weights) + 3 * d.E,
+  require(stacked || apart || moe_experts(attrs).fused() || int64_t(in.size()) == int64_t(weights) + 3 * d.E,
           "router logits of ", d.E, " experts need ", 3 * d.E, " expert weights (gate, up and down of each), 2 "
           "stacked ones (gate_up [E, 2 I, H] and down [E, H, I]) or 3 (gate, up and down [E, I, H]), got ",
           int64_t(in.size()) - int64_t(weights));
@@ -116,7 +123,20 @@ cpu::MoeDims moe_dims(const Types& in, const Attrs& attrs, size_t first, size_t 
   d.normalize = normalize == 1;
   d.routing = moe_routing(attrs, d);
   d.experts = moe_experts(attrs);
-  if (d.experts.gpt_oss) {
+  if (d.experts.form == cpu::MoeExperts::llama4) {
+    // gate_up [E, H, 2 I] (the gate's columns, then the up's), down [E, I, H]
+    require(in.size() == weights + 2, "llama4 experts are 2 operands (gate_up and down), got ", in.size() - weights);
+    require_same_dtype(x, "x", in[weights], "gate_up");
+    require_same_dtype(x, "x", in[weights + 1], "down");
+    const TensorType &gate_up = in[weights], &down = in[weights + 1];
+    d.I = gate_up.shape.size() == 3 ? gate_up.shape[2] / 2 : 0;
+    require(gate_up.shape == Shape{d.E, d.H, 2 * d.I} && d.I >= 1, "llama4 experts' gate_up must be [E, H, 2 I] = [",
+            d.E, ", ", d.H, ", 2 I], got ", type_str(gate_up));
+    require(down.shape == Shape{d.E, d.I, d.H}, "llama4 experts' down must be [E, I, H] = ",
+            shape_str(Shape{d.E, d.I, d.H}), ", got ", type_str(down));
+    return d;
+  }
+  if (d.experts.form == cpu::MoeExperts::gpt_oss) {
     // gate_up [E, H, 2 I] (gate and up columns interleaved), its bias [E, 2 I], down [E, I, H], its bias [E, H]
     require(in.size() == weights + 4, "gpt_oss experts are 4 operands (gate_up, gate_up_bias, down, down_bias), got ",
             in.size() - weights);
@@ -231,6 +251,18 @@ std::vector<const float*> floats_from(const KernelArgs& a, size_t first, const c
   return expert_weights(w, d, stacked_weights(types_of(a), first), 4);
 }
 
+// The fused experts' operands from `first` on: gpt-oss's gate_up, gate_up_bias, down, down_bias, or
+// Llama 4's gate_up, down (no biases); and the backward's gradients of them (from its result 2 on).
+cpu::FusedExperts fused_experts(const KernelArgs& a, size_t first, const cpu::MoeDims& d) {
+  const int i = int(first);
+  if (d.experts.form == cpu::MoeExperts::gpt_oss) return {a.in(i), a.in(i + 1), a.in(i + 2), a.in(i + 3)};
+  return {a.in(i), nullptr, a.in(i + 1), nullptr};
+}
+cpu::FusedExpertGrads fused_expert_grads(const KernelArgs& a, const cpu::MoeDims& d) {
+  if (d.experts.form == cpu::MoeExperts::gpt_oss) return {a.out(2), a.out(3), a.out(4), a.out(5)};
+  return {a.out(2), nullptr, a.out(3), nullptr};
+}
+
 // The cuda kernels' scratch (ops/moe.cpp's cuda_moe): the routing (each slot's expert, weight
 // and, backward, dw; the slots by expert) and one chunk's rows in the operands' dtype, each
 // piece at a 256-byte boundary. Chunks are larger than the CPU's: a gemm of 4096 rows keeps
@@ -255,8 +287,8 @@ MoeDeviceLayout moe_device_layout(const cpu::MoeDims& d, DType dtype, bool backw
   l.slots = piece(4 * slots);
   l.dws = backward ? piece(4 * slots) : 0;
   if (!d.routing.bias.empty()) l.bias = piece(8 * d.E);  // the router's correction bias, in double
-  // (gpt_oss: the forward's interleaved gate and up products too; the backward's in dg's and du's room)
-  l.rows = piece(esize * l.R * (backward ? 3 * d.H + 4 * d.I : d.H + d.I + (d.experts.gpt_oss ? 2 * d.I : 0)));
+  // (fused: the forward's fused gate and up products too; the backward's in dg's and du's room)
+  l.rows = piece(esize * l.R * (backward ? 3 * d.H + 4 * d.I : d.H + d.I + (d.experts.fused() ? 2 * d.I : 0)));
   l.total = at;
   return l;
 }
@@ -304,65 +336,90 @@ DeviceRouting route_on_device(const cpu::MoeDims& d, const MoeDeviceLayout& l, c
   return r;
 }
 
-// As cpu::moe_gpt_oss_forward: gather, the interleaved gate and up product, its bias and the
-// GLU (g and u into the saved planes), the down product and its bias (saved), the weighted
-// scatter-add.
-void cuda_moe_gpt_oss(const KernelArgs& a, const CudaContext& c, const cpu::MoeDims& d, const DeviceRouting& r,
-                      const MoeDeviceLayout& l) {
+// The experts' rows as they take them: gathered, and with the input weighted scaled by the routing
+// weights (cpu::MoeExperts::weight_input).
+void cuda_gather_inputs(const cpu::MoeDims& d, cuda::Dt dt, const void* x, const DeviceRouting& r, const int32_t* slots,
+                        int64_t n, void* rows, const CudaContext& c) {
+  cuda::moe_gather_rows(dt, x, slots, n, d.k, d.H, rows, c.stream);
+  if (d.experts.weight_input) cuda::moe_scale_rows(dt, rows, slots, r.weights, n, d.H, c.stream);
+}
+// The weights the outputs are scattered with (null: 1, the inputs were weighted), and the ones the
+// inputs' gradients are.
+const float* cuda_output_weights(const cpu::MoeDims& d, const DeviceRouting& r) {
+  return d.experts.weight_input ? nullptr : r.weights;
+}
+const float* cuda_input_weights(const cpu::MoeDims& d, const DeviceRouting& r) {
+  return d.experts.weight_input ? r.weights : nullptr;
+}
+
+// As cpu::moe_fused_forward: gather, the fused gate and up product, its bias (gpt-oss's) and the
+// GLU (g and u into the saved planes), the down product and its bias (saved), the scatter-add.
+void cuda_moe_fused(const KernelArgs& a, const CudaContext& c, const cpu::MoeDims& d, const DeviceRouting& r,
+                    const MoeDeviceLayout& l) {
   const cuda::Dt dt = cuda_in_dt(a, 0);
   const int64_t H = d.H, I = d.I, es = cuda::dt_size(dt);
-  const float alpha = float(d.experts.alpha), limit = float(d.experts.limit);
+  const moe_experts::FusedForm form = d.experts.fused_form();
+  const bool biases = d.experts.form == cpu::MoeExperts::gpt_oss;
   char *xs = static_cast<char*>(a.workspace) + l.rows, *hh = xs + es * l.R * H, *gu = hh + es * l.R * I;
   char* saved = static_cast<char*>(a.outputs[1]);
-  const char *w_gu = a.in<char>(2), *b_gu = a.in<char>(3), *w_d = a.in<char>(4), *b_d = a.in<char>(5);
+  const char *w_gu = a.in<char>(2), *w_d = a.in<char>(biases ? 4 : 3);
+  const char *b_gu = biases ? a.in<char>(3) : nullptr, *b_d = biases ? a.in<char>(5) : nullptr;
   cuda::fill(dt, a.outputs[0], d.T * H, 0.0f, c.stream);
   cpu::for_each_expert_chunk(d.E, r.start, l.R, [&](int64_t e, int64_t at, int64_t n) {
     const int32_t* slots = r.slots + at;
     const cpu::MoeSavedAt s = cpu::moe_saved_at(d, at);
     char *g = saved + es * s.g, *u = saved + es * s.u, *o = saved + es * s.o;
-    cuda::moe_gather_rows(dt, a.inputs[0], slots, n, d.k, H, xs, c.stream);
+    cuda_gather_inputs(d, dt, a.inputs[0], r, slots, n, xs, c);
     cuda_gemm(c, dt, dt, false, false, n, 2 * I, H, xs, w_gu + es * e * H * 2 * I, gu, false, "moe");
-    cuda::moe_gpt_oss_glu(dt, gu, b_gu + es * e * 2 * I, n, I, alpha, limit, g, u, hh, c.stream);
+    cuda::moe_fused_glu(dt, form, gu, b_gu ? b_gu + es * e * 2 * I : nullptr, n, I, g, u, hh, c.stream);
     cuda_gemm(c, dt, dt, false, false, n, H, I, hh, w_d + es * e * I * H, o, false, "moe");
-    cuda::moe_add_row_bias(dt, o, b_d + es * e * H, n, H, c.stream);
-    cuda::moe_scatter_add(dt, o, slots, r.weights, n, d.k, H, a.outputs[0], c.stream);
+    if (b_d) cuda::moe_add_row_bias(dt, o, b_d + es * e * H, n, H, c.stream);
+    cuda::moe_scatter_add(dt, o, slots, cuda_output_weights(d, r), n, d.k, H, a.outputs[0], c.stream);
   });
 }
 
-// As cpu::moe_gpt_oss_backward, from the saved products.
-void cuda_moe_gpt_oss_backward(const KernelArgs& a, const CudaContext& c, const cpu::MoeDims& d,
-                               const DeviceRouting& r, const MoeDeviceLayout& l) {
+// As cpu::moe_fused_backward, from the saved products.
+void cuda_moe_fused_backward(const KernelArgs& a, const CudaContext& c, const cpu::MoeDims& d, const DeviceRouting& r,
+                             const MoeDeviceLayout& l) {
   const cuda::Dt dt = cuda_in_dt(a, 1);
   const int64_t H = d.H, I = d.I, es = cuda::dt_size(dt), R = l.R;
-  const float alpha = float(d.experts.alpha), limit = float(d.experts.limit);
+  const moe_experts::FusedForm form = d.experts.fused_form();
+  const bool biases = d.experts.form == cpu::MoeExperts::gpt_oss;
   float* dws = reinterpret_cast<float*>(static_cast<char*>(a.workspace) + l.dws);
   char *xs = static_cast<char*>(a.workspace) + l.rows, *dys = xs + es * R * H, *dout = dys + es * R * H;
   char *hh = dout + es * R * H, *dh = hh + es * R * I, *dgu = dh + es * R * I;
   const char* saved = a.in<char>(3);
-  const char *w_gu = a.in<char>(4), *w_d = a.in<char>(6);
-  char *dw_gu = static_cast<char*>(a.outputs[2]), *db_gu = static_cast<char*>(a.outputs[3]);
-  char *dw_d = static_cast<char*>(a.outputs[4]), *db_d = static_cast<char*>(a.outputs[5]);
+  const char *w_gu = a.in<char>(4), *w_d = a.in<char>(biases ? 6 : 5);
+  char* dw_gu = static_cast<char*>(a.outputs[2]);
+  char* dw_d = static_cast<char*>(a.outputs[biases ? 4 : 3]);
+  char* db_gu = biases ? static_cast<char*>(a.outputs[3]) : nullptr;
+  char* db_d = biases ? static_cast<char*>(a.outputs[5]) : nullptr;
   cuda::fill(dt, a.outputs[0], d.T * H, 0.0f, c.stream);
   cuda::fill(dt, dw_gu, d.E * H * 2 * I, 0.0f, c.stream);
-  cuda::fill(dt, db_gu, d.E * 2 * I, 0.0f, c.stream);
   cuda::fill(dt, dw_d, d.E * I * H, 0.0f, c.stream);
-  cuda::fill(dt, db_d, d.E * H, 0.0f, c.stream);
+  if (biases) {
+    cuda::fill(dt, db_gu, d.E * 2 * I, 0.0f, c.stream);
+    cuda::fill(dt, db_d, d.E * H, 0.0f, c.stream);
+  }
   cpu::for_each_expert_chunk(d.E, r.start, R, [&](int64_t e, int64_t at, int64_t n) {
     const int32_t* slots = r.slots + at;
     const cpu::MoeSavedAt s = cpu::moe_saved_at(d, at);
     const char *g = saved + es * s.g, *u = saved + es * s.u, *o = saved + es * s.o;
-    cuda::moe_gather_rows(dt, a.inputs[1], slots, n, d.k, H, xs, c.stream);
+    cuda_gather_inputs(d, dt, a.inputs[1], r, slots, n, xs, c);
     cuda::moe_gather_rows(dt, a.inputs[0], slots, n, d.k, H, dys, c.stream);
-    cuda::moe_gpt_oss_glu_of_saved(dt, g, u, n * I, alpha, limit, hh, c.stream);
-    cuda::moe_output_grad(dt, dys, o, dout, slots, r.weights, n, H, dws, c.stream);
+    cuda::moe_fused_glu_of_saved(dt, form, g, u, n * I, hh, c.stream);
+    cuda::moe_output_grad(dt, dys, o, dout, slots, cuda_output_weights(d, r), n, H, dws, c.stream);
     cuda_gemm(c, dt, dt, true, false, I, H, n, hh, dout, dw_d + es * e * I * H, true, "moe_backward");
     cuda_gemm(c, dt, dt, false, true, n, I, H, dout, w_d + es * e * I * H, dh, false, "moe_backward");
-    cuda::moe_gpt_oss_glu_backward(dt, dh, g, u, n, I, alpha, limit, dgu, c.stream);
+    cuda::moe_fused_glu_backward(dt, form, dh, g, u, n, I, dgu, c.stream);
     cuda_gemm(c, dt, dt, true, false, H, 2 * I, n, xs, dgu, dw_gu + es * e * H * 2 * I, true, "moe_backward");
     cuda_gemm(c, dt, dt, false, true, n, H, 2 * I, dgu, w_gu + es * e * H * 2 * I, dys, false, "moe_backward");
-    cuda::moe_add_column_sums(dt, dgu, n, 2 * I, db_gu + es * e * 2 * I, c.stream);
-    cuda::moe_add_column_sums(dt, dout, n, H, db_d + es * e * H, c.stream);
-    cuda::moe_scatter_add(dt, dys, slots, nullptr, n, d.k, H, a.outputs[0], c.stream);
+    if (biases) {
+      cuda::moe_add_column_sums(dt, dgu, n, 2 * I, db_gu + es * e * 2 * I, c.stream);
+      cuda::moe_add_column_sums(dt, dout, n, H, db_d + es * e * H, c.stream);
+    }
+    if (d.experts.weight_input) cuda::moe_input_weight_grad(dt, dys, a.inputs[1], slots, n, d.k, H, dws, c.stream);
+    cuda::moe_scatter_add(dt, dys, slots, cuda_input_weights(d, r), n, d.k, H, a.outputs[0], c.stream);
   });
   cuda::moe_router_backward(dt, a.inputs[2], dws, d.T, d.E, d.k, r.route, a.outputs[1], c.stream);
 }
@@ -374,7 +431,7 @@ void cuda_moe(const KernelArgs& a, const CudaContext& c) {
   const cuda::Dt dt = cuda_in_dt(a, 0);
   const MoeDeviceLayout l = moe_device_layout(d, a.in_types[0]->dtype, false);
   const DeviceRouting r = route_on_device(d, l, dt, a.inputs[1], a.workspace, c, "moe");
-  if (d.experts.gpt_oss) return cuda_moe_gpt_oss(a, c, d, r, l);
+  if (d.experts.fused()) return cuda_moe_fused(a, c, d, r, l);
   const int64_t H = d.H, I = d.I, es = cuda::dt_size(dt);
   char* rows = static_cast<char*>(a.workspace) + l.rows;
   char *xs = rows, *hh = xs + es * l.R * H;
@@ -387,12 +444,12 @@ void cuda_moe(const KernelArgs& a, const CudaContext& c) {
     const int32_t* slots = r.slots + at;
     const cpu::MoeSavedAt s = cpu::moe_saved_at(d, at);
     char *g = saved + es * s.g, *u = saved + es * s.u, *o = saved + es * s.o;
-    cuda::moe_gather_rows(dt, a.inputs[0], slots, n, d.k, H, xs, c.stream);
+    cuda_gather_inputs(d, dt, a.inputs[0], r, slots, n, xs, c);
     cuda_gemm(c, dt, dt, false, true, n, I, H, xs, w[3 * e], g, false, "moe");
     cuda_gemm(c, dt, dt, false, true, n, I, H, xs, w[3 * e + 1], u, false, "moe");
     cuda::swiglu_forward_fused(dt, g, u, n * I, hh, c.stream);
     cuda_gemm(c, dt, dt, false, !d.down_transposed, n, H, I, hh, w[3 * e + 2], o, false, "moe");
-    cuda::moe_scatter_add(dt, o, slots, r.weights, n, d.k, H, a.outputs[0], c.stream);
+    cuda::moe_scatter_add(dt, o, slots, cuda_output_weights(d, r), n, d.k, H, a.outputs[0], c.stream);
   });
 }
 
@@ -402,7 +459,7 @@ void cuda_moe_backward(const KernelArgs& a, const CudaContext& c) {
   const cuda::Dt dt = cuda_in_dt(a, 1);
   const MoeDeviceLayout l = moe_device_layout(d, a.in_types[1]->dtype, true);
   const DeviceRouting r = route_on_device(d, l, dt, a.inputs[2], a.workspace, c, "moe_backward");
-  if (d.experts.gpt_oss) return cuda_moe_gpt_oss_backward(a, c, d, r, l);
+  if (d.experts.fused()) return cuda_moe_fused_backward(a, c, d, r, l);
   const int64_t H = d.H, I = d.I, es = cuda::dt_size(dt), R = l.R;
   float* dws = reinterpret_cast<float*>(static_cast<char*>(a.workspace) + l.dws);
   char* rows = static_cast<char*>(a.workspace) + l.rows;
@@ -422,10 +479,10 @@ void cuda_moe_backward(const KernelArgs& a, const CudaContext& c) {
     const int32_t* slots = r.slots + at;
     const cpu::MoeSavedAt s = cpu::moe_saved_at(d, at);
     const char *g = saved + es * s.g, *u = saved + es * s.u, *o = saved + es * s.o;
-    cuda::moe_gather_rows(dt, a.inputs[1], slots, n, d.k, H, xs, c.stream);
+    cuda_gather_inputs(d, dt, a.inputs[1], r, slots, n, xs, c);
     cuda::moe_gather_rows(dt, a.inputs[0], slots, n, d.k, H, dys, c.stream);
     cuda::swiglu_forward_fused(dt, g, u, n * I, hh, c.stream);
-    cuda::moe_output_grad(dt, dys, o, dout, slots, r.weights, n, H, dws, c.stream);
+    cuda::moe_output_grad(dt, dys, o, dout, slots, cuda_output_weights(d, r), n, H, dws, c.stream);
     if (d.down_transposed)
       cuda_gemm(c, dt, dt, true, false, I, H, n, hh, dout, dwd, true, "moe_backward");
     else
@@ -436,7 +493,8 @@ void cuda_moe_backward(const KernelArgs& a, const CudaContext& c) {
     cuda_gemm(c, dt, dt, true, false, I, H, n, du, xs, dwu, true, "moe_backward");
     cuda_gemm(c, dt, dt, false, false, n, H, I, dg, wg, dys, false, "moe_backward");
     cuda_gemm(c, dt, dt, false, false, n, H, I, du, wu, dys, true, "moe_backward");
-    cuda::moe_scatter_add(dt, dys, slots, nullptr, n, d.k, H, a.outputs[0], c.stream);
+    if (d.experts.weight_input) cuda::moe_input_weight_grad(dt, dys, a.inputs[1], slots, n, d.k, H, dws, c.stream);
+    cuda::moe_scatter_add(dt, dys, slots, cuda_input_weights(d, r), n, d.k, H, a.outputs[0], c.stream);
   });
   cuda::moe_router_backward(dt, a.inputs[2], dws, d.T, d.E, d.k, r.route, a.outputs[1], c.stream);
 }
@@ -468,7 +526,10 @@ void cuda_moe_balance_backward(const KernelArgs& a, const CudaContext& c) {
 // experts stacked as transformers 5 keeps them (gate_up [E, 2 I, H], down [E, H, I]): the same
 // maths, each expert's matrices read in place. Or moe(x, router_logits, gate_up, gate_up_bias, down,
 // down_bias) {experts: "gpt_oss", alpha, limit}, gpt-oss's experts (kernels/cpu/moe.h's
-// MoeExperts), as it keeps them (gate_up [E, H, 2 I] interleaved, down [E, I, H]). The importer's
+// MoeExperts), as it keeps them (gate_up [E, H, 2 I] interleaved, down [E, I, H]). Or moe(x,
+// router_logits, gate_up, down) {experts: "llama4"}, Llama 4's (gate_up [E, H, 2 I], the gate's
+// columns then the up's, down [E, I, H]). Any form with {weight_input: 1} (Llama 4's) weights each
+// expert's input by its routing weight instead of its output. The importer's
 // form of transformers' sparse MoE blocks, whose router linear stays a linear before it.
 extern const OpDef moe_op = {
     .num_inputs = -1,
@@ -492,9 +553,9 @@ extern const OpDef moe_op = {
     },
     .cpu = [](const KernelArgs& a) {
       const cpu::MoeDims d = forward_dims(types_of(a), *a.attrs);
-      if (d.experts.gpt_oss) {
-        cpu::moe_gpt_oss_forward(d, a.in(0), a.in(1), {a.in(2), a.in(3), a.in(4), a.in(5)}, a.out(0), a.out(1),
-                                 static_cast<float*>(a.workspace));
+      if (d.experts.fused()) {
+        cpu::moe_fused_forward(d, a.in(0), a.in(1), fused_experts(a, 2, d), a.out(0), a.out(1),
+                               static_cast<float*>(a.workspace));
         return;
       }
       const std::vector<const float*> w = floats_from(a, 2, d);
@@ -544,9 +605,9 @@ extern const OpDef moe_backward_op = {
     },
     .cpu = [](const KernelArgs& a) {
       const cpu::MoeDims d = backward_dims(types_of(a), *a.attrs);
-      if (d.experts.gpt_oss) {
-        cpu::moe_gpt_oss_backward(d, a.in(0), a.in(1), a.in(2), a.in(3), {a.in(4), a.in(5), a.in(6), a.in(7)}, a.out(0),
-                                  a.out(1), {a.out(2), a.out(3), a.out(4), a.out(5)}, static_cast<float*>(a.workspace));
+      if (d.experts.fused()) {
+        cpu::moe_fused_backward(d, a.in(0), a.in(1), a.in(2), a.in(3), fused_experts(a, kBackwardWeights, d), a.out(0),
+                                a.out(1), fused_expert_grads(a, d), static_cast<float*>(a.workspace));
         return;
       }
       const std::vector<const float*> w = floats_from(a, kBackwardWeights, d);

@@ -264,6 +264,43 @@ TEST(OpGrad, MixtureOfGptOssExperts) {
   }
 }
 
+// Llama 4's experts (gate_up [E, H, 2 I]: the gate's columns, then the up's; down [E, I, H]) with
+// its sigmoid router weighting each expert's input, top 1 and top 2; and the input weighted on
+// the listed SwiGLU experts too. The weights' gradient is then <dx_j, x>, through every product.
+TEST(OpGrad, MixtureOfLlama4ExpertsWeightingTheirInput) {
+  const int64_t T = 6, H = 5, I = 3, E = 5;
+  Feed feed;
+  feed.f["x"] = autosp::testing::random_normal(T * H, 21);
+  feed.f["gate_up"] = autosp::testing::random_normal(E * H * 2 * I, 22, 0.5f);
+  feed.f["down"] = autosp::testing::random_normal(E * I * H, 23);
+  feed.f["logits"] = spaced_logits(T);  // as MixtureOfExperts'
+  const Attrs llama4 = {{"experts", std::string("llama4")}, {"weight_input", int64_t{1}},
+                        {"score", std::string("sigmoid")}};
+  for (int64_t k : {1, 2}) {
+    SCOPED_TRACE(str("llama4, top ", k));
+    Tracer t;
+    Tensor x = t.parameter("x", {2, T / 2, H}), logits = t.parameter("logits", {2, T / 2, E});
+    t.output("y0", t.moe(x, logits, {t.parameter("gate_up", {E, H, 2 * I}), t.parameter("down", {E, I, H})}, k, false,
+                         llama4));
+    check_gradients(t.finish(), feed);
+  }
+  SCOPED_TRACE("listed SwiGLU experts, input weighted");
+  Feed listed;
+  listed.f["x"] = feed.f["x"];
+  listed.f["logits"] = feed.f["logits"];
+  Tracer t;
+  Tensor x = t.parameter("x", {T, H}), logits = t.parameter("logits", {T, E});
+  std::vector<Tensor> experts;
+  for (int64_t e = 0; e < E; ++e)
+    for (const char* m : {"gate", "up", "down"}) {
+      const std::string name = str(m, e);
+      experts.push_back(t.parameter(name, m[0] == 'd' ? Shape{H, I} : Shape{I, H}));
+      listed.f[name] = autosp::testing::random_normal(I * H, 30 + uint32_t(experts.size()), 0.5f);
+    }
+  t.output("y0", t.moe(x, logits, experts, 2, true, {{"weight_input", int64_t{1}}}));
+  check_gradients(t.finish(), listed);
+}
+
 // The load-balancing statistics of two layers' router logits: the counts (row 0) have no
 // gradient (nor do their finite differences: the logits are spaced so no step changes a row's top
 // 2), the probability sums (row 1) the softmax's.

@@ -71,7 +71,8 @@ void scatter_weighted(const MoeDims& d, const float* o, const int32_t* slots, co
 }
 
 // The gradient of each of n slots' weight, dws[slot] = <dy_i, o_i>, and the expert's output
-// gradient dout_i = w_j dy_i, from the gathered dy [n, H] and the expert's outputs o [n, H].
+// gradient dout_i = w_j dy_i (weights null: w_j = 1, the input weighted instead), from the
+// gathered dy [n, H] and the expert's outputs o [n, H].
 void output_grad(const MoeDims& d, const float* dys, const float* o, const int32_t* slots, const float* weights,
                  int64_t n, float* dout, float* dws) {
   const int64_t H = d.H;
@@ -82,7 +83,7 @@ void output_grad(const MoeDims& d, const float* dys, const float* o, const int32
     double s = 0;
     for (int64_t h = 0; h < H; ++h) s += double(dyi[h]) * double(oi[h]);
     dws[slots[i]] = float(s);
-    const float wj = weights[slots[i]];
+    const float wj = weights ? weights[slots[i]] : 1.0f;
     for (int64_t h = 0; h < H; ++h) di[h] = wj * dyi[h];
   }
 }
@@ -91,6 +92,38 @@ void output_grad(const MoeDims& d, const float* dys, const float* o, const int32
 void gather_rows(const float* src, const int32_t* slots, int64_t n, int64_t k, int64_t H, float* rows) {
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) std::copy_n(src + int64_t(slots[i] / k) * H, H, rows + i * H);
+}
+
+// The gathered rows of x as the experts take them: x[t] itself, or with the input weighted
+// (MoeExperts::weight_input) w_j x[t].
+void gather_inputs(const MoeDims& d, const float* x, const int32_t* slots, const float* weights, int64_t n,
+                   float* rows) {
+  gather_rows(x, slots, n, d.k, d.H, rows);
+  if (!d.experts.weight_input) return;
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    const float wj = weights[slots[i]];
+    for (int64_t h = 0; h < d.H; ++h) rows[i * d.H + h] *= wj;
+  }
+}
+
+// The weights the outputs are scattered with (null: 1, the inputs were weighted), and the ones
+// the inputs' gradients are.
+const float* output_weights(const MoeDims& d, const float* weights) { return d.experts.weight_input ? nullptr : weights; }
+const float* input_weights(const MoeDims& d, const float* weights) { return d.experts.weight_input ? weights : nullptr; }
+
+// With the input weighted, each slot's weight gradient from the gradient at the expert's input
+// dxs [n, H]: dws[slot] = <dxs_i, x[t]> (output_grad's were of the unweighted output).
+void input_weight_grad(const MoeDims& d, const float* dxs, const float* x, const int32_t* slots, int64_t n,
+                       float* dws) {
+  if (!d.experts.weight_input) return;
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    const float *di = dxs + i * d.H, *xt = x + int64_t(slots[i] / d.k) * d.H;
+    double s = 0;
+    for (int64_t h = 0; h < d.H; ++h) s += double(di[h]) * double(xt[h]);
+    dws[slots[i]] = float(s);
+  }
 }
 
 }  // namespace
@@ -127,10 +160,10 @@ int64_t moe_saved_floats(const MoeDims& d) { return d.T * d.k * (2 * d.I + d.H);
 
 int64_t moe_workspace_floats(const MoeDims& d, bool backward) {
   const int64_t R = std::min(d.T * d.k, kMoeChunkRows);
-  // forward: x rows, the swiglu (gpt_oss: and the interleaved gate and up products); backward:
-  // each slot's dw, and x, dy and dout rows, the swiglu, its gradient and the gate's and up's
-  // (gpt_oss: the two interleaved, in the same room).
-  const int64_t forward = R * (d.H + d.I + (d.experts.gpt_oss ? 2 * d.I : 0));
+  // forward: x rows, the swiglu (fused: and the fused gate and up products); backward: each
+  // slot's dw, and x, dy and dout rows, the swiglu, its gradient and the gate's and up's (fused:
+  // the two fused, in the same room).
+  const int64_t forward = R * (d.H + d.I + (d.experts.fused() ? 2 * d.I : 0));
   return routing_floats(d) + (backward ? d.T * d.k + R * (3 * d.H + 4 * d.I) : forward);
 }
 
@@ -145,12 +178,12 @@ void moe_forward(const MoeDims& d, const float* x, const float* logits, const fl
     const int32_t* slots = r.slots + at;
     const MoeSavedAt s = moe_saved_at(d, at);
     float *g = saved + s.g, *u = saved + s.u, *o = saved + s.o;
-    gather_rows(x, slots, n, d.k, H, xs);
+    gather_inputs(d, x, slots, r.weights, n, xs);
     gemm(false, true, n, I, H, xs, w[3 * e], g);
     gemm(false, true, n, I, H, xs, w[3 * e + 1], u);
     swiglu_forward(g, u, n * I, hh);
     gemm(false, !d.down_transposed, n, H, I, hh, w[3 * e + 2], o);
-    scatter_weighted(d, o, slots, r.weights, n, y);
+    scatter_weighted(d, o, slots, output_weights(d, r.weights), n, y);
   });
 }
 
@@ -168,10 +201,10 @@ void moe_backward(const MoeDims& d, const float* dy, const float* x, const float
     const int32_t* slots = r.slots + at;
     const MoeSavedAt s = moe_saved_at(d, at);
     const float *g = saved + s.g, *u = saved + s.u, *o = saved + s.o;
-    gather_rows(x, slots, n, d.k, H, xs);
+    gather_inputs(d, x, slots, r.weights, n, xs);
     gather_rows(dy, slots, n, d.k, H, dys);
     swiglu_forward(g, u, n * I, hh);
-    output_grad(d, dys, o, slots, r.weights, n, dout, dws);
+    output_grad(d, dys, o, slots, output_weights(d, r.weights), n, dout, dws);
     if (d.down_transposed)
       gemm(true, false, I, H, n, hh, dout, dw[3 * e + 2], true);  // ddown^T += h^T dout
     else
@@ -182,88 +215,95 @@ void moe_backward(const MoeDims& d, const float* dy, const float* x, const float
     gemm(true, false, I, H, n, du, xs, dw[3 * e + 1], true);  // dup_e += du^T x
     gemm(false, false, n, H, I, dg, w[3 * e], dys);           // dx rows = dg gate + du up
     gemm(false, false, n, H, I, du, w[3 * e + 1], dys, true);
-    scatter_weighted(d, dys, slots, nullptr, n, dx);
+    input_weight_grad(d, dys, x, slots, n, dws);
+    scatter_weighted(d, dys, slots, input_weights(d, r.weights), n, dx);
   });
   router_backward(d, logits, dws, dlogits);
 }
 
-using moe_experts::clamped_glu;
-using moe_experts::ClampedGlu;
-
-void moe_gpt_oss_forward(const MoeDims& d, const float* x, const float* logits, const GptOssExperts& w, float* y,
-                         float* saved, float* workspace) {
+void moe_fused_forward(const MoeDims& d, const float* x, const float* logits, const FusedExperts& w, float* y,
+                       float* saved, float* workspace) {
   const Routing r = route(d, logits, workspace);
   const int64_t R = std::min(d.T * d.k, kMoeChunkRows), H = d.H, I = d.I;
-  const float alpha = float(d.experts.alpha), limit = float(d.experts.limit);
+  const moe_experts::FusedForm form = d.experts.fused_form();
   float* xs = workspace + routing_floats(d);
   float *hh = xs + R * H, *gu = hh + R * I;
   std::fill_n(y, d.T * H, 0.0f);
   for_each_expert_chunk(d.E, r.start, R, [&](int64_t e, int64_t at, int64_t n) {
-    const float *b_gu = w.gate_up_bias + e * 2 * I, *b_d = w.down_bias + e * H;
+    const float *b_gu = w.gate_up_bias ? w.gate_up_bias + e * 2 * I : nullptr;
+    const float* b_d = w.down_bias ? w.down_bias + e * H : nullptr;
     const int32_t* slots = r.slots + at;
     const MoeSavedAt s = moe_saved_at(d, at);
     float *g = saved + s.g, *u = saved + s.u, *o = saved + s.o;
-    gather_rows(x, slots, n, d.k, H, xs);
+    gather_inputs(d, x, slots, r.weights, n, xs);
     gemm(false, false, n, 2 * I, H, xs, w.gate_up + e * H * 2 * I, gu);
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; ++i)
       for (int64_t j = 0; j < I; ++j) {
-        g[i * I + j] = gu[i * 2 * I + 2 * j] + b_gu[2 * j];
-        u[i * I + j] = gu[i * 2 * I + 2 * j + 1] + b_gu[2 * j + 1];
-        hh[i * I + j] = clamped_glu(g[i * I + j], u[i * I + j], alpha, limit).h;
+        const int64_t cg = moe_experts::gate_column(form, I, j), cu = moe_experts::up_column(form, I, j);
+        g[i * I + j] = gu[i * 2 * I + cg] + (b_gu ? b_gu[cg] : 0.0f);
+        u[i * I + j] = gu[i * 2 * I + cu] + (b_gu ? b_gu[cu] : 0.0f);
+        hh[i * I + j] = moe_experts::glu(form, g[i * I + j], u[i * I + j]).h;
       }
     gemm(false, false, n, H, I, hh, w.down + e * I * H, o);
+    if (b_d) {
 #pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i)
-      for (int64_t h = 0; h < H; ++h) o[i * H + h] += b_d[h];
-    scatter_weighted(d, o, slots, r.weights, n, y);
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t h = 0; h < H; ++h) o[i * H + h] += b_d[h];
+    }
+    scatter_weighted(d, o, slots, output_weights(d, r.weights), n, y);
   });
 }
 
-void moe_gpt_oss_backward(const MoeDims& d, const float* dy, const float* x, const float* logits, const float* saved,
-                          const GptOssExperts& w, float* dx, float* dlogits, const GptOssExpertGrads& dw,
-                          float* workspace) {
+void moe_fused_backward(const MoeDims& d, const float* dy, const float* x, const float* logits, const float* saved,
+                        const FusedExperts& w, float* dx, float* dlogits, const FusedExpertGrads& dw,
+                        float* workspace) {
   const Routing r = route(d, logits, workspace);
   const int64_t R = std::min(d.T * d.k, kMoeChunkRows), H = d.H, I = d.I;
-  const float alpha = float(d.experts.alpha), limit = float(d.experts.limit);
+  const moe_experts::FusedForm form = d.experts.fused_form();
   float* dws = workspace + routing_floats(d);  // [T k]: dw of each slot
   float* xs = dws + d.T * d.k;
   float *dys = xs + R * H, *dout = dys + R * H, *hh = dout + R * H, *dh = hh + R * I, *dgu = dh + R * I;
   std::fill_n(dx, d.T * H, 0.0f);
   std::fill_n(dw.gate_up, d.E * H * 2 * I, 0.0f);
-  std::fill_n(dw.gate_up_bias, d.E * 2 * I, 0.0f);
   std::fill_n(dw.down, d.E * I * H, 0.0f);
-  std::fill_n(dw.down_bias, d.E * H, 0.0f);
+  if (dw.gate_up_bias) std::fill_n(dw.gate_up_bias, d.E * 2 * I, 0.0f);
+  if (dw.down_bias) std::fill_n(dw.down_bias, d.E * H, 0.0f);
   for_each_expert_chunk(d.E, r.start, R, [&](int64_t e, int64_t at, int64_t n) {
-    float *db_gu = dw.gate_up_bias + e * 2 * I, *db_d = dw.down_bias + e * H;
     const int32_t* slots = r.slots + at;
     const MoeSavedAt s = moe_saved_at(d, at);
     const float *g = saved + s.g, *u = saved + s.u, *o = saved + s.o;
-    gather_rows(x, slots, n, d.k, H, xs);
+    gather_inputs(d, x, slots, r.weights, n, xs);
     gather_rows(dy, slots, n, d.k, H, dys);
-    output_grad(d, dys, o, slots, r.weights, n, dout, dws);  // (o with its bias: the expert's output)
+    // (o with its bias: the expert's output)
+    output_grad(d, dys, o, slots, output_weights(d, r.weights), n, dout, dws);
 #pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n * I; ++i) hh[i] = clamped_glu(g[i], u[i], alpha, limit).h;
+    for (int64_t i = 0; i < n * I; ++i) hh[i] = moe_experts::glu(form, g[i], u[i]).h;
     gemm(true, false, I, H, n, hh, dout, dw.down + e * I * H, true);  // ddown += h^T dout
     gemm(false, true, n, I, H, dout, w.down + e * I * H, dh);         // dh = dout down^T
-    // d[g | u], interleaved as gate_up's columns
+    // d[g | u], in gate_up's columns
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; ++i)
       for (int64_t j = 0; j < I; ++j) {
-        const ClampedGlu a = clamped_glu(g[i * I + j], u[i * I + j], alpha, limit);
-        dgu[i * 2 * I + 2 * j] = dh[i * I + j] * a.dg;
-        dgu[i * 2 * I + 2 * j + 1] = dh[i * I + j] * a.du;
+        const moe_experts::Glu a = moe_experts::glu(form, g[i * I + j], u[i * I + j]);
+        dgu[i * 2 * I + moe_experts::gate_column(form, I, j)] = dh[i * I + j] * a.dg;
+        dgu[i * 2 * I + moe_experts::up_column(form, I, j)] = dh[i * I + j] * a.du;
       }
     gemm(true, false, H, 2 * I, n, xs, dgu, dw.gate_up + e * H * 2 * I, true);  // dgate_up += x^T d[g | u]
     gemm(false, true, n, H, 2 * I, dgu, w.gate_up + e * H * 2 * I, dys);        // dx rows = d[g | u] gate_up^T
     // the biases' sums over the rows, in the rows' order (the same on any thread count)
+    if (float* db_gu = dw.gate_up_bias ? dw.gate_up_bias + e * 2 * I : nullptr) {
 #pragma omp parallel for schedule(static)
-    for (int64_t j = 0; j < 2 * I; ++j)
-      for (int64_t i = 0; i < n; ++i) db_gu[j] += dgu[i * 2 * I + j];
+      for (int64_t j = 0; j < 2 * I; ++j)
+        for (int64_t i = 0; i < n; ++i) db_gu[j] += dgu[i * 2 * I + j];
+    }
+    if (float* db_d = dw.down_bias ? dw.down_bias + e * H : nullptr) {
 #pragma omp parallel for schedule(static)
-    for (int64_t h = 0; h < H; ++h)
-      for (int64_t i = 0; i < n; ++i) db_d[h] += dout[i * H + h];
-    scatter_weighted(d, dys, slots, nullptr, n, dx);
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t i = 0; i < n; ++i) db_d[h] += dout[i * H + h];
+    }
+    input_weight_grad(d, dys, x, slots, n, dws);
+    scatter_weighted(d, dys, slots, input_weights(d, r.weights), n, dx);
   });
   router_backward(d, logits, dws, dlogits);
 }

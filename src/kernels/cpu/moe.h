@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/cpu/moe_experts.h"
 #include "kernels/cpu/moe_routing.h"
 
 namespace autosp::cpu {
@@ -41,16 +42,27 @@ struct MoeRouting {
   std::vector<double> bias;  // [E], or empty: none
 };
 
-// The experts beyond SwiGLU: gpt-oss's (`gpt_oss`), each expert with biases and a clamped GLU,
-//   [g | u] = x W_gu + b_gu   (W_gu [H, 2 I], b_gu [2 I]: gate and up columns interleaved, g_j
-//                              column 2 j and u_j column 2 j + 1, as gpt-oss keeps them)
-//   h = (clamp(u, -L, L) + 1) c sigmoid(alpha c),  c = min(g, L)
-//   expert(x) = h W_d + b_d   (W_d [I, H], b_d [H])
-// with alpha 1.702 and the limit L 7 in gpt-oss. The clamps' gradient is torch's: 1 where the
-// value is within its bounds (bounds included), else 0.
+// The experts' form (the default: SwiGLU experts of their own gate, up and down matrices), and
+// where the routing weight applies:
+//   `gpt_oss`: gpt-oss's experts, with biases and a clamped GLU,
+//     [g | u] = x W_gu + b_gu   (W_gu [H, 2 I], b_gu [2 I]: gate and up columns interleaved, g_j
+//                                column 2 j and u_j column 2 j + 1, as gpt-oss keeps them)
+//     h = (clamp(u, -L, L) + 1) c sigmoid(alpha c),  c = min(g, L)
+//     expert(x) = h W_d + b_d   (W_d [I, H], b_d [H])
+//   with alpha 1.702 and the limit L 7 in gpt-oss; the clamps' gradient is torch's: 1 where the
+//   value is within its bounds (bounds included), else 0;
+//   `llama4`: Llama 4's, [g | u] = x W_gu (the gate's I columns, then the up's: torch's chunk),
+//     expert(x) = (silu(g) u) W_d, no biases.
+// Both are fused: one [H, 2 I] product for the gate and the up (moe_fused_*; moe_experts.h).
+//   `weight_input` (Llama 4's): the routing weight w_j scales the expert's input, not its output:
+//     y[t] = sum_j expert_{e_j}(w_j x[t]),  so dw_j = <dx_j, x[t]> with dx_j the gradient at the
+//     expert's input, and x[t] gains w_j dx_j.
 struct MoeExperts {
-  bool gpt_oss = false;
+  enum Form { swiglu, gpt_oss, llama4 } form = swiglu;
+  bool weight_input = false;
   double alpha = 1.702, limit = 7.0;
+  bool fused() const { return form != swiglu; }
+  moe_experts::FusedForm fused_form() const { return {form == gpt_oss, float(alpha), float(limit)}; }
 };
 
 struct MoeDims {
@@ -110,20 +122,21 @@ void moe_forward(const MoeDims& d, const float* x, const float* logits, const fl
 void moe_backward(const MoeDims& d, const float* dy, const float* x, const float* logits, const float* saved,
                   const float* const* w, float* dx, float* dlogits, float* const* dw, float* workspace);
 
-// The same of gpt-oss's experts (MoeExperts): gate_up [E, H, 2 I], gate_up_bias [E, 2 I], down
-// [E, I, H], down_bias [E, H]; saved and workspace as above (moe_*_floats of d). Each gradient of
-// the four is written for every expert (zero for one no token chose).
-struct GptOssExperts {
+// The same of the fused experts (MoeExperts: gpt-oss's, Llama 4's): gate_up [E, H, 2 I], down
+// [E, I, H], and gpt-oss's biases gate_up_bias [E, 2 I] and down_bias [E, H] (null: none); saved
+// and workspace as above (moe_*_floats of d). Each gradient is written for every expert (zero for
+// one no token chose).
+struct FusedExperts {
   const float *gate_up, *gate_up_bias, *down, *down_bias;
 };
-struct GptOssExpertGrads {
+struct FusedExpertGrads {
   float *gate_up, *gate_up_bias, *down, *down_bias;
 };
-void moe_gpt_oss_forward(const MoeDims& d, const float* x, const float* logits, const GptOssExperts& w, float* y,
-                         float* saved, float* workspace);
-void moe_gpt_oss_backward(const MoeDims& d, const float* dy, const float* x, const float* logits, const float* saved,
-                          const GptOssExperts& w, float* dx, float* dlogits, const GptOssExpertGrads& dw,
-                          float* workspace);
+void moe_fused_forward(const MoeDims& d, const float* x, const float* logits, const FusedExperts& w, float* y,
+                       float* saved, float* workspace);
+void moe_fused_backward(const MoeDims& d, const float* dy, const float* x, const float* logits, const float* saved,
+                        const FusedExperts& w, float* dx, float* dlogits, const FusedExpertGrads& dw,
+                        float* workspace);
 
 // The load-balancing loss's statistics (Switch Transformer's; transformers'
 // load_balancing_loss_func) over one layer's router logits [T, E]: counts[e] gains the rows

@@ -62,8 +62,26 @@ __global__ void output_grad_kernel(const T* dy_rows, const T* out, T* dout, cons
   for (int64_t h = threadIdx.x; h < H; h += blockDim.x) acc += double(to_f(dy[h])) * double(to_f(o[h]));
   acc = block_sum(acc, shared);
   if (threadIdx.x == 0) dws[slots[r]] = float(acc);
-  const float w = weights[slots[r]];
+  const float w = weights ? weights[slots[r]] : 1.0f;
   for (int64_t h = threadIdx.x; h < H; h += blockDim.x) dout[r * H + h] = from_f<T>(w * to_f(dy[h]));
+}
+
+// Input weighted (cpu/moe.h's MoeExperts::weight_input): rows[i] *= weights[slots[i]].
+template <typename T>
+__global__ void scale_rows_kernel(T* rows, const int32_t* slots, const float* weights, int64_t n, int64_t H) {
+  AUTOSP_GRID_STRIDE(i, n * H) rows[i] = from_f<T>(to_f(rows[i]) * weights[slots[i / H]]);
+}
+// One block per row: dws[slots[r]] = <dxs[r], x[slots[r] / k]> (summed in double).
+template <typename T>
+__global__ void input_weight_grad_kernel(const T* dxs, const T* x, const int32_t* slots, int64_t k, int64_t H,
+                                         float* dws) {
+  __shared__ double shared[32];
+  const int64_t r = blockIdx.x;
+  const T *d = dxs + r * H, *xt = x + int64_t(slots[r] / k) * H;
+  double acc = 0;
+  for (int64_t h = threadIdx.x; h < H; h += blockDim.x) acc += double(to_f(d[h])) * double(to_f(xt[h]));
+  acc = block_sum(acc, shared);
+  if (threadIdx.x == 0) dws[slots[r]] = float(acc);
 }
 
 template <typename T>
@@ -141,32 +159,33 @@ void moe_route(Dt dt, const void* logits, int64_t T, int64_t E, int64_t k, const
 }
 
 namespace {
-// gpt-oss's experts (cpu/moe_experts.h): gu [n, 2 I] (gate and up columns interleaved) plus the
-// bias [2 I] into the saved planes g, u [n, I] and the GLU h [n, I].
+// The fused experts (cpu/moe_experts.h): gu [n, 2 I] (gpt-oss's interleaved columns, Llama 4's
+// halves) plus the bias [2 I] (null: none) into the saved planes g, u [n, I] and the GLU h [n, I].
 template <typename T>
-__global__ void gpt_oss_glu_kernel(const T* gu, const T* bias, int64_t n, int64_t I, float alpha, float limit, T* g,
-                                   T* u, T* h) {
+__global__ void fused_glu_kernel(moe_experts::FusedForm form, const T* gu, const T* bias, int64_t n, int64_t I, T* g,
+                                 T* u, T* h) {
   AUTOSP_GRID_STRIDE(i, n * I) {
     const int64_t r = i / I, j = i % I;
-    const T gi = from_f<T>(to_f(gu[r * 2 * I + 2 * j]) + to_f(bias[2 * j]));
-    const T ui = from_f<T>(to_f(gu[r * 2 * I + 2 * j + 1]) + to_f(bias[2 * j + 1]));
+    const int64_t cg = moe_experts::gate_column(form, I, j), cu = moe_experts::up_column(form, I, j);
+    const T gi = from_f<T>(to_f(gu[r * 2 * I + cg]) + (bias ? to_f(bias[cg]) : 0.0f));
+    const T ui = from_f<T>(to_f(gu[r * 2 * I + cu]) + (bias ? to_f(bias[cu]) : 0.0f));
     g[i] = gi, u[i] = ui;
-    h[i] = from_f<T>(moe_experts::clamped_glu(to_f(gi), to_f(ui), alpha, limit).h);
+    h[i] = from_f<T>(moe_experts::glu(form, to_f(gi), to_f(ui)).h);
   }
 }
 template <typename T>
-__global__ void gpt_oss_glu_of_saved_kernel(const T* g, const T* u, int64_t n, float alpha, float limit, T* h) {
-  AUTOSP_GRID_STRIDE(i, n) h[i] = from_f<T>(moe_experts::clamped_glu(to_f(g[i]), to_f(u[i]), alpha, limit).h);
+__global__ void fused_glu_of_saved_kernel(moe_experts::FusedForm form, const T* g, const T* u, int64_t n, T* h) {
+  AUTOSP_GRID_STRIDE(i, n) h[i] = from_f<T>(moe_experts::glu(form, to_f(g[i]), to_f(u[i])).h);
 }
-// dgu [n, 2 I], interleaved as gate_up's columns, from dh [n, I] and the saved g, u.
+// dgu [n, 2 I], in gate_up's columns, from dh [n, I] and the saved g, u.
 template <typename T>
-__global__ void gpt_oss_glu_backward_kernel(const T* dh, const T* g, const T* u, int64_t n, int64_t I, float alpha,
-                                            float limit, T* dgu) {
+__global__ void fused_glu_backward_kernel(moe_experts::FusedForm form, const T* dh, const T* g, const T* u, int64_t n,
+                                          int64_t I, T* dgu) {
   AUTOSP_GRID_STRIDE(i, n * I) {
     const int64_t r = i / I, j = i % I;
-    const moe_experts::ClampedGlu a = moe_experts::clamped_glu(to_f(g[i]), to_f(u[i]), alpha, limit);
-    dgu[r * 2 * I + 2 * j] = from_f<T>(to_f(dh[i]) * a.dg);
-    dgu[r * 2 * I + 2 * j + 1] = from_f<T>(to_f(dh[i]) * a.du);
+    const moe_experts::Glu a = moe_experts::glu(form, to_f(g[i]), to_f(u[i]));
+    dgu[r * 2 * I + moe_experts::gate_column(form, I, j)] = from_f<T>(to_f(dh[i]) * a.dg);
+    dgu[r * 2 * I + moe_experts::up_column(form, I, j)] = from_f<T>(to_f(dh[i]) * a.du);
   }
 }
 // x [n, C] += bias [C] on each row.
@@ -185,32 +204,50 @@ __global__ void add_column_sums_kernel(const T* x, int64_t n, int64_t C, T* sums
 }
 }  // namespace
 
-void moe_gpt_oss_glu(Dt dt, const void* gu, const void* bias, int64_t n, int64_t I, float alpha, float limit, void* g,
-                     void* u, void* h, cudaStream_t stream) {
+void moe_fused_glu(Dt dt, const moe_experts::FusedForm& form, const void* gu, const void* bias, int64_t n, int64_t I,
+                   void* g, void* u, void* h, cudaStream_t stream) {
   if (n * I == 0) return;
   dispatch(dt, [&]<typename X>() {
-    gpt_oss_glu_kernel<X><<<blocks_for(n * I), kThreads, 0, stream>>>(
-        static_cast<const X*>(gu), static_cast<const X*>(bias), n, I, alpha, limit, static_cast<X*>(g),
-        static_cast<X*>(u), static_cast<X*>(h));
+    fused_glu_kernel<X><<<blocks_for(n * I), kThreads, 0, stream>>>(
+        form, static_cast<const X*>(gu), static_cast<const X*>(bias), n, I, static_cast<X*>(g), static_cast<X*>(u),
+        static_cast<X*>(h));
   });
 }
 
-void moe_gpt_oss_glu_of_saved(Dt dt, const void* g, const void* u, int64_t n, float alpha, float limit, void* h,
-                              cudaStream_t stream) {
+void moe_fused_glu_of_saved(Dt dt, const moe_experts::FusedForm& form, const void* g, const void* u, int64_t n,
+                            void* h, cudaStream_t stream) {
   if (n == 0) return;
   dispatch(dt, [&]<typename X>() {
-    gpt_oss_glu_of_saved_kernel<X><<<blocks_for(n), kThreads, 0, stream>>>(
-        static_cast<const X*>(g), static_cast<const X*>(u), n, alpha, limit, static_cast<X*>(h));
+    fused_glu_of_saved_kernel<X><<<blocks_for(n), kThreads, 0, stream>>>(form, static_cast<const X*>(g),
+                                                                          static_cast<const X*>(u), n,
+                                                                          static_cast<X*>(h));
   });
 }
 
-void moe_gpt_oss_glu_backward(Dt dt, const void* dh, const void* g, const void* u, int64_t n, int64_t I, float alpha,
-                              float limit, void* dgu, cudaStream_t stream) {
+void moe_fused_glu_backward(Dt dt, const moe_experts::FusedForm& form, const void* dh, const void* g, const void* u,
+                            int64_t n, int64_t I, void* dgu, cudaStream_t stream) {
   if (n * I == 0) return;
   dispatch(dt, [&]<typename X>() {
-    gpt_oss_glu_backward_kernel<X><<<blocks_for(n * I), kThreads, 0, stream>>>(
-        static_cast<const X*>(dh), static_cast<const X*>(g), static_cast<const X*>(u), n, I, alpha, limit,
+    fused_glu_backward_kernel<X><<<blocks_for(n * I), kThreads, 0, stream>>>(
+        form, static_cast<const X*>(dh), static_cast<const X*>(g), static_cast<const X*>(u), n, I,
         static_cast<X*>(dgu));
+  });
+}
+
+void moe_scale_rows(Dt dt, void* rows, const int32_t* slots, const float* weights, int64_t n, int64_t H,
+                    cudaStream_t stream) {
+  if (n * H == 0) return;
+  dispatch(dt, [&]<typename X>() {
+    scale_rows_kernel<X><<<blocks_for(n * H), kThreads, 0, stream>>>(static_cast<X*>(rows), slots, weights, n, H);
+  });
+}
+
+void moe_input_weight_grad(Dt dt, const void* dxs, const void* x, const int32_t* slots, int64_t n, int64_t k,
+                           int64_t H, float* dws, cudaStream_t stream) {
+  if (n == 0) return;
+  dispatch(dt, [&]<typename X>() {
+    input_weight_grad_kernel<X><<<unsigned(n), kThreads, 0, stream>>>(static_cast<const X*>(dxs),
+                                                                       static_cast<const X*>(x), slots, k, H, dws);
   });
 }
 
