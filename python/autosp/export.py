@@ -72,21 +72,30 @@ import torch
 _registered = False
 
 
-def _attention_reference(q, k, v, causal: bool, scale: float, window: int, softcap: float = 0.0, sinks=None):
+def _attention_reference(q, k, v, causal: bool, scale: float, window: int, softcap: float = 0.0, sinks=None,
+                         chunk: int = 0, temperature: list[float] = ()):
     # q [B, H, S, D], k [B, KV, S, D] and v [B, KV, S, Dv] (grouped-query attention: H a multiple
     # of KV; Dv the values' head dim, D or another, DeepSeek-V3's). sinks [H] (gpt-oss's): one
-    # more score per row, of a key whose value is zero.
+    # more score per row, of a key whose value is zero. chunk C > 0 (Llama 4's chunked attention):
+    # each query sees only the keys of its own chunk of C positions. temperature [F, A] (Llama 4's
+    # NoPE layers): query i scaled by log1p(floor((i + 1) / F)) A + 1, in f32 as transformers.
+    if len(temperature):
+        i = torch.arange(q.shape[2], device=q.device, dtype=torch.float32)
+        f = torch.log1p(torch.floor((i + 1.0) / temperature[0])) * temperature[1] + 1.0
+        q = (q * f.view(1, 1, -1, 1)).to(q.dtype)
     rep = q.shape[1] // k.shape[1]
     if rep > 1:
         k = k.repeat_interleave(rep, dim=1)
         v = v.repeat_interleave(rep, dim=1)
     s = q.shape[2]
     keep = None
-    if window > 0 or (causal and softcap > 0):
+    if window > 0 or chunk > 0 or (causal and softcap > 0):
         i = torch.arange(s, device=q.device)
         keep = i[None, :] <= i[:, None]
         if window > 0:
             keep = keep & (i[:, None] - i[None, :] < window)
+        if chunk > 0:
+            keep = keep & (i[:, None] // chunk == i[None, :] // chunk)
     if softcap > 0 or sinks is not None:  # SDPA has neither: the scores written out
         scores = torch.matmul(q, k.transpose(-1, -2)) * scale
         if softcap > 0:
@@ -176,6 +185,22 @@ def _moe_gpt_oss_reference(x, router_logits, gate_up, gate_up_bias, down, down_b
     return out
 
 
+def _moe_llama4_reference(x, router_logits, gate_up, down, top_k: int):
+    # Llama 4's experts: gate_up [E, H, 2 I] (the gate's columns, then the up's: torch's chunk), down
+    # [E, I, H], SwiGLU; each token's top_k experts by its logits, each weighted by its logit's
+    # sigmoid, which scales the expert's input (autosp's moe op, experts "llama4", weight_input).
+    # Dense, as _moe_reference (an expert of input 0 gives 0: no biases).
+    s = torch.sigmoid(router_logits.float())
+    chosen = torch.topk(s, top_k, dim=-1)[1]
+    dense = torch.zeros_like(s).scatter(-1, chosen, s.gather(-1, chosen)).to(x.dtype)
+    inter = down.shape[1]
+    out = torch.zeros_like(x)
+    for e in range(gate_up.shape[0]):
+        gu = (x * dense[..., e:e + 1]) @ gate_up[e]
+        out = out + (torch.nn.functional.silu(gu[..., :inter]) * gu[..., inter:]) @ down[e]
+    return out
+
+
 def _moe_balance_reference(router_logits, num_experts: int, top_k: int):
     # transformers' load_balancing_loss_func without an attention mask: over the rows of every
     # layer, E sum_e (the fraction of rows whose top k include e) (their mean probability of e).
@@ -191,7 +216,8 @@ def register():
     if _registered:
         return
     torch.library.define("autosp::attention", "(Tensor q, Tensor k, Tensor v, bool causal, float scale, int window, "
-                                              "float softcap=0.0, Tensor? sinks=None) -> Tensor")
+                                              "float softcap=0.0, Tensor? sinks=None, int chunk=0, "
+                                              "float[] temperature=[]) -> Tensor")
     torch.library.impl("autosp::attention", "CompositeImplicitAutograd")(_attention_reference)
     torch.library.define("autosp::moe", "(Tensor x, Tensor router_logits, Tensor[] gate, Tensor[] up, Tensor[] down, "
                                         "int top_k, bool normalize, str score=\"softmax\", int groups=1, "
@@ -210,6 +236,9 @@ def register():
                                                 "Tensor down, Tensor down_bias, int top_k, float alpha, float limit) "
                                                 "-> Tensor")
     torch.library.impl("autosp::moe_gpt_oss", "CompositeImplicitAutograd")(_moe_gpt_oss_reference)
+    torch.library.define("autosp::moe_llama4", "(Tensor x, Tensor router_logits, Tensor gate_up, Tensor down, "
+                                               "int top_k) -> Tensor")
+    torch.library.impl("autosp::moe_llama4", "CompositeImplicitAutograd")(_moe_llama4_reference)
     torch.library.define("autosp::moe_balance", "(Tensor[] router_logits, int num_experts, int top_k) -> Tensor")
     torch.library.impl("autosp::moe_balance", "CompositeImplicitAutograd")(_moe_balance_reference)
     try:
@@ -230,7 +259,12 @@ def register():
         # (values may have their own head size, DeepSeek-V3's latent attention's: autosp's
         # attention takes it, out [..., Dv])
         sinks = kwargs.get("s_aux")  # gpt-oss's attention sinks, [H]
-        if sinks is not None:
+        chunk = _attention_chunk(module)
+        temperature = getattr(module, "_autosp_temperature", None)  # (_Llama4Temperature's)
+        if chunk or temperature:  # Llama 4's
+            out = torch.ops.autosp.attention(query, key, value, True, float(scale), int(sliding_window or 0), softcap,
+                                             sinks, chunk, list(temperature or ()))
+        elif sinks is not None:
             out = torch.ops.autosp.attention(query, key, value, True, float(scale), int(sliding_window or 0), softcap,
                                              sinks)
         elif softcap > 0:
@@ -242,6 +276,45 @@ def register():
     AttentionInterface.register("autosp", autosp_attention)
     AttentionMaskInterface.register("autosp", lambda *args, **kwargs: None)
     _registered = True
+
+
+def _attention_chunk(module):
+    """Llama 4's chunk of a chunked-attention layer (its config's attention_chunk_size, where its
+    layer_types say "chunked_attention"), else 0."""
+    config, layer = getattr(module, "config", None), getattr(module, "layer_idx", None)
+    types = getattr(config, "layer_types", None)
+    if not isinstance(layer, int) or not types or layer >= len(types) or types[layer] != "chunked_attention":
+        return 0
+    chunk = getattr(config, "attention_chunk_size", None)
+    if not isinstance(chunk, int) or chunk < 1:
+        raise ValueError(f"autosp export: {type(module).__name__} (layer {layer}) is a chunked-attention layer, but "
+                         f"its config's attention_chunk_size is {chunk!r}")
+    return chunk
+
+
+class _Llama4Temperature:
+    """While exporting: Llama 4's NoPE layers (attn_temperature_tuning) scale each query by
+    log1p(floor((i + 1) / floor_scale)) attn_scale + 1 of its position i (cache_position) before
+    attention. The attention op does that itself (autosp::attention's temperature, as the
+    attention function reads it from the module), so the module's own scaling is switched off."""
+
+    def __init__(self, model):
+        self.model, self.saved = model, []
+
+    def __enter__(self):
+        for module in self.model.modules():
+            if type(module).__name__ == "Llama4TextAttention" and getattr(module, "attn_temperature_tuning", False) \
+                    and not module.use_rope:
+                module._autosp_temperature = (float(module.floor_scale), float(module.attn_scale))
+                module.attn_temperature_tuning = False
+                self.saved.append(module)
+        return self
+
+    def __exit__(self, *exc):
+        for module in self.saved:
+            module.attn_temperature_tuning = True
+            del module._autosp_temperature
+        return False
 
 
 class _LossOf(torch.nn.Module):
@@ -365,7 +438,9 @@ class _ComplexRope:
     first (in fp32, as the original computes: to 1e-6, since the complex product may round
     otherwise)."""
 
-    MODULES = ("transformers.models.deepseek_v2.modeling_deepseek_v2",)
+    # each module's q and k layout's heads dim: DeepSeek-V2's [B, H, S, D], Llama 4's [B, S, H, D]
+    MODULES = {"transformers.models.deepseek_v2.modeling_deepseek_v2": 1,
+               "transformers.models.llama4.modeling_llama4": 2}
 
     class Tables:
         def __init__(self, cos, sin):
@@ -385,10 +460,10 @@ class _ComplexRope:
         if module is None or module.__name__ not in self.MODULES:
             return self
         from transformers.models.cohere.modeling_cohere import CohereRotaryEmbedding, rotate_half
-        original = module.apply_rotary_emb
+        original, heads = module.apply_rotary_emb, self.MODULES[module.__name__]
 
         def coheres(xq, xk, tables):
-            cos, sin = tables.cos.unsqueeze(1), tables.sin.unsqueeze(1)
+            cos, sin = tables.cos.unsqueeze(heads), tables.sin.unsqueeze(heads)
             return xq * cos + rotate_half(xq) * sin, xk * cos + rotate_half(xk) * sin
 
         rotaries = [m for m in self.model.modules() if type(m).__name__.endswith("RotaryEmbedding")]
@@ -400,7 +475,8 @@ class _ComplexRope:
             cos, sin = CohereRotaryEmbedding.forward(rotary, probe, positions)
             if freqs_cis.shape[-1] * 2 != cos.shape[-1]:
                 raise ValueError(f"autosp export: {type(rotary).__name__}'s tables are not one complex number per pair")
-            xq, xk = (torch.randn(2, h, 6, cos.shape[-1], generator=g, device=probe.device) for h in (3, 1))
+            xq, xk = (torch.randn(*((2, h, 6) if heads == 1 else (2, 6, h)), cos.shape[-1], generator=g,
+                                  device=probe.device) for h in (3, 1))
             want, got = original(xq, xk, freqs_cis), coheres(xq, xk, self.Tables(cos, sin))
             if not all(torch.allclose(a, b, rtol=1e-6, atol=1e-6) for a, b in zip(want, got)):
                 raise ValueError(f"autosp export: {module.__name__}.apply_rotary_emb is not the interleaved rotary "
@@ -1064,6 +1140,51 @@ class _SparseMoeBlocks:
         self.patched.append(module)
 
     @staticmethod
+    def _llama4_parts(module):
+        """Llama 4's block (transformers' Llama4TextMoe): a `router` linear [E, H] without bias and its
+        top_k, `experts` of gate_up_proj [E, H, 2 I] (the gate's columns, then the up's) and
+        down_proj [E, I, H], and a `shared_expert`: (router, experts), or None."""
+        router, experts = getattr(module, "router", None), getattr(module, "experts", None)
+        if type(module).__name__ != "Llama4TextMoe" or not isinstance(router, torch.nn.Linear) or \
+                router.bias is not None or not isinstance(getattr(module, "shared_expert", None), torch.nn.Module):
+            return None
+        gate_up, down, k = getattr(experts, "gate_up_proj", None), getattr(experts, "down_proj", None), \
+            getattr(router, "top_k", None)
+        if not isinstance(gate_up, torch.nn.Parameter) or not isinstance(down, torch.nn.Parameter) or \
+                not isinstance(k, int):
+            return None
+        E, H = router.weight.shape
+        I = down.shape[1] if down.dim() == 3 else 0
+        if I < 1 or tuple(gate_up.shape) != (E, H, 2 * I) or tuple(down.shape) != (E, I, H) or not 1 <= k <= E:
+            return None
+        return router, experts
+
+    def _patch_llama4(self, name, module, router, experts):
+        """A Llama 4 block (_llama4_parts): its router's logits, one autosp::moe_llama4 of its experts
+        (the sigmoid of each chosen logit weighting the expert's input) and its shared expert, checked
+        against the block's own forward on a sample."""
+        where = f"{name} ({type(module).__name__})"
+
+        def forward(hidden_states, module=module):
+            x = hidden_states.reshape(-1, hidden_states.shape[-1])
+            logits = torch.nn.functional.linear(x, module.router.weight)
+            routed = torch.ops.autosp.moe_llama4(x, logits, module.experts.gate_up_proj, module.experts.down_proj,
+                                                 module.router.top_k)
+            return module.shared_expert(x) + routed, logits
+
+        probe = _in_float32(module)
+        sample = torch.randn(1, 64, router.weight.shape[1], generator=torch.Generator().manual_seed(0),
+                             dtype=torch.float32, device=router.weight.device)
+        with torch.no_grad():
+            want, got = probe(sample)[0], forward(sample, module=probe)[0]
+            if not torch.allclose(got, want, rtol=1e-4, atol=1e-5 * float(want.abs().max())):
+                raise ValueError(f"autosp export: {where} has Llama 4's router and experts, but computes something "
+                                 f"else than autosp's moe op of Llama 4's experts (the sigmoid of the top-k logits "
+                                 f"weighting each expert's input, SwiGLU); not supported yet")
+        module.forward = forward
+        self.patched.append(module)
+
+    @staticmethod
     def _dbrx_parts(module):
         """DBRX's block (transformers' DbrxFFN): a `router` of one linear `layer` [E, H] without
         bias and moe_jitter_eps, its top k and moe_normalize_expert_weights (the router's in
@@ -1131,6 +1252,10 @@ class _SparseMoeBlocks:
     def _patch(self):
         self.unmatched = []  # modules with experts this does not rewrite (named if the export fails)
         for name, module in self.model.named_modules():
+            llama4 = self._llama4_parts(module)
+            if llama4 is not None:
+                self._patch_llama4(name, module, *llama4)
+                continue
             gpt_oss = self._gpt_oss_parts(module)
             if gpt_oss is not None:
                 self._patch_gpt_oss(name, module, *gpt_oss)
@@ -1300,6 +1425,7 @@ def export(model, path, batch: int = 2, seq_len: int = 16, max_seq_len: int = 1 
         s = torch.export.Dim("seq_len", min=shortest, max=longest)
         with _ConcreteIsCausal(), _NoLayerDrop(model), _LongRopeByLength(model), _BatchFirstSelfAttention(), \
                 _InterleavedRopeOfLatentAttention(model), _HalfTablesRope(model), _ComplexRope(model), \
+                _Llama4Temperature(model), \
                 _SparseMoeBlocks(model) as moe, \
                 _LoadBalancingLoss(model):
             try:

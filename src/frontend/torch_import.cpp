@@ -1948,14 +1948,22 @@ class TorchImporter {
     }
     if (op == "torch.ops.aten.cat.default") return cat(n);
     if (op == "torch.ops.autosp.moe.default" || op == "torch.ops.autosp.moe_stacked.default" ||
-        op == "torch.ops.autosp.moe_gpt_oss.default" || op == "torch.ops.autosp.moe_apart.default")
+        op == "torch.ops.autosp.moe_gpt_oss.default" || op == "torch.ops.autosp.moe_apart.default" ||
+        op == "torch.ops.autosp.moe_llama4.default")
       return moe(n);
     if (op == "torch.ops.autosp.moe_balance.default") return moe_balance(n);
     if (op == "torch.ops.autosp.attention.default") {
-      // softcap: Gemma 2's attn_logit_softcapping; sinks: gpt-oss's (archives written before
-      // either have no such argument)
+      // softcap: Gemma 2's attn_logit_softcapping; sinks: gpt-oss's; chunk and temperature: Llama
+      // 4's (archives written before any of them have no such argument)
+      std::vector<double> temperature;
+      if (const json* t = arg(n, "temperature", 9); t && t->contains("as_floats"))
+        for (const json& f : (*t)["as_floats"]) temperature.push_back(float_of(f));
+      if (!temperature.empty() && (temperature.size() != 2 || !(temperature[0] > 0)))
+        m_.fail_at(n, "an attention temperature that is not [floor_scale > 0, attn_scale]");
+      if (int_arg(n, "chunk", 8, 0) < 0) m_.fail_at(n, "a negative attention chunk");
       return attention(n, A("q", 0), A("k", 1), A("v", 2), bool_arg(n, "causal", 3, true), float_arg(n, "scale", 4),
-                       int_arg(n, "window", 5, 0), float_arg(n, "softcap", 6, 0.0), {}, A("sinks", 7));
+                       int_arg(n, "window", 5, 0), float_arg(n, "softcap", 6, 0.0), {}, A("sinks", 7),
+                       int_arg(n, "chunk", 8, 0), temperature);
     }
     if (op == "torch.ops.aten.scaled_dot_product_attention.default") {
       // A mask tensor is imported where it is the causal mask (a bool keeps where true, a float adds).
@@ -2477,6 +2485,7 @@ class TorchImporter {
   Imported mul(const FxNode& n) {
     const std::string a = arg_tensor(n, "self", 0), b = arg_tensor(n, "other", 1);
     if (auto norm = match_rms_norm(n)) return *norm;
+    if (auto norm = match_weightless_rms_norm(n)) return *norm;
     if (auto sw = match_swiglu(a, b)) return *sw;
     if (auto g = match_gelu_tanh(n)) return *g;
     // A rotary table times the attention scaling (a scalar)
@@ -2688,6 +2697,34 @@ class TorchImporter {
         if (numel(out.shape) != numel(t_.shape(out.t))) out.shape = t_.shape(out.t);
         return out;
       }
+    }
+    return std::nullopt;
+  }
+
+  // x * rsqrt(mean(x^2, -1, keepdim) + eps), either order, through casts, with no weight after it
+  // (Llama 4's L2 norm of q and k, transformers 5's WeightlessRMSNorm) -> rms_norm with a weight of
+  // ones. (A weighted norm's inner product is met here only when nothing reads it but its weight's.)
+  std::optional<Imported> match_weightless_rms_norm(const FxNode& n) {
+    for (int j = 0; j < 2; ++j) {
+      const std::string x = through(arg_tensor(n, j ? "other" : "self", j));
+      const FxNode* rs = node_of(through(arg_tensor(n, j ? "self" : "other", 1 - j)));
+      if (!is(rs, "rsqrt.default")) continue;
+      const FxNode* plus = node_of(arg_tensor(*rs, "self", 0));
+      if (!is(plus, "add.Tensor")) continue;
+      const std::optional<double> eps = scalar(*plus, "other", 1);
+      const FxNode* mean = node_of(arg_tensor(*plus, "self", 0));
+      if (!eps || !is(mean, "mean.dim") || ints_arg(*mean, "dim", 1) != std::vector<int64_t>{-1} ||
+          !bool_arg(*mean, "keepdim", 2, false))
+        continue;
+      const FxNode* sq = node_of(arg_tensor(*mean, "self", 0));
+      if (!is(sq, "pow.Tensor_Scalar") || float_arg(*sq, "exponent", 1) != 2.0 || through(arg_tensor(*sq, "self", 0)) != x)
+        continue;
+      Tensor xt = tensor_of(x);
+      const Imported& xv = value(x);
+      Tensor normed = t_.rms_norm(xt, t_.fill({t_.shape(xt).back()}, 1.0, o_.dtype), *eps);
+      Imported out = tensor_value(normed, xv.kind == Imported::tensor ? xv.shape : t_.shape(xt));
+      if (numel(out.shape) != numel(t_.shape(out.t))) out.shape = t_.shape(out.t);
+      return out;
     }
     return std::nullopt;
   }
@@ -3073,6 +3110,11 @@ class TorchImporter {
         if (!is(tn, "unsqueeze.default") && tn->target != "<built-in function getitem>") continue;
         if ((table = table_of(t))) {
           interleaved = table->interleaved;  // a table built interleaved (Cohere's)
+          if (is(tn, "unsqueeze.default")) {  // the heads' dim: where the table gains it
+            const int64_t d = int_arg(*tn, "dim", 1);
+            if (d != 1 && d != 2 && d != -2 && d != -3) continue;
+            heads = d < 0 ? d + 4 : d;
+          }
           return x;
         }
       }
@@ -3168,6 +3210,14 @@ class TorchImporter {
       const Attrs form{{"experts", std::string("gpt_oss")}, {"alpha", float_arg(n, "alpha", 7)},
                        {"limit", float_arg(n, "limit", 8)}};
       return rowwise(t_.moe(rowwise_of(x), rowwise_of(logits), experts, int_arg(n, "top_k", 6), true, form), x);
+    }
+    if (n.target == "torch.ops.autosp.moe_llama4.default") {
+      // Llama 4's: gate_up [E, H, 2 I] (the gate's columns, then the up's), down [E, I, H]; its
+      // router's sigmoid of the top k logits, unnormalised, weighting each expert's input
+      const std::vector<Tensor> experts{tensor_of(arg_tensor(n, "gate_up", 2)), tensor_of(arg_tensor(n, "down", 3))};
+      const Attrs form{{"experts", std::string("llama4")}, {"weight_input", int64_t{1}},
+                       {"score", std::string("sigmoid")}};
+      return rowwise(t_.moe(rowwise_of(x), rowwise_of(logits), experts, int_arg(n, "top_k", 4), false, form), x);
     }
     if (n.target == "torch.ops.autosp.moe_apart.default") {  // DBRX's: gate, up and down [E, I, H]
       std::vector<Tensor> experts;
@@ -3308,7 +3358,8 @@ class TorchImporter {
 
   Imported attention(const FxNode& n, const std::string& q, const std::string& k_in, const std::string& v_in,
                      bool causal, double scale, int64_t window, double softcap = 0,
-                     const std::vector<double>& alibi = {}, const std::string& sinks = "") {
+                     const std::vector<double>& alibi = {}, const std::string& sinks = "", int64_t chunk = 0,
+                     const std::vector<double>& temperature = {}) {
     const KvHeads k = unrepeated_kv(k_in), v = unrepeated_kv(v_in);
     const Imported &qv = value(q), &kv = value(k.name), &vv = value(v.name);
     if (qv.shape.size() != 4 || kv.shape.size() != 4 || vv.shape.size() != 4) m_.fail_at(n, "attention on values not [B, H, S, D]");
@@ -3323,7 +3374,8 @@ class TorchImporter {
         m_.fail_at(n, str("attention sinks of shape ", shape_str(z.shape), " for ", qv.shape[1], " query heads"));
       sink_logits = tensor_of(sinks);
     }
-    Tensor out = t_.attention(qt, kt, vt, documents_, sink_logits, causal, scale, window, softcap, alibi);
+    Tensor out =
+        t_.attention(qt, kt, vt, documents_, sink_logits, causal, scale, window, softcap, alibi, chunk, temperature);
     Imported r = ir(out);
     r.perm = {0, 2, 1, 3};
     r.shape = qv.shape;
