@@ -3,7 +3,7 @@
 
 Usage (from the repository root, under the venv of scripts/install_bench_venv.sh):
   ~/.cache/autosp/bench-venv/bin/python bench/bench_moe.py [--autosp build/autosp]
-      [--family mixtral|deepseek_v3|gpt_oss] [--threads 2] [--sizes 512,1024,2048] [--steps 4]
+      [--family mixtral|deepseek_v3|gpt_oss|llama4] [--threads 2] [--sizes 512,1024,2048] [--steps 4]
       [--checkpoint none] [--out FILE.json] [--quick] [--keep]
 
 The model (--family, FAMILIES): transformers' MixtralForCausalLM (vocab 4096, hidden 512, 4
@@ -14,7 +14,10 @@ rotary 32, values 64; 16 routed experts of 256 in 4 groups, 2 kept, top 4, the s
 with its correction bias, a shared expert, a dense first layer of 1024), or GptOssForCausalLM
 of the same sizes (attention sinks, sliding layers of 128 between full ones, 2 kv heads of 64,
 YaRN; 8 clamped-GLU experts of 1024 with biases, top 2; torch runs its eager attention, since
-transformers gives gpt-oss no SDPA), built with
+transformers gives gpt-oss no SDPA), or Llama4ForCausalLM (Scout's layout: every layer MoE, 8
+experts of 1024, top 1, weighting the expert's input, a shared expert; chunked attention in
+chunks of 512, lowered from 8192 so that they act; a NoPE layer in 4 with its temperature
+tuning; the q and k norm), built with
 torch.manual_seed(0), float32, saved with save_pretrained and exported with
 python/autosp/export.py (each sparse MoE block becomes one `autosp::moe` node, which autosp
 runs sparsely: each expert on its own tokens). Both sides start from these weights.
@@ -76,6 +79,13 @@ FAMILIES = {
     "gpt_oss": ("GptOssForCausalLM", "GptOssConfig", dict(
         COMMON, num_key_value_heads=2, head_dim=64, num_local_experts=8, num_experts_per_tok=2, sliding_window=128,
         layer_types=["sliding_attention", "full_attention"] * 2, router_aux_loss_coef=0.0,
+        output_router_logits=False)),
+    # Llama 4 Scout's layout at these sizes (every layer MoE, 8 experts of 1024, top 1, a shared
+    # expert, a NoPE layer in 4 with the temperature tuning), its chunk lowered from 8192 to 512
+    # so that the chunks act at these lengths.
+    "llama4": ("Llama4ForCausalLM", "Llama4TextConfig", dict(
+        COMMON, num_key_value_heads=2, head_dim=64, intermediate_size_mlp=2048, num_local_experts=8,
+        num_experts_per_tok=1, interleave_moe_layer_step=1, attention_chunk_size=512, use_qk_norm=True,
         output_router_logits=False)),
 }
 # transformers' attention for the torch side: SDPA, but gpt-oss's sinks have none in transformers

@@ -137,6 +137,9 @@ def families():
          dict(C, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=24, first_k_dense_replace=0,
               n_group=2, topk_group=1, kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=4, qk_nope_head_dim=8,
               v_head_dim=8, routed_scaling_factor=2.0, topk_method="group_limited_greedy")),
+        ("llama4", "Llama4ForCausalLM", "Llama4TextConfig",  # chunked attention, NoPE temperature, input-weighted experts
+         dict(C, head_dim=8, num_local_experts=4, num_experts_per_tok=1, attention_chunk_size=8,
+              no_rope_layer_interval=2, floor_scale=8)),
         ("dbrx", "DbrxForCausalLM", "DbrxConfig",
          dict(vocab_size=V, d_model=32, n_heads=4, n_layers=2, max_seq_len=64,
               ffn_config={"ffn_hidden_size": 48, "moe_num_experts": 4, "moe_top_k": 2},

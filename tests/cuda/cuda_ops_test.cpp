@@ -380,6 +380,19 @@ std::vector<OpCase> op_cases() {
                      },
                      {{"doc", doc}}, {}, false});
   }
+  // Llama 4's chunks (of 3, with documents) and temperature (factors up to 1.8 at S 10): the chunks'
+  // document ids and the tempered queries made on the device, then the kernels as they are.
+  {
+    std::vector<int32_t> doc;
+    for (int64_t b = 0; b < Bt; ++b)
+      for (int64_t i = 0; i < S; ++i) doc.push_back(static_cast<int32_t>(b == 1 && i >= 4));
+    const Attrs chunked{{"causal", int64_t{1}}, {"scale", scale}, {"chunk", int64_t{3}}};
+    attention_case("attention_chunked", chunked);
+    attention_and_backward_case("attention_and_backward_chunked_documents", chunked, doc);
+    const Attrs tempered{{"causal", int64_t{1}}, {"scale", scale}, {"temperature", std::vector<double>{2.0, 0.5}}};
+    attention_case("attention_tempered", tempered);
+    attention_and_backward_case("attention_and_backward_tempered", tempered);
+  }
   // Values of their own head dim, narrower (DeepSeek-V3's) and wider: the cuda kernels run on
   // zero-padded copies of the narrower side (ops/attention.cpp's CudaPadding).
   for (int64_t Dv : {D / 2, D + 4}) {
@@ -516,6 +529,29 @@ std::vector<OpCase> op_cases() {
                          return b.emit(OpKind::moe_backward, {x[0], x[1], x[2], f[1], x[3], x[4], x[5], x[6]}, oss);
                        },
                        {}, {{"logits", logits}}, false});
+    }
+    // Llama 4's experts (gate_up [E, H, 2 I] of the gate's columns then the up's, SwiGLU, no biases),
+    // its sigmoid router weighting each expert's input; and the input weighted on stacked experts.
+    {
+      const Attrs llama4{{"top_k", int64_t{2}}, {"normalize", int64_t{0}}, {"experts", std::string("llama4")},
+                         {"weight_input", int64_t{1}}, {"score", std::string("sigmoid")}};
+      const std::vector<InputSpec> w = {{"x", DType::f32, {2, 5, H}}, {"logits", DType::f32, {2, 5, E}},
+                                        {"gate_up", DType::f32, {E, H, 2 * I}}, {"down", DType::f32, {E, I, H}}};
+      const Attrs weighted{{"top_k", int64_t{2}}, {"normalize", int64_t{1}}, {"weight_input", int64_t{1}}};
+      for (const auto& [name, form, inputs] :
+           {std::tuple<const char*, Attrs, std::vector<InputSpec>>{"moe_llama4", llama4, w},
+            {"moe_stacked_input_weighted", weighted, stacked}}) {
+        const Attrs attrs = form;
+        cases.push_back({name, inputs, one(OpKind::moe, attrs), {}, {{"logits", logits}}, true, 1});
+        std::vector<InputSpec> back = inputs;
+        back.insert(back.begin(), InputSpec{"dy", DType::f32, {2, 5, H}});
+        cases.push_back({str(name, "_backward"), back,
+                         [attrs](B& b, const Ins& x) {
+                           const auto f = b.emit(OpKind::moe, {x[1], x[2], x[3], x[4]}, attrs);
+                           return b.emit(OpKind::moe_backward, {x[0], x[1], x[2], f[1], x[3], x[4]}, attrs);
+                         },
+                         {}, {{"logits", logits}}, false});
+      }
     }
     // The load-balancing statistics of two layers' logits (the same spaced values), and their
     // backward.
