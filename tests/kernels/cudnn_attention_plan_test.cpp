@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/attention_llama4.h"
 #include "kernels/cuda/attention_blocks.h"
 #include "kernels/cuda/cudnn_attention.h"
 #include "ops/op.h"
@@ -347,7 +348,7 @@ struct ScopedEnv {
 
 // attention(q, k, v[, doc]) of dtype dt, and its backward; returns the workspaces bind_kernel gives
 // the two nodes for the cuda backend.
-std::pair<int64_t, int64_t> cuda_workspaces(DType dt, int64_t Dh, bool documents) {
+std::pair<int64_t, int64_t> cuda_workspaces(DType dt, int64_t Dh, bool documents, const Attrs& extra = {}) {
   const int64_t B = 2, S = 300, H = 8, KV = 2;
   Graph g;
   const ValueId q = g.add_input(Role::parameter, {dt, {B, S, H, Dh}}, "q");
@@ -357,7 +358,8 @@ std::pair<int64_t, int64_t> cuda_workspaces(DType dt, int64_t Dh, bool documents
   std::vector<ValueId> ins = {q, k, v};
   if (documents) ins.push_back(g.add_input(Role::constant, {DType::i32, {B, S}}, "doc"));
   GraphBuilder b(g);
-  const Attrs a{{"causal", int64_t{1}}, {"scale", 0.125}};
+  Attrs a{{"causal", int64_t{1}}, {"scale", 0.125}};
+  for (const auto& [key, value] : extra.all()) a.set(key, value);
   auto f = b.emit(OpKind::attention, ins, a);
   std::vector<ValueId> bins = {dout, q, k, v, f[0], f[1]};
   if (documents) bins.push_back(ins[3]);
@@ -390,6 +392,57 @@ TEST(CudnnSdpaLayout, TheOpPlansTheLargerOfCudnnAndTheBlocks) {
   const auto [f32_fwd, f32_bwd] = cuda_workspaces(DType::f32, 64, false);
   EXPECT_EQ(f32_fwd, blocks_bytes(false, 4));
   EXPECT_EQ(f32_bwd, blocks_bytes(true, 4));
+}
+
+// Llama 4's options: a chunk makes the kernels take document ids (the chunks' runs, kept in the
+// op's own piece of B S i32, 256-byte aligned) with or without the op's; the temperature keeps the
+// scaled queries [B, S, NH, D] in another.
+TEST(CudnnSdpaLayout, ChunksPlanTheDocumentsGraphAndTheirIdsTemperatureItsQueries) {
+  const ScopedEnv env("AUTOSP_ATTENTION", nullptr);
+  const int64_t ids = cuda_aligned(2 * 300 * 4), queries = cuda_aligned(2 * 300 * 8 * 64 * 2);
+  const auto [plain_fwd, plain_bwd] = cuda_workspaces(DType::bf16, 64, true);
+  for (bool documents : {false, true}) {
+    const auto [fwd, bwd] = cuda_workspaces(DType::bf16, 64, documents, {{"chunk", int64_t{64}}});
+    EXPECT_EQ(fwd, plain_fwd + ids);
+    EXPECT_EQ(bwd, plain_bwd + ids);
+  }
+  const auto [fwd, bwd] = cuda_workspaces(DType::bf16, 64, false, {{"temperature", std::vector<double>{4.0, 0.5}}});
+  const auto [none_fwd, none_bwd] = cuda_workspaces(DType::bf16, 64, false);
+  EXPECT_EQ(fwd, none_fwd + queries);
+  EXPECT_EQ(bwd, none_bwd + queries);
+}
+
+// The chunks' runs as cuDNN's THD sequences: every sequence lies in one document and one chunk, and
+// is maximal (it starts at its row's start, a chunk's or a document's), over random packings.
+TEST(CudnnThdLayout, ChunkRunsAreTheDocumentsCutAtEveryChunk) {
+  std::mt19937 rng(5);
+  for (int trial = 0; trial < 100; ++trial) {
+    const int64_t B = 1 + rng() % 3, S = 1 + rng() % 40, C = 1 + rng() % 12;
+    std::vector<int32_t> doc, ids;
+    for (int64_t b = 0; b < B; ++b) {
+      int32_t id = static_cast<int32_t>(rng() % 5);
+      for (int64_t s = 0; s < S; ++s) {
+        if (rng() % 5 == 0) id += 1;
+        doc.push_back(id);
+      }
+      for (int64_t s = 0; s < S; ++s)
+        ids.push_back(attention_llama4::chunk_document_id(doc.data() + b * S, s, C));
+    }
+    const auto l = cudnn_thd_layout(ids.data(), B, S, NH, NKV, D, cuda::cudnn_max_documents(B, S));
+    SCOPED_TRACE(testing::Message() << "trial " << trial << ": B " << B << ", S " << S << ", C " << C);
+    int64_t tokens = 0;
+    for (int64_t k = 0; k < l.documents; ++k) {
+      const int64_t t0 = l.offset_stats[size_t(k)] / NH, len = l.seq_len[size_t(k)];
+      const int64_t s0 = t0 % S;
+      for (int64_t t = t0; t < t0 + len; ++t) {
+        EXPECT_EQ(doc[size_t(t)], doc[size_t(t0)]) << "one document";
+        EXPECT_EQ((t % S) / C, s0 / C) << "one chunk";
+      }
+      EXPECT_TRUE(s0 == 0 || s0 % C == 0 || doc[size_t(t0 - 1)] != doc[size_t(t0)]) << "maximal at its start";
+      tokens += len;
+    }
+    EXPECT_EQ(tokens, B * S);
+  }
 }
 
 TEST(CudnnSdpaLayout, AutospAttentionBlocksPlansTheBlocksOnly) {
