@@ -140,6 +140,8 @@ def families():
         ("llama4", "Llama4ForCausalLM", "Llama4TextConfig",  # chunked attention, NoPE temperature, input-weighted experts
          dict(C, head_dim=8, num_local_experts=4, num_experts_per_tok=1, attention_chunk_size=8,
               no_rope_layer_interval=2, floor_scale=8)),
+        ("aria", "AriaTextForCausalLM", "AriaTextConfig",  # experts [E, H, 2 I] (transposed), shared experts
+         dict(C, moe_num_experts=4, moe_topk=2, moe_num_shared_experts=1)),
         ("dbrx", "DbrxForCausalLM", "DbrxConfig",
          dict(vocab_size=V, d_model=32, n_heads=4, n_layers=2, max_seq_len=64,
               ffn_config={"ffn_hidden_size": 48, "moe_num_experts": 4, "moe_top_k": 2},

@@ -152,9 +152,13 @@ def _moe_reference(x, router_logits, gate, up, down, top_k: int, normalize: bool
 
 def _moe_stacked_reference(x, router_logits, gate_up, down, top_k: int, normalize: bool, score: str = "softmax",
                            groups: int = 1, topk_group: int = 1, group_score: str = "max", dropped: str = "-inf",
-                           scale: float = 1.0, norm_eps: float = 0.0, bias: list[float] = ()):
+                           scale: float = 1.0, norm_eps: float = 0.0, bias: list[float] = (),
+                           transposed: bool = False):
     # transformers 5's experts: gate_up [E, 2 I, H] (expert e's gate rows, then its up rows) and
-    # down [E, H, I]; the same layer as _moe_reference, with its routers.
+    # down [E, H, I]; the same layer as _moe_reference, with its routers. transposed (Aria's, Llama
+    # 4's layout): gate_up [E, H, 2 I] (the gate's columns, then the up's) and down [E, I, H].
+    if transposed:
+        gate_up, down = gate_up.transpose(1, 2), down.transpose(1, 2)
     inter = down.shape[-1]
     return _moe_reference(x, router_logits, list(gate_up[:, :inter]), list(gate_up[:, inter:]), list(down), top_k,
                           normalize, score, groups, topk_group, group_score, dropped, scale, norm_eps, bias)
@@ -227,7 +231,8 @@ def register():
     torch.library.define("autosp::moe_stacked", "(Tensor x, Tensor router_logits, Tensor gate_up, Tensor down, "
                                                 "int top_k, bool normalize, str score=\"softmax\", int groups=1, "
                                                 "int topk_group=1, str group_score=\"max\", str dropped=\"-inf\", "
-                                                "float scale=1.0, float norm_eps=0.0, float[] bias=[]) -> Tensor")
+                                                "float scale=1.0, float norm_eps=0.0, float[] bias=[], "
+                                                "bool transposed=False) -> Tensor")
     torch.library.impl("autosp::moe_stacked", "CompositeImplicitAutograd")(_moe_stacked_reference)
     torch.library.define("autosp::moe_apart", "(Tensor x, Tensor router_logits, Tensor gate, Tensor up, Tensor down, "
                                               "int top_k, bool normalize) -> Tensor")
@@ -796,7 +801,8 @@ class _SparseMoeBlocks:
     def _stacked_parts(module):
         """transformers 5's block: its router (`gate` or `router`, a module with a weight [E, H]
         whose first output is the router logits) and its experts (one module with the stacked
-        gate_up_proj [E, 2 I, H] and down_proj [E, H, I]), and top_k; or None."""
+        gate_up_proj [E, 2 I, H] and down_proj [E, H, I], or is_transposed: [E, H, 2 I] and
+        [E, I, H]), and top_k; or None."""
         experts = getattr(module, "experts", None)
         router = getattr(module, "gate", None)
         if not isinstance(router, torch.nn.Module):
@@ -814,6 +820,8 @@ class _SparseMoeBlocks:
         if gate_up.dim() != 3 or down.dim() != 3 or weight.dim() != 2:
             return None
         E, I2, H = gate_up.shape
+        if getattr(experts, "is_transposed", False) is True:  # Aria's: gate_up_proj [E, H, 2 I]
+            E, H, I2 = gate_up.shape
         k = getattr(router, "top_k", None) or getattr(module, "top_k", None)
         if tuple(weight.shape) != (E, H) or not isinstance(k, int) or not 1 <= k <= E:
             return None
@@ -1024,13 +1032,16 @@ class _SparseMoeBlocks:
     def _patch_stacked(self, name, module, router, experts, k, weight):
         where = f"{name} ({type(module).__name__})"
         layout = {key: getattr(experts, key, want) for key, want in self._STACKED_LAYOUT.items()}
-        if layout != self._STACKED_LAYOUT or experts.gate_up_proj.shape[1] != 2 * experts.down_proj.shape[2] or \
-                experts.down_proj.shape[1] != experts.gate_up_proj.shape[2]:
+        # transposed (Aria's): gate_up_proj [E, H, 2 I] (the gate's columns, then the up's), down_proj [E, I, H]
+        transposed = layout["is_transposed"] is True
+        gate_up, down = experts.gate_up_proj.shape, experts.down_proj.shape
+        inner, outer = (1, 2) if transposed else (2, 1)
+        if dict(layout, is_transposed=False) != self._STACKED_LAYOUT or gate_up[outer] != 2 * down[inner] or \
+                down[outer] != gate_up[inner]:
             raise ValueError(f"autosp export: {where} keeps its experts otherwise than autosp's moe op takes them "
                              f"(gate_up_proj [E, 2 I, H], each expert's gate rows then its up rows, down_proj "
-                             f"[E, H, I], no biases, no norm after the experts): {layout}, gate_up_proj "
-                             f"{list(experts.gate_up_proj.shape)}, down_proj {list(experts.down_proj.shape)}; not "
-                             f"supported yet")
+                             f"[E, H, I], or both transposed; no biases, no norm after the experts): {layout}, "
+                             f"gate_up_proj {list(gate_up)}, down_proj {list(down)}; not supported yet")
         if getattr(module, "jitter_noise", 0) and module.training:
             raise ValueError(f"autosp export: {where} multiplies its input by random noise (router_jitter_noise="
                              f"{module.jitter_noise}); set it to 0 to train with autosp")
@@ -1059,7 +1070,8 @@ class _SparseMoeBlocks:
                 r = state["routing"]
                 return torch.ops.autosp.moe_stacked(hidden_states, logits.reshape(-1, logits.shape[-1]),
                                                     experts.gate_up_proj, experts.down_proj, k, r["normalize"],
-                                                    **self._routing_kwargs(r, values))
+                                                    **self._routing_kwargs(r, values),
+                                                    **({"transposed": True} if transposed else {}))
 
             router.forward, experts.forward = router_kept, experts_forward
 
@@ -1185,6 +1197,52 @@ class _SparseMoeBlocks:
         self.patched.append(module)
 
     @staticmethod
+    def _aria_parts(module):
+        """Aria's block in transformers 4 (AriaTextMoELayer: a grouped gemm over tokens sorted by
+        expert): a `router` linear [E, H] without bias, `experts` of fc1 [E, H, 2 I] (the gate's
+        columns, then the up's) and fc2 [E, I, H], `shared_experts`, and its config's moe_topk:
+        (router, experts, k), or None."""
+        router, experts = getattr(module, "router", None), getattr(module, "experts", None)
+        if type(module).__name__ != "AriaTextMoELayer" or not isinstance(router, torch.nn.Linear) or \
+                router.bias is not None or not isinstance(getattr(module, "shared_experts", None), torch.nn.Module):
+            return None
+        fc1, fc2 = getattr(getattr(experts, "fc1", None), "weight", None), \
+            getattr(getattr(experts, "fc2", None), "weight", None)
+        k = getattr(getattr(module, "config", None), "moe_topk", None)
+        if not isinstance(fc1, torch.nn.Parameter) or not isinstance(fc2, torch.nn.Parameter) or not isinstance(k, int):
+            return None
+        E, H = router.weight.shape
+        I = fc2.shape[1] if fc2.dim() == 3 else 0
+        if I < 1 or tuple(fc1.shape) != (E, H, 2 * I) or tuple(fc2.shape) != (E, I, H) or not 1 <= k <= E:
+            return None
+        return router, experts, k
+
+    def _patch_aria(self, name, module, router, experts, k):
+        """An Aria block (_aria_parts): its router's logits, one autosp::moe_stacked of its experts in
+        their transposed layout (the softmax of the top-k logits: the normalised softmax top k) and
+        its shared experts, checked against the block's own forward on a sample."""
+        where = f"{name} ({type(module).__name__})"
+
+        def forward(hidden_states, module=module):
+            x = hidden_states.reshape(-1, hidden_states.shape[-1])
+            logits = torch.nn.functional.linear(x, module.router.weight)
+            routed = torch.ops.autosp.moe_stacked(x, logits, module.experts.fc1.weight, module.experts.fc2.weight, k,
+                                                  True, transposed=True)
+            return routed.view(hidden_states.shape) + module.shared_experts(hidden_states)
+
+        probe = _in_float32(module)
+        sample = torch.randn(1, 64, router.weight.shape[1], generator=torch.Generator().manual_seed(0),
+                             dtype=torch.float32, device=router.weight.device)
+        with torch.no_grad():
+            want, got = probe(sample), forward(sample, module=probe)
+            if not torch.allclose(got, want, rtol=1e-4, atol=1e-5 * float(want.abs().max())):
+                raise ValueError(f"autosp export: {where} has Aria's router and experts, but computes something "
+                                 f"else than autosp's moe op of them (the softmax of the top-k logits, SwiGLU); not "
+                                 f"supported yet")
+        module.forward = forward
+        self.patched.append(module)
+
+    @staticmethod
     def _dbrx_parts(module):
         """DBRX's block (transformers' DbrxFFN): a `router` of one linear `layer` [E, H] without
         bias and moe_jitter_eps, its top k and moe_normalize_expert_weights (the router's in
@@ -1255,6 +1313,10 @@ class _SparseMoeBlocks:
             llama4 = self._llama4_parts(module)
             if llama4 is not None:
                 self._patch_llama4(name, module, *llama4)
+                continue
+            aria = self._aria_parts(module)
+            if aria is not None:
+                self._patch_aria(name, module, *aria)
                 continue
             gpt_oss = self._gpt_oss_parts(module)
             if gpt_oss is not None:

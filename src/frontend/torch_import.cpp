@@ -3229,8 +3229,12 @@ class TorchImporter {
     }
     if (n.target == "torch.ops.autosp.moe_stacked.default") {
       const std::vector<Tensor> experts{tensor_of(arg_tensor(n, "gate_up", 2)), tensor_of(arg_tensor(n, "down", 3))};
+      Attrs routing = moe_routing(n, 6);
+      // transposed (Aria's): gate_up [E, H, 2 I] (the gate's columns, then the up's), down [E, I, H],
+      // the moe op's "llama4" experts (Llama 4 keeps its experts so)
+      if (bool_arg(n, "transposed", 14, false)) routing.set("experts", std::string("llama4"));
       return rowwise(t_.moe(rowwise_of(x), rowwise_of(logits), experts, int_arg(n, "top_k", 4),
-                            bool_arg(n, "normalize", 5, false), moe_routing(n, 6)),
+                            bool_arg(n, "normalize", 5, false), routing),
                      x);
     }
     std::vector<std::vector<std::string>> lists;
