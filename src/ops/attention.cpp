@@ -226,7 +226,7 @@ cuda::CudnnSdpaKey cuda_attention_key(const Types& qkv, const Attrs& attrs, bool
   return cuda::cudnn_sdpa_key(backward, qkv[0].dtype == DType::bf16 ? cuda::Dt::bf16 : cuda::Dt::f32, d.B, d.S, d.NH,
                               d.NKV, d.D, attrs.get_int("causal") != 0, window_of(attrs),
                               float(attrs.get_float("scale")), documents, device, softcap_of(attrs),
-                              attrs.has("alibi"));
+                              attrs.has("alibi"), chunk_of(attrs));
 }
 cuda::AttentionChoice cuda_attention_choice(const cuda::CudnnSdpaKey& key, bool built_with_cudnn) {
   cuda::AttentionMode mode;

@@ -372,9 +372,9 @@ std::pair<int64_t, int64_t> cuda_workspaces(DType dt, int64_t Dh, bool documents
 int64_t blocks_bytes(bool backward, int64_t elem) {
   return cuda::attention_block_layout(backward, 2, 300, 8, 2, 64, elem).bytes;
 }
-int64_t cudnn_bytes(bool backward, bool documents) {
+int64_t cudnn_bytes(bool backward, bool documents, int64_t chunk = 0) {
   return cuda::cudnn_sdpa_layout(cuda::cudnn_sdpa_key(backward, cuda::Dt::bf16, 2, 300, 8, 2, 64, true, 0, 0.125f,
-                                                      documents))
+                                                      documents, 0, 0, false, chunk))
       .bytes;
 }
 
@@ -400,11 +400,11 @@ TEST(CudnnSdpaLayout, TheOpPlansTheLargerOfCudnnAndTheBlocks) {
 TEST(CudnnSdpaLayout, ChunksPlanTheDocumentsGraphAndTheirIdsTemperatureItsQueries) {
   const ScopedEnv env("AUTOSP_ATTENTION", nullptr);
   const int64_t ids = cuda_aligned(2 * 300 * 4), queries = cuda_aligned(2 * 300 * 8 * 64 * 2);
-  const auto [plain_fwd, plain_bwd] = cuda_workspaces(DType::bf16, 64, true);
+  EXPECT_GT(cudnn_bytes(false, true, 64), cudnn_bytes(false, true)) << "the THD arrays of 4 more sequences a row";
   for (bool documents : {false, true}) {
     const auto [fwd, bwd] = cuda_workspaces(DType::bf16, 64, documents, {{"chunk", int64_t{64}}});
-    EXPECT_EQ(fwd, plain_fwd + ids);
-    EXPECT_EQ(bwd, plain_bwd + ids);
+    EXPECT_EQ(fwd, ids + std::max(blocks_bytes(false, 2), cudnn_bytes(false, true, 64)));
+    EXPECT_EQ(bwd, ids + std::max(blocks_bytes(true, 2), cudnn_bytes(true, true, 64)));
   }
   const auto [fwd, bwd] = cuda_workspaces(DType::bf16, 64, false, {{"temperature", std::vector<double>{4.0, 0.5}}});
   const auto [none_fwd, none_bwd] = cuda_workspaces(DType::bf16, 64, false);
@@ -428,8 +428,9 @@ TEST(CudnnThdLayout, ChunkRunsAreTheDocumentsCutAtEveryChunk) {
       for (int64_t s = 0; s < S; ++s)
         ids.push_back(attention_llama4::chunk_document_id(doc.data() + b * S, s, C));
     }
-    const auto l = cudnn_thd_layout(ids.data(), B, S, NH, NKV, D, cuda::cudnn_max_documents(B, S));
+    const auto l = cudnn_thd_layout(ids.data(), B, S, NH, NKV, D, cuda::cudnn_max_documents(B, S, C));
     SCOPED_TRACE(testing::Message() << "trial " << trial << ": B " << B << ", S " << S << ", C " << C);
+    ASSERT_LE(l.documents, cuda::cudnn_max_documents(B, S, C));
     int64_t tokens = 0;
     for (int64_t k = 0; k < l.documents; ++k) {
       const int64_t t0 = l.offset_stats[size_t(k)] / NH, len = l.seq_len[size_t(k)];
@@ -443,6 +444,27 @@ TEST(CudnnThdLayout, ChunkRunsAreTheDocumentsCutAtEveryChunk) {
     }
     EXPECT_EQ(tokens, B * S);
   }
+}
+
+// The chunks' cuts raise the bound by ceil(S / C) - 1 sequences per row: a row of the most
+// documents the bound takes without chunks still fits with them.
+TEST(CudnnThdLayout, TheBoundMakesRoomForTheChunksCuts) {
+  const int64_t B = 2, S = 4096, C = 512;
+  EXPECT_EQ(cuda::cudnn_max_documents(B, S, C), B * (cuda::kCudnnDocumentsPerRow + 7));
+  EXPECT_EQ(cuda::cudnn_max_documents(B, S, 0), B * cuda::kCudnnDocumentsPerRow);
+  EXPECT_EQ(cuda::cudnn_max_documents(1, 40, 3), 40) << "at most one sequence per token";
+  EXPECT_EQ(cuda::cudnn_sdpa_key(false, cuda::Dt::bf16, B, S, 8, 2, 64, true, 0, 0.125f, true, 0, 0, false, C)
+                .max_documents,
+            cuda::cudnn_max_documents(B, S, C));
+  // 125 documents per row (of 33 tokens, the last shorter), each chunk edge inside one of them
+  std::vector<int32_t> doc, ids;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t s = 0; s < S; ++s) doc.push_back(int32_t(s / 33));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t s = 0; s < S; ++s) ids.push_back(attention_llama4::chunk_document_id(doc.data() + b * S, s, C));
+  const auto l = cudnn_thd_layout(ids.data(), B, S, NH, NKV, D, cuda::cudnn_max_documents(B, S, C));
+  EXPECT_EQ(l.documents, B * (125 + 7)) << "125 documents, 7 of them cut at a chunk's edge";
+  EXPECT_LE(l.documents, cuda::cudnn_max_documents(B, S, C));
 }
 
 TEST(CudnnSdpaLayout, AutospAttentionBlocksPlansTheBlocksOnly) {

@@ -50,8 +50,13 @@ namespace autosp::cuda {
 // bound is kCudnnDocumentsPerRow per batch row (fewer for a shorter S), and a batch with more
 // documents than that is a data error after the step (ErrorCode kErrorTooManyDocuments), naming
 // AUTOSP_ATTENTION=blocks, which has no bound.
+// Chunked attention (Llama 4's chunk C > 0; ops/attention.cpp) cuts a row's documents at every
+// chunk, up to ceil(S / C) - 1 more sequences per row, which the bound adds.
 constexpr int64_t kCudnnDocumentsPerRow = 128;
-inline int64_t cudnn_max_documents(int64_t B, int64_t S) { return B * std::min(S, kCudnnDocumentsPerRow); }
+inline int64_t cudnn_max_documents(int64_t B, int64_t S, int64_t chunk = 0) {
+  const int64_t cuts = chunk > 0 ? (S + chunk - 1) / chunk - 1 : 0;
+  return B * std::min(S, kCudnnDocumentsPerRow + cuts);
+}
 
 struct CudnnThdLayout {
   int64_t documents = 0;              // runs of one id found; > max_documents: too many for the graph
@@ -111,7 +116,7 @@ struct CudnnSdpaKey {
 
 inline CudnnSdpaKey cudnn_sdpa_key(bool backward, Dt dtype, int64_t B, int64_t S, int64_t NH, int64_t NKV, int64_t D,
                                    bool causal, int64_t window, float scale, bool documents, int device = 0,
-                                   float softcap = 0, bool alibi = false) {
+                                   float softcap = 0, bool alibi = false, int64_t chunk = 0) {
   CudnnSdpaKey k;
   k.backward = backward;
   k.dtype = dtype;
@@ -122,7 +127,7 @@ inline CudnnSdpaKey cudnn_sdpa_key(bool backward, Dt dtype, int64_t B, int64_t S
   k.softcap = softcap;
   k.alibi = alibi;
   k.documents = documents;
-  k.max_documents = documents ? cudnn_max_documents(B, S) : 0;
+  k.max_documents = documents ? cudnn_max_documents(B, S, chunk) : 0;
   k.device = device;
   return k;
 }
