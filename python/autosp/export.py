@@ -1097,6 +1097,20 @@ class _SparseMoeBlocks:
         rewrite(router, experts, bias)
         self.patched += [router, experts]
 
+    def _install_checked(self, where, module, forward, width, device, computes):
+        """Installs forward(hidden_states, module=...) as the block's forward, after checking it
+        against the block's own on a sample (fp32, 64 tokens of `width`; of a tuple, its first
+        output); a block it does not match is refused: "{where} has `computes`"."""
+        probe = _in_float32(module)
+        sample = torch.randn(1, 64, width, generator=torch.Generator().manual_seed(0), dtype=torch.float32,
+                             device=device)
+        with torch.no_grad():
+            want, got = (y[0] if isinstance(y, tuple) else y for y in (probe(sample), forward(sample, module=probe)))
+            if not torch.allclose(got, want, rtol=1e-4, atol=1e-5 * float(want.abs().max())):
+                raise ValueError(f"autosp export: {where} has {computes}; not supported yet")
+        module.forward = forward
+        self.patched.append(module)
+
     @staticmethod
     def _gpt_oss_parts(module):
         """gpt-oss's block (transformers' GptOssMLP): a `router` of weight [E, H], bias [E] and top_k,
@@ -1138,18 +1152,9 @@ class _SparseMoeBlocks:
                                                x_.down_proj_bias, r.top_k, float(x_.alpha), float(x_.limit))
             return out.view(hidden_states.shape), logits
 
-        probe = _in_float32(module)
-        sample = torch.randn(1, 64, router.weight.shape[1], generator=torch.Generator().manual_seed(0),
-                             dtype=torch.float32, device=router.weight.device)
-        with torch.no_grad():
-            want, got = probe(sample), forward(sample, module=probe)
-            want = want[0] if isinstance(want, tuple) else want
-            if not torch.allclose(got[0], want, rtol=1e-4, atol=1e-5 * float(want.abs().max())):
-                raise ValueError(f"autosp export: {where} has gpt-oss's router and experts, but computes something "
-                                 f"else than autosp's moe op of gpt-oss's experts (softmax of the top-k logits, the "
-                                 f"clamped GLU); not supported yet")
-        module.forward = forward
-        self.patched.append(module)
+        self._install_checked(where, module, forward, router.weight.shape[1], router.weight.device,
+                              "gpt-oss's router and experts, but computes something else than autosp's moe op of "
+                              "gpt-oss's experts (softmax of the top-k logits, the clamped GLU)")
 
     @staticmethod
     def _llama4_parts(module):
@@ -1184,17 +1189,10 @@ class _SparseMoeBlocks:
                                                  module.router.top_k)
             return module.shared_expert(x) + routed, logits
 
-        probe = _in_float32(module)
-        sample = torch.randn(1, 64, router.weight.shape[1], generator=torch.Generator().manual_seed(0),
-                             dtype=torch.float32, device=router.weight.device)
-        with torch.no_grad():
-            want, got = probe(sample)[0], forward(sample, module=probe)[0]
-            if not torch.allclose(got, want, rtol=1e-4, atol=1e-5 * float(want.abs().max())):
-                raise ValueError(f"autosp export: {where} has Llama 4's router and experts, but computes something "
-                                 f"else than autosp's moe op of Llama 4's experts (the sigmoid of the top-k logits "
-                                 f"weighting each expert's input, SwiGLU); not supported yet")
-        module.forward = forward
-        self.patched.append(module)
+        self._install_checked(where, module, forward, router.weight.shape[1], router.weight.device,
+                              "Llama 4's router and experts, but computes something else than autosp's moe op of "
+                              "Llama 4's experts (the sigmoid of the top-k logits weighting each expert's input, "
+                              "SwiGLU)")
 
     @staticmethod
     def _aria_parts(module):
@@ -1230,17 +1228,9 @@ class _SparseMoeBlocks:
                                                   True, transposed=True)
             return routed.view(hidden_states.shape) + module.shared_experts(hidden_states)
 
-        probe = _in_float32(module)
-        sample = torch.randn(1, 64, router.weight.shape[1], generator=torch.Generator().manual_seed(0),
-                             dtype=torch.float32, device=router.weight.device)
-        with torch.no_grad():
-            want, got = probe(sample), forward(sample, module=probe)
-            if not torch.allclose(got, want, rtol=1e-4, atol=1e-5 * float(want.abs().max())):
-                raise ValueError(f"autosp export: {where} has Aria's router and experts, but computes something "
-                                 f"else than autosp's moe op of them (the softmax of the top-k logits, SwiGLU); not "
-                                 f"supported yet")
-        module.forward = forward
-        self.patched.append(module)
+        self._install_checked(where, module, forward, router.weight.shape[1], router.weight.device,
+                              "Aria's router and experts, but computes something else than autosp's moe op of them "
+                              "(the softmax of the top-k logits, SwiGLU)")
 
     @staticmethod
     def _dbrx_parts(module):
