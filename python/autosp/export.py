@@ -116,14 +116,16 @@ def _attention_reference(q, k, v, causal: bool, scale: float, window: int, softc
 
 
 def _moe_reference(x, router_logits, gate, up, down, top_k: int, normalize: bool, score="softmax", groups=1,
-                   topk_group=1, group_score="max", dropped="-inf", scale=1.0, norm_eps=0.0, bias=()):
+                   topk_group=1, group_score="max", dropped="-inf", scale=1.0, norm_eps=0.0, bias=(),
+                   zero_experts: int = 0):
     # x [T, H], router_logits [T, E]; expert e is down[e](silu(gate[e] x) * up[e] x). Each token's
     # top_k experts by their scores s (softmax probabilities, or each logit's sigmoid) plus `bias`,
     # among the experts of its `topk_group` best `groups` (each scored by its best or, "top2", its
     # two best; the others' "-inf" or "zero"), weighted by s (normalize: over the chosen ones' sum
     # plus norm_eps), times scale, summed in ascending expert order (autosp's moe op). Written
     # densely (every expert on every row, weight 0 where not chosen: exactly the sparse sum) so
-    # that it traces without data-dependent shapes.
+    # that it traces without data-dependent shapes. zero_experts Z (LongCat-Flash's): the last Z
+    # of the experts the logits score are the identity (no weights; len(gate) is the others').
     if not len(gate) == len(up) == len(down):
         raise ValueError(f"autosp::moe: {len(gate)} gate, {len(up)} up and {len(down)} down weights: one of each "
                          f"per expert")
@@ -147,6 +149,8 @@ def _moe_reference(x, router_logits, gate, up, down, top_k: int, normalize: bool
     for e in range(len(gate)):
         h = torch.nn.functional.silu(x @ gate[e].T) * (x @ up[e].T)
         out = out + (h @ down[e].T) * dense[..., e:e + 1]
+    for e in range(len(gate), len(gate) + zero_experts):
+        out = out + x * dense[..., e:e + 1]
     return out
 
 
@@ -226,7 +230,8 @@ def register():
     torch.library.define("autosp::moe", "(Tensor x, Tensor router_logits, Tensor[] gate, Tensor[] up, Tensor[] down, "
                                         "int top_k, bool normalize, str score=\"softmax\", int groups=1, "
                                         "int topk_group=1, str group_score=\"max\", str dropped=\"-inf\", "
-                                        "float scale=1.0, float norm_eps=0.0, float[] bias=[]) -> Tensor")
+                                        "float scale=1.0, float norm_eps=0.0, float[] bias=[], int zero_experts=0) "
+                                        "-> Tensor")
     torch.library.impl("autosp::moe", "CompositeImplicitAutograd")(_moe_reference)
     torch.library.define("autosp::moe_stacked", "(Tensor x, Tensor router_logits, Tensor gate_up, Tensor down, "
                                                 "int top_k, bool normalize, str score=\"softmax\", int groups=1, "
@@ -827,24 +832,42 @@ class _SparseMoeBlocks:
             return None
         return router, experts, k, weight
 
+    @staticmethod
+    def _router_weight(router):
+        """A router module's weight [E, H]: its own, or its one linear's without bias (LongCat-Flash's
+        classifier); None without either."""
+        weight = getattr(router, "weight", None)
+        if weight is None:
+            linears = [m for m in router.children() if isinstance(m, torch.nn.Linear) and m.bias is None]
+            weight = linears[0].weight if len(linears) == 1 else None
+        return weight
+
     @classmethod
     def _listed_router_parts(cls, module):
-        """transformers 4's block of a router module (not a linear: GLM-4.5's, DeepSeek-V3's) with a
-        weight [E, H], a list of E SwiGLU experts and a `moe` method: (router, the experts' layer
-        names, top_k, the weight), or None."""
+        """transformers 4's block of a router module (not a linear: GLM-4.5's, DeepSeek-V3's, its
+        `gate`; LongCat-Flash's, its `router`) with a weight [E, H] (its own, or its one linear's:
+        LongCat-Flash's classifier), a list of E SwiGLU experts, the last Z of them maybe identities
+        (LongCat-Flash's zero-computation experts), and a `moe` method: (router, the experts' layer
+        names, top_k, the weight, Z), or None."""
         router, experts = getattr(module, "gate", None), getattr(module, "experts", None)
-        weight = getattr(router, "weight", None)
+        if not isinstance(router, torch.nn.Module):
+            router = getattr(module, "router", None)
         if isinstance(router, torch.nn.Linear) or not isinstance(router, torch.nn.Module) or \
-                not isinstance(experts, torch.nn.ModuleList) or not callable(getattr(module, "moe", None)) or \
-                not isinstance(weight, torch.nn.Parameter) or weight.dim() != 2 or weight.shape[0] != len(experts):
+                not isinstance(experts, torch.nn.ModuleList) or not callable(getattr(module, "moe", None)):
             return None
+        weight = cls._router_weight(router)
+        if not isinstance(weight, torch.nn.Parameter) or weight.dim() != 2 or weight.shape[0] != len(experts):
+            return None
+        zero = 0
+        while zero < len(experts) - 1 and isinstance(experts[len(experts) - 1 - zero], torch.nn.Identity):
+            zero += 1
         k = getattr(router, "top_k", None) or getattr(module, "top_k", None)
         if not isinstance(k, int) or not 1 <= k <= len(experts):
             return None
         for names in (("gate_proj", "up_proj", "down_proj"), ("w1", "w3", "w2")):
             if all(isinstance(getattr(e, n, None), torch.nn.Linear) and getattr(e, n).bias is None
-                   for e in experts for n in names):
-                return router, names, k, weight
+                   for e in experts[:len(experts) - zero] for n in names):
+                return router, names, k, weight, zero
         return None
 
     @staticmethod
@@ -987,7 +1010,7 @@ class _SparseMoeBlocks:
         module.forward = forward
         self.patched.append(module)
 
-    def _patch_listed_router(self, name, module, router, names, k, weight):
+    def _patch_listed_router(self, name, module, router, names, k, weight, zero):
         """transformers 4's blocks of a router module (GLM-4.5's, DeepSeek-V3's: its weight [E, H],
         maybe a correction bias) and a list of experts, whose `moe(hidden_states, topk_indices,
         topk_weights)` loops over the experts hit: that method is one autosp::moe of the router's
@@ -996,27 +1019,33 @@ class _SparseMoeBlocks:
         where = f"{name} ({type(module).__name__})"
         E = len(module.experts)
         found = self._router_bias(where, router, weight, E)
+        router_name = "gate" if getattr(module, "gate", None) is router else "router"
         candidates = self._routing_candidates(router)
         state = {"routing": candidates[0]}
 
         def rewrite(block, router, bias):
             values = None if bias is None else [float(b) for b in bias.detach().reshape(-1).double()]
 
+            computed = block.experts[:len(block.experts) - zero]
+            router_weight = self._router_weight(router)
+
             def moe(hidden_states, topk_indices=None, topk_weights=None):
                 r = state["routing"]
-                logits = torch.nn.functional.linear(hidden_states, router.weight)
-                gate, up, down = ([getattr(e, n).weight for e in block.experts] for n in names)
+                logits = torch.nn.functional.linear(hidden_states, router_weight)
+                gate, up, down = ([getattr(e, n).weight for e in computed] for n in names)
                 return torch.ops.autosp.moe(hidden_states, logits, gate, up, down, k, r["normalize"],
-                                            **self._routing_kwargs(r, values))
+                                            **self._routing_kwargs(r, values),
+                                            **({"zero_experts": zero} if zero else {}))
 
             block.moe = moe
 
         probe = _in_float32(module, always_copy=found is not None)
-        probe_bias = None if found is None else self._random_bias(probe.gate, found[0])
+        probe_router = getattr(probe, router_name)
+        probe_bias = None if found is None else self._random_bias(probe_router, found[0])
         fit = None
         try:
             fit = self._routing_of(probe, weight.shape[1], weight.device, candidates, state,
-                                   lambda: rewrite(probe, probe.gate, probe_bias))
+                                   lambda: rewrite(probe, probe_router, probe_bias))
         finally:
             if probe is module:
                 del module.moe

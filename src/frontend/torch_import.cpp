@@ -3252,8 +3252,11 @@ class TorchImporter {
     for (size_t e = 0; e < lists[0].size(); ++e)
       for (size_t i = 0; i < 3; ++i) experts.push_back(tensor_of(lists[i][e]));
     const int64_t top_k = int_arg(n, "top_k", 5);
+    Attrs routing = moe_routing(n, 7);
+    // LongCat-Flash's zero-computation experts: the last of the experts the logits score, no weights
+    if (const int64_t zero = int_arg(n, "zero_experts", 15, 0); zero != 0) routing.set("zero_experts", zero);
     return rowwise(t_.moe(rowwise_of(x), rowwise_of(logits), experts, top_k, bool_arg(n, "normalize", 6, false),
-                          moe_routing(n, 7)),
+                          routing),
                    x);
   }
   // The router's attributes beyond softmax top-k (ops/moe.cpp), where the program gives them: the

@@ -109,12 +109,17 @@ cpu::MoeDims moe_dims(const Types& in, const Attrs& attrs, size_t first, size_t 
   d.H = x.shape.back();
   d.E = logits.shape.back();
   require(d.E >= 1, "at least one expert");
+  // (LongCat-Flash's zero-computation experts: the last Z of the E the logits score, with no weights)
+  d.zero_experts = attrs.get_int("zero_experts", 0);
+  require(d.zero_experts >= 0 && d.zero_experts < d.E, "zero_experts=", d.zero_experts, " must be in [0, ", d.E,
+          ") (the router's experts, one of them computed at least)");
+  const int64_t Ew = d.experts_with_weights();
   const bool stacked = stacked_weights(in, weights);
   const bool apart = stacked_apart(in, weights);
-  require(stacked || apart || moe_experts(attrs).fused() || int64_t(in.size()) == int64_t(weights) + 3 * d.E,
-          "router logits of ", d.E, " experts need ", 3 * d.E, " expert weights (gate, up and down of each), 2 "
-          "stacked ones (gate_up [E, 2 I, H] and down [E, H, I]) or 3 (gate, up and down [E, I, H]), got ",
-          int64_t(in.size()) - int64_t(weights));
+  require(stacked || apart || moe_experts(attrs).fused() || int64_t(in.size()) == int64_t(weights) + 3 * Ew,
+          "router logits of ", d.E, " experts", d.zero_experts ? str(" (", d.zero_experts, " of them zero)") : "",
+          " need ", 3 * Ew, " expert weights (gate, up and down of each), 2 stacked ones (gate_up [E, 2 I, H] and "
+          "down [E, H, I]) or 3 (gate, up and down [E, I, H]), got ", int64_t(in.size()) - int64_t(weights));
   require(attrs.has("top_k"), "needs a 'top_k' attribute");
   d.k = attrs.get_int("top_k");
   require(d.k >= 1 && d.k <= d.E, "top_k=", d.k, " must be in [1, ", d.E, "] (the experts)");
@@ -130,10 +135,10 @@ cpu::MoeDims moe_dims(const Types& in, const Attrs& attrs, size_t first, size_t 
     require_same_dtype(x, "x", in[weights + 1], "down");
     const TensorType &gate_up = in[weights], &down = in[weights + 1];
     d.I = gate_up.shape.size() == 3 ? gate_up.shape[2] / 2 : 0;
-    require(gate_up.shape == Shape{d.E, d.H, 2 * d.I} && d.I >= 1, "llama4 experts' gate_up must be [E, H, 2 I] = [",
-            d.E, ", ", d.H, ", 2 I], got ", type_str(gate_up));
-    require(down.shape == Shape{d.E, d.I, d.H}, "llama4 experts' down must be [E, I, H] = ",
-            shape_str(Shape{d.E, d.I, d.H}), ", got ", type_str(down));
+    require(gate_up.shape == Shape{Ew, d.H, 2 * d.I} && d.I >= 1, "llama4 experts' gate_up must be [E, H, 2 I] = [",
+            Ew, ", ", d.H, ", 2 I], got ", type_str(gate_up));
+    require(down.shape == Shape{Ew, d.I, d.H}, "llama4 experts' down must be [E, I, H] = ",
+            shape_str(Shape{Ew, d.I, d.H}), ", got ", type_str(down));
     return d;
   }
   if (d.experts.form == cpu::MoeExperts::gpt_oss) {
@@ -144,13 +149,13 @@ cpu::MoeDims moe_dims(const Types& in, const Attrs& attrs, size_t first, size_t 
     for (size_t i = 0; i < 4; ++i) require_same_dtype(x, "x", in[weights + i], names[i]);
     const TensorType &gate_up = in[weights], &down = in[weights + 2];
     d.I = gate_up.shape.size() == 3 ? gate_up.shape[2] / 2 : 0;
-    require(gate_up.shape == Shape{d.E, d.H, 2 * d.I} && d.I >= 1, "gpt_oss experts' gate_up must be [E, H, 2 I] = [",
-            d.E, ", ", d.H, ", 2 I], got ", type_str(gate_up));
-    require(in[weights + 1].shape == Shape{d.E, 2 * d.I}, "gate_up_bias must be [E, 2 I] = ",
-            shape_str(Shape{d.E, 2 * d.I}), ", got ", type_str(in[weights + 1]));
-    require(down.shape == Shape{d.E, d.I, d.H}, "gpt_oss experts' down must be [E, I, H] = ",
-            shape_str(Shape{d.E, d.I, d.H}), ", got ", type_str(down));
-    require(in[weights + 3].shape == Shape{d.E, d.H}, "down_bias must be [E, H] = ", shape_str(Shape{d.E, d.H}),
+    require(gate_up.shape == Shape{Ew, d.H, 2 * d.I} && d.I >= 1, "gpt_oss experts' gate_up must be [E, H, 2 I] = [",
+            Ew, ", ", d.H, ", 2 I], got ", type_str(gate_up));
+    require(in[weights + 1].shape == Shape{Ew, 2 * d.I}, "gate_up_bias must be [E, 2 I] = ",
+            shape_str(Shape{Ew, 2 * d.I}), ", got ", type_str(in[weights + 1]));
+    require(down.shape == Shape{Ew, d.I, d.H}, "gpt_oss experts' down must be [E, I, H] = ",
+            shape_str(Shape{Ew, d.I, d.H}), ", got ", type_str(down));
+    require(in[weights + 3].shape == Shape{Ew, d.H}, "down_bias must be [E, H] = ", shape_str(Shape{Ew, d.H}),
             ", got ", type_str(in[weights + 3]));
     return d;
   }
@@ -160,8 +165,8 @@ cpu::MoeDims moe_dims(const Types& in, const Attrs& attrs, size_t first, size_t 
     d.down_transposed = true;
     for (size_t i = 0; i < 3; ++i) {
       require_same_dtype(x, "x", in[weights + i], names[i]);
-      require(in[weights + i].shape == Shape{d.E, d.I, d.H} && d.I >= 1, "the stacked ", names[i],
-              " must be [E, I, H] = [", d.E, ", I, ", d.H, "] as gate's (down: each expert's transposed), got ",
+      require(in[weights + i].shape == Shape{Ew, d.I, d.H} && d.I >= 1, "the stacked ", names[i],
+              " must be [E, I, H] = [", Ew, ", I, ", d.H, "] as gate's (down: each expert's transposed), got ",
               type_str(in[weights + i]));
     }
     return d;
@@ -171,14 +176,14 @@ cpu::MoeDims moe_dims(const Types& in, const Attrs& attrs, size_t first, size_t 
     require_same_dtype(x, "x", gate_up, "gate_up");
     require_same_dtype(x, "x", down, "down");
     d.I = gate_up.shape[1] / 2;
-    require(gate_up.shape == Shape{d.E, 2 * d.I, d.H} && d.I >= 1, "the stacked gate_up must be [E, 2 I, H] = [", d.E,
+    require(gate_up.shape == Shape{Ew, 2 * d.I, d.H} && d.I >= 1, "the stacked gate_up must be [E, 2 I, H] = [", Ew,
             ", 2 I, ", d.H, "], got ", type_str(gate_up));
-    require(down.shape == Shape{d.E, d.H, d.I}, "the stacked down must be [E, H, I] = ",
-            shape_str(Shape{d.E, d.H, d.I}), ", got ", type_str(down));
+    require(down.shape == Shape{Ew, d.H, d.I}, "the stacked down must be [E, H, I] = ",
+            shape_str(Shape{Ew, d.H, d.I}), ", got ", type_str(down));
     return d;
   }
   d.I = in[weights].shape.size() == 2 ? in[weights].shape[0] : -1;
-  for (int64_t e = 0; e < d.E; ++e) {
+  for (int64_t e = 0; e < Ew; ++e) {
     const char* names[] = {"gate", "up", "down"};
     for (int64_t m = 0; m < 3; ++m) {
       const TensorType& w = in[weights + 3 * e + m];
@@ -231,12 +236,12 @@ std::vector<P> expert_weights(const std::vector<P>& bufs, const cpu::MoeDims& d,
   std::vector<P> w;
   const int64_t expert = esize * d.I * d.H;  // bytes of one [I, H] or [H, I] matrix
   if (!stacked && bufs.size() == 3 && d.down_transposed) {  // DBRX's, stacked apart
-    for (int64_t e = 0; e < d.E; ++e)
+    for (int64_t e = 0; e < d.experts_with_weights(); ++e)
       for (int m = 0; m < 3; ++m) w.push_back(reinterpret_cast<P>(reinterpret_cast<Byte*>(bufs[m]) + expert * e));
     return w;
   }
   if (!stacked) return bufs;
-  for (int64_t e = 0; e < d.E; ++e) {
+  for (int64_t e = 0; e < d.experts_with_weights(); ++e) {
     Byte* gate = reinterpret_cast<Byte*>(bufs[0]) + 2 * expert * e;
     w.push_back(reinterpret_cast<P>(gate));
     w.push_back(reinterpret_cast<P>(gate + expert));
@@ -352,6 +357,27 @@ const float* cuda_input_weights(const cpu::MoeDims& d, const DeviceRouting& r) {
   return d.experts.weight_input ? r.weights : nullptr;
 }
 
+// The zero-computation experts' slots after the computed ones' (cpu::MoeDims::zero_experts), through
+// the rows xs: y[t] += w_j x[t]; and the backward's, through xs, dys and dout: dws = <dy[t], x[t]>,
+// dx[t] += w_j dy[t] (the CPU's identity_forward and identity_backward).
+void cuda_identity_experts(const cpu::MoeDims& d, cuda::Dt dt, const DeviceRouting& r, int64_t R, const void* x,
+                           char* xs, void* y, const CudaContext& c) {
+  cpu::for_each_expert_chunk(d.experts_with_weights(), d.E, r.start, R, [&](int64_t, int64_t at, int64_t n) {
+    cuda::moe_gather_rows(dt, x, r.slots + at, n, d.k, d.H, xs, c.stream);
+    cuda::moe_scatter_add(dt, xs, r.slots + at, r.weights, n, d.k, d.H, y, c.stream);
+  });
+}
+void cuda_identity_experts_backward(const cpu::MoeDims& d, cuda::Dt dt, const DeviceRouting& r, int64_t R,
+                                    const void* dy, const void* x, char* xs, char* dys, char* dout, float* dws,
+                                    void* dx, const CudaContext& c) {
+  cpu::for_each_expert_chunk(d.experts_with_weights(), d.E, r.start, R, [&](int64_t, int64_t at, int64_t n) {
+    cuda::moe_gather_rows(dt, x, r.slots + at, n, d.k, d.H, xs, c.stream);
+    cuda::moe_gather_rows(dt, dy, r.slots + at, n, d.k, d.H, dys, c.stream);
+    cuda::moe_output_grad(dt, dys, xs, dout, r.slots + at, r.weights, n, d.H, dws, c.stream);
+    cuda::moe_scatter_add(dt, dout, r.slots + at, nullptr, n, d.k, d.H, dx, c.stream);
+  });
+}
+
 // As cpu::moe_fused_forward: gather, the fused gate and up product, its bias (gpt-oss's) and the
 // GLU (g and u into the saved planes), the down product and its bias (saved), the scatter-add.
 void cuda_moe_fused(const KernelArgs& a, const CudaContext& c, const cpu::MoeDims& d, const DeviceRouting& r,
@@ -365,7 +391,7 @@ void cuda_moe_fused(const KernelArgs& a, const CudaContext& c, const cpu::MoeDim
   const char *w_gu = a.in<char>(2), *w_d = a.in<char>(biases ? 4 : 3);
   const char *b_gu = biases ? a.in<char>(3) : nullptr, *b_d = biases ? a.in<char>(5) : nullptr;
   cuda::fill(dt, a.outputs[0], d.T * H, 0.0f, c.stream);
-  cpu::for_each_expert_chunk(d.E, r.start, l.R, [&](int64_t e, int64_t at, int64_t n) {
+  cpu::for_each_expert_chunk(d.experts_with_weights(), r.start, l.R, [&](int64_t e, int64_t at, int64_t n) {
     const int32_t* slots = r.slots + at;
     const cpu::MoeSavedAt s = cpu::moe_saved_at(d, at);
     char *g = saved + es * s.g, *u = saved + es * s.u, *o = saved + es * s.o;
@@ -376,6 +402,7 @@ void cuda_moe_fused(const KernelArgs& a, const CudaContext& c, const cpu::MoeDim
     if (b_d) cuda::moe_add_row_bias(dt, o, b_d + es * e * H, n, H, c.stream);
     cuda::moe_scatter_add(dt, o, slots, cuda_output_weights(d, r), n, d.k, H, a.outputs[0], c.stream);
   });
+  cuda_identity_experts(d, dt, r, l.R, a.inputs[0], xs, a.outputs[0], c);
 }
 
 // As cpu::moe_fused_backward, from the saved products.
@@ -395,13 +422,13 @@ void cuda_moe_fused_backward(const KernelArgs& a, const CudaContext& c, const cp
   char* db_gu = biases ? static_cast<char*>(a.outputs[3]) : nullptr;
   char* db_d = biases ? static_cast<char*>(a.outputs[5]) : nullptr;
   cuda::fill(dt, a.outputs[0], d.T * H, 0.0f, c.stream);
-  cuda::fill(dt, dw_gu, d.E * H * 2 * I, 0.0f, c.stream);
-  cuda::fill(dt, dw_d, d.E * I * H, 0.0f, c.stream);
+  cuda::fill(dt, dw_gu, d.experts_with_weights() * H * 2 * I, 0.0f, c.stream);
+  cuda::fill(dt, dw_d, d.experts_with_weights() * I * H, 0.0f, c.stream);
   if (biases) {
-    cuda::fill(dt, db_gu, d.E * 2 * I, 0.0f, c.stream);
-    cuda::fill(dt, db_d, d.E * H, 0.0f, c.stream);
+    cuda::fill(dt, db_gu, d.experts_with_weights() * 2 * I, 0.0f, c.stream);
+    cuda::fill(dt, db_d, d.experts_with_weights() * H, 0.0f, c.stream);
   }
-  cpu::for_each_expert_chunk(d.E, r.start, R, [&](int64_t e, int64_t at, int64_t n) {
+  cpu::for_each_expert_chunk(d.experts_with_weights(), r.start, R, [&](int64_t e, int64_t at, int64_t n) {
     const int32_t* slots = r.slots + at;
     const cpu::MoeSavedAt s = cpu::moe_saved_at(d, at);
     const char *g = saved + es * s.g, *u = saved + es * s.u, *o = saved + es * s.o;
@@ -421,6 +448,7 @@ void cuda_moe_fused_backward(const KernelArgs& a, const CudaContext& c, const cp
     if (d.experts.weight_input) cuda::moe_input_weight_grad(dt, dys, a.inputs[1], slots, n, d.k, H, dws, c.stream);
     cuda::moe_scatter_add(dt, dys, slots, cuda_input_weights(d, r), n, d.k, H, a.outputs[0], c.stream);
   });
+  cuda_identity_experts_backward(d, dt, r, R, a.inputs[0], a.inputs[1], xs, dys, dout, dws, a.outputs[0], c);
   cuda::moe_router_backward(dt, a.inputs[2], dws, d.T, d.E, d.k, r.route, a.outputs[1], c.stream);
 }
 
@@ -440,7 +468,7 @@ void cuda_moe(const KernelArgs& a, const CudaContext& c) {
       expert_weights(std::vector<const void*>(a.inputs.begin() + 2, a.inputs.end()), d, stacked_weights(types_of(a), 2),
                      es);
   cuda::fill(dt, a.outputs[0], d.T * H, 0.0f, c.stream);
-  cpu::for_each_expert_chunk(d.E, r.start, l.R, [&](int64_t e, int64_t at, int64_t n) {
+  cpu::for_each_expert_chunk(d.experts_with_weights(), r.start, l.R, [&](int64_t e, int64_t at, int64_t n) {
     const int32_t* slots = r.slots + at;
     const cpu::MoeSavedAt s = cpu::moe_saved_at(d, at);
     char *g = saved + es * s.g, *u = saved + es * s.u, *o = saved + es * s.o;
@@ -451,6 +479,7 @@ void cuda_moe(const KernelArgs& a, const CudaContext& c) {
     cuda_gemm(c, dt, dt, false, !d.down_transposed, n, H, I, hh, w[3 * e + 2], o, false, "moe");
     cuda::moe_scatter_add(dt, o, slots, cuda_output_weights(d, r), n, d.k, H, a.outputs[0], c.stream);
   });
+  cuda_identity_experts(d, dt, r, l.R, a.inputs[0], xs, a.outputs[0], c);
 }
 
 // As cpu::moe_backward, from the saved products.
@@ -472,8 +501,8 @@ void cuda_moe_backward(const KernelArgs& a, const CudaContext& c) {
   const std::vector<void*> dw =
       expert_weights(std::vector<void*>(a.outputs.begin() + 2, a.outputs.end()), d, stacked, es);
   cuda::fill(dt, a.outputs[0], d.T * H, 0.0f, c.stream);
-  for (int64_t m = 0; m < 3 * d.E; ++m) cuda::fill(dt, dw[m], I * H, 0.0f, c.stream);
-  cpu::for_each_expert_chunk(d.E, r.start, R, [&](int64_t e, int64_t at, int64_t n) {
+  for (int64_t m = 0; m < 3 * d.experts_with_weights(); ++m) cuda::fill(dt, dw[m], I * H, 0.0f, c.stream);
+  cpu::for_each_expert_chunk(d.experts_with_weights(), r.start, R, [&](int64_t e, int64_t at, int64_t n) {
     const void *wg = w[3 * e], *wu = w[3 * e + 1], *wd = w[3 * e + 2];
     void *dwg = dw[3 * e], *dwu = dw[3 * e + 1], *dwd = dw[3 * e + 2];
     const int32_t* slots = r.slots + at;
@@ -496,6 +525,7 @@ void cuda_moe_backward(const KernelArgs& a, const CudaContext& c) {
     if (d.experts.weight_input) cuda::moe_input_weight_grad(dt, dys, a.inputs[1], slots, n, d.k, H, dws, c.stream);
     cuda::moe_scatter_add(dt, dys, slots, cuda_input_weights(d, r), n, d.k, H, a.outputs[0], c.stream);
   });
+  cuda_identity_experts_backward(d, dt, r, R, a.inputs[0], a.inputs[1], xs, dys, dout, dws, a.outputs[0], c);
   cuda::moe_router_backward(dt, a.inputs[2], dws, d.T, d.E, d.k, r.route, a.outputs[1], c.stream);
 }
 
@@ -529,7 +559,8 @@ void cuda_moe_balance_backward(const KernelArgs& a, const CudaContext& c) {
 // MoeExperts), as it keeps them (gate_up [E, H, 2 I] interleaved, down [E, I, H]). Or moe(x,
 // router_logits, gate_up, down) {experts: "llama4"}, Llama 4's (gate_up [E, H, 2 I], the gate's
 // columns then the up's, down [E, I, H]). Any form with {weight_input: 1} (Llama 4's) weights each
-// expert's input by its routing weight instead of its output. The importer's
+// expert's input by its routing weight instead of its output; with {zero_experts: Z} (LongCat-Flash's)
+// the last Z of the experts the logits score are identities, with no weights among the operands. The importer's
 // form of transformers' sparse MoE blocks, whose router linear stays a linear before it.
 extern const OpDef moe_op = {
     .num_inputs = -1,

@@ -301,6 +301,38 @@ TEST(OpGrad, MixtureOfLlama4ExpertsWeightingTheirInput) {
   check_gradients(t.finish(), listed);
 }
 
+// LongCat-Flash's zero-computation experts: of the 5 experts the logits score, the last 2 are
+// identities (expert 3 chosen by some tokens, expert 4 by none), beside 3 computed ones, listed
+// (softmax, scaled, unnormalised, as LongCat-Flash) and Llama 4's fused ones weighting their input.
+TEST(OpGrad, MixtureOfExpertsWithZeroExperts) {
+  const int64_t T = 6, H = 5, I = 3, E = 5, Z = 2;
+  Feed feed;
+  feed.f["x"] = autosp::testing::random_normal(T * H, 41);
+  feed.f["logits"] = spaced_logits(T);  // as MixtureOfExperts'
+  for (bool fused : {false, true}) {
+    SCOPED_TRACE(fused ? "llama4 experts, input weighted" : "listed experts");
+    Tracer t;
+    Tensor x = t.parameter("x", {T, H}), logits = t.parameter("logits", {T, E});
+    std::vector<Tensor> experts;
+    Attrs attrs{{"zero_experts", Z}, {"scale", 2.0}};
+    if (fused) {
+      experts = {t.parameter("gate_up", {E - Z, H, 2 * I}), t.parameter("down", {E - Z, I, H})};
+      feed.f["gate_up"] = autosp::testing::random_normal((E - Z) * H * 2 * I, 42, 0.5f);
+      attrs.set("experts", std::string("llama4"));
+      attrs.set("weight_input", int64_t{1});
+    } else {
+      for (int64_t e = 0; e < E - Z; ++e)
+        for (const char* m : {"gate", "up", "down"}) {
+          const std::string name = str(m, e);
+          experts.push_back(t.parameter(name, m[0] == 'd' ? Shape{H, I} : Shape{I, H}));
+          feed.f[name] = autosp::testing::random_normal(I * H, 50 + uint32_t(experts.size()), 0.5f);
+        }
+    }
+    t.output("y0", t.moe(x, logits, experts, 2, false, attrs));
+    check_gradients(t.finish(), feed);
+  }
+}
+
 // The load-balancing statistics of two layers' router logits: the counts (row 0) have no
 // gradient (nor do their finite differences: the logits are spaced so no step changes a row's top
 // 2), the probability sums (row 1) the softmax's.

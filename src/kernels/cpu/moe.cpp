@@ -126,6 +126,27 @@ void input_weight_grad(const MoeDims& d, const float* dxs, const float* x, const
   }
 }
 
+// The zero-computation experts' slots (MoeDims::zero_experts), after the computed ones':
+// y[t] += w_j x[t], chunk by chunk through xs [R, H].
+void identity_forward(const MoeDims& d, const Routing& r, const float* x, float* xs, float* y) {
+  const int64_t R = std::min(d.T * d.k, kMoeChunkRows);
+  for_each_expert_chunk(d.experts_with_weights(), d.E, r.start, R, [&](int64_t, int64_t at, int64_t n) {
+    gather_rows(x, r.slots + at, n, d.k, d.H, xs);
+    scatter_weighted(d, xs, r.slots + at, r.weights, n, y);
+  });
+}
+// ... and their gradients: dws[slot] = <dy[t], x[t]>, dx[t] += w_j dy[t] (through xs, dys, dout [R, H]).
+void identity_backward(const MoeDims& d, const Routing& r, const float* dy, const float* x, float* xs, float* dys,
+                       float* dout, float* dws, float* dx) {
+  const int64_t R = std::min(d.T * d.k, kMoeChunkRows);
+  for_each_expert_chunk(d.experts_with_weights(), d.E, r.start, R, [&](int64_t, int64_t at, int64_t n) {
+    gather_rows(x, r.slots + at, n, d.k, d.H, xs);
+    gather_rows(dy, r.slots + at, n, d.k, d.H, dys);
+    output_grad(d, dys, xs, r.slots + at, r.weights, n, dout, dws);
+    scatter_weighted(d, dout, r.slots + at, nullptr, n, dx);
+  });
+}
+
 }  // namespace
 
 moe_routing::Route moe_route_of(const MoeDims& d) {
@@ -174,7 +195,7 @@ void moe_forward(const MoeDims& d, const float* x, const float* logits, const fl
   float* xs = workspace + routing_floats(d);
   float* hh = xs + R * H;
   std::fill_n(y, d.T * H, 0.0f);
-  for_each_expert_chunk(d.E, r.start, R, [&](int64_t e, int64_t at, int64_t n) {
+  for_each_expert_chunk(d.experts_with_weights(), r.start, R, [&](int64_t e, int64_t at, int64_t n) {
     const int32_t* slots = r.slots + at;
     const MoeSavedAt s = moe_saved_at(d, at);
     float *g = saved + s.g, *u = saved + s.u, *o = saved + s.o;
@@ -185,6 +206,7 @@ void moe_forward(const MoeDims& d, const float* x, const float* logits, const fl
     gemm(false, !d.down_transposed, n, H, I, hh, w[3 * e + 2], o);
     scatter_weighted(d, o, slots, output_weights(d, r.weights), n, y);
   });
+  identity_forward(d, r, x, xs, y);
 }
 
 void moe_backward(const MoeDims& d, const float* dy, const float* x, const float* logits, const float* saved,
@@ -196,8 +218,8 @@ void moe_backward(const MoeDims& d, const float* dy, const float* x, const float
   float *dys = xs + R * H, *dout = dys + R * H, *hh = dout + R * H, *dh = hh + R * I, *dg = dh + R * I;
   float* du = dg + R * I;
   std::fill_n(dx, d.T * H, 0.0f);
-  for (int64_t m = 0; m < 3 * d.E; ++m) std::fill_n(dw[m], I * H, 0.0f);
-  for_each_expert_chunk(d.E, r.start, R, [&](int64_t e, int64_t at, int64_t n) {
+  for (int64_t m = 0; m < 3 * d.experts_with_weights(); ++m) std::fill_n(dw[m], I * H, 0.0f);
+  for_each_expert_chunk(d.experts_with_weights(), r.start, R, [&](int64_t e, int64_t at, int64_t n) {
     const int32_t* slots = r.slots + at;
     const MoeSavedAt s = moe_saved_at(d, at);
     const float *g = saved + s.g, *u = saved + s.u, *o = saved + s.o;
@@ -218,6 +240,7 @@ void moe_backward(const MoeDims& d, const float* dy, const float* x, const float
     input_weight_grad(d, dys, x, slots, n, dws);
     scatter_weighted(d, dys, slots, input_weights(d, r.weights), n, dx);
   });
+  identity_backward(d, r, dy, x, xs, dys, dout, dws, dx);
   router_backward(d, logits, dws, dlogits);
 }
 
@@ -229,7 +252,7 @@ void moe_fused_forward(const MoeDims& d, const float* x, const float* logits, co
   float* xs = workspace + routing_floats(d);
   float *hh = xs + R * H, *gu = hh + R * I;
   std::fill_n(y, d.T * H, 0.0f);
-  for_each_expert_chunk(d.E, r.start, R, [&](int64_t e, int64_t at, int64_t n) {
+  for_each_expert_chunk(d.experts_with_weights(), r.start, R, [&](int64_t e, int64_t at, int64_t n) {
     const float *b_gu = w.gate_up_bias ? w.gate_up_bias + e * 2 * I : nullptr;
     const float* b_d = w.down_bias ? w.down_bias + e * H : nullptr;
     const int32_t* slots = r.slots + at;
@@ -253,6 +276,7 @@ void moe_fused_forward(const MoeDims& d, const float* x, const float* logits, co
     }
     scatter_weighted(d, o, slots, output_weights(d, r.weights), n, y);
   });
+  identity_forward(d, r, x, xs, y);
 }
 
 void moe_fused_backward(const MoeDims& d, const float* dy, const float* x, const float* logits, const float* saved,
@@ -265,11 +289,12 @@ void moe_fused_backward(const MoeDims& d, const float* dy, const float* x, const
   float* xs = dws + d.T * d.k;
   float *dys = xs + R * H, *dout = dys + R * H, *hh = dout + R * H, *dh = hh + R * I, *dgu = dh + R * I;
   std::fill_n(dx, d.T * H, 0.0f);
-  std::fill_n(dw.gate_up, d.E * H * 2 * I, 0.0f);
-  std::fill_n(dw.down, d.E * I * H, 0.0f);
-  if (dw.gate_up_bias) std::fill_n(dw.gate_up_bias, d.E * 2 * I, 0.0f);
-  if (dw.down_bias) std::fill_n(dw.down_bias, d.E * H, 0.0f);
-  for_each_expert_chunk(d.E, r.start, R, [&](int64_t e, int64_t at, int64_t n) {
+  const int64_t Ew = d.experts_with_weights();
+  std::fill_n(dw.gate_up, Ew * H * 2 * I, 0.0f);
+  std::fill_n(dw.down, Ew * I * H, 0.0f);
+  if (dw.gate_up_bias) std::fill_n(dw.gate_up_bias, Ew * 2 * I, 0.0f);
+  if (dw.down_bias) std::fill_n(dw.down_bias, Ew * H, 0.0f);
+  for_each_expert_chunk(Ew, r.start, R, [&](int64_t e, int64_t at, int64_t n) {
     const int32_t* slots = r.slots + at;
     const MoeSavedAt s = moe_saved_at(d, at);
     const float *g = saved + s.g, *u = saved + s.u, *o = saved + s.o;
@@ -305,6 +330,7 @@ void moe_fused_backward(const MoeDims& d, const float* dy, const float* x, const
     input_weight_grad(d, dys, x, slots, n, dws);
     scatter_weighted(d, dys, slots, input_weights(d, r.weights), n, dx);
   });
+  identity_backward(d, r, dy, x, xs, dys, dout, dws, dx);
   router_backward(d, logits, dws, dlogits);
 }
 

@@ -65,8 +65,13 @@ struct MoeExperts {
   moe_experts::FusedForm fused_form() const { return {form == gpt_oss, float(alpha), float(limit)}; }
 };
 
+// zero_experts Z (LongCat-Flash's zero-computation experts): the last Z of the E experts the router
+// chooses among are the identity, expert(x) = x, with no weights; the others, E - Z, are computed
+// (experts_with_weights()). Their slots add w_j x[t]: dw_j = <dy[t], x[t]>, and x[t] gains w_j dy[t].
 struct MoeDims {
   int64_t T = 0, H = 0, I = 0, E = 0, k = 0;
+  int64_t zero_experts = 0;
+  int64_t experts_with_weights() const { return E - zero_experts; }
   bool normalize = false;
   bool down_transposed = false;  // each expert's down given as [I, H] (DBRX's w2), not [H, I]
   MoeRouting routing;
@@ -103,10 +108,15 @@ inline MoeSavedAt moe_saved_at(const MoeDims& d, int64_t at) {
 // Every expert's slots in chunks of at most R rows, experts and chunks in order: chunk(e, at, n)
 // for the n slots slots[at .. at + n) of expert e (start as moe_slots gives it). Host code: the
 // CPU kernels' loop and the cuda op's.
+// (Or of experts first .. last - 1.)
+template <class Start, class Chunk>
+void for_each_expert_chunk(int64_t first, int64_t last, const Start& start, int64_t R, Chunk&& chunk) {
+  for (int64_t e = first; e < last; ++e)
+    for (int64_t at = start[e]; at < start[e + 1]; at += R) chunk(e, at, std::min<int64_t>(R, start[e + 1] - at));
+}
 template <class Start, class Chunk>
 void for_each_expert_chunk(int64_t E, const Start& start, int64_t R, Chunk&& chunk) {
-  for (int64_t e = 0; e < E; ++e)
-    for (int64_t at = start[e]; at < start[e + 1]; at += R) chunk(e, at, std::min<int64_t>(R, start[e + 1] - at));
+  for_each_expert_chunk(0, E, start, R, chunk);
 }
 int64_t moe_workspace_floats(const MoeDims& d, bool backward);
 void moe_forward(const MoeDims& d, const float* x, const float* logits, const float* const* w, float* y, float* saved,
