@@ -142,6 +142,10 @@ def families():
               no_rope_layer_interval=2, floor_scale=8)),
         ("aria", "AriaTextForCausalLM", "AriaTextConfig",  # experts [E, H, 2 I] (transposed), shared experts
          dict(C, moe_num_experts=4, moe_topk=2, moe_num_shared_experts=1)),
+        ("longcat_flash", "LongcatFlashForCausalLM", "LongcatFlashConfig",  # latent attention, zero experts
+         dict(vocab_size=V, hidden_size=32, num_layers=1, num_hidden_layers=2, num_attention_heads=4,
+              kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=4, head_dim=4, qk_nope_head_dim=8, v_head_dim=8,
+              ffn_hidden_size=48, expert_ffn_hidden_size=24, n_routed_experts=4, zero_expert_num=2, moe_topk=2)),
         ("dbrx", "DbrxForCausalLM", "DbrxConfig",
          dict(vocab_size=V, d_model=32, n_heads=4, n_layers=2, max_seq_len=64,
               ffn_config={"ffn_hidden_size": 48, "moe_num_experts": 4, "moe_top_k": 2},

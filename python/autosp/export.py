@@ -157,7 +157,7 @@ def _moe_reference(x, router_logits, gate, up, down, top_k: int, normalize: bool
 def _moe_stacked_reference(x, router_logits, gate_up, down, top_k: int, normalize: bool, score: str = "softmax",
                            groups: int = 1, topk_group: int = 1, group_score: str = "max", dropped: str = "-inf",
                            scale: float = 1.0, norm_eps: float = 0.0, bias: list[float] = (),
-                           transposed: bool = False):
+                           transposed: bool = False, zero_experts: int = 0):
     # transformers 5's experts: gate_up [E, 2 I, H] (expert e's gate rows, then its up rows) and
     # down [E, H, I]; the same layer as _moe_reference, with its routers. transposed (Aria's, Llama
     # 4's layout): gate_up [E, H, 2 I] (the gate's columns, then the up's) and down [E, I, H].
@@ -165,7 +165,8 @@ def _moe_stacked_reference(x, router_logits, gate_up, down, top_k: int, normaliz
         gate_up, down = gate_up.transpose(1, 2), down.transpose(1, 2)
     inter = down.shape[-1]
     return _moe_reference(x, router_logits, list(gate_up[:, :inter]), list(gate_up[:, inter:]), list(down), top_k,
-                          normalize, score, groups, topk_group, group_score, dropped, scale, norm_eps, bias)
+                          normalize, score, groups, topk_group, group_score, dropped, scale, norm_eps, bias,
+                          zero_experts)
 
 
 def _moe_apart_reference(x, router_logits, gate, up, down, top_k: int, normalize: bool):
@@ -237,7 +238,7 @@ def register():
                                                 "int top_k, bool normalize, str score=\"softmax\", int groups=1, "
                                                 "int topk_group=1, str group_score=\"max\", str dropped=\"-inf\", "
                                                 "float scale=1.0, float norm_eps=0.0, float[] bias=[], "
-                                                "bool transposed=False) -> Tensor")
+                                                "bool transposed=False, int zero_experts=0) -> Tensor")
     torch.library.impl("autosp::moe_stacked", "CompositeImplicitAutograd")(_moe_stacked_reference)
     torch.library.define("autosp::moe_apart", "(Tensor x, Tensor router_logits, Tensor gate, Tensor up, Tensor down, "
                                               "int top_k, bool normalize) -> Tensor")
@@ -1026,12 +1027,11 @@ class _SparseMoeBlocks:
         def rewrite(block, router, bias):
             values = None if bias is None else [float(b) for b in bias.detach().reshape(-1).double()]
 
-            computed = block.experts[:len(block.experts) - zero]
-            router_weight = self._router_weight(router)
-
             def moe(hidden_states, topk_indices=None, topk_weights=None):
+                # (the weights read through the modules while tracing: torch.export then sees parameters)
                 r = state["routing"]
-                logits = torch.nn.functional.linear(hidden_states, router_weight)
+                logits = torch.nn.functional.linear(hidden_states, self._router_weight(router))
+                computed = block.experts[:len(block.experts) - zero]
                 gate, up, down = ([getattr(e, n).weight for e in computed] for n in names)
                 return torch.ops.autosp.moe(hidden_states, logits, gate, up, down, k, r["normalize"],
                                             **self._routing_kwargs(r, values),
@@ -1262,6 +1262,65 @@ class _SparseMoeBlocks:
                               "(the softmax of the top-k logits, SwiGLU)")
 
     @staticmethod
+    def _longcat_parts(module):
+        """LongCat-Flash's block in transformers 5 (LongcatFlashMoE: its zero-computation experts
+        handled around the experts' call): a `router` of one `classifier` linear [E + Z, H] without
+        bias, a correction bias, top_k and routed_scaling_factor; `experts` stacked (gate_up_proj
+        [E, 2 I, H], down_proj [E, H, I]); zero_expert_num Z: (router, experts, Z), or None."""
+        router, experts = getattr(module, "router", None), getattr(module, "experts", None)
+        zero = getattr(module, "zero_expert_num", None)
+        if type(module).__name__ != "LongcatFlashMoE" or not isinstance(zero, int) or \
+                not isinstance(getattr(router, "classifier", None), torch.nn.Linear) or \
+                router.classifier.bias is not None:
+            return None
+        gate_up, down = getattr(experts, "gate_up_proj", None), getattr(experts, "down_proj", None)
+        if not isinstance(gate_up, torch.nn.Parameter) or not isinstance(down, torch.nn.Parameter) or \
+                gate_up.dim() != 3 or down.dim() != 3 or getattr(experts, "is_transposed", False):
+            return None
+        E, I2, H = gate_up.shape
+        if tuple(down.shape) != (E, H, I2 // 2) or tuple(router.classifier.weight.shape) != (E + zero, H) or \
+                not isinstance(getattr(router, "top_k", None), int):
+            return None
+        return router, experts, zero
+
+    def _patch_longcat(self, name, module, router, experts, zero):
+        """A LongCat-Flash block (_longcat_parts): its router's logits and one autosp::moe_stacked of
+        its experts with its zero-computation experts: the softmax over all of them, chosen by the
+        scores plus the correction bias, weighted unnormalised times routed_scaling_factor. Checked
+        against the block's own forward on a sample, in a copy whose bias is drawn at random."""
+        where = f"{name} ({type(module).__name__})"
+        found = self._router_bias(where, router, router.classifier.weight, router.classifier.weight.shape[0])
+        if found is None:
+            raise ValueError(f"autosp export: {where}'s router has no correction bias; not supported yet")
+        k, scale = router.top_k, float(router.routed_scaling_factor)
+
+        def block_forward(values):
+            def forward(hidden_states, module=module):
+                x = hidden_states.reshape(-1, hidden_states.shape[-1])
+                logits = torch.nn.functional.linear(x, module.router.classifier.weight)
+                out = torch.ops.autosp.moe_stacked(x, logits, module.experts.gate_up_proj, module.experts.down_proj, k,
+                                                   False, scale=scale, bias=values, zero_experts=zero)
+                return out.reshape(hidden_states.shape)
+            return forward
+
+        def values_of(bias):  # (read before the trace: the op's attribute)
+            return [float(b) for b in bias.detach().reshape(-1).double()]
+
+        probe = _in_float32(module, always_copy=True)
+        probe_values = values_of(self._random_bias(probe.router, found[0]))
+        sample = torch.randn(1, 64, router.classifier.weight.shape[1], generator=torch.Generator().manual_seed(0),
+                             dtype=torch.float32, device=router.classifier.weight.device)
+        with torch.no_grad():
+            want, got = probe(sample), block_forward(probe_values)(sample, module=probe)
+            if not torch.allclose(got, want, rtol=1e-4, atol=1e-5 * float(want.abs().max())):
+                raise ValueError(f"autosp export: {where} has LongCat-Flash's router and experts, but computes "
+                                 f"something else than autosp's moe op of them (the softmax over every expert, the "
+                                 f"choice by it plus the correction bias, identities for the zero experts); not "
+                                 f"supported yet")
+        module.forward = block_forward(values_of(found[1]))
+        self.patched.append(module)
+
+    @staticmethod
     def _dbrx_parts(module):
         """DBRX's block (transformers' DbrxFFN): a `router` of one linear `layer` [E, H] without
         bias and moe_jitter_eps, its top k and moe_normalize_expert_weights (the router's in
@@ -1336,6 +1395,10 @@ class _SparseMoeBlocks:
             aria = self._aria_parts(module)
             if aria is not None:
                 self._patch_aria(name, module, *aria)
+                continue
+            longcat = self._longcat_parts(module)
+            if longcat is not None:
+                self._patch_longcat(name, module, *longcat)
                 continue
             gpt_oss = self._gpt_oss_parts(module)
             if gpt_oss is not None:

@@ -3233,6 +3233,8 @@ class TorchImporter {
       // transposed (Aria's): gate_up [E, H, 2 I] (the gate's columns, then the up's), down [E, I, H],
       // the moe op's "llama4" experts (Llama 4 keeps its experts so)
       if (bool_arg(n, "transposed", 14, false)) routing.set("experts", std::string("llama4"));
+      // LongCat-Flash's zero-computation experts: the last of the experts the logits score, no weights
+      if (const int64_t zero = int_arg(n, "zero_experts", 15, 0); zero != 0) routing.set("zero_experts", zero);
       return rowwise(t_.moe(rowwise_of(x), rowwise_of(logits), experts, int_arg(n, "top_k", 4),
                             bool_arg(n, "normalize", 5, false), routing),
                      x);
