@@ -290,7 +290,8 @@ record train_bf16 "$STAGE_STATUS" "$STAGE_SECONDS" "$logs/train_bf16.json"
 # ---- imported programs on cuda: Gemma 2's softcaps (attention on the blocks, the capped loss
 # rows), OPT's offset positions and merged rows, BLOOM's ALiBi, DeepSeek-V3's latent attention
 # and grouped router, GLM-4.5-MoE's stacked experts, gpt-oss's sinks and experts, DBRX's experts and
-# clamp, Llama 4's chunks, temperature and input-weighted experts, trained as on the CPU -------
+# clamp, Llama 4's chunks, temperature and input-weighted experts, LongCat-Flash's zero experts,
+# trained as on the CPU ---------------------------------------------------------------------------
 imported() {
   set -euo pipefail  # exported functions run in a fresh bash: no inherited -e
   local dir="$logs/imported"
@@ -304,7 +305,7 @@ open(os.path.join(d, "tokens.bin"), "wb").write(struct.pack(f"<{len(tokens)}I", 
 json.dump({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
            "optimizer": {"type": "AdamW", "params": {"lr": 0.01}}}, open(os.path.join(d, "ds.json"), "w"))
 EOF
-  for model in gemma2 opt bloom deepseek_v3 glm4_moe_tf5 gpt_oss dbrx llama4; do
+  for model in gemma2 opt bloom deepseek_v3 glm4_moe_tf5 gpt_oss dbrx llama4 longcat_flash; do
     for backend in cpu cuda; do
       "$bin/autosp" train --backend "$backend" --config "$dir/ds.json" \
         --model "tests/fixtures/torch_export/$model/model.pt2" --data "$dir/tokens.bin" --seq-len 32 --steps 4 \
@@ -315,7 +316,8 @@ EOF
 import json, os, sys
 d = sys.argv[1]
 out, ok = {}, True
-for model in ("gemma2", "opt", "bloom", "deepseek_v3", "glm4_moe_tf5", "gpt_oss", "dbrx", "llama4"):
+for model in ("gemma2", "opt", "bloom", "deepseek_v3", "glm4_moe_tf5", "gpt_oss", "dbrx", "llama4",
+              "longcat_flash"):
     cpu, gpu = ([json.loads(l)["loss"] for l in open(os.path.join(d, f"{model}.{b}.jsonl")) if l.strip()]
                 for b in ("cpu", "cuda"))
     worst = max(abs(a - b) / max(abs(a), 1e-30) for a, b in zip(cpu, gpu))

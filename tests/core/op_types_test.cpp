@@ -180,6 +180,35 @@ void moe_follows_the_operand_dtype() {
   EXPECT_NE(infer_error(OpKind::moe, {x, logits, T(f32, {3, 12, 8}), T(f32, {3, 6, 8})}, attrs)
                 .find("the stacked down must be [E, H, I] = [3, 8, 6], got f32[3, 6, 8]"),
             std::string::npos);
+  // Llama 4's experts (gate_up [E, H, 2 I], down [E, I, H]) and LongCat-Flash's zero experts: the last
+  // Z of the logits' E have no weights; Z in [0, E), and weight_input 0 or 1.
+  {
+    Attrs l4 = attrs;
+    l4.set("experts", std::string("llama4"));
+    const TensorType saved = T(f32, {2 * 5 * 2 * (2 * 6 + 8)});
+    EXPECT_EQ(infer(OpKind::moe, {x, logits, T(f32, {3, 8, 12}), T(f32, {3, 6, 8})}, l4), (Types{x, saved}));
+    EXPECT_NE(infer_error(OpKind::moe, {x, logits, T(f32, {3, 12, 8}), T(f32, {3, 8, 6})}, l4)
+                  .find("llama4 experts' gate_up must be [E, H, 2 I] = [3, 8, 2 I], got f32[3, 12, 8]"),
+              std::string::npos);
+    Attrs zero = l4;
+    zero.set("zero_experts", int64_t{1});
+    EXPECT_EQ(infer(OpKind::moe, {x, logits, T(f32, {2, 8, 12}), T(f32, {2, 6, 8})}, zero), (Types{x, saved}));
+    Attrs listed_zero = attrs;
+    listed_zero.set("zero_experts", int64_t{1});
+    EXPECT_NE(infer_error(OpKind::moe, in, listed_zero)
+                  .find("router logits of 3 experts (1 of them zero) need 6 expert weights"),
+              std::string::npos);
+    for (int64_t bad : {int64_t{-1}, int64_t{3}}) {
+      zero.set("zero_experts", bad);
+      EXPECT_NE(infer_error(OpKind::moe, {x, logits, T(f32, {2, 8, 12}), T(f32, {2, 6, 8})}, zero)
+                    .find(str("zero_experts=", bad, " must be in [0, 3)")),
+                std::string::npos);
+    }
+    l4.set("weight_input", int64_t{2});
+    EXPECT_NE(infer_error(OpKind::moe, {x, logits, T(f32, {3, 8, 12}), T(f32, {3, 6, 8})}, l4)
+                  .find("weight_input must be 0 or 1, got 2"),
+              std::string::npos);
+  }
   // DBRX's experts, stacked apart: gate, up and down [E, I, H] (each expert's down transposed).
   {
     const TensorType w = T(f32, {3, 6, 8}), saved = T(f32, {2 * 5 * 2 * (2 * 6 + 8)});

@@ -538,9 +538,14 @@ std::vector<OpCase> op_cases() {
       const std::vector<InputSpec> w = {{"x", DType::f32, {2, 5, H}}, {"logits", DType::f32, {2, 5, E}},
                                         {"gate_up", DType::f32, {E, H, 2 * I}}, {"down", DType::f32, {E, I, H}}};
       const Attrs weighted{{"top_k", int64_t{2}}, {"normalize", int64_t{1}}, {"weight_input", int64_t{1}}};
+      // LongCat-Flash's zero-computation experts: the last 2 of the E the logits score, identities
+      const Attrs zero{{"top_k", int64_t{2}}, {"normalize", int64_t{0}}, {"zero_experts", int64_t{2}}, {"scale", 2.0}};
+      const std::vector<InputSpec> fewer = {{"x", DType::f32, {2, 5, H}}, {"logits", DType::f32, {2, 5, E}},
+                                            {"gate_up", DType::f32, {E - 2, 2 * I, H}},
+                                            {"down", DType::f32, {E - 2, H, I}}};
       for (const auto& [name, form, inputs] :
            {std::tuple<const char*, Attrs, std::vector<InputSpec>>{"moe_llama4", llama4, w},
-            {"moe_stacked_input_weighted", weighted, stacked}}) {
+            {"moe_stacked_input_weighted", weighted, stacked}, {"moe_zero_experts", zero, fewer}}) {
         const Attrs attrs = form;
         cases.push_back({name, inputs, one(OpKind::moe, attrs), {}, {{"logits", logits}}, true, 1});
         std::vector<InputSpec> back = inputs;
