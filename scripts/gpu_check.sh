@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # The cuda backend's GPU check (issues 13 and 42): one command, under 9 minutes on one H200.
 #
-#   scripts/gpu_check.sh [--bundle DIR] [--out FILE] [--quick]
+#   scripts/gpu_check.sh [--bundle DIR|FILE.tar.xz] [--out FILE] [--quick]
 #
 # Stages, each under its own timeout; the result JSON is rewritten after every stage, so a
 # stage that fails or times out leaves the others' results and its own status in it:
 #   build       configure and build autosp, cuda_ops_test and bench_cuda (build-gpu/), or,
 #               with --bundle DIR, use the binaries scripts/gpu_bundle.sh made on a build
-#               machine (for a GPU machine without autosp's build dependencies)
+#               machine (for a GPU machine without autosp's build dependencies); --bundle
+#               FILE.tar.xz, its packed form (the one a device run carries), is unpacked first
 #   op_tests    cuda_ops_test: every op on cuda vs the CPU backend (f32 and bf16) and vs
 #               finite differences, the attention kernels with document ids, AdamW, NCCL
 #   cudnn_attention  cuda_ops_test's CudnnAttention.*: cuDNN's fused attention (bf16) vs the
@@ -58,6 +59,20 @@ while [ $# -gt 0 ]; do
     *) echo "gpu_check: unknown argument $1" >&2; exit 2 ;;
   esac
 done
+# The packed bundle (gpu_bundle.sh's BUNDLE.tar.xz): unpacked beside the tree's temporary files.
+if [ -n "$bundle" ] && [ -f "$bundle" ]; then
+  case "$bundle" in
+    *.tar.xz) ;;
+    *) echo "gpu_check: --bundle $bundle is a file, not a .tar.xz of scripts/gpu_bundle.sh" >&2; exit 2 ;;
+  esac
+  unpacked=$(mktemp -d "${TMPDIR:-/tmp}/gpu_bundle.XXXXXX")
+  tar -C "$unpacked" -xJf "$bundle" || { echo "gpu_check: could not unpack $bundle" >&2; exit 2; }
+  bundle="$unpacked"
+fi
+if [ -n "$bundle" ] && [ ! -x "$bundle/bin/autosp" ]; then
+  echo "gpu_check: --bundle $bundle has no bin/autosp (scripts/gpu_bundle.sh makes one)" >&2
+  exit 2
+fi
 
 python=${AUTOSP_PYTHON:-python3}
 export AUTOSP_PYTHON="$python"

@@ -14,6 +14,7 @@ packages=(
   libopenblas-dev  # the benchmarks' sgemm baseline (autosp's own gemm is kernels/cpu/gemm.h)
   libopenmpi-dev openmpi-bin
   nlohmann-json3-dev libcli11-dev
+  zlib1g-dev  # the zip reader inflates deflated archive entries
   libgtest-dev
   python3-torch python3-numpy python3-venv
 )

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include <zlib.h>
+
 #include "util/error.h"
 
 namespace autosp::io {
@@ -78,17 +80,20 @@ ZipArchive::ZipArchive(const std::string& path) : file_(path, "zip archive") {
       x += 4 + uint64_t(len);
     }
     if (flags & 1) user_error(path, ": entry ", name, " is encrypted; autosp reads unencrypted archives only");
-    if (method != 0 || compressed != uncompressed)
-      user_error(path, ": entry ", name, " is compressed (method ", method,
-                 "); autosp reads the uncompressed archives torch.save and torch.export.save write");
+    if (method != 0 && method != 8)
+      user_error(path, ": entry ", name, " is compressed by method ", method,
+                 "; autosp reads stored entries (torch.save's and torch.export.save's) and deflated ones (method 8)");
+    if (method == 0 && compressed != uncompressed)
+      bad(name, ": stored, but its sizes differ (", compressed, " and ", uncompressed, ")");
     if (local > size - std::min<uint64_t>(size, 30)) bad(name, ": its local header offset ", local, " is past the end");
     uint8_t lh[30];
     file_.read(local, lh, 30);
     if (u32(lh) != kLocalHeader) bad(name, ": no local header at ", local);
     const uint64_t data = local + 30 + u16(lh + 26) + u16(lh + 28);
-    if (data > size || uncompressed > size - data)
-      bad(name, ": its ", uncompressed, " bytes at ", data, " run past the end of the file (", size, " bytes)");
-    if (!entries_.emplace(name, Entry{data, uncompressed}).second) bad("the entry ", name, " appears twice");
+    if (data > size || compressed > size - data)
+      bad(name, ": its ", compressed, " bytes at ", data, " run past the end of the file (", size, " bytes)");
+    if (!entries_.emplace(name, Entry{data, uncompressed, compressed, method == 8}).second)
+      bad("the entry ", name, " appears twice");
     at += 46ull + name_len + extra_len + comment_len;
   }
 }
@@ -99,8 +104,52 @@ const ZipArchive::Entry& ZipArchive::entry(const std::string& name) const {
   return it->second;
 }
 
+const std::vector<uint8_t>& ZipArchive::inflated(const std::string& name, const Entry& e) const {
+  std::unique_ptr<std::vector<uint8_t>>& slot = inflated_[name];
+  if (slot) return *slot;
+  std::vector<uint8_t> in(e.compressed);
+  file_.read(e.offset, in.data(), in.size());
+  // (one byte more than recorded: inflate may need room to see the stream's end, and data past the
+  // recorded size is an error)
+  auto out = std::make_unique<std::vector<uint8_t>>(e.size + 1);
+  z_stream z{};
+  if (inflateInit2(&z, -MAX_WBITS) != Z_OK) user_error(path(), ": entry ", name, ": zlib could not start inflating");
+  // (zlib's counts are 32-bit: fed and drained in pieces)
+  constexpr uint64_t kPiece = uint64_t(1) << 30;
+  uint64_t fed = 0, got = 0;
+  int rc = Z_OK;
+  while (rc == Z_OK) {
+    if (z.avail_in == 0 && fed < in.size()) {
+      z.next_in = in.data() + fed;
+      z.avail_in = static_cast<uInt>(std::min(kPiece, in.size() - fed));
+      fed += z.avail_in;
+    }
+    if (z.avail_out == 0) {
+      if (got == out->size()) break;  // full: more than the recorded size
+      z.next_out = out->data() + got;
+      z.avail_out = static_cast<uInt>(std::min(kPiece, out->size() - got));
+      got += z.avail_out;
+    }
+    rc = inflate(&z, Z_NO_FLUSH);
+  }
+  const uint64_t produced = got - z.avail_out;
+  inflateEnd(&z);
+  if (rc != Z_STREAM_END || produced != e.size)
+    user_error(path(), ": entry ", name, " does not inflate to its ", e.size, " bytes (zlib: ",
+               rc == Z_STREAM_END ? std::string("ended after ") + std::to_string(produced) + " bytes"
+                                  : std::string(z.msg ? z.msg : "truncated or malformed data"),
+               "): a damaged archive");
+  out->resize(e.size);
+  slot = std::move(out);
+  return *slot;
+}
+
 std::string ZipArchive::read_text(const std::string& name) const {
   const Entry& e = entry(name);
+  if (e.deflated) {
+    const std::vector<uint8_t>& bytes = inflated(name, e);
+    return std::string(bytes.begin(), bytes.end());
+  }
   std::string text(e.size, '\0');
   file_.read(e.offset, text.data(), e.size);
   return text;
@@ -110,6 +159,10 @@ void ZipArchive::read(const std::string& name, uint64_t begin, void* out, size_t
   const Entry& e = entry(name);
   if (begin > e.size || n > e.size - begin)
     user_error(path(), ": entry ", name, " has ", e.size, " bytes; [", begin, ", ", begin + n, ") was asked for");
+  if (e.deflated) {
+    std::memcpy(out, inflated(name, e).data() + begin, n);
+    return;
+  }
   file_.read(e.offset + begin, out, n);
 }
 
