@@ -1387,38 +1387,17 @@ class _SparseMoeBlocks:
 
     def _patch(self):
         self.unmatched = []  # modules with experts this does not rewrite (named if the export fails)
+        # Each block form: (its parts, or None: not this form; its rewrite), the first match taken.
+        forms = ((self._llama4_parts, self._patch_llama4), (self._aria_parts, self._patch_aria),
+                 (self._longcat_parts, self._patch_longcat), (self._gpt_oss_parts, self._patch_gpt_oss),
+                 (self._dbrx_parts, self._patch_dbrx), (self._stacked_parts, self._patch_stacked),
+                 (self._listed_router_parts, self._patch_listed_router),
+                 (self._parallel_experts_parts, self._patch_parallel_experts))
         for name, module in self.model.named_modules():
-            llama4 = self._llama4_parts(module)
-            if llama4 is not None:
-                self._patch_llama4(name, module, *llama4)
-                continue
-            aria = self._aria_parts(module)
-            if aria is not None:
-                self._patch_aria(name, module, *aria)
-                continue
-            longcat = self._longcat_parts(module)
-            if longcat is not None:
-                self._patch_longcat(name, module, *longcat)
-                continue
-            gpt_oss = self._gpt_oss_parts(module)
-            if gpt_oss is not None:
-                self._patch_gpt_oss(name, module, *gpt_oss)
-                continue
-            dbrx = self._dbrx_parts(module)
-            if dbrx is not None:
-                self._patch_dbrx(name, module, *dbrx)
-                continue
-            parts = self._stacked_parts(module)
-            if parts is not None:
-                self._patch_stacked(name, module, *parts)
-                continue
-            listed = self._listed_router_parts(module)
-            if listed is not None:
-                self._patch_listed_router(name, module, *listed)
-                continue
-            parallel = self._parallel_experts_parts(module)
-            if parallel is not None:
-                self._patch_parallel_experts(name, module, *parallel)
+            matched = next(((parts, patch) for parts_of, patch in forms
+                            if (parts := parts_of(module)) is not None), None)
+            if matched is not None:
+                matched[1](name, module, *matched[0])
                 continue
             parts = self._layer_names(module)
             if parts is None:

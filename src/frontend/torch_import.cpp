@@ -1960,10 +1960,11 @@ class TorchImporter {
         for (const json& f : (*t)["as_floats"]) temperature.push_back(float_of(f));
       if (!temperature.empty() && (temperature.size() != 2 || !(temperature[0] > 0)))
         m_.fail_at(n, "an attention temperature that is not [floor_scale > 0, attn_scale]");
-      if (int_arg(n, "chunk", 8, 0) < 0) m_.fail_at(n, "a negative attention chunk");
+      const int64_t chunk = int_arg(n, "chunk", 8, 0);
+      if (chunk < 0) m_.fail_at(n, "a negative attention chunk");
       return attention(n, A("q", 0), A("k", 1), A("v", 2), bool_arg(n, "causal", 3, true), float_arg(n, "scale", 4),
-                       int_arg(n, "window", 5, 0), float_arg(n, "softcap", 6, 0.0), {}, A("sinks", 7),
-                       int_arg(n, "chunk", 8, 0), temperature);
+                       int_arg(n, "window", 5, 0), float_arg(n, "softcap", 6, 0.0), {}, A("sinks", 7), chunk,
+                       temperature);
     }
     if (op == "torch.ops.aten.scaled_dot_product_attention.default") {
       // A mask tensor is imported where it is the causal mask (a bool keeps where true, a float adds).

@@ -344,11 +344,16 @@ void cuda_unpad_rows(void* dst, const void* src, int64_t rows, int64_t w, int64_
                                cudaMemcpyDeviceToDevice, c.stream),
              "cudaMemcpy2DAsync", "attention");
 }
-// Llama 4's options as the kernels take them (attention_llama4.h): with a chunk, the runs' document
-// ids in the extras (for *doc); with a temperature, the tempered queries (*q, as the kernels see it:
-// padded where it is).
-void cuda_llama4_operands(const KernelArgs& a, const CudaContext& c, cuda::Dt dt, const cpu::AttentionDims& d,
-                          const CudaExtras& ex, char* extra, const void** q, const int32_t** doc) {
+// The document ids and q as the kernels take them, in the op's extras after the padded copies
+// (ws + pad.bytes): the op's ids (operand `doc_at`, where given) or, with a chunk, the runs' ids
+// (attention_llama4.h); q, or with a temperature the tempered queries (of q as the kernels see it:
+// padded where it is; d the kernels' dims, g the op's). Returns where the kernels' scratch starts.
+void* cuda_kernel_operands(const KernelArgs& a, const CudaContext& c, cuda::Dt dt, size_t doc_at,
+                           const cpu::AttentionDims& g, const cpu::AttentionDims& d, const CudaPadding& pad,
+                           char* ws, const void** q, const int32_t** doc) {
+  const CudaExtras ex = cuda_extras(g, pad, cuda::dt_size(dt), *a.attrs);
+  char* extra = ws + pad.bytes;
+  *doc = a.inputs.size() > doc_at ? a.in<int32_t>(static_cast<int>(doc_at)) : nullptr;
   if (const int64_t chunk = chunk_of(*a.attrs); chunk > 0) {
     int32_t* ids = reinterpret_cast<int32_t*>(extra + ex.ids);
     cuda::attention_chunk_documents(*doc, d.B, d.S, chunk, ids, c.stream);
@@ -358,6 +363,7 @@ void cuda_llama4_operands(const KernelArgs& a, const CudaContext& c, cuda::Dt dt
     cuda::attention_temperature(dt, *q, d.B, d.S, d.NH * d.D, float((*t)[0]), float((*t)[1]), extra + ex.q, c.stream);
     *q = extra + ex.q;
   }
+  return extra + ex.bytes;
 }
 void cuda_attention(const KernelArgs& a, const CudaContext& c) {
   const Types given = {*a.in_types[0], *a.in_types[1], *a.in_types[2]};
@@ -376,12 +382,8 @@ void cuda_attention(const KernelArgs& a, const CudaContext& c) {
     cuda_pad_rows(ws + pad.v, v, rows_kv, g.dv(), pad.P, es, c), v = ws + pad.v;
     out = ws + pad.out;
   }
-  const CudaExtras ex = cuda_extras(g, pad, es, *a.attrs);
-  char* extra = ws + pad.bytes;
-  void* scratch = extra + ex.bytes;
-  const size_t doc_at = documents_at(*a.attrs, 3);
-  const int32_t* doc = a.inputs.size() > doc_at ? a.in<int32_t>(static_cast<int>(doc_at)) : nullptr;
-  cuda_llama4_operands(a, c, cuda_in_dt(a, 0), d, ex, extra, &q, &doc);
+  const int32_t* doc = nullptr;
+  void* scratch = cuda_kernel_operands(a, c, cuda_in_dt(a, 0), documents_at(*a.attrs, 3), g, d, pad, ws, &q, &doc);
   const cuda::CudnnSdpaKey key = cuda_attention_key(qkv, *a.attrs, doc != nullptr, false, cuda_current_device());
   const cuda::AttentionChoice choice = cuda_attention_choice(key, cuda_cudnn_attention_built());
   if (!(choice.impl == cuda::AttentionImplementation::cudnn &&
@@ -418,12 +420,8 @@ void cuda_attention_backward(const KernelArgs& a, const CudaContext& c) {
     cuda_pad_rows(ws + pad.dout, dout, rows_q, g.dv(), pad.P, es, c), dout = ws + pad.dout;
     dv = ws + pad.dv;
   }
-  const CudaExtras ex = cuda_extras(g, pad, es, *a.attrs);
-  char* extra = ws + pad.bytes;
-  void* scratch = extra + ex.bytes;
-  const size_t doc_at = documents_at(*a.attrs, 6);
-  const int32_t* doc = a.inputs.size() > doc_at ? a.in<int32_t>(static_cast<int>(doc_at)) : nullptr;
-  cuda_llama4_operands(a, c, cuda_in_dt(a, 1), d, ex, extra, &q, &doc);
+  const int32_t* doc = nullptr;
+  void* scratch = cuda_kernel_operands(a, c, cuda_in_dt(a, 1), documents_at(*a.attrs, 6), g, d, pad, ws, &q, &doc);
   const cuda::CudnnSdpaKey key = cuda_attention_key(qkv, *a.attrs, doc != nullptr, true, cuda_current_device());
   const cuda::AttentionChoice choice = cuda_attention_choice(key, cuda_cudnn_attention_built());
   if (!(choice.impl == cuda::AttentionImplementation::cudnn &&

@@ -264,6 +264,19 @@ TEST(OpGrad, MixtureOfGptOssExperts) {
   }
 }
 
+// E SwiGLU experts' gate, up [I, H] and down [H, I] parameters ("gate0", "up0", "down0", ...) in
+// turn, the moe op's listed form, and their values (normal, x 0.5) in the feed from seed + 1 on.
+std::vector<Tensor> listed_experts(Tracer& t, Feed& feed, int64_t E, int64_t H, int64_t I, uint32_t seed) {
+  std::vector<Tensor> experts;
+  for (int64_t e = 0; e < E; ++e)
+    for (const char* m : {"gate", "up", "down"}) {
+      const std::string name = str(m, e);
+      experts.push_back(t.parameter(name, m[0] == 'd' ? Shape{H, I} : Shape{I, H}));
+      feed.f[name] = autosp::testing::random_normal(I * H, seed + uint32_t(experts.size()), 0.5f);
+    }
+  return experts;
+}
+
 // Llama 4's experts (gate_up [E, H, 2 I]: the gate's columns, then the up's; down [E, I, H]) with
 // its sigmoid router weighting each expert's input, top 1 and top 2; and the input weighted on
 // the listed SwiGLU experts too. The weights' gradient is then <dx_j, x>, through every product.
@@ -290,13 +303,7 @@ TEST(OpGrad, MixtureOfLlama4ExpertsWeightingTheirInput) {
   listed.f["logits"] = feed.f["logits"];
   Tracer t;
   Tensor x = t.parameter("x", {T, H}), logits = t.parameter("logits", {T, E});
-  std::vector<Tensor> experts;
-  for (int64_t e = 0; e < E; ++e)
-    for (const char* m : {"gate", "up", "down"}) {
-      const std::string name = str(m, e);
-      experts.push_back(t.parameter(name, m[0] == 'd' ? Shape{H, I} : Shape{I, H}));
-      listed.f[name] = autosp::testing::random_normal(I * H, 30 + uint32_t(experts.size()), 0.5f);
-    }
+  const std::vector<Tensor> experts = listed_experts(t, listed, E, H, I, 30);
   t.output("y0", t.moe(x, logits, experts, 2, true, {{"weight_input", int64_t{1}}}));
   check_gradients(t.finish(), listed);
 }
@@ -321,12 +328,7 @@ TEST(OpGrad, MixtureOfExpertsWithZeroExperts) {
       attrs.set("experts", std::string("llama4"));
       attrs.set("weight_input", int64_t{1});
     } else {
-      for (int64_t e = 0; e < E - Z; ++e)
-        for (const char* m : {"gate", "up", "down"}) {
-          const std::string name = str(m, e);
-          experts.push_back(t.parameter(name, m[0] == 'd' ? Shape{H, I} : Shape{I, H}));
-          feed.f[name] = autosp::testing::random_normal(I * H, 50 + uint32_t(experts.size()), 0.5f);
-        }
+      experts = listed_experts(t, feed, E - Z, H, I, 50);
     }
     t.output("y0", t.moe(x, logits, experts, 2, false, attrs));
     check_gradients(t.finish(), feed);
