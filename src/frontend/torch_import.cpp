@@ -654,8 +654,10 @@ struct HostArray {
 class HostEvaluator {
  public:
   // max_elements caps every array (an op that would make a larger one is not evaluated).
-  HostEvaluator(const TorchProgram::Impl& m, int64_t batch, int64_t seq, int64_t max_elements = int64_t(1) << 24)
-      : m_(m), batch_(batch), seq_(seq), max_elements_(max_elements) {}
+  // max_stored caps the stored tensors it reads (default: max_elements).
+  HostEvaluator(const TorchProgram::Impl& m, int64_t batch, int64_t seq, int64_t max_elements = int64_t(1) << 24,
+                int64_t max_stored = 0)
+      : m_(m), batch_(batch), seq_(seq), max_elements_(max_elements), max_stored_(max_stored ? max_stored : max_elements) {}
 
   const HostArray* eval(const std::string& name) {
     auto it = memo_.find(name);
@@ -689,7 +691,7 @@ class HostEvaluator {
     double largest_constant;
   };
   std::map<std::string, Entry> memo_;
-  const int64_t max_elements_;
+  const int64_t max_elements_, max_stored_;
 
   static const json* arg(const FxNode& n, const std::string& name, size_t position) {
     for (const auto& [k, v] : n.args)
@@ -848,7 +850,7 @@ class HostEvaluator {
     if (m_.stored.count(name) && !m_.parameter_of.count(name)) {
       read_stored = true;
       const StoredTensor& t = m_.stored.at(name);
-      if (numel(t.shape) > max_elements_) return std::nullopt;
+      if (numel(t.shape) > max_stored_) return std::nullopt;
       return HostArray{t.shape, m_.read_floats(t, name)};
     }
     const FxNode* np = node_of(name);
@@ -938,6 +940,7 @@ class HostEvaluator {
     static const std::map<std::string, Fn> binary = {
         {"add", [](float a, float b) { return a + b; }},  {"sub", [](float a, float b) { return a - b; }},
         {"mul", [](float a, float b) { return a * b; }},  {"div", [](float a, float b) { return a / b; }},
+        {"rsub", [](float a, float b) { return b - a; }},  // other - self (BERT's 1 - mask)
         {"gt", [](float a, float b) { return float(a > b); }}, {"lt", [](float a, float b) { return float(a < b); }},
         {"ge", [](float a, float b) { return float(a >= b); }}, {"le", [](float a, float b) { return float(a <= b); }},
         {"eq", [](float a, float b) { return float(a == b); }}, {"ne", [](float a, float b) { return float(a != b); }},
@@ -960,8 +963,11 @@ class HostEvaluator {
       if (std::isnan(alpha)) return std::nullopt;
       if (alpha != 1.0 && (fn == "add" || fn == "sub"))
         for (float& v : b->v) v = float(v * alpha);
+      HostArray self = *a;
+      if (alpha != 1.0 && fn == "rsub")  // other - alpha self
+        for (float& v : self.v) v = float(v * alpha);
       Fn g = f->second;
-      return elementwise({*a, *b}, [g](const std::vector<HostArray>& x, size_t k) { return g(x[0].v[k], x[1].v[k]); });
+      return elementwise({std::move(self), *b}, [g](const std::vector<HostArray>& x, size_t k) { return g(x[0].v[k], x[1].v[k]); });
     }
     // Powers (MPT's and BLOOM's ALiBi slopes, 1 / 2^x and base^k): a tensor or a number to a
     // tensor or a number, in float as torch computes them; and reciprocals.
@@ -1488,7 +1494,9 @@ class TorchImporter {
   // offset) when each row is offset, offset + 1, ..., offset + S - 1: [B, S], [1, S] or [S];
   // and evaluated at S + 1 as well, it must be those of S + 1 (so it is a function of the
   // length, not a constant that happens to look like positions, as any integer would at S = 1).
-  // Only for the index arithmetic ops, and never from a stored tensor.
+  // Only for the index arithmetic ops. A stored table of positions (transformers' position_ids
+  // buffer, arange(max_positions), which BERT's and GPT-1's embeddings slice to the length) is
+  // positions where its slice at S is, for S >= 2: it may end at S, so S + 1 is not evaluated.
   std::optional<Imported> host_positions(const FxNode& n, const std::string& name) {
     static const std::set<std::string> arithmetic = {
         "torch.ops.aten.add.Tensor", "torch.ops.aten.sub.Tensor", "torch.ops.aten.mul.Tensor",
@@ -1496,23 +1504,28 @@ class TorchImporter {
     if (!arithmetic.count(n.target)) return std::nullopt;
     // Capped at the positions' own size: a mask ([.., S, S]) is not evaluated on the way.
     if (!sizes_) {
-      sizes_.emplace(m_, o_.batch, o_.seq_len, o_.batch * o_.seq_len);
-      longer_.emplace(m_, o_.batch, o_.seq_len + 1, o_.batch * (o_.seq_len + 1));
+      sizes_.emplace(m_, o_.batch, o_.seq_len, o_.batch * o_.seq_len, kStoredPositions);
+      longer_.emplace(m_, o_.batch, o_.seq_len + 1, o_.batch * (o_.seq_len + 1), kStoredPositions);
     }
     std::optional<int64_t> offset = positions_offset(*sizes_, name, o_.seq_len);
-    if (!offset || positions_offset(*longer_, name, o_.seq_len + 1) != offset) return std::nullopt;
+    if (!offset) {
+      stored_positions_too_short(n, name);
+      return std::nullopt;
+    }
+    if (sizes_->read_stored ? o_.seq_len < 2 : positions_offset(*longer_, name, o_.seq_len + 1) != offset)
+      return std::nullopt;
     Imported v;
     v.kind = Imported::positions;
     v.shape = sizes_->eval(name)->shape;
     v.offset = *offset;
     return v;
   }
-  // The offset c when `name` evaluates (by `h`, at length S, reading no stored tensor) to rows
+  // The offset c when `name` evaluates (by `h`, at length S) to rows
   // c, c + 1, ..., c + S - 1 of shape [B, S], [1, S] or [S].
   std::optional<int64_t> positions_offset(HostEvaluator& h, const std::string& name, int64_t S) const {
     h.reset();
     const HostArray* a = h.eval(name);
-    if (!a || h.read_stored) return std::nullopt;
+    if (!a) return std::nullopt;
     const Shape& s = a->shape;
     if (s.empty() || s.back() != S || s.size() > 2 || (s.size() == 2 && s[0] != 1 && s[0] != o_.batch))
       return std::nullopt;
@@ -1522,7 +1535,21 @@ class TorchImporter {
       if (double(a->v[k]) != offset + double(int64_t(k) % S)) return std::nullopt;
     return int64_t(offset);
   }
-  std::optional<HostEvaluator> sizes_, longer_;  // host_positions' evaluators: at this batch and length, and S + 1
+  // A stored table of positions read at a length past its end: its slice is the positions of
+  // the table's length, shorter than S. A clear error, not the op's.
+  void stored_positions_too_short(const FxNode& n, const std::string& name) {
+    const HostArray* a = sizes_->eval(name);
+    if (!a || !sizes_->read_stored || a->shape.empty() || a->shape.back() >= o_.seq_len || a->shape.back() < 2) return;
+    const int64_t rows = a->shape.back();
+    for (size_t k = 0; k < a->v.size(); ++k)
+      if (double(a->v[k]) != double(a->v[0]) + double(int64_t(k) % rows)) return;
+    m_.fail_at(n, str("a stored table of positions read at S = ", o_.seq_len, " holds ", rows,
+                      " of them: the model has positions for ", rows, " tokens (train at most that long)"));
+  }
+  // host_positions' evaluators: at this batch and length, and S + 1. Their arrays are capped at
+  // the positions' size, the stored tensors they read at this many elements.
+  static constexpr int64_t kStoredPositions = int64_t(1) << 22;
+  std::optional<HostEvaluator> sizes_, longer_;
   static Imported tensor_value(Tensor t, Shape shape) {
     Imported v;
     v.kind = Imported::tensor;

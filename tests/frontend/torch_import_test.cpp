@@ -142,7 +142,7 @@ INSTANTIATE_TEST_SUITE_P(Models, TorchImportReference,
                                            "cohere", "persimmon", "falcon", "nemotron", "gptj", "codegen",
                                            "gemma2", "opt", "cohere2", "apertus", "mpt", "bloom", "gpt_neo", "qwen3",
                                            "gpt_neox", "olmo2", "gpt_bigcode", "starcoder2", "smollm3", "phi", "glm4",
-                                           "biogpt", "exaone4", "phi3_longrope", "nanogpt", "nanogpt_shift",
+                                           "biogpt", "bert_generation", "exaone4", "phi3_longrope", "nanogpt", "nanogpt_shift",
                                            "titan_llama", "torch_encoder", "torch_encoder_prenorm", "cached_llama",
                                            "mixtral", "qwen3_moe", "olmoe", "qwen2_moe", "mixtral_aux", "glm4_moe",
                                            "ernie4_5_moe", "deepseek_v3", "granitemoe", "hunyuan_moe", "gpt_oss", "dbrx", "deepseek_v2", "llama4", "aria", "longcat_flash",
@@ -846,6 +846,25 @@ TEST(TorchImportErrors, APositionTableShorterThanTheSequenceIsRefused) {
             std::string::npos)
       << e;
   EXPECT_NO_THROW(p.forward({.batch = 1, .seq_len = 64}));
+}
+
+// BERT's embeddings slice the position_ids buffer (arange(64)) to the length: positions, as far
+// as the buffer goes; past it, an error naming the buffer's length, not the slice's.
+TEST(TorchImportErrors, AStoredPositionsBufferShorterThanTheSequenceIsRefused) {
+  const TorchProgram p =
+      TorchProgram::load(testing::source_path("tests/fixtures/torch_export/bert_generation/model.pt2"));
+  std::string e;
+  try {
+    p.forward({.batch = 1, .seq_len = 65});
+  } catch (const UserError& error) {
+    e = error.what();
+  }
+  EXPECT_NE(e.find("a stored table of positions read at S = 65 holds 64 of them: the model has positions for 64 "
+                   "tokens"),
+            std::string::npos)
+      << e;
+  EXPECT_NO_THROW(p.forward({.batch = 1, .seq_len = 64}));  // the buffer ends at S: S + 1 is not evaluated
+  EXPECT_NO_THROW(p.forward({.batch = 2, .seq_len = 2}));
 }
 
 // A parameter the loss never reads gets no gradient: it is not trained (as PyTorch's AdamW skips
