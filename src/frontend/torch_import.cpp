@@ -1535,6 +1535,32 @@ class TorchImporter {
       if (double(a->v[k]) != offset + double(int64_t(k) % S)) return std::nullopt;
     return int64_t(offset);
   }
+  // An embedding read at ids computed from the sizes and stored tensors alone, the same id k at
+  // every [batch, position] (BERT's token types: its token_type_ids buffer, zeros, sliced to the
+  // length; RemBERT's zeros): row k of the table for every token, the broadcast of that row
+  // over the tokens' [B, S] (so it is split as they are; [1, S] ids add to [B, S] alike).
+  std::optional<Imported> constant_rows(const FxNode& n, const std::string& weight, const std::string& idx) {
+    if (!constants_) constants_.emplace(m_, o_.batch, o_.seq_len, o_.batch * o_.seq_len, kStoredPositions);
+    constants_->reset();
+    const HostArray* ids = constants_->eval(idx);
+    // (ids that differ are not these: the positions, or ids the embedding's own rules refuse)
+    if (!ids || ids->v.empty() || std::any_of(ids->v.begin(), ids->v.end(), [&](float v) { return v != ids->v[0]; }))
+      return std::nullopt;
+    if (ids->shape != Shape{o_.batch, o_.seq_len} && ids->shape != Shape{1, o_.seq_len})
+      m_.fail_at(n, str("an embedding read at constant ids of shape ", shape_str(ids->shape), ", not [B, S] = [",
+                        o_.batch, ", ", o_.seq_len, "] or [1, S]"));
+    const float k = ids->v[0];
+    const Tensor table = tensor_of(weight);
+    const int64_t rows = t_.shape(table)[0];
+    if (k < 0 || k >= float(rows) || k != std::floor(k))
+      m_.fail_at(n, str("an embedding read at the constant id ", k, ", not a row of its table of ", rows));
+    const Tensor row = t_.reshape(t_.slice(table, 0, int64_t(k), int64_t(k) + 1), {t_.shape(table)[1]});
+    if (!tokens_) tokens_ = t_.input(Role::tokens, "input_ids", DType::i32, {o_.batch, o_.seq_len});
+    Imported v = ir(t_.broadcast(row, *tokens_, 2));
+    v.shape = {o_.batch, o_.seq_len, t_.shape(table)[1]};
+    return v;
+  }
+  std::optional<HostEvaluator> constants_;  // constant_rows' evaluator: at this batch and length
   // A stored table of positions read at a length past its end: its slice is the positions of
   // the table's length, shorter than S. A clear error, not the op's.
   void stored_positions_too_short(const FxNode& n, const std::string& name) {
@@ -1748,6 +1774,7 @@ class TorchImporter {
     }
     if (op == "torch.ops.aten.embedding.default") {
       const std::string w = A("weight", 0), idx = A("indices", 1);
+      if (auto r = constant_rows(n, w, idx)) return *r;
       const Imported& ids = value(idx);
       int64_t padding_idx = -1;
       if (const json* pad = arg(n, "padding_idx", 2); pad && pad->contains("as_int"))
@@ -2585,6 +2612,34 @@ class TorchImporter {
     }
     return std::nullopt;
   }
+  // x [..., H] and a row vector r ([H], or with leading dims of 1: a layer's scale, Doge's
+  // residual weights), either order: r repeated over x's rows (the broadcast op: a whole r,
+  // summed back over the rows in the gradient), then the elementwise op. r has no sequence dim,
+  // so x's rows stay shardable.
+  template <typename F>
+  std::optional<Imported> with_row_vector(const std::string& a, const std::string& b, F f) {
+    const Imported &av = value(a), &bv = value(b);
+    if (av.kind != Imported::tensor || bv.kind != Imported::tensor || av.per_position || bv.per_position)
+      return std::nullopt;
+    auto is_row = [](const Imported& v) {
+      return !v.shape.empty() && std::all_of(v.shape.begin(), v.shape.end() - 1, [](int64_t d) { return d == 1; });
+    };
+    const bool a_row = is_row(av) && !is_row(bv), b_row = is_row(bv) && !is_row(av);
+    if (!a_row && !b_row) return std::nullopt;
+    const std::string& x = a_row ? b : a;
+    const Imported& xv = value(x);
+    const Imported& rv = a_row ? av : bv;
+    if (xv.shape.empty() || xv.shape.back() != rv.shape.back() || rv.shape.back() == 1) return std::nullopt;
+    const bool rows = rows_merged(xv);
+    const Tensor xt = rows ? xv.t : tensor_of(x);
+    const Tensor r = t_.reshape(tensor_of(a_row ? a : b), {rv.shape.back()});
+    const Tensor rb = t_.broadcast(r, xt, int64_t(t_.shape(xt).size()) - 1);
+    const Tensor y = a_row ? f(rb, xt) : f(xt, rb);
+    if (rows) return rowwise(y, x);
+    Imported out = ir(y);
+    out.shape = xv.shape;
+    return out;
+  }
   Imported add(const FxNode& n) {
     if (float_arg(n, "alpha", 2, 1.0) != 1.0) m_.fail_at(n, "add with alpha");
     const std::string a = arg_tensor(n, "self", 0), b = arg_tensor(n, "other", 1);
@@ -2600,6 +2655,7 @@ class TorchImporter {
   }
   template <typename F>
   Imported same_shape(const FxNode& n, const std::string& a, const std::string& b, F f) {
+    if (auto r = with_row_vector(a, b, f)) return *r;
     // Both rows merged alike: the op on the IR's rows (their torch shapes are equal too).
     const bool rows = rows_merged(value(a)) && rows_merged(value(b)) && value(a).shape == value(b).shape;
     Tensor x = rows ? value(a).t : tensor_of(a), y = rows ? value(b).t : tensor_of(b);

@@ -54,6 +54,9 @@ Tensor Tracer::sum(Tensor x) { return op(OpKind::sum, {x}); }
 Tensor Tracer::fill(const Shape& shape, double value, DType dtype) {
   return op(OpKind::fill, {}, {{"shape", shape}, {"value", value}, {"dtype", std::string(dtype_name(dtype))}});
 }
+Tensor Tracer::broadcast(Tensor x, Tensor like, int64_t dims) {
+  return op(OpKind::broadcast, {x, like}, {{"dims", dims}});
+}
 Tensor Tracer::convert(Tensor x, DType dtype) {
   return op(OpKind::convert, {x}, {{"dtype", std::string(dtype_name(dtype))}});
 }

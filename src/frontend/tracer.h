@@ -119,6 +119,9 @@ class Tracer {
   Tensor concat(const std::vector<Tensor>& xs, int64_t dim);
   Tensor sum(Tensor x);
   Tensor fill(const Shape& shape, double value, DType dtype = DType::f32);  // a constant
+  // x repeated over like's first `dims` dims ([like's first dims..., x's shape...]); like is read
+  // for its shape only
+  Tensor broadcast(Tensor x, Tensor like, int64_t dims);
   Tensor convert(Tensor x, DType dtype);  // f32 <-> bf16, rounding to nearest even
 
  private:

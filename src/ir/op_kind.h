@@ -15,7 +15,8 @@ namespace autosp {
   X(attention_backward) X(cross_entropy) X(cross_entropy_backward) X(linear_cross_entropy)  \
   X(linear_cross_entropy_backward) X(linear_cross_entropy_with_grad) X(count_valid) X(moe)   \
   X(moe_backward) X(moe_balance) X(moe_balance_backward) X(reshape) X(transpose) X(slice)       \
-  X(slice_backward) X(concat) X(all_to_all) X(all_reduce) X(all_gather) X(reduce_scatter)
+  X(slice_backward) X(concat) X(all_to_all) X(all_reduce) X(all_gather) X(reduce_scatter) \
+  X(broadcast)
 
 enum class OpKind : uint8_t {
 #define AUTOSP_OP_ENUM(name) name,

@@ -1,4 +1,6 @@
 // Graph inputs, constants, and the elementwise and reduction ops.
+#include <cstring>
+
 #include "kernels/cpu/basic.h"
 #include "ops/op.h"
 #ifdef AUTOSP_HAVE_CUDA
@@ -38,6 +40,10 @@ void cuda_fill(const KernelArgs& a, const CudaContext& c) {
 }
 void cuda_expand(const KernelArgs& a, const CudaContext& c) {
   cuda::expand(cuda_in_dt(a, 0), a.in<void>(0), a.out<void>(0), a.out_numel(0), c.stream);
+}
+void cuda_broadcast(const KernelArgs& a, const CudaContext& c) {
+  const int64_t n = a.in_numel(0);
+  cuda::broadcast_rows(cuda_in_dt(a, 0), a.in<void>(0), a.out_numel(0) / n, n, a.out<void>(0), c.stream);
 }
 void cuda_add(const KernelArgs& a, const CudaContext& c) {
   cuda::add(cuda_in_dt(a, 0), a.in<void>(0), a.in<void>(1), a.out_numel(0), a.out<void>(0), c.stream);
@@ -105,6 +111,59 @@ extern const OpDef expand_op = {
     .cpu = [](const KernelArgs& a) { cpu::fill(a.out(0), a.out_numel(0), a.in(0)[0]); },
     .recompute = Recompute::cheap,
     .cuda = {.name = "expand", .run = AUTOSP_CUDA_RUN(cuda_expand)},
+};
+
+// broadcast(x[T...], like[L..., ...]) {dims: k}: [L_0, ..., L_{k-1}, T...], x repeated over
+// like's first k dims (a row vector over the rows: a layer's scale [H], a token-type embedding's
+// row). `like` is read for its shape only (any dtype) and gets no gradient; its sharding, on one
+// of those k dims, is the result's (the autosp pass shards x's repetitions, never x).
+Shape broadcast_shape_of(const Types& in, const Attrs& attrs) {
+  const int64_t k = attrs.get_int("dims", -1);
+  require(k >= 1 && k <= int64_t(in[1].shape.size()), "dims must be in [1, rank of like = ", in[1].shape.size(),
+          "], got ", k);
+  Shape out(in[1].shape.begin(), in[1].shape.begin() + k);
+  out.insert(out.end(), in[0].shape.begin(), in[0].shape.end());
+  return out;
+}
+extern const OpDef broadcast_op = {
+    .num_inputs = 2,
+    .num_outputs = 1,
+    .infer = [](const Types& in, const Attrs& attrs) -> Types {
+      require_floating(in[0], "x");
+      return {{in[0].dtype, broadcast_shape_of(in, attrs)}};
+    },
+    .cost = nullptr,
+    // dx = the sum of dy over the repetitions: 1^T dy over dy's rows [R, numel(x)], as
+    // linear's bias gradient.
+    .grad = [](GradContext& c) {
+      const TensorType dy = c.b.type(c.dout[0]);  // a copy: emitting grows the graph
+      const TensorType x = c.b.type(c.in(0));
+      const int64_t n = numel(x.shape), rows = numel(dy.shape) / std::max<int64_t>(n, 1);
+      Attrs ones{{"shape", Shape{rows, 1}}, {"value", 1.0}};
+      if (dy.dtype != DType::f32) ones.set("dtype", std::string(dtype_name(dy.dtype)));
+      const ValueId ones_col = c.b.emit1(OpKind::fill, {}, ones);
+      const ValueId dy2 = c.b.emit1(OpKind::reshape, {c.dout[0]}, {{"shape", Shape{rows, n}}});
+      const ValueId dx = c.b.emit1(OpKind::matmul, {ones_col, dy2}, {{"trans_a", int64_t{1}}});
+      c.din[0] = c.b.emit1(OpKind::reshape, {dx}, {{"shape", x.shape}});
+    },
+    .cpu = [](const KernelArgs& a) {
+      const int64_t bytes = a.in_numel(0) * dtype_size(a.in_types[0]->dtype);
+      const int64_t rows = a.out_numel(0) / std::max<int64_t>(a.in_numel(0), 1);
+      const auto* x = a.in<char>(0);
+      auto* y = a.out<char>(0);
+      for (int64_t r = 0; r < rows; ++r) std::memcpy(y + r * bytes, x, size_t(bytes));
+    },
+    .shard = [](const Shardings& in, const Types&, const Attrs& attrs) -> Shardings {
+      require(is_replicated(in[0]), "x must be replicated (it is repeated over the sequence, not split)");
+      require(!is_partial(in[1]), "like must not be a partial sum");
+      require(!is_shard(in[1]) || in[1].dim < attrs.get_int("dims", -1),
+              "like must be split on one of the dims x is repeated over");
+      return {in[1]};
+    },
+    .recompute = Recompute::cheap,
+    .cpu_any_dtype = true,  // copies x's bytes
+    .cuda = {.name = "broadcast", .run = AUTOSP_CUDA_RUN(cuda_broadcast)},
+    .no_gradient_inputs = 0b10,
 };
 
 extern const OpDef add_op = {

@@ -204,6 +204,9 @@ struct OpDef {
   // the CPU executor finishes before the first node that reads a result. The workspace stays
   // the kernel's until then (plan_memory keeps it). nullptr: the node runs whole (cpu).
   StartedKernel (*cpu_start)(const KernelArgs& args) = nullptr;
+  // Operands read for their shape only (bit i: operand i): no gradient flows to them, and a
+  // result depends on a parameter only through the others (autodiff).
+  uint32_t no_gradient_inputs = 0;
 };
 
 // Sharding shorthands for rules.

@@ -16,9 +16,12 @@ Graph autodiff(const Graph& forward, const AutodiffOptions& options) {
   // one.
   const auto num_values = forward.values().size();
   std::vector<bool> needs(num_values, false);
+  auto gradient_flows = [](const Node& node, size_t i) {
+    return node.op == OpKind::input || !(op_def(node.op).no_gradient_inputs >> i & 1u);
+  };
   for (const Node& node : forward.nodes()) {
     bool any = node.op == OpKind::input && forward.role(node.outputs[0]) == Role::parameter;
-    for (ValueId in : node.inputs) any = any || needs[in];
+    for (size_t i = 0; i < node.inputs.size(); ++i) any = any || (needs[node.inputs[i]] && gradient_flows(node, i));
     for (ValueId out : node.outputs) needs[out] = any && is_floating(forward.type(out).dtype);
   }
 
@@ -34,9 +37,9 @@ Graph autodiff(const Graph& forward, const AutodiffOptions& options) {
       ctx.dout.push_back(grad[out]);
       any_dout = any_dout || grad[out] >= 0;
     }
-    for (ValueId in : node.inputs) {
-      ctx.needs.push_back(needs[in]);
-      any_need = any_need || needs[in];
+    for (size_t i = 0; i < node.inputs.size(); ++i) {
+      ctx.needs.push_back(needs[node.inputs[i]] && gradient_flows(node, i));
+      any_need = any_need || ctx.needs.back();
     }
     if (!any_dout || !any_need) continue;
     const OpDef& def = op_def(node.op);
@@ -46,9 +49,9 @@ Graph autodiff(const Graph& forward, const AutodiffOptions& options) {
     def.grad(ctx);
     for (size_t i = 0; i < node.inputs.size(); ++i) {
       const ValueId in = node.inputs[i];
-      AUTOSP_CHECK((ctx.din[i] >= 0) == bool(needs[in]), "gradient rule of ", op_name(node.op),
+      AUTOSP_CHECK((ctx.din[i] >= 0) == bool(ctx.needs[i]), "gradient rule of ", op_name(node.op),
                    " (node ", n, ") gave ", ctx.din[i] >= 0 ? "a" : "no", " gradient for operand ",
-                   i, ", which ", needs[in] ? "needs" : "does not need", " one");
+                   i, ", which ", ctx.needs[i] ? "needs" : "does not need", " one");
       if (ctx.din[i] < 0) continue;
       AUTOSP_CHECK(g.type(ctx.din[i]) == forward.type(in), "gradient rule of ", op_name(node.op),
                    " gave operand ", i, " a gradient of type ", type_str(g.type(ctx.din[i])),

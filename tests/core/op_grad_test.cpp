@@ -67,6 +67,16 @@ TEST(OpGrad, Expand) {
   check_gradients(g, {});
 }
 
+// x repeated over the leading dims of `like`: its gradient sums dy over the repetitions; `like`
+// is read for its shape only, so the product's is x's whole gradient.
+TEST(OpGrad, BroadcastOverLeadingDims) {
+  Tracer t;
+  Tensor w = t.parameter("w", {5}), v = t.parameter("v", {2, 5}), x = t.parameter("x", {3, 4, 5});
+  t.output("y0", t.mul(t.broadcast(w, x, 2), x));  // a layer scale [H] times [.., H]
+  t.output("y1", t.broadcast(v, x, 1));             // [3, 2, 5]
+  check_gradients(t.finish(), {});
+}
+
 TEST(OpGrad, Linear) {
   Tracer t;
   Tensor x = t.parameter("x", {2, 3, 5}), w = t.parameter("w", {4, 5});

@@ -59,6 +59,17 @@ void elementwise_and_reduction_ops_follow_the_operand_dtype() {
     EXPECT_EQ(infer(OpKind::sum, {x}), Types{s});  // the scalar has x's dtype
     EXPECT_EQ(infer(OpKind::expand, {s}, {{"shape", Shape{2, 3}}}), Types{x});
     EXPECT_EQ(infer(OpKind::div_scalar, {x, s}), Types{x});
+    // x repeated over like's first dims, like of any dtype (its shape only)
+    const TensorType row = T(d, {3});
+    EXPECT_EQ(infer(OpKind::broadcast, {row, x}, {{"dims", int64_t{1}}}), (Types{T(d, {2, 3})}));
+    EXPECT_EQ(infer(OpKind::broadcast, {row, T(i32, {4, 2})}, {{"dims", int64_t{2}}}), (Types{T(d, {4, 2, 3})}));
+    EXPECT_EQ(infer(OpKind::broadcast, {x, T(bf16, {4, 2})}, {{"dims", int64_t{1}}}), (Types{T(d, {4, 2, 3})}));
+    EXPECT_NE(infer_error(OpKind::broadcast, {row, x}, {{"dims", int64_t{3}}}).find("dims must be in [1, rank of like = 2], got 3"),
+              std::string::npos);
+    EXPECT_NE(infer_error(OpKind::broadcast, {row, x}).find("dims must be in [1, rank of like = 2], got -1"),
+              std::string::npos);
+    EXPECT_NE(infer_error(OpKind::broadcast, {T(i32, {3}), x}, {{"dims", int64_t{1}}}).find("x must be f32 or bf16"),
+              std::string::npos);
     EXPECT_EQ(infer(OpKind::silu, {x}), Types{x});
     EXPECT_EQ(infer(OpKind::silu_backward, {x, x}), Types{x});
     EXPECT_EQ(infer(OpKind::relu, {x}), Types{x});

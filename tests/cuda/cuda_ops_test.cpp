@@ -174,6 +174,8 @@ std::vector<OpCase> op_cases() {
   cases.push_back({"fill", {}, [](B& b, const Ins&) { return b.emit(OpKind::fill, {}, {{"shape", Shape{3, 5}}, {"value", 1.5}}); },
                    {}, {}, false});
   cases.push_back({"expand", {{"x", DType::f32, {}}}, one(OpKind::expand, {{"shape", Shape{4, 3}}})});
+  cases.push_back({"broadcast", {{"x", DType::f32, {2, 7}}, {"like", DType::i32, {3, 5}}},
+                   one(OpKind::broadcast, {{"dims", int64_t{2}}}), {{"like", ids(15, 3, 3)}}});
   cases.push_back({"embedding", {{"w", DType::f32, {11, 8}}, {"t", DType::i32, {2, 5}}}, one(OpKind::embedding),
                    {{"t", ids(10, 11, 1)}}});
   cases.push_back({"embedding_backward", {{"dy", DType::f32, {2, 5, 8}}, {"t", DType::i32, {2, 5}}},

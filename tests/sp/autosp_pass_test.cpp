@@ -268,6 +268,32 @@ TEST(AutospPass, AlibiOnHeadsSplitWithoutTheExchangeIsRefused) {
   EXPECT_EQ(def.shard(heads, qkv, alibi), (Shardings{shard(2), shard(1)}));
 }
 
+// broadcast repeats a whole x over like's first dims: the result is split as like is, on one of
+// those dims; an x that is split, or like split within x's dims, is refused.
+TEST(AutospPass, ABroadcastIsSplitAsTheOperandItRepeatsOver) {
+  const OpDef& def = op_def(OpKind::broadcast);
+  const Types types = {{DType::f32, {8}}, {DType::f32, {1, 6, 8}}};
+  const Attrs rows{{"dims", int64_t{2}}};
+  EXPECT_EQ(def.shard({replicated(), shard(1)}, types, rows), Shardings{shard(1)});
+  EXPECT_EQ(def.shard({replicated(), replicated()}, types, rows), Shardings{replicated()});
+  for (const auto& [in, what] : {std::pair<Shardings, const char*>{{shard(0), shard(1)}, "x must be replicated"},
+                                 {{replicated(), partial()}, "like must not be a partial sum"}}) {
+    try {
+      def.shard(in, types, rows);
+      ADD_FAILURE() << what;
+    } catch (const ShapeError& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  }
+  try {
+    def.shard({replicated(), shard(1)}, types, {{"dims", int64_t{1}}});
+    ADD_FAILURE() << "like split within x's dims";
+  } catch (const ShapeError& e) {
+    EXPECT_NE(std::string(e.what()).find("like must be split on one of the dims x is repeated over"), std::string::npos)
+        << e.what();
+  }
+}
+
 // A mixture-of-experts layer with its load-balancing loss, as torch_import builds it: the moe op
 // keeps its rows' sharding with no collective; the balance statistics (@partial) are all-reduced
 // over the group once, the loss built of them is whole, and added to the cross-entropy's share
