@@ -263,6 +263,13 @@ def register():
                          sliding_window=None, **kwargs):
         if dropout:
             raise ValueError("autosp attention: attention dropout is not supported (set attention_dropout=0)")
+        if attention_mask is not None:
+            # transformers' own masks are None here (the "autosp" mask interface below); a model
+            # that builds its own bias and passes it (Doge's dynamic mask, from the values) would
+            # lose it silently
+            raise ValueError(f"autosp attention: {type(module).__name__} passes its own attention mask or bias "
+                             f"{tuple(attention_mask.shape)} to the attention function; autosp's attention is causal "
+                             "(a sliding window, chunks, sinks, a softcap) and takes no other mask or bias")
         scale = scaling if scaling is not None else 1.0 / math.sqrt(query.shape[-1])
         softcap = float(kwargs.get("softcap") or 0.0)
         if softcap < 0:
