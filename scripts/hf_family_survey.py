@@ -38,6 +38,10 @@ V = 64
 C = dict(vocab_size=V, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
          num_key_value_heads=2, max_position_embeddings=64)
 NOKV = {k: v for k, v in C.items() if k != "num_key_value_heads"}
+# BERT's layout as a causal LM (is_decoder): learned positions from the position_ids buffer,
+# post-norm LayerNorms, the mask built as (1 - mask) * finfo.min, token types of one segment
+BERT = dict(vocab_size=V, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+            max_position_embeddings=64, is_decoder=True)
 
 
 def families():
@@ -100,6 +104,15 @@ def families():
         ("vaultgemma", "VaultGemmaForCausalLM", "VaultGemmaConfig",  # Gemma 2's layout, softcaps
          dict(C, head_dim=8, query_pre_attn_scalar=8)),
         ("bitnet", "BitNetForCausalLM", "BitNetConfig", dict(C)),  # a norm inside the attention and the MLP, relu2
+        ("bert", "BertLMHeadModel", "BertConfig", dict(BERT)),  # token types (row 0 broadcast)
+        ("bert_generation", "BertGenerationDecoder", "BertGenerationConfig", dict(BERT)),  # no token types
+        ("electra", "ElectraForCausalLM", "ElectraConfig", dict(BERT, embedding_size=32)),
+        ("ernie", "ErnieForCausalLM", "ErnieConfig", dict(BERT)),  # task type ids (one task)
+        ("big_bird", "BigBirdForCausalLM", "BigBirdConfig", dict(BERT, attention_type="original_full")),
+        ("rembert", "RemBertForCausalLM", "RemBertConfig",  # token types of zeros(), own embedding sizes
+         dict(BERT, input_embedding_size=32, output_embedding_size=32)),
+        ("megatron_bert", "MegatronBertForCausalLM", "MegatronBertConfig", dict(BERT)),  # pre-norm
+        ("doge", "DogeForCausalLM", "DogeConfig", dict(C)),  # dynamic mask attention (a bias from the values)
         # Mixture-of-experts (export.py's autosp::moe where the block is softmax top-k over SwiGLU experts)
         ("mixtral", "MixtralForCausalLM", "MixtralConfig", dict(C, num_local_experts=4, num_experts_per_tok=2)),
         ("qwen3_moe", "Qwen3MoeForCausalLM", "Qwen3MoeConfig",

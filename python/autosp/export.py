@@ -263,13 +263,14 @@ def register():
                          sliding_window=None, **kwargs):
         if dropout:
             raise ValueError("autosp attention: attention dropout is not supported (set attention_dropout=0)")
-        if attention_mask is not None:
-            # transformers' own masks are None here (the "autosp" mask interface below); a model
-            # that builds its own bias and passes it (Doge's dynamic mask, from the values) would
-            # lose it silently
-            raise ValueError(f"autosp attention: {type(module).__name__} passes its own attention mask or bias "
-                             f"{tuple(attention_mask.shape)} to the attention function; autosp's attention is causal "
-                             "(a sliding window, chunks, sinks, a softcap) and takes no other mask or bias")
+        if attention_mask is not None and attention_mask.requires_grad:
+            # The masks a model builds itself (OPT's, Persimmon's: transformers' older causal masks,
+            # from the sizes alone, since export() passes no attention_mask) are the causal one
+            # autosp's attention applies. A bias computed from the model's parameters (Doge's
+            # dynamic mask, from the values) is not: it would be dropped silently.
+            raise ValueError(f"autosp attention: {type(module).__name__} passes a bias computed from its parameters "
+                             f"{tuple(attention_mask.shape)} to the attention function as its mask; autosp's attention "
+                             "is causal (a sliding window, chunks, sinks, a softcap) and takes no learned bias")
         scale = scaling if scaling is not None else 1.0 / math.sqrt(query.shape[-1])
         softcap = float(kwargs.get("softcap") or 0.0)
         if softcap < 0:
