@@ -1070,6 +1070,37 @@ class HostEvaluator {
                 joined[(o * len + j + 1) * inner + i] - joined[(o * len + j) * inner + i];
       return out;
     }
+    // out[i] = x[i with i_d replaced by index[i]] along dim d (transformers 5's BERT: its token
+    // types gathered at the positions)
+    if (op == "gather.default") {
+      const HostArray* x = in("self", 0);
+      const HostArray* index = in("index", 2);
+      if (!x || !index || x->shape.size() != index->shape.size() || x->shape.empty()) return std::nullopt;
+      const int64_t r = int64_t(x->shape.size());
+      std::optional<int64_t> d0 = integer(arg(n, "dim", 1));
+      if (!d0 || *d0 < -r || *d0 >= r) return std::nullopt;
+      const int64_t d = *d0 < 0 ? *d0 + r : *d0;
+      for (int64_t i = 0; i < r; ++i)
+        if (i != d && index->shape[i] > x->shape[i]) return std::nullopt;
+      HostArray out{index->shape, std::vector<float>(index->v.size())};
+      std::vector<int64_t> idx(r, 0), stride(r, 1);
+      for (int64_t i = r - 2; i >= 0; --i) stride[i] = stride[i + 1] * x->shape[i + 1];
+      for (size_t k = 0; k < out.v.size(); ++k) {
+        int64_t at = 0;
+        for (int64_t i = 0; i < r; ++i) {
+          int64_t j = idx[i];
+          if (i == d) {
+            j = int64_t(index->v[k]);
+            if (j < 0) j += x->shape[d];
+            if (j < 0 || j >= x->shape[d]) return std::nullopt;
+          }
+          at += j * stride[i];
+        }
+        out.v[k] = x->v[at];
+        for (int64_t i = r - 1; i >= 0 && ++idx[i] == index->shape[i]; --i) idx[i] = 0;
+      }
+      return out;
+    }
     if (op == "copy_.default") {  // all of self overwritten by src (BLOOM's causal mask): src as self's shape
       const HostArray* self = in("self", 0);
       const HostArray* src = in("src", 1);
@@ -1540,7 +1571,9 @@ class TorchImporter {
   // length; RemBERT's zeros): row k of the table for every token, the broadcast of that row
   // over the tokens' [B, S] (so it is split as they are; [1, S] ids add to [B, S] alike).
   std::optional<Imported> constant_rows(const FxNode& n, const std::string& weight, const std::string& idx) {
-    if (!constants_) constants_.emplace(m_, o_.batch, o_.seq_len, o_.batch * o_.seq_len, kStoredPositions);
+    // (its arrays as large as the stored tensors: transformers 5's BERT expands its buffer of
+    // max_position_embeddings token types over the batch before gathering them)
+    if (!constants_) constants_.emplace(m_, o_.batch, o_.seq_len, kStoredPositions, kStoredPositions);
     constants_->reset();
     const HostArray* ids = constants_->eval(idx);
     // (ids that differ are not these: the positions, or ids the embedding's own rules refuse)

@@ -149,7 +149,7 @@ INSTANTIATE_TEST_SUITE_P(Models, TorchImportReference,
                                            // written with transformers 5 (make_torch_export_fixtures.py)
                                            "llama_tf5", "qwen2_tf5", "glm_tf5", "mixtral_tf5", "mixtral_aux_tf5",
                                            "qwen2_moe_tf5", "granitemoe_tf5", "bloom_tf5", "gpt_neo_tf5",
-                                           "glm4_moe_tf5", "ernie4_5_moe_tf5", "deepseek_v3_tf5", "gpt_oss_tf5", "dbrx_tf5", "deepseek_v2_tf5", "llama4_tf5", "aria_tf5", "longcat_flash_tf5"),
+                                           "glm4_moe_tf5", "ernie4_5_moe_tf5", "deepseek_v3_tf5", "gpt_oss_tf5", "dbrx_tf5", "deepseek_v2_tf5", "llama4_tf5", "aria_tf5", "longcat_flash_tf5", "bert_tf5"),
                          [](const auto& info) { return info.param; });
 
 // Llama through PyTorch and through autosp's own builder (models/llama.h): the same model,

@@ -85,7 +85,7 @@ INSTANTIATE_TEST_SUITE_P(Models, TorchImportSequenceParallel,
                                                               "hunyuan_moe", "gpt_oss", "dbrx", "deepseek_v2", "llama4", "aria", "longcat_flash", "llama_tf5", "qwen2_tf5", "glm_tf5",
                                                               "mixtral_tf5", "mixtral_aux_tf5", "qwen2_moe_tf5", "granitemoe_tf5",
                                                               "bloom_tf5", "gpt_neo_tf5", "glm4_moe_tf5",
-                                                              "ernie4_5_moe_tf5", "deepseek_v3_tf5", "gpt_oss_tf5", "dbrx_tf5", "deepseek_v2_tf5", "llama4_tf5", "aria_tf5", "longcat_flash_tf5"),
+                                                              "ernie4_5_moe_tf5", "deepseek_v3_tf5", "gpt_oss_tf5", "dbrx_tf5", "deepseek_v2_tf5", "llama4_tf5", "aria_tf5", "longcat_flash_tf5", "bert_tf5"),
                                             ::testing::Values(2, 4)),
                          [](const auto& info) { return str(std::get<0>(info.param), "_sp", std::get<1>(info.param)); });
 
