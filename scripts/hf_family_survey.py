@@ -112,6 +112,8 @@ def families():
         ("rembert", "RemBertForCausalLM", "RemBertConfig",  # token types of zeros(), own embedding sizes
          dict(BERT, input_embedding_size=32, output_embedding_size=32)),
         ("megatron_bert", "MegatronBertForCausalLM", "MegatronBertConfig", dict(BERT)),  # pre-norm
+        ("openai_gpt", "OpenAIGPTLMHeadModel", "OpenAIGPTConfig",  # a stored mask: w * b - 1e4 (1 - b)
+         dict(vocab_size=V, n_embd=32, n_layer=2, n_head=4, n_positions=64)),
         ("doge", "DogeForCausalLM", "DogeConfig", dict(C)),  # dynamic mask attention (a bias from the values)
         # Mixture-of-experts (export.py's autosp::moe where the block is softmax top-k over SwiGLU experts)
         ("mixtral", "MixtralForCausalLM", "MixtralConfig", dict(C, num_local_experts=4, num_experts_per_tok=2)),

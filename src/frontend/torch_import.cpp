@@ -2113,7 +2113,9 @@ class TorchImporter {
   std::optional<HostEvaluator> masks_;
   std::map<std::string, int64_t> causal_masks_;  // checked, by "<name>/<how it is applied>": the window
 
-  enum class MaskUse { additive, keep_where_true, masked_where_true };
+  // multiplied: scores times the mask, 1 kept and 0 masked (GPT-1's w * b, a mask added after it
+  // masking the zeros)
+  enum class MaskUse { additive, keep_where_true, masked_where_true, multiplied };
   // Fails unless `name` is a causal mask as `use` applies it (with `factor` the scaling of the
   // scores after it): keep (i, j) iff j <= i, and i - j < W with a sliding window (GPT-Neo's
   // local layers), over the last two dims, every leading index. Returns W (0: none, or one no
@@ -2136,7 +2138,10 @@ class TorchImporter {
     if (sh.size() < 2 || sh[sh.size() - 1] != S || sh[sh.size() - 2] != S)
       m_.fail_at(at, str("an attention mask of shape ", shape_str(sh), " at S = ", S, ", not [..., S, S]"));
     auto keeps = [&](float v) {
-      return use == MaskUse::additive ? v == 0.0f : use == MaskUse::keep_where_true ? v != 0.0f : v == 0.0f;
+      return use == MaskUse::additive          ? v == 0.0f
+             : use == MaskUse::keep_where_true ? v != 0.0f
+             : use == MaskUse::multiplied      ? v == 1.0f
+                                               : v == 0.0f;
     };
     // The window: the keys the last query keeps (all S: none), then every pair checked against it.
     int64_t window = 0;
@@ -2146,10 +2151,14 @@ class TorchImporter {
       const int64_t i = int64_t(k / S) % S, j = int64_t(k % S);
       const float v = mask->v[k];
       const bool keep = keeps(v);
-      const bool masked = use == MaskUse::additive ? double(v) * factor <= kMasked : !keep;
+      const bool masked = use == MaskUse::additive     ? double(v) * factor <= kMasked
+                          : use == MaskUse::multiplied ? v == 0.0f
+                                                       : !keep;
       if (keep != (j <= i && (window == 0 || i - j < window)) || keep == masked)
         m_.fail_at(at, str("an attention mask that is not causal: at S = ", S, ", query ", i, " and key ", j, " it is ", v,
-                           use == MaskUse::additive ? " (added to the scores)" : " (a boolean mask)",
+                           use == MaskUse::additive     ? " (added to the scores)"
+                           : use == MaskUse::multiplied ? " (multiplying the scores: 1 kept, 0 masked)"
+                                                        : " (a boolean mask)",
                            "; autosp imports causal attention (keys up to the query's position, or a sliding window "
                            "of them, masked scores at most -1e4)"));
     }
@@ -2224,6 +2233,22 @@ class TorchImporter {
     return std::nullopt;
   }
 
+  // A product of the scores and a mask [.., S, S] the host evaluates (either operand): the mask's
+  // name and the scores'. nullopt for anything else (a scaling by a number, say).
+  std::optional<std::pair<std::string, std::string>> multiplying_mask(const FxNode* n) {
+    if (!is(n, "mul.Tensor")) return std::nullopt;
+    const std::string a = arg_tensor(*n, "self", 0), b = arg_tensor(*n, "other", 1);
+    if (a.empty() || b.empty()) return std::nullopt;
+    const int64_t S = std::min<int64_t>(o_.seq_len, kMaskCheckLength);
+    if (!masks_) masks_.emplace(m_, 1, S);
+    for (const auto& [mask, scores] : {std::pair{b, a}, std::pair{a, b}}) {
+      const HostArray* h = masks_->eval(mask);
+      if (h && h->shape.size() >= 2 && h->shape.back() == S && h->shape[h->shape.size() - 2] == S)
+        return std::make_pair(mask, scores);
+    }
+    return std::nullopt;
+  }
+
   // The scores a softmax over the last dim reads: q k^T scaled and masked in any order (scalar
   // mul/div, + an additive mask, masked_fill or where with a fill of at most -1e4), with at
   // most one added ALiBi bias (alibi_slopes); down to the product, either a matmul (q and k^T
@@ -2273,6 +2298,12 @@ class TorchImporter {
         r.q = through(arg_tensor(*bb, "batch1", 1)), r.kt = through(arg_tensor(*bb, "batch2", 2));
         r.merged = true;
         return r;
+      } else if (auto m = multiplying_mask(s); m && r.masks > 0) {
+        // Scores times a 0/1 mask (GPT-1's w * b + -1e4 (1 - b)): the zeros it leaves are masked
+        // only by a mask applied after it, which must keep the same keys.
+        if (require_causal(*s, m->first, MaskUse::multiplied, r.scale) != r.window)
+          m_.fail_at(*s, "a mask multiplying the attention scores that keeps other keys than the mask applied after it");
+        x = m->second;
       } else if (auto f = scaling(s)) {
         r.scale *= f->first;
         x = f->second;
@@ -2353,10 +2384,16 @@ class TorchImporter {
     if (!is(sm, "softmax.int") && !is(sm, "_softmax.default")) return std::nullopt;
     std::optional<Scores> sc = scores_of(*sm);
     if (!sc || sc->merged) return std::nullopt;
-    const std::string k = untransposed(sc->kt, 4);
+    std::string k = untransposed(sc->kt, 4);
+    // or k^T made from [B, S, H, D] in one permute (GPT-1's split_heads(k, k=True)): that value is k
+    const FxNode* kt = node_of(sc->kt);
+    const bool k_bshd = k.empty() && is(kt, "permute.default") &&
+                        ints_arg(*kt, "dims", 1) == std::vector<int64_t>{0, 2, 3, 1} &&
+                        value(arg_tensor(*kt, "self", 0)).shape.size() == 4;
+    if (k_bshd) k = arg_tensor(*kt, "self", 0);
     if (k.empty() || value(sc->q).shape.size() != 4 || value(v).shape.size() != 4) return std::nullopt;
     require_causal_masks(n, *sc, value(sc->q).shape[1]);
-    return attention(n, sc->q, through(k), through(v), true, sc->scale, sc->window, 0, sc->alibi);
+    return attention(n, sc->q, through(k), through(v), true, sc->scale, sc->window, 0, sc->alibi, "", 0, {}, k_bshd);
   }
 
   // BLOOM's attention on [B H, S, .] batches of heads, read back by its caller, a view to
@@ -3485,8 +3522,8 @@ class TorchImporter {
   Imported attention(const FxNode& n, const std::string& q, const std::string& k_in, const std::string& v_in,
                      bool causal, double scale, int64_t window, double softcap = 0,
                      const std::vector<double>& alibi = {}, const std::string& sinks = "", int64_t chunk = 0,
-                     const std::vector<double>& temperature = {}) {
-    const KvHeads k = unrepeated_kv(k_in), v = unrepeated_kv(v_in);
+                     const std::vector<double>& temperature = {}, bool k_bshd = false) {
+    const KvHeads k = k_bshd ? KvHeads{k_in, true} : unrepeated_kv(k_in), v = unrepeated_kv(v_in);
     const Imported &qv = value(q), &kv = value(k.name), &vv = value(v.name);
     if (qv.shape.size() != 4 || kv.shape.size() != 4 || vv.shape.size() != 4) m_.fail_at(n, "attention on values not [B, H, S, D]");
     if (!causal) m_.fail_at(n, "non-causal attention: autosp trains causal language models");
