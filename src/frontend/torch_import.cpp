@@ -1681,6 +1681,15 @@ class TorchImporter {
       m_.fail_at(n, "autosp has no mapping for this op (python/autosp/export.py says what it imports)");
     };
     if (passes_through(n)) return value(tensor_name(n.args.at(0).second));  // "self", dropout's "input"
+    // The token ids compared (RoBERTa's positions, cumsum(ids != padding_idx); a padding mask):
+    // a value of the data, which no op but an embedding reads.
+    static const std::set<std::string> compare = {"ne", "eq", "lt", "le", "gt", "ge"};
+    if (const size_t dot = op.rfind('.'); op.rfind("torch.ops.aten.", 0) == 0 && dot != std::string::npos &&
+                                          compare.count(op.substr(15, dot - 15)) && !m_.user_inputs.empty() &&
+                                          through(A("self", 0)) == m_.user_inputs[0])
+      m_.fail_at(n, "the token ids compared: a value computed from the data other than by an embedding (RoBERTa's "
+                    "positions, cumsum(ids != padding_idx), or a padding mask); autosp computes positions from the "
+                    "sequence length and packs documents instead of padding them");
 
 
     // getitem of a tuple (split, chunk, the rope tables).

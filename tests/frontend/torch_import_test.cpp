@@ -552,6 +552,15 @@ TEST(TorchImportErrors, AnAttentionMaskThatIsNotTheCausalOneIsRefused) {
   EXPECT_NE(padding.find("padding masks are not imported"), std::string::npos) << padding;
 }
 
+// Positions computed from the token ids (RoBERTa's: the count of non-padding tokens so far) are
+// refused at the comparison, named, not taken for the positions of the sequence.
+TEST(TorchImportErrors, PositionsComputedFromTheTokenIdsAreRefused) {
+  const std::string e =
+      import_error(testing::source_path("tests/fixtures/torch_export_errors/token_positions/model.pt2"));
+  EXPECT_NE(e.find("node 'ne' (torch.ops.aten.ne.Scalar): the token ids compared"), std::string::npos) << e;
+  EXPECT_NE(e.find("RoBERTa's positions"), std::string::npos) << e;
+}
+
 // Attention written out (q @ k^T * 0.5, masked_fill of the causal mask, softmax, @ v) and
 // scaled_dot_product_attention with a boolean causal mask are each one causal attention, no
 // softmax left: at S = 8 (the mask checked whole) and at S = 3000 (checked at 2048: it is
