@@ -1587,6 +1587,9 @@ class TorchImporter {
     const int64_t rows = t_.shape(table)[0];
     if (k < 0 || k >= float(rows) || k != std::floor(k))
       m_.fail_at(n, str("an embedding read at the constant id ", k, ", not a row of its table of ", rows));
+    // (torch keeps the padding row's gradient zero: that row would be trained here)
+    if (const json* pad = arg(n, "padding_idx", 2); pad && pad->contains("as_int") && (*pad)["as_int"] == int64_t(k))
+      m_.fail_at(n, str("an embedding read at its padding_idx ", int64_t(k), " for every token"));
     const Tensor row = t_.reshape(t_.slice(table, 0, int64_t(k), int64_t(k) + 1), {t_.shape(table)[1]});
     if (!tokens_) tokens_ = t_.input(Role::tokens, "input_ids", DType::i32, {o_.batch, o_.seq_len});
     Imported v = ir(t_.broadcast(row, *tokens_, 2));
@@ -1684,8 +1687,9 @@ class TorchImporter {
     // The token ids compared (RoBERTa's positions, cumsum(ids != padding_idx); a padding mask):
     // a value of the data, which no op but an embedding reads.
     static const std::set<std::string> compare = {"ne", "eq", "lt", "le", "gt", "ge"};
-    if (const size_t dot = op.rfind('.'); op.rfind("torch.ops.aten.", 0) == 0 && dot != std::string::npos &&
-                                          compare.count(op.substr(15, dot - 15)) && !m_.user_inputs.empty() &&
+    static const std::string aten = "torch.ops.aten.";
+    if (const size_t dot = op.rfind('.'); op.rfind(aten, 0) == 0 && dot > aten.size() &&
+                                          compare.count(op.substr(aten.size(), dot - aten.size())) &&
                                           through(A("self", 0)) == m_.user_inputs[0])
       m_.fail_at(n, "the token ids compared: a value computed from the data other than by an embedding (RoBERTa's "
                     "positions, cumsum(ids != padding_idx), or a padding mask); autosp computes positions from the "

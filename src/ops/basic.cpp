@@ -43,6 +43,7 @@ void cuda_expand(const KernelArgs& a, const CudaContext& c) {
 }
 void cuda_broadcast(const KernelArgs& a, const CudaContext& c) {
   const int64_t n = a.in_numel(0);
+  if (n == 0) return;  // an empty x: an empty result
   cuda::broadcast_rows(cuda_in_dt(a, 0), a.in<void>(0), a.out_numel(0) / n, n, a.out<void>(0), c.stream);
 }
 void cuda_add(const KernelArgs& a, const CudaContext& c) {
@@ -133,18 +134,11 @@ extern const OpDef broadcast_op = {
       return {{in[0].dtype, broadcast_shape_of(in, attrs)}};
     },
     .cost = nullptr,
-    // dx = the sum of dy over the repetitions: 1^T dy over dy's rows [R, numel(x)], as
-    // linear's bias gradient.
+    // dx = the sum of dy over the repetitions: dy's rows [R, numel(x)] summed.
     .grad = [](GradContext& c) {
-      const TensorType dy = c.b.type(c.dout[0]);  // a copy: emitting grows the graph
-      const TensorType x = c.b.type(c.in(0));
-      const int64_t n = numel(x.shape), rows = numel(dy.shape) / std::max<int64_t>(n, 1);
-      Attrs ones{{"shape", Shape{rows, 1}}, {"value", 1.0}};
-      if (dy.dtype != DType::f32) ones.set("dtype", std::string(dtype_name(dy.dtype)));
-      const ValueId ones_col = c.b.emit1(OpKind::fill, {}, ones);
-      const ValueId dy2 = c.b.emit1(OpKind::reshape, {c.dout[0]}, {{"shape", Shape{rows, n}}});
-      const ValueId dx = c.b.emit1(OpKind::matmul, {ones_col, dy2}, {{"trans_a", int64_t{1}}});
-      c.din[0] = c.b.emit1(OpKind::reshape, {dx}, {{"shape", x.shape}});
+      const Shape x = c.b.shape(c.in(0));  // a copy: emitting grows the graph
+      const ValueId sums = column_sums(c.b, c.dout[0], numel(x));
+      c.din[0] = x.size() == 1 ? sums : c.b.emit1(OpKind::reshape, {sums}, {{"shape", x}});
     },
     .cpu = [](const KernelArgs& a) {
       const int64_t bytes = a.in_numel(0) * dtype_size(a.in_types[0]->dtype);

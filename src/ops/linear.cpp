@@ -20,6 +20,17 @@ ValueId as_2d(GraphBuilder& b, ValueId x) {
 
 }  // namespace
 
+ValueId column_sums(GraphBuilder& b, ValueId dy, int64_t n) {
+  const TensorType t = b.type(dy);  // a copy: emitting grows the graph
+  const int64_t rows = numel(t.shape) / std::max<int64_t>(n, 1);
+  const ValueId dy2 = t.shape == Shape{rows, n} ? dy : b.emit1(OpKind::reshape, {dy}, {{"shape", Shape{rows, n}}});
+  Attrs ones{{"shape", Shape{rows, 1}}, {"value", 1.0}};
+  if (t.dtype != DType::f32) ones.set("dtype", std::string(dtype_name(t.dtype)));
+  const ValueId ones_col = b.emit1(OpKind::fill, {}, ones);
+  const ValueId sums = b.emit1(OpKind::matmul, {ones_col, dy2}, {{"trans_a", int64_t{1}}});
+  return b.emit1(OpKind::reshape, {sums}, {{"shape", Shape{n}}});
+}
+
 namespace {
 
 struct MatmulDims {
@@ -97,15 +108,7 @@ extern const OpDef linear_op = {
       if (c.needs[1])
         c.din[1] = c.b.emit1(OpKind::matmul, {as_2d(c.b, c.dout[0]), as_2d(c.b, c.in(0))},
                              {{"trans_a", int64_t{1}}});
-      if (c.node.inputs.size() == 3 && c.needs[2]) {
-        const ValueId dy = as_2d(c.b, c.dout[0]);
-        const TensorType t = c.b.type(dy);  // a copy: emitting grows the graph
-        Attrs ones{{"shape", Shape{t.shape[0], 1}}, {"value", 1.0}};
-        if (t.dtype != DType::f32) ones.set("dtype", std::string(dtype_name(t.dtype)));
-        const ValueId ones_col = c.b.emit1(OpKind::fill, {}, ones);
-        const ValueId db = c.b.emit1(OpKind::matmul, {ones_col, dy}, {{"trans_a", int64_t{1}}});
-        c.din[2] = c.b.emit1(OpKind::reshape, {db}, {{"shape", Shape{t.shape[1]}}});
-      }
+      if (c.node.inputs.size() == 3 && c.needs[2]) c.din[2] = column_sums(c.b, c.dout[0], c.b.shape(c.in(2))[0]);
     },
     .cpu = [](const KernelArgs& a) {
       const Shape& w = a.in_shape(1);

@@ -223,6 +223,10 @@ inline bool is_partial(const Sharding& s) { return s.kind == Sharding::Kind::par
 Shardings shard_rowwise(const Shardings& in, const Types& types, const Attrs& attrs);
 Shardings shard_elementwise(const Shardings& in, const Types& types, const Attrs& attrs);
 
+// The sums over the rows of dy viewed as [rows, n] (every leading dim a row), as a [n] value:
+// 1^T dy, a ones column times dy by matmul (linear's bias gradient, broadcast's gradient).
+ValueId column_sums(GraphBuilder& b, ValueId dy, int64_t n);
+
 const OpDef& op_def(OpKind op);
 
 // Cost of one node with default bytes filled in.
