@@ -267,7 +267,8 @@ def register():
             # The masks a model builds itself (OPT's, Persimmon's: transformers' older causal masks,
             # from the sizes alone, since export() passes no attention_mask) are the causal one
             # autosp's attention applies. A bias computed from the model's parameters (Doge's
-            # dynamic mask, from the values) is not: it would be dropped silently.
+            # dynamic mask, from the values) is not: it would be dropped silently. (export()
+            # traces with every parameter requiring grad, frozen ones too.)
             raise ValueError(f"autosp attention: {type(module).__name__} passes a bias computed from its parameters "
                              f"{tuple(attention_mask.shape)} to the attention function as its mask; autosp's attention "
                              "is causal (a sliding window, chunks, sinks, a softcap) and takes no learned bias")
@@ -1530,6 +1531,27 @@ class _LoadBalancingLoss:
         return False
 
 
+class _EveryParameterRequiresGrad:
+    """While tracing: every parameter requires grad, so that a tensor computed from parameters
+    does too, frozen ones included (the attention function's test of a learned mask). The graph
+    is the same either way, and the flags are back before the archive is written: it records
+    the user's (requires_grad=False: frozen, which autosp keeps untrained)."""
+
+    def __init__(self, model):
+        self.model, self.frozen = model, []
+
+    def __enter__(self):
+        self.frozen = [p for p in self.model.parameters() if not p.requires_grad]
+        for p in self.frozen:
+            p.requires_grad_(True)
+        return self
+
+    def __exit__(self, *exc):
+        for p in self.frozen:
+            p.requires_grad_(False)
+        return False
+
+
 def _position_table_length(model):
     """The length of the model's position tables from its config (None: it names none)."""
     config = getattr(model, "config", None)
@@ -1558,7 +1580,7 @@ def export(model, path, batch: int = 2, seq_len: int = 16, max_seq_len: int = 1 
                 _InterleavedRopeOfLatentAttention(model), _HalfTablesRope(model), _ComplexRope(model), \
                 _Llama4Temperature(model), \
                 _SparseMoeBlocks(model) as moe, \
-                _LoadBalancingLoss(model):
+                _LoadBalancingLoss(model), _EveryParameterRequiresGrad(model):
             try:
                 return torch.export.export(_LossOf(model), (ids, ids.clone()),
                                            dynamic_shapes=({0: b, 1: s}, {0: b, 1: s}))

@@ -724,6 +724,13 @@ int run_train(const TrainArgs& args, MpiRuntime* mpi) {
       (long long)layout.micro_batch, (long long)S,
       (long long)layout.grad_accum, launch.world_size, groups.dp_size, groups.sp_size,
       (long long)split_sequence(S, groups.sp_size).local, config.zero_stage);
+  if (imported && !imported->constants().empty()) {
+    int64_t values = 0;
+    for (size_t i : imported->constants()) values += numel(imported->frozen()[i].shape);
+    say(launch, "frozen: %zu tensors of %lld values the program exported with requires_grad=False, read and not "
+        "trained (the first: %s)\n", imported->constants().size(), (long long)values,
+        imported->frozen()[imported->constants()[0]].name.c_str());
+  }
   if (to_train == 0) {
     if (ckpt) say(launch, "nothing to train: the checkpoint is at step %lld and --steps is %lld\n",
                   (long long)state.step, (long long)args.steps);
@@ -734,8 +741,7 @@ int run_train(const TrainArgs& args, MpiRuntime* mpi) {
   const train::CheckpointInfo info{S, config.seed, layout, args.data, fingerprint, order, program_id};
   const std::unique_ptr<train::Trainer> trainer_ptr =
       imported ? std::make_unique<train::Trainer>(
-                     models::Model{args.model, imported->parameters(), model.vocab_size,
-                                   [&](const models::LlamaTraceOptions& o) { return imported->forward(o); }},
+                     imported->model(),
                      config, S, std::move(state), &groups)
                : std::make_unique<train::Trainer>(model, config, S, std::move(state), &groups);
   train::Trainer& trainer = *trainer_ptr;

@@ -192,11 +192,12 @@ int run_plan(const PlanArgs& args) {
     imported.emplace(TorchProgram::load(args.model));
     // (the searches run on threads of their own; the program is imported by one at a time)
     auto lock = std::make_shared<std::mutex>();
-    setup.program = std::make_shared<const models::Model>(models::Model{
-        args.model, imported->parameters(), imported->vocab_size(), [&imported, lock](const models::LlamaTraceOptions& o) {
-          std::lock_guard<std::mutex> hold(*lock);
-          return imported->forward(o);
-        }});
+    models::Model program = imported->model();
+    program.forward = [forward = program.forward, lock](const models::LlamaTraceOptions& o) {
+      std::lock_guard<std::mutex> hold(*lock);
+      return forward(o);
+    };
+    setup.program = std::make_shared<const models::Model>(std::move(program));
   } else {
     std::vector<std::string> warnings;  // config.json's keys autosp does not read, said once
     setup.model = models::load_llama_config(config, &warnings);

@@ -80,6 +80,7 @@ struct StoredTensor {
   std::string entry;  // zip entry of its bytes
   int dtype = 0;
   Shape shape;
+  bool requires_grad = true;  // a parameter's flag (false: frozen by the user)
 };
 
 }  // namespace
@@ -101,6 +102,8 @@ struct TorchProgram::Impl {
   std::vector<std::string> spec_placeholders;
   std::vector<models::ParameterSpec> frozen;  // TorchProgram::frozen
   std::vector<std::string> frozen_placeholders;
+  std::vector<size_t> constants;      // TorchProgram::constants: the frozen tensors the loss reads
+  std::set<std::string> constant_names;
   uint64_t graph_hash = 0;
   std::string hf_config;  // extra/config.json, or empty
   mutable int64_t vocab = 0;
@@ -250,6 +253,7 @@ StoredTensor stored_tensor(const json& config, const std::string& key, const std
   t.entry = folder + c.value("path_name", "");
   const json& meta = field(c, "tensor_meta", where + " " + key);
   t.dtype = meta.value("dtype", 0);
+  t.requires_grad = meta.value("requires_grad", true);
   for (const json& d : meta.value("sizes", json::array())) {
     if (!d.contains("as_int")) user_error(where, ": tensor ", key, " has a symbolic size");
     t.shape.push_back(d["as_int"].get<int64_t>());
@@ -331,6 +335,15 @@ std::vector<float> TorchProgram::read_parameter(size_t i) const {
 }
 
 const std::vector<models::ParameterSpec>& TorchProgram::frozen() const { return impl_->frozen; }
+const std::vector<size_t>& TorchProgram::constants() const { return impl_->constants; }
+
+models::Model TorchProgram::model() const {
+  models::Model m{impl_->path, parameters(), vocab_size(),
+                  [this](const models::LlamaTraceOptions& o) { return forward(o); }, {}, {}};
+  for (size_t i : impl_->constants) m.constants.push_back(impl_->frozen[i]);
+  m.read_constant = [this](size_t k) { return read_frozen(impl_->constants.at(k)); };
+  return m;
+}
 
 std::vector<float> TorchProgram::read_frozen(size_t i) const {
   AUTOSP_CHECK(i < impl_->frozen.size(), "frozen tensor ", i, " of ", impl_->frozen.size());
@@ -456,13 +469,14 @@ TorchProgram TorchProgram::load(const std::string& path) {
     auto unwrapped = [&](const std::string& key) {
       return wrapped && key.rfind("model.", 0) == 0 ? key.substr(6) : key;
     };
-    // A parameter the loss never reads (a frozen one, or the correction bias of a router export.py
-    // made a moe op of) is not trained: it is kept as the program has it, as PyTorch keeps a
-    // parameter without a gradient.
+    // A parameter the loss never reads (the correction bias of a router export.py made a moe op
+    // of), or one exported with requires_grad=False (frozen by the user), is not trained: it is
+    // kept as the program has it, as PyTorch keeps a parameter without a gradient. A frozen one
+    // the loss reads is a constant of the graph.
     std::map<std::string, std::string> name_of_entry;  // a tied weight: one entry, two names
-    std::set<std::string> trained_entries;
+    std::set<std::string> read_entries;
     for (const auto& [ph, key] : params)
-      if (reached.count(ph)) trained_entries.insert(m.stored[ph].entry);
+      if (reached.count(ph)) read_entries.insert(m.stored[ph].entry);
     for (const auto& [ph, key] : params) {
       const StoredTensor& t = m.stored[ph];
       auto [it, first] = name_of_entry.emplace(t.entry, unwrapped(key));
@@ -471,7 +485,12 @@ TorchProgram TorchProgram::load(const std::string& path) {
       if (!first) continue;
       if (t.dtype != kFloat32 && t.dtype != kBFloat16 && t.dtype != kFloat16)
         user_error(where, ": parameter ", name, " has dtype code ", t.dtype, "; autosp trains f32, bf16 or f16 weights");
-      if (!trained_entries.count(t.entry)) {
+      const bool read = read_entries.count(t.entry) != 0;
+      if (!read || !t.requires_grad) {
+        if (read) {
+          m.constants.push_back(m.frozen.size());
+          m.constant_names.insert(name);
+        }
         m.frozen.push_back({name, t.shape});
         m.frozen_placeholders.push_back(ph);
         continue;
@@ -1651,7 +1670,10 @@ class TorchImporter {
   Tensor parameter(const std::string& placeholder) {
     const std::string& name = m_.parameter_of.at(placeholder);  // tied placeholders share it
     if (auto it = params_.find(name); it != params_.end()) return it->second;
-    Tensor p = t_.parameter(name, m_.stored.at(placeholder).shape, o_.dtype);
+    const Shape& shape = m_.stored.at(placeholder).shape;
+    // (a frozen parameter the loss reads: an input of role constant, bound by the trainer)
+    Tensor p = m_.constant_names.count(name) ? t_.input(Role::constant, name, o_.dtype, shape)
+                                             : t_.parameter(name, shape, o_.dtype);
     return params_[name] = p;
   }
 

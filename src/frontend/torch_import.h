@@ -52,6 +52,7 @@
 
 #include "ir/graph.h"
 #include "models/llama.h"
+#include "models/model.h"
 
 namespace autosp {
 
@@ -76,6 +77,13 @@ class TorchProgram {
   // too, and the persistent floating buffers (a router's correction bias), by state-dict names.
   const std::vector<models::ParameterSpec>& frozen() const;
   std::vector<float> read_frozen(size_t i) const;
+  // The frozen tensors the loss reads (parameters exported with requires_grad=False, which
+  // PyTorch would not train either), as indices into frozen(): the forward graph takes each as
+  // an input of role "constant", by its name, and takes no gradient of it.
+  const std::vector<size_t>& constants() const;
+  // The program as the trainer takes it: its parameters, vocabulary, forward and constants.
+  // It refers to this program, which must outlive it.
+  models::Model model() const;
   // The logits' last dim (the vocabulary), found while importing the loss.
   int64_t vocab_size() const;
   // FNV-1a 64 of the program's graph and signature without the nodes' metadata (stack

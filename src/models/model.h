@@ -16,6 +16,11 @@ struct Model {
   std::vector<ParameterSpec> parameters;  // in the order the state and the graph list them
   int64_t vocab_size = 0;
   std::function<Graph(const LlamaTraceOptions&)> forward;
+  // Tensors the graph reads that nothing trains: its inputs of role "constant", by name (an
+  // imported program's parameters exported with requires_grad=False). The trainer holds each
+  // as read_constant gives it (fp32) and never updates it; no gradient is taken of it.
+  std::vector<ParameterSpec> constants;
+  std::function<std::vector<float>(size_t)> read_constant;
 };
 
 inline Model llama_model(const LlamaConfig& config) {

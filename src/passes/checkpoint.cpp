@@ -79,7 +79,7 @@ Graph checkpoint(const Graph& joint, const CheckpointOptions& options) {
     int from_params = kNoLayer, from_operands = kNoLayer;
     for (ValueId in : nodes[n].inputs) {
       if (joint.is_input(in)) {
-        if (joint.role(in) != Role::parameter) continue;
+        if (joint.role(in) != Role::parameter && joint.role(in) != Role::constant) continue;  // (a frozen weight)
         reads_parameter = true;
         from_params = std::max(from_params, parameter_layer(joint.value(in).name));
       } else {

@@ -7,6 +7,7 @@
 
 #include "comm/device_collectives.h"
 #include "comm/nccl_communicator.h"
+#include "io/safetensors.h"
 #include "kernels/cuda/kernels.h"
 #include "passes/autodiff.h"
 #include "passes/plan_memory.h"
@@ -59,25 +60,30 @@ const std::array<const char*, 4> kBatchInputs = {"input_ids", "labels", "positio
 
 class CudaDeviceStep final : public DeviceStep {
  public:
-  CudaDeviceStep(const Graph& joint, const std::vector<models::ParameterSpec>& specs, int64_t tokens, bool packed,
-                 const ProcessGroups* groups)
+  CudaDeviceStep(const Graph& joint, const std::vector<models::ParameterSpec>& specs, const DeviceConstants& constants,
+                 int64_t tokens, bool packed, const ProcessGroups* groups)
       : specs_(specs), tokens_(tokens), batch_inputs_(packed ? 4 : 3) {
-    std::vector<int64_t> sizes;
+    std::vector<int64_t> sizes, constant_sizes;
     for (const auto& spec : specs_) sizes.push_back(autosp::numel(spec.shape));
+    for (const auto& spec : constants.specs) constant_sizes.push_back(autosp::numel(spec.shape));
     layout_ = flat_layout(sizes);
+    const FlatLayout constant_layout = flat_layout(constant_sizes);
+    constant_bytes_ = device_constant_bytes(constant_sizes);
 
     std::vector<std::string> device_bound(kBatchInputs.begin(), kBatchInputs.begin() + batch_inputs_);
     for (const auto& spec : specs_) device_bound.push_back(spec.name);
+    for (const auto& spec : constants.specs) device_bound.push_back(spec.name);
     check_gradients(joint);
 
     // Everything this step allocates on the device, against what is free, before allocating.
-    const int64_t planned = device_state_bytes(sizes) + read_memory_plan(joint).arena_bytes +
+    const int64_t planned = device_state_bytes(sizes) + constant_bytes_ + read_memory_plan(joint).arena_bytes +
                             device_batch_bytes(tokens_, packed);
     size_t free = 0, total = 0;
     check_cuda(cudaMemGetInfo(&free, &total), "cudaMemGetInfo", kWhere);
     if (double(planned) > double(free))
       user_error("the bf16 step on the device needs ", double(planned) / double(1 << 30), " GiB (model state ",
-                 double(device_state_bytes(sizes)) / double(1 << 30), " GiB at 18 bytes a parameter, the step's arena ",
+                 double(device_state_bytes(sizes) + constant_bytes_) / double(1 << 30),
+                 " GiB at 18 bytes a trained parameter and 2 a frozen one, the step's arena ",
                  double(read_memory_plan(joint).arena_bytes) / double(1 << 30), " GiB), but the GPU has ",
                  double(free) / double(1 << 30), " GiB free of ", double(total) / double(1 << 30),
                  " GiB (a shorter sequence, checkpointing (compile.checkpoint) or a smaller model would need less)");
@@ -116,6 +122,23 @@ class CudaDeviceStep final : public DeviceStep {
     }
     for (size_t i = 0; i < specs_.size(); ++i)
       ex_->bind_device(joint_input(specs_[i].name), copy_.as<char>() + 2 * layout_.offset[i]);
+    // The constants: rounded to bf16 on the host (to nearest even, as the parameters' copy is),
+    // copied once, bound in place.
+    AUTOSP_CHECK(constants.values.size() == constants.specs.size(), constants.specs.size(), " constants, ",
+                 constants.values.size(), " with values");
+    constants_ = DeviceMemory(constant_bytes_, false, kWhere);
+    std::vector<uint16_t> rounded;
+    for (size_t i = 0; i < constants.specs.size(); ++i) {
+      const std::vector<float>& v = constants.values[i];
+      AUTOSP_CHECK(int64_t(v.size()) == constant_sizes[i], "constant ", constants.specs[i].name);
+      rounded.resize(v.size());
+      for (size_t e = 0; e < v.size(); ++e) rounded[e] = io::float_to_bf16(v[e]);
+      char* at = constants_.as<char>() + 2 * constant_layout.offset[i];
+      check_cuda(cudaMemcpy(at, rounded.data(), 2 * rounded.size(), cudaMemcpyHostToDevice), "cudaMemcpy",
+                 str("copying the constant ", constants.specs[i].name, " to the device"));
+      ex_->bind_device(joint_input(constants.specs[i].name), at);
+    }
+    check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize", kWhere);
   }
 
   ~CudaDeviceStep() override {
@@ -237,7 +260,7 @@ class CudaDeviceStep final : public DeviceStep {
     }
   }
 
-  int64_t state_bytes() const override { return device_state_bytes(layout_.numel); }
+  int64_t state_bytes() const override { return device_state_bytes(layout_.numel) + constant_bytes_; }
   int64_t arena_bytes() const override {
     return ex_->arena_bytes() + ex_->input_bytes() + device_batch_bytes(tokens_, batch_inputs_ == 4);
   }
@@ -299,6 +322,8 @@ class CudaDeviceStep final : public DeviceStep {
   std::unique_ptr<CudaExecutor> ex_;
   DeviceCollectives* world_ = nullptr;  // the executor's world group, with more than one rank
   DeviceMemory master_, grad_, exp_avg_, exp_avg_sq_, copy_, partials_, status_, status_host_;
+  DeviceMemory constants_;  // the model's constants, bf16, in their own flat layout
+  int64_t constant_bytes_ = 0;
   std::vector<TensorChunk> chunks_;
   std::vector<const char*> grad_sources_;  // per parameter: its gradient output, as the first run placed it
   DeviceMemory chunk_table_, chunk_table_host_;
@@ -313,13 +338,14 @@ class CudaDeviceStep final : public DeviceStep {
 }  // namespace
 
 std::unique_ptr<DeviceStep> make_device_step(const Graph& joint, const std::vector<models::ParameterSpec>& specs,
-                                             int64_t tokens, bool packed, const ProcessGroups* groups) {
+                                             const DeviceConstants& constants, int64_t tokens, bool packed,
+                                             const ProcessGroups* groups) {
   std::string why;
   if (cuda_device_count(&why) == 0)
     user_error("backend cuda: no CUDA device is usable here (", why,
                "); run on a machine with an NVIDIA GPU and its driver, or use --backend cpu");
   select_local_device();  // this rank's GPU, before the free-memory check looks at it
-  return std::make_unique<CudaDeviceStep>(joint, specs, tokens, packed, groups);
+  return std::make_unique<CudaDeviceStep>(joint, specs, constants, tokens, packed, groups);
 }
 
 }  // namespace autosp::train

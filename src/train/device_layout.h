@@ -47,6 +47,10 @@ constexpr int64_t kGradChunkElements = int64_t{1} << 16;
 // 8-byte words each).
 int64_t device_state_bytes(const std::vector<int64_t>& numel);
 
+// Bytes the model's constants (models::Model::constants: tensors the step reads and nothing
+// trains) take on the device: their bf16 copy, one flat buffer of their own layout.
+inline int64_t device_constant_bytes(const std::vector<int64_t>& numel) { return 2 * flat_layout(numel).total; }
+
 // Bytes of the batch's two device slots (train/device_step.h): input ids, labels, positions
 // and, packed, document ids, int32, for `tokens` tokens a micro batch.
 inline int64_t device_batch_bytes(int64_t tokens, bool packed) { return 2 * 4 * (packed ? 4 : 3) * tokens; }

@@ -84,7 +84,7 @@ class DeviceStep {
   // Fills state.params (and, with moments, exp_avg and exp_avg_sq), whole tensors.
   virtual void download(ModelState& state, bool moments) = 0;
 
-  virtual int64_t state_bytes() const = 0;  // the flat buffers, on the device
+  virtual int64_t state_bytes() const = 0;  // the flat buffers, the constants' included, on the device
   virtual int64_t arena_bytes() const = 0;  // the step's arena and its inputs' block
 };
 
@@ -95,7 +95,14 @@ class DeviceStep {
 // arena do not fit in the device's free memory; a UserError in a build without the cuda
 // backend.
 // `groups`: this rank's (their MPI groups; null or one rank: no reduction).
+// `constants`: the tensors the step reads and nothing trains (models::Model::constants), with
+// their fp32 values; copied to the device once, in bf16, and bound there.
+struct DeviceConstants {
+  const std::vector<models::ParameterSpec>& specs;
+  const std::vector<std::vector<float>>& values;
+};
 std::unique_ptr<DeviceStep> make_device_step(const Graph& joint, const std::vector<models::ParameterSpec>& specs,
-                                             int64_t tokens, bool packed, const ProcessGroups* groups = nullptr);
+                                             const DeviceConstants& constants, int64_t tokens, bool packed,
+                                             const ProcessGroups* groups = nullptr);
 
 }  // namespace autosp::train

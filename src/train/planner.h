@@ -67,7 +67,7 @@ struct ArenaParts {
 
 // Per-rank bytes of one training step.
 struct MemoryBreakdown {
-  int64_t parameters = 0, optimizer_state = 0;  // model state
+  int64_t parameters = 0, optimizer_state = 0;  // model state (parameters: the model's constants too)
   int64_t gradient_sum = 0;    // the fp32 sum of micro batches' gradients (step_options.h says when)
   int64_t arena = 0;           // plan_memory's arena: the step's buffers (arena_parts says which)
   ArenaParts arena_parts;

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <map>
+#include <numeric>
 
 #include "comm/mpi_communicator.h"
 #include "passes/autodiff.h"
@@ -123,9 +124,10 @@ Trainer::Trainer(const models::Model& model, const TrainConfig& config, int64_t 
   AUTOSP_CHECK(groups_->sp_size == config.sequence_parallel_size, "groups were made for sp_size ",
                groups_->sp_size, ", the config says ", config.sequence_parallel_size);
   int64_t num_params = 0;
-  std::vector<int64_t> numels;
+  std::vector<int64_t> numels, constant_numels;
   for (const auto& spec : state_.specs) numels.push_back(numel(spec.shape));
   for (int64_t n : numels) num_params += n;
+  for (const auto& spec : program_.constants) constant_numels.push_back(numel(spec.shape));
   const int64_t W = groups_->world->size();
   // bf16 on the cuda backend: the step and its state live on the device (device_step.h).
   const bool on_device = config_.backend == "cuda" && config_.requested_precision == "bf16";
@@ -139,8 +141,9 @@ Trainer::Trainer(const models::Model& model, const TrainConfig& config, int64_t 
   // 0 and 1 with accumulation: the step has a second program), whole moments (stage 0), and
   // the optimizer's shards and scratch, which depend on the buckets of the compiled step.
   auto model_state_of = [&](const CompiledStep& step) -> int64_t {
-    if (on_device) return device_state_bytes(numels);
-    return train::model_state_bytes(config_, W, num_params, read_grad_buckets(step.last), DType::f32).total();
+    if (on_device) return device_state_bytes(numels) + device_constant_bytes(constant_numels);
+    return train::model_state_bytes(config_, W, num_params, read_grad_buckets(step.last), DType::f32).total() +
+           4 * std::accumulate(constant_numels.begin(), constant_numels.end(), int64_t{0});
   };
   int64_t model_state = 0;
   threads_ = omp_get_max_threads();  // what the executor (threads 0) and the plan use
@@ -207,8 +210,15 @@ Trainer::Trainer(const models::Model& model, const TrainConfig& config, int64_t 
   // with accumulation run one after the other: the one with the larger arena allocates it,
   // the other works in it.
   const Backend backend = parse_backend(config_.backend);
+  AUTOSP_CHECK(program_.constants.empty() || program_.read_constant, program_.name, ": constants without values");
+  for (size_t i = 0; i < program_.constants.size(); ++i) {
+    constants_.push_back(program_.read_constant(i));
+    AUTOSP_CHECK(int64_t(constants_.back().size()) == constant_numels[i], "constant ", program_.constants[i].name);
+  }
   if (on_device) {
-    device_ = make_device_step(joint_, state_.specs, micro_batch_ * local_len_, config_.data.packed, groups_);
+    device_ = make_device_step(joint_, state_.specs, {program_.constants, constants_}, micro_batch_ * local_len_,
+                               config_.data.packed, groups_);
+    constants_ = {};  // (on the device now)
   } else if (earlier_.nodes().empty()) {
     executor_ = make_executor(backend, joint_, allocator_, 0, groups_);
   } else if (read_memory_plan(joint_).arena_bytes >= read_memory_plan(earlier_).arena_bytes) {
@@ -307,6 +317,7 @@ Trainer::~Trainer() {
 
 void Trainer::bind_step(Executor& ex) {
   bind_parameters(ex);
+  bind_constants(ex);
   ex.bind("input_ids", inputs_.data());
   ex.bind("labels", labels_.data());
   ex.bind("position_ids", positions_.data());
@@ -342,6 +353,11 @@ void Trainer::bind_parameters(Executor& ex) const {
   }
   AUTOSP_CHECK(state_.params.size() == state_.specs.size(), "the parameters are sharded (ZeRO-3)");
   for (size_t i = 0; i < state_.specs.size(); ++i) ex.bind(state_.specs[i].name, state_.params[i].data());
+}
+
+void Trainer::bind_constants(Executor& ex) const {
+  AUTOSP_CHECK(constants_.size() == program_.constants.size(), "the constants are on the device");
+  for (size_t i = 0; i < constants_.size(); ++i) ex.bind(program_.constants[i].name, constants_[i].data());
 }
 
 // Every rank of an SP group reads the same samples and keeps its slice of the sequence;
@@ -556,7 +572,7 @@ StateShards Trainer::checkpoint_shards() {
 int64_t Trainer::model_state_bytes() const {
   if (device_) return device_->state_bytes();
   int64_t n = 0;
-  for (const auto* tensors : {&state_.params, &grads_, &state_.exp_avg, &state_.exp_avg_sq})
+  for (const auto* tensors : {&state_.params, &grads_, &state_.exp_avg, &state_.exp_avg_sq, &constants_})
     for (const auto& t : *tensors) n += static_cast<int64_t>(t.size());
   return 4 * n + optimizer_->bytes();
 }
@@ -577,7 +593,10 @@ std::vector<float> Trainer::logits(const int32_t* inputs, int64_t B, int64_t S) 
     eval_batch_ = B;
     eval_executor_ = make_executor(parse_backend(config_.backend), eval_graph_, eval_allocator_, 0,
                                    sharded ? groups_ : nullptr);
-    if (!device_) bind_parameters(*eval_executor_);
+    if (!device_) {
+      bind_parameters(*eval_executor_);
+      bind_constants(*eval_executor_);
+    }
   }
   if (device_) {  // the fp32 graph, on the master weights as they are now
     device_->download(state_, false);

@@ -178,13 +178,14 @@ class Trainer {
   // runtime_reserve_bytes and the step's reduction_staging_bytes.
   int64_t runtime_reserve() const { return runtime_reserve_bytes(threads_) + reduction_staging_; }
   int64_t program_bytes() const { return program_bytes_; }  // the compiled graph and executor tables
-  // Parameters, gradients kept between micro batches, optimizer state and its scratch, on
-  // this rank (StepStats::model_state_bytes).
+  // Parameters, gradients kept between micro batches, optimizer state and its scratch, and the
+  // model's constants, on this rank (StepStats::model_state_bytes).
   int64_t model_state_bytes() const;
   const models::LlamaConfig& model() const { return model_; }
 
  private:
   void bind_parameters(Executor& ex) const;
+  void bind_constants(Executor& ex) const;
   void bind_step(Executor& ex);  // parameters, the staged micro batch, the accumulated gradients
   // Micro batch `micro` of the step that begins at global sample `consumed`, this rank's
   // slice, into dst.
@@ -224,6 +225,9 @@ class Trainer {
   // Stages 0 and 1 with accumulation: the sum of a step's earlier micro batches' gradients
   // (the last program's "grad_acc:<name>" inputs); empty otherwise.
   std::vector<std::vector<float>> grads_;
+  // The model's constants (Model::constants), fp32, bound beside the parameters; on the device
+  // path the device step holds them (bf16) instead and this is empty.
+  std::vector<std::vector<float>> constants_;
   std::vector<int32_t> inputs_, labels_, positions_, documents_;
   // Forward-only executors for predict/logits, compiled on first use per batch size.
   Graph eval_graph_;

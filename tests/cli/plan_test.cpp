@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <numeric>
 #include <regex>
 #include <set>
 #include <nlohmann/json.hpp>
@@ -15,6 +16,7 @@
 #include "passes/pipeline.h"
 #include "runtime/executor.h"
 #include "testing/process.h"
+#include "train/device_layout.h"
 #include "train/planner.h"
 #include "train/step_options.h"
 #include "util/error.h"
@@ -116,9 +118,7 @@ TEST(Plan, AnImportedLlamaPlansAsItsConfig) {
   models::LlamaConfig c;  // make_torch_export_fixtures.py's llama
   c.vocab_size = 64, c.hidden_size = 32, c.intermediate_size = 48, c.num_hidden_layers = 2;
   c.num_attention_heads = 4, c.num_key_value_heads = 2, c.head_dim = 8, c.rms_norm_eps = 1e-6;
-  const auto imported = std::make_shared<const models::Model>(
-      models::Model{"llama.pt2", program.parameters(), program.vocab_size(),
-                    [&program](const models::LlamaTraceOptions& o) { return program.forward(o); }});
+  const auto imported = std::make_shared<const models::Model>(program.model());
   for (DType dtype : {DType::f32, DType::bf16})
     for (int zero : {0, 3})
       for (int sp : {1, 2})
@@ -145,14 +145,44 @@ TEST(Plan, AnImportedLlamaPlansAsItsConfig) {
         }
 }
 
+// Parameters a program's user froze (nanogpt_frozen's: requires_grad=False) are planned as the
+// trainer holds them: beside the trained ones, without gradients or optimizer state; fp32 on the
+// CPU, their bf16 copy on the device (the device step's own flat buffer).
+TEST(Plan, AProgramsFrozenParametersAreHeldWithoutOptimizerState) {
+  const TorchProgram frozen =
+      TorchProgram::load(testing::source_path("tests/fixtures/torch_export/nanogpt_frozen/model.pt2"));
+  const TorchProgram whole = TorchProgram::load(testing::source_path("tests/fixtures/torch_export/nanogpt/model.pt2"));
+  int64_t trained = 0, all = 0;
+  std::vector<int64_t> constants;
+  for (const models::ParameterSpec& p : frozen.parameters()) trained += numel(p.shape);
+  for (const models::ParameterSpec& p : whole.parameters()) all += numel(p.shape);
+  for (size_t i : frozen.constants()) constants.push_back(numel(frozen.frozen()[i].shape));
+  ASSERT_EQ(trained + std::accumulate(constants.begin(), constants.end(), int64_t{0}), all);
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    train::PlanSetup a{.dtype = dtype}, b{.dtype = dtype};
+    a.program = std::make_shared<const models::Model>(frozen.model());
+    b.program = std::make_shared<const models::Model>(whole.model());
+    const train::MemoryBreakdown x = train::plan_step(a, {{CheckpointPolicy::none}, {}}, 32);
+    const train::MemoryBreakdown y = train::plan_step(b, {{CheckpointPolicy::none}, {}}, 32);
+    if (dtype == DType::f32) {
+      EXPECT_EQ(x.parameters, 4 * all);
+      EXPECT_EQ(y.parameters, 4 * all);
+      EXPECT_EQ(x.optimizer_state, 8 * trained);
+    } else {
+      EXPECT_EQ(x.parameters, 2 * trained + train::device_constant_bytes(constants));
+      EXPECT_EQ(x.optimizer_state, 12 * trained);
+      EXPECT_EQ(x.gradient_sum, 4 * trained);
+    }
+  }
+}
+
 // A length the program refuses (its position table is shorter) does not fit: the search stops
 // below it and says why.
 TEST(Plan, AProgramsLongestSequenceStopsAtItsPositionTable) {
   const TorchProgram program = TorchProgram::load(testing::source_path("tests/fixtures/torch_export/gpt2/model.pt2"));
   train::PlanSetup setup;
-  setup.program = std::make_shared<const models::Model>(
-      models::Model{"gpt2.pt2", program.parameters(), program.vocab_size(),
-                    [&program](const models::LlamaTraceOptions& o) { return program.forward(o); }});
+  setup.program = std::make_shared<const models::Model>(program.model());
   const train::StrategyResult r = train::longest_sequence(setup, {}, int64_t(1) << 30, 16);
   EXPECT_EQ(r.max_seq_len, 64);  // its 64 positions; 1 GiB would hold far more
   EXPECT_NE(r.refused.find("a learned position table of 64 rows"), std::string::npos) << r.refused;

@@ -4,6 +4,7 @@
 // losses and gradients) and tests/fixtures/torch_export_errors (programs autosp must refuse).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -25,6 +26,7 @@
 #include "train/config.h"
 #include "train/trainer.h"
 #include "models/model.h"
+#include "passes/autodiff.h"
 
 namespace autosp {
 namespace {
@@ -142,7 +144,7 @@ INSTANTIATE_TEST_SUITE_P(Models, TorchImportReference,
                                            "cohere", "persimmon", "falcon", "nemotron", "gptj", "codegen",
                                            "gemma2", "opt", "cohere2", "apertus", "mpt", "bloom", "gpt_neo", "qwen3",
                                            "gpt_neox", "olmo2", "gpt_bigcode", "starcoder2", "smollm3", "phi", "glm4",
-                                           "biogpt", "bert_generation", "bert", "openai_gpt", "exaone4", "phi3_longrope", "nanogpt", "nanogpt_shift", "nanogpt_layerscale",
+                                           "biogpt", "bert_generation", "bert", "openai_gpt", "exaone4", "phi3_longrope", "nanogpt", "nanogpt_shift", "nanogpt_layerscale", "nanogpt_frozen",
                                            "titan_llama", "torch_encoder", "torch_encoder_prenorm", "cached_llama",
                                            "mixtral", "qwen3_moe", "olmoe", "qwen2_moe", "mixtral_aux", "glm4_moe",
                                            "ernie4_5_moe", "deepseek_v3", "granitemoe", "hunyuan_moe", "gpt_oss", "dbrx", "deepseek_v2", "llama4", "aria", "longcat_flash",
@@ -318,9 +320,13 @@ TEST(TorchImport, TheCliTrainsAnImportedProgramSequenceParallel) {
 // batch 4, 2 data-parallel ranks of 2 under ZeRO stage 3, and 2 x 2 ranks, sequence-parallel 2
 // under ZeRO 3: the same 5 losses (seen: within 1e-7 relative; fp32 reordering of the experts'
 // gradient sums and the loss). Each rank routes its own tokens; the experts' weights are
-// gathered and their gradients reduce-scattered like any other parameter's.
-TEST(TorchImport, AMoeProgramTrainsAlikeDataParallelUnderZero3AndSequenceParallel) {
-  const testing::TempDir dir("torch_moe_cli");
+// gathered and their gradients reduce-scattered like any other parameter's. Likewise a program
+// with frozen parameters (nanogpt_frozen): each rank holds its constants whole beside ZeRO-3's
+// shards of the trained ones.
+class TorchImportDistributed : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(TorchImportDistributed, TrainsAlikeDataParallelUnderZero3AndSequenceParallel) {
+  const testing::TempDir dir("torch_moe_cli_" + GetParam());
   {
     std::ofstream tokens(dir / "tokens.bin", std::ios::binary);
     uint32_t state = 12345;
@@ -330,7 +336,7 @@ TEST(TorchImport, AMoeProgramTrainsAlikeDataParallelUnderZero3AndSequenceParalle
       tokens.write(reinterpret_cast<const char*>(&id), 4);
     }
   }
-  const std::string model = testing::source_path("tests/fixtures/torch_export/mixtral/model.pt2");
+  const std::string model = testing::source_path("tests/fixtures/torch_export/" + GetParam() + "/model.pt2");
   auto run = [&](int np, int batch, int zero, int sp) {
     const std::string name = str("np", np, "_zero", zero, "_sp", sp);
     std::ofstream(dir / (name + ".json")) << nlohmann::json{
@@ -357,6 +363,9 @@ TEST(TorchImport, AMoeProgramTrainsAlikeDataParallelUnderZero3AndSequenceParalle
     EXPECT_NEAR(sp[k], one[k], 1e-5 * one[k]) << "step " << k;
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Programs, TorchImportDistributed, ::testing::Values("mixtral", "nanogpt_frozen"),
+                         [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
 
 std::string file_bytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -438,21 +447,37 @@ TEST(TorchImport, AProgramsCheckpointIsAModelTransformersLoads) {
   EXPECT_TRUE(config.contains("autosp_imported_program"));
 }
 
+// The parameters nanogpt_frozen's user froze (requires_grad=False; make_torch_export_fixtures.py's
+// FROZEN), by their names in the program: the tied head is the token embedding's one tensor.
+const std::vector<std::string> kNanoGptFrozen = {"transformer.wte.weight", "transformer.h.0.attn.c_attn.weight",
+                                                 "transformer.h.0.mlp.c_fc.weight", "transformer.h.0.mlp.c_fc.bias",
+                                                 "transformer.h.1.ln_2.bias", "transformer.ln_f.weight"};
+
 // The model's state beside the trained parameters (TorchProgram::frozen): GLM-4.5's router
-// correction bias (a persistent buffer) and Ernie 4.5's (a frozen parameter the loss never reads:
-// export.py gives the moe op its values) are written into the checkpoint's weights as the program
-// has them, after training steps too, and listed in its config; a resume takes them from the
-// program and continues bitwise.
+// correction bias (a persistent buffer), Ernie 4.5's (a frozen parameter the loss never reads:
+// export.py gives the moe op its values) and the parameters nanoGPT's user froze, which the loss
+// reads (constants of the graph), are written into the checkpoint's weights as the program has
+// them, after training steps too, and listed in its config; a resume takes them from the program
+// and continues bitwise.
 TEST(TorchImport, AProgramsCheckpointHoldsItsFrozenStateUnchanged) {
   const testing::TempDir dir("torch_frozen");
   write_cli_inputs(dir, 1);
-  for (const char* fixture : {"glm4_moe_tf5", "ernie4_5_moe_tf5"}) {
+  for (const char* fixture : {"glm4_moe_tf5", "ernie4_5_moe_tf5", "nanogpt_frozen"}) {
     SCOPED_TRACE(fixture);
     const std::string pt2 = testing::source_path(str("tests/fixtures/torch_export/", fixture, "/model.pt2"));
     const TorchProgram program = TorchProgram::load(pt2);
+    const bool user_frozen = std::string(fixture) == "nanogpt_frozen";
     ASSERT_FALSE(program.frozen().empty());
-    for (const models::ParameterSpec& f : program.frozen())
-      EXPECT_NE(f.name.find("e_score_correction_bias"), std::string::npos) << f.name;
+    std::vector<std::string> names;
+    for (const models::ParameterSpec& f : program.frozen()) {
+      names.push_back(f.name);
+      if (!user_frozen) {
+        EXPECT_NE(f.name.find("e_score_correction_bias"), std::string::npos) << f.name;
+      }
+    }
+    if (user_frozen) {
+      EXPECT_EQ(names, kNanoGptFrozen);
+    }
     auto train = [&](const std::string& args) {
       return testing::run_command(str("OMP_NUM_THREADS=1 ", AUTOSP_BINARY, " train --config ", dir / "ds.json",
                                       " --data ", dir / "tokens.bin", " --model ", pt2, " --seq-len 16 ", args, " 2>&1"));
@@ -460,6 +485,13 @@ TEST(TorchImport, AProgramsCheckpointHoldsItsFrozenStateUnchanged) {
     const std::string full = dir / str(fixture, "_full"), part = dir / str(fixture, "_part");
     auto r = train(str("--steps 3 --save ", full));
     ASSERT_EQ(r.exit_code, 0) << r.output;
+    if (user_frozen) {
+      EXPECT_NE(r.output.find("frozen: 6 tensors of 9408 values the program exported with requires_grad=False, read "
+                              "and not trained (the first: transformer.wte.weight)"), std::string::npos)
+          << r.output;
+    } else {
+      EXPECT_EQ(r.output.find("frozen:"), std::string::npos) << r.output;  // (none the loss reads)
+    }
     r = train(str("--steps 1 --save ", part));
     ASSERT_EQ(r.exit_code, 0) << r.output;
     r = train(str("--resume ", part, " --steps 3 --save ", part));
@@ -887,6 +919,44 @@ TEST(TorchImport, AParameterTheLossNeverReadsIsKeptNotTrained) {
   EXPECT_EQ(p.frozen()[0].shape, (Shape{4}));
   EXPECT_EQ(p.read_frozen(0), std::vector<float>(4, 0.0f));
   EXPECT_NO_THROW(p.forward({.batch = 2, .seq_len = 8}));
+}
+
+// Parameters exported with requires_grad=False are frozen, as PyTorch's optimizer over the
+// parameters that require grad leaves them: not trained, inputs of role "constant" that the
+// step reads and takes no gradient of (nanogpt_frozen, whose reference is PyTorch's training of
+// the rest, is held to it by TorchImportReference). Frozen linears, LayerNorm parts and the tied
+// embedding and head are all read through them.
+TEST(TorchImport, ParametersExportedWithoutRequiresGradAreConstantsOfTheStep) {
+  const TorchProgram p =
+      TorchProgram::load(testing::source_path("tests/fixtures/torch_export/nanogpt_frozen/model.pt2"));
+  ASSERT_EQ(p.constants().size(), kNanoGptFrozen.size());
+  for (size_t k = 0; k < p.constants().size(); ++k) EXPECT_EQ(p.frozen()[p.constants()[k]].name, kNanoGptFrozen[k]);
+  for (const models::ParameterSpec& s : p.parameters())
+    EXPECT_EQ(std::find(kNanoGptFrozen.begin(), kNanoGptFrozen.end(), s.name), kNanoGptFrozen.end()) << s.name;
+  EXPECT_EQ(p.parameters().size(), 22u);  // nanoGPT's 28 tensors (its head is the token embedding's), 6 frozen
+
+  const Graph forward = p.forward({.batch = 2, .seq_len = 16});
+  std::vector<std::string> constants;
+  for (ValueId v : forward.inputs_with_role(Role::constant)) constants.push_back(forward.value(v).name);
+  std::sort(constants.begin(), constants.end());
+  std::vector<std::string> want = kNanoGptFrozen;
+  std::sort(want.begin(), want.end());
+  EXPECT_EQ(constants, want);
+  EXPECT_EQ(forward.inputs_with_role(Role::parameter).size(), p.parameters().size());
+  const Graph joint = autodiff(forward);
+  for (const std::string& name : kNanoGptFrozen) {
+    bool gradient = false;
+    for (const GraphOutput& o : joint.outputs()) gradient = gradient || o.name == kGradPrefix + name;
+    EXPECT_FALSE(gradient) << name;
+  }
+
+  // The model the trainer takes: the constants with their values, as the program stores them.
+  const models::Model m = p.model();
+  ASSERT_EQ(m.constants.size(), kNanoGptFrozen.size());
+  for (size_t k = 0; k < m.constants.size(); ++k) {
+    EXPECT_EQ(m.constants[k].name, kNanoGptFrozen[k]);
+    EXPECT_EQ(m.read_constant(k), p.read_frozen(p.constants()[k]));
+  }
 }
 
 // nanoGPT reads its position table at arange(T), [T, C], and adds it to [B, T, C]: in the IR a

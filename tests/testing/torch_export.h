@@ -70,10 +70,7 @@ struct ExportFixture {
   int64_t B() const { return expected["B"].get<int64_t>(); }
   int64_t S() const { return expected["S"].get<int64_t>(); }
   std::vector<std::vector<int32_t>> tokens() const { return expected["tokens"].get<std::vector<std::vector<int32_t>>>(); }
-  models::Model model() const {
-    const TorchProgram* p = &program;
-    return {dir, p->parameters(), p->vocab_size(), [p](const models::LlamaTraceOptions& o) { return p->forward(o); }};
-  }
+  models::Model model() const { return program.model(); }
   train::ModelState state() const {
     std::vector<std::vector<float>> params;
     for (size_t i = 0; i < program.parameters().size(); ++i) params.push_back(program.read_parameter(i));
