@@ -114,6 +114,8 @@ def families():
         ("megatron_bert", "MegatronBertForCausalLM", "MegatronBertConfig", dict(BERT)),  # pre-norm
         ("openai_gpt", "OpenAIGPTLMHeadModel", "OpenAIGPTConfig",  # a stored mask: w * b - 1e4 (1 - b)
          dict(vocab_size=V, n_embd=32, n_layer=2, n_head=4, n_positions=64)),
+        ("ctrl", "CTRLLMHeadModel", "CTRLConfig",  # a stored sinusoid table read at the positions
+         dict(vocab_size=V, n_embd=32, dff=48, n_layer=2, n_head=4, n_positions=64)),
         ("doge", "DogeForCausalLM", "DogeConfig", dict(C)),  # dynamic mask attention (a bias from the values)
         # Mixture-of-experts (export.py's autosp::moe where the block is softmax top-k over SwiGLU experts)
         ("mixtral", "MixtralForCausalLM", "MixtralConfig", dict(C, num_local_experts=4, num_experts_per_tok=2)),

@@ -724,12 +724,15 @@ int run_train(const TrainArgs& args, MpiRuntime* mpi) {
       (long long)layout.micro_batch, (long long)S,
       (long long)layout.grad_accum, launch.world_size, groups.dp_size, groups.sp_size,
       (long long)split_sequence(S, groups.sp_size).local, config.zero_stage);
-  if (imported && !imported->constants().empty()) {
+  if (imported) {  // the frozen parameters the loss reads (the program's other constants are its tables)
+    std::vector<std::string> frozen;
     int64_t values = 0;
-    for (size_t i : imported->constants()) values += numel(imported->frozen()[i].shape);
-    say(launch, "frozen: %zu tensors of %lld values the program exported with requires_grad=False, read and not "
-        "trained (the first: %s)\n", imported->constants().size(), (long long)values,
-        imported->frozen()[imported->constants()[0]].name.c_str());
+    for (const models::ParameterSpec& c : imported->constants())
+      for (const models::ParameterSpec& f : imported->frozen())
+        if (f.name == c.name) frozen.push_back(c.name), values += numel(c.shape);
+    if (!frozen.empty())
+      say(launch, "frozen: %zu tensors of %lld values the program exported with requires_grad=False, read and not "
+          "trained (the first: %s)\n", frozen.size(), (long long)values, frozen[0].c_str());
   }
   if (to_train == 0) {
     if (ckpt) say(launch, "nothing to train: the checkpoint is at step %lld and --steps is %lld\n",

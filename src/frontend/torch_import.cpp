@@ -81,6 +81,7 @@ struct StoredTensor {
   int dtype = 0;
   Shape shape;
   bool requires_grad = true;  // a parameter's flag (false: frozen by the user)
+  std::string key;            // its name in the program's signature (a state-dict name, a constant's)
 };
 
 }  // namespace
@@ -102,8 +103,11 @@ struct TorchProgram::Impl {
   std::vector<std::string> spec_placeholders;
   std::vector<models::ParameterSpec> frozen;  // TorchProgram::frozen
   std::vector<std::string> frozen_placeholders;
-  std::vector<size_t> constants;      // TorchProgram::constants: the frozen tensors the loss reads
-  std::set<std::string> constant_names;
+  // TorchProgram::constants: the frozen parameters the loss reads (known at load), then the
+  // stored tables an import made inputs of (stored_constant), as imports find them.
+  mutable std::vector<models::ParameterSpec> constants;
+  mutable std::vector<std::string> constant_placeholders;
+  std::set<std::string> frozen_read;  // the frozen parameters the loss reads, by name
   uint64_t graph_hash = 0;
   std::string hf_config;  // extra/config.json, or empty
   mutable int64_t vocab = 0;
@@ -250,6 +254,7 @@ StoredTensor stored_tensor(const json& config, const std::string& key, const std
   if (c.value("use_pickle", false))
     user_error(where, ": tensor ", key, " is pickled; autosp reads the raw tensors torch.export.save writes");
   StoredTensor t;
+  t.key = key;
   t.entry = folder + c.value("path_name", "");
   const json& meta = field(c, "tensor_meta", where + " " + key);
   t.dtype = meta.value("dtype", 0);
@@ -335,14 +340,19 @@ std::vector<float> TorchProgram::read_parameter(size_t i) const {
 }
 
 const std::vector<models::ParameterSpec>& TorchProgram::frozen() const { return impl_->frozen; }
-const std::vector<size_t>& TorchProgram::constants() const { return impl_->constants; }
+const std::vector<models::ParameterSpec>& TorchProgram::constants() const {
+  vocab_size();  // (a forward imported: the stored tables it reads are known)
+  return impl_->constants;
+}
+
+std::vector<float> TorchProgram::read_constant(size_t k) const {
+  AUTOSP_CHECK(k < impl_->constants.size(), "constant ", k, " of ", impl_->constants.size());
+  return impl_->read_floats(impl_->stored.at(impl_->constant_placeholders[k]), impl_->constants[k].name);
+}
 
 models::Model TorchProgram::model() const {
-  models::Model m{impl_->path, parameters(), vocab_size(),
-                  [this](const models::LlamaTraceOptions& o) { return forward(o); }, {}, {}};
-  for (size_t i : impl_->constants) m.constants.push_back(impl_->frozen[i]);
-  m.read_constant = [this](size_t k) { return read_frozen(impl_->constants.at(k)); };
-  return m;
+  return {impl_->path, parameters(), vocab_size(), [this](const models::LlamaTraceOptions& o) { return forward(o); },
+          constants(), [this](size_t k) { return read_constant(k); }};
 }
 
 std::vector<float> TorchProgram::read_frozen(size_t i) const {
@@ -488,8 +498,9 @@ TorchProgram TorchProgram::load(const std::string& path) {
       const bool read = read_entries.count(t.entry) != 0;
       if (!read || !t.requires_grad) {
         if (read) {
-          m.constants.push_back(m.frozen.size());
-          m.constant_names.insert(name);
+          m.constants.push_back({name, t.shape});
+          m.constant_placeholders.push_back(ph);
+          m.frozen_read.insert(name);
         }
         m.frozen.push_back({name, t.shape});
         m.frozen_placeholders.push_back(ph);
@@ -1377,6 +1388,7 @@ class TorchImporter {
   std::map<std::string, Imported> values_;
   std::optional<Tensor> positions_, tokens_, labels_, documents_;
   std::map<std::string, Tensor> params_;
+  std::map<std::string, Tensor> stored_constants_;  // stored_constant's, by name
   std::map<std::string, std::vector<float>> host_cache_;
 
   // ---- the node that defines a value, and its arguments ----
@@ -1672,7 +1684,7 @@ class TorchImporter {
     if (auto it = params_.find(name); it != params_.end()) return it->second;
     const Shape& shape = m_.stored.at(placeholder).shape;
     // (a frozen parameter the loss reads: an input of role constant, bound by the trainer)
-    Tensor p = m_.constant_names.count(name) ? t_.input(Role::constant, name, o_.dtype, shape)
+    Tensor p = m_.frozen_read.count(name) ? t_.input(Role::constant, name, o_.dtype, shape)
                                              : t_.parameter(name, shape, o_.dtype);
     return params_[name] = p;
   }
@@ -1821,6 +1833,7 @@ class TorchImporter {
           return labels_value();
         m_.fail_at(n, "a slice of the padded labels other than [:, 1:]");
       }
+      if (auto rows = stored_rows_cut(n)) return *rows;
       if (x.kind != Imported::tensor || dim < 0 || dim >= rank) return unsupported();
       const int64_t size = x.shape[dim];
       int64_t start = int_arg(n, "start", 2, 0), end = int_arg(n, "end", 3, INT64_MAX);
@@ -1848,32 +1861,9 @@ class TorchImporter {
       if (const json* pad = arg(n, "padding_idx", 2); pad && pad->contains("as_int"))
         padding_idx = (*pad)["as_int"].get<int64_t>();
       Tensor weight = tensor_of(w);
-      Tensor index = ids.kind == Imported::positions ? positions() : tensor_of(idx);
       if (padding_idx >= t_.shape(weight)[0]) m_.fail_at(n, str("padding_idx ", padding_idx, " is not a row of the table"));
-      if (ids.kind == Imported::positions && ids.offset == 0 && o_.seq_len > t_.shape(weight)[0])
-        m_.fail_at(n, str("a learned position table of ", t_.shape(weight)[0], " rows read at the positions of S = ",
-                          o_.seq_len, ": the model has positions for ", t_.shape(weight)[0],
-                          " tokens (train at most that long)"));
-      if (ids.kind == Imported::positions && ids.offset != 0) {
-        // Rows offset + p of the table (OPT's learned positions start at row 2): the positions
-        // read the table from its row `offset`. Position p < S, so the rows must reach offset + S.
-        const int64_t rows = t_.shape(weight)[0];
-        if (ids.offset < 0 || ids.offset + o_.seq_len > rows)
-          m_.fail_at(n, str("positions plus ", ids.offset, " read rows up to ", ids.offset + o_.seq_len - 1,
-                            " of a table of ", rows, " (S = ", o_.seq_len, ")"));
-        if (padding_idx >= 0) m_.fail_at(n, "a learned position table with a padding_idx");
-        weight = t_.slice(weight, 0, ids.offset, rows);
-      }
-      Tensor e = padding_idx >= 0 ? t_.embedding(weight, index, padding_idx) : t_.embedding(weight, index);
-      if (ids.kind == Imported::positions) {  // torch's [1, S, H] (or [S, H]); autosp's [B, S, H] adds alike
-        Shape s = ids.shape;
-        s.push_back(t_.shape(weight)[1]);
-        Imported v = ir(e);
-        v.shape = s;
-        v.per_position = true;
-        return v;
-      }
-      return ir(e);
+      if (ids.kind == Imported::positions) return rows_at_positions(n, weight, ids, padding_idx);
+      return ir(padding_idx >= 0 ? t_.embedding(weight, tensor_of(idx), padding_idx) : t_.embedding(weight, tensor_of(idx)));
     }
     if (op == "torch.ops.aten.linear.default") {
       Tensor x = rowwise_of(A("input", 0)), w = tensor_of(A("weight", 1));
@@ -1979,6 +1969,8 @@ class TorchImporter {
     }
     if (op == "torch.ops.aten.matmul.default") return matmul(n);
     if (op == "torch.ops.aten.index.Tensor" || op == "torch.ops.aten.gather.default") {
+      if (op == "torch.ops.aten.index.Tensor")
+        if (auto t = stored_rows(n, name)) return *t;
       if (auto t = sincos_table(n)) return *t;
       if (op == "torch.ops.aten.gather.default") return unsupported();
       if (auto t = cached_table(n)) return *t;
@@ -2497,6 +2489,126 @@ class TorchImporter {
 
   // x[..., idx, ...] with idx a constant list of consecutive indices (Falcon's qkv[..., [-2], :]):
   // the slice it is.
+  // Rows of `weight` [R, H] read at the positions (ids: Imported::positions, maybe offset): an
+  // embedding of the positions, the IR's [B, S, H], which adds to [B, S, H] as torch's [S, H]
+  // or [1, S, H] does (per_position). `what`: the table, for messages.
+  Imported rows_at_positions(const FxNode& n, Tensor weight, const Imported& ids, int64_t padding_idx,
+                             const char* what = "a learned position table") {
+    if (ids.offset == 0 && o_.seq_len > t_.shape(weight)[0])
+      m_.fail_at(n, str(what, " of ", t_.shape(weight)[0], " rows read at the positions of S = ",
+                        o_.seq_len, ": the model has positions for ", t_.shape(weight)[0],
+                        " tokens (train at most that long)"));
+    if (ids.offset != 0) {
+      // Rows offset + p of the table (OPT's learned positions start at row 2): the positions
+      // read the table from its row `offset`. Position p < S, so the rows must reach offset + S.
+      const int64_t rows = t_.shape(weight)[0];
+      if (ids.offset < 0 || ids.offset + o_.seq_len > rows)
+        m_.fail_at(n, str("positions plus ", ids.offset, " read rows up to ", ids.offset + o_.seq_len - 1,
+                          " of a table of ", rows, " (S = ", o_.seq_len, ")"));
+      if (padding_idx >= 0) m_.fail_at(n, "a learned position table with a padding_idx");
+      weight = t_.slice(weight, 0, ids.offset, rows);
+    }
+    Tensor e = padding_idx >= 0 ? t_.embedding(weight, positions(), padding_idx) : t_.embedding(weight, positions());
+    // torch's [1, S, H] (or [S, H]); autosp's [B, S, H] adds alike
+    Shape s = ids.shape;
+    s.push_back(t_.shape(weight)[1]);
+    Imported v = ir(e);
+    v.shape = s;
+    v.per_position = true;
+    return v;
+  }
+
+  // A table the program stores beside its state (a buffer, a tensor constant: not a parameter)
+  // read by the graph as a tensor: an input of role constant (TorchProgram::constants), by its
+  // name in the program (the export wrapper's "model." removed).
+  Tensor stored_constant(const FxNode& n, const std::string& placeholder) {
+    const StoredTensor& t = m_.stored.at(placeholder);
+    if (t.dtype != kFloat32) m_.fail_at(n, str("a stored table of dtype code ", t.dtype, " read as a tensor (autosp "
+                                                "reads float32 ones)"));
+    const std::string name = t.key.rfind("model.", 0) == 0 ? t.key.substr(6) : t.key;
+    if (auto it = stored_constants_.find(name); it != stored_constants_.end()) return it->second;
+    const auto& known = m_.constant_placeholders;
+    if (std::find(known.begin(), known.end(), placeholder) == known.end()) {
+      m_.constants.push_back({name, t.shape});
+      m_.constant_placeholders.push_back(placeholder);
+    }
+    return stored_constants_[name] = t_.input(Role::constant, name, o_.dtype, t.shape);
+  }
+
+  // A stored table [R, H] read at the positions and used whole (CTRL's sinusoidal
+  // pos_encoding[position_ids], added to the embeddings): its rows at the positions, as a
+  // position embedding's, of the table as a constant. (A table whose readers cut it in halves
+  // is a rotary one: sincos_table.)
+  std::optional<Imported> stored_rows(const FxNode& n, const std::string& name) {
+    const std::vector<std::string> items = index_list(n);
+    const std::string table = through(arg_tensor(n, "self", 0));
+    if (!m_.stored.count(table) || m_.parameter_of.count(table) || m_.stored.at(table).shape.size() != 2 ||
+        items.empty() || items[0].empty() ||
+        !std::all_of(items.begin() + 1, items.end(), [](const std::string& i) { return i.empty(); }))
+      return std::nullopt;
+    for (std::vector<std::string> todo{name}; !todo.empty();) {  // its readers, through the no-ops
+      const std::string v = todo.back();
+      todo.pop_back();
+      auto it = m_.readers.find(v);
+      if (it == m_.readers.end()) continue;
+      for (size_t r : it->second) {
+        const FxNode& reader = m_.nodes[r];
+        if (is(&reader, "split.Tensor") || is(&reader, "split_with_sizes.default") || is(&reader, "chunk.default") ||
+            is(&reader, "slice.Tensor") || is(&reader, "narrow.default"))
+          return std::nullopt;
+        if (passes_through(reader)) todo.insert(todo.end(), reader.outputs.begin(), reader.outputs.end());
+      }
+    }
+    const Imported& pos = value(items[0]);
+    if (pos.kind != Imported::positions) return std::nullopt;
+    return rows_at_positions(n, stored_constant(n, table), pos, -1, "a stored position table");
+  }
+
+  // The stored table (a buffer or tensor constant, not a parameter) `name` is, through no-ops
+  // and whole slices; "" if none.
+  std::string stored_table(std::string name) {
+    for (;;) {
+      name = through(name);
+      if (m_.stored.count(name)) return m_.parameter_of.count(name) ? "" : name;
+      const FxNode* s = node_of(name);
+      if (!is(s, "slice.Tensor") || int_arg(*s, "start", 2, 0) != 0 || int_arg(*s, "step", 4, 1) != 1) return "";
+      const std::string of = arg_tensor(*s, "self", 0);
+      const Shape& shape = value(of).shape;
+      int64_t dim = int_arg(*s, "dim", 1, 0);
+      if (dim < 0) dim += int64_t(shape.size());
+      if (dim < 0 || dim >= int64_t(shape.size()) || int_arg(*s, "end", 3, INT64_MAX) < shape[dim]) return "";
+      name = of;
+    }
+  }
+  // A stored table [R, H] (or [1, R, H]) cut to its first S rows, S the sequence length (the
+  // sinusoidal PositionalEncoding of PyTorch's tutorials: x + pe[:, :x.size(1)]): its rows at the
+  // positions 0..S-1, as a position embedding's, of the table as a constant.
+  std::optional<Imported> stored_rows_cut(const FxNode& n) {
+    const std::string table = stored_table(arg_tensor(n, "self", 0));
+    if (table.empty()) return std::nullopt;
+    const Shape& ts = m_.stored.at(table).shape;
+    const int64_t rank = int64_t(ts.size());
+    int64_t dim = int_arg(n, "dim", 1, 0);
+    if (dim < 0) dim += rank;
+    if (!(rank == 2 || (rank == 3 && ts[0] == 1)) || dim != rank - 2 || int_arg(n, "start", 2, 0) != 0 ||
+        int_arg(n, "step", 4, 1) != 1)
+      return std::nullopt;
+    // (the end a size of the program's inputs, not a number: the length whatever it is)
+    const json* e = arg(n, "end", 3);
+    if (!e || !e->contains("as_sym_int") || !(*e)["as_sym_int"].contains("as_name")) return std::nullopt;
+    const int64_t end = int_arg(n, "end", 3, INT64_MAX);
+    if (end != o_.seq_len) return std::nullopt;
+    if (ts[dim] < o_.seq_len)
+      m_.fail_at(n, str("a stored position table of ", ts[dim], " rows cut to S = ", o_.seq_len,
+                        ": the model has positions for ", ts[dim], " tokens (train at most that long)"));
+    Tensor t = stored_constant(n, table);
+    if (rank == 3) t = t_.reshape(t, {ts[1], ts[2]});
+    Imported pos;
+    pos.kind = Imported::positions;
+    pos.shape = rank == 3 ? Shape{1, o_.seq_len} : Shape{o_.seq_len};
+    return rows_at_positions(n, t, pos, -1, "a stored position table");
+  }
+
   Imported index(const FxNode& n) {
     const std::string x = arg_tensor(n, "self", 0);
     const Imported& xv = value(x);

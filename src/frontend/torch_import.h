@@ -77,10 +77,13 @@ class TorchProgram {
   // too, and the persistent floating buffers (a router's correction bias), by state-dict names.
   const std::vector<models::ParameterSpec>& frozen() const;
   std::vector<float> read_frozen(size_t i) const;
-  // The frozen tensors the loss reads (parameters exported with requires_grad=False, which
-  // PyTorch would not train either), as indices into frozen(): the forward graph takes each as
-  // an input of role "constant", by its name, and takes no gradient of it.
-  const std::vector<size_t>& constants() const;
+  // The tensors the forward graph reads that nothing trains: its inputs of role "constant", by
+  // these names, of which it takes no gradient. First the frozen parameters the loss reads
+  // (exported with requires_grad=False, which PyTorch would not train either; also in frozen()),
+  // then the tables the program stores beside its state that the graph reads as tensors (CTRL's
+  // sinusoidal positions). Imports a forward if none has been yet.
+  const std::vector<models::ParameterSpec>& constants() const;
+  std::vector<float> read_constant(size_t k) const;  // fp32
   // The program as the trainer takes it: its parameters, vocabulary, forward and constants.
   // It refers to this program, which must outlive it.
   models::Model model() const;

@@ -156,6 +156,10 @@ Trainer::Trainer(const models::Model& model, const TrainConfig& config, int64_t 
   Graph forward = program_.forward({.batch = micro_batch_, .seq_len = seq_len_,
                                                  .dtype = on_device ? DType::bf16 : DType::f32,
                                                  .documents = config_.data.packed});
+  for (ValueId c : forward.inputs_with_role(Role::constant))  // (each bound to the model's values below)
+    AUTOSP_CHECK(std::any_of(program_.constants.begin(), program_.constants.end(),
+                             [&](const models::ParameterSpec& s) { return s.name == forward.value(c).name; }),
+                 program_.name, ": the graph reads the constant ", forward.value(c).name, ", which the model lists not");
   const double budget = config.compile.memory_budget_gb.value_or(0) * double(1 << 30);  // 0: none
   std::string tried;
   int64_t smallest = INT64_MAX;

@@ -156,7 +156,7 @@ TEST(Plan, AProgramsFrozenParametersAreHeldWithoutOptimizerState) {
   std::vector<int64_t> constants;
   for (const models::ParameterSpec& p : frozen.parameters()) trained += numel(p.shape);
   for (const models::ParameterSpec& p : whole.parameters()) all += numel(p.shape);
-  for (size_t i : frozen.constants()) constants.push_back(numel(frozen.frozen()[i].shape));
+  for (const models::ParameterSpec& c : frozen.constants()) constants.push_back(numel(c.shape));
   ASSERT_EQ(trained + std::accumulate(constants.begin(), constants.end(), int64_t{0}), all);
   for (DType dtype : {DType::f32, DType::bf16}) {
     SCOPED_TRACE(dtype_name(dtype));

@@ -144,7 +144,7 @@ INSTANTIATE_TEST_SUITE_P(Models, TorchImportReference,
                                            "cohere", "persimmon", "falcon", "nemotron", "gptj", "codegen",
                                            "gemma2", "opt", "cohere2", "apertus", "mpt", "bloom", "gpt_neo", "qwen3",
                                            "gpt_neox", "olmo2", "gpt_bigcode", "starcoder2", "smollm3", "phi", "glm4",
-                                           "biogpt", "bert_generation", "bert", "openai_gpt", "exaone4", "phi3_longrope", "nanogpt", "nanogpt_shift", "nanogpt_layerscale", "nanogpt_frozen",
+                                           "biogpt", "bert_generation", "bert", "openai_gpt", "exaone4", "phi3_longrope", "nanogpt", "nanogpt_shift", "nanogpt_layerscale", "nanogpt_frozen", "sinusoidal_lm", "ctrl",
                                            "titan_llama", "torch_encoder", "torch_encoder_prenorm", "cached_llama",
                                            "mixtral", "qwen3_moe", "olmoe", "qwen2_moe", "mixtral_aux", "glm4_moe",
                                            "ernie4_5_moe", "deepseek_v3", "granitemoe", "hunyuan_moe", "gpt_oss", "dbrx", "deepseek_v2", "llama4", "aria", "longcat_flash",
@@ -930,7 +930,11 @@ TEST(TorchImport, ParametersExportedWithoutRequiresGradAreConstantsOfTheStep) {
   const TorchProgram p =
       TorchProgram::load(testing::source_path("tests/fixtures/torch_export/nanogpt_frozen/model.pt2"));
   ASSERT_EQ(p.constants().size(), kNanoGptFrozen.size());
-  for (size_t k = 0; k < p.constants().size(); ++k) EXPECT_EQ(p.frozen()[p.constants()[k]].name, kNanoGptFrozen[k]);
+  for (size_t k = 0; k < p.constants().size(); ++k) {
+    EXPECT_EQ(p.constants()[k].name, kNanoGptFrozen[k]);
+    EXPECT_EQ(p.frozen()[k].name, kNanoGptFrozen[k]);  // (the program's state beside its trained parameters)
+    EXPECT_EQ(p.read_constant(k), p.read_frozen(k));
+  }
   for (const models::ParameterSpec& s : p.parameters())
     EXPECT_EQ(std::find(kNanoGptFrozen.begin(), kNanoGptFrozen.end(), s.name), kNanoGptFrozen.end()) << s.name;
   EXPECT_EQ(p.parameters().size(), 22u);  // nanoGPT's 28 tensors (its head is the token embedding's), 6 frozen
@@ -955,7 +959,41 @@ TEST(TorchImport, ParametersExportedWithoutRequiresGradAreConstantsOfTheStep) {
   ASSERT_EQ(m.constants.size(), kNanoGptFrozen.size());
   for (size_t k = 0; k < m.constants.size(); ++k) {
     EXPECT_EQ(m.constants[k].name, kNanoGptFrozen[k]);
-    EXPECT_EQ(m.read_constant(k), p.read_frozen(p.constants()[k]));
+    EXPECT_EQ(m.read_constant(k), p.read_frozen(k));
+  }
+}
+
+// A table the program stores beside its parameters, read at the positions and added: PyTorch's
+// tutorial PositionalEncoding (a buffer [1, L, C] cut to the length, pe[:, :T]) and CTRL's
+// sinusoids (a tensor constant indexed at the position ids; GPT-J's table of the same layout is
+// a rotary one, cut in halves). Each is an input of role constant, read by an embedding at the
+// positions (so each rank of a sequence-parallel group reads its own rows); past its rows, a
+// named error. The buffer is state the checkpoints carry (frozen); CTRL's constant is not.
+TEST(TorchImport, AStoredPositionTableIsAConstantReadAtThePositions) {
+  for (const auto& [fixture, table, state] : {std::tuple{"sinusoidal_lm", "pos.pe", true},
+                                              std::tuple{"ctrl", "transformer.pos_encoding", false}}) {
+    SCOPED_TRACE(fixture);
+    const TorchProgram p =
+        TorchProgram::load(testing::source_path(str("tests/fixtures/torch_export/", fixture, "/model.pt2")));
+    ASSERT_EQ(p.constants().size(), 1u);
+    EXPECT_EQ(p.constants()[0].name, table);
+    EXPECT_EQ(p.constants()[0].shape, state ? Shape({1, 64, 32}) : Shape({64, 32}));
+    bool frozen = false;
+    for (const models::ParameterSpec& f : p.frozen()) frozen = frozen || f.name == table;
+    EXPECT_EQ(frozen, state);
+    const Graph g = p.forward({.batch = 2, .seq_len = 16});
+    const std::vector<ValueId> constants = g.inputs_with_role(Role::constant);
+    ASSERT_EQ(constants.size(), 1u);
+    bool at_positions = false;
+    for (const Node& node : g.nodes()) {
+      if (node.op != OpKind::embedding) continue;
+      ValueId t = node.inputs[0];
+      while (!g.is_input(t)) t = g.node(g.value(t).producer).inputs[0];  // (through its reshape)
+      at_positions = at_positions || (t == constants[0] && g.role(node.inputs[1]) == Role::positions);
+    }
+    EXPECT_TRUE(at_positions) << print_graph(g);
+    const std::string error = forward_error(fixture, 2, 65);
+    EXPECT_NE(error.find("a stored position table of 64 rows"), std::string::npos) << error;
   }
 }
 
