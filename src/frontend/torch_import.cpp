@@ -1833,7 +1833,7 @@ class TorchImporter {
           return labels_value();
         m_.fail_at(n, "a slice of the padded labels other than [:, 1:]");
       }
-      if (auto rows = stored_rows_cut(n)) return *rows;
+      if (auto rows = stored_rows_cut(n, name)) return *rows;
       if (x.kind != Imported::tensor || dim < 0 || dim >= rank) return unsupported();
       const int64_t size = x.shape[dim];
       int64_t start = int_arg(n, "start", 2, 0), end = int_arg(n, "end", 3, INT64_MAX);
@@ -2535,41 +2535,51 @@ class TorchImporter {
     return stored_constants_[name] = t_.input(Role::constant, name, o_.dtype, t.shape);
   }
 
-  // A stored table [R, H] read at the positions and used whole (CTRL's sinusoidal
-  // pos_encoding[position_ids], added to the embeddings): its rows at the positions, as a
-  // position embedding's, of the table as a constant. (A table whose readers cut it in halves
-  // is a rotary one: sincos_table.)
-  std::optional<Imported> stored_rows(const FxNode& n, const std::string& name) {
-    const std::vector<std::string> items = index_list(n);
-    const std::string table = through(arg_tensor(n, "self", 0));
-    if (!m_.stored.count(table) || m_.parameter_of.count(table) || m_.stored.at(table).shape.size() != 2 ||
-        items.empty() || items[0].empty() ||
-        !std::all_of(items.begin() + 1, items.end(), [](const std::string& i) { return i.empty(); }))
-      return std::nullopt;
-    for (std::vector<std::string> todo{name}; !todo.empty();) {  // its readers, through the no-ops
+  // Whether `name` is only added to something, through no-ops: how a table of positions is used
+  // (x + pe[:, :T]), unlike a rotary table (cut in halves) or a mask (cut again, or applied).
+  bool only_added(const std::string& name) {
+    bool any = false;
+    for (std::vector<std::string> todo{name}; !todo.empty();) {
       const std::string v = todo.back();
       todo.pop_back();
       auto it = m_.readers.find(v);
       if (it == m_.readers.end()) continue;
       for (size_t r : it->second) {
         const FxNode& reader = m_.nodes[r];
-        if (is(&reader, "split.Tensor") || is(&reader, "split_with_sizes.default") || is(&reader, "chunk.default") ||
-            is(&reader, "slice.Tensor") || is(&reader, "narrow.default"))
-          return std::nullopt;
-        if (passes_through(reader)) todo.insert(todo.end(), reader.outputs.begin(), reader.outputs.end());
+        if (passes_through(reader)) {
+          todo.insert(todo.end(), reader.outputs.begin(), reader.outputs.end());
+        } else if (is(&reader, "add.Tensor") || is(&reader, "add_.Tensor")) {
+          any = true;
+        } else {
+          return false;
+        }
       }
     }
+    return any;
+  }
+  // A stored table [R, H] read at the positions and added (CTRL's sinusoidal
+  // pos_encoding[position_ids], added to the embeddings): its rows at the positions, as a
+  // position embedding's, of the table as a constant. (GPT-J's table of the same layout is cut
+  // in halves: a rotary one, sincos_table.)
+  std::optional<Imported> stored_rows(const FxNode& n, const std::string& name) {
+    const std::vector<std::string> items = index_list(n);
+    const std::string table = through(arg_tensor(n, "self", 0));
+    if (!m_.stored.count(table) || m_.parameter_of.count(table) || m_.stored.at(table).shape.size() != 2 ||
+        items.empty() || items[0].empty() ||
+        !std::all_of(items.begin() + 1, items.end(), [](const std::string& i) { return i.empty(); }) ||
+        !only_added(name))
+      return std::nullopt;
     const Imported& pos = value(items[0]);
     if (pos.kind != Imported::positions) return std::nullopt;
     return rows_at_positions(n, stored_constant(n, table), pos, -1, "a stored position table");
   }
 
-  // The stored table (a buffer or tensor constant, not a parameter) `name` is, through no-ops
-  // and whole slices; "" if none.
+  // The stored tensor (a parameter, buffer or tensor constant) `name` is, through no-ops and
+  // whole slices; "" if none.
   std::string stored_table(std::string name) {
     for (;;) {
       name = through(name);
-      if (m_.stored.count(name)) return m_.parameter_of.count(name) ? "" : name;
+      if (m_.stored.count(name)) return name;
       const FxNode* s = node_of(name);
       if (!is(s, "slice.Tensor") || int_arg(*s, "start", 2, 0) != 0 || int_arg(*s, "step", 4, 1) != 1) return "";
       const std::string of = arg_tensor(*s, "self", 0);
@@ -2580,12 +2590,13 @@ class TorchImporter {
       name = of;
     }
   }
-  // A stored table [R, H] (or [1, R, H]) cut to its first S rows, S the sequence length (the
-  // sinusoidal PositionalEncoding of PyTorch's tutorials: x + pe[:, :x.size(1)]): its rows at the
-  // positions 0..S-1, as a position embedding's, of the table as a constant.
-  std::optional<Imported> stored_rows_cut(const FxNode& n) {
+  // A stored table [R, H] (or [1, R, H]) cut to its first S rows, S the sequence length: its rows
+  // at the positions 0..S-1, as a position embedding's. A parameter (minGPT's learned positions,
+  // x + pos_emb[:, :t, :]), or a buffer or constant (the sinusoidal PositionalEncoding of
+  // PyTorch's tutorials, x + pe[:, :x.size(1)]), then a constant of the graph.
+  std::optional<Imported> stored_rows_cut(const FxNode& n, const std::string& name) {
     const std::string table = stored_table(arg_tensor(n, "self", 0));
-    if (table.empty()) return std::nullopt;
+    if (table.empty() || !only_added(name)) return std::nullopt;
     const Shape& ts = m_.stored.at(table).shape;
     const int64_t rank = int64_t(ts.size());
     int64_t dim = int_arg(n, "dim", 1, 0);
@@ -2598,15 +2609,17 @@ class TorchImporter {
     if (!e || !e->contains("as_sym_int") || !(*e)["as_sym_int"].contains("as_name")) return std::nullopt;
     const int64_t end = int_arg(n, "end", 3, INT64_MAX);
     if (end != o_.seq_len) return std::nullopt;
+    const bool learned = m_.parameter_of.count(table) != 0;
+    const char* what = learned ? "a learned position table" : "a stored position table";
     if (ts[dim] < o_.seq_len)
-      m_.fail_at(n, str("a stored position table of ", ts[dim], " rows cut to S = ", o_.seq_len,
-                        ": the model has positions for ", ts[dim], " tokens (train at most that long)"));
-    Tensor t = stored_constant(n, table);
+      m_.fail_at(n, str(what, " of ", ts[dim], " rows cut to S = ", o_.seq_len, ": the model has positions for ",
+                        ts[dim], " tokens (train at most that long)"));
+    Tensor t = learned ? parameter(table) : stored_constant(n, table);
     if (rank == 3) t = t_.reshape(t, {ts[1], ts[2]});
     Imported pos;
     pos.kind = Imported::positions;
     pos.shape = rank == 3 ? Shape{1, o_.seq_len} : Shape{o_.seq_len};
-    return rows_at_positions(n, t, pos, -1, "a stored position table");
+    return rows_at_positions(n, t, pos, -1, what);
   }
 
   Imported index(const FxNode& n) {

@@ -144,7 +144,7 @@ INSTANTIATE_TEST_SUITE_P(Models, TorchImportReference,
                                            "cohere", "persimmon", "falcon", "nemotron", "gptj", "codegen",
                                            "gemma2", "opt", "cohere2", "apertus", "mpt", "bloom", "gpt_neo", "qwen3",
                                            "gpt_neox", "olmo2", "gpt_bigcode", "starcoder2", "smollm3", "phi", "glm4",
-                                           "biogpt", "bert_generation", "bert", "openai_gpt", "exaone4", "phi3_longrope", "nanogpt", "nanogpt_shift", "nanogpt_layerscale", "nanogpt_frozen", "sinusoidal_lm", "ctrl",
+                                           "biogpt", "bert_generation", "bert", "openai_gpt", "exaone4", "phi3_longrope", "nanogpt", "nanogpt_shift", "nanogpt_layerscale", "nanogpt_frozen", "sinusoidal_lm", "ctrl", "mingpt",
                                            "titan_llama", "torch_encoder", "torch_encoder_prenorm", "cached_llama",
                                            "mixtral", "qwen3_moe", "olmoe", "qwen2_moe", "mixtral_aux", "glm4_moe",
                                            "ernie4_5_moe", "deepseek_v3", "granitemoe", "hunyuan_moe", "gpt_oss", "dbrx", "deepseek_v2", "llama4", "aria", "longcat_flash",
@@ -969,7 +969,7 @@ TEST(TorchImport, ParametersExportedWithoutRequiresGradAreConstantsOfTheStep) {
 // a rotary one, cut in halves). Each is an input of role constant, read by an embedding at the
 // positions (so each rank of a sequence-parallel group reads its own rows); past its rows, a
 // named error. The buffer is state the checkpoints carry (frozen); CTRL's constant is not.
-TEST(TorchImport, AStoredPositionTableIsAConstantReadAtThePositions) {
+TEST(TorchImport, AStoredPositionTableIsReadAtThePositions) {
   for (const auto& [fixture, table, state] : {std::tuple{"sinusoidal_lm", "pos.pe", true},
                                               std::tuple{"ctrl", "transformer.pos_encoding", false}}) {
     SCOPED_TRACE(fixture);
@@ -995,6 +995,15 @@ TEST(TorchImport, AStoredPositionTableIsAConstantReadAtThePositions) {
     const std::string error = forward_error(fixture, 2, 65);
     EXPECT_NE(error.find("a stored position table of 64 rows"), std::string::npos) << error;
   }
+  // minGPT's learned table, a parameter [1, L, C] cut to the length, likewise: its rows at the
+  // positions (an add of [1, S, C] to [B, S, C] was an import error), trained.
+  const TorchProgram mingpt = TorchProgram::load(testing::source_path("tests/fixtures/torch_export/mingpt/model.pt2"));
+  EXPECT_TRUE(mingpt.constants().empty());
+  const std::string text = print_graph(mingpt.forward({.batch = 2, .seq_len = 16}));
+  EXPECT_NE(text.find("input() {role=\"parameter\"} : f32[1, 64, 32] \"pos_emb\""), std::string::npos) << text;
+  EXPECT_EQ(op_lines(text, "embedding").size(), 2u) << text;  // the tokens', and the positions'
+  const std::string error = forward_error("mingpt", 2, 65);
+  EXPECT_NE(error.find("a learned position table of 64 rows cut to S = 65"), std::string::npos) << error;
 }
 
 // nanoGPT reads its position table at arange(T), [T, C], and adds it to [B, T, C]: in the IR a
