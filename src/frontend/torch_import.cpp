@@ -108,6 +108,12 @@ struct TorchProgram::Impl {
   mutable std::vector<models::ParameterSpec> constants;
   mutable std::vector<std::string> constant_placeholders;
   std::set<std::string> frozen_read;  // the frozen parameters the loss reads, by name
+  // Whether every parameter's name starts with export.py's wrapper attribute "model."; the
+  // names autosp gives (state_name) drop it then.
+  bool wrapped = false;
+  std::string state_name(const std::string& key) const {
+    return wrapped && key.rfind("model.", 0) == 0 ? key.substr(6) : key;
+  }
   uint64_t graph_hash = 0;
   std::string hf_config;  // extra/config.json, or empty
   mutable int64_t vocab = 0;
@@ -474,11 +480,8 @@ TorchProgram TorchProgram::load(const std::string& path) {
       user_error(where, ": the program takes ", m.user_inputs.size(), " inputs; autosp imports forward(input_ids, "
                  "labels) -> loss");
     // The export wrapper's attribute ("model." of python/autosp/export.py) is not part of the model's names.
-    bool wrapped = !params.empty();
-    for (const auto& [ph, key] : params) wrapped = wrapped && key.rfind("model.", 0) == 0;
-    auto unwrapped = [&](const std::string& key) {
-      return wrapped && key.rfind("model.", 0) == 0 ? key.substr(6) : key;
-    };
+    m.wrapped = !params.empty();
+    for (const auto& [ph, key] : params) m.wrapped = m.wrapped && key.rfind("model.", 0) == 0;
     // A parameter the loss never reads (the correction bias of a router export.py made a moe op
     // of), or one exported with requires_grad=False (frozen by the user), is not trained: it is
     // kept as the program has it, as PyTorch keeps a parameter without a gradient. A frozen one
@@ -489,7 +492,7 @@ TorchProgram TorchProgram::load(const std::string& path) {
       if (reached.count(ph)) read_entries.insert(m.stored[ph].entry);
     for (const auto& [ph, key] : params) {
       const StoredTensor& t = m.stored[ph];
-      auto [it, first] = name_of_entry.emplace(t.entry, unwrapped(key));
+      auto [it, first] = name_of_entry.emplace(t.entry, m.state_name(key));
       const std::string& name = it->second;  // the first name of a tied weight (the embedding's)
       m.parameter_of[ph] = name;
       if (!first) continue;
@@ -514,7 +517,7 @@ TorchProgram TorchProgram::load(const std::string& path) {
     for (const auto& [ph, key] : kept) {
       const StoredTensor& t = m.stored[ph];
       if (t.dtype != kFloat32 && t.dtype != kBFloat16 && t.dtype != kFloat16) continue;
-      m.frozen.push_back({unwrapped(key), t.shape});
+      m.frozen.push_back({m.state_name(key), t.shape});
       m.frozen_placeholders.push_back(ph);
     }
   } catch (const json::exception& e) {
@@ -2487,8 +2490,6 @@ class TorchImporter {
     return out;
   }
 
-  // x[..., idx, ...] with idx a constant list of consecutive indices (Falcon's qkv[..., [-2], :]):
-  // the slice it is.
   // Rows of `weight` [R, H] read at the positions (ids: Imported::positions, maybe offset): an
   // embedding of the positions, the IR's [B, S, H], which adds to [B, S, H] as torch's [S, H]
   // or [1, S, H] does (per_position). `what`: the table, for messages.
@@ -2525,7 +2526,7 @@ class TorchImporter {
     const StoredTensor& t = m_.stored.at(placeholder);
     if (t.dtype != kFloat32) m_.fail_at(n, str("a stored table of dtype code ", t.dtype, " read as a tensor (autosp "
                                                 "reads float32 ones)"));
-    const std::string name = t.key.rfind("model.", 0) == 0 ? t.key.substr(6) : t.key;
+    const std::string name = m_.state_name(t.key);
     if (auto it = stored_constants_.find(name); it != stored_constants_.end()) return it->second;
     const auto& known = m_.constant_placeholders;
     if (std::find(known.begin(), known.end(), placeholder) == known.end()) {
@@ -2575,20 +2576,19 @@ class TorchImporter {
   }
 
   // The stored tensor (a parameter, buffer or tensor constant) `name` is, through no-ops and
-  // whole slices; "" if none.
-  std::string stored_table(std::string name) {
-    for (;;) {
-      name = through(name);
-      if (m_.stored.count(name)) return name;
-      const FxNode* s = node_of(name);
-      if (!is(s, "slice.Tensor") || int_arg(*s, "start", 2, 0) != 0 || int_arg(*s, "step", 4, 1) != 1) return "";
-      const std::string of = arg_tensor(*s, "self", 0);
-      const Shape& shape = value(of).shape;
-      int64_t dim = int_arg(*s, "dim", 1, 0);
-      if (dim < 0) dim += int64_t(shape.size());
-      if (dim < 0 || dim >= int64_t(shape.size()) || int_arg(*s, "end", 3, INT64_MAX) < shape[dim]) return "";
-      name = of;
-    }
+  // whole slices (which keep its shape); "" if none.
+  std::string stored_table(const std::string& name) {
+    const std::string v = through(name);
+    if (m_.stored.count(v)) return v;
+    const FxNode* s = node_of(v);
+    if (!is(s, "slice.Tensor") || int_arg(*s, "start", 2, 0) != 0 || int_arg(*s, "step", 4, 1) != 1) return "";
+    const std::string table = stored_table(arg_tensor(*s, "self", 0));
+    if (table.empty()) return "";
+    const Shape& shape = m_.stored.at(table).shape;
+    int64_t dim = int_arg(*s, "dim", 1, 0);
+    if (dim < 0) dim += int64_t(shape.size());
+    if (dim < 0 || dim >= int64_t(shape.size()) || int_arg(*s, "end", 3, INT64_MAX) < shape[dim]) return "";
+    return table;
   }
   // A stored table [R, H] (or [1, R, H]) cut to its first S rows, S the sequence length: its rows
   // at the positions 0..S-1, as a position embedding's. A parameter (minGPT's learned positions,
@@ -2622,6 +2622,8 @@ class TorchImporter {
     return rows_at_positions(n, t, pos, -1, what);
   }
 
+  // x[..., idx, ...] with idx a constant list of consecutive indices (Falcon's qkv[..., [-2], :]):
+  // the slice it is.
   Imported index(const FxNode& n) {
     const std::string x = arg_tensor(n, "self", 0);
     const Imported& xv = value(x);
