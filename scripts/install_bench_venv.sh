@@ -16,6 +16,9 @@ set -euo pipefail
 torch_version=2.15.0
 transformers_version=4.57.6
 numpy_version=2.4.6
+peft_version=0.22.0
+accelerate_version=1.16.0
+psutil_version=7.2.2
 venv="${AUTOSP_BENCH_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/autosp/bench-venv}"
 python="$venv/bin/python"
 
@@ -45,5 +48,12 @@ if ! installed; then
                       "installing them" >&2; exit 1; }
   "$python" -c "import torch, transformers; print('install_bench_venv: torch', torch.__version__,
       'transformers', transformers.__version__)" >&2
+fi
+# PEFT, for the LoRA fixture (tests/fixtures/make_torch_export_fixtures.py): added to a venv that
+# has the rest, without reinstalling it (its own dependencies are the venv's already but two).
+if ! "$python" -c "import sys, peft; sys.exit(peft.__version__ != '$peft_version')" 2>/dev/null; then
+  "$python" -m pip install --quiet --disable-pip-version-check --no-deps "peft==$peft_version" \
+      "accelerate==$accelerate_version" "psutil==$psutil_version" ||
+    { echo "install_bench_venv: pip could not install peft $peft_version (see above)" >&2; exit 1; }
 fi
 echo "$python"

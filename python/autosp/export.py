@@ -1621,7 +1621,9 @@ def export(model, path, batch: int = 2, seq_len: int = 16, max_seq_len: int = 1 
     # checkpoints of the program are then model directories transformers loads.
     # (with the model's class as "architectures", which save_pretrained adds likewise)
     config, extra = getattr(model, "config", None), None
-    if hasattr(config, "to_json_string"):
+    # (not a PEFT model's, LoRA's: its state dict names its base model's weights
+    # base_model.model.<name>, which that config's architecture does not load)
+    if hasattr(config, "to_json_string") and not type(model).__module__.startswith("peft"):
         fields = json.loads(config.to_json_string())
         if not fields.get("architectures"):
             fields["architectures"] = [type(model).__name__]
