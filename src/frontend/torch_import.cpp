@@ -1721,6 +1721,9 @@ class TorchImporter {
       m_.fail_at(n, "autosp has no mapping for this op (python/autosp/export.py says what it imports)");
     };
     if (passes_through(n)) return value(tensor_name(n.args.at(0).second));  // "self", dropout's "input"
+    if (op == "torch.ops.aten.dropout.default")  // (one that drops nothing passes through)
+      m_.fail_at(n, str("dropout of p = ", float_arg(n, "p", 1, 0.0), " while training: autosp trains without dropout "
+                        "(set the model's dropout probabilities to 0: its config's, or LoRA's lora_dropout)"));
     // The token ids compared (RoBERTa's positions, cumsum(ids != padding_idx); a padding mask):
     // a value of the data, which no op but an embedding reads.
     static const std::set<std::string> compare = {"ne", "eq", "lt", "le", "gt", "ge"};

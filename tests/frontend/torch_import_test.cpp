@@ -586,6 +586,16 @@ TEST(TorchImportErrors, AnAttentionMaskThatIsNotTheCausalOneIsRefused) {
 
 // Positions computed from the token ids (RoBERTa's: the count of non-padding tokens so far) are
 // refused at the comparison, named, not taken for the positions of the sequence.
+// Dropout that drops (p > 0 while training; LoRA's lora_dropout, a model's config's) is refused
+// by name, with what to set; one of p = 0 passes through (the fixtures' models all have it).
+TEST(TorchImportErrors, DropoutWhileTrainingIsRefusedByName) {
+  const std::string e = import_error(testing::source_path("tests/fixtures/torch_export_errors/dropout/model.pt2"));
+  EXPECT_NE(e.find("node 'dropout' (torch.ops.aten.dropout.default): dropout of p = 0.1 while training"),
+            std::string::npos) << e;
+  EXPECT_NE(e.find("lora_dropout"), std::string::npos) << e;
+  EXPECT_NE(e.find("F.dropout(self.embed(input_ids), p=0.1, training=True)"), std::string::npos) << e;
+}
+
 TEST(TorchImportErrors, PositionsComputedFromTheTokenIdsAreRefused) {
   const std::string e =
       import_error(testing::source_path("tests/fixtures/torch_export_errors/token_positions/model.pt2"));
