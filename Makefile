@@ -94,7 +94,8 @@ bench: deps build
 	/usr/bin/python3 bench/bench_train.py --autosp $(BUILD)/autosp \
 	  --bench-kernels $(BUILD)/bench_kernels --out $(BUILD)/bench/bench_train.json \
 	  --torch2-python "$$torch2" $(BENCH_ARGS) && \
-	"$$torch2" bench/bench_moe.py --autosp $(BUILD)/autosp --out $(BUILD)/bench/bench_moe.json
+	"$$torch2" bench/bench_moe.py --autosp $(BUILD)/autosp --out $(BUILD)/bench/bench_moe.json && \
+	"$$torch2" bench/bench_lora.py --autosp $(BUILD)/autosp --out $(BUILD)/bench/bench_lora.json
 
 clean:
 	rm -rf $(BUILD) build-asan build-fuzz

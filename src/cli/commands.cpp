@@ -596,7 +596,7 @@ int run_train(const TrainArgs& args, MpiRuntime* mpi) {
     model.max_position_embeddings = INT64_MAX;
     program_id = train::ImportedProgramId{args.model, imported->graph_hash(), imported->parameters(),
                                           imported->hf_config(), imported->frozen(), {}};
-    for (size_t i = 0; i < imported->frozen().size(); ++i) program_id->frozen_values.push_back(imported->read_frozen(i));
+    program_id->read_frozen = [&imported](size_t i) { return imported->read_frozen(i); };
     if (!args.resume.empty()) {
       load_resume();
       if (!ckpt->info.program)

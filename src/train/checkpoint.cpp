@@ -528,8 +528,10 @@ struct StateFiles {
   };
   std::vector<File> files;
   std::vector<std::vector<std::vector<std::pair<size_t, size_t>>>> dests;  // [kind][tensor]
-  // An imported program's frozen tensors: (file, tensor in it, values), written by rank 0 as they are.
-  std::vector<std::tuple<size_t, size_t, const std::vector<float>*>> frozen;
+  // An imported program's frozen tensors: (file, tensor in it, frozen tensor), written by rank 0
+  // as read_frozen gives them, one at a time.
+  std::vector<std::tuple<size_t, size_t, size_t>> frozen;
+  std::function<std::vector<float>(size_t)> read_frozen;
 
   explicit StateFiles(size_t tensors) : dests(kStateKinds.size(), std::vector<std::vector<std::pair<size_t, size_t>>>(tensors)) {}
   void add(size_t file, StateKind kind, size_t i, std::string name, const std::vector<int64_t>& shape, io::FileDType dtype) {
@@ -553,8 +555,12 @@ void write_state_files(Communicator& world, const ModelState& state, const State
     for (const StateFiles::File& f : out.files)
       writers.push_back(std::make_unique<io::SafetensorsWriter>(
           f.path, f.tensors, std::map<std::string, std::string>{{"format", "pt"}, {"step", std::to_string(state.step)}}));
-    for (const auto& [file, index, values] : out.frozen)
-      writers[file]->write(index, 0, values->data(), int64_t(values->size()));
+    for (const auto& [file, index, f] : out.frozen) {
+      const std::vector<float> values = out.read_frozen(f);
+      const io::TensorToWrite& t = out.files[file].tensors[index];
+      AUTOSP_CHECK(int64_t(values.size()) == numel(t.shape), "frozen tensor ", t.name, ": ", values.size(), " values");
+      writers[file]->write(index, 0, values.data(), int64_t(values.size()));
+    }
   });
   const auto put = [&](size_t kind, size_t i, int64_t e, const float* data, int64_t n) {
     for (const auto& [file, tensor] : out.dests[kind][i]) writers[file]->write(tensor, e, data, n);
@@ -617,11 +623,11 @@ StateFiles checkpoint_files(const fs::path& dir, const models::LlamaConfig& mode
   // an imported program's frozen tensors after its parameters, in the same shards
   const std::vector<models::ParameterSpec> no_frozen;
   const std::vector<models::ParameterSpec>& frozen = imported ? program->frozen : no_frozen;
-  AUTOSP_CHECK(!imported || program->frozen_values.size() == frozen.size(), frozen.size(), " frozen tensors, ",
-               program ? program->frozen_values.size() : 0, " with values");
+  AUTOSP_CHECK(frozen.empty() || program->read_frozen, frozen.size(), " frozen tensors without their values");
   for (const models::ParameterSpec& f : frozen) sizes.push_back(numel(f.shape) * int64_t(io::item_size(dtype)));
   const io::WeightShards plan = io::plan_weight_shards(sizes, max_shard_bytes);
   StateFiles out(state.specs.size());
+  if (imported) out.read_frozen = program->read_frozen;
   for (const std::string& name : plan.files) out.files.push_back({(dir / name).string(), {}});
   const size_t optimizer = out.files.size();
   out.files.push_back({(dir / "optimizer.safetensors").string(), {}});
@@ -636,8 +642,7 @@ StateFiles checkpoint_files(const fs::path& dir, const models::LlamaConfig& mode
   }
   for (size_t f = 0; f < frozen.size(); ++f) {
     const size_t k = order.size() + f, file = plan.file_of[k];
-    AUTOSP_CHECK(int64_t(program->frozen_values[f].size()) == numel(frozen[f].shape), "frozen tensor ", frozen[f].name);
-    out.frozen.emplace_back(file, out.files[file].tensors.size(), &program->frozen_values[f]);
+    out.frozen.emplace_back(file, out.files[file].tensors.size(), f);
     out.files[file].tensors.push_back({frozen[f].name, frozen[f].shape, dtype});
     weight_map[frozen[f].name] = plan.files[file];
     total_bytes += sizes[k];

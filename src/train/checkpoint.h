@@ -31,6 +31,7 @@
 //    namespace, host); scratch directories of other runs are removed only when their writer
 //    is provably gone and they cannot be the newest checkpoint (SaveTarget's constructor).
 #pragma once
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -73,9 +74,10 @@ struct ImportedProgramId {
   std::string hf_config;
   // The rest of the model's state dict (TorchProgram::frozen): written beside the parameters,
   // unchanged, so that the checkpoint is the model transformers loads; a resume takes them from
-  // the program again. frozen_values: the saving run's (empty when read back from a checkpoint).
+  // the program again. read_frozen: the saving run's, frozen tensor i's values, read as each is
+  // written (so no copy of them is held beside the run); null when read back from a checkpoint.
   std::vector<models::ParameterSpec> frozen;
-  std::vector<std::vector<float>> frozen_values;
+  std::function<std::vector<float>(size_t)> read_frozen;
   // The same program: its graph and parameters (wherever its file is, whatever its config).
   bool same_program(const ImportedProgramId& o) const {
     return graph_hash == o.graph_hash && parameters == o.parameters;

@@ -149,6 +149,14 @@ Trainer::Trainer(const models::Model& model, const TrainConfig& config, int64_t 
   threads_ = omp_get_max_threads();  // what the executor (threads 0) and the plan use
   local_len_ = split_sequence(seq_len_, groups_->sp_size).local;
 
+  // The model's constants, read before the heap is measured for the program's own bytes (they
+  // are model state, counted there).
+  AUTOSP_CHECK(program_.constants.empty() || program_.read_constant, program_.name, ": constants without values");
+  for (size_t i = 0; i < program_.constants.size(); ++i) {
+    constants_.push_back(program_.read_constant(i));
+    AUTOSP_CHECK(int64_t(constants_.back().size()) == constant_numels[i], "constant ", program_.constants[i].name);
+  }
+
   // The step's plan: the first candidate (cheapest to run) whose planned peak fits the
   // budget. Every rank compiles the same graphs (the last SP rank's slice is padded to the
   // others' size), so all ranks choose alike, or all fail here, before the first step.
@@ -214,15 +222,9 @@ Trainer::Trainer(const models::Model& model, const TrainConfig& config, int64_t 
   // with accumulation run one after the other: the one with the larger arena allocates it,
   // the other works in it.
   const Backend backend = parse_backend(config_.backend);
-  AUTOSP_CHECK(program_.constants.empty() || program_.read_constant, program_.name, ": constants without values");
-  for (size_t i = 0; i < program_.constants.size(); ++i) {
-    constants_.push_back(program_.read_constant(i));
-    AUTOSP_CHECK(int64_t(constants_.back().size()) == constant_numels[i], "constant ", program_.constants[i].name);
-  }
   if (on_device) {
     device_ = make_device_step(joint_, state_.specs, {program_.constants, constants_}, micro_batch_ * local_len_,
                                config_.data.packed, groups_);
-    constants_ = {};  // (on the device now)
   } else if (earlier_.nodes().empty()) {
     executor_ = make_executor(backend, joint_, allocator_, 0, groups_);
   } else if (read_memory_plan(joint_).arena_bytes >= read_memory_plan(earlier_).arena_bytes) {
@@ -261,6 +263,7 @@ Trainer::Trainer(const models::Model& model, const TrainConfig& config, int64_t 
     state_.params = {};
     state_.exp_avg = {};
     state_.exp_avg_sq = {};
+    constants_ = {};  // (on the device, since make_device_step)
   } else {
     load_host_state();
   }
