@@ -306,7 +306,8 @@ record train_bf16 "$STAGE_STATUS" "$STAGE_SECONDS" "$logs/train_bf16.json"
 # rows), OPT's offset positions and merged rows, BLOOM's ALiBi, DeepSeek-V3's latent attention
 # and grouped router, GLM-4.5-MoE's stacked experts, gpt-oss's sinks and experts, DBRX's experts and
 # clamp, Llama 4's chunks, temperature and input-weighted experts, LongCat-Flash's zero experts,
-# trained as on the CPU ---------------------------------------------------------------------------
+# CTRL's stored position table and LoRA's frozen base weights (constants of the graph), trained as
+# on the CPU; and LoRA in bf16 on the device step (its constants a bf16 copy on the device) --------
 imported() {
   set -euo pipefail  # exported functions run in a fresh bash: no inherited -e
   local dir="$logs/imported"
@@ -320,25 +321,34 @@ open(os.path.join(d, "tokens.bin"), "wb").write(struct.pack(f"<{len(tokens)}I", 
 json.dump({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
            "optimizer": {"type": "AdamW", "params": {"lr": 0.01}}}, open(os.path.join(d, "ds.json"), "w"))
 EOF
-  for model in gemma2 opt bloom deepseek_v3 glm4_moe_tf5 gpt_oss dbrx llama4 longcat_flash; do
+  for model in gemma2 opt bloom deepseek_v3 glm4_moe_tf5 gpt_oss dbrx llama4 longcat_flash ctrl llama_lora; do
     for backend in cpu cuda; do
       "$bin/autosp" train --backend "$backend" --config "$dir/ds.json" \
         --model "tests/fixtures/torch_export/$model/model.pt2" --data "$dir/tokens.bin" --seq-len 32 --steps 4 \
         --metrics "$dir/$model.$backend.jsonl"
     done
   done
+  "$AUTOSP_PYTHON" -c 'import json, sys; c = json.load(open(sys.argv[1])); c["bf16"] = {"enabled": True}; json.dump(c, open(sys.argv[2], "w"))' \
+    "$dir/ds.json" "$dir/bf16.json"
+  "$bin/autosp" train --backend cuda --config "$dir/bf16.json" --model tests/fixtures/torch_export/llama_lora/model.pt2 \
+    --data "$dir/tokens.bin" --seq-len 32 --steps 4 --metrics "$dir/llama_lora.bf16.jsonl"
   "$AUTOSP_PYTHON" - "$dir" > "$logs/imported.json" <<'EOF'
 import json, os, sys
 d = sys.argv[1]
 out, ok = {}, True
 for model in ("gemma2", "opt", "bloom", "deepseek_v3", "glm4_moe_tf5", "gpt_oss", "dbrx", "llama4",
-              "longcat_flash"):
+              "longcat_flash", "ctrl", "llama_lora"):
     cpu, gpu = ([json.loads(l)["loss"] for l in open(os.path.join(d, f"{model}.{b}.jsonl")) if l.strip()]
                 for b in ("cpu", "cuda"))
     worst = max(abs(a - b) / max(abs(a), 1e-30) for a, b in zip(cpu, gpu))
     out[model] = {"cpu_losses": cpu, "cuda_losses": gpu, "worst_relative": worst}
     # f32 on both backends, the same graph: summation order only, train_cli's bound.
     ok = ok and len(cpu) == len(gpu) == 4 and worst < 1e-4
+# LoRA's bf16 device step against the fp32 CPU run: train_bf16's first-run bound.
+bf16 = [json.loads(l)["loss"] for l in open(os.path.join(d, "llama_lora.bf16.jsonl")) if l.strip()]
+worst = max(abs(a - b) / abs(a) for a, b in zip(out["llama_lora"]["cpu_losses"], bf16))
+out["llama_lora_bf16"] = {"cuda_bf16_losses": bf16, "worst_relative": worst}
+ok = ok and len(bf16) == 4 and worst < 5e-2
 print(json.dumps(out))
 sys.exit(0 if ok else 1)
 EOF
