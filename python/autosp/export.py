@@ -1531,6 +1531,31 @@ class _LoadBalancingLoss:
         return False
 
 
+class _NoGradientCheckpointing:
+    """While tracing: transformers' gradient checkpointing off (the modules' `gradient_checkpointing`
+    flags, which gradient_checkpointing_enable sets), restored after. Traced, its reentrant
+    torch.utils.checkpoint runs each layer under no_grad, which the program would keep; autosp
+    recomputes activations by its own policy (compile.checkpoint), so the program is the plain
+    forward. Said once, with a warning."""
+
+    def __init__(self, model):
+        self.model, self.on = model, []
+
+    def __enter__(self):
+        self.on = [m for m in self.model.modules() if getattr(m, "gradient_checkpointing", False) is True]
+        for m in self.on:
+            m.gradient_checkpointing = False
+        if self.on:
+            warnings.warn(f"{type(self.model).__name__} has gradient checkpointing on: the export traces the plain "
+                          "forward (autosp recomputes activations as compile.checkpoint says)")
+        return self
+
+    def __exit__(self, *exc):
+        for m in self.on:
+            m.gradient_checkpointing = True
+        return False
+
+
 class _EveryParameterRequiresGrad:
     """While tracing: every parameter requires grad, so that a tensor computed from parameters
     does too, frozen ones included (the attention function's test of a learned mask). The graph
@@ -1580,7 +1605,7 @@ def export(model, path, batch: int = 2, seq_len: int = 16, max_seq_len: int = 1 
                 _InterleavedRopeOfLatentAttention(model), _HalfTablesRope(model), _ComplexRope(model), \
                 _Llama4Temperature(model), \
                 _SparseMoeBlocks(model) as moe, \
-                _LoadBalancingLoss(model), _EveryParameterRequiresGrad(model):
+                _LoadBalancingLoss(model), _EveryParameterRequiresGrad(model), _NoGradientCheckpointing(model):
             try:
                 return torch.export.export(_LossOf(model), (ids, ids.clone()),
                                            dynamic_shapes=({0: b, 1: s}, {0: b, 1: s}))
