@@ -45,7 +45,6 @@ the ratios are the result.
 import argparse
 import copy
 import json
-import math
 import os
 import shutil
 import subprocess
@@ -58,7 +57,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 from bench_train import ds_config, thread_env  # noqa: E402
-from bench_moe import measured, summarize  # noqa: E402
+from bench_moe import fmt, measured, ratio, run_notes, summarize  # noqa: E402
 
 GIB = 1024 ** 3
 VENV_PYTHON = os.path.expanduser("~/.cache/autosp/bench-venv/bin/python")
@@ -206,17 +205,7 @@ def main():
                         run_torch(a, work, cfg, prep, S),
                         run_autosp(a, work, cfg, prep["full_pt2"], prep["tokens"], S, "autosp_full")):
                 results.append(run)
-                if run["status"] != "ok":
-                    notes.append(f"S={S} {run['side']}: {run['status']} (rc {run['rc']}):\n"
-                                 f"{run.get('log_tail', '').rstrip()}")
-                l1 = run.get("loss_step1")
-                if l1 is not None and not abs(l1 - math.log(MODEL["vocab_size"])) < 0.5:
-                    notes.append(f"S={S} {run['side']}: step-1 loss {l1} not near ln V")
-                if run["others_cores"] > 0.2:
-                    notes.append(f"S={S} {run['side']}: other processes used "
-                                 f"{run['others_cores']} cores during the run (times noisy)")
-                for w in run.get("warnings", []):
-                    notes.append(f"S={S} {run['side']}: {w}")
+                notes += run_notes(S, run, MODEL["vocab_size"])
         print_table(a, sizes, results, prep, notes)
         if a.out:
             with open(a.out, "w") as f:
@@ -234,11 +223,6 @@ def main():
 
 
 def print_table(a, sizes, results, prep, notes):
-    def fmt(x, spec=".3f"):
-        return "—" if x is None else format(x, spec)
-
-    def ratio(num, den):
-        return num / den if num and den else None
     print(f"\n### LlamaForCausalLM LoRA step (r {LORA['r']}, all 7 projections), "
           f"{prep['parameters'] / 1e6:.1f} M parameters, {prep['trainable'] / 1e6:.2f} M trained, "
           f"{a.threads} threads, {a.steps} steps (median of steps 2..), checkpoint {a.checkpoint}, "

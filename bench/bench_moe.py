@@ -245,17 +245,7 @@ def main():
             for side in (run_autosp(a, work, cfg, pt2, tokens, S),
                          run_torch(a, work, cfg, model_dir, tokens, S)):
                 results.append(side)
-                if side["status"] != "ok":
-                    notes.append(f"S={S} {side['side']}: {side['status']} (rc {side['rc']}):\n"
-                                 f"{side.get('log_tail', '').rstrip()}")
-                l1 = side.get("loss_step1")
-                if l1 is not None and not abs(l1 - math.log(MODEL["vocab_size"])) < 0.5:
-                    notes.append(f"S={S} {side['side']}: step-1 loss {l1} not near ln V")
-                if side["others_cores"] > 0.2:
-                    notes.append(f"S={S} {side['side']}: other processes used "
-                                 f"{side['others_cores']} cores during the run (times noisy)")
-                for w in side.get("warnings", []):
-                    notes.append(f"S={S} {side['side']}: {w}")
+                notes += run_notes(S, side, MODEL["vocab_size"])
         print_table(a, sizes, results, prep, notes)
         if a.out:
             with open(a.out, "w") as f:
@@ -271,12 +261,31 @@ def main():
             shutil.rmtree(work, ignore_errors=True)
 
 
-def print_table(a, sizes, results, prep, notes):
-    def fmt(x, spec=".3f"):
-        return "—" if x is None else format(x, spec)
+def run_notes(S, run, vocab_size):
+    """What is worth saying of one run: a failure, a first loss far from ln V, other processes'
+    CPU use during it, autosp's warnings."""
+    notes = []
+    if run["status"] != "ok":
+        notes.append(f"S={S} {run['side']}: {run['status']} (rc {run['rc']}):\n{run.get('log_tail', '').rstrip()}")
+    l1 = run.get("loss_step1")
+    if l1 is not None and not abs(l1 - math.log(vocab_size)) < 0.5:
+        notes.append(f"S={S} {run['side']}: step-1 loss {l1} not near ln V")
+    if run["others_cores"] > 0.2:
+        notes.append(f"S={S} {run['side']}: other processes used {run['others_cores']} cores during the run "
+                     "(times noisy)")
+    notes += [f"S={S} {run['side']}: {w}" for w in run.get("warnings", [])]
+    return notes
 
-    def ratio(num, den):
-        return num / den if num and den else None
+
+def fmt(x, spec=".3f"):
+    return "—" if x is None else format(x, spec)
+
+
+def ratio(num, den):
+    return num / den if num and den else None
+
+
+def print_table(a, sizes, results, prep, notes):
     print(f"\n### {FAMILIES[a.family][0]} training step, {prep['parameters'] / 1e6:.1f} M parameters, "
           f"{a.threads} threads, {a.steps} steps (median of steps 2..), checkpoint "
           f"{a.checkpoint}, torch {prep['torch']} ({TORCH_ATTENTION.get(a.family, 'sdpa')})\n")
