@@ -1720,6 +1720,16 @@ class TorchImporter {
     auto unsupported = [&]() -> Imported {
       m_.fail_at(n, "autosp has no mapping for this op (python/autosp/export.py says what it imports)");
     };
+    // A stop-gradient of a value the parameters' gradients would flow through (DoRA's detached
+    // weight norm; a parameter detached): the IR has no stop-gradient, and passed through it
+    // would train what PyTorch does not. Of anything else (tables, positions): nothing to stop.
+    if (op == "torch.ops.aten.detach.default" || op == "torch.ops.aten.detach_.default") {
+      const Imported& x = value(tensor_name(n.args.at(0).second));
+      if (x.kind == Imported::tensor && x.t.id >= 0 && from_parameters(x.t))
+        m_.fail_at(n, "a detach of a value computed from the parameters (a stop-gradient, as DoRA's weight norm): "
+                      "autosp's graph has no stop-gradient, and would train through it; not supported");
+      return x;
+    }
     if (passes_through(n)) return value(tensor_name(n.args.at(0).second));  // "self", dropout's "input"
     if (op == "torch.ops.aten.dropout.default")  // (one that drops nothing passes through)
       m_.fail_at(n, str("dropout of p = ", float_arg(n, "p", 1, 0.0), " while training: autosp trains without dropout "
@@ -2627,6 +2637,25 @@ class TorchImporter {
 
   // x[..., idx, ...] with idx a constant list of consecutive indices (Falcon's qkv[..., [-2], :]):
   // the slice it is.
+  // Whether the IR value t is computed from a trained parameter (a gradient flows to one through it).
+  bool from_parameters(Tensor t) const {
+    const Graph& g = t_.graph();
+    std::vector<ValueId> todo{t.id};
+    std::set<ValueId> seen;
+    while (!todo.empty()) {
+      const ValueId v = todo.back();
+      todo.pop_back();
+      if (!seen.insert(v).second) continue;
+      const Node& node = g.node(g.value(v).producer);
+      if (node.op == OpKind::input) {
+        if (g.role(v) == Role::parameter) return true;
+        continue;
+      }
+      todo.insert(todo.end(), node.inputs.begin(), node.inputs.end());
+    }
+    return false;
+  }
+
   Imported index(const FxNode& n) {
     const std::string x = arg_tensor(n, "self", 0);
     const Imported& xv = value(x);

@@ -52,6 +52,7 @@ class Tracer {
   Tensor input(Role role, const std::string& name, DType dtype, const Shape& shape);
   void output(const std::string& name, Tensor t) { graph_.add_output(name, t.id); }
   Graph finish() { return std::move(graph_); }
+  const Graph& graph() const { return graph_; }  // as traced so far
 
   const Shape& shape(Tensor t) const { return graph_.shape(t.id); }
 

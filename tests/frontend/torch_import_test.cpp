@@ -596,6 +596,16 @@ TEST(TorchImportErrors, DropoutWhileTrainingIsRefusedByName) {
   EXPECT_NE(e.find("F.dropout(self.embed(input_ids), p=0.1, training=True)"), std::string::npos) << e;
 }
 
+// A detach of a value computed from the parameters (a stop-gradient: DoRA's weight norm) is
+// refused: the IR has none, and passing it through would train what PyTorch does not (it was
+// imported so, silently). A detach of anything else (a table, the positions) passes through.
+TEST(TorchImportErrors, ADetachOfAValueOfTheParametersIsRefused) {
+  const std::string e = import_error(testing::source_path("tests/fixtures/torch_export_errors/detach/model.pt2"));
+  EXPECT_NE(e.find("node 'detach' (torch.ops.aten.detach.default): a detach of a value computed from the parameters"),
+            std::string::npos) << e;
+  EXPECT_NE(e.find("(self.gain * self.gain).detach()"), std::string::npos) << e;
+}
+
 TEST(TorchImportErrors, PositionsComputedFromTheTokenIdsAreRefused) {
   const std::string e =
       import_error(testing::source_path("tests/fixtures/torch_export_errors/token_positions/model.pt2"));
