@@ -199,6 +199,26 @@ void each_value(J& arg, F&& f) {
       }
 }
 
+// The nodes after an in-place op that read its operand directly (OLMo's q.clamp_(...), then
+// q.view(...)) read the op's result instead: they see the changed value, which the result is
+// (torch's in-place ops return their operand). The op is then imported as its out-of-place form.
+// A view of the operand taken before the op is not renamed: the importer refuses one read after.
+void rename_reads_after_inplace(std::vector<FxNode>& nodes) {
+  static const std::set<std::string> inplace = {"torch.ops.aten.add_.Tensor", "torch.ops.aten.mul_.Tensor",
+                                                "torch.ops.aten.clamp_.default"};
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    if (!inplace.count(nodes[i].target) || nodes[i].outputs.size() != 1 || nodes[i].args.empty()) continue;
+    std::string self;
+    each_value(nodes[i].args[0].second, [&](const json& v) { self = v.get<std::string>(); });
+    if (self.empty()) continue;
+    for (size_t j = i + 1; j < nodes.size(); ++j)
+      for (auto& [k, a] : nodes[j].args)
+        each_value(a, [&](json& v) {
+          if (v.get<std::string>() == self) v = nodes[i].outputs[0];
+        });
+  }
+}
+
 // An autocast block that is off (torch.autocast(enabled=False): Nemotron's LayerNorm1P, which
 // keeps its norm in the input's type) is its graph's nodes in line: its inputs are the block's
 // arguments, its outputs the block's outputs, the names inside it made unique by the block's.
@@ -407,6 +427,7 @@ TorchProgram TorchProgram::load(const std::string& path) {
     std::vector<FxNode> top;
     read_nodes(graph, top, where);
     m.nodes = inline_autocast(std::move(top), where);
+    rename_reads_after_inplace(m.nodes);
     for (size_t i = 0; i < m.nodes.size(); ++i) {
       for (const std::string& o : m.nodes[i].outputs) m.producer[o] = i;
       for (const auto& [k, a] : m.nodes[i].args)
@@ -1993,15 +2014,21 @@ class TorchImporter {
       return index(n);
     }
     if (op == "torch.ops.aten.mul.Tensor") return mul(n);
-    // In place on a value nothing else reads (Falcon's add_ of its parallel branches): as the op.
-    if (op == "torch.ops.aten.add_.Tensor" || op == "torch.ops.aten.mul_.Tensor") {
+    // In place on a value of its own (Falcon's add_ of its parallel branches, OLMo's clamp_ of q,
+    // k and v): as the op, whose result the later nodes read (load renamed their reads:
+    // rename_reads_after_inplace). A view of the operand read after the op would see the change:
+    // refused.
+    const bool inplace = op == "torch.ops.aten.add_.Tensor" || op == "torch.ops.aten.mul_.Tensor" ||
+                         op == "torch.ops.aten.clamp_.default";
+    if (inplace) {
       const std::string self = A("self", 0);
       const FxNode* def = node_of(self);
       if (!def || is_view(*def)) m_.fail_at(n, "an in-place op on a view (autosp imports one on a value of its own)");
       if (!unseen_after(self, m_.producer.at(name)))
-        m_.fail_at(n, "an in-place op on a value that is read afterwards, itself or through a view: autosp imports "
-                      "in-place ops whose operand nothing reads after them");
-      return op == "torch.ops.aten.add_.Tensor" ? add(n) : mul(n);
+        m_.fail_at(n, "an in-place op on a value that is read afterwards through a view taken before it: autosp "
+                      "imports in-place ops whose operand is read after them only as their result");
+      if (op == "torch.ops.aten.add_.Tensor") return add(n);
+      if (op == "torch.ops.aten.mul_.Tensor") return mul(n);
     }
     if (op == "torch.ops.aten.div.Tensor") {  // by a constant (Granite's logits_scaling): a scale by 1 / c
       std::optional<double> c = scalar(n, "other", 1);
@@ -2019,7 +2046,7 @@ class TorchImporter {
     if (op == "torch.ops.aten.silu.default") return rowwise(t_.silu(rowwise_of(A("self", 0))), A("self", 0));
     if (op == "torch.ops.aten.relu.default") return rowwise(t_.relu(rowwise_of(A("self", 0))), A("self", 0));
     if (op == "torch.ops.aten.tanh.default") return ir(t_.tanh(tensor_of(A("self", 0))));
-    if (op == "torch.ops.aten.clamp.default") {  // numbers for bounds (DBRX's clip_qkv)
+    if (op == "torch.ops.aten.clamp.default" || op == "torch.ops.aten.clamp_.default") {  // numbers for bounds (clip_qkv)
       const std::optional<double> lo = scalar(n, "min", 1), hi = scalar(n, "max", 2);
       auto given = [&](const char* name, size_t at) {
         const json* b = arg(n, name, at);

@@ -109,9 +109,12 @@ TEST_P(TorchImportReference, LossGradientsAndFiveStepsEqualPyTorch) {
     // PyTorch's own fp32 eager run leaves float64 by 3.3e-5 in the gradient norm at step 3 and
     // 1.2e-5 in the loss at step 4 (autosp: 2.0e-5 and 7.3e-6). And deepseek_v3_tf5: PyTorch's
     // own fp32 run leaves float64 by 1.55e-5 in the gradient norm at step 3 (autosp: 1.06e-5;
-    // losses within 7.6e-7 both).
+    // losses within 7.6e-7 both). And olmo_clip: its clamps of q, k and v at 0.3 cut many
+    // elements, and after the first update an element near the bound is cut or not by rounding;
+    // PyTorch's own fp32 run leaves float64 by 2.3e-5 in the gradient norm at step 1 and 1.3e-4 at
+    // step 4, loss 5.7e-6 (autosp: 6.0e-6 and 3.3e-5, loss 1.5e-6).
     const bool drifts = GetParam() == "gpt2" || GetParam() == "opt" || GetParam() == "apertus" ||
-                        GetParam() == "deepseek_v3_tf5";
+                        GetParam() == "deepseek_v3_tf5" || GetParam() == "olmo_clip";
     const double tolerance = drifts && k > 0 ? 1e-4 : 1e-5;
     EXPECT_NEAR(st.loss, loss, tolerance * std::abs(loss)) << "step " << k;
     EXPECT_NEAR(st.grad_norm, norm, tolerance * std::abs(norm)) << "step " << k;
@@ -144,7 +147,7 @@ INSTANTIATE_TEST_SUITE_P(Models, TorchImportReference,
                                            "cohere", "persimmon", "falcon", "nemotron", "gptj", "codegen",
                                            "gemma2", "opt", "cohere2", "apertus", "mpt", "bloom", "gpt_neo", "qwen3",
                                            "gpt_neox", "olmo2", "gpt_bigcode", "starcoder2", "smollm3", "phi", "glm4",
-                                           "biogpt", "bert_generation", "bert", "openai_gpt", "exaone4", "phi3_longrope", "nanogpt", "nanogpt_shift", "nanogpt_layerscale", "nanogpt_frozen", "sinusoidal_lm", "ctrl", "mingpt", "llama_lora",
+                                           "biogpt", "bert_generation", "bert", "openai_gpt", "exaone4", "phi3_longrope", "nanogpt", "nanogpt_shift", "nanogpt_layerscale", "nanogpt_frozen", "sinusoidal_lm", "ctrl", "mingpt", "llama_lora", "olmo_clip",
                                            "titan_llama", "torch_encoder", "torch_encoder_prenorm", "cached_llama",
                                            "mixtral", "qwen3_moe", "olmoe", "qwen2_moe", "mixtral_aux", "glm4_moe",
                                            "ernie4_5_moe", "deepseek_v3", "granitemoe", "hunyuan_moe", "gpt_oss", "dbrx", "deepseek_v2", "llama4", "aria", "longcat_flash",
@@ -846,7 +849,7 @@ TEST(TorchImportErrors, AMaskReadingAStoredTensorIsRefusedBeyondTheLengthItIsChe
 TEST(TorchImportErrors, AnInPlaceOpWhoseOperandIsReadAfterItThroughAViewIsRefused) {
   const std::string e = import_error(testing::source_path("tests/fixtures/torch_export_errors/inplace/model.pt2"));
   EXPECT_NE(e.find("node 'add_'"), std::string::npos) << e;
-  EXPECT_NE(e.find("read afterwards, itself or through a view"), std::string::npos) << e;
+  EXPECT_NE(e.find("read afterwards through a view taken before it"), std::string::npos) << e;
   EXPECT_NE(e.find("h.add_(h * 2)"), std::string::npos) << e;
 }
 
