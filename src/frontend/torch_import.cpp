@@ -199,6 +199,18 @@ void each_value(J& arg, F&& f) {
       }
 }
 
+// Ops whose result shares the storage of their operand (and any op not aten's, conservatively).
+bool is_view(const FxNode& n) {
+  static const std::set<std::string> views = {
+      "view.default", "reshape.default", "_unsafe_view.default", "permute.default", "transpose.int", "t.default",
+      "numpy_T.default", "slice.Tensor", "select.int", "expand.default", "unsqueeze.default", "squeeze.dim",
+      "alias.default", "as_strided.default", "split.Tensor", "chunk.default", "split_with_sizes.default",
+      "flatten.using_ints", "unflatten.int", "diagonal.default", "detach.default"};
+  const std::string prefix = "torch.ops.aten.";
+  return n.target.rfind(prefix, 0) != 0 || views.count(n.target.substr(prefix.size())) ||
+         n.target == "<built-in function getitem>" || n.target == "_operator.getitem";
+}
+
 // The nodes after an in-place op that read its operand directly (OLMo's q.clamp_(...), then
 // q.view(...)) read the op's result instead: they see the changed value, which the result is
 // (torch's in-place ops return their operand). The op is then imported as its out-of-place form.
@@ -216,6 +228,34 @@ void rename_reads_after_inplace(std::vector<FxNode>& nodes) {
         each_value(a, [&](json& v) {
           if (v.get<std::string>() == self) v = nodes[i].outputs[0];
         });
+  }
+}
+
+// An in-place aten op (`add_`, `copy_`, ...) whose result the loss does not read, on a view of a
+// value the loss reads after it (h[..., :4].add_(1), then h): the change reaches the loss only
+// through that value, which the importer reads as it was. Refused, named.
+template <typename Impl>
+void refuse_lost_inplace_changes(const Impl& m, const std::set<std::string>& reached) {
+  const std::string aten = "torch.ops.aten.";
+  for (size_t i = 0; i < m.nodes.size(); ++i) {
+    const FxNode& n = m.nodes[i];
+    const size_t dot = n.target.rfind('.');
+    if (n.target.rfind(aten, 0) != 0 || dot == std::string::npos || dot <= aten.size() ||
+        n.target[dot - 1] != '_' || n.target[aten.size()] == '_' || n.args.empty() ||
+        std::any_of(n.outputs.begin(), n.outputs.end(), [&](const std::string& o) { return reached.count(o); }))
+      continue;
+    std::string v;
+    each_value(n.args[0].second, [&](const json& u) { v = u.get<std::string>(); });
+    for (auto p = m.producer.find(v); p != m.producer.end() && is_view(m.nodes[p->second]) &&
+                                      m.nodes[p->second].target.rfind(aten, 0) == 0;
+         p = m.producer.find(v)) {
+      each_value(m.nodes[p->second].args.at(0).second, [&](const json& u) { v = u.get<std::string>(); });
+      auto r = m.readers.find(v);
+      if (r != m.readers.end() && reached.count(v) &&
+          std::any_of(r->second.begin(), r->second.end(), [&](size_t k) { return k > i; }))
+        m.fail_at(n, str("an in-place op on a view of '", v, "', which the loss reads after it: autosp would read '", v,
+                         "' unchanged (write the change out of place)"));
+    }
   }
 }
 
@@ -471,6 +511,7 @@ TorchProgram TorchProgram::load(const std::string& path) {
         for (const auto& [k, a] : m.nodes[it->second].args)
           each_value(a, [&](const json& u) { todo.push_back(u.get<std::string>()); });
     }
+    refuse_lost_inplace_changes(m, reached);
     const json& sig = field(gm, "signature", where);
     std::vector<std::pair<std::string, std::string>> params;  // placeholder, state-dict name
     std::vector<std::pair<std::string, std::string>> kept;     // persistent buffers: placeholder, name
@@ -2029,6 +2070,7 @@ class TorchImporter {
                       "imports in-place ops whose operand is read after them only as their result");
       if (op == "torch.ops.aten.add_.Tensor") return add(n);
       if (op == "torch.ops.aten.mul_.Tensor") return mul(n);
+      // (clamp_: the clamp below)
     }
     if (op == "torch.ops.aten.div.Tensor") {  // by a constant (Granite's logits_scaling): a scale by 1 / c
       std::optional<double> c = scalar(n, "other", 1);
@@ -2159,16 +2201,6 @@ class TorchImporter {
   }
 
   // Ops whose result shares the storage of their operand.
-  static bool is_view(const FxNode& n) {
-    static const std::set<std::string> views = {
-        "view.default", "reshape.default", "_unsafe_view.default", "permute.default", "transpose.int", "t.default",
-        "numpy_T.default", "slice.Tensor", "select.int", "expand.default", "unsqueeze.default", "squeeze.dim",
-        "alias.default", "as_strided.default", "split.Tensor", "chunk.default", "split_with_sizes.default",
-        "flatten.using_ints", "unflatten.int", "diagonal.default", "detach.default"};
-    const std::string prefix = "torch.ops.aten.";
-    return n.target.rfind(prefix, 0) != 0 || views.count(n.target.substr(prefix.size())) ||
-           n.target == "<built-in function getitem>" || n.target == "_operator.getitem";
-  }
 
   // ---- attention written out: softmax(q @ k^T * scale + causal mask) @ v ----
   // The masks are evaluated on the host (HostEvaluator) at the sequence length, up to
@@ -2662,8 +2694,6 @@ class TorchImporter {
     return rows_at_positions(n, t, pos, -1, what);
   }
 
-  // x[..., idx, ...] with idx a constant list of consecutive indices (Falcon's qkv[..., [-2], :]):
-  // the slice it is.
   // Whether the IR value t is computed from a trained parameter (a gradient flows to one through it).
   bool from_parameters(Tensor t) const {
     const Graph& g = t_.graph();
@@ -2683,6 +2713,8 @@ class TorchImporter {
     return false;
   }
 
+  // x[..., idx, ...] with idx a constant list of consecutive indices (Falcon's qkv[..., [-2], :]):
+  // the slice it is.
   Imported index(const FxNode& n) {
     const std::string x = arg_tensor(n, "self", 0);
     const Imported& xv = value(x);

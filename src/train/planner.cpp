@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <limits>
-#include <numeric>
 
 #include "passes/autodiff.h"
 #include "passes/autosp.h"
@@ -10,7 +9,6 @@
 #include "passes/pipeline.h"
 #include "passes/plan_memory.h"
 #include "passes/tile.h"
-#include "train/device_layout.h"
 #include "train/sharded_adamw.h"
 #include "train/step_options.h"
 #include "util/error.h"
@@ -33,16 +31,6 @@ int64_t num_parameters(const PlanSetup& s) {
   int64_t n = 0;
   for (const models::ParameterSpec& p : s.program->parameters) n += numel(p.shape);
   return n;
-}
-
-// The model's constants (models::Model::constants) as the trainer holds them: fp32 on the
-// host, or their bf16 copy on the device (device_constant_bytes).
-int64_t constant_bytes(const PlanSetup& s) {
-  std::vector<int64_t> numels;
-  if (s.program)
-    for (const models::ParameterSpec& c : s.program->constants) numels.push_back(numel(c.shape));
-  if (s.dtype == DType::bf16) return device_constant_bytes(numels);
-  return 4 * std::accumulate(numels.begin(), numels.end(), int64_t{0});
 }
 
 bool starts_with_any(const std::string& name, std::initializer_list<const std::string*> prefixes) {
@@ -157,7 +145,8 @@ MemoryBreakdown plan_step(const PlanSetup& setup, const MemoryStrategy& strategy
 
   MemoryBreakdown b;
   const ModelStateBytes state = model_state_bytes(config, W, N, read_grad_buckets(step.last), setup.dtype);
-  b.parameters = state.parameters + constant_bytes(setup);  // (the constants beside the parameters)
+  b.parameters = state.parameters;
+  if (setup.program) b.parameters += constant_bytes(setup.program->constants, setup.dtype);  // (beside them)
   b.gradient_sum = state.gradient_sum;
   b.optimizer_state = state.optimizer_state;
   b.communication = state.communication;

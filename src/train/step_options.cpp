@@ -1,5 +1,8 @@
 #include "train/step_options.h"
 
+#include <numeric>
+
+#include "train/device_layout.h"
 #include "train/sharded_adamw.h"
 
 namespace autosp::train {
@@ -38,6 +41,13 @@ ModelStateBytes model_state_bytes(const TrainConfig& config, int64_t world, int6
   if (zero == 1 || zero == 2)
     b.communication = 4 * (world + 1) * ShardedAdamW::chunk_elements(shard, world, config.zero.allgather_bucket_size);
   return b;
+}
+
+int64_t constant_bytes(const std::vector<models::ParameterSpec>& constants, DType dtype) {
+  std::vector<int64_t> numels;
+  for (const models::ParameterSpec& c : constants) numels.push_back(numel(c.shape));
+  if (dtype == DType::bf16) return device_constant_bytes(numels);
+  return 4 * std::accumulate(numels.begin(), numels.end(), int64_t{0});
 }
 
 }  // namespace autosp::train

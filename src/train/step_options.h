@@ -39,5 +39,9 @@ struct ModelStateBytes {
 };
 ModelStateBytes model_state_bytes(const TrainConfig& config, int64_t world, int64_t num_parameters,
                                   const std::vector<GradBucket>& buckets, DType dtype);
+// The model's constants (models::Model::constants: frozen weights, stored tables) as the
+// trainer holds them beside that state: fp32 on the host (dtype f32), or the device step's bf16
+// copy (bf16: device_constant_bytes).
+int64_t constant_bytes(const std::vector<models::ParameterSpec>& constants, DType dtype);
 
 }  // namespace autosp::train

@@ -8,7 +8,6 @@
 #include <chrono>
 #include <cmath>
 #include <map>
-#include <numeric>
 
 #include "comm/mpi_communicator.h"
 #include "passes/autodiff.h"
@@ -124,10 +123,9 @@ Trainer::Trainer(const models::Model& model, const TrainConfig& config, int64_t 
   AUTOSP_CHECK(groups_->sp_size == config.sequence_parallel_size, "groups were made for sp_size ",
                groups_->sp_size, ", the config says ", config.sequence_parallel_size);
   int64_t num_params = 0;
-  std::vector<int64_t> numels, constant_numels;
+  std::vector<int64_t> numels;
   for (const auto& spec : state_.specs) numels.push_back(numel(spec.shape));
   for (int64_t n : numels) num_params += n;
-  for (const auto& spec : program_.constants) constant_numels.push_back(numel(spec.shape));
   const int64_t W = groups_->world->size();
   // bf16 on the cuda backend: the step and its state live on the device (device_step.h).
   const bool on_device = config_.backend == "cuda" && config_.requested_precision == "bf16";
@@ -141,9 +139,10 @@ Trainer::Trainer(const models::Model& model, const TrainConfig& config, int64_t 
   // 0 and 1 with accumulation: the step has a second program), whole moments (stage 0), and
   // the optimizer's shards and scratch, which depend on the buckets of the compiled step.
   auto model_state_of = [&](const CompiledStep& step) -> int64_t {
-    if (on_device) return device_state_bytes(numels) + device_constant_bytes(constant_numels);
+    const int64_t constants = constant_bytes(program_.constants, on_device ? DType::bf16 : DType::f32);
+    if (on_device) return device_state_bytes(numels) + constants;
     return train::model_state_bytes(config_, W, num_params, read_grad_buckets(step.last), DType::f32).total() +
-           4 * std::accumulate(constant_numels.begin(), constant_numels.end(), int64_t{0});
+           constants;
   };
   int64_t model_state = 0;
   threads_ = omp_get_max_threads();  // what the executor (threads 0) and the plan use
@@ -154,7 +153,8 @@ Trainer::Trainer(const models::Model& model, const TrainConfig& config, int64_t 
   AUTOSP_CHECK(program_.constants.empty() || program_.read_constant, program_.name, ": constants without values");
   for (size_t i = 0; i < program_.constants.size(); ++i) {
     constants_.push_back(program_.read_constant(i));
-    AUTOSP_CHECK(int64_t(constants_.back().size()) == constant_numels[i], "constant ", program_.constants[i].name);
+    AUTOSP_CHECK(int64_t(constants_.back().size()) == numel(program_.constants[i].shape), "constant ",
+                 program_.constants[i].name);
   }
 
   // The step's plan: the first candidate (cheapest to run) whose planned peak fits the

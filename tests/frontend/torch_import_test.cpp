@@ -587,8 +587,6 @@ TEST(TorchImportErrors, AnAttentionMaskThatIsNotTheCausalOneIsRefused) {
   EXPECT_NE(padding.find("padding masks are not imported"), std::string::npos) << padding;
 }
 
-// Positions computed from the token ids (RoBERTa's: the count of non-padding tokens so far) are
-// refused at the comparison, named, not taken for the positions of the sequence.
 // Dropout that drops (p > 0 while training; LoRA's lora_dropout, a model's config's) is refused
 // by name, with what to set; one of p = 0 passes through (the fixtures' models all have it).
 TEST(TorchImportErrors, DropoutWhileTrainingIsRefusedByName) {
@@ -609,6 +607,8 @@ TEST(TorchImportErrors, ADetachOfAValueOfTheParametersIsRefused) {
   EXPECT_NE(e.find("(self.gain * self.gain).detach()"), std::string::npos) << e;
 }
 
+// Positions computed from the token ids (RoBERTa's: the count of non-padding tokens so far) are
+// refused at the comparison, named, not taken for the positions of the sequence.
 TEST(TorchImportErrors, PositionsComputedFromTheTokenIdsAreRefused) {
   const std::string e =
       import_error(testing::source_path("tests/fixtures/torch_export_errors/token_positions/model.pt2"));
@@ -851,6 +851,17 @@ TEST(TorchImportErrors, AnInPlaceOpWhoseOperandIsReadAfterItThroughAViewIsRefuse
   EXPECT_NE(e.find("node 'add_'"), std::string::npos) << e;
   EXPECT_NE(e.find("read afterwards through a view taken before it"), std::string::npos) << e;
   EXPECT_NE(e.find("h.add_(h * 2)"), std::string::npos) << e;
+}
+
+// An in-place op on a view whose own result nothing reads, while the loss reads the viewed value
+// after it (h[..., :4].add_(1), then h): the change would be lost (the value read as it was), as
+// it was before this check, silently. Refused, naming the value.
+TEST(TorchImportErrors, AChangeThroughAViewTheLossWouldNotSeeIsRefused) {
+  const std::string e =
+      import_error(testing::source_path("tests/fixtures/torch_export_errors/inplace_view/model.pt2"));
+  EXPECT_NE(e.find("node 'add_' (torch.ops.aten.add_.Tensor): an in-place op on a view of 'linear', which the loss "
+                   "reads after it"), std::string::npos) << e;
+  EXPECT_NE(e.find("h[..., :4].add_(1.0)"), std::string::npos) << e;
 }
 
 // An autocast block that is off is its graph in line (Nemotron's, held to PyTorch above); one
