@@ -1782,14 +1782,12 @@ class TorchImporter {
     auto unsupported = [&]() -> Imported {
       m_.fail_at(n, "autosp has no mapping for this op (python/autosp/export.py says what it imports)");
     };
-    // A stop-gradient of a value the parameters' gradients would flow through (DoRA's detached
-    // weight norm; a parameter detached): the IR has no stop-gradient, and passed through it
-    // would train what PyTorch does not. Of anything else (tables, positions): nothing to stop.
+    // A detach of a value the parameters' gradients would flow through (DoRA's detached weight
+    // norm; a parameter detached): the IR's stop_gradient, the same value with no gradient
+    // through it. Of anything else (tables, positions, a value already stopped): nothing to stop.
     if (op == "torch.ops.aten.detach.default" || op == "torch.ops.aten.detach_.default") {
-      const Imported& x = value(tensor_name(n.args.at(0).second));
-      if (x.kind == Imported::tensor && x.t.id >= 0 && from_parameters(x.t))
-        m_.fail_at(n, "a detach of a value computed from the parameters (a stop-gradient, as DoRA's weight norm): "
-                      "autosp's graph has no stop-gradient, and would train through it; not supported");
+      Imported x = value(tensor_name(n.args.at(0).second));
+      if (x.kind == Imported::tensor && x.t.id >= 0 && from_parameters(x.t)) x.t = t_.stop_gradient(x.t);
       return x;
     }
     if (passes_through(n)) return value(tensor_name(n.args.at(0).second));  // "self", dropout's "input"
@@ -1944,6 +1942,7 @@ class TorchImporter {
       return ir(padding_idx >= 0 ? t_.embedding(weight, tensor_of(idx), padding_idx) : t_.embedding(weight, tensor_of(idx)));
     }
     if (op == "torch.ops.aten.linear.default") {
+      if (auto wt = linear_of_identity(n)) return *wt;
       Tensor x = rowwise_of(A("input", 0)), w = tensor_of(A("weight", 1));
       const std::string b = A("bias", 2);
       return rowwise(b.empty() ? t_.linear(x, w) : t_.linear(x, w, tensor_of(b)), A("input", 0));
@@ -2073,6 +2072,9 @@ class TorchImporter {
       // (clamp_: the clamp below)
     }
     if (op == "torch.ops.aten.div.Tensor") {  // by a constant (Granite's logits_scaling): a scale by 1 / c
+      const std::string a = A("self", 0), b = A("other", 1);
+      if (!a.empty() && !b.empty() && value(a).kind == Imported::tensor && value(b).kind == Imported::tensor)
+        return same_shape(n, a, b, [&](Tensor x, Tensor y) { return t_.div(x, y); });  // DoRA's m / |W|
       std::optional<double> c = scalar(n, "other", 1);
       if (!c || value(A("self", 0)).kind == Imported::host) m_.fail_at(n, "a division by something else than a scalar");
       if (*c == 0.0) m_.fail_at(n, "a division by zero");
@@ -2081,6 +2083,9 @@ class TorchImporter {
       return out;
     }
     if (op == "torch.ops.aten.add.Tensor") return add(n);
+    if (op == "torch.ops.aten.sub.Tensor") return sub(n);
+    if (op == "torch.ops.aten.linalg_vector_norm.default" || op == "torch.ops.aten.linalg_norm.default")
+      return vector_norm(n);
     if (op == "torch.ops.aten.neg.default") {
       Tensor x = tensor_of(A("self", 0));
       return ir(t_.scale(x, -1.0));
@@ -2694,7 +2699,8 @@ class TorchImporter {
     return rows_at_positions(n, t, pos, -1, what);
   }
 
-  // Whether the IR value t is computed from a trained parameter (a gradient flows to one through it).
+  // Whether the IR value t is computed from a trained parameter through operands a gradient
+  // flows to (not through a stop_gradient, nor an operand read for its shape).
   bool from_parameters(Tensor t) const {
     const Graph& g = t_.graph();
     std::vector<ValueId> todo{t.id};
@@ -2708,7 +2714,9 @@ class TorchImporter {
         if (g.role(v) == Role::parameter) return true;
         continue;
       }
-      todo.insert(todo.end(), node.inputs.begin(), node.inputs.end());
+      const uint32_t stopped = op_def(node.op).no_gradient_inputs;
+      for (size_t i = 0; i < node.inputs.size(); ++i)
+        if (!(stopped >> i & 1u)) todo.push_back(node.inputs[i]);
     }
     return false;
   }
@@ -2975,6 +2983,79 @@ class TorchImporter {
       return ir(t_.scale(xt, 1.0, *c));  // x + c (no tensor of c: its shape would be the global one)
     }
     return same_shape(n, a, b, [&](Tensor x, Tensor y) { return t_.add(x, y); });
+  }
+  // a - c (DoRA's m / |W| - 1): alpha c + beta as scale's; a - b: a + (-b), exactly a - b.
+  Imported sub(const FxNode& n) {
+    const double alpha = float_arg(n, "alpha", 2, 1.0);
+    const std::string a = arg_tensor(n, "self", 0), b = arg_tensor(n, "other", 1);
+    if (a.empty() || value(a).kind != Imported::tensor) m_.fail_at(n, "a subtraction from something else than a tensor");
+    if (b.empty()) {
+      std::optional<double> c = scalar(n, "other", 1);
+      if (!c) m_.fail_at(n, "a subtraction of a non-scalar constant");
+      Imported out = ir(t_.scale(materialize(value(a), a), 1.0, -alpha * *c));
+      out.shape = value(a).shape;
+      return out;
+    }
+    if (value(b).kind != Imported::tensor) m_.fail_at(n, "a subtraction of something else than a tensor or a scalar");
+    return same_shape(n, a, b, [&](Tensor x, Tensor y) { return t_.add(x, t_.scale(y, -alpha)); });
+  }
+  // torch.linalg.vector_norm and linalg.norm as a vector's 2-norm (over one dim, or over all
+  // the elements): the vector_norm op over the last dim, the dim moved last first; keepdim puts
+  // it back as a 1.
+  Imported vector_norm(const FxNode& n) {
+    const bool linalg_norm = n.target == "torch.ops.aten.linalg_norm.default";
+    const std::string xn = arg_tensor(n, "self", 0);
+    const Imported& xv = value(xn);
+    if (xv.kind != Imported::tensor) m_.fail_at(n, "a norm of something else than a tensor");
+    const json* ord = arg(n, "ord", 1);
+    const bool ord_none = !ord || ord->contains("as_none");
+    const std::optional<double> p = ord_none ? std::optional<double>() : scalar(n, "ord", 1);
+    if (!(ord_none ? true : p && *p == 2.0))
+      m_.fail_at(n, "a norm other than the 2-norm (autosp imports ord = 2, or None: a vector's)");
+    const json* dims_arg = arg(n, "dim", 2);
+    const bool all = !dims_arg || dims_arg->contains("as_none");
+    const std::vector<int64_t> dims = all ? std::vector<int64_t>{} : ints_arg(n, "dim", 2);
+    const int64_t rank = int64_t(xv.shape.size());
+    // (linalg.norm of a matrix with ord = 2 and no dim is its spectral norm; with ord None, the
+    // 2-norm of its elements)
+    if ((!all && dims.size() != 1) || (linalg_norm && !ord_none && all && rank != 1))
+      m_.fail_at(n, "a norm over several dims (a matrix norm, or a vector's over more than one dim): autosp imports "
+                    "the 2-norm over one dim");
+    const bool keepdim = bool_arg(n, "keepdim", 3, false);
+    Tensor x = materialize(xv, xn);
+    if (all) {
+      Tensor y = t_.vector_norm(t_.reshape(x, {numel(xv.shape)}));
+      return keepdim ? tensor_value(t_.reshape(y, Shape(size_t(rank), 1)), Shape(size_t(rank), 1)) : ir(y);
+    }
+    int64_t d = dims[0] < 0 ? dims[0] + rank : dims[0];
+    if (d < 0 || d >= rank) m_.fail_at(n, str("a norm over dim ", dims[0], " of a rank-", rank, " tensor"));
+    if (d != rank - 1) {
+      std::vector<int64_t> last(static_cast<size_t>(rank));
+      std::iota(last.begin(), last.end(), int64_t{0});
+      last.erase(last.begin() + d);
+      last.push_back(d);
+      x = t_.transpose(x, last);
+    }
+    Tensor y = t_.vector_norm(x);
+    if (!keepdim) return ir(y);
+    Shape kept = xv.shape;
+    kept[size_t(d)] = 1;
+    return tensor_value(t_.reshape(y, kept), kept);
+  }
+  // linear(eye(n), W) = W^T exactly (each element 1 w, the rest 0 w): PEFT's DoRA takes its
+  // LoRA weight B A so, the identity through lora_A, then lora_B. As numpy_T's view.
+  std::optional<Imported> linear_of_identity(const FxNode& n) {
+    const FxNode* eye = node_of(through(arg_tensor(n, "input", 0)));
+    if (!is(eye, "eye.default") || !arg_tensor(n, "bias", 2).empty()) return std::nullopt;
+    const std::string wn = arg_tensor(n, "weight", 1);
+    const Imported& w = value(wn);
+    if (w.kind != Imported::tensor || w.shape.size() != 2 || int_arg(*eye, "n", 0, -1) != w.shape[1])
+      return std::nullopt;
+    Imported v = w;
+    v.perm = w.perm.empty() || is_identity(w.perm) ? std::vector<int64_t>{1, 0}
+                                                    : std::vector<int64_t>{w.perm[1], w.perm[0]};
+    std::swap(v.shape[0], v.shape[1]);
+    return v;
   }
   template <typename F>
   Imported same_shape(const FxNode& n, const std::string& a, const std::string& b, F f) {

@@ -39,6 +39,9 @@ Tensor Tracer::scale(Tensor x, double alpha, double beta) {
 }
 Tensor Tracer::silu(Tensor x) { return op(OpKind::silu, {x}); }
 Tensor Tracer::relu(Tensor x) { return op(OpKind::relu, {x}); }
+Tensor Tracer::div(Tensor a, Tensor b) { return op(OpKind::div, {a, b}); }
+Tensor Tracer::stop_gradient(Tensor x) { return op(OpKind::stop_gradient, {x}); }
+Tensor Tracer::vector_norm(Tensor x) { return op(OpKind::vector_norm, {x}); }
 Tensor Tracer::tanh(Tensor x) { return op(OpKind::tanh, {x}); }
 Tensor Tracer::clamp(Tensor x, std::optional<double> min, std::optional<double> max) {
   Attrs attrs;

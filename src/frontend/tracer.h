@@ -64,6 +64,11 @@ class Tracer {
   Tensor add(Tensor a, Tensor b);
   Tensor mul(Tensor a, Tensor b);
   Tensor scale(Tensor x, double alpha, double beta = 0.0);  // alpha x + beta
+  Tensor div(Tensor a, Tensor b);                            // a / b, one shape
+  // x, through which no gradient flows (torch's detach)
+  Tensor stop_gradient(Tensor x);
+  // the 2-norm of each row over the last dim: [..., n] -> [...]
+  Tensor vector_norm(Tensor x);
   Tensor silu(Tensor x);
   Tensor relu(Tensor x);
   Tensor tanh(Tensor x);  // torch.tanh

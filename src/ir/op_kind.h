@@ -16,7 +16,7 @@ namespace autosp {
   X(linear_cross_entropy_backward) X(linear_cross_entropy_with_grad) X(count_valid) X(moe)   \
   X(moe_backward) X(moe_balance) X(moe_balance_backward) X(reshape) X(transpose) X(slice)       \
   X(slice_backward) X(concat) X(all_to_all) X(all_reduce) X(all_gather) X(reduce_scatter) \
-  X(broadcast)
+  X(broadcast) X(div) X(stop_gradient) X(vector_norm) X(vector_norm_backward)
 
 enum class OpKind : uint8_t {
 #define AUTOSP_OP_ENUM(name) name,

@@ -23,6 +23,22 @@ Cost flops_per_element(const Types&, const Types& out, const Attrs&) {
   return {double(numel(out[0].shape)), 0};
 }
 
+// vector_norm's operand x [..., n] (rank >= 1) and its result [...], x's shape without the last dim.
+Shape norm_shape(const TensorType& x) {
+  require_floating(x, "x");
+  require(!x.shape.empty(), "x must have at least one dim (the one the norm is taken over)");
+  return Shape(x.shape.begin(), x.shape.end() - 1);
+}
+
+// A row-wise reduction's sharding: x split on a dim other than the reduced last one (which the
+// result keeps), or whole. `rank`: x's.
+Sharding shard_reduced_rows(const Sharding& x, size_t rank, const char* what) {
+  require(!is_partial(x), "the norm of a partial sum is not one (", what, ")");
+  require(!is_shard(x) || x.dim < int(rank) - 1, "x must not be split on the dim the norm is taken over (", what,
+          ")");
+  return x;
+}
+
 Shape shape_attr(const Attrs& attrs) {
   require(attrs.has("shape"), "needs a 'shape' attribute");
   Shape shape = attrs.get_ints("shape");
@@ -58,6 +74,21 @@ void cuda_scale(const KernelArgs& a, const CudaContext& c) {
 }
 void cuda_sum(const KernelArgs& a, const CudaContext& c) {
   cuda::sum(cuda_in_dt(a, 0), a.in<void>(0), a.in_numel(0), a.out<void>(0), c.stream);
+}
+void cuda_div(const KernelArgs& a, const CudaContext& c) {
+  cuda::div(cuda_in_dt(a, 0), a.in<void>(0), a.in<void>(1), a.out_numel(0), a.out<void>(0), c.stream);
+}
+void cuda_stop_gradient(const KernelArgs& a, const CudaContext& c) {
+  cuda::convert(cuda_in_dt(a, 0), cuda_in_dt(a, 0), a.in<void>(0), a.in_numel(0), a.out<void>(0), c.stream);
+}
+void cuda_vector_norm(const KernelArgs& a, const CudaContext& c) {
+  const int64_t n = a.in_types[0]->shape.back();
+  cuda::vector_norm(cuda_in_dt(a, 0), a.in<void>(0), a.out_numel(0), n, a.out<void>(0), c.stream);
+}
+void cuda_vector_norm_backward(const KernelArgs& a, const CudaContext& c) {
+  const int64_t n = a.in_types[1]->shape.back();
+  cuda::vector_norm_backward(cuda_in_dt(a, 0), a.in<void>(0), a.in<void>(1), a.in<void>(2), a.in_numel(0), n,
+                             a.out<void>(0), c.stream);
 }
 void cuda_div_scalar(const KernelArgs& a, const CudaContext& c) {
   cuda::div_scalar(cuda_in_dt(a, 0), a.in<void>(0), a.out_numel(0), a.in<void>(1), a.out<void>(0), c.stream);
@@ -247,6 +278,105 @@ extern const OpDef sum_op = {
       return {is_replicated(in[0]) ? replicated() : partial()};
     },
     .cuda = {.name = "sum", .run = AUTOSP_CUDA_RUN(cuda_sum)},
+};
+
+// div(a, b): a / b elementwise, operands of one shape (DoRA's magnitude over its weight's
+// norm).
+extern const OpDef div_op = {
+    .num_inputs = 2,
+    .num_outputs = 1,
+    .infer = [](const Types& in, const Attrs&) { return same_float_types(in); },
+    .cost = flops_per_element,
+    // da = dy / b;  db = -dy a / b^2 = -(dy y) / b
+    .grad = [](GradContext& c) {
+      if (c.needs[0]) c.din[0] = c.b.emit1(OpKind::div, {c.dout[0], c.in(1)});
+      if (c.needs[1]) {
+        const ValueId q = c.b.emit1(OpKind::div, {c.b.emit1(OpKind::mul, {c.dout[0], c.out(0)}), c.in(1)});
+        c.din[1] = c.b.emit1(OpKind::scale, {q}, {{"alpha", -1.0}});
+      }
+    },
+    .cpu = [](const KernelArgs& a) { cpu::div(a.in(0), a.in(1), a.out_numel(0), a.out(0)); },
+    .shard = [](const Shardings& in, const Types& t, const Attrs& a) -> Shardings {
+      require(!is_partial(in[0]) && !is_partial(in[1]), "a quotient of partial sums is not one");
+      return shard_elementwise(in, t, a);
+    },
+    .cpu_inplace = true,
+    .recompute = Recompute::cheap,
+    .cuda = {.name = "div", .run = AUTOSP_CUDA_RUN(cuda_div), .inplace = true},
+};
+
+// stop_gradient(x): x, through which no gradient flows (torch's detach of a value computed from
+// the parameters: DoRA's weight norm, held constant in its backward).
+extern const OpDef stop_gradient_op = {
+    .num_inputs = 1,
+    .num_outputs = 1,
+    .infer = [](const Types& in, const Attrs&) -> Types {
+      require_floating(in[0], "x");
+      return {in[0]};
+    },
+    .cost = nullptr,
+    .grad = nullptr,  // (no_gradient_inputs: autodiff sends none to x)
+    .cpu = [](const KernelArgs& a) {
+      if (a.in<void>(0) != a.out<void>(0))
+        std::memcpy(a.out<char>(0), a.in<char>(0), size_t(a.in_numel(0) * dtype_size(a.in_types[0]->dtype)));
+    },
+    .shard = [](const Shardings& in, const Types&, const Attrs&) -> Shardings { return {in[0]}; },
+    .cpu_inplace = true,
+    .recompute = Recompute::cheap,
+    .cpu_any_dtype = true,  // copies x's bytes
+    .cuda = {.name = "stop_gradient", .run = AUTOSP_CUDA_RUN(cuda_stop_gradient), .inplace = true},
+    .no_gradient_inputs = 0b1,
+};
+
+// vector_norm(x[..., n]): [...], the 2-norm of each row, sqrt(sum_i x_i^2) (torch.linalg.norm
+// and vector_norm over one dim, moved last by the importer), accumulated in double.
+extern const OpDef vector_norm_op = {
+    .num_inputs = 1,
+    .num_outputs = 1,
+    .infer = [](const Types& in, const Attrs&) -> Types { return {{in[0].dtype, norm_shape(in[0])}}; },
+    .cost = [](const Types& in, const Types&, const Attrs&) { return Cost{2.0 * double(numel(in[0].shape)), 0}; },
+    // dx = dy / y x
+    .grad = [](GradContext& c) {
+      c.din[0] = c.b.emit1(OpKind::vector_norm_backward, {c.dout[0], c.in(0), c.out(0)});
+    },
+    .cpu = [](const KernelArgs& a) {
+      cpu::vector_norm(a.in(0), a.out_numel(0), a.in_types[0]->shape.back(), a.out(0));
+    },
+    .shard = [](const Shardings& in, const Types& t, const Attrs&) -> Shardings {
+      return {shard_reduced_rows(in[0], t[0].shape.size(), "x")};
+    },
+    .recompute = Recompute::cheap,
+    .cuda = {.name = "vector_norm", .run = AUTOSP_CUDA_RUN(cuda_vector_norm)},
+};
+
+// vector_norm_backward(dy[...], x[..., n], y[...]) = dx[..., n]: dy / y x, 0 in a row whose
+// norm y is 0.
+extern const OpDef vector_norm_backward_op = {
+    .num_inputs = 3,
+    .num_outputs = 1,
+    .infer = [](const Types& in, const Attrs&) -> Types {
+      const Shape rows = norm_shape(in[1]);
+      for (int i : {0, 2}) {
+        const char* name = i == 0 ? "dy" : "y";
+        require_floating(in[i], name);
+        require_same_dtype(in[1], "x", in[i], name);
+        require(in[i].shape == rows, name, " must have x's shape without its last dim");
+      }
+      return {in[1]};
+    },
+    .cost = [](const Types& in, const Types&, const Attrs&) { return Cost{2.0 * double(numel(in[1].shape)), 0}; },
+    .grad = nullptr,
+    .cpu = [](const KernelArgs& a) {
+      cpu::vector_norm_backward(a.in(0), a.in(1), a.in(2), a.in_numel(0), a.in_types[1]->shape.back(), a.out(0));
+    },
+    .shard = [](const Shardings& in, const Types& t, const Attrs&) -> Shardings {
+      const Sharding x = shard_reduced_rows(in[1], t[1].shape.size(), "x");
+      require(in[0] == x && in[2] == x, "dy, x and y must be split alike, got ", sharding_str(in[0]), ", ",
+              sharding_str(in[1]), ", ", sharding_str(in[2]));
+      return {x};
+    },
+    .cpu_inplace = true,
+    .cuda = {.name = "vector_norm_backward", .run = AUTOSP_CUDA_RUN(cuda_vector_norm_backward), .inplace = true},
 };
 
 // div_scalar(x, s[]): x / s, s a scalar tensor of x's dtype (the loss normaliser: f32

@@ -59,6 +59,69 @@ TEST(OpGrad, DivScalar) {
   check_gradients(g, feed);
 }
 
+// a / b over divisors held away from 0 (|b| >= 0.5), where the quotient is smooth.
+TEST(OpGrad, Div) {
+  Tracer t;
+  Tensor a = t.parameter("a", {3, 5}), b = t.parameter("b", {3, 5});
+  t.output("y0", t.div(a, b));
+  Feed feed;
+  std::vector<float> bs = testing::random_normal(15, 4);
+  for (float& v : bs) v = v >= 0 ? v + 0.5f : v - 0.5f;
+  feed.f["b"] = bs;
+  check_gradients(t.finish(), feed);
+}
+
+// The 2-norm of each row of a matrix, and of a vector (a scalar), as DoRA's weight norm.
+TEST(OpGrad, VectorNorm) {
+  Tracer t;
+  Tensor x = t.parameter("x", {4, 6}), v = t.parameter("v", {5});
+  t.output("y0", t.vector_norm(x));
+  t.output("y1", t.vector_norm(v));
+  check_gradients(t.finish(), {});
+}
+
+// A row of zeros has norm 0 and gets no gradient (torch's subgradient there), the others theirs.
+TEST(OpGrad, VectorNormOfAZeroRowPassesNoGradient) {
+  Tracer t;
+  Tensor x = t.parameter("x", {2, 3});
+  t.output("y0", t.vector_norm(x));
+  const Graph forward = t.finish();
+  Graph joint = autodiff(testing::with_probe_loss(forward));
+  Feed feed;
+  feed.f["x"] = {0, 0, 0, 3, 0, -4};
+  feed.f["r_y0"] = {2, 10};
+  HeapAllocator alloc;
+  CpuExecutor ex(joint, alloc);
+  feed.bind(ex, joint);
+  ex.run();
+  EXPECT_EQ(ex.output_vector("y0"), (std::vector<float>{0, 5}));
+  // d/dx 10 |x| = 10 x / |x| = (6, 0, -8)
+  EXPECT_EQ(ex.output_vector(kGradPrefix + std::string("x")), (std::vector<float>{0, 0, 0, 6, 0, -8}));
+}
+
+// stop_gradient passes x on and no gradient back: y = a * stop_gradient(a a) has the gradient
+// of a * c, c = a a held constant (c r), not that of a^3 (3 a^2 r). No finite difference
+// can see this (it differentiates through); the gradient is checked against its formula.
+TEST(OpGrad, StopGradientPassesTheValueAndNoGradient) {
+  Tracer t;
+  Tensor a = t.parameter("a", {2, 3});
+  t.output("y0", t.mul(a, t.stop_gradient(t.mul(a, a))));
+  const Graph forward = t.finish();
+  Graph joint = autodiff(testing::with_probe_loss(forward));
+  Feed feed;
+  testing::fill_random(feed, joint, 3);
+  HeapAllocator alloc;
+  CpuExecutor ex(joint, alloc);
+  feed.bind(ex, joint);
+  ex.run();
+  const std::vector<float> y = ex.output_vector("y0"), da = ex.output_vector(kGradPrefix + std::string("a"));
+  const std::vector<float>&xs = feed.f.at("a"), &r = feed.f.at("r_y0");
+  for (size_t k = 0; k < xs.size(); ++k) {
+    EXPECT_EQ(y[k], xs[k] * (xs[k] * xs[k])) << k;
+    EXPECT_EQ(da[k], r[k] * (xs[k] * xs[k])) << k;
+  }
+}
+
 TEST(OpGrad, Expand) {
   Graph g;
   GraphBuilder b(g);

@@ -59,6 +59,19 @@ void elementwise_and_reduction_ops_follow_the_operand_dtype() {
     EXPECT_EQ(infer(OpKind::sum, {x}), Types{s});  // the scalar has x's dtype
     EXPECT_EQ(infer(OpKind::expand, {s}, {{"shape", Shape{2, 3}}}), Types{x});
     EXPECT_EQ(infer(OpKind::div_scalar, {x, s}), Types{x});
+    EXPECT_EQ(infer(OpKind::div, {x, x}), Types{x});
+    EXPECT_NE(infer_error(OpKind::div, {x, T(d, {3})}).find("operands must have the same shape"), std::string::npos);
+    EXPECT_EQ(infer(OpKind::stop_gradient, {x}), Types{x});
+    // the norm of each row: the last dim dropped (a vector's: a scalar)
+    const TensorType rows = T(d, {2});
+    EXPECT_EQ(infer(OpKind::vector_norm, {x}), Types{rows});
+    EXPECT_EQ(infer(OpKind::vector_norm, {rows}), Types{s});
+    EXPECT_NE(infer_error(OpKind::vector_norm, {s}).find("x must have at least one dim"), std::string::npos);
+    EXPECT_EQ(infer(OpKind::vector_norm_backward, {rows, x, rows}), Types{x});
+    EXPECT_NE(infer_error(OpKind::vector_norm_backward, {x, x, rows}).find("dy must have x's shape without its last dim"),
+              std::string::npos);
+    EXPECT_NE(infer_error(OpKind::vector_norm_backward, {rows, x, T(d == f32 ? bf16 : f32, {2})}).find("y"),
+              std::string::npos);
     // x repeated over like's first dims, like of any dtype (its shape only)
     const TensorType row = T(d, {3});
     EXPECT_EQ(infer(OpKind::broadcast, {row, x}, {{"dims", int64_t{1}}}), (Types{T(d, {2, 3})}));

@@ -197,6 +197,17 @@ std::vector<OpCase> op_cases() {
   cases.push_back({"sum", {{"x", DType::f32, {3000}}}, one(OpKind::sum)});
   cases.push_back({"div_scalar", {{"x", DType::f32, {4, 5}}, {"s", DType::f32, {}}}, one(OpKind::div_scalar), {},
                    {{"s", {2.5f}}}});
+  // a / b, b held 0.5 or more from 0
+  std::vector<float> divisor(4 * 33);
+  for (size_t i = 0; i < divisor.size(); ++i) divisor[i] = (i % 2 ? 1.0f : -1.0f) * (0.5f + 0.1f * float(i % 17));
+  cases.push_back({"div", {{"a", DType::f32, {4, 33}}, {"b", DType::f32, {4, 33}}}, one(OpKind::div), {},
+                   {{"b", divisor}}});
+  cases.push_back({"stop_gradient", {{"x", DType::f32, {4, 33}}}, one(OpKind::stop_gradient), {}, {}, false});
+  // rows of 300: each block's threads take several elements
+  cases.push_back({"vector_norm", {{"x", DType::f32, {5, 300}}}, one(OpKind::vector_norm)});
+  cases.push_back({"vector_norm_backward",
+                   {{"dy", DType::f32, {5}}, {"x", DType::f32, {5, 33}}, {"y", DType::f32, {5}}},
+                   one(OpKind::vector_norm_backward), {}, {{"y", {1.5f, 0.7f, 2.0f, 0.0f, 3.0f}}}, false});
   cases.push_back({"convert_roundtrip", {{"x", DType::f32, {5, 7}}},
                    [](B& b, const Ins& in) {
                      ValueId h = b.emit1(OpKind::convert, {in[0]}, {{"dtype", std::string("bf16")}});

@@ -147,7 +147,7 @@ INSTANTIATE_TEST_SUITE_P(Models, TorchImportReference,
                                            "cohere", "persimmon", "falcon", "nemotron", "gptj", "codegen",
                                            "gemma2", "opt", "cohere2", "apertus", "mpt", "bloom", "gpt_neo", "qwen3",
                                            "gpt_neox", "olmo2", "gpt_bigcode", "starcoder2", "smollm3", "phi", "glm4",
-                                           "biogpt", "bert_generation", "bert", "openai_gpt", "exaone4", "phi3_longrope", "nanogpt", "nanogpt_shift", "nanogpt_layerscale", "nanogpt_frozen", "sinusoidal_lm", "ctrl", "mingpt", "llama_lora", "olmo_clip",
+                                           "biogpt", "bert_generation", "bert", "openai_gpt", "exaone4", "phi3_longrope", "nanogpt", "nanogpt_shift", "nanogpt_layerscale", "nanogpt_frozen", "sinusoidal_lm", "ctrl", "mingpt", "llama_lora", "olmo_clip", "llama_dora",
                                            "titan_llama", "torch_encoder", "torch_encoder_prenorm", "cached_llama",
                                            "mixtral", "qwen3_moe", "olmoe", "qwen2_moe", "mixtral_aux", "glm4_moe",
                                            "ernie4_5_moe", "deepseek_v3", "granitemoe", "hunyuan_moe", "gpt_oss", "dbrx", "deepseek_v2", "llama4", "aria", "longcat_flash",
@@ -597,14 +597,34 @@ TEST(TorchImportErrors, DropoutWhileTrainingIsRefusedByName) {
   EXPECT_NE(e.find("F.dropout(self.embed(input_ids), p=0.1, training=True)"), std::string::npos) << e;
 }
 
-// A detach of a value computed from the parameters (a stop-gradient: DoRA's weight norm) is
-// refused: the IR has none, and passing it through would train what PyTorch does not (it was
-// imported so, silently). A detach of anything else (a table, the positions) passes through.
-TEST(TorchImportErrors, ADetachOfAValueOfTheParametersIsRefused) {
-  const std::string e = import_error(testing::source_path("tests/fixtures/torch_export_errors/detach/model.pt2"));
-  EXPECT_NE(e.find("node 'detach' (torch.ops.aten.detach.default): a detach of a value computed from the parameters"),
-            std::string::npos) << e;
-  EXPECT_NE(e.find("(self.gain * self.gain).detach()"), std::string::npos) << e;
+// A detach of a value computed from the parameters (a stop-gradient: DoRA's weight norm) is the
+// IR's stop_gradient: h = embed(ids) * (gain * gain).detach() takes no gradient to gain (its
+// gradient is the zero fill of a parameter nothing differentiates), the embedding and the head
+// theirs. (It was imported as a pass-through, silently training through it, then refused.) A
+// detach of anything else (a table, the positions) passes through. DoRA's, with its numbers:
+// the llama_dora fixture against PyTorch float64.
+TEST(TorchImport, ADetachOfAValueOfTheParametersStopsItsGradient) {
+  const TorchProgram p = TorchProgram::load(testing::source_path("tests/fixtures/torch_export_errors/detach/model.pt2"));
+  const Graph forward = p.forward({.batch = 2, .seq_len = 8});
+  int stops = 0;
+  for (const Node& node : forward.nodes()) {
+    if (node.op != OpKind::stop_gradient) continue;
+    ++stops;
+    const Node& square = forward.node(forward.value(node.inputs[0]).producer);
+    EXPECT_EQ(square.op, OpKind::mul);
+    for (ValueId v : square.inputs) EXPECT_EQ(forward.value(v).name, "gain");
+  }
+  EXPECT_EQ(stops, 1);
+  const Graph joint = autodiff(forward);
+  std::map<std::string, const Node*> grads;
+  for (const GraphOutput& o : joint.outputs())
+    if (o.name.rfind(kGradPrefix, 0) == 0) grads[o.name.substr(kGradPrefix.size())] = &joint.node(joint.value(o.value).producer);
+  ASSERT_EQ(grads.size(), 3u);
+  ASSERT_TRUE(grads.count("gain"));
+  EXPECT_EQ(grads["gain"]->op, OpKind::fill);
+  EXPECT_EQ(grads["gain"]->attrs.get_float("value"), 0.0);
+  for (const auto& [name, node] : grads)
+    if (name != "gain") EXPECT_NE(node->op, OpKind::fill) << name;
 }
 
 // Positions computed from the token ids (RoBERTa's: the count of non-padding tokens so far) are

@@ -40,6 +40,11 @@ void div_scalar(const float* x, int64_t n, float divisor, float* y) {
   for (int64_t i = 0; i < n; ++i) y[i] = x[i] / divisor;
 }
 
+void div(const float* a, const float* b, int64_t n, float* y) {
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) y[i] = a[i] / b[i];
+}
+
 void relu_forward(const float* x, int64_t n, float* y) {
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
@@ -91,6 +96,24 @@ double sum(const float* x, int64_t n, double* scratch) {
   double total = 0;
   for (int64_t c = 0; c < chunks; ++c) total += partial[c];
   return total;
+}
+
+void vector_norm(const float* x, int64_t rows, int64_t n, float* y) {
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = x + r * n;
+    double s = 0;
+    for (int64_t i = 0; i < n; ++i) s += double(row[i]) * double(row[i]);
+    y[r] = float(std::sqrt(s));
+  }
+}
+
+void vector_norm_backward(const float* dy, const float* x, const float* y, int64_t rows, int64_t n, float* dx) {
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float g = y[r] > 0.0f ? dy[r] / y[r] : 0.0f;
+    for (int64_t i = 0; i < n; ++i) dx[r * n + i] = g * x[r * n + i];
+  }
 }
 
 namespace {

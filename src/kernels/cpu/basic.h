@@ -12,6 +12,8 @@ void mul(const float* a, const float* b, int64_t n, float* y);
 // y = alpha x + beta (beta 0: alpha x, bitwise)
 void scale(const float* x, int64_t n, float alpha, float* y, float beta = 0.0f);
 void div_scalar(const float* x, int64_t n, float divisor, float* y);
+// y = a / b elementwise (IEEE: a zero divisor gives +-inf or NaN, as torch)
+void div(const float* a, const float* b, int64_t n, float* y);
 // relu(x) = max(x, 0); its backward dx = dy where x > 0, else 0 (torch's: 0 at x = 0)
 void relu_forward(const float* x, int64_t n, float* y);
 void relu_backward(const float* dy, const float* x, int64_t n, float* dx);
@@ -25,6 +27,11 @@ void tanh_backward(const float* dy, const float* y, int64_t n, float* dx);
 // scratch: sum_scratch_doubles(n) doubles (per-chunk partial sums), or null to allocate.
 double sum(const float* x, int64_t n, double* scratch = nullptr);
 int64_t sum_scratch_doubles(int64_t n);
+// The 2-norm of each of `rows` rows of n elements: y[r] = sqrt(sum_i x[r, i]^2), the squares
+// summed in double and rounded once. Its backward dx[r, i] = dy[r] x[r, i] / y[r], and 0 in a
+// row whose norm is 0 (torch's subgradient there). dx may be x (each row read before written).
+void vector_norm(const float* x, int64_t rows, int64_t n, float* y);
+void vector_norm_backward(const float* dy, const float* x, const float* y, int64_t rows, int64_t n, float* dx);
 
 // bf16 <-> fp32. A bf16 is the top 16 bits of an fp32. Narrowing rounds to nearest, ties
 // to even (as CUDA's __float2bfloat16_rn and PyTorch): overflow gives +-inf, a NaN stays a

@@ -83,6 +83,31 @@ __global__ void sum_kernel(const T* x, int64_t n, T* y) {
   if (threadIdx.x == 0) y[0] = from_f<T>(float(acc));
 }
 
+// One block per row: the row's squares summed in double, a fixed partition and tree.
+template <typename T>
+__global__ void vector_norm_kernel(const T* x, int64_t n, T* y) {
+  __shared__ double shared[32];
+  const T* row = x + int64_t(blockIdx.x) * n;
+  double acc = 0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    const double v = to_f(row[i]);
+    acc += v * v;
+  }
+  acc = block_sum(acc, shared);
+  if (threadIdx.x == 0) y[blockIdx.x] = from_f<T>(float(sqrt(acc)));
+}
+
+// dx[r, i] = dy[r] / y[r] x[r, i] (0 in a row of norm 0); dx may be x.
+template <typename T>
+__global__ void vector_norm_backward_kernel(const T* dy, const T* x, const T* y, int64_t n, int64_t total, T* dx) {
+  AUTOSP_GRID_STRIDE(i, total) {
+    const int64_t r = i / n;
+    const float yr = to_f(y[r]);
+    const float g = yr > 0.0f ? to_f(dy[r]) / yr : 0.0f;
+    dx[i] = from_f<T>(g * to_f(x[i]));
+  }
+}
+
 template <typename From, typename To>
 __global__ void convert_kernel(const From* x, int64_t n, To* y) {
   AUTOSP_GRID_STRIDE(i, n) y[i] = from_f<To>(to_f(x[i]));
@@ -493,6 +518,9 @@ struct AddOp {
 struct MulOp {
   __device__ float operator()(float a, float b) const { return a * b; }
 };
+struct DivOp {
+  __device__ float operator()(float a, float b) const { return a / b; }
+};
 struct ReluBackwardOp {  // (dy, x): dy where x > 0, else 0 (exact: dy passes through f32 unchanged)
   __device__ float operator()(float dy, float x) const { return x > 0.0f ? dy : 0.0f; }
 };
@@ -530,6 +558,30 @@ void mul(Dt dt, const void* a, const void* b, int64_t n, void* y, cudaStream_t s
   dispatch(dt, [&]<typename T>() {
     binary_kernel<T><<<blocks_for(n), kThreads, 0, stream>>>(static_cast<const T*>(a), static_cast<const T*>(b), n,
                                                               static_cast<T*>(y), MulOp{});
+  });
+}
+
+void div(Dt dt, const void* a, const void* b, int64_t n, void* y, cudaStream_t stream) {
+  dispatch(dt, [&]<typename T>() {
+    binary_kernel<T><<<blocks_for(n), kThreads, 0, stream>>>(static_cast<const T*>(a), static_cast<const T*>(b), n,
+                                                              static_cast<T*>(y), DivOp{});
+  });
+}
+
+void vector_norm(Dt dt, const void* x, int64_t rows, int64_t n, void* y, cudaStream_t stream) {
+  if (rows == 0) return;
+  dispatch(dt, [&]<typename T>() {
+    vector_norm_kernel<T><<<unsigned(rows), 256, 0, stream>>>(static_cast<const T*>(x), n, static_cast<T*>(y));
+  });
+}
+
+void vector_norm_backward(Dt dt, const void* dy, const void* x, const void* y, int64_t rows, int64_t n, void* dx,
+                          cudaStream_t stream) {
+  const int64_t total = rows * n;
+  if (total == 0) return;
+  dispatch(dt, [&]<typename T>() {
+    vector_norm_backward_kernel<T><<<blocks_for(total), kThreads, 0, stream>>>(
+        static_cast<const T*>(dy), static_cast<const T*>(x), static_cast<const T*>(y), n, total, static_cast<T*>(dx));
   });
 }
 

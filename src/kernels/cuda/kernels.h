@@ -45,6 +45,13 @@ void mul(Dt dt, const void* a, const void* b, int64_t n, void* y, cudaStream_t s
 // y = alpha x + beta
 void scale(Dt dt, const void* x, int64_t n, float alpha, void* y, cudaStream_t stream, float beta = 0.0f);
 void div_scalar(Dt dt, const void* x, int64_t n, const void* s /* [] */, void* y, cudaStream_t stream);
+// y = a / b elementwise
+void div(Dt dt, const void* a, const void* b, int64_t n, void* y, cudaStream_t stream);
+// cpu::vector_norm and vector_norm_backward: the 2-norm of each of `rows` rows of n elements
+// (one block per row, the squares summed in double in a fixed order), and dx = dy / y x.
+void vector_norm(Dt dt, const void* x, int64_t rows, int64_t n, void* y, cudaStream_t stream);
+void vector_norm_backward(Dt dt, const void* dy, const void* x, const void* y, int64_t rows, int64_t n, void* dx,
+                          cudaStream_t stream);
 // y[] = sum of x, accumulated in double by one block in a fixed order (deterministic).
 void sum(Dt dt, const void* x, int64_t n, void* y, cudaStream_t stream);
 void convert(Dt from, Dt to, const void* x, int64_t n, void* y, cudaStream_t stream);
