@@ -1604,6 +1604,14 @@ class TorchImporter {
         if (const FxNode* n = node_of(name))
           m_.fail_at(*n, str("positions plus ", v.offset, " used other than as the rows an embedding reads"));
         break;
+      case Imported::host: {
+        // A buffer or tensor constant read whole as a tensor (VeRA's shared projections, the
+        // weights of a linear): an input of role constant.
+        const std::string table = stored_table(name);
+        if (!table.empty() && !m_.parameter_of.count(table) && m_.stored.at(table).shape == v.shape)
+          return stored_constant(node_of(name), table);
+        break;
+      }
       default: break;
     }
     const FxNode* n = node_of(name);
@@ -1910,7 +1918,10 @@ class TorchImporter {
         m_.fail_at(n, "a slice of the padded labels other than [:, 1:]");
       }
       if (auto rows = stored_rows_cut(n, name)) return *rows;
-      if (x.kind != Imported::tensor || dim < 0 || dim >= rank) return unsupported();
+      // (a stored table's slice: of the constant it is as a tensor, materialize's; VeRA's shared
+      // projections cut to each layer's sizes)
+      const bool table = x.kind == Imported::host && !stored_table(A("self", 0)).empty();
+      if ((x.kind != Imported::tensor && !table) || dim < 0 || dim >= rank) return unsupported();
       const int64_t size = x.shape[dim];
       int64_t start = int_arg(n, "start", 2, 0), end = int_arg(n, "end", 3, INT64_MAX);
       if (start < 0) start += size;
@@ -2073,8 +2084,16 @@ class TorchImporter {
     }
     if (op == "torch.ops.aten.div.Tensor") {  // by a constant (Granite's logits_scaling): a scale by 1 / c
       const std::string a = A("self", 0), b = A("other", 1);
-      if (!a.empty() && !b.empty() && value(a).kind == Imported::tensor && value(b).kind == Imported::tensor)
+      if (!a.empty() && !b.empty() && value(a).kind == Imported::tensor && value(b).kind == Imported::tensor) {
+        // by a tensor of one element (AdaLoRA's rank count, ranknum + eps): div_scalar
+        const Imported &av = value(a), &bv = value(b);
+        if (numel(bv.shape) == 1 && numel(av.shape) != 1) {
+          Imported out = ir(t_.div_scalar(materialize(av, a), t_.reshape(materialize(bv, b), {})));
+          out.shape = av.shape;
+          return out;
+        }
         return same_shape(n, a, b, [&](Tensor x, Tensor y) { return t_.div(x, y); });  // DoRA's m / |W|
+      }
       std::optional<double> c = scalar(n, "other", 1);
       if (!c || value(A("self", 0)).kind == Imported::host) m_.fail_at(n, "a division by something else than a scalar");
       if (*c == 0.0) m_.fail_at(n, "a division by zero");
@@ -2599,10 +2618,14 @@ class TorchImporter {
   // A table the program stores beside its state (a buffer, a tensor constant: not a parameter)
   // read by the graph as a tensor: an input of role constant (TorchProgram::constants), by its
   // name in the program (the export wrapper's "model." removed).
-  Tensor stored_constant(const FxNode& n, const std::string& placeholder) {
+  // n: the node that reads it (null: the graph reads the placeholder itself), for messages.
+  Tensor stored_constant(const FxNode* n, const std::string& placeholder) {
     const StoredTensor& t = m_.stored.at(placeholder);
-    if (t.dtype != kFloat32) m_.fail_at(n, str("a stored table of dtype code ", t.dtype, " read as a tensor (autosp "
-                                                "reads float32 ones)"));
+    if (t.dtype != kFloat32) {
+      const std::string why = str("a stored table of dtype code ", t.dtype, " read as a tensor (autosp reads float32 ones)");
+      if (n) m_.fail_at(*n, why);
+      user_error(m_.path, ": ", placeholder, ": ", why);
+    }
     const std::string name = m_.state_name(t.key);
     if (auto it = stored_constants_.find(name); it != stored_constants_.end()) return it->second;
     const auto& known = m_.constant_placeholders;
@@ -2649,7 +2672,7 @@ class TorchImporter {
       return std::nullopt;
     const Imported& pos = value(items[0]);
     if (pos.kind != Imported::positions) return std::nullopt;
-    return rows_at_positions(n, stored_constant(n, table), pos, -1, "a stored position table");
+    return rows_at_positions(n, stored_constant(&n, table), pos, -1, "a stored position table");
   }
 
   // The stored tensor (a parameter, buffer or tensor constant) `name` is, through no-ops and
@@ -2691,7 +2714,7 @@ class TorchImporter {
     if (ts[dim] < o_.seq_len)
       m_.fail_at(n, str(what, " of ", ts[dim], " rows cut to S = ", o_.seq_len, ": the model has positions for ",
                         ts[dim], " tokens (train at most that long)"));
-    Tensor t = learned ? parameter(table) : stored_constant(n, table);
+    Tensor t = learned ? parameter(table) : stored_constant(&n, table);
     if (rank == 3) t = t_.reshape(t, {ts[1], ts[2]});
     Imported pos;
     pos.kind = Imported::positions;

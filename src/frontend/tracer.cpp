@@ -40,6 +40,7 @@ Tensor Tracer::scale(Tensor x, double alpha, double beta) {
 Tensor Tracer::silu(Tensor x) { return op(OpKind::silu, {x}); }
 Tensor Tracer::relu(Tensor x) { return op(OpKind::relu, {x}); }
 Tensor Tracer::div(Tensor a, Tensor b) { return op(OpKind::div, {a, b}); }
+Tensor Tracer::div_scalar(Tensor x, Tensor s) { return op(OpKind::div_scalar, {x, s}); }
 Tensor Tracer::stop_gradient(Tensor x) { return op(OpKind::stop_gradient, {x}); }
 Tensor Tracer::vector_norm(Tensor x) { return op(OpKind::vector_norm, {x}); }
 Tensor Tracer::tanh(Tensor x) { return op(OpKind::tanh, {x}); }

@@ -65,6 +65,7 @@ class Tracer {
   Tensor mul(Tensor a, Tensor b);
   Tensor scale(Tensor x, double alpha, double beta = 0.0);  // alpha x + beta
   Tensor div(Tensor a, Tensor b);                            // a / b, one shape
+  Tensor div_scalar(Tensor x, Tensor s);                     // x / s, s a scalar []
   // x, through which no gradient flows (torch's detach)
   Tensor stop_gradient(Tensor x);
   // the 2-norm of each row over the last dim: [..., n] -> [...]

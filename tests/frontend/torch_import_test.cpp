@@ -623,8 +623,11 @@ TEST(TorchImport, ADetachOfAValueOfTheParametersStopsItsGradient) {
   ASSERT_TRUE(grads.count("gain"));
   EXPECT_EQ(grads["gain"]->op, OpKind::fill);
   EXPECT_EQ(grads["gain"]->attrs.get_float("value"), 0.0);
-  for (const auto& [name, node] : grads)
-    if (name != "gain") EXPECT_NE(node->op, OpKind::fill) << name;
+  for (const auto& [name, node] : grads) {
+    if (name != "gain") {
+      EXPECT_NE(node->op, OpKind::fill) << name;
+    }
+  }
 }
 
 // Positions computed from the token ids (RoBERTa's: the count of non-padding tokens so far) are
