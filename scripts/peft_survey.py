@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Which PEFT methods autosp trains, and whether its first step is PyTorch's (a survey, not a test;
-the llama_lora fixture is the test). For each method: a tiny transformers Llama (vocab 64, hidden
+the llama_lora, llama_dora and llama_vera fixtures are the tests). For each method: a tiny transformers Llama (vocab 64, hidden
 32, 2 layers, 4 heads, 2 kv heads) under `get_peft_model`, its trainable tensors drawn at random
 (LoRA's B is zero at init, which would leave A's gradient zero), exported with
 python/autosp/export.py, then one step of `autosp train` on a batch of 2 x 16 tokens against the
@@ -24,7 +24,8 @@ import warnings
 import torch
 import torch.nn.functional as F
 import transformers as T
-from peft import IA3Config, LoraConfig, get_peft_model
+from peft import (AdaLoraConfig, BOFTConfig, FourierFTConfig, HRAConfig, IA3Config, LNTuningConfig, LoHaConfig,
+                  LoKrConfig, LoraConfig, OFTConfig, TrainableTokensConfig, VeraConfig, get_peft_model)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "python"))
@@ -41,6 +42,18 @@ METHODS = {
     "lora_modules_to_save": LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj"], modules_to_save=["lm_head"]),
     "ia3": IA3Config(target_modules=["k_proj", "v_proj", "down_proj"], feedforward_modules=["down_proj"]),
     "dora": LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], use_dora=True),
+    "dora_all_linear": LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", use_dora=True),
+    "pissa": LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights="pissa"),
+    "vera": VeraConfig(r=4, target_modules=["q_proj", "v_proj"]),
+    "ln_tuning": LNTuningConfig(target_modules=["input_layernorm", "post_attention_layernorm"]),
+    "adalora": AdaLoraConfig(init_r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], total_step=10),
+    "loha": LoHaConfig(r=4, alpha=8, target_modules=["q_proj", "v_proj"]),
+    "lokr": LoKrConfig(r=4, alpha=8, target_modules=["q_proj", "v_proj"]),
+    "oft": OFTConfig(r=0, oft_block_size=8, target_modules=["q_proj", "v_proj"]),
+    "boft": BOFTConfig(boft_block_size=4, target_modules=["q_proj", "v_proj"]),
+    "hra": HRAConfig(r=4, target_modules=["q_proj", "v_proj"]),
+    "fourierft": FourierFTConfig(n_frequency=16, target_modules=["q_proj", "v_proj"]),
+    "trainable_tokens": TrainableTokensConfig(target_modules=["embed_tokens"], token_indices=[1, 2, 3]),
 }
 
 

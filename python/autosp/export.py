@@ -1587,8 +1587,23 @@ def _position_table_length(model):
     return None
 
 
+def _refuse_training_loop_adapters(model):
+    """PEFT's AdaLoRA prunes its ranks from the training loop (the user calls update_and_allocate
+    after each step), outside the forward torch.export traces: autosp would train every rank it
+    started with for the whole run, which is another method. Refused rather than trained so."""
+    peft_config = getattr(model, "peft_config", None)
+    if not isinstance(peft_config, dict):
+        return
+    for name, config in peft_config.items():
+        if type(config).__name__ == "AdaLoraConfig":
+            raise ValueError(f"autosp export: adapter {name!r} is AdaLoRA, whose rank allocation runs in the training "
+                             f"loop (update_and_allocate), not in the forward autosp imports: autosp would train all "
+                             f"{config.init_r} initial ranks throughout. Use LoRA (fixed rank) or DoRA instead")
+
+
 def export(model, path, batch: int = 2, seq_len: int = 16, max_seq_len: int = 1 << 20, vocab_size=None):
     """Exports `model`'s training loss, forward(input_ids, labels) -> loss, to `path` (.pt2)."""
+    _refuse_training_loop_adapters(model)
     use_autosp_attention(model)
     model.train()
     vocab = vocab_size or getattr(getattr(model, "config", None), "vocab_size", None)

@@ -2915,8 +2915,30 @@ class TorchImporter {
       out.shape = xv.shape;
       return out;
     }
+    if (auto y = mul_by_one_element(a, b)) return *y;
     if (auto y = mul_by_column(a, b)) return *y;
     return same_shape(n, a, b, [&](Tensor x, Tensor y) { return t_.mul(x, y); });
+  }
+  // x times a tensor of one element c ([1] or [], either order: a learned gain): c repeated over
+  // every element of x (the broadcast op, like x with a dim of 1 added, then that dim dropped:
+  // x's rows stay shardable, and c's gradient sums over them), then the elementwise product.
+  std::optional<Imported> mul_by_one_element(const std::string& a, const std::string& b) {
+    const Imported &av = value(a), &bv = value(b);
+    if (av.kind != Imported::tensor || bv.kind != Imported::tensor) return std::nullopt;
+    const bool a_one = numel(av.shape) == 1, b_one = numel(bv.shape) == 1;
+    if (a_one == b_one) return std::nullopt;
+    const std::string& x = a_one ? b : a;
+    const std::string& c = a_one ? a : b;
+    const Imported& xv = value(x);
+    const bool rows = rows_merged(xv);
+    const Tensor xt = rows ? xv.t : tensor_of(x);
+    const Shape xs = t_.shape(xt);
+    const Tensor cb = t_.reshape(t_.broadcast(t_.reshape(tensor_of(c), {1}), xt, int64_t(xs.size())), xs);
+    const Tensor y = a_one ? t_.mul(cb, xt) : t_.mul(xt, cb);
+    if (rows) return rowwise(y, x);
+    Imported out = ir(y);
+    out.shape = xv.shape;
+    return out;
   }
   // expand(x, size) of a tensor, dims of 1 made n (DeepSeek-V3's rotary key, one for all heads,
   // [B, 1, S, r] to [B, H, S, r]): each such dim moved last, a linear of it with an [n, 1]
