@@ -20,15 +20,18 @@
 #               the fp32 CPU run over 20 steps (within bf16 tolerance), and a save at step 10
 #               resumed to step 20 on the device: the same losses and checkpoint, bitwise (with
 #               the blocked attention: cuDNN 9.19's backward is not deterministic)
-#   imported    `autosp train --backend cuda` vs `--backend cpu` on seven imported programs (f32, 4
+#   imported    `autosp train --backend cuda` vs `--backend cpu` on 14 imported programs (f32, 4
 #               steps, 1e-4 relative): Gemma 2's fixture (both logit softcaps: the blocks' capped
 #               attention, the capped loss rows, no cuDNN), OPT's (offset positions, merged rows),
 #               BLOOM's (ALiBi: the blocks add the bias, slopes by value), DeepSeek-V3's (latent
 #               attention: values padded, the key's rotary expanded; the grouped sigmoid router
 #               with its bias, moe_routing.h on the device), GLM-4.5-MoE's of transformers 5
 #               (stacked experts read in place, the same router), gpt-oss's (the sinks' fold
-#               and gradient, its experts' clamped GLU and biases) and DBRX's (experts stacked
-#               apart, down transposed; clamp)
+#               and gradient, its experts' clamped GLU and biases), DBRX's (experts stacked
+#               apart, down transposed; clamp), Llama 4's, LongCat-Flash's, CTRL's, and PEFT's LoRA,
+#               DoRA (its detached weight norm: stop_gradient, vector_norm and div on the device)
+#               and VeRA (shared projections, constants), and scalar_gain (one-element scalars);
+#               then LoRA's and DoRA's bf16 device step against the fp32 CPU run (5e-2)
 #   sp_one_gpu  SP 2 and 4 ranks sharing the GPU (collectives staged over MPI) give SP 1's losses
 #               over 5 steps: Mistral's fixture (1 KV head, a window), packed documents, f32 (1e-5)
 #               and bf16 (the device-resident step); SP 2 with compile.overlap (the all-to-alls
@@ -321,7 +324,8 @@ open(os.path.join(d, "tokens.bin"), "wb").write(struct.pack(f"<{len(tokens)}I", 
 json.dump({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
            "optimizer": {"type": "AdamW", "params": {"lr": 0.01}}}, open(os.path.join(d, "ds.json"), "w"))
 EOF
-  for model in gemma2 opt bloom deepseek_v3 glm4_moe_tf5 gpt_oss dbrx llama4 longcat_flash ctrl llama_lora; do
+  for model in gemma2 opt bloom deepseek_v3 glm4_moe_tf5 gpt_oss dbrx llama4 longcat_flash ctrl llama_lora llama_dora \
+      llama_vera scalar_gain; do
     for backend in cpu cuda; do
       "$bin/autosp" train --backend "$backend" --config "$dir/ds.json" \
         --model "tests/fixtures/torch_export/$model/model.pt2" --data "$dir/tokens.bin" --seq-len 32 --steps 4 \
@@ -330,25 +334,28 @@ EOF
   done
   "$AUTOSP_PYTHON" -c 'import json, sys; c = json.load(open(sys.argv[1])); c["bf16"] = {"enabled": True}; json.dump(c, open(sys.argv[2], "w"))' \
     "$dir/ds.json" "$dir/bf16.json"
-  "$bin/autosp" train --backend cuda --config "$dir/bf16.json" --model tests/fixtures/torch_export/llama_lora/model.pt2 \
-    --data "$dir/tokens.bin" --seq-len 32 --steps 4 --metrics "$dir/llama_lora.bf16.jsonl"
+  for model in llama_lora llama_dora; do
+    "$bin/autosp" train --backend cuda --config "$dir/bf16.json" --model "tests/fixtures/torch_export/$model/model.pt2" \
+      --data "$dir/tokens.bin" --seq-len 32 --steps 4 --metrics "$dir/$model.bf16.jsonl"
+  done
   "$AUTOSP_PYTHON" - "$dir" > "$logs/imported.json" <<'EOF'
 import json, os, sys
 d = sys.argv[1]
 out, ok = {}, True
 for model in ("gemma2", "opt", "bloom", "deepseek_v3", "glm4_moe_tf5", "gpt_oss", "dbrx", "llama4",
-              "longcat_flash", "ctrl", "llama_lora"):
+              "longcat_flash", "ctrl", "llama_lora", "llama_dora", "llama_vera", "scalar_gain"):
     cpu, gpu = ([json.loads(l)["loss"] for l in open(os.path.join(d, f"{model}.{b}.jsonl")) if l.strip()]
                 for b in ("cpu", "cuda"))
     worst = max(abs(a - b) / max(abs(a), 1e-30) for a, b in zip(cpu, gpu))
     out[model] = {"cpu_losses": cpu, "cuda_losses": gpu, "worst_relative": worst}
     # f32 on both backends, the same graph: summation order only, train_cli's bound.
     ok = ok and len(cpu) == len(gpu) == 4 and worst < 1e-4
-# LoRA's bf16 device step against the fp32 CPU run: train_bf16's first-run bound.
-bf16 = [json.loads(l)["loss"] for l in open(os.path.join(d, "llama_lora.bf16.jsonl")) if l.strip()]
-worst = max(abs(a - b) / abs(a) for a, b in zip(out["llama_lora"]["cpu_losses"], bf16))
-out["llama_lora_bf16"] = {"cuda_bf16_losses": bf16, "worst_relative": worst}
-ok = ok and len(bf16) == 4 and worst < 5e-2
+# LoRA's and DoRA's bf16 device step against the fp32 CPU run: train_bf16's first-run bound.
+for model in ("llama_lora", "llama_dora"):
+    bf16 = [json.loads(l)["loss"] for l in open(os.path.join(d, f"{model}.bf16.jsonl")) if l.strip()]
+    worst = max(abs(a - b) / abs(a) for a, b in zip(out[model]["cpu_losses"], bf16))
+    out[f"{model}_bf16"] = {"cuda_bf16_losses": bf16, "worst_relative": worst}
+    ok = ok and len(bf16) == 4 and worst < 5e-2
 print(json.dumps(out))
 sys.exit(0 if ok else 1)
 EOF
