@@ -325,7 +325,8 @@ TEST(TorchImport, TheCliTrainsAnImportedProgramSequenceParallel) {
 // gradient sums and the loss). Each rank routes its own tokens; the experts' weights are
 // gathered and their gradients reduce-scattered like any other parameter's. Likewise a program
 // with frozen parameters (nanogpt_frozen): each rank holds its constants whole beside ZeRO-3's
-// shards of the trained ones.
+// shards of the trained ones. And DoRA (llama_dora), whose weight norms each rank computes from
+// the gathered adapters and its constant base weights, without a gradient through them.
 class TorchImportDistributed : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(TorchImportDistributed, TrainsAlikeDataParallelUnderZero3AndSequenceParallel) {
@@ -367,7 +368,7 @@ TEST_P(TorchImportDistributed, TrainsAlikeDataParallelUnderZero3AndSequenceParal
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Programs, TorchImportDistributed, ::testing::Values("mixtral", "nanogpt_frozen"),
+INSTANTIATE_TEST_SUITE_P(Programs, TorchImportDistributed, ::testing::Values("mixtral", "nanogpt_frozen", "llama_dora"),
                          [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
 
 std::string file_bytes(const std::string& path) {
