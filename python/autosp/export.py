@@ -68,6 +68,7 @@ import re
 import warnings
 
 import torch
+import torch.utils.checkpoint
 
 _registered = False
 
@@ -1532,27 +1533,50 @@ class _LoadBalancingLoss:
 
 
 class _NoGradientCheckpointing:
-    """While tracing: transformers' gradient checkpointing off (the modules' `gradient_checkpointing`
-    flags, which gradient_checkpointing_enable sets), restored after. Traced, its reentrant
-    torch.utils.checkpoint runs each layer under no_grad, which the program would keep; autosp
-    recomputes activations by its own policy (compile.checkpoint), so the program is the plain
-    forward. Said once, with a warning."""
+    """While tracing: gradient checkpointing off, restored after. Traced, the reentrant
+    torch.utils.checkpoint runs its function under no_grad, which the program would keep (or which
+    torch.export itself fails on: a plain model's own checkpoint calls); autosp recomputes
+    activations by its own policy (compile.checkpoint), so the program is the plain forward.
+    transformers' modules: their `gradient_checkpointing` flags (gradient_checkpointing_enable's)
+    off. Any other code: the reentrant CheckpointFunction calls its function directly, however the
+    code imported `checkpoint` (the non-reentrant one traces as the plain forward already). Its
+    values and gradients are the function's own; only the memory it saves differs. Said once,
+    with a warning."""
 
     def __init__(self, model):
-        self.model, self.on = model, []
+        self.model, self.on, self.said = model, [], False
+        self.own_apply = None
 
     def __enter__(self):
         self.on = [m for m in self.model.modules() if getattr(m, "gradient_checkpointing", False) is True]
         for m in self.on:
             m.gradient_checkpointing = False
         if self.on:
+            self._say()
+        function = torch.utils.checkpoint.CheckpointFunction
+        self.own_apply = vars(function).get("apply")
+
+        def call_directly(run_function, preserve_rng_state, *args):
+            self._say()
+            return run_function(*args)
+
+        function.apply = staticmethod(call_directly)
+        return self
+
+    def _say(self):
+        if not self.said:
+            self.said = True
             warnings.warn(f"{type(self.model).__name__} has gradient checkpointing on: the export traces the plain "
                           "forward (autosp recomputes activations as compile.checkpoint says)")
-        return self
 
     def __exit__(self, *exc):
         for m in self.on:
             m.gradient_checkpointing = True
+        function = torch.utils.checkpoint.CheckpointFunction
+        if self.own_apply is None:
+            del function.apply  # (the inherited autograd.Function.apply again)
+        else:
+            function.apply = self.own_apply
         return False
 
 
