@@ -2207,6 +2207,10 @@ class TorchImporter {
       return attention(n, A("query", 0), A("key", 1), A("value", 2), bool_arg(n, "is_causal", 5, false), scale, 0);
     }
     if (op == "torch.ops.aten.cross_entropy_loss.default") return cross_entropy(n);
+    // nll_loss of log_softmax over the classes: the cross entropy it is (its arguments have
+    // cross_entropy_loss's places; no label smoothing)
+    if (op == "torch.ops.aten.nll_loss_nd.default" || op == "torch.ops.aten.nll_loss.default")
+      return cross_entropy(n, true);
     return unsupported();
   }
 
@@ -4017,7 +4021,26 @@ class TorchImporter {
   }
 
   // cross_entropy_loss(logits.view(-1, V), labels.view(-1)) with the mean over labelled tokens.
-  Imported cross_entropy(const FxNode& n) {
+  // The logits whose log_softmax over the last dim `name` is (F.log_softmax(logits, -1), or dim
+  // 1 of logits.view(-1, V)), for nll_loss `n`; refused otherwise.
+  std::string log_softmax_input(const FxNode& n, const std::string& name) {
+    const FxNode* ls = node_of(name);
+    if (!is(ls, "_log_softmax.default") && !is(ls, "log_softmax.int"))
+      m_.fail_at(n, "nll_loss of something else than log_softmax of the logits (autosp imports the cross entropy "
+                    "written so)");
+    const int64_t dim = int_arg(*ls, "dim", 1, 0);
+    const std::string x = arg_tensor(*ls, "self", 0);
+    bool last = dim == -1;
+    if (const FxNode* view = node_of(through(x)); !last && view &&
+        (is(view, "view.default") || is(view, "reshape.default") || is(view, "_unsafe_view.default")))
+      if (const json* size = arg(*view, arg(*view, "size", 1) ? "size" : "shape", 1))
+        for (const char* list : {"as_ints", "as_sym_ints"})
+          if (size->contains(list)) last = dim == int64_t((*size)[list].size()) - 1;
+    if (!last) m_.fail_at(*ls, "a log_softmax over a dim other than the last (the classes)");
+    return x;
+  }
+  // log_probs: n is nll_loss, whose input must be log_softmax of the logits over their last dim.
+  Imported cross_entropy(const FxNode& n, bool log_probs = false) {
     if (int_arg(n, "reduction", 3, 1) != 1) m_.fail_at(n, "a cross entropy not reduced by its mean");
     // A negative ignore_index (transformers' -100, nanoGPT's -1) is no token id, so it leaves unscored
     // only what autosp's data leaves unscored (its -100 labels); one that is a token id would
@@ -4025,7 +4048,7 @@ class TorchImporter {
     if (const int64_t ignore = int_arg(n, "ignore_index", 4, -100); ignore >= 0)
       m_.fail_at(n, str("a cross entropy with ignore_index ", ignore, ", a token id: autosp leaves unscored only the "
                         "labels its data marks (a negative ignore_index, -100 or -1, is read as those)"));
-    if (float_arg(n, "label_smoothing", 5, 0.0) != 0.0) m_.fail_at(n, "label smoothing");
+    if (!log_probs && float_arg(n, "label_smoothing", 5, 0.0) != 0.0) m_.fail_at(n, "label smoothing");
     if (!arg_tensor(n, "weight", 2).empty()) m_.fail_at(n, "class weights");
     // Look through the flattening views to the [B, S, V] logits and [B, S] labels.
     auto unflatten = [&](std::string s) {
@@ -4037,6 +4060,7 @@ class TorchImporter {
       return s;
     };
     std::string logits = unflatten(arg_tensor(n, "self", 0));
+    if (log_probs) logits = unflatten(log_softmax_input(n, logits));
     const std::string lab = unflatten(arg_tensor(n, "target", 1));
     Tensor labels_t;
     if (const std::optional<std::string> unshifted = shifted_logits(logits, lab)) {

@@ -631,6 +631,21 @@ TEST(TorchImport, ADetachOfAValueOfTheParametersStopsItsGradient) {
   }
 }
 
+// F.nll_loss of F.log_softmax over the classes is the cross entropy: written so (over the last
+// dim, or over dim 1 of the logits flattened to rows), the same weights import to the very graph
+// F.cross_entropy gives (the fused head and loss). A log_softmax over another dim is refused.
+TEST(TorchImport, NllLossOfLogSoftmaxIsTheCrossEntropy) {
+  auto forward = [](const char* fixture) {
+    const TorchProgram p = TorchProgram::load(
+        testing::source_path(str("tests/fixtures/torch_export_errors/", fixture, "/model.pt2")));
+    return print_graph(p.forward({.batch = 2, .seq_len = 8}));
+  };
+  const std::string ce = forward("nll_ce");
+  EXPECT_NE(ce.find("linear_cross_entropy"), std::string::npos) << ce;
+  EXPECT_EQ(forward("nll"), ce);
+  EXPECT_EQ(forward("nll_rows"), ce);
+}
+
 // Positions computed from the token ids (RoBERTa's: the count of non-padding tokens so far) are
 // refused at the comparison, named, not taken for the positions of the sequence.
 TEST(TorchImportErrors, PositionsComputedFromTheTokenIdsAreRefused) {
