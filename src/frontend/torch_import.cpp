@@ -1873,6 +1873,12 @@ class TorchImporter {
       if (x.kind == Imported::tensor) return expand(n, x);
       return unsupported();
     }
+    if (op == "torch.ops.aten.expand_as.default") {  // (F.normalize's norm, [..., 1], to x's shape)
+      const Imported& x = value(A("self", 0));
+      const Imported& like = value(A("other", 1));
+      if (x.kind != Imported::tensor || like.kind != Imported::tensor) return unsupported();
+      return expand(n, x, like.shape);
+    }
     if (op == "torch.ops.aten.squeeze.dim") {  // a dim of size 1 dropped (any other size: no change)
       const Imported& x = value(A("self", 0));
       const int64_t rank = int64_t(x.shape.size());
@@ -2092,6 +2098,7 @@ class TorchImporter {
           out.shape = av.shape;
           return out;
         }
+        if (auto y = div_by_column(a, b)) return *y;
         return same_shape(n, a, b, [&](Tensor x, Tensor y) { return t_.div(x, y); });  // DoRA's m / |W|
       }
       std::optional<double> c = scalar(n, "other", 1);
@@ -2122,6 +2129,13 @@ class TorchImporter {
         m_.fail_at(n, "a clamp whose bounds are not numbers (autosp imports clamps to constants)");
       if (!lo && !hi) return value(A("self", 0));  // neither bound: x itself
       return rowwise(t_.clamp(rowwise_of(A("self", 0)), lo, hi), A("self", 0));
+    }
+    if (op == "torch.ops.aten.clamp_min.default" || op == "torch.ops.aten.clamp_max.default") {  // F.normalize's eps
+      const bool min = op == "torch.ops.aten.clamp_min.default";
+      const std::optional<double> bound = scalar(n, min ? "min" : "max", 1);
+      if (!bound) m_.fail_at(n, "a clamp whose bound is not a number (autosp imports clamps to constants)");
+      const std::optional<double> none;
+      return rowwise(t_.clamp(rowwise_of(A("self", 0)), min ? bound : none, min ? none : bound), A("self", 0));
     }
     if (op == "torch.ops.aten.sigmoid.default") {  // 1 / (1 + e^-x) = (1 + tanh(x / 2)) / 2
       const Tensor x = rowwise_of(A("self", 0));
@@ -2947,8 +2961,8 @@ class TorchImporter {
   // expand(x, size) of a tensor, dims of 1 made n (DeepSeek-V3's rotary key, one for all heads,
   // [B, 1, S, r] to [B, H, S, r]): each such dim moved last, a linear of it with an [n, 1]
   // weight of ones (exact: each element x 1) and moved back; the gradient sums the n copies.
-  Imported expand(const FxNode& n, const Imported& x) {
-    const std::vector<int64_t> size = ints_arg(n, "size", 1);
+  Imported expand(const FxNode& n, const Imported& x) { return expand(n, x, ints_arg(n, "size", 1)); }
+  Imported expand(const FxNode& n, const Imported& x, const std::vector<int64_t>& size) {
     Shape s = x.shape;
     const int64_t rank = int64_t(s.size());
     if (int64_t(size.size()) != rank)
@@ -2991,6 +3005,23 @@ class TorchImporter {
       return rows ? rowwise(y, x) : ir(y);
     }
     return std::nullopt;
+  }
+  // x [..., H] over a column c [..., 1] of the same rows (x / x.norm(dim=-1, keepdim=True)): c
+  // repeated along the row as mul_by_column does (exact), then the elementwise quotient.
+  std::optional<Imported> div_by_column(const std::string& a, const std::string& b) {
+    const Imported &xv = value(a), &cv = value(b);
+    if (xv.kind != Imported::tensor || cv.kind != Imported::tensor || xv.shape.size() != cv.shape.size() ||
+        xv.shape.empty() || cv.shape.back() != 1 || xv.shape.back() == 1 ||
+        !std::equal(xv.shape.begin(), xv.shape.end() - 1, cv.shape.begin()))
+      return std::nullopt;
+    const bool rows = rows_merged(xv) && rows_merged(cv);
+    const Tensor xt = rows ? xv.t : tensor_of(a), ct = rows ? cv.t : tensor_of(b);
+    if (t_.shape(xt).size() != t_.shape(ct).size()) return std::nullopt;
+    const Tensor y = t_.div(xt, t_.linear(ct, t_.fill({xv.shape.back(), 1}, 1.0, o_.dtype)));
+    if (rows) return rowwise(y, a);
+    Imported out = ir(y);
+    out.shape = xv.shape;
+    return out;
   }
   // x [..., H] and a row vector r ([H], or with leading dims of 1: a layer's scale, Doge's
   // residual weights), either order: r repeated over x's rows (the broadcast op: a whole r,
