@@ -646,6 +646,20 @@ TEST(TorchImport, NllLossOfLogSoftmaxIsTheCrossEntropy) {
   EXPECT_EQ(forward("nll_rows"), ce);
 }
 
+// A norm autosp does not compute (the 1-norm) and nll_loss of something else than log_softmax of
+// the logits are refused by name, at their node and the model's line.
+TEST(TorchImportErrors, OtherNormsAndAnNllLossOfTheLogitsAreRefused) {
+  std::string e = import_error(testing::source_path("tests/fixtures/torch_export_errors/norm_l1/model.pt2"));
+  EXPECT_NE(e.find("node 'linalg_vector_norm' (torch.ops.aten.linalg_vector_norm.default): a norm other than the "
+                   "2-norm"),
+            std::string::npos) << e;
+  EXPECT_NE(e.find("h.norm(p=1, dim=-1, keepdim=True)"), std::string::npos) << e;
+  e = import_error(testing::source_path("tests/fixtures/torch_export_errors/nll_logits/model.pt2"));
+  EXPECT_NE(e.find("node 'nll_loss_nd' (torch.ops.aten.nll_loss_nd.default): nll_loss of something else than "
+                   "log_softmax of the logits"),
+            std::string::npos) << e;
+}
+
 // Positions computed from the token ids (RoBERTa's: the count of non-padding tokens so far) are
 // refused at the comparison, named, not taken for the positions of the sequence.
 TEST(TorchImportErrors, PositionsComputedFromTheTokenIdsAreRefused) {
