@@ -231,6 +231,96 @@ void rename_reads_after_inplace(std::vector<FxNode>& nodes) {
   }
 }
 
+// An einsum that is a matrix product (research code's attention, `einsum('b h i d, b h j d -> b h
+// i j', q, k)` and `einsum('b h i j, b h j d -> b h i d', p, v)`; a product by a weight matrix,
+// `einsum('b n d, d e -> b n e', x, w)`) is written as the matmul it is, each operand's last two
+// dims transposed where its contracted dim is not where matmul reads it: the importer then reads
+// it as it reads a matmul (the attention written out, x @ W). Its equation: two operands, one
+// contracted letter, at most one free letter of each, the batch letters (in both operands and
+// the result, or the first operand's alone for a weight matrix) leading in one order. Any other
+// einsum is left as it is (refused when the loss reads it).
+std::vector<FxNode> einsum_as_matmul(std::vector<FxNode> nodes, std::map<std::string, int>& dtype_of) {
+  std::vector<FxNode> out;
+  for (FxNode& n : nodes) {
+    auto keep = [&] { out.push_back(std::move(n)); };
+    if (n.target != "torch.ops.aten.einsum.default" || n.args.size() != 2 || n.outputs.size() != 1 ||
+        !n.args[0].second.contains("as_string") || !n.args[1].second.contains("as_tensors") ||
+        n.args[1].second["as_tensors"].size() != 2) {
+      keep();
+      continue;
+    }
+    std::string eq;
+    for (char c : n.args[0].second["as_string"].get<std::string>())
+      if (c != ' ') eq += c;
+    const size_t comma = eq.find(','), arrow = eq.find("->");
+    if (comma == std::string::npos || arrow == std::string::npos || arrow < comma || eq.find('.') != std::string::npos) {
+      keep();
+      continue;
+    }
+    const std::string a = eq.substr(0, comma), b = eq.substr(comma + 1, arrow - comma - 1), y = eq.substr(arrow + 2);
+    auto has = [](const std::string& s, char c) { return s.find(c) != std::string::npos; };
+    std::string contracted, a_free, b_free, batch;
+    auto repeats = [](const std::string& s) {
+      return std::any_of(s.begin(), s.end(), [&](char c) { return std::count(s.begin(), s.end(), c) != 1; });
+    };
+    if (repeats(a) || repeats(b) || repeats(y)) {  // (a diagonal or a trace)
+      keep();
+      continue;
+    }
+    for (char c : a) {
+      if (has(b, c) && !has(y, c)) contracted += c;
+      else if (has(b, c) && has(y, c)) batch += c;
+      else if (has(y, c)) a_free += c;
+    }
+    for (char c : b)
+      if (!has(a, c) && has(y, c)) b_free += c;
+    // b a weight matrix (no batch letters): a's letters but the last two are leading dims, as
+    // batch ones, the result's first (x @ W over every row)
+    if (batch.empty() && a_free.size() > 1 && b.size() == 2 && a.back() == contracted[0]) {
+      batch = a_free.substr(0, a_free.size() - 1);
+      a_free = a_free.substr(a_free.size() - 1);
+    }
+    // batch leading in a and y (and in b unless b has none), then the two matrix dims
+    const bool b_batched = b.size() == batch.size() + 2;
+    const bool ok = contracted.size() == 1 && a_free.size() == 1 && b_free.size() == 1 &&
+                    a.size() == batch.size() + 2 && a.compare(0, batch.size(), batch) == 0 &&
+                    (b_batched ? b.compare(0, batch.size(), batch) == 0 : b.size() == 2) &&
+                    y == batch + a_free + b_free;
+    if (!ok) {
+      keep();
+      continue;
+    }
+    const std::string mat_a = a.substr(batch.size()), mat_b = b.substr(b_batched ? batch.size() : 0);
+    const char c = contracted[0];
+    std::string operands[2] = {tensor_name(json{{"as_tensor", n.args[1].second["as_tensors"][0]}}),
+                               tensor_name(json{{"as_tensor", n.args[1].second["as_tensors"][1]}})};
+    // a [..., i, c] and b [..., c, j] as matmul reads them: a transpose of the last two where not
+    const bool flip[2] = {mat_a[1] != c, mat_b[0] != c};
+    for (int k = 0; k < 2; ++k) {
+      if (!flip[k]) continue;
+      FxNode t;
+      t.target = "torch.ops.aten.transpose.int";
+      t.name = n.name + (k ? "/b^T" : "/a^T");
+      t.outputs = {t.name};
+      t.stack_trace = n.stack_trace;
+      t.args = {{"self", json{{"as_tensor", {{"name", operands[k]}}}}}, {"dim0", json{{"as_int", -2}}},
+                {"dim1", json{{"as_int", -1}}}};
+      if (auto d = dtype_of.find(operands[k]); d != dtype_of.end()) dtype_of[t.name] = d->second;
+      operands[k] = t.name;
+      out.push_back(std::move(t));
+    }
+    FxNode mm;
+    mm.target = "torch.ops.aten.matmul.default";
+    mm.name = n.name;
+    mm.outputs = n.outputs;
+    mm.stack_trace = n.stack_trace;
+    mm.args = {{"self", json{{"as_tensor", {{"name", operands[0]}}}}},
+               {"other", json{{"as_tensor", {{"name", operands[1]}}}}}};
+    out.push_back(std::move(mm));
+  }
+  return out;
+}
+
 // An in-place aten op (`add_`, `copy_`, ...) whose result the loss does not read, on a view of a
 // value the loss reads after it (h[..., :4].add_(1), then h): the change reaches the loss only
 // through that value, which the importer reads as it was. Refused, named.
@@ -466,7 +556,10 @@ TorchProgram TorchProgram::load(const std::string& path) {
     }
     std::vector<FxNode> top;
     read_nodes(graph, top, where);
-    m.nodes = inline_autocast(std::move(top), where);
+    const json tensor_values = graph.value("tensor_values", json::object());  // held: items() views it
+    for (const auto& [name, v] : tensor_values.items())
+      if (v.contains("dtype")) m.dtype_of[name] = v["dtype"].get<int>();
+    m.nodes = einsum_as_matmul(inline_autocast(std::move(top), where), m.dtype_of);
     rename_reads_after_inplace(m.nodes);
     for (size_t i = 0; i < m.nodes.size(); ++i) {
       for (const std::string& o : m.nodes[i].outputs) m.producer[o] = i;
@@ -476,9 +569,6 @@ TorchProgram TorchProgram::load(const std::string& path) {
           if (r.empty() || r.back() != i) r.push_back(i);
         });
     }
-    const json tensor_values = graph.value("tensor_values", json::object());  // held: items() views it
-    for (const auto& [name, v] : tensor_values.items())
-      if (v.contains("dtype")) m.dtype_of[name] = v["dtype"].get<int>();
     const json sym_ints = graph.value("sym_int_values", json::object());  // held: items() views it
     for (const auto& [name, v] : sym_ints.items())
       if (v.contains("as_expr")) m.symbols[name] = v["as_expr"].value("expr_str", "");
