@@ -19,6 +19,7 @@ numpy_version=2.4.6
 peft_version=0.22.0
 accelerate_version=1.16.0
 psutil_version=7.2.2
+x_transformers_version=2.31.10
 venv="${AUTOSP_BENCH_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/autosp/bench-venv}"
 python="$venv/bin/python"
 
@@ -55,5 +56,13 @@ if ! "$python" -c "import sys, peft; sys.exit(peft.__version__ != '$peft_version
   "$python" -m pip install --quiet --disable-pip-version-check --no-deps "peft==$peft_version" \
       "accelerate==$accelerate_version" "psutil==$psutil_version" ||
     { echo "install_bench_venv: pip could not install peft $peft_version (see above)" >&2; exit 1; }
+fi
+# x-transformers, for its fixture (a Decoder as lucidrains' library builds it): likewise, with the
+# five small packages it imports.
+if ! "$python" -c "import sys, importlib.metadata as m; sys.exit(m.version('x-transformers') != '$x_transformers_version')" \
+    2>/dev/null; then
+  "$python" -m pip install --quiet --disable-pip-version-check --no-deps "x-transformers==$x_transformers_version" \
+      einops==0.8.2 einx==0.4.3 frozendict==2.5.1 torch_einops_utils==0.2.9 loguru==0.8.0 ||
+    { echo "install_bench_venv: pip could not install x-transformers $x_transformers_version (see above)" >&2; exit 1; }
 fi
 echo "$python"

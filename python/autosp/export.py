@@ -1679,6 +1679,13 @@ def export(model, path, batch: int = 2, seq_len: int = 16, max_seq_len: int = 1 
                 warnings.warn(f"{type(model).__name__} cuts its positions from a table of {table} (its config): "
                               f"torch.export refuses the length {table} itself, so the archive holds lengths up "
                               f"to {longest}")
+            elif (most := re.search(r"seq_len = Dim\('seq_len',(?: min=\d+,)? max=(\d+)\)", message)) and \
+                    shortest <= int(most.group(1)) < longest:
+                # A bound the model's own code guards (a plain module's table of positions:
+                # assert seq_len <= max_seq_len), which torch.export reads off the guard.
+                longest = int(most.group(1))
+                warnings.warn(f"{type(model).__name__}'s code takes sequences of at most {longest} tokens (torch.export "
+                              f"reads it off a guard), so the archive holds lengths up to {longest}")
             else:
                 raise
     # transformers' config.json rides along (the archive's extra/config.json): autosp's

@@ -2196,6 +2196,7 @@ class TorchImporter {
       if (*c == 0.0) m_.fail_at(n, "a division by zero");
       Imported out = ir(t_.scale(tensor_of(A("self", 0)), 1.0 / *c));
       out.shape = value(A("self", 0)).shape;
+      out.per_position = value(A("self", 0)).per_position;
       return out;
     }
     if (op == "torch.ops.aten.add.Tensor") return add(n);
@@ -3021,6 +3022,7 @@ class TorchImporter {
       const Imported& xv = value(x);
       Imported out = ir(t_.scale(tensor_of(x), *c));
       out.shape = xv.shape;
+      out.per_position = xv.per_position;  // (a position table scaled: x-transformers' dim^-0.5)
       return out;
     }
     if (auto y = mul_by_one_element(a, b)) return *y;
