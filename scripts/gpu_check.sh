@@ -20,7 +20,7 @@
 #               the fp32 CPU run over 20 steps (within bf16 tolerance), and a save at step 10
 #               resumed to step 20 on the device: the same losses and checkpoint, bitwise (with
 #               the blocked attention: cuDNN 9.19's backward is not deterministic)
-#   imported    `autosp train --backend cuda` vs `--backend cpu` on 14 imported programs (f32, 4
+#   imported    `autosp train --backend cuda` vs `--backend cpu` on 15 imported programs (f32, 4
 #               steps, 1e-4 relative): Gemma 2's fixture (both logit softcaps: the blocks' capped
 #               attention, the capped loss rows, no cuDNN), OPT's (offset positions, merged rows),
 #               BLOOM's (ALiBi: the blocks add the bias, slopes by value), DeepSeek-V3's (latent
@@ -30,7 +30,8 @@
 #               and gradient, its experts' clamped GLU and biases), DBRX's (experts stacked
 #               apart, down transposed; clamp), Llama 4's, LongCat-Flash's, CTRL's, and PEFT's LoRA,
 #               DoRA (its detached weight norm: stop_gradient, vector_norm and div on the device)
-#               and VeRA (shared projections, constants), and scalar_gain (one-element scalars);
+#               and VeRA (shared projections, constants), scalar_gain (one-element scalars) and
+#               normalized_gpt (vector_norm and div over activation rows);
 #               then LoRA's and DoRA's bf16 device step against the fp32 CPU run (5e-2)
 #   sp_one_gpu  SP 2 and 4 ranks sharing the GPU (collectives staged over MPI) give SP 1's losses
 #               over 5 steps: Mistral's fixture (1 KV head, a window), packed documents, f32 (1e-5)
@@ -325,7 +326,7 @@ json.dump({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1
            "optimizer": {"type": "AdamW", "params": {"lr": 0.01}}}, open(os.path.join(d, "ds.json"), "w"))
 EOF
   for model in gemma2 opt bloom deepseek_v3 glm4_moe_tf5 gpt_oss dbrx llama4 longcat_flash ctrl llama_lora llama_dora \
-      llama_vera scalar_gain; do
+      llama_vera scalar_gain normalized_gpt; do
     for backend in cpu cuda; do
       "$bin/autosp" train --backend "$backend" --config "$dir/ds.json" \
         --model "tests/fixtures/torch_export/$model/model.pt2" --data "$dir/tokens.bin" --seq-len 32 --steps 4 \
@@ -343,7 +344,7 @@ import json, os, sys
 d = sys.argv[1]
 out, ok = {}, True
 for model in ("gemma2", "opt", "bloom", "deepseek_v3", "glm4_moe_tf5", "gpt_oss", "dbrx", "llama4",
-              "longcat_flash", "ctrl", "llama_lora", "llama_dora", "llama_vera", "scalar_gain"):
+              "longcat_flash", "ctrl", "llama_lora", "llama_dora", "llama_vera", "scalar_gain", "normalized_gpt"):
     cpu, gpu = ([json.loads(l)["loss"] for l in open(os.path.join(d, f"{model}.{b}.jsonl")) if l.strip()]
                 for b in ("cpu", "cuda"))
     worst = max(abs(a - b) / max(abs(a), 1e-30) for a, b in zip(cpu, gpu))

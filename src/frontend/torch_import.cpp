@@ -3048,6 +3048,7 @@ class TorchImporter {
     if (rows) return rowwise(y, x);
     Imported out = ir(y);
     out.shape = xv.shape;
+    out.per_position = xv.per_position;
     return out;
   }
   // expand(x, size) of a tensor, dims of 1 made n (DeepSeek-V3's rotary key, one for all heads,
@@ -3156,7 +3157,8 @@ class TorchImporter {
     }
     return same_shape(n, a, b, [&](Tensor x, Tensor y) { return t_.add(x, y); });
   }
-  // a - c (DoRA's m / |W| - 1): alpha c + beta as scale's; a - b: a + (-b), exactly a - b.
+  // torch's sub, a - alpha b: of a scalar c (DoRA's m / |W| - 1), scale's a + beta with beta =
+  // -alpha c; of a tensor, a + (-alpha b), exactly torch's.
   Imported sub(const FxNode& n) {
     const double alpha = float_arg(n, "alpha", 2, 1.0);
     const std::string a = arg_tensor(n, "self", 0), b = arg_tensor(n, "other", 1);
@@ -3166,6 +3168,7 @@ class TorchImporter {
       if (!c) m_.fail_at(n, "a subtraction of a non-scalar constant");
       Imported out = ir(t_.scale(materialize(value(a), a), 1.0, -alpha * *c));
       out.shape = value(a).shape;
+      out.per_position = value(a).per_position;
       return out;
     }
     if (value(b).kind != Imported::tensor) m_.fail_at(n, "a subtraction of something else than a tensor or a scalar");
