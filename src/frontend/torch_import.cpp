@@ -1963,6 +1963,16 @@ class TorchImporter {
       if (x.kind == Imported::tensor) return expand(n, x);
       return unsupported();
     }
+    if (op == "torch.ops.aten.repeat.default") {  // the positions repeated over the batch (arange(T).repeat(B, 1))
+      const Imported& x = value(A("self", 0));
+      const std::vector<int64_t> r = ints_arg(n, "repeats", 1);
+      if (x.kind != Imported::positions || x.offset != 0 || r.size() != 2 || r[1] != 1 ||
+          (x.shape.size() == 2 && x.shape[0] != 1) || (r[0] != 1 && r[0] != o_.batch))
+        return unsupported();
+      Imported v = x;
+      v.shape = {r[0], o_.seq_len};
+      return v;
+    }
     if (op == "torch.ops.aten.expand_as.default") {  // (F.normalize's norm, [..., 1], to x's shape)
       const Imported& x = value(A("self", 0));
       const Imported& like = value(A("other", 1));
@@ -2096,6 +2106,12 @@ class TorchImporter {
         }
       } else {
         size = ints_arg(n, arg(n, "size", 1) ? "size" : "shape", 1);  // view's name, reshape's
+      }
+      if (x.kind == Imported::positions && x.shape.size() <= 2 && numel(x.shape) == o_.seq_len &&
+          (size == Shape{1, -1} || size == Shape{1, o_.seq_len} || size == Shape{-1} || size == Shape{o_.seq_len})) {
+        Imported v = x;  // the positions [S] as [1, S] (arange(T).view(1, -1)), or back
+        v.shape = size.size() == 2 ? Shape{1, o_.seq_len} : Shape{o_.seq_len};
+        return v;
       }
       if (x.kind != Imported::tensor) {
         if (x.kind == Imported::labels_raw) m_.fail_at(n, "the labels are reshaped before transformers' shift");

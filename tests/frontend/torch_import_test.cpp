@@ -646,6 +646,20 @@ TEST(TorchImport, NllLossOfLogSoftmaxIsTheCrossEntropy) {
   EXPECT_EQ(forward("nll_rows"), ce);
 }
 
+// Learned positions read at arange(T) written as .view(1, -1), .reshape(1, T) or .repeat(B, 1)
+// are the positions still (they were refused at the view): the same weights import to the very
+// graph the plain arange gives, at B = 2 and S = 8.
+TEST(TorchImport, PositionsViewedReshapedOrRepeatedAreThePositions) {
+  auto forward = [](const char* fixture) {
+    const TorchProgram p = TorchProgram::load(
+        testing::source_path(str("tests/fixtures/torch_export_errors/", fixture, "/model.pt2")));
+    return print_graph(p.forward({.batch = 2, .seq_len = 8}));
+  };
+  const std::string plain = forward("positions_arange");
+  for (const char* form : {"positions_view", "positions_reshape", "positions_repeat"})
+    EXPECT_EQ(forward(form), plain) << form;
+}
+
 // A norm autosp does not compute (the 1-norm) and nll_loss of something else than log_softmax of
 // the logits are refused by name, at their node and the model's line.
 TEST(TorchImportErrors, OtherNormsAndAnNllLossOfTheLogitsAreRefused) {
