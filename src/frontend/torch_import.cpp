@@ -93,6 +93,7 @@ struct TorchProgram::Impl {
   std::vector<FxNode> nodes;
   std::map<std::string, size_t> producer;  // value name -> node index
   std::map<std::string, int> dtype_of;     // value name -> torch dtype code (the graph's tensor_values)
+  std::map<std::string, std::vector<std::string>> sizes;  // value name -> its recorded sizes (read_sizes)
   std::map<std::string, std::vector<size_t>> readers;  // value name -> the nodes that read it, in order
   std::map<std::string, std::string> symbols;  // sym_int value name -> its expression ("s27")
   std::vector<std::string> user_inputs;        // placeholder names of input_ids, labels
@@ -231,6 +232,22 @@ void rename_reads_after_inplace(std::vector<FxNode>& nodes) {
   }
 }
 
+// A value's sizes as the program records them (its graph's tensor_values): each an integer or
+// a symbolic expression, as text ("16", "Symbol('s38', ...)"); equal texts, equal sizes.
+using Sizes = std::vector<std::string>;
+void read_sizes(const json& graph, const std::function<std::string(const std::string&)>& rename,
+                std::map<std::string, Sizes>& sizes, std::map<std::string, int>& dtypes) {
+  const json& values = graph.value("tensor_values", json::object());
+  for (auto it = values.begin(); it != values.end(); ++it) {
+    if (it.value().contains("dtype")) dtypes[rename(it.key())] = it.value()["dtype"].get<int>();
+    Sizes s;
+    for (const json& d : it.value().value("sizes", json::array()))
+      s.push_back(d.contains("as_int") ? std::to_string(d["as_int"].get<int64_t>())
+                                       : d.value("as_expr", json::object()).value("expr_str", "?"));
+    sizes[rename(it.key())] = std::move(s);
+  }
+}
+
 // An einsum that is a matrix product (research code's attention, `einsum('b h i d, b h j d -> b h
 // i j', q, k)` and `einsum('b h i j, b h j d -> b h i d', p, v)`; a product by a weight matrix,
 // `einsum('b n d, d e -> b n e', x, w)`) is written as the matmul it is, each operand's last two
@@ -321,6 +338,142 @@ std::vector<FxNode> einsum_as_matmul(std::vector<FxNode> nodes, std::map<std::st
   return out;
 }
 
+// The forms research code writes that the importer reads otherwise, rewritten at load, each
+// exactly what it replaces (lucidrains' rotary embedding, x-transformers', is all of them):
+//  - x * 1, x / 1 and x - 0: x itself (an alias);
+//  - an outer-product einsum ('bi,j->bij': the result's letters a's then b's, none shared):
+//    a with b's dims added last (unsqueeze -1), times b;
+//  - stack([x, x], -1) viewed with its last two dims merged: each element of x twice in a row,
+//    repeat_interleave(x, 2, -1); stack([a, b], -1) so viewed: flatten(stack, -2, -1);
+//  - unbind(view(x, [..., d, 2]), -1) (the last dim split into pairs): x[..., 0::2] and
+//    x[..., 1::2].
+// Sizes come from the program's record of each value (`sizes`); a form whose sizes are not all
+// known is left as it is.
+std::vector<FxNode> canonical_forms(std::vector<FxNode> nodes, const std::map<std::string, Sizes>& sizes,
+                                    const std::map<std::string, int>& dtypes) {
+  auto same_dtype = [&](const std::string& a, const std::string& b) {
+    auto i = dtypes.find(a), j = dtypes.find(b);
+    return i != dtypes.end() && j != dtypes.end() && i->second == j->second;
+  };
+  auto arg_of = [](const FxNode& n, size_t i) -> const json& { return n.args.at(i).second; };
+  auto number = [](const json& a, double v) {
+    return (a.contains("as_float") && a["as_float"].is_number() && a["as_float"].get<double>() == v) ||
+           (a.contains("as_int") && a["as_int"].get<int64_t>() == v);
+  };
+  auto tensor = [](const std::string& name) { return json{{"as_tensor", {{"name", name}}}}; };
+  auto rank_of = [&](const std::string& v) -> int64_t {
+    auto it = sizes.find(v);
+    return it == sizes.end() ? -1 : int64_t(it->second.size());
+  };
+  auto size_list = [](const json& a) -> const json* {
+    for (const char* k : {"as_ints", "as_sym_ints"})
+      if (a.contains(k)) return &a[k];
+    return nullptr;
+  };
+  std::map<std::string, const FxNode*> producer;
+  for (const FxNode& n : nodes)
+    for (const std::string& o : n.outputs) producer[o] = &n;
+  auto last_dim_minus_one = [](const json& a) { return a.contains("as_int") && a["as_int"].get<int64_t>() == -1; };
+  std::vector<FxNode> out;
+  for (const FxNode& n : nodes) {  // (copied out: `producer` points into `nodes`)
+    const std::string t = n.target;
+    auto make = [&](const std::string& target, std::vector<std::pair<std::string, json>> args, std::string name) {
+      FxNode m;
+      m.target = target;
+      m.args = std::move(args);
+      m.name = std::move(name);
+      m.outputs = {m.name};
+      m.stack_trace = n.stack_trace;
+      return m;
+    };
+    // x * 1, x / 1, x - 0
+    if ((t == "torch.ops.aten.mul.Tensor" || t == "torch.ops.aten.div.Tensor" || t == "torch.ops.aten.sub.Tensor") &&
+        n.args.size() >= 2 && n.outputs.size() == 1 && !tensor_name(arg_of(n, 0)).empty() &&
+        number(arg_of(n, 1), t == "torch.ops.aten.sub.Tensor" ? 0.0 : 1.0) &&
+        same_dtype(tensor_name(arg_of(n, 0)), n.outputs[0])) {  // (an integer tensor / 1 is a float one)
+      out.push_back(make("torch.ops.aten.alias.default", {{"self", arg_of(n, 0)}}, n.outputs[0]));
+      continue;
+    }
+    // an outer-product einsum
+    if (t == "torch.ops.aten.einsum.default" && n.args.size() == 2 && n.outputs.size() == 1 &&
+        arg_of(n, 0).contains("as_string") && arg_of(n, 1).contains("as_tensors") &&
+        arg_of(n, 1)["as_tensors"].size() == 2) {
+      std::string eq;
+      for (char c : arg_of(n, 0)["as_string"].get<std::string>())
+        if (c != ' ') eq += c;
+      const size_t comma = eq.find(','), arrow = eq.find("->");
+      if (comma != std::string::npos && arrow != std::string::npos && comma < arrow && eq.find('.') == std::string::npos) {
+        const std::string a = eq.substr(0, comma), b = eq.substr(comma + 1, arrow - comma - 1), y = eq.substr(arrow + 2);
+        const bool disjoint = std::none_of(a.begin(), a.end(), [&](char c) { return b.find(c) != std::string::npos; });
+        if (disjoint && !a.empty() && !b.empty() && y == a + b) {
+          std::string x = arg_of(n, 1)["as_tensors"][0].value("name", "");
+          for (size_t k = 0; k < b.size(); ++k) {
+            FxNode u = make("torch.ops.aten.unsqueeze.default", {{"self", tensor(x)}, {"dim", json{{"as_int", -1}}}},
+                            n.name + "/unsqueeze" + std::to_string(k));
+            x = u.name;
+            out.push_back(std::move(u));
+          }
+          out.push_back(make("torch.ops.aten.mul.Tensor",
+                             {{"self", tensor(x)}, {"other", tensor(arg_of(n, 1)["as_tensors"][1].value("name", ""))}},
+                             n.outputs[0]));
+          continue;
+        }
+      }
+    }
+    // stack(-1) viewed with its last two dims merged
+    if ((t == "torch.ops.aten.view.default" || t == "torch.ops.aten.reshape.default") && n.args.size() >= 2 &&
+        n.outputs.size() == 1) {
+      const std::string st = tensor_name(arg_of(n, 0));
+      auto p = producer.find(st);
+      const json* size = size_list(arg_of(n, 1));
+      // (the view's sizes the stack's but the last two, merged)
+      auto ss = sizes.find(st), vs = sizes.find(n.outputs[0]);
+      if (p != producer.end() && p->second->target == "torch.ops.aten.stack.default" && size &&
+          p->second->args.size() >= 2 && last_dim_minus_one(p->second->args[1].second) &&
+          int64_t(size->size()) + 1 == rank_of(st) && ss != sizes.end() && vs != sizes.end() &&
+          vs->second.size() + 1 == ss->second.size() && !vs->second.empty() &&
+          std::equal(vs->second.begin(), vs->second.end() - 1, ss->second.begin())) {
+        const json& parts = p->second->args[0].second;
+        if (parts.contains("as_tensors") && parts["as_tensors"].size() == 2) {
+          const std::string x0 = parts["as_tensors"][0].value("name", ""), x1 = parts["as_tensors"][1].value("name", "");
+          if (x0 == x1) {
+            out.push_back(make("torch.ops.aten.repeat_interleave.self_int",
+                               {{"self", tensor(x0)}, {"repeats", json{{"as_int", 2}}}, {"dim", json{{"as_int", -1}}}},
+                               n.outputs[0]));
+          } else {
+            out.push_back(make("torch.ops.aten.flatten.using_ints",
+                               {{"self", tensor(st)}, {"start_dim", json{{"as_int", -2}}}, {"end_dim", json{{"as_int", -1}}}},
+                               n.outputs[0]));
+          }
+          continue;
+        }
+      }
+    }
+    // unbind of the last dim split into pairs
+    if (t == "torch.ops.aten.unbind.int" && n.args.size() >= 2 && n.outputs.size() == 2 &&
+        last_dim_minus_one(arg_of(n, 1))) {
+      auto p = producer.find(tensor_name(arg_of(n, 0)));
+      if (p != producer.end() && (p->second->target == "torch.ops.aten.view.default" ||
+                                  p->second->target == "torch.ops.aten.reshape.default")) {
+        const std::string x = tensor_name(p->second->args.at(0).second), v = p->second->outputs.at(0);
+        auto xs = sizes.find(x), vs = sizes.find(v);
+        if (xs != sizes.end() && vs != sizes.end() && vs->second.size() == xs->second.size() + 1 &&
+            vs->second.back() == "2" &&
+            std::equal(xs->second.begin(), xs->second.end() - 1, vs->second.begin())) {
+          for (int64_t k = 0; k < 2; ++k)
+            out.push_back(make("torch.ops.aten.slice.Tensor",
+                               {{"self", tensor(x)}, {"dim", json{{"as_int", -1}}}, {"start", json{{"as_int", k}}},
+                                {"end", json{{"as_int", INT64_MAX}}}, {"step", json{{"as_int", 2}}}},
+                               n.outputs[size_t(k)]));
+          continue;
+        }
+      }
+    }
+    out.push_back(n);
+  }
+  return out;
+}
+
 // An in-place aten op (`add_`, `copy_`, ...) whose result the loss does not read, on a view of a
 // value the loss reads after it (h[..., :4].add_(1), then h): the change reaches the loss only
 // through that value, which the importer reads as it was. Refused, named.
@@ -353,7 +506,8 @@ void refuse_lost_inplace_changes(const Impl& m, const std::set<std::string>& rea
 // keeps its norm in the input's type) is its graph's nodes in line: its inputs are the block's
 // arguments, its outputs the block's outputs, the names inside it made unique by the block's.
 // One that is on computes in another type than the program, which autosp does not copy.
-std::vector<FxNode> inline_autocast(std::vector<FxNode> nodes, const std::string& where) {
+std::vector<FxNode> inline_autocast(std::vector<FxNode> nodes, const std::string& where,
+                                    std::map<std::string, Sizes>& sizes, std::map<std::string, int>& dtypes) {
   std::vector<FxNode> out;
   for (FxNode& n : nodes) {
     if (n.target != "torch.ops.higher_order.wrap_with_autocast") {
@@ -371,7 +525,13 @@ std::vector<FxNode> inline_autocast(std::vector<FxNode> nodes, const std::string
     if (inputs.size() != n.args.size() - 5 || outputs.size() != n.outputs.size())
       fail("an autocast block whose graph's inputs or outputs do not match its arguments");
     std::map<std::string, std::string> to;
-    for (size_t i = 0; i < inputs.size(); ++i) to[tensor_name(inputs[i])] = tensor_name(n.args[5 + i].second);
+    // (a tensor's name, or a symbolic size's: the sequence length the block's code reads)
+    auto name_of = [](const json& a) {
+      if (a.is_object() && a.contains("as_sym_int") && a["as_sym_int"].contains("as_name"))
+        return a["as_sym_int"]["as_name"].get<std::string>();
+      return tensor_name(a);
+    };
+    for (size_t i = 0; i < inputs.size(); ++i) to[name_of(inputs[i])] = name_of(n.args[5 + i].second);
     for (size_t i = 0; i < outputs.size(); ++i) {
       const std::string inner = tensor_name(outputs[i]);
       if (to.count(inner)) {  // an input handed straight out: an alias of it
@@ -392,6 +552,7 @@ std::vector<FxNode> inline_autocast(std::vector<FxNode> nodes, const std::string
     };
     std::vector<FxNode> inner;
     read_nodes(graph, inner, where);
+    read_sizes(graph, rename, sizes, dtypes);
     for (FxNode& s : inner) {
       if (s.subgraph && s.target != "torch.ops.higher_order.wrap_with_autocast")
         fail("an autocast block holding another higher-order op");
@@ -399,7 +560,7 @@ std::vector<FxNode> inline_autocast(std::vector<FxNode> nodes, const std::string
       for (std::string& o : s.outputs) o = rename(o);
       s.name = s.outputs.empty() ? n.name + "/" + s.name : s.outputs[0];
     }
-    for (FxNode& s : inline_autocast(std::move(inner), where)) out.push_back(std::move(s));
+    for (FxNode& s : inline_autocast(std::move(inner), where, sizes, dtypes)) out.push_back(std::move(s));
   }
   return out;
 }
@@ -556,10 +717,9 @@ TorchProgram TorchProgram::load(const std::string& path) {
     }
     std::vector<FxNode> top;
     read_nodes(graph, top, where);
-    const json tensor_values = graph.value("tensor_values", json::object());  // held: items() views it
-    for (const auto& [name, v] : tensor_values.items())
-      if (v.contains("dtype")) m.dtype_of[name] = v["dtype"].get<int>();
-    m.nodes = einsum_as_matmul(inline_autocast(std::move(top), where), m.dtype_of);
+    read_sizes(graph, [](const std::string& s) { return s; }, m.sizes, m.dtype_of);
+    m.nodes = canonical_forms(einsum_as_matmul(inline_autocast(std::move(top), where, m.sizes, m.dtype_of), m.dtype_of),
+                              m.sizes, m.dtype_of);
     rename_reads_after_inplace(m.nodes);
     for (size_t i = 0; i < m.nodes.size(); ++i) {
       for (const std::string& o : m.nodes[i].outputs) m.producer[o] = i;
@@ -3516,9 +3676,30 @@ class TorchImporter {
   // row (repeat_interleave), of freqs = positions[..., None] * inv_freq, the positions 0..S-1 and
   // inv_freq a stored table or one the program computes from stored ones and the sizes. The
   // attention scaling that may follow is a product with a scalar (mul).
+  // Through no-ops, views that only add or drop dims of 1 and slices that keep every element
+  // (the program's recorded sizes say so): what a rotary cos or sin reads (x-transformers'
+  // freqs[:, -S:] viewed as [1, 1, S, 2F]).
+  std::string through_whole_views(std::string name) {
+    for (;;) {
+      name = through(name);
+      const FxNode* v = node_of(name);
+      if (!v) return name;
+      const bool view = is(v, "view.default") || is(v, "reshape.default"), slice = is(v, "slice.Tensor");
+      if ((!view && !slice) || (slice && int_arg(*v, "step", 4, 1) != 1)) return name;
+      const std::string x = arg_tensor(*v, "self", 0);
+      auto xs = m_.sizes.find(x), ys = m_.sizes.find(name);
+      if (xs == m_.sizes.end() || ys == m_.sizes.end()) return name;
+      auto drop_ones = [](std::vector<std::string> s) {
+        s.erase(std::remove(s.begin(), s.end(), std::string("1")), s.end());
+        return s;
+      };
+      if (slice ? xs->second != ys->second : drop_ones(xs->second) != drop_ones(ys->second)) return name;
+      name = x;
+    }
+  }
   Imported angle_table(const FxNode& n) {
     const bool cos = n.target == "torch.ops.aten.cos.default";
-    const FxNode* emb = node_of(through(arg_tensor(n, "self", 0)));
+    const FxNode* emb = node_of(through_whole_views(arg_tensor(n, "self", 0)));
     const bool interleaved = is(emb, "repeat_interleave.self_int");
     std::string f;
     if (interleaved && int_arg(*emb, "repeats", 1) == 2 && int_arg(*emb, "dim", 2, INT64_MIN) == -1) {
@@ -3772,8 +3953,8 @@ class TorchImporter {
   // rotate_half(q) = stack(-q[..., 1::2], q[..., 0::2], -1).flatten(-2), cos and sin each frequency
   // twice in a row (repeat_interleave).
   std::optional<Imported> match_rope(const FxNode& n) {
-    const FxNode* m1 = node_of(arg_tensor(n, "self", 0));
-    const FxNode* m2 = node_of(arg_tensor(n, "other", 1));
+    const FxNode* m1 = node_of(through(arg_tensor(n, "self", 0)));
+    const FxNode* m2 = node_of(through(arg_tensor(n, "other", 1)));
     if (!is(m1, "mul.Tensor") || !is(m2, "mul.Tensor")) return std::nullopt;
     bool interleaved = false;
     int64_t heads = 1;  // the heads' dim in q: 1 ([B, H, S, D]), or 2 ([B, S, H, D])
@@ -3786,6 +3967,23 @@ class TorchImporter {
           return x;
         }
         const FxNode* tn = node_of(through(t));
+        // cos or sin itself, of angles already viewed with the heads' dim (x-transformers'
+        // [1, 1, S, 2F]): that dim is where the recorded sizes have a 1 against x's heads
+        if (is(tn, "cos.default") || is(tn, "sin.default")) {
+          auto ts = m_.sizes.find(through(t)), xs = m_.sizes.find(through(x));
+          if (ts == m_.sizes.end() || xs == m_.sizes.end() || ts->second.size() != 4 || xs->second.size() != 4)
+            continue;
+          const auto& a = ts->second;
+          const auto& b = xs->second;
+          if (a[1] == "1" && b[1] != "1" && a[2] == b[2]) heads = 1;
+          else if (a[2] == "1" && b[2] != "1" && a[1] == b[1]) heads = 2;
+          else continue;
+          if ((table = table_of(t))) {
+            interleaved = table->interleaved;
+            return x;
+          }
+          continue;
+        }
         if (!is(tn, "unsqueeze.default") && tn->target != "<built-in function getitem>") continue;
         if ((table = table_of(t))) {
           interleaved = table->interleaved;  // a table built interleaved (Cohere's)
