@@ -72,7 +72,7 @@ struct FxNode {
   std::string name, target, stack_trace;
   std::vector<std::pair<std::string, json>> args;  // (schema name, Argument)
   std::vector<std::string> outputs;                // the names it defines, in order
-  const json* subgraph = nullptr;                  // wrap_with_set_grad_enabled's graph
+  const json* subgraph = nullptr;  // wrap_with_set_grad_enabled's graph, in `args` (a copy must point at its own)
 };
 
 // A stored tensor of the archive: a parameter, buffer or constant.
@@ -340,7 +340,7 @@ std::vector<FxNode> einsum_as_matmul(std::vector<FxNode> nodes, std::map<std::st
 
 // The forms research code writes that the importer reads otherwise, rewritten at load, each
 // exactly what it replaces (lucidrains' rotary embedding, x-transformers', is all of them):
-//  - x * 1, x / 1 and x - 0: x itself (an alias);
+//  - x * 1, x / 1 and x - 0: a copy of x (clone: a value of its own, as the product is);
 //  - an outer-product einsum ('bi,j->bij': the result's letters a's then b's, none shared):
 //    a with b's dims added last (unsqueeze -1), times b;
 //  - stack([x, x], -1) viewed with its last two dims merged: each element of x twice in a row,
@@ -391,7 +391,7 @@ std::vector<FxNode> canonical_forms(std::vector<FxNode> nodes, const std::map<st
         n.args.size() >= 2 && n.outputs.size() == 1 && !tensor_name(arg_of(n, 0)).empty() &&
         number(arg_of(n, 1), t == "torch.ops.aten.sub.Tensor" ? 0.0 : 1.0) &&
         same_dtype(tensor_name(arg_of(n, 0)), n.outputs[0])) {  // (an integer tensor / 1 is a float one)
-      out.push_back(make("torch.ops.aten.alias.default", {{"self", arg_of(n, 0)}}, n.outputs[0]));
+      out.push_back(make("torch.ops.aten.clone.default", {{"self", arg_of(n, 0)}}, n.outputs[0]));
       continue;
     }
     // an outer-product einsum
@@ -470,6 +470,10 @@ std::vector<FxNode> canonical_forms(std::vector<FxNode> nodes, const std::map<st
       }
     }
     out.push_back(n);
+    // (its graph, if it holds one, is in its own arguments: the copy's, not the original's)
+    out.back().subgraph = nullptr;
+    for (auto& [name, a] : out.back().args)
+      if (a.is_object() && a.contains("as_graph")) out.back().subgraph = &a["as_graph"]["graph"];
   }
   return out;
 }
@@ -533,7 +537,11 @@ std::vector<FxNode> inline_autocast(std::vector<FxNode> nodes, const std::string
     };
     for (size_t i = 0; i < inputs.size(); ++i) to[name_of(inputs[i])] = name_of(n.args[5 + i].second);
     for (size_t i = 0; i < outputs.size(); ++i) {
-      const std::string inner = tensor_name(outputs[i]);
+      const std::string inner = name_of(outputs[i]);
+      if (outputs[i].contains("as_sym_int")) {  // a size the block computes (x-transformers' -S)
+        if (!to.count(inner)) to[inner] = n.outputs[i];
+        continue;
+      }
       if (to.count(inner)) {  // an input handed straight out: an alias of it
         FxNode alias;
         alias.target = "torch.ops.aten.alias.default";
@@ -4328,6 +4336,10 @@ class TorchImporter {
   // c where `n` is c * tanh(x / c) (mul by c of the tanh of a div by c, the same constant: Gemma
   // 2's final logit softcap), else 0. The tanh is then n's "self" and the div the tanh's.
   double final_softcap(const FxNode* n) {
+    if (is(n, "tanh.default")) {  // c = 1
+      const std::string x = through(arg_tensor(*n, "self", 0));
+      return x.empty() || !node_of(x) ? 0 : 1.0;
+    }
     if (!is(n, "mul.Tensor")) return 0;
     const std::optional<double> c = scalar(*n, "other", 1);
     const FxNode* t = node_of(through(arg_tensor(*n, "self", 0)));
@@ -4416,10 +4428,12 @@ class TorchImporter {
     // The head: a bias-free linear whose logits nothing else reads -> linear_cross_entropy; logits
     // multiplied or divided by a constant (Granite's logits_scaling, Cohere's logit_scale) are the
     // linear of the hidden states so scaled; capped as c tanh(logits / c) (Gemma 2's
-    // final_logit_softcapping), the op's softcap.
-    const FxNode* head = node_of(logits);
+    // final_logit_softcapping), the op's softcap (a cap of 1: tanh(logits), its / 1 and * 1 read as
+    // copies, canonical_forms).
+    const FxNode* head = node_of(through(logits));
     const double softcap = final_softcap(head);
-    if (softcap > 0) head = node_of(through(arg_tensor(*node_of(through(arg_tensor(*head, "self", 0))), "self", 0)));
+    if (softcap > 0 && is(head, "tanh.default")) head = node_of(through(arg_tensor(*head, "self", 0)));
+    else if (softcap > 0) head = node_of(through(arg_tensor(*node_of(through(arg_tensor(*head, "self", 0))), "self", 0)));
     double factor = 1.0;
     if (is(head, "mul.Tensor") || is(head, "div.Tensor")) {
       const std::string a = arg_tensor(*head, "self", 0), b = arg_tensor(*head, "other", 1);
