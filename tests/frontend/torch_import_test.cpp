@@ -631,15 +631,18 @@ TEST(TorchImport, ADetachOfAValueOfTheParametersStopsItsGradient) {
   }
 }
 
+// The forward graph at B = 2, S = 8 of tests/fixtures/torch_export_errors/<fixture>, as text.
+std::string small_fixture_graph(const char* fixture) {
+  const TorchProgram p =
+      TorchProgram::load(testing::source_path(str("tests/fixtures/torch_export_errors/", fixture, "/model.pt2")));
+  return print_graph(p.forward({.batch = 2, .seq_len = 8}));
+}
+
 // F.nll_loss of F.log_softmax over the classes is the cross entropy: written so (over the last
 // dim, or over dim 1 of the logits flattened to rows), the same weights import to the very graph
-// F.cross_entropy gives (the fused head and loss). A log_softmax over another dim is refused.
+// F.cross_entropy gives (the fused head and loss).
 TEST(TorchImport, NllLossOfLogSoftmaxIsTheCrossEntropy) {
-  auto forward = [](const char* fixture) {
-    const TorchProgram p = TorchProgram::load(
-        testing::source_path(str("tests/fixtures/torch_export_errors/", fixture, "/model.pt2")));
-    return print_graph(p.forward({.batch = 2, .seq_len = 8}));
-  };
+  const auto forward = small_fixture_graph;
   const std::string ce = forward("nll_ce");
   EXPECT_NE(ce.find("linear_cross_entropy"), std::string::npos) << ce;
   EXPECT_EQ(forward("nll"), ce);
@@ -650,14 +653,9 @@ TEST(TorchImport, NllLossOfLogSoftmaxIsTheCrossEntropy) {
 // are the positions still (they were refused at the view): the same weights import to the very
 // graph the plain arange gives, at B = 2 and S = 8.
 TEST(TorchImport, PositionsViewedReshapedOrRepeatedAreThePositions) {
-  auto forward = [](const char* fixture) {
-    const TorchProgram p = TorchProgram::load(
-        testing::source_path(str("tests/fixtures/torch_export_errors/", fixture, "/model.pt2")));
-    return print_graph(p.forward({.batch = 2, .seq_len = 8}));
-  };
-  const std::string plain = forward("positions_arange");
+  const std::string plain = small_fixture_graph("positions_arange");
   for (const char* form : {"positions_view", "positions_reshape", "positions_repeat"})
-    EXPECT_EQ(forward(form), plain) << form;
+    EXPECT_EQ(small_fixture_graph(form), plain) << form;
 }
 
 // A norm autosp does not compute (the 1-norm) and nll_loss of something else than log_softmax of
