@@ -507,27 +507,48 @@ void refuse_lost_inplace_changes(const Impl& m, const std::set<std::string>& rea
 }
 
 // An autocast block that is off (torch.autocast(enabled=False): Nemotron's LayerNorm1P, which
-// keeps its norm in the input's type) is its graph's nodes in line: its inputs are the block's
-// arguments, its outputs the block's outputs, the names inside it made unique by the block's.
-// One that is on computes in another type than the program, which autosp does not copy.
+// keeps its norm in the input's type) is its graph's nodes in line (inline_autocast): its inputs
+// are the block's arguments, its outputs the block's outputs, the names inside it made unique by
+// the block's. One that is on computes in another type than the program, which autosp does not
+// copy.
+// A no-grad block (torch.no_grad() in the forward; wrap_with_set_grad_enabled(False)) other than
+// a rotary embedding's tables (which rope_tables reads whole: a block with a cos or a sin) is
+// likewise in line, each of its outputs detached: no gradient flows through what it computes
+// (the importer's detach, a stop_gradient where the value comes from the parameters).
+bool inlined_no_grad_block(const FxNode& n) {
+  if (n.target != "torch.ops.higher_order.wrap_with_set_grad_enabled" || !n.subgraph || n.args.size() < 2 ||
+      !n.args[0].second.contains("as_bool") || n.args[0].second["as_bool"].get<bool>())
+    return false;
+  for (const json& s : n.subgraph->value("nodes", json::array())) {
+    const std::string t = s.value("target", "");
+    if (t == "torch.ops.aten.cos.default" || t == "torch.ops.aten.sin.default" || t.rfind("torch.ops.higher_order.", 0) == 0)
+      return false;
+  }
+  return true;
+}
+
 std::vector<FxNode> inline_autocast(std::vector<FxNode> nodes, const std::string& where,
                                     std::map<std::string, Sizes>& sizes, std::map<std::string, int>& dtypes) {
   std::vector<FxNode> out;
   for (FxNode& n : nodes) {
-    if (n.target != "torch.ops.higher_order.wrap_with_autocast") {
+    const bool no_grad = inlined_no_grad_block(n);
+    if (n.target != "torch.ops.higher_order.wrap_with_autocast" && !no_grad) {
       out.push_back(std::move(n));
       continue;
     }
     auto fail = [&](const std::string& why) {
       user_error(where, ": node '", n.name, "' (", n.target, "): ", why);
     };
-    if (n.args.size() < 5 || !n.subgraph) fail("an autocast block without its graph");
-    if (!n.args[2].second.contains("as_bool") || n.args[2].second["as_bool"].get<bool>())
-      fail("an autocast block that is on computes in another type than the program; autosp keeps the program's");
+    const size_t first = no_grad ? 2 : 5;  // (the block's own arguments before its inputs)
+    if (!no_grad) {
+      if (n.args.size() < 5 || !n.subgraph) fail("an autocast block without its graph");
+      if (!n.args[2].second.contains("as_bool") || n.args[2].second["as_bool"].get<bool>())
+        fail("an autocast block that is on computes in another type than the program; autosp keeps the program's");
+    }
     const json& graph = *n.subgraph;
     const json& inputs = field(graph, "inputs", where), &outputs = field(graph, "outputs", where);
-    if (inputs.size() != n.args.size() - 5 || outputs.size() != n.outputs.size())
-      fail("an autocast block whose graph's inputs or outputs do not match its arguments");
+    if (inputs.size() != n.args.size() - first || outputs.size() != n.outputs.size())
+      fail("a block whose graph's inputs or outputs do not match its arguments");
     std::map<std::string, std::string> to;
     // (a tensor's name, or a symbolic size's: the sequence length the block's code reads)
     auto name_of = [](const json& a) {
@@ -535,11 +556,22 @@ std::vector<FxNode> inline_autocast(std::vector<FxNode> nodes, const std::string
         return a["as_sym_int"]["as_name"].get<std::string>();
       return tensor_name(a);
     };
-    for (size_t i = 0; i < inputs.size(); ++i) to[name_of(inputs[i])] = name_of(n.args[5 + i].second);
+    for (size_t i = 0; i < inputs.size(); ++i) to[name_of(inputs[i])] = name_of(n.args[first + i].second);
+    std::vector<FxNode> detached;  // (a no-grad block's outputs, after its nodes)
     for (size_t i = 0; i < outputs.size(); ++i) {
       const std::string inner = name_of(outputs[i]);
       if (outputs[i].contains("as_sym_int")) {  // a size the block computes (x-transformers' -S)
         if (!to.count(inner)) to[inner] = n.outputs[i];
+        continue;
+      }
+      if (no_grad) {  // detach(the value inside), named as the block's output
+        FxNode d;
+        d.target = "torch.ops.aten.detach.default";
+        d.args.emplace_back("self", json{{"as_tensor", {{"name", to.count(inner) ? to[inner] : n.name + "/" + inner}}}});
+        d.outputs = {n.outputs[i]};
+        d.name = n.outputs[i];
+        d.stack_trace = n.stack_trace;
+        detached.push_back(std::move(d));
         continue;
       }
       if (to.count(inner)) {  // an input handed straight out: an alias of it
@@ -569,6 +601,7 @@ std::vector<FxNode> inline_autocast(std::vector<FxNode> nodes, const std::string
       s.name = s.outputs.empty() ? n.name + "/" + s.name : s.outputs[0];
     }
     for (FxNode& s : inline_autocast(std::move(inner), where, sizes, dtypes)) out.push_back(std::move(s));
+    for (FxNode& d : detached) out.push_back(std::move(d));
   }
   return out;
 }

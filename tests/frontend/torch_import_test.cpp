@@ -672,6 +672,14 @@ TEST(TorchImportErrors, OtherNormsAndAnNllLossOfTheLogitsAreRefused) {
             std::string::npos) << e;
 }
 
+// A value computed under torch.no_grad() in the forward is the same value detached: the no-grad
+// block in line, its output a stop_gradient; the very graph of the detach fixture's model.
+TEST(TorchImport, ANoGradBlockIsItsValuesDetached) {
+  const std::string detached = small_fixture_graph("detach");
+  EXPECT_NE(detached.find("stop_gradient"), std::string::npos) << detached;
+  EXPECT_EQ(small_fixture_graph("no_grad"), detached);
+}
+
 // Positions computed from the token ids (RoBERTa's: the count of non-padding tokens so far) are
 // refused at the comparison, named, not taken for the positions of the sequence.
 TEST(TorchImportErrors, PositionsComputedFromTheTokenIdsAreRefused) {
