@@ -248,6 +248,28 @@ void read_sizes(const json& graph, const std::function<std::string(const std::st
   }
 }
 
+// A two-operand einsum node's equation, spaces dropped, as its operands' subscripts a and b and
+// the result's y, with the operands' names; nullopt for anything else (one operand or three, an
+// ellipsis, a node that is no einsum).
+struct EinsumEquation {
+  std::string a, b, y, x0, x1;
+};
+std::optional<EinsumEquation> einsum_equation(const FxNode& n) {
+  if (n.target != "torch.ops.aten.einsum.default" || n.args.size() != 2 || n.outputs.size() != 1 ||
+      !n.args[0].second.contains("as_string") || !n.args[1].second.contains("as_tensors") ||
+      n.args[1].second["as_tensors"].size() != 2)
+    return std::nullopt;
+  std::string eq;
+  for (char c : n.args[0].second["as_string"].get<std::string>())
+    if (c != ' ') eq += c;
+  const size_t comma = eq.find(','), arrow = eq.find("->");
+  if (comma == std::string::npos || arrow == std::string::npos || arrow < comma || eq.find('.') != std::string::npos)
+    return std::nullopt;
+  const json& ops = n.args[1].second["as_tensors"];
+  return EinsumEquation{eq.substr(0, comma), eq.substr(comma + 1, arrow - comma - 1), eq.substr(arrow + 2),
+                        ops[0].value("name", ""), ops[1].value("name", "")};
+}
+
 // An einsum that is a matrix product (research code's attention, `einsum('b h i d, b h j d -> b h
 // i j', q, k)` and `einsum('b h i j, b h j d -> b h i d', p, v)`; a product by a weight matrix,
 // `einsum('b n d, d e -> b n e', x, w)`) is written as the matmul it is, each operand's last two
@@ -260,21 +282,12 @@ std::vector<FxNode> einsum_as_matmul(std::vector<FxNode> nodes, std::map<std::st
   std::vector<FxNode> out;
   for (FxNode& n : nodes) {
     auto keep = [&] { out.push_back(std::move(n)); };
-    if (n.target != "torch.ops.aten.einsum.default" || n.args.size() != 2 || n.outputs.size() != 1 ||
-        !n.args[0].second.contains("as_string") || !n.args[1].second.contains("as_tensors") ||
-        n.args[1].second["as_tensors"].size() != 2) {
+    const std::optional<EinsumEquation> e = einsum_equation(n);
+    if (!e) {
       keep();
       continue;
     }
-    std::string eq;
-    for (char c : n.args[0].second["as_string"].get<std::string>())
-      if (c != ' ') eq += c;
-    const size_t comma = eq.find(','), arrow = eq.find("->");
-    if (comma == std::string::npos || arrow == std::string::npos || arrow < comma || eq.find('.') != std::string::npos) {
-      keep();
-      continue;
-    }
-    const std::string a = eq.substr(0, comma), b = eq.substr(comma + 1, arrow - comma - 1), y = eq.substr(arrow + 2);
+    const std::string &a = e->a, &b = e->b, &y = e->y;
     auto has = [](const std::string& s, char c) { return s.find(c) != std::string::npos; };
     std::string contracted, a_free, b_free, batch;
     auto repeats = [](const std::string& s) {
@@ -309,8 +322,7 @@ std::vector<FxNode> einsum_as_matmul(std::vector<FxNode> nodes, std::map<std::st
     }
     const std::string mat_a = a.substr(batch.size()), mat_b = b.substr(b_batched ? batch.size() : 0);
     const char c = contracted[0];
-    std::string operands[2] = {tensor_name(json{{"as_tensor", n.args[1].second["as_tensors"][0]}}),
-                               tensor_name(json{{"as_tensor", n.args[1].second["as_tensors"][1]}})};
+    std::string operands[2] = {e->x0, e->x1};
     // a [..., i, c] and b [..., c, j] as matmul reads them: a transpose of the last two where not
     const bool flip[2] = {mat_a[1] != c, mat_b[0] != c};
     for (int k = 0; k < 2; ++k) {
@@ -395,29 +407,18 @@ std::vector<FxNode> canonical_forms(std::vector<FxNode> nodes, const std::map<st
       continue;
     }
     // an outer-product einsum
-    if (t == "torch.ops.aten.einsum.default" && n.args.size() == 2 && n.outputs.size() == 1 &&
-        arg_of(n, 0).contains("as_string") && arg_of(n, 1).contains("as_tensors") &&
-        arg_of(n, 1)["as_tensors"].size() == 2) {
-      std::string eq;
-      for (char c : arg_of(n, 0)["as_string"].get<std::string>())
-        if (c != ' ') eq += c;
-      const size_t comma = eq.find(','), arrow = eq.find("->");
-      if (comma != std::string::npos && arrow != std::string::npos && comma < arrow && eq.find('.') == std::string::npos) {
-        const std::string a = eq.substr(0, comma), b = eq.substr(comma + 1, arrow - comma - 1), y = eq.substr(arrow + 2);
-        const bool disjoint = std::none_of(a.begin(), a.end(), [&](char c) { return b.find(c) != std::string::npos; });
-        if (disjoint && !a.empty() && !b.empty() && y == a + b) {
-          std::string x = arg_of(n, 1)["as_tensors"][0].value("name", "");
-          for (size_t k = 0; k < b.size(); ++k) {
-            FxNode u = make("torch.ops.aten.unsqueeze.default", {{"self", tensor(x)}, {"dim", json{{"as_int", -1}}}},
-                            n.name + "/unsqueeze" + std::to_string(k));
-            x = u.name;
-            out.push_back(std::move(u));
-          }
-          out.push_back(make("torch.ops.aten.mul.Tensor",
-                             {{"self", tensor(x)}, {"other", tensor(arg_of(n, 1)["as_tensors"][1].value("name", ""))}},
-                             n.outputs[0]));
-          continue;
+    if (const std::optional<EinsumEquation> e = einsum_equation(n)) {
+      const bool disjoint = std::none_of(e->a.begin(), e->a.end(), [&](char c) { return e->b.find(c) != std::string::npos; });
+      if (disjoint && !e->a.empty() && !e->b.empty() && e->y == e->a + e->b) {
+        std::string x = e->x0;
+        for (size_t k = 0; k < e->b.size(); ++k) {
+          FxNode u = make("torch.ops.aten.unsqueeze.default", {{"self", tensor(x)}, {"dim", json{{"as_int", -1}}}},
+                          n.name + "/unsqueeze" + std::to_string(k));
+          x = u.name;
+          out.push_back(std::move(u));
         }
+        out.push_back(make("torch.ops.aten.mul.Tensor", {{"self", tensor(x)}, {"other", tensor(e->x1)}}, n.outputs[0]));
+        continue;
       }
     }
     // stack(-1) viewed with its last two dims merged
